@@ -1,0 +1,94 @@
+"""Capture: nn.Module or ExportedProgram -> ExportedProgram (pre-decomposition ATen).
+
+``torch.export.export`` gives a graph whose nodes are the ops the user's code called
+(aten.linear, aten.conv2d, aten.layer_norm, aten.scaled_dot_product_attention) and
+whose meta maps every node back to its module path. A model torch cannot capture
+raises :class:`UnsupportedModelError` carrying torch's own reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+
+import torch
+from torch.export import ExportedProgram
+
+from .errors import ConfigError, UnsupportedModelError
+
+log = logging.getLogger(__name__)
+
+
+def as_input_tuple(inputs) -> tuple:
+    """Example inputs as the positional-argument tuple of forward (a lone tensor is one argument)."""
+    if isinstance(inputs, torch.Tensor):
+        return (inputs,)
+    if isinstance(inputs, (tuple, list)):
+        return tuple(inputs)
+    raise ConfigError(
+        f"inputs must be a tuple or list of the positional arguments of forward (or one tensor), "
+        f"got {type(inputs).__name__}."
+    )
+
+
+def capture(model, inputs: tuple, *, dynamic_shapes=None, kwargs: dict | None = None) -> ExportedProgram:
+    """Export ``model`` in inference mode; an ExportedProgram is returned as it is."""
+    if isinstance(model, ExportedProgram):
+        if dynamic_shapes is not None:
+            raise ConfigError(
+                "dynamic_shapes only applies when mixprec captures an nn.Module; this ExportedProgram already "
+                "fixed its shapes. Pass dynamic_shapes to torch.export.export instead, or pass the module."
+            )
+        return model
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(
+            f"model must be a torch.nn.Module or a torch.export.ExportedProgram, got {type(model).__name__}."
+        )
+    kwargs = dict(kwargs or {})
+    _check_signature(model, inputs, kwargs)
+    try:
+        with _eval_mode(model):
+            return torch.export.export(model, inputs, kwargs=kwargs or None, dynamic_shapes=dynamic_shapes, strict=False)
+    except Exception as e:  # torch raises many types here; all mean "cannot capture"
+        reason = _first_lines(str(e))
+        raise UnsupportedModelError(
+            f"torch.export could not capture {type(model).__name__}: {reason}\n"
+            "mixprec needs a model torch.export.export can trace; see torch's reason above "
+            "(data-dependent control flow usually needs torch.cond or fixed shapes).",
+            reason=str(e),
+        ) from e
+
+
+def _check_signature(model: torch.nn.Module, inputs: tuple, kwargs: dict) -> None:
+    try:
+        signature = inspect.signature(model.forward)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*inputs, **kwargs)
+    except TypeError as e:
+        raise ConfigError(
+            f"the example inputs do not fit {type(model).__name__}.forward{signature}: {e}. "
+            "Pass inputs as the tuple of forward's positional arguments."
+        ) from e
+
+
+@contextlib.contextmanager
+def _eval_mode(model: torch.nn.Module):
+    """Capture for inference (dropout off, batch norm on running stats), then restore every flag."""
+    flags = {name: m.training for name, m in model.named_modules()}
+    if any(flags.values()):
+        log.info("capturing %s in eval mode (mixprec compiles for inference)", type(model).__name__)
+    model.eval()
+    try:
+        yield
+    finally:
+        for name, m in model.named_modules():
+            m.training = flags[name]
+
+
+def _first_lines(text: str, limit: int = 6) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    short = "\n".join(lines[:limit])
+    return short + ("\n..." if len(lines) > limit else "")

@@ -1,0 +1,43 @@
+"""The error family users can cause (API.md §6).
+
+Every error a user can provoke derives from :class:`MixedPrecisionError`, so
+``except mixprec.MixedPrecisionError`` catches all of them. Messages say what was
+wrong, where (node name and module path when there is one) and what to do.
+
+:class:`InvariantError` is different: it means mixprec itself produced a graph
+that breaks its own contract. It is a bug report, not a user error, and so it
+does not derive from :class:`MixedPrecisionError`.
+"""
+
+from __future__ import annotations
+
+
+class MixedPrecisionError(Exception):
+    """Base class of every error a user of mixprec can cause."""
+
+
+class ConfigError(MixedPrecisionError, ValueError):
+    """A setting, request or plan that cannot be honoured as given."""
+
+
+class UnsupportedModelError(MixedPrecisionError):
+    """A model that ``torch.export`` (or mixprec) cannot capture.
+
+    ``reason`` holds torch's own explanation when torch gave one.
+    """
+
+    def __init__(self, message: str, reason: str | None = None):
+        super().__init__(message)
+        self.reason = reason
+
+
+class CalibrationError(MixedPrecisionError):
+    """Calibration data that does not fit the model."""
+
+
+class InputMismatchError(MixedPrecisionError, TypeError):
+    """Inputs given to a compiled program that do not match what it was compiled for."""
+
+
+class InvariantError(RuntimeError):
+    """A rewritten graph breaks mixprec's own invariants: a bug in mixprec, please report it."""

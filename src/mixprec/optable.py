@@ -1,0 +1,98 @@
+"""Immutable tables that classify ATen ops for mixed precision.
+
+* MATMUL_OPS: matmul-class layers (use_fp32_acc applies, FLOPs counted).
+* CONV_OPS: convolutions (FLOPs counted).
+* ATTENTION_OPS: fused attention.
+* MOVEMENT_OPS: ops that move or select values without arithmetic; their result is
+  exact in any dtype, so they follow their producer's dtype instead of forcing casts.
+* CAST_OPS: explicit dtype conversions written in the model's code.
+
+Names are packet names ("aten.view") so every overload is covered.
+"""
+
+from __future__ import annotations
+
+MATMUL_OPS = frozenset(
+    {
+        "aten.linear",
+        "aten.mm",
+        "aten.bmm",
+        "aten.addmm",
+        "aten.baddbmm",
+        "aten.addbmm",
+        "aten.matmul",
+        "aten.einsum",
+        "aten.bilinear",
+    }
+)
+CONV_OPS = frozenset(
+    {
+        "aten.conv1d",
+        "aten.conv2d",
+        "aten.conv3d",
+        "aten.conv_transpose1d",
+        "aten.conv_transpose2d",
+        "aten.conv_transpose3d",
+        "aten.convolution",
+        "aten._convolution",
+    }
+)
+ATTENTION_OPS = frozenset({"aten.scaled_dot_product_attention"})
+
+# Layers whose low-precision accumulation use_fp32_acc replaces with fp32 accumulation.
+FP32_ACC_OPS = MATMUL_OPS | ATTENTION_OPS
+
+MOVEMENT_OPS = frozenset(
+    {
+        "getitem",
+        "aten.view",
+        "aten.reshape",
+        "aten._unsafe_view",
+        "aten.permute",
+        "aten.transpose",
+        "aten.t",
+        "aten.flatten",
+        "aten.unflatten",
+        "aten.squeeze",
+        "aten.unsqueeze",
+        "aten.expand",
+        "aten.expand_as",
+        "aten.contiguous",
+        "aten.clone",
+        "aten.cat",
+        "aten.concat",
+        "aten.concatenate",
+        "aten.stack",
+        "aten.split",
+        "aten.split_with_sizes",
+        "aten.chunk",
+        "aten.unbind",
+        "aten.slice",
+        "aten.select",
+        "aten.narrow",
+        "aten.index_select",
+        "aten.index",
+        "aten.gather",
+        "aten.dropout",
+        "aten.feature_dropout",
+        "aten.alpha_dropout",
+        "aten.repeat",
+        "aten.repeat_interleave",
+        "aten.tile",
+        "aten.flip",
+        "aten.roll",
+        "aten.detach",
+        "aten.alias",
+        "aten.lift_fresh_copy",
+        "aten.movedim",
+        "aten.swapaxes",
+        "aten.view_as",
+        "aten.reshape_as",
+        "aten.pixel_shuffle",
+        "aten.pixel_unshuffle",
+        "aten.channel_shuffle",
+        "aten.identity",
+    }
+)
+
+CAST_OPS = frozenset({"aten.to", "aten._to_copy", "aten.type_as"})

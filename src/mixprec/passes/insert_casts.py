@@ -1,0 +1,52 @@
+"""Insert the casts the plan needs: one per (tensor, dtype), only where a float input's dtype
+differs from what its consumer must receive (see ``casting.required_input_dtype``).
+
+Before (plan: linear -> bf16)::
+
+    linear = aten.linear(x, w, b)            # fp32
+
+After::
+
+    x_bf16 = aten.to.dtype(x, bfloat16)
+    w_bf16 = aten.to.dtype(w, bfloat16)      # turned into stored bf16 weights by cast_params
+    b_bf16 = aten.to.dtype(b, bfloat16)
+    linear = aten.linear(x_bf16, w_bf16, b_bf16)   # meta val now bf16
+
+Explicit casts written in the model are re-targeted when the plan says so (the fp32
+reference plan turns ``x.half()`` into a no-op cast to fp32).
+"""
+
+from __future__ import annotations
+
+from .base import PassResult
+from .casting import cast_target_arg, cast_of, required_input_dtype, retype_val, set_cast_target, tensor_dtype
+from .context import RewriteContext
+from .io_types import round_inputs
+
+
+def insert_casts(ctx: RewriteContext) -> PassResult:
+    graph = ctx.work.graph
+    changed = round_inputs(ctx).changed
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        info = ctx.info.get(node.name)
+        decision = ctx.plan.get(node.name)
+        for inp in list(node.all_input_nodes):
+            current = tensor_dtype(inp)
+            if current is None:
+                continue
+            required = required_input_dtype(info, decision, inp.name, current)
+            if required != current:
+                node.replace_input_with(inp, cast_of(graph, inp, required, role="cast"))
+                changed = True
+        if info is None or decision is None:
+            continue
+        if info.kind == "cast":
+            if cast_target_arg(node) != decision.precision or str(node.target) in ("aten.type_as.default", "aten.to.other"):
+                set_cast_target(node, decision.precision)
+                changed = True
+        elif decision.precision != info.precision:
+            node.meta["val"] = retype_val(node.meta["val"], info.precision, decision.precision)
+            changed = True
+    return PassResult(changed)

@@ -1,0 +1,165 @@
+"""PrecisionPlan: one decision per layer, the only thing rewrite passes read.
+
+A plan maps graph node names to :class:`NodePrecision` (compute dtype, accumulation
+dtype, who decided and why). It can also fix the dtypes of model inputs and outputs
+(the configurator's ``set_model_input_precision``/``set_model_output_precision``).
+Plans are immutable; ``with_nodes`` returns an updated copy. The JSON form is stable
+and hand-editable, so a plan can be saved, edited and passed back to ``compile``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
+
+import torch
+
+from .dtypes import dtype_from_name, dtype_name
+from .errors import ConfigError
+
+SOURCES = ("explicit", "torch_autocast", "marker", "plan", "autocast_rule", "default", "weak_typing")
+
+_FORMAT = "mixprec.plan"
+_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class NodePrecision:
+    """The decision for one layer.
+
+    precision: dtype the layer computes in (and so produces).
+    accumulate: dtype of its accumulation when it differs from ``precision`` (fp32 accumulation), else None.
+    source: which source decided (one of SOURCES).
+    reason: a human sentence saying why.
+    param_dtype: dtype its parameters are stored in when it differs from ``precision`` (cast at use).
+    """
+
+    precision: torch.dtype
+    accumulate: torch.dtype | None = None
+    source: str = "default"
+    reason: str = ""
+    param_dtype: torch.dtype | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.precision, torch.dtype):
+            raise ConfigError(f"NodePrecision.precision must be a torch dtype, got {self.precision!r}.")
+        if self.source not in SOURCES:
+            raise ConfigError(f"NodePrecision.source {self.source!r} is not one of {', '.join(SOURCES)}.")
+
+    def to_dict(self) -> dict:
+        out = {
+            "precision": dtype_name(self.precision),
+            "accumulate": dtype_name(self.accumulate),
+            "source": self.source,
+            "reason": self.reason,
+        }
+        if self.param_dtype is not None:
+            out["param_dtype"] = dtype_name(self.param_dtype)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping, *, where: str) -> "NodePrecision":
+        if not isinstance(data, Mapping) or "precision" not in data:
+            raise ConfigError(f"plan entry {where} must be an object with at least a 'precision' field.")
+        try:
+            return cls(
+                precision=dtype_from_name(data["precision"]),
+                accumulate=dtype_from_name(data["accumulate"]) if data.get("accumulate") else None,
+                source=data.get("source", "plan"),
+                reason=str(data.get("reason", "")),
+                param_dtype=dtype_from_name(data["param_dtype"]) if data.get("param_dtype") else None,
+            )
+        except ConfigError as e:
+            raise ConfigError(f"plan entry {where}: {e}") from e
+
+
+class PrecisionPlan(Mapping):
+    """Immutable mapping node name -> NodePrecision, plus model input/output dtype requests."""
+
+    def __init__(
+        self,
+        nodes: Mapping[str, NodePrecision] | None = None,
+        *,
+        inputs: Mapping[int, torch.dtype] | None = None,
+        outputs: Mapping[int, torch.dtype] | None = None,
+        log: str = "",
+    ):
+        self._nodes = MappingProxyType(dict(nodes or {}))
+        self.inputs = MappingProxyType(dict(inputs or {}))
+        self.outputs = MappingProxyType(dict(outputs or {}))
+        self.log = log
+
+    def __getitem__(self, name: str) -> NodePrecision:
+        return self._nodes[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._nodes)
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, PrecisionPlan):
+            return NotImplemented
+        return (dict(self._nodes), dict(self.inputs), dict(self.outputs)) == (
+            dict(other._nodes),
+            dict(other.inputs),
+            dict(other.outputs),
+        )
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        counts: dict[str, int] = {}
+        for decision in self._nodes.values():
+            key = dtype_name(decision.precision)
+            counts[key] = counts.get(key, 0) + 1
+        return f"PrecisionPlan({len(self)} nodes: {counts})"
+
+    def with_nodes(self, updates: Mapping[str, NodePrecision]) -> "PrecisionPlan":
+        return PrecisionPlan({**self._nodes, **updates}, inputs=self.inputs, outputs=self.outputs, log=self.log)
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(
+            {
+                "format": _FORMAT,
+                "version": _VERSION,
+                "nodes": {name: d.to_dict() for name, d in self._nodes.items()},
+                "inputs": {str(i): dtype_name(d) for i, d in self.inputs.items()},
+                "outputs": {str(i): dtype_name(d) for i, d in self.outputs.items()},
+                "log": self.log,
+            },
+            indent=indent,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> "PrecisionPlan":
+        try:
+            data = json.loads(text)
+        except (json.JSONDecodeError, TypeError) as e:
+            raise ConfigError(f"the plan is not valid JSON ({e}); pass the text written by plan.to_json().") from e
+        if not isinstance(data, dict) or data.get("format") != _FORMAT:
+            raise ConfigError("this JSON is not a mixprec plan (its 'format' is not 'mixprec.plan').")
+        if data.get("version") != _VERSION:
+            raise ConfigError(
+                f"plan version {data.get('version')!r} is not supported by this mixprec (it reads version {_VERSION})."
+            )
+        nodes = data.get("nodes", {})
+        if not isinstance(nodes, dict):
+            raise ConfigError("the plan's 'nodes' must be an object mapping node names to decisions.")
+
+        def positions(key):
+            section = data.get(key, {}) or {}
+            try:
+                return {int(i): dtype_from_name(d) for i, d in section.items()}
+            except (ValueError, AttributeError) as e:
+                raise ConfigError(f"the plan's '{key}' must map positions to dtype names ({e}).") from e
+
+        return cls(
+            {name: NodePrecision.from_dict(d, where=repr(name)) for name, d in nodes.items()},
+            inputs=positions("inputs"),
+            outputs=positions("outputs"),
+            log=str(data.get("log", "")),
+        )

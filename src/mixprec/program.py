@@ -1,0 +1,215 @@
+"""WorkProgram: a private, mutable copy of an ExportedProgram that passes rewrite.
+
+An ExportedProgram is a graph plus a signature (which placeholder is which
+parameter/buffer/constant/user input) plus the tensors behind the signature. Passes
+need all three: inserting a stored bf16 copy of a weight touches the graph, the
+signature and the state. WorkProgram keeps them together, copies them away from the
+user's program on the way in (the user's ExportedProgram is never mutated) and turns
+them back into an ExportedProgram on the way out.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import (
+    ExportGraphSignature,
+    InputKind,
+    InputSpec,
+    OutputKind,
+    OutputSpec,
+    TensorArgument,
+)
+
+STORED_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
+
+
+@dataclasses.dataclass
+class WorkProgram:
+    graph_module: torch.fx.GraphModule
+    input_specs: list[InputSpec]
+    output_specs: list[OutputSpec]
+    state_dict: dict[str, torch.Tensor]
+    constants: dict[str, Any]
+    range_constraints: dict
+    module_call_graph: list
+    example_inputs: Any
+    verifiers: list
+
+    @property
+    def graph(self) -> torch.fx.Graph:
+        return self.graph_module.graph
+
+    # ---- conversion ---------------------------------------------------------------------------
+    @classmethod
+    def from_exported(cls, ep: ExportedProgram) -> "WorkProgram":
+        """Copy the graph (nodes and meta dicts, not tensors) so that passes never touch ``ep``."""
+        sig = ep.graph_signature
+        work = cls(
+            graph_module=_copy_graph_module(ep.graph_module),
+            input_specs=[copy.copy(s) for s in sig.input_specs],
+            output_specs=[copy.copy(s) for s in sig.output_specs],
+            state_dict=dict(ep.state_dict),
+            constants=dict(ep.constants),
+            range_constraints=dict(ep.range_constraints),
+            module_call_graph=list(ep.module_call_graph),
+            example_inputs=ep.example_inputs,
+            verifiers=list(ep.verifiers),
+        )
+        work.sync_input_specs()  # fx renames placeholders that shadow builtins ("input" -> "input_1")
+        work.sync_output_specs()
+        return work
+
+    def copy(self) -> "WorkProgram":
+        """An independent copy: passes on it leave this one as it is (tensors are shared, never mutated)."""
+        return dataclasses.replace(
+            self,
+            graph_module=_copy_graph_module(self.graph_module),
+            input_specs=[copy.copy(s) for s in self.input_specs],
+            output_specs=[copy.copy(s) for s in self.output_specs],
+            state_dict=dict(self.state_dict),
+            constants=dict(self.constants),
+            module_call_graph=list(self.module_call_graph),
+        )
+
+    def stored_bytes(self) -> int:
+        """Bytes of parameters, buffers and constant tensors (each storage counted once)."""
+        seen = set()
+        total = 0
+        for tensor in list(self.state_dict.values()) + list(self.constants.values()):
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            key = (tensor.untyped_storage().data_ptr(), tensor.dtype, tensor.device)
+            if key in seen:
+                continue
+            seen.add(key)
+            total += tensor.untyped_storage().nbytes()
+        return total
+
+    def to_exported(self) -> ExportedProgram:
+        self.graph_module.graph.eliminate_dead_code(is_impure_node=_is_impure)
+        self.graph_module.delete_all_unused_submodules()
+        self.graph_module.recompile()
+        return ExportedProgram(
+            root=self.graph_module,
+            graph=self.graph_module.graph,
+            graph_signature=ExportGraphSignature(self.input_specs, self.output_specs),
+            state_dict=self.state_dict,
+            range_constraints=self.range_constraints,
+            module_call_graph=self.module_call_graph,
+            example_inputs=self.example_inputs,
+            constants=self.constants,
+            verifiers=self.verifiers,
+        )
+
+    def rebuild_graph(self, names: dict[torch.fx.Node, str]) -> None:
+        """Copy the graph into a fresh one, giving the nodes in ``names`` those names.
+
+        torch.fx never frees a name once used, so a node can only take the name of an erased node
+        in a new graph. The names must not be held by other live nodes.
+        """
+        graph = torch.fx.Graph()
+        graph._codegen = self.graph._codegen
+        env: dict[torch.fx.Node, torch.fx.Node] = {}
+        for node in self.graph.nodes:
+            if node in names:
+                node.name = names[node]
+            env[node] = graph.node_copy(node, lambda n: env[n])
+            env[node].meta = node.meta
+        self.graph_module.graph = graph
+        self.sync_input_specs()
+        self.sync_output_specs()
+
+    # ---- signature access ---------------------------------------------------------------------
+    def placeholders(self) -> list[torch.fx.Node]:
+        return [n for n in self.graph.nodes if n.op == "placeholder"]
+
+    def input_spec_of(self, node: torch.fx.Node) -> InputSpec | None:
+        for spec in self.input_specs:
+            if isinstance(spec.arg, TensorArgument) and spec.arg.name == node.name:
+                return spec
+        return None
+
+    def user_input_nodes(self) -> list[torch.fx.Node]:
+        kinds = {spec.arg.name: spec.kind for spec in self.input_specs if hasattr(spec.arg, "name")}
+        return [n for n in self.placeholders() if kinds.get(n.name) == InputKind.USER_INPUT]
+
+    def stored_tensor(self, spec: InputSpec) -> torch.Tensor:
+        """The tensor behind a parameter/buffer/constant placeholder."""
+        if spec.kind == InputKind.PARAMETER or (spec.kind == InputKind.BUFFER and spec.persistent):
+            return self.state_dict[spec.target]
+        return self.constants[spec.target]
+
+    def set_stored_tensor(self, spec: InputSpec, value: torch.Tensor) -> None:
+        if spec.kind == InputKind.PARAMETER or (spec.kind == InputKind.BUFFER and spec.persistent):
+            self.state_dict[spec.target] = value
+        else:
+            self.constants[spec.target] = value
+
+    def add_stored_input(self, like: InputSpec, target: str, value: torch.Tensor, name: str) -> torch.fx.Node:
+        """Add a placeholder holding a new stored tensor of the same kind as ``like``.
+
+        Placeholders must stay in signature order (stored inputs before user inputs), so the
+        new one is inserted right after ``like``'s placeholder.
+        """
+        anchor = next(n for n in self.placeholders() if n.name == like.arg.name)
+        with self.graph.inserting_after(anchor):
+            node = self.graph.placeholder(name)
+        node.meta = {k: v for k, v in anchor.meta.items() if k != "val"}
+        spec = InputSpec(kind=like.kind, arg=TensorArgument(name=node.name), target=target, persistent=like.persistent)
+        self.input_specs.insert(self.input_specs.index(like) + 1, spec)
+        self.set_stored_tensor(spec, value)
+        return node
+
+    def user_output_nodes(self) -> list[tuple[int, torch.fx.Node | Any]]:
+        """(position among user outputs, value in the output node) for every user output."""
+        values = self.graph.output_node().args[0]
+        out = []
+        position = 0
+        for spec, value in zip(self.output_specs, values):
+            if spec.kind == OutputKind.USER_OUTPUT:
+                out.append((position, value))
+                position += 1
+        return out
+
+    def rename_output(self, old: torch.fx.Node, new: torch.fx.Node) -> None:
+        """Keep output specs pointing at the right node after an output value is replaced."""
+        for spec in self.output_specs:
+            if isinstance(spec.arg, TensorArgument) and spec.arg.name == old.name:
+                spec.arg = TensorArgument(name=new.name)
+
+    def sync_output_specs(self) -> None:
+        """Re-derive output spec argument names from the output node (after passes replaced values)."""
+        values = self.graph.output_node().args[0]
+        for spec, value in zip(self.output_specs, values):
+            if isinstance(spec.arg, TensorArgument) and isinstance(value, torch.fx.Node):
+                spec.arg = TensorArgument(name=value.name)
+
+    def sync_input_specs(self) -> None:
+        """Re-derive input spec names after placeholders were renamed."""
+        nodes = self.placeholders()
+        for spec, node in zip(self.input_specs, nodes):
+            if isinstance(spec.arg, TensorArgument) and spec.arg.name != node.name:
+                spec.arg = TensorArgument(name=node.name)
+
+
+def _copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    graph = torch.fx.Graph()
+    graph._codegen = copy.deepcopy(gm.graph._codegen)
+    value_map: dict = {}
+    out = graph.graph_copy(gm.graph, value_map)
+    graph.output(out)
+    for old, new in value_map.items():  # node_copy shares meta dicts; give each node its own
+        new.meta = dict(old.meta)
+    graph.output_node().meta = dict(gm.graph.output_node().meta)
+    return torch.fx.GraphModule(gm, graph)
+
+
+def _is_impure(node: torch.fx.Node) -> bool:
+    if node.op in ("placeholder", "output"):
+        return True
+    return node.is_impure()

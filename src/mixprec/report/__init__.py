@@ -1,0 +1,79 @@
+"""The report: records first (data), rendered into a table, JSON, layer information and HTML."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+
+from ..errors import ConfigError
+from . import render
+from .records import LayerRecord, TensorRecord, build_records
+from .summary import build_summary, output_errors
+
+_FORMAT = "mixprec.report"
+_VERSION = 1
+
+__all__ = ["Report", "LayerRecord", "TensorRecord", "build_records", "build_summary", "output_errors"]
+
+
+@dataclasses.dataclass
+class Report:
+    layers: list[LayerRecord]
+    summary: dict
+
+    def __str__(self) -> str:
+        return render.table(self.layers, self.summary)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Report):
+            return NotImplemented
+        return self.layers == other.layers and _same(self.summary, other.summary)
+
+    def layer(self, name: str) -> LayerRecord:
+        """The record of one layer by node name."""
+        for record in self.layers:
+            if record.name == name:
+                return record
+        raise KeyError(name)
+
+    def by_module(self, module: str) -> list[LayerRecord]:
+        """Records of the layers that ran in one module (by path)."""
+        return [r for r in self.layers if r.module == module]
+
+    def layer_info(self) -> str:
+        return render.layer_info(self.layers)
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(
+            {
+                "format": _FORMAT,
+                "version": _VERSION,
+                "summary": self.summary,
+                "layers": [r.to_dict() for r in self.layers],
+            },
+            indent=indent,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> "Report":
+        try:
+            data = json.loads(text)
+        except (json.JSONDecodeError, TypeError) as e:
+            raise ConfigError(f"the report is not valid JSON ({e}).") from e
+        if not isinstance(data, dict) or data.get("format") != _FORMAT or data.get("version") != _VERSION:
+            raise ConfigError(f"this JSON is not a mixprec report of version {_VERSION}.")
+        return cls([LayerRecord.from_dict(d) for d in data["layers"]], data["summary"])
+
+    def save_html(self, path) -> None:
+        with open(os.fspath(path), "w", encoding="utf-8") as fh:
+            fh.write(render.to_html(self.layers, self.summary))
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b or (math.isnan(a) and math.isnan(b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a == b

@@ -1,0 +1,128 @@
+"""Rendering a report: the text table, TensorRT-style layer information, a self-contained HTML page."""
+
+from __future__ import annotations
+
+import html
+
+from ..dtypes import dtype_name, trt_name
+from .records import LayerRecord
+
+_COLUMNS = ("layer", "module", "op", "precision", "acc", "inputs", "outputs", "source", "reason")
+
+
+def _short_dtype(dtype) -> str:
+    return {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64"}.get(
+        dtype_name(dtype) or "", dtype_name(dtype) or "-"
+    )
+
+
+def _row(r: LayerRecord) -> tuple[str, ...]:
+    return (
+        r.name,
+        r.module or "(top)",
+        r.op.removeprefix("aten.").removesuffix(".default"),
+        _short_dtype(r.precision),
+        _short_dtype(r.accumulate) if r.accumulate else "",
+        ",".join(_short_dtype(d) for d in r.input_dtypes),
+        ",".join(_short_dtype(d) for d in r.output_dtypes),
+        r.source,
+        r.reason,
+    )
+
+
+def table(records: list[LayerRecord], summary: dict, *, kinds=("compute", "cast")) -> str:
+    rows = [_row(r) for r in records if r.kind in kinds]
+    widths = [len(c) for c in _COLUMNS]
+    caps = (28, 32, 28, 9, 4, 24, 12, 14, 80)
+    for row in rows:
+        widths = [min(max(w, len(cell)), cap) for w, cell, cap in zip(widths, row, caps)]
+
+    def fmt(cells):
+        out = []
+        for cell, width in zip(cells, widths):
+            cell = cell if len(cell) <= width else cell[: width - 1] + "…"
+            out.append(cell.ljust(width))
+        return "  ".join(out).rstrip()
+
+    lines = [fmt(_COLUMNS), fmt(["-" * w for w in widths])]
+    lines += [fmt(row) for row in rows]
+    hidden = sum(1 for r in records if r.kind not in kinds)
+    if hidden:
+        lines.append(f"({hidden} data-movement nodes not shown; see report.layers)")
+    lines.append("")
+    lines.append(summary_text(summary))
+    return "\n".join(lines)
+
+
+def summary_text(summary: dict) -> str:
+    by = ", ".join(f"{k}: {v}" for k, v in summary["layers_by_precision"].items())
+    parts = [
+        f"layers: {summary['layers']} ({by})",
+        f"low-precision share of matmul/conv FLOPs: {summary['low_precision_flops_fraction']:.1%}",
+        f"casts inserted: {summary['casts_inserted']}",
+        f"parameter bytes: {summary['param_bytes_before']:,} -> {summary['param_bytes_after']:,}",
+        f"error vs fp32 on the example inputs: max abs {summary['max_abs_error']:.3g}, "
+        f"rel L2 {summary['rel_l2_error']:.3g}",
+    ]
+    return "\n".join(parts)
+
+
+def _tensors(tensors) -> str:
+    items = [
+        f"{{ Name: {t.name}, Dimensions: [{','.join(str(d) for d in t.shape)}], Format/Datatype: {trt_name(t.dtype)} }}"
+        for t in tensors
+    ]
+    return "[ " + ", ".join(items) + "]" if items else "[]"
+
+
+def layer_info(records: list[LayerRecord]) -> str:
+    """One line per layer in TensorRT's layer-information style (as Torch-TensorRT's debug log shows)."""
+    lines = ["Layers:"]
+    for r in records:
+        if r.kind == "movement" or not r.in_graph:
+            continue
+        line = (
+            f"Name: {r.name}, LayerType: {r.op}, Module: {r.module or '(top)'}, Inputs: {_tensors(r.inputs)}, "
+            f"Outputs: {_tensors(r.outputs)}, Precision: {trt_name(r.precision)}"
+        )
+        if r.accumulate is not None:
+            line += f", Accumulation: {trt_name(r.accumulate)}"
+        line += f", Source: {r.source}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>mixprec report</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
+table {{ border-collapse: collapse; font-size: 13px; }}
+th, td {{ border: 1px solid #ccc; padding: 3px 6px; text-align: left; }}
+th {{ background: #f0f0f0; }}
+.p-float32 {{ background: #dbe9ff; }} .p-bfloat16 {{ background: #d9f5d9; }}
+.p-float16 {{ background: #fff3c4; }} .p-int8 {{ background: #f7d4f7; }} .p-float64 {{ background: #eee; }}
+dl {{ display: grid; grid-template-columns: max-content auto; gap: 2px 12px; }}
+dt {{ font-weight: 600; }}
+</style></head><body>
+<h1>mixprec report</h1>
+<h2>Summary</h2>
+<dl>{summary}</dl>
+<h2>Layers</h2>
+<table id="layers"><thead><tr>{head}</tr></thead><tbody>
+{rows}
+</tbody></table>
+</body></html>
+"""
+
+
+def to_html(records: list[LayerRecord], summary: dict) -> str:
+    summary_items = "".join(
+        f"<dt>{html.escape(str(k))}</dt><dd>{html.escape(str(v))}</dd>" for k, v in summary.items()
+    )
+    head = "".join(f"<th>{c}</th>" for c in ("kind",) + _COLUMNS)
+    rows = []
+    for r in records:
+        cells = (r.kind,) + _row(r)
+        css = f"p-{dtype_name(r.precision)}"
+        rows.append(f'<tr class="{css}">' + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+    return _PAGE.format(summary=summary_items, head=head, rows="\n".join(rows))

@@ -1,0 +1,259 @@
+"""CompileSettings: every keyword of ``mixprec.compile`` validated once, at the boundary.
+
+The names follow ``torch_tensorrt.dynamo.compile`` (API.md §1). After
+:meth:`CompileSettings.from_kwargs` returns, every value has its canonical type
+(torch dtypes, compiled regexes, op-name strings, frozensets) and the rest of
+mixprec never re-validates or re-parses a setting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import re
+from typing import Any
+
+import torch
+
+from .dtypes import FLOAT_DTYPES, LOW_PRECISION_FLOATS, dtype_name, parse_dtype
+from .errors import ConfigError
+from .oprefs import resolve_op_name
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileSettings:
+    use_explicit_typing: bool = True
+    enable_autocast: bool = False
+    autocast_low_precision_type: torch.dtype | None = None
+    autocast_excluded_nodes: tuple[re.Pattern, ...] = ()
+    autocast_excluded_ops: frozenset[str] = frozenset()
+    autocast_max_output_threshold: float = 512.0
+    autocast_max_depth_of_reduction: int | None = None
+    autocast_calibration_dataloader: Any = None
+    use_fp32_acc: bool = False
+    enabled_precisions: frozenset[torch.dtype] = frozenset({torch.float32})
+    keep_io_types: bool = True
+    plan: Any = None
+    dynamic_shapes: Any = None
+    backend: str = "eager"
+    debug: bool = False
+
+    @classmethod
+    def from_kwargs(cls, kwargs: dict[str, Any]) -> "CompileSettings":
+        """Validate user keywords; unknown names get a 'did you mean' answer."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            hints = []
+            for name in unknown:
+                close = difflib.get_close_matches(name, sorted(known), n=1)
+                hints.append(f"'{name}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
+            raise ConfigError(
+                f"mixprec.compile got unknown setting(s) {', '.join(hints)}; "
+                f"the settings are: {', '.join(sorted(known))}."
+            )
+        return cls(**_validated(kwargs))
+
+    def explicit(self) -> dict[str, Any]:
+        """The settings that differ from the defaults, as plain JSON-friendly values."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("autocast_calibration_dataloader", "plan", "dynamic_shapes"):
+                if value is not None:
+                    out[f.name] = "<given>"
+                continue
+            if value == f.default or (f.default_factory is not dataclasses.MISSING and value == f.default_factory()):
+                continue
+            out[f.name] = _jsonable(value)
+        return out
+
+
+def _jsonable(value):
+    if isinstance(value, torch.dtype):
+        return dtype_name(value)
+    if isinstance(value, re.Pattern):
+        return value.pattern
+    if isinstance(value, (frozenset, set, tuple, list)):
+        items = [_jsonable(v) for v in value]
+        return sorted(items) if isinstance(value, (frozenset, set)) else items
+    return value
+
+
+def _bool(kwargs, name):
+    value = kwargs[name]
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be True or False, got {value!r}.")
+    return value
+
+
+def _validated(kwargs: dict[str, Any]) -> dict[str, Any]:
+    from .backends import known_backends  # the registry; imported late to keep modules independent
+    from .plan import PrecisionPlan
+
+    out: dict[str, Any] = {}
+    for name in ("use_explicit_typing", "enable_autocast", "use_fp32_acc", "keep_io_types", "debug"):
+        if name in kwargs:
+            out[name] = _bool(kwargs, name)
+
+    if kwargs.get("autocast_low_precision_type") is not None:
+        out["autocast_low_precision_type"] = parse_dtype(
+            kwargs["autocast_low_precision_type"], what="autocast_low_precision_type", allowed=LOW_PRECISION_FLOATS
+        )
+
+    if "autocast_excluded_nodes" in kwargs:
+        out["autocast_excluded_nodes"] = _patterns(kwargs["autocast_excluded_nodes"])
+
+    if "autocast_excluded_ops" in kwargs:
+        ops = kwargs["autocast_excluded_ops"]
+        if isinstance(ops, str) or not _is_iterable(ops):
+            ops = (ops,)
+        out["autocast_excluded_ops"] = frozenset(resolve_op_name(op, what="autocast_excluded_ops") for op in ops)
+
+    if "autocast_max_output_threshold" in kwargs:
+        value = kwargs["autocast_max_output_threshold"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ConfigError(
+                f"autocast_max_output_threshold must be a positive finite number (default 512.0), got {value!r}."
+            )
+        out["autocast_max_output_threshold"] = float(value)
+
+    if kwargs.get("autocast_max_depth_of_reduction") is not None:
+        value = kwargs["autocast_max_depth_of_reduction"]
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConfigError(
+                f"autocast_max_depth_of_reduction must be a positive integer or None, got {value!r}."
+            )
+        out["autocast_max_depth_of_reduction"] = value
+
+    if kwargs.get("autocast_calibration_dataloader") is not None:
+        loader = kwargs["autocast_calibration_dataloader"]
+        if isinstance(loader, torch.Tensor) or not _is_iterable(loader):
+            raise ConfigError(
+                "autocast_calibration_dataloader must be an iterable of input tuples (a list of tuples or a "
+                f"torch DataLoader), got {type(loader).__name__}."
+            )
+        out["autocast_calibration_dataloader"] = loader
+
+    if "enabled_precisions" in kwargs:
+        value = kwargs["enabled_precisions"]
+        if isinstance(value, (str, torch.dtype)):
+            value = {value}
+        if not _is_iterable(value):
+            raise ConfigError(f"enabled_precisions must be a set of dtypes, got {value!r}.")
+        out["enabled_precisions"] = frozenset(
+            parse_dtype(v, what="enabled_precisions", allowed=FLOAT_DTYPES - {torch.float64}) for v in value
+        )
+        if not out["enabled_precisions"]:
+            raise ConfigError("enabled_precisions must not be empty; use {torch.float32} for strong typing.")
+
+    if kwargs.get("plan") is not None:
+        if not isinstance(kwargs["plan"], PrecisionPlan):
+            raise ConfigError(
+                f"plan must be a mixprec.PrecisionPlan (from the configurator, mixprec.search or "
+                f"PrecisionPlan.from_json), got {type(kwargs['plan']).__name__}."
+            )
+        out["plan"] = kwargs["plan"]
+
+    if kwargs.get("dynamic_shapes") is not None:
+        out["dynamic_shapes"] = kwargs["dynamic_shapes"]
+
+    if "backend" in kwargs:
+        backend = kwargs["backend"]
+        names = known_backends()
+        if backend == "inductor" and backend not in names:
+            raise ConfigError(
+                "backend='inductor' is not available in this version of mixprec yet; use backend='eager'."
+            )
+        if not isinstance(backend, str) or backend not in names:
+            raise ConfigError(f"backend={backend!r} is not known; the backends are: {', '.join(sorted(names))}.")
+        out["backend"] = backend
+
+    _check_combinations({**{f.name: f.default for f in dataclasses.fields(CompileSettings) if f.default is not dataclasses.MISSING}, **out}, kwargs)
+    return out
+
+
+def _check_combinations(merged: dict[str, Any], given: dict[str, Any]) -> None:
+    """Settings that are valid alone but contradict each other, or that have no effect."""
+    explicit = merged["use_explicit_typing"]
+    if merged["enable_autocast"] and not explicit:
+        raise ConfigError(
+            "enable_autocast=True needs use_explicit_typing=True (autocast decides precisions that strong "
+            "typing then honours, as in Torch-TensorRT); drop use_explicit_typing=False."
+        )
+    if merged["use_fp32_acc"] and not explicit:
+        raise ConfigError(
+            "use_fp32_acc=True needs use_explicit_typing=True: under weak typing the accumulation type is "
+            "not respected (as in Torch-TensorRT)."
+        )
+    precisions = merged["enabled_precisions"]
+    if explicit and "enabled_precisions" in given and precisions != frozenset({torch.float32}):
+        raise ConfigError(
+            "enabled_precisions only chooses precisions under weak typing (use_explicit_typing=False); with "
+            "use_explicit_typing=True it must stay {torch.float32}. For rule-based lowering use "
+            "enable_autocast=True with autocast_low_precision_type."
+        )
+    if not explicit:
+        if torch.float32 not in precisions or len(precisions) < 2:
+            raise ConfigError(
+                "weak typing (use_explicit_typing=False) picks among enabled_precisions, so it needs "
+                "torch.float32 and at least one low type, e.g. enabled_precisions={torch.float32, torch.bfloat16}."
+            )
+        raise ConfigError(
+            "weak typing (use_explicit_typing=False) is not available in this version of mixprec yet; use "
+            "strong typing (the default) or enable_autocast=True for rule-based lowering."
+        )
+    if not merged["enable_autocast"]:
+        autocast_only = [
+            name
+            for name in (
+                "autocast_low_precision_type",
+                "autocast_excluded_nodes",
+                "autocast_excluded_ops",
+                "autocast_max_output_threshold",
+                "autocast_max_depth_of_reduction",
+                "autocast_calibration_dataloader",
+            )
+            if given.get(name) not in (None, (), [], set(), frozenset())
+        ]
+        if autocast_only:
+            raise ConfigError(
+                f"{', '.join(autocast_only)} only take effect with enable_autocast=True; add enable_autocast=True "
+                "or drop them."
+            )
+    if merged["enable_autocast"]:
+        raise ConfigError(
+            "enable_autocast=True (rule-based autocast) is not available in this version of mixprec yet; "
+            "strong typing (the default) honours the dtypes written in the model."
+        )
+
+
+def _patterns(value) -> tuple[re.Pattern, ...]:
+    if isinstance(value, (str, re.Pattern)):
+        value = (value,)
+    if not _is_iterable(value):
+        raise ConfigError(f"autocast_excluded_nodes must be a set of regular expressions, got {value!r}.")
+    compiled = []
+    for pattern in value:
+        if isinstance(pattern, re.Pattern):
+            compiled.append(pattern)
+            continue
+        if not isinstance(pattern, str):
+            raise ConfigError(f"autocast_excluded_nodes holds {pattern!r}, which is not a string or re.Pattern.")
+        try:
+            compiled.append(re.compile(pattern))
+        except re.error as e:
+            raise ConfigError(
+                f"autocast_excluded_nodes pattern {pattern!r} is not a valid regular expression ({e}); "
+                "patterns are matched with re.match against module paths such as 'encoder.layers.0.attn'."
+            ) from e
+    return tuple(sorted(compiled, key=lambda p: p.pattern))
+
+
+def _is_iterable(value) -> bool:
+    try:
+        iter(value)
+    except TypeError:
+        return False
+    return True

@@ -1,0 +1,40 @@
+"""Assertions shared by tests."""
+
+from __future__ import annotations
+
+import torch
+import torch.utils._pytree as pytree
+
+
+def assert_same_outputs(got, expected, *, atol=0.0, rtol=0.0):
+    """Same structure, same dtypes, values equal within the given tolerance (exact by default)."""
+    got_leaves, got_spec = pytree.tree_flatten(got)
+    exp_leaves, exp_spec = pytree.tree_flatten(expected)
+    assert got_spec == exp_spec, f"output structure differs: {got_spec} vs {exp_spec}"
+    for i, (a, b) in enumerate(zip(got_leaves, exp_leaves)):
+        if isinstance(b, torch.Tensor):
+            assert isinstance(a, torch.Tensor), f"output {i} is {type(a)}"
+            assert a.dtype == b.dtype, f"output {i}: dtype {a.dtype} vs {b.dtype}"
+            assert a.shape == b.shape, f"output {i}: shape {a.shape} vs {b.shape}"
+            torch.testing.assert_close(a, b, atol=atol, rtol=rtol, equal_nan=True, msg=lambda m: f"output {i}: {m}")
+        else:
+            assert a == b
+
+
+def snapshot(model: torch.nn.Module) -> dict:
+    """Everything compile must not change: tensors (values, dtypes, ids) and training flags."""
+    return {
+        "state": {k: (v.dtype, v.clone(), v.data_ptr()) for k, v in model.state_dict(keep_vars=True).items()},
+        "training": {name: m.training for name, m in model.named_modules()},
+    }
+
+
+def assert_unchanged(model: torch.nn.Module, before: dict) -> None:
+    after = snapshot(model)
+    assert after["training"] == before["training"]
+    assert after["state"].keys() == before["state"].keys()
+    for key, (dtype, value, ptr) in before["state"].items():
+        dtype2, value2, ptr2 = after["state"][key]
+        assert dtype2 == dtype, f"{key} dtype changed"
+        assert ptr2 == ptr, f"{key} storage replaced"
+        assert torch.equal(value2, value), f"{key} values changed"
