@@ -38,3 +38,19 @@ def assert_unchanged(model: torch.nn.Module, before: dict) -> None:
         assert dtype2 == dtype, f"{key} dtype changed"
         assert ptr2 == ptr, f"{key} storage replaced"
         assert torch.equal(value2, value), f"{key} values changed"
+
+
+def plan_lowering(model, inputs, dtype, *, select=lambda record: True, accumulate=None):
+    """A PrecisionPlan that puts the fp32 compute layers chosen by ``select`` (a LayerRecord predicate)
+    in ``dtype``, made from a strong-typing compile of the same model."""
+    import mixprec
+    from mixprec.plan import NodePrecision, PrecisionPlan
+
+    records = mixprec.compile(model, inputs).report.layers
+    return PrecisionPlan(
+        {
+            r.name: NodePrecision(dtype, accumulate, "plan", f"test: {r.name} in {dtype}")
+            for r in records
+            if r.kind == "compute" and r.precision == torch.float32 and select(r)
+        }
+    )

@@ -54,8 +54,10 @@ def capture(model, inputs: tuple, *, dynamic_shapes=None, kwargs: dict | None = 
         reason = _first_lines(str(e))
         raise UnsupportedModelError(
             f"torch.export could not capture {type(model).__name__}: {reason}\n"
-            "mixprec needs a model torch.export.export can trace; see torch's reason above "
-            "(data-dependent control flow usually needs torch.cond or fixed shapes).",
+            "mixprec needs a model torch.export.export can trace; see torch's reason above. Common causes: "
+            "control flow on tensor values (use torch.cond), outputs of types torch cannot flatten (return "
+            "tensors, tuples or dicts, or register the type with torch.utils._pytree), caches or other state "
+            "returned from forward (e.g. use_cache=False for transformers models).",
             reason=str(e),
         ) from e
 

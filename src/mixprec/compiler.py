@@ -15,6 +15,8 @@ import torch
 from . import planner
 from .backends import get_backend
 from .capture import as_input_tuple, capture
+from .diagnose import describe, failing_node
+from .errors import InvariantError, UnsupportedModelError
 from .graph import GraphInfo, analyze, tensor_metas
 from .module import MixedPrecisionModule, input_specs_of
 from .passes.normalize import normalize
@@ -63,7 +65,7 @@ def compile(model, inputs, **settings) -> MixedPrecisionModule:  # noqa: A001 (t
         runner = get_backend(config.backend)(program, config)
     prog = MixedPrecisionModule(program, plan, None, config.explicit(), runner, input_specs_of(program))
     with timer.phase("report"):
-        errors = _errors_against_fp32(prog, base, info, captured_outputs, args)
+        errors = _errors_against_fp32(prog, base, info, captured_outputs, args, model)
         records = build_records(info, plan, program.graph)
         summary = build_summary(
             records,
@@ -87,7 +89,7 @@ def _user_output_dtypes(work: WorkProgram, info: GraphInfo) -> tuple:
     return tuple(out)
 
 
-def _errors_against_fp32(prog, base: WorkProgram, info: GraphInfo, captured_outputs, args) -> dict:
+def _errors_against_fp32(prog, base: WorkProgram, info: GraphInfo, captured_outputs, args, model) -> dict:
     """Run the fp32 version of the same graph and the compiled program on the example inputs."""
     reference = rewrite(
         base.copy(),
@@ -97,9 +99,41 @@ def _errors_against_fp32(prog, base: WorkProgram, info: GraphInfo, captured_outp
         captured_output_dtypes=captured_outputs,
     ).to_exported()
     with torch.no_grad():
-        expected = reference.module()(*args)
-        got = prog(*args)
+        got = _run_or_explain(prog.exported_program, lambda: prog(*args), args, model, "the compiled program")
+        expected = _run_or_explain(reference, lambda: reference.module()(*args), args, model, "the fp32 reference")
     return output_errors(got, expected)
+
+
+def _run_or_explain(program, run, args, model, what):
+    """Run a program on the example inputs; a failure names the layer, and whether eager fails too."""
+    try:
+        return run()
+    except Exception as e:  # a kernel's error: find the layer and tell the user whose problem it is
+        node, error = failing_node(program.module(), args)
+        where = describe(node)
+        eager_error = _eager_error(model, args)
+        if eager_error is not None:
+            raise UnsupportedModelError(
+                f"the model does not run in eager PyTorch on these example inputs ({eager_error}); its captured "
+                f"graph fails at {where}. Fix the model or the inputs (e.g. their dtypes) so that model(*inputs) "
+                "runs, then compile again.",
+                reason=str(eager_error),
+            ) from e
+        raise InvariantError(
+            f"{what} fails at {where} although the model runs in eager PyTorch: {error or e}. "
+            "This is a bug in mixprec; please report it with the model."
+        ) from e
+
+
+def _eager_error(model, args):
+    if not isinstance(model, torch.nn.Module):
+        return None
+    try:
+        with torch.no_grad():
+            model(*args)
+    except Exception as e:  # we only need to know whether eager PyTorch fails too, and why
+        return e
+    return None
 
 
 def _debug_log(prog: MixedPrecisionModule) -> None:

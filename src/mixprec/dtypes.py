@@ -84,14 +84,16 @@ def parse_dtype(value, *, what: str, allowed=None) -> torch.dtype:
     ``what`` names the setting for the error message; ``allowed`` (a set of dtypes)
     restricts the result.
     """
+    if allowed is None:
+        allowed = FLOAT_DTYPES | {torch.int8}
     dtype = None
     if isinstance(value, torch.dtype):
         dtype = value
     elif isinstance(value, str):
         key = re.sub(r"^torch\.", "", value.strip().lower())
         dtype = _ALIASES.get(key)
-    if dtype is None or (allowed is not None and dtype not in allowed):
-        choices = allowed if allowed is not None else FLOAT_DTYPES | {torch.int8}
+    if dtype is None or dtype not in allowed:
+        choices = allowed
         spelled = ", ".join(sorted(f"torch.{dtype_name(d)}" for d in choices))
         raise ConfigError(
             f"{what}={value!r} is not a precision mixprec accepts here; use one of {spelled} "

@@ -66,6 +66,12 @@ def output_dtype(info: GraphInfo, plan: dict, producer: str, captured: torch.dty
 def _follow_producers(info: GraphInfo, decided: dict[str, NodePrecision]) -> None:
     for name, node in info.items():
         decision = decided[name]
+        if node.op == "getitem":  # an element of a multi-output layer: it has that layer's dtype, always
+            producer, captured = next(iter(node.input_dtypes.items()), (None, None))
+            new = output_dtype(info, decided, producer, captured) if producer else decision.precision
+            if new != decision.precision:
+                decided[name] = NodePrecision(new, None, decision.source, f"element of {producer} ({dtype_name(new)})")
+            continue
         if node.kind != "movement" or decision.source not in _WEAK_SOURCES:
             continue
         floats = [(inp, d) for inp, d in node.input_dtypes.items() if is_float(d)]

@@ -92,6 +92,7 @@ class WorkProgram:
 
     def to_exported(self) -> ExportedProgram:
         self.graph_module.graph.eliminate_dead_code(is_impure_node=_is_impure)
+        self._drop_unused_stored_inputs()
         self.graph_module.delete_all_unused_submodules()
         self.graph_module.recompile()
         return ExportedProgram(
@@ -123,6 +124,19 @@ class WorkProgram:
         self.graph_module.graph = graph
         self.sync_input_specs()
         self.sync_output_specs()
+
+    def _drop_unused_stored_inputs(self) -> None:
+        """Stored tensors nothing reads (export keeps one placeholder per name of a tied weight, and a
+        weight whose consumers all read a converted copy) are dropped: the program should not hold them."""
+        mutated = {s.target for s in self.output_specs if s.kind in (OutputKind.BUFFER_MUTATION, OutputKind.PARAMETER_MUTATION)}
+        for node in self.placeholders():
+            spec = self.input_spec_of(node)
+            if spec is None or spec.kind not in STORED_KINDS or node.users or spec.target in mutated:
+                continue
+            self.graph.erase_node(node)
+            self.input_specs.remove(spec)
+            if not any(s.target == spec.target for s in self.input_specs):
+                (self.state_dict if spec.target in self.state_dict else self.constants).pop(spec.target, None)
 
     # ---- signature access ---------------------------------------------------------------------
     def placeholders(self) -> list[torch.fx.Node]:

@@ -19,7 +19,7 @@ reference plan turns ``x.half()`` into a no-op cast to fp32).
 from __future__ import annotations
 
 from .base import PassResult
-from .casting import cast_target_arg, cast_of, required_input_dtype, retype_val, set_cast_target, tensor_dtype
+from .casting import cast_of, cast_target_arg, origin_name, required_input_dtype, retype_val, set_cast_target, tensor_dtype
 from .context import RewriteContext
 from .io_types import round_inputs
 
@@ -36,7 +36,7 @@ def insert_casts(ctx: RewriteContext) -> PassResult:
             current = tensor_dtype(inp)
             if current is None:
                 continue
-            required = required_input_dtype(info, decision, inp.name, current)
+            required = required_input_dtype(info, decision, origin_name(inp), current)
             if required != current:
                 node.replace_input_with(inp, cast_of(graph, inp, required, role="cast"))
                 changed = True

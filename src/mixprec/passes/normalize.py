@@ -35,6 +35,7 @@ import logging
 import operator
 
 import torch
+import torch.utils._pytree as pytree
 from torch._guards import detect_fake_mode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -230,17 +231,34 @@ def _autocast_casts(node: torch.fx.Node, contexts: tuple) -> dict[torch.fx.Node,
     args = torch.fx.node.map_arg(node.args, lambda n: n.meta.get("val"))
     kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: n.meta.get("val"))
     try:
-        with_autocast, result = _probe(node.target, args, kwargs, vals, fake_mode, contexts)
+        with_autocast, _ = _probe(node.target, args, kwargs, vals, fake_mode, contexts)
         without_autocast, _ = _probe(node.target, args, kwargs, vals, fake_mode, ())
+        # casts the op makes itself (x.float() calls _to_copy too) are not autocast's
+        casts = {n: d for n, d in with_autocast.items() if without_autocast.get(n) != d}
+        # check: with these casts written out, the op run without autocast gives autocast's result dtype
+        result = _run_with_casts(node, args, kwargs, casts, fake_mode)
     except Exception as e:  # an op the probe cannot run on fake tensors: fall back to the output dtype
         log.debug("autocast probe failed for %s (%s); casting inputs to its output dtype", node.name, e)
         return _fallback_casts(tensor_inputs, expected)
-    if isinstance(result, torch.Tensor) and result.dtype != expected.dtype:
-        # autocast acted inside a composite op's decomposition (e.g. einsum -> bmm); casting the op's
-        # inputs to its output dtype gives the same values, since the decomposition only moves data first
+    if not isinstance(result, torch.Tensor) or result.dtype != expected.dtype:
+        # autocast acted inside a composite op's decomposition (einsum -> bmm); casting the op's inputs
+        # to its output dtype gives the same values, since the decomposition only moves data first
         return _fallback_casts(tensor_inputs, expected)
-    # casts the op makes itself (x.float() calls _to_copy too) are not autocast's
-    return {n: d for n, d in with_autocast.items() if without_autocast.get(n) != d}
+    return casts
+
+
+def _run_with_casts(node, args, kwargs, casts, fake_mode):
+    by_val = {id(n.meta["val"]): d for n, d in casts.items()}
+    with fake_mode if fake_mode is not None else contextlib.nullcontext():
+
+        def convert(a):
+            if isinstance(a, torch.Tensor) and id(a) in by_val:
+                return a.to(by_val[id(a)])
+            return a
+
+        args2 = pytree.tree_map(convert, args)
+        kwargs2 = pytree.tree_map(convert, kwargs)
+        return node.target(*args2, **kwargs2)
 
 
 def _probe(target, args, kwargs, vals, fake_mode, contexts):

@@ -1,0 +1,35 @@
+import pytest
+import torch
+
+import mixprec
+from models import SeedExplicit
+
+
+def _prog():
+    return mixprec.compile(SeedExplicit().eval(), SeedExplicit.example_inputs(), use_fp32_acc=True)
+
+
+def test_program_exposes_plan_report_program_and_settings():
+    prog = _prog()
+    assert isinstance(prog, torch.nn.Module)
+    assert isinstance(prog.plan, mixprec.PrecisionPlan)
+    assert isinstance(prog.report, mixprec.Report)
+    assert isinstance(prog.exported_program, torch.export.ExportedProgram)
+    assert prog.settings == {"use_fp32_acc": True}
+    assert "layers=" in repr(prog)
+
+
+def test_call_time_mismatches():
+    prog = _prog()
+    with pytest.raises(mixprec.InputMismatchError, match="compiled for 1 input tensor"):
+        prog(torch.ones(1, 10), torch.ones(1, 10))
+    with pytest.raises(mixprec.InputMismatchError, match="input 0 \\('x'\\) has dtype torch.float16"):
+        prog(torch.ones(1, 10, dtype=torch.float16))
+    assert isinstance(mixprec.InputMismatchError("x"), mixprec.MixedPrecisionError)
+
+
+def test_rewritten_program_is_a_valid_exported_program():
+    ep = _prog().exported_program
+    ep.validate()
+    x = SeedExplicit.example_inputs()[0]
+    assert ep.module()(x).dtype == torch.float32

@@ -1,0 +1,104 @@
+"""Every keyword of API.md §1 is accepted, validated once, and bad values say what to change."""
+
+import re
+
+import pytest
+import torch
+
+import mixprec
+from mixprec.errors import ConfigError
+from mixprec.settings import CompileSettings
+
+
+def test_defaults_match_the_api():
+    s = CompileSettings.from_kwargs({})
+    assert s.use_explicit_typing is True and s.enable_autocast is False
+    assert s.autocast_low_precision_type is None
+    assert s.autocast_max_output_threshold == 512.0
+    assert s.autocast_max_depth_of_reduction is None
+    assert s.use_fp32_acc is False and s.keep_io_types is True
+    assert s.enabled_precisions == frozenset({torch.float32})
+    assert s.backend == "eager" and s.debug is False
+
+
+def test_settings_are_frozen():
+    s = CompileSettings.from_kwargs({})
+    with pytest.raises(AttributeError):
+        s.use_fp32_acc = True
+
+
+def test_unknown_keyword_suggests_the_right_one():
+    with pytest.raises(ConfigError, match="did you mean 'use_fp32_acc'"):
+        CompileSettings.from_kwargs({"use_fp32_accum": True})
+
+
+@pytest.mark.parametrize("name", ["use_explicit_typing", "enable_autocast", "use_fp32_acc", "keep_io_types", "debug"])
+def test_booleans_must_be_booleans(name):
+    with pytest.raises(ConfigError, match=f"{name} must be True or False"):
+        CompileSettings.from_kwargs({name: 1})
+
+
+def test_excluded_ops_every_spelling_parses_to_one_name():
+    # parsing happens before the combination check, so test the parser through a valid combination path
+    from mixprec.settings import _validated
+
+    with pytest.raises(ConfigError, match="only take effect with enable_autocast=True"):
+        _validated({"autocast_excluded_ops": [torch.ops.aten.flatten.using_ints, "flatten"]})
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"autocast_low_precision_type": "fp8"}, "autocast_low_precision_type='fp8'"),
+        ({"autocast_low_precision_type": torch.float32}, "autocast_low_precision_type"),
+        ({"autocast_excluded_nodes": ["linear[0-"]}, "not a valid regular expression"),
+        ({"autocast_excluded_nodes": [3]}, "not a string or re.Pattern"),
+        ({"autocast_excluded_ops": ["aten.no_such_op"]}, "names no operator"),
+        ({"autocast_max_output_threshold": -1.0}, "positive finite"),
+        ({"autocast_max_output_threshold": float("nan")}, "positive finite"),
+        ({"autocast_max_output_threshold": "big"}, "positive finite"),
+        ({"autocast_max_depth_of_reduction": 0}, "positive integer"),
+        ({"autocast_max_depth_of_reduction": 2.5}, "positive integer"),
+        ({"autocast_calibration_dataloader": 5}, "iterable of input tuples"),
+        ({"autocast_calibration_dataloader": torch.ones(3)}, "iterable of input tuples"),
+        ({"enabled_precisions": {"fp8"}}, "enabled_precisions"),
+        ({"enabled_precisions": set()}, "must not be empty"),
+        ({"plan": {"linear": "fp16"}}, "mixprec.PrecisionPlan"),
+        ({"backend": "tensorrt"}, "backends are: eager"),
+    ],
+)
+def test_bad_values_say_what_to_change(kwargs, message):
+    with pytest.raises(ConfigError, match=re.escape(message) if "*" not in message else message):
+        CompileSettings.from_kwargs(kwargs)
+
+
+def test_autocast_settings_without_enable_autocast_are_not_ignored():
+    with pytest.raises(ConfigError, match="only take effect with enable_autocast=True"):
+        CompileSettings.from_kwargs({"autocast_low_precision_type": torch.bfloat16})
+    with pytest.raises(ConfigError, match="autocast_excluded_nodes"):
+        CompileSettings.from_kwargs({"autocast_excluded_nodes": {"^conv1$"}})
+
+
+def test_contradictions():
+    with pytest.raises(ConfigError, match="enable_autocast=True needs use_explicit_typing=True"):
+        CompileSettings.from_kwargs({"enable_autocast": True, "use_explicit_typing": False})
+    with pytest.raises(ConfigError, match="use_fp32_acc=True needs use_explicit_typing=True"):
+        CompileSettings.from_kwargs({"use_fp32_acc": True, "use_explicit_typing": False})
+    with pytest.raises(ConfigError, match="only chooses precisions under weak typing"):
+        CompileSettings.from_kwargs({"enabled_precisions": {torch.float32, torch.float16}})
+    with pytest.raises(ConfigError, match="needs torch.float32 and at least one low type"):
+        CompileSettings.from_kwargs({"use_explicit_typing": False, "enabled_precisions": {torch.float16}})
+
+
+def test_explicit_lists_only_non_defaults():
+    s = CompileSettings.from_kwargs({"use_fp32_acc": True, "keep_io_types": False})
+    assert s.explicit() == {"use_fp32_acc": True, "keep_io_types": False}
+
+
+def test_compile_validates_before_capturing():
+    class Exploding(torch.nn.Module):
+        def forward(self, x):
+            raise AssertionError("compile must not run the model before validating settings")
+
+    with pytest.raises(ConfigError):
+        mixprec.compile(Exploding(), (torch.ones(1),), backend="nope")
