@@ -32,6 +32,15 @@ def as_input_tuple(inputs) -> tuple:
     )
 
 
+def as_input_kwargs(kwargs) -> dict:
+    """Example keyword arguments of forward (None means none)."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise ConfigError(f"kwargs must be a dict of forward's keyword arguments, got {type(kwargs).__name__}.")
+    return dict(kwargs)
+
+
 def capture(model, inputs: tuple, *, dynamic_shapes=None, kwargs: dict | None = None) -> ExportedProgram:
     """Export ``model`` in inference mode; an ExportedProgram is returned as it is."""
     if isinstance(model, ExportedProgram):

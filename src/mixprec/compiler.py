@@ -14,7 +14,7 @@ import torch
 
 from . import planner
 from .backends import get_backend
-from .capture import as_input_tuple, capture
+from .capture import as_input_kwargs, as_input_tuple, capture
 from .diagnose import describe, failing_node
 from .errors import InvariantError, UnsupportedModelError
 from .graph import GraphInfo, analyze, tensor_metas
@@ -43,13 +43,18 @@ class _Timer:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
 
-def compile(model, inputs, **settings) -> MixedPrecisionModule:  # noqa: A001 (the public name of API.md)
-    """Compile ``model`` into a mixed-precision program; see API.md §1 for the settings."""
+def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModule:  # noqa: A001 (API.md's name)
+    """Compile ``model`` into a mixed-precision program; see API.md §1 for the settings.
+
+    ``inputs`` are example positional arguments of ``forward``; ``kwargs`` (a mixprec extension, as in
+    ``torch.export.export``) are example keyword arguments, for keyword-only parameters.
+    """
     config = CompileSettings.from_kwargs(settings)
     args = as_input_tuple(inputs)
+    kwargs = as_input_kwargs(kwargs)
     timer = _Timer()
     with timer.phase("capture"):
-        ep = capture(model, args, dynamic_shapes=config.dynamic_shapes)
+        ep = capture(model, args, dynamic_shapes=config.dynamic_shapes, kwargs=kwargs)
     with timer.phase("normalize"):
         base = WorkProgram.from_exported(ep)
         normalize(base)
@@ -65,7 +70,7 @@ def compile(model, inputs, **settings) -> MixedPrecisionModule:  # noqa: A001 (t
         runner = get_backend(config.backend)(program, config)
     prog = MixedPrecisionModule(program, plan, None, config.explicit(), runner, input_specs_of(program))
     with timer.phase("report"):
-        errors = _errors_against_fp32(prog, base, info, captured_outputs, args, model)
+        errors = _errors_against_fp32(prog, base, info, captured_outputs, args, kwargs, model)
         records = build_records(info, plan, program.graph)
         summary = build_summary(
             records,
@@ -89,7 +94,7 @@ def _user_output_dtypes(work: WorkProgram, info: GraphInfo) -> tuple:
     return tuple(out)
 
 
-def _errors_against_fp32(prog, base: WorkProgram, info: GraphInfo, captured_outputs, args, model) -> dict:
+def _errors_against_fp32(prog, base: WorkProgram, info: GraphInfo, captured_outputs, args, kwargs, model) -> dict:
     """Run the fp32 version of the same graph and the compiled program on the example inputs."""
     reference = rewrite(
         base.copy(),
@@ -99,8 +104,10 @@ def _errors_against_fp32(prog, base: WorkProgram, info: GraphInfo, captured_outp
         captured_output_dtypes=captured_outputs,
     ).to_exported()
     with torch.no_grad():
-        got = _run_or_explain(prog.exported_program, lambda: prog(*args), args, model, "the compiled program")
-        expected = _run_or_explain(reference, lambda: reference.module()(*args), args, model, "the fp32 reference")
+        got = _run_or_explain(prog.exported_program, lambda: prog(*args, **kwargs), (args, kwargs), model, "the compiled program")
+        expected = _run_or_explain(
+            reference, lambda: reference.module()(*args, **kwargs), (args, kwargs), model, "the fp32 reference"
+        )
     return output_errors(got, expected)
 
 
@@ -109,9 +116,9 @@ def _run_or_explain(program, run, args, model, what):
     try:
         return run()
     except Exception as e:  # a kernel's error: find the layer and tell the user whose problem it is
-        node, error = failing_node(program.module(), args)
+        node, error = failing_node(program.module(), program, *args)
         where = describe(node)
-        eager_error = _eager_error(model, args)
+        eager_error = _eager_error(model, *args)
         if eager_error is not None:
             raise UnsupportedModelError(
                 f"the model does not run in eager PyTorch on these example inputs ({eager_error}); its captured "
@@ -125,12 +132,12 @@ def _run_or_explain(program, run, args, model, what):
         ) from e
 
 
-def _eager_error(model, args):
+def _eager_error(model, args, kwargs):
     if not isinstance(model, torch.nn.Module):
         return None
     try:
         with torch.no_grad():
-            model(*args)
+            model(*args, **kwargs)
     except Exception as e:  # we only need to know whether eager PyTorch fails too, and why
         return e
     return None

@@ -10,8 +10,8 @@ of a kernel's complaint or, worse, silently different numerics.
 from __future__ import annotations
 
 import torch
-import torch.utils._pytree as pytree
 
+from .diagnose import flat_user_inputs
 from .errors import InputMismatchError
 
 
@@ -43,13 +43,12 @@ class MixedPrecisionModule(torch.nn.Module):
         return dict(self._settings)
 
     def forward(self, *args, **kwargs):
-        if not kwargs:
-            self._check_inputs(args)
+        self._check_inputs(args, kwargs)
         with torch.no_grad():
             return self.runner(*args, **kwargs)
 
-    def _check_inputs(self, args) -> None:
-        leaves = pytree.tree_leaves(args)
+    def _check_inputs(self, args, kwargs) -> None:
+        leaves = flat_user_inputs(self._exported_program, args, kwargs)
         tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
         if not self._input_specs:
             return
