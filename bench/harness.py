@@ -1,0 +1,73 @@
+"""Timing harness for the benchmark scripts: interleaved rounds, medians, machine description.
+
+Timings on a shared 2-core machine are noisy, so variants are compared inside one
+process: every round runs each variant once (in a rotating order), and the figure of a
+variant is the median over rounds; ratios are taken between medians of the same run.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+
+import torch
+
+
+def machine() -> str:
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                cpu = line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return (
+        f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"python {platform.python_version()}"
+    )
+
+
+def stamp() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def interleaved(variants: dict[str, Callable[[], object]], *, rounds: int = 15, warmup: int = 2) -> dict[str, float]:
+    """Median seconds per call of each variant, measured round-robin so drifts hit all variants alike."""
+    names = list(variants)
+    for _ in range(warmup):
+        for name in names:
+            variants[name]()
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    with torch.inference_mode():
+        for r in range(rounds):
+            order = names[r % len(names):] + names[: r % len(names)]
+            for name in order:
+                start = time.perf_counter()
+                variants[name]()
+                samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far (Linux ru_maxrss is in KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def table(rows: list[dict], columns: list[str]) -> str:
+    def fmt(v):
+        if isinstance(v, float):
+            return f"{v:.3g}"
+        return str(v)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join(fmt(row.get(c, "")) for c in columns) + " |")
+    return "\n".join(lines)
