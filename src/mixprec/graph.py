@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 from collections.abc import Iterator, Mapping
 
 import torch
@@ -136,6 +137,8 @@ def analyze(graph: torch.fx.Graph) -> GraphInfo:
             inp_metas = tensor_meta.get(inp.name, ())
             if len(inp_metas) == 1:
                 inputs[inp.name] = inp_metas[0].dtype
+            elif node.target is operator.getitem and len(metas) == 1:
+                inputs[inp.name] = metas[0].dtype  # the element it selects from a multi-output producer
         float_out = [m.dtype for m in metas if is_float(m.dtype)]
         float_in = [d for d in inputs.values() if is_float(d)]
         if not float_out and not float_in:
