@@ -278,6 +278,25 @@ class MaskedScores(nn.Module):
         return (torch.randn(2, 8, 16),)
 
 
+class MovementOnParams(nn.Module):
+    """Data movement on parameters (expand of a class token, t(weight)), a cat, and a comparison."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.w = nn.Parameter(torch.randn(8, 16))
+        self.cls = nn.Parameter(torch.randn(1, 1, 16))
+
+    def forward(self, x):
+        h = torch.cat([self.cls.expand(x.shape[0], -1, -1), self.fc(x)], dim=1)
+        y = h @ self.w.t()
+        return y, (y > 0).sum()
+
+    @staticmethod
+    def example_inputs():
+        return (torch.randn(2, 5, 16),)
+
+
 def bert_small():
     """transformers BERT, small config, random weights, with a padded attention mask."""
     from transformers import BertConfig, BertModel

@@ -313,3 +313,37 @@ def test_fp32_accumulation_of_lowered_layers():
     for record in prog.report.layers:
         if record.op == "aten.linear.default":
             assert (record.precision, record.accumulate) == (BF16, F32)
+
+
+def test_ops_that_fix_their_output_dtype_are_not_lowered():
+    class SoftmaxFp32(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return torch.softmax(self.fc(x), dim=-1, dtype=torch.float32)
+
+    model = SoftmaxFp32().eval()
+    inputs = (torch.randn(3, 8),)
+    prog = mixprec.compile(model, inputs, enable_autocast=True)
+    softmax = next(r for r in prog.report.layers if "softmax" in r.op)
+    assert softmax.precision == F32
+    assert softmax.reason.startswith("cannot run in bfloat16: given bfloat16 inputs it still produces float32")
+    assert prog.report.layer("linear").precision == BF16
+    torch.testing.assert_close(prog(*inputs), model(*inputs), atol=1e-2, rtol=1e-2)
+
+
+def test_a_scalar_that_does_not_fit_fp16_keeps_its_layer_fp32():
+    class FillMask(torch.nn.Module):
+        def forward(self, x, keep):
+            return x.masked_fill(~keep, -1e9).softmax(-1)
+
+    model = FillMask().eval()
+    keep = torch.rand(2, 6) > 0.3
+    keep[:, 0] = True
+    inputs = (torch.randn(2, 6), keep)
+    prog = compile_quietly(model, inputs, enable_autocast=True, autocast_low_precision_type=F16)
+    fill = prog.report.layer("masked_fill")
+    assert fill.precision == F32 and "constant -1e+09 does not fit float16 (max 65504)" in fill.reason
+    torch.testing.assert_close(prog(*inputs), model(*inputs), atol=1e-3, rtol=1e-3)

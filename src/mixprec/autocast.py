@@ -23,6 +23,7 @@ import dataclasses
 import difflib
 import math
 import warnings
+from types import MappingProxyType
 
 import torch
 import torch.utils._pytree as pytree
@@ -65,11 +66,11 @@ def prepare(work: WorkProgram, info: GraphInfo, config: CompileSettings, example
         max_depth_of_reduction=config.autocast_max_depth_of_reduction,
         excluded_nodes=config.autocast_excluded_nodes,
         excluded_ops=config.autocast_excluded_ops,
-        stats=calibration.stats,
-        constants=constants,
-        scalars=_scalars(nodes, info),
-        reduction_depths=_reduction_depths(nodes, info),
-        unlowerable=_unlowerable(nodes, info, low),
+        stats=MappingProxyType(dict(calibration.stats)),
+        constants=MappingProxyType(constants),
+        scalars=MappingProxyType(_scalars(nodes, info)),
+        reduction_depths=MappingProxyType(_reduction_depths(nodes, info)),
+        unlowerable=MappingProxyType(_unlowerable(nodes, info, low)),
     )
     return Prepared(context, calibration)
 

@@ -22,9 +22,11 @@ import math
 import sys
 import time
 from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 
 import torch
 import torch.utils._pytree as pytree
+from torch.export.graph_signature import InputKind
 
 from .dtypes import is_float
 from .errors import CalibrationError
@@ -103,7 +105,7 @@ def collect(work: WorkProgram, batches: Iterable, *, progress_stream=None) -> Ca
     what a ``DataLoader`` over a ``TensorDataset`` yields (a list of tensors).
     """
     user_nodes = work.user_input_nodes()
-    stored = [work.stored_tensor(spec) for spec in work.input_specs if spec.kind in STORED_KINDS]
+    fixed = _fixed_inputs(work)
     interpreter = _StatsInterpreter(work.graph_module, skip={n.name for n in work.placeholders()} - {n.name for n in user_nodes})
     total = _length(batches)
     progress = _Progress(total, stream=progress_stream)
@@ -112,7 +114,7 @@ def collect(work: WorkProgram, batches: Iterable, *, progress_stream=None) -> Ca
         for index, batch in enumerate(batches):
             tensors = _fit(batch, user_nodes, index)
             try:
-                interpreter.run(*stored, *tensors, enable_io_processing=False)
+                interpreter.run(*_arguments(work, fixed, tensors), enable_io_processing=False)
             except CalibrationError:
                 raise
             except Exception as e:  # a kernel rejected the data: say which batch, keep torch's reason
@@ -129,7 +131,26 @@ def collect(work: WorkProgram, batches: Iterable, *, progress_stream=None) -> Ca
             "the calibration dataloader yielded no batches; pass an iterable with at least one batch of model "
             "inputs, or leave autocast_calibration_dataloader=None to calibrate on the example inputs."
         )
-    return Calibration(dict(interpreter.stats), count)
+    return Calibration(MappingProxyType(dict(interpreter.stats)), count)
+
+
+def _fixed_inputs(work: WorkProgram) -> dict[str, object]:
+    """Values of the placeholders that are not user inputs (parameters, buffers, constants, objects)."""
+    fixed = {}
+    for node in work.placeholders():
+        spec = work.input_spec_of(node)
+        if spec is None:
+            spec = next((s for s in work.input_specs if getattr(s.arg, "name", None) == node.name), None)
+        if spec is None or spec.kind == InputKind.USER_INPUT:
+            continue
+        fixed[node.name] = work.stored_tensor(spec) if spec.kind in STORED_KINDS else work.constants.get(spec.target)
+    return fixed
+
+
+def _arguments(work: WorkProgram, fixed: dict, user_tensors: list) -> list:
+    """One value per placeholder, in graph order."""
+    users = iter(user_tensors)
+    return [fixed[n.name] if n.name in fixed else next(users) for n in work.placeholders()]
 
 
 class _StatsInterpreter(torch.fx.Interpreter):
