@@ -16,8 +16,8 @@ def layer(name, op, kind="compute", inputs=None, precision=F32, out=F32):
     return NodeInfo(name, op, kind, "", "", precision, dict(inputs or {}), outputs, 0)
 
 
-def graph(*nodes):
-    return GraphInfo({n.name: n for n in nodes}, {})
+def graph(*nodes, outputs=()):
+    return GraphInfo({n.name: n for n in nodes}, {}, frozenset(outputs))
 
 
 def run(info, decisions):
@@ -71,6 +71,17 @@ def test_views_of_stored_tensors_take_their_consumers_dtype():
     assert dtypes["t_1"] == F32  # its consumers disagree: stays as captured
 
 
+def test_a_returned_view_of_an_input_is_not_rounded():
+    nodes = (
+        layer("view", "aten.view.default", "movement", {"x": F32}),
+        layer("linear", "aten.linear.default", inputs={"view": F32}),
+    )
+    dtypes, _ = run(graph(*nodes), {"linear": LOW})
+    assert dtypes["view"] == BF16  # cast x once, before the view
+    dtypes, _ = run(graph(*nodes, outputs=["view", "linear"]), {"linear": LOW})
+    assert dtypes["view"] == F32  # returned as well: stays exact
+
+
 def test_noop_casts_and_float_consumers_without_float_outputs_follow():
     info = graph(
         layer("emb", "aten.embedding.default", inputs={"p_e": F32, "ids": torch.int64}),
@@ -117,3 +128,19 @@ def test_movement_on_parameters_end_to_end():
     y_ref, _ = model(*inputs)
     torch.testing.assert_close(y, y_ref, atol=0.1, rtol=0.02)
     assert count.dtype == torch.int64
+
+
+def test_returned_view_of_an_input_end_to_end():
+    class ViewAndLinear(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            v = x.view(2, 8)
+            return v, self.fc(v)
+
+    x = torch.randn(2, 4, 2)
+    prog = mixprec.compile(ViewAndLinear().eval(), (x,), enable_autocast=True)
+    v, _ = prog(x)
+    assert torch.equal(v, x.view(2, 8))

@@ -18,8 +18,10 @@ when the program is built (``cast_params``). So
 * a follower fed only by flexible values waits for the backward pass.
 
 Backward pass, in reverse graph order: a follower fed only by flexible values takes the
-dtype all its consumers want (``t(weight)`` before a bf16 ``mm`` becomes bf16, so the
-weight is stored in bf16 and no cast runs per call), else it keeps its captured dtype.
+dtype all its consumers want (``t(weight)`` before a bf16 ``mm`` becomes bf16, so the weight
+is stored in bf16 and no cast runs per call), else it keeps its captured dtype. A graph
+output counts as a consumer that wants the captured dtype: a view of an input that is also
+returned must not come back rounded.
 
 ``getitem`` always takes the dtype its producer gives the selected element (it selects,
 it cannot be cast). Nothing changes where every producer keeps its captured dtype, so
@@ -124,7 +126,7 @@ class _Follower:
         self._set(name, dtype, list(planned), why)
 
     def _backward(self, name: str) -> None:
-        wants = set()
+        wants = {self.info[name].precision} if name in self.info.outputs else set()
         responsible = []
         for user in self.users.get(name, ()):
             want = self._want(user, name)
@@ -146,7 +148,7 @@ class _Follower:
 
     def _wants(self, name: str, seen: set[str]) -> set[torch.dtype]:
         """dtypes the non-follower consumers of ``name`` need, looking through followers not yet decided."""
-        out: set[torch.dtype] = set()
+        out: set[torch.dtype] = {self.info[name].precision} if name in self.info.outputs else set()
         for user in self.users.get(name, ()):
             if user in seen:
                 continue
