@@ -288,12 +288,20 @@ def test_exclusions_that_match_nothing_warn_with_near_misses():
     assert "'aten.conv2d', which no layer of this model uses" in messages[1]
 
 
-def test_excluded_ops_accept_every_spelling():
-    model, inputs = TrtAutocastNet().eval(), TrtAutocastNet.example_inputs()
-    for spelling in ("torch.ops.aten.flatten.using_ints", "aten.flatten.using_ints", "aten.flatten", "flatten",
-                     torch.ops.aten.flatten, torch.ops.aten.flatten.using_ints):
-        prog = mixprec.compile(model, inputs, enable_autocast=True, autocast_excluded_ops=[spelling])
-        assert prog.report.by_module("flatten")[0].precision == F32, spelling
+@pytest.mark.parametrize("spellings", [
+    ("torch.ops.aten.flatten.using_ints", "aten.flatten.using_ints", torch.ops.aten.flatten.using_ints),
+    ("aten.flatten", "flatten", torch.ops.aten.flatten),
+], ids=["overload", "packet"])
+def test_excluded_ops_accept_every_spelling(spellings):
+    from mixprec.settings import CompileSettings
+
+    resolved = {CompileSettings.from_kwargs({"enable_autocast": True, "autocast_excluded_ops": [s]}).autocast_excluded_ops
+                for s in spellings}
+    assert len(resolved) == 1
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 4)).eval()
+    prog = mixprec.compile(model, (torch.randn(2, 3, 4),), enable_autocast=True, autocast_excluded_ops=spellings[0])
+    flatten = prog.report.by_module("0")[0]
+    assert flatten.precision == F32 and flatten.reason.startswith("excluded by op 'aten.flatten")
 
 
 def test_autocast_settings_need_enable_autocast():

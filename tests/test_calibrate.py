@@ -168,3 +168,10 @@ def test_progress_without_a_terminal_logs(caplog):
         "mixprec: calibrating, batch 7 (2 s)",
         "mixprec: calibrating, batch 8 (2 s), done",
     ]
+
+
+def test_values_the_model_rejects_name_the_batch():
+    model = torch.nn.Embedding(10, 4)
+    work = work_of(model, (torch.randint(0, 10, (2, 3)),))
+    with pytest.raises(CalibrationError, match="calibration batch 1 fits the captured input shapes but the model fails"):
+        collect(work, [(torch.randint(0, 10, (2, 3)),), (torch.full((2, 3), 50),)])

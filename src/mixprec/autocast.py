@@ -66,7 +66,7 @@ def prepare(work: WorkProgram, info: GraphInfo, config: CompileSettings, example
         max_depth_of_reduction=config.autocast_max_depth_of_reduction,
         excluded_nodes=config.autocast_excluded_nodes,
         excluded_ops=config.autocast_excluded_ops,
-        stats=MappingProxyType(dict(calibration.stats)),
+        stats=calibration.stats,
         constants=MappingProxyType(constants),
         scalars=MappingProxyType(_scalars(nodes, info)),
         reduction_depths=MappingProxyType(_reduction_depths(nodes, info)),
@@ -77,7 +77,7 @@ def prepare(work: WorkProgram, info: GraphInfo, config: CompileSettings, example
 
 def _device(work: WorkProgram, example_args: tuple) -> torch.device:
     for leaf in pytree.tree_leaves(example_args):
-        if isinstance(leaf, torch.Tensor) and is_float(leaf.dtype):
+        if isinstance(leaf, torch.Tensor):
             return leaf.device
     for spec in work.input_specs:
         if spec.kind in STORED_KINDS:

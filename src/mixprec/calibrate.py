@@ -53,10 +53,11 @@ class TensorStats:
 
     @classmethod
     def of(cls, tensors: list[torch.Tensor]) -> "TensorStats | None":
+        """Statistics of one batch's value of a node (several tensors for a multi-output node)."""
         stats = None
         for t in tensors:
             one = cls._of_one(t)
-            stats = one if stats is None else stats.merge(one)
+            stats = one if stats is None else stats._combined(one, batches=1)
         return stats
 
     @classmethod
@@ -79,6 +80,10 @@ class TensorStats:
         return cls(absmax, lo, hi, nonfinite, t.numel(), tuple(t.shape))
 
     def merge(self, other: "TensorStats") -> "TensorStats":
+        """Statistics over the batches of both."""
+        return self._combined(other, batches=self.batches + other.batches)
+
+    def _combined(self, other: "TensorStats", *, batches: int) -> "TensorStats":
         return TensorStats(
             absmax=max(self.absmax, other.absmax),
             min=min(self.min, other.min),
@@ -86,7 +91,7 @@ class TensorStats:
             nonfinite=self.nonfinite + other.nonfinite,
             numel=self.numel + other.numel,
             shape=self.shape,
-            batches=max(self.batches, other.batches),
+            batches=batches,
         )
 
 
@@ -106,7 +111,7 @@ def collect(work: WorkProgram, batches: Iterable, *, progress_stream=None) -> Ca
     """
     user_nodes = work.user_input_nodes()
     fixed = _fixed_inputs(work)
-    interpreter = _StatsInterpreter(work.graph_module, skip={n.name for n in work.placeholders()} - {n.name for n in user_nodes})
+    interpreter = _StatsInterpreter(work.graph_module, skip=set(fixed))
     total = _length(batches)
     progress = _Progress(total, stream=progress_stream)
     count = 0
@@ -115,8 +120,6 @@ def collect(work: WorkProgram, batches: Iterable, *, progress_stream=None) -> Ca
             tensors = _fit(batch, user_nodes, index)
             try:
                 interpreter.run(*_arguments(work, fixed, tensors), enable_io_processing=False)
-            except CalibrationError:
-                raise
             except Exception as e:  # a kernel rejected the data: say which batch, keep torch's reason
                 raise CalibrationError(
                     f"calibration batch {index} fits the captured input shapes but the model fails on it: "
@@ -168,13 +171,8 @@ class _StatsInterpreter(torch.fx.Interpreter):
             if floats:
                 new = TensorStats.of(floats)
                 old = self.stats.get(n.name)
-                self.stats[n.name] = new if old is None else _next_batch(old, new)
+                self.stats[n.name] = new if old is None else old.merge(new)
         return result
-
-
-def _next_batch(old: TensorStats, new: TensorStats) -> TensorStats:
-    merged = old.merge(new)
-    return dataclasses.replace(merged, batches=old.batches + 1)
 
 
 def _fit(batch, user_nodes: list[torch.fx.Node], index: int) -> list[torch.Tensor]:
