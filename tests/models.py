@@ -162,3 +162,170 @@ class DataDependent(nn.Module):
 
 
 ALL_STRONG_TYPING = (SeedExplicit, ThreeLinears, AutocastRegions, ConvNet, Attention, TiedEmbedding, MixedNorm)
+
+
+# ---- autocast (issue 3) ------------------------------------------------------------------------
+
+
+class TrtAutocastNet(nn.Module):
+    """The conv/relu/pool/flatten/linear network of Torch-TensorRT's autocast tests
+    (pytorch/TensorRT tests/py/dynamo/models/test_autocast.py), returning every intermediate.
+
+    ``region``: None (no torch.autocast, ``out9 = out8 + out8``), or a dtype for a torch.autocast
+    region around fc1 and ``out9 = log(|out8| + 1)`` (their test_mixed_pytorch_autocast), or
+    "whole" for a float16 region around the whole forward (their test_whole_pytorch_autocast).
+    """
+
+    def __init__(self, region=None):
+        super().__init__()
+        self.region = region
+        self.conv1 = nn.Conv2d(3, 8, 3, stride=1, padding=1)
+        self.relu1 = nn.ReLU()
+        self.pool1 = nn.MaxPool2d(2, 2)
+        self.conv2 = nn.Conv2d(8, 16, 3, stride=1, padding=1)
+        self.relu2 = nn.ReLU()
+        self.pool2 = nn.MaxPool2d(2, 2)
+        self.flatten = nn.Flatten()
+        self.fc1 = nn.Linear(16 * 8 * 8, 10)
+
+    def _features(self, x):
+        out1 = self.conv1(x)
+        out2 = self.relu1(out1)
+        out3 = self.pool1(out2)
+        out4 = self.conv2(out3)
+        out5 = self.relu2(out4)
+        out6 = self.pool2(out5)
+        out7 = self.flatten(out6)
+        return out1, out2, out3, out4, out5, out6, out7
+
+    def forward(self, x):
+        if self.region == "whole":
+            with torch.autocast(x.device.type, dtype=torch.float16):
+                outs = self._features(x)
+                out8 = self.fc1(outs[-1])
+                return (x, *outs, out8, torch.log(torch.abs(out8) + 1))
+        outs = self._features(x)
+        if self.region is None:
+            out8 = self.fc1(outs[-1])
+            return (x, *outs, out8, torch.add(out8, out8))
+        with torch.autocast(x.device.type, dtype=self.region):
+            out8 = self.fc1(outs[-1])
+            out9 = torch.log(torch.abs(out8) + 1)
+        return (x, *outs, out8, out9)
+
+    @staticmethod
+    def example_inputs():
+        return (torch.randn(8, 3, 32, 32),)
+
+
+class TrtNestedAutocastNet(TrtAutocastNet):
+    """Torch-TensorRT's test_nested_pytorch_autocast: an fp32 region (which CPU autocast disables),
+    an enabled=False region computing in fp16 through an explicit .half(), then an fp16 region."""
+
+    def forward(self, x, y):
+        outs = self._features(x)
+        with torch.autocast(x.device.type, enabled=True, dtype=torch.float32):
+            out8 = self.fc1(outs[-1])
+            with torch.autocast(x.device.type, enabled=False):
+                out9 = torch.sub(out8.half(), y)
+                out10 = torch.add(out9, out9)
+        with torch.autocast(x.device.type, enabled=True, dtype=torch.float16):
+            out11 = torch.log(torch.abs(out10) + 1)
+        return (x, *outs, out8, out9, out10, out11)
+
+    @staticmethod
+    def example_inputs():
+        return (torch.randn(1, 3, 32, 32), torch.randn(1, dtype=torch.float16))
+
+
+class EnergyNorm(nn.Module):
+    """Real-scale inputs (sensor readings ~300) normalised by their energy, then two linears.
+
+    x*x (~1e5) and its sum (~1e6) overflow fp16 (max 65504); after the normalisation the
+    values are O(1) and the linears are safe in any low type.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.fc2 = nn.Linear(32, 4)
+
+    def forward(self, x):
+        energy = (x * x).sum(-1, keepdim=True)
+        h = x * torch.rsqrt(energy)
+        return self.fc2(torch.relu(self.fc1(h)))
+
+    @staticmethod
+    def example_inputs():
+        return (torch.randn(8, 16) * 300,)
+
+
+class MaskedScores(nn.Module):
+    """Attention-like scores with an additive -1e9 mask stored as a buffer (fits bf16, not fp16)."""
+
+    def __init__(self, n=8, dim=16):
+        super().__init__()
+        self.q = nn.Linear(dim, dim)
+        self.k = nn.Linear(dim, dim)
+        self.register_buffer("mask", torch.triu(torch.full((n, n), -1e9), diagonal=1))
+
+    def forward(self, x):
+        scores = self.q(x) @ self.k(x).transpose(-1, -2) + self.mask
+        return scores.softmax(-1)
+
+    @staticmethod
+    def example_inputs():
+        return (torch.randn(2, 8, 16),)
+
+
+class MovementOnParams(nn.Module):
+    """Data movement on parameters (expand of a class token, t(weight)), a cat, and a comparison."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.w = nn.Parameter(torch.randn(8, 16))
+        self.cls = nn.Parameter(torch.randn(1, 1, 16))
+
+    def forward(self, x):
+        h = torch.cat([self.cls.expand(x.shape[0], -1, -1), self.fc(x)], dim=1)
+        y = h @ self.w.t()
+        return y, (y > 0).sum()
+
+    @staticmethod
+    def example_inputs():
+        return (torch.randn(2, 5, 16),)
+
+
+def bert_small():
+    """transformers BERT, small config, random weights, with a padded attention mask."""
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(
+        vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+        max_position_embeddings=32,
+    )
+    ids = torch.randint(0, 100, (2, 16))
+    mask = torch.ones(2, 16, dtype=torch.long)
+    mask[1, 10:] = 0
+    return BertModel(config).eval(), (ids, mask)
+
+
+def gpt2_small():
+    """transformers GPT-2 with its LM head (weights tied to the token embedding), random weights."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        vocab_size=100, n_embd=64, n_layer=2, n_head=4, n_positions=32, use_cache=False, bos_token_id=0, eos_token_id=0
+    )
+    return GPT2LMHeadModel(config).eval(), (torch.randint(0, 100, (2, 16)),)
+
+
+def vit_small():
+    """transformers ViT, 32x32 images in 8x8 patches, random weights."""
+    from transformers import ViTConfig, ViTModel
+
+    config = ViTConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32, patch_size=8
+    )
+    return ViTModel(config).eval(), (torch.randn(2, 3, 32, 32),)

@@ -6,6 +6,7 @@ from .errors import (
     ConfigError,
     InputMismatchError,
     MixedPrecisionError,
+    MixedPrecisionWarning,
     UnsupportedModelError,
 )
 from .module import MixedPrecisionModule
@@ -26,4 +27,5 @@ __all__ = [
     "UnsupportedModelError",
     "CalibrationError",
     "InputMismatchError",
+    "MixedPrecisionWarning",
 ]

@@ -12,10 +12,11 @@ import time
 
 import torch
 
-from . import planner
+from . import autocast, planner
 from .backends import get_backend
 from .capture import as_input_kwargs, as_input_tuple, capture
 from .diagnose import describe, failing_node
+from .dtypes import dtype_name
 from .errors import InvariantError, UnsupportedModelError
 from .graph import GraphInfo, analyze, tensor_metas
 from .module import MixedPrecisionModule, input_specs_of
@@ -59,8 +60,12 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
         base = WorkProgram.from_exported(ep)
         normalize(base)
         info = analyze(base.graph)
+    prepared = None
+    if config.enable_autocast:
+        with timer.phase("calibrate"):
+            prepared = autocast.prepare(base, info, config, args)
     with timer.phase("plan"):
-        plan = planner.build_plan(info, config)
+        plan = planner.build_plan(info, config, prepared.context if prepared is not None else None)
     with timer.phase("rewrite"):
         captured_outputs = _user_output_dtypes(base, info)
         work = rewrite(base.copy(), info, plan, keep_io_types=config.keep_io_types, captured_output_dtypes=captured_outputs)
@@ -78,12 +83,22 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
             param_bytes_before=WorkProgram.from_exported(ep).stored_bytes(),
             param_bytes_after=work.stored_bytes(),
             errors=errors,
+            extra=_autocast_summary(prepared),
         )
     summary["compile_seconds"] = {k: round(v, 4) for k, v in timer.seconds.items()}
     prog._report = Report(records, summary)
     if config.debug:
         _debug_log(prog)
     return prog
+
+
+def _autocast_summary(prepared) -> dict:
+    if prepared is None:
+        return {}
+    return {
+        "autocast_low_precision_type": dtype_name(prepared.context.low),
+        "calibration_batches": prepared.calibration.batches,
+    }
 
 
 def _user_output_dtypes(work: WorkProgram, info: GraphInfo) -> tuple:

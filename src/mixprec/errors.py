@@ -39,5 +39,9 @@ class InputMismatchError(MixedPrecisionError, TypeError):
     """Inputs given to a compiled program that do not match what it was compiled for."""
 
 
+class MixedPrecisionWarning(UserWarning):
+    """A setting that does nothing or costs more than the user may expect (filter it by this class)."""
+
+
 class InvariantError(RuntimeError):
     """A rewritten graph breaks mixprec's own invariants: a bug in mixprec, please report it."""

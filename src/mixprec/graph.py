@@ -56,9 +56,15 @@ class NodeInfo:
 class GraphInfo(Mapping):
     """Layers of a graph by node name, in graph order."""
 
-    def __init__(self, nodes: dict[str, NodeInfo], tensor_meta: dict[str, tuple[TensorMeta, ...]]):
+    def __init__(
+        self,
+        nodes: dict[str, NodeInfo],
+        tensor_meta: dict[str, tuple[TensorMeta, ...]],
+        outputs: frozenset[str] = frozenset(),
+    ):
         self._nodes = nodes
         self.tensor_meta = tensor_meta  # every node's outputs, layers or not (placeholders included)
+        self.outputs = outputs  # names of the nodes whose values leave the graph
 
     def __getitem__(self, name: str) -> NodeInfo:
         return self._nodes[name]
@@ -137,8 +143,8 @@ def analyze(graph: torch.fx.Graph) -> GraphInfo:
             inp_metas = tensor_meta.get(inp.name, ())
             if len(inp_metas) == 1:
                 inputs[inp.name] = inp_metas[0].dtype
-            elif node.target is operator.getitem and isinstance(node.args[1], int) and metas:
-                inputs[inp.name] = metas[0].dtype  # one element of a multi-output node
+            elif node.target is operator.getitem and len(metas) == 1:
+                inputs[inp.name] = metas[0].dtype  # the element it selects from a multi-output producer
         float_out = [m.dtype for m in metas if is_float(m.dtype)]
         float_in = [d for d in inputs.values() if is_float(d)]
         if not float_out and not float_in:
@@ -169,7 +175,14 @@ def analyze(graph: torch.fx.Graph) -> GraphInfo:
             autocast=node.meta.get(META_AUTOCAST),
             role=node.meta.get(META_ROLE),
         )
-    return GraphInfo(nodes, tensor_meta)
+    returned = next((n.args for n in graph.nodes if n.op == "output"), ())
+    return GraphInfo(nodes, tensor_meta, frozenset(n.name for n in _nodes_in(returned)))
+
+
+def _nodes_in(value) -> list[torch.fx.Node]:
+    found: list[torch.fx.Node] = []
+    torch.fx.node.map_arg(value, found.append)
+    return found
 
 
 def _shape(arg, tensor_meta) -> tuple[int, ...] | None:

@@ -3,34 +3,36 @@
 1. plan requests (a plan passed to compile)
 2. precision markers            (issue 4)
 3. the code's own typing (torch.autocast regions, .half() modules, .to() casts)
-4. autocast rules               (issue 3)
+4. autocast rules (``enable_autocast=True``: lower the fp32 layers left free unless a rule keeps them)
 5. default: the dtype the graph already computes in
 
-A node decided by a stronger source is never touched by a weaker one. Afterwards
-data-movement ops decided by weak sources follow their producer's dtype (so casts do
-not ping-pong), and ``use_fp32_acc`` marks low-precision matmul-class layers.
+A node decided by a stronger source is never touched by a weaker one. Afterwards the
+dtype-transparent nodes the default source decided follow the dtypes around them (see
+``follow.py``), and ``use_fp32_acc`` marks low-precision matmul-class layers.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .dtypes import LOW_PRECISION_FLOATS, dtype_name, is_float
+from .dtypes import LOW_PRECISION_FLOATS
+from .follow import follow
 from .graph import GraphInfo
 from .optable import FP32_ACC_OPS
 from .plan import NodePrecision, PrecisionPlan
 from .settings import CompileSettings
-from .sources import default, requests, typing
-
-_WEAK_SOURCES = ("default", "autocast_rule")
+from .sources import default, requests, rules, typing
 
 
-def build_plan(info: GraphInfo, settings: CompileSettings) -> PrecisionPlan:
+def build_plan(info: GraphInfo, settings: CompileSettings, rule_context=None) -> PrecisionPlan:
+    """``rule_context`` (a ``rules.RuleContext``) turns on the autocast rules; None leaves them off."""
     decided: dict[str, NodePrecision] = {}
     decided.update(requests.decide(info, settings.plan))
     decided.update(typing.decide(info, decided))
+    if rule_context is not None:
+        decided.update(rules.decide(info, decided, rule_context))
     decided.update(default.decide(info, decided))
-    _follow_producers(info, decided)
+    follow(info, decided)
     if settings.use_fp32_acc:
         _mark_fp32_acc(info, decided)
     ordered = {name: decided[name] for name in info}
@@ -50,39 +52,6 @@ def reference_plan(info: GraphInfo) -> PrecisionPlan:
         precision = torch.float64 if node.precision == torch.float64 else torch.float32
         decisions[name] = NodePrecision(precision, None, "default", "fp32 reference")
     return PrecisionPlan(decisions)
-
-
-def output_dtype(info: GraphInfo, plan: dict, producer: str, captured: torch.dtype) -> torch.dtype:
-    """dtype a producer's (single-tensor) output has under the plan."""
-    node = info.get(producer)
-    decision = plan.get(producer)
-    if node is None or decision is None or not is_float(captured):
-        return captured
-    if node.kind == "cast" or captured == node.precision:
-        return decision.precision
-    return captured
-
-
-def _follow_producers(info: GraphInfo, decided: dict[str, NodePrecision]) -> None:
-    for name, node in info.items():
-        decision = decided[name]
-        if node.op == "getitem":  # an element of a multi-output layer: it has that layer's dtype, always
-            producer, captured = next(iter(node.input_dtypes.items()), (None, None))
-            new = output_dtype(info, decided, producer, captured) if producer else decision.precision
-            if new != decision.precision:
-                decided[name] = NodePrecision(new, None, decision.source, f"element of {producer} ({dtype_name(new)})")
-            continue
-        if node.kind != "movement" or decision.source not in _WEAK_SOURCES:
-            continue
-        floats = [(inp, d) for inp, d in node.input_dtypes.items() if is_float(d)]
-        if not floats or any(d != node.precision for _, d in floats):
-            continue
-        producer, captured = floats[0]
-        new = output_dtype(info, decided, producer, captured)
-        if new != decision.precision and all(output_dtype(info, decided, p, d) == new for p, d in floats):
-            decided[name] = NodePrecision(
-                new, None, decision.source, f"data movement: follows its producer {producer} ({dtype_name(new)})"
-            )
 
 
 def _mark_fp32_acc(info: GraphInfo, decided: dict[str, NodePrecision]) -> None:

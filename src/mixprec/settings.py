@@ -222,11 +222,6 @@ def _check_combinations(merged: dict[str, Any], given: dict[str, Any]) -> None:
                 f"{', '.join(autocast_only)} only take effect with enable_autocast=True; add enable_autocast=True "
                 "or drop them."
             )
-    if merged["enable_autocast"]:
-        raise ConfigError(
-            "enable_autocast=True (rule-based autocast) is not available in this version of mixprec yet; "
-            "strong typing (the default) honours the dtypes written in the model."
-        )
 
 
 def _patterns(value) -> tuple[re.Pattern, ...]:

@@ -34,6 +34,7 @@ def cast_params(ctx: RewriteContext) -> PassResult:
     work = ctx.work
     mutated = {s.target for s in work.output_specs if s.kind in (OutputKind.BUFFER_MUTATION, OutputKind.PARAMETER_MUTATION)}
     changed = False
+    converted: dict = {}  # (storage, dtype before) -> the tensor now stored in its place
     for node in work.placeholders():
         spec = work.input_spec_of(node)
         if spec is None or spec.kind not in STORED_KINDS or spec.target in mutated:
@@ -44,8 +45,39 @@ def cast_params(ctx: RewriteContext) -> PassResult:
         uses = _uses(node, ctx)
         if all(received == original and storage == original for _, received, storage in uses):
             continue
+        before = work.stored_tensor(spec)
         changed |= _restore(ctx, node, spec, original, uses)
+        if work.stored_tensor(spec) is not before:
+            converted[_storage_key(before)] = work.stored_tensor(spec)
+    changed |= _share_with_unused_aliases(work, converted)
     return PassResult(changed)
+
+
+def _storage_key(tensor: torch.Tensor):
+    return (tensor.untyped_storage().data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
+
+
+def _share_with_unused_aliases(work, converted: dict) -> bool:
+    """Tied weights: export keeps a placeholder for every name of a shared tensor but uses only one.
+
+    The unused one (GPT-2's ``transformer.wte.weight`` next to ``lm_head.weight``) would keep
+    the original dtype and its own storage once the used one is converted; it shares the
+    converted tensor instead, so tying keeps saving memory.
+    """
+    changed = False
+    for node in work.placeholders():
+        spec = work.input_spec_of(node)
+        if node.users or spec is None or spec.kind not in STORED_KINDS:
+            continue
+        tensor = work.stored_tensor(spec)
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        new = converted.get(_storage_key(tensor))
+        if new is not None:
+            work.set_stored_tensor(spec, new)
+            node.meta["val"] = retype_val(node.meta["val"], None, new.dtype)
+            changed = True
+    return changed
 
 
 def _uses(node, ctx):

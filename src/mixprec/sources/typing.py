@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..dtypes import dtype_name
+from ..dtypes import dtype_name, is_float
 from ..graph import GraphInfo, NodeInfo
 from ..plan import NodePrecision
 
@@ -30,6 +30,8 @@ def _decide(node: NodeInfo) -> NodePrecision | None:
     if node.role == "autocast_cast":
         return NodePrecision(p, None, "torch_autocast", f"cast to {dtype_name(p)} made by {_describe(node.autocast)}")
     if node.kind == "cast":
+        if _is_noop_cast(node) and not node.autocast:
+            return None  # converts nothing as captured: no typing intent to honour (see _is_noop_cast)
         return NodePrecision(p, None, "explicit", f".to({dtype_name(p)}) in the model's code")
     if node.autocast:
         active = [c for c in node.autocast if c[2]]
@@ -43,6 +45,16 @@ def _decide(node: NodeInfo) -> NodePrecision | None:
     if p != torch.float32:
         return NodePrecision(p, None, "explicit", f"the model computes it in {dtype_name(p)} (its inputs are {dtype_name(p)})")
     return None
+
+
+def _is_noop_cast(node: NodeInfo) -> bool:
+    """A cast whose float inputs already have its target dtype as captured (``x.to(other.dtype)`` with both fp32).
+
+    Such casts say "match that dtype", not "compute in fp32"; left to the weaker sources they follow
+    their producer, so a lowered producer does not get cast up and straight back down.
+    """
+    floats = [d for d in node.input_dtypes.values() if is_float(d)]
+    return bool(floats) and all(d == node.precision for d in floats)
 
 
 def _describe(contexts) -> str:

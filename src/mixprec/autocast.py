@@ -1,0 +1,222 @@
+"""Rule-based autocast (API.md §1 mode 2): gather what the rules need, once per compile.
+
+``prepare`` turns the settings and the captured graph into a :class:`~mixprec.rules.RuleContext`:
+
+* the low type (``autocast_low_precision_type``, or bf16 on CPU / fp16 on CUDA);
+* calibration statistics of every node (``calibrate.collect``) on the calibration
+  dataloader or, when there is none, on the example inputs: they are real-scale data
+  the user already has, unlike the random [-1, 1] data ModelOpt calibrates on by default,
+  which misses the overflows real inputs cause;
+* the stored tensors (parameters, buffers, lifted constants) with their absmax, followed
+  through data-movement views (``t(weight)``), and the float scalars layers are called with;
+* the depth of reduction of every layer (from shapes, no data needed);
+* the layers that cannot run in the low type (the op fixes its output dtype), found by
+  running each candidate op once on fake tensors in the low type.
+
+It also warns about settings that do nothing here: exclusion patterns or ops that match
+no layer (with near misses), and fp16 on a CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import warnings
+from types import MappingProxyType
+
+import torch
+import torch.utils._pytree as pytree
+from torch._guards import detect_fake_mode
+from torch.export.graph_signature import InputKind
+
+from .calibrate import Calibration, collect
+from .dtypes import default_low_precision, dtype_name, is_float
+from .errors import MixedPrecisionWarning
+from .graph import GraphInfo
+from .oprefs import op_matches
+from .program import STORED_KINDS, WorkProgram
+from .reduction import reduction_depth
+from .rules import ConstantValue, RuleContext
+from .settings import CompileSettings
+from .sources.rules import lowerable
+
+_KIND_LABEL = {InputKind.PARAMETER: "parameter", InputKind.BUFFER: "buffer", InputKind.CONSTANT_TENSOR: "constant"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    context: RuleContext
+    calibration: Calibration
+
+
+def prepare(work: WorkProgram, info: GraphInfo, config: CompileSettings, example_args: tuple) -> Prepared:
+    device = _device(work, example_args)
+    low = config.autocast_low_precision_type or default_low_precision(device)
+    if low == torch.float16 and device.type == "cpu":
+        _warn_fp16_on_cpu()
+    _warn_unmatched(info, config)
+    loader = config.autocast_calibration_dataloader
+    calibration = collect(work, loader if loader is not None else [example_args])
+    nodes = {n.name: n for n in work.graph.nodes}
+    constants = _constants(work, info)
+    context = RuleContext(
+        low=low,
+        max_output_threshold=config.autocast_max_output_threshold,
+        max_depth_of_reduction=config.autocast_max_depth_of_reduction,
+        excluded_nodes=config.autocast_excluded_nodes,
+        excluded_ops=config.autocast_excluded_ops,
+        stats=calibration.stats,
+        constants=MappingProxyType(constants),
+        scalars=MappingProxyType(_scalars(nodes, info)),
+        reduction_depths=MappingProxyType(_reduction_depths(nodes, info)),
+        unlowerable=MappingProxyType(_unlowerable(nodes, info, low)),
+    )
+    return Prepared(context, calibration)
+
+
+def _device(work: WorkProgram, example_args: tuple) -> torch.device:
+    for leaf in pytree.tree_leaves(example_args):
+        if isinstance(leaf, torch.Tensor):
+            return leaf.device
+    for spec in work.input_specs:
+        if spec.kind in STORED_KINDS:
+            return work.stored_tensor(spec).device
+    return torch.device("cpu")
+
+
+def _warn_fp16_on_cpu() -> None:
+    # The CPU's flags are not the question: this project's CPUs report avx512_fp16 and PyTorch's
+    # fp16 kernels are still 5-30x slower than fp32 there (most ops convert to fp32 and back).
+    warnings.warn(
+        "autocast_low_precision_type=float16 on a CPU: PyTorch's CPU float16 kernels are emulated for most ops "
+        "and run several times slower than float32, even on CPUs that report avx512_fp16. The numerics are those "
+        "of fp16 (useful to preview a GPU deployment); for speed on a CPU use bfloat16 (the default there).",
+        MixedPrecisionWarning,
+        stacklevel=4,
+    )
+
+
+def _warn_unmatched(info: GraphInfo, config: CompileSettings) -> None:
+    modules = sorted({n.module for n in info.values() if n.module})
+    names = list(info)
+    for pattern in config.autocast_excluded_nodes:
+        if any(pattern.match(m) for m in modules) or any(pattern.match(n) for n in names):
+            continue
+        near = difflib.get_close_matches(pattern.pattern.strip("^$"), modules + names, n=3, cutoff=0.5)
+        warnings.warn(
+            f"autocast_excluded_nodes pattern '{pattern.pattern}' matches no layer's module path or node name"
+            + (f" (near misses: {', '.join(repr(n) for n in near)})" if near else "")
+            + "; it is applied with re.match, e.g. '^encoder\\.layers\\.0\\.' or '^linear2$'.",
+            MixedPrecisionWarning,
+            stacklevel=4,
+        )
+    ops = sorted({n.op for n in info.values()})
+    for op in sorted(config.autocast_excluded_ops):
+        if any(op_matches(name, frozenset({op})) for name in ops):
+            continue
+        near = difflib.get_close_matches(op, ops, n=3, cutoff=0.6)
+        warnings.warn(
+            f"autocast_excluded_ops names '{op}', which no layer of this model uses"
+            + (f" (near misses: {', '.join(repr(n) for n in near)})" if near else "")
+            + "; the report's 'op' column lists the ops the model runs.",
+            MixedPrecisionWarning,
+            stacklevel=4,
+        )
+
+
+def _finite_absmax(tensor: torch.Tensor) -> float:
+    if tensor.numel() == 0:
+        return 0.0
+    with torch.no_grad():
+        lo, hi = torch.aminmax(tensor.detach())
+        lo, hi = float(lo), float(hi)
+        if math.isfinite(lo) and math.isfinite(hi):
+            return max(abs(lo), abs(hi))
+        finite = tensor[torch.isfinite(tensor)]
+        return float(finite.abs().max()) if finite.numel() else 0.0
+
+
+def _constants(work: WorkProgram, info: GraphInfo) -> dict[str, ConstantValue]:
+    """Stored float tensors by placeholder name, and data-movement views of them by node name."""
+    out: dict[str, ConstantValue] = {}
+    for node in work.placeholders():
+        spec = work.input_spec_of(node)
+        if spec is None or spec.kind not in STORED_KINDS:
+            continue
+        tensor = work.stored_tensor(spec)
+        if isinstance(tensor, torch.Tensor) and is_float(tensor.dtype):
+            out[node.name] = ConstantValue(f"{_KIND_LABEL[spec.kind]} '{spec.target}'", _finite_absmax(tensor))
+    for name, node in info.items():
+        if node.kind != "movement":
+            continue
+        floats = [p for p, d in node.input_dtypes.items() if is_float(d)]
+        if floats and all(p in out for p in floats):
+            biggest = max((out[p] for p in floats), key=lambda c: c.absmax)
+            out[name] = biggest
+    return out
+
+
+def _scalars(nodes: dict, info: GraphInfo) -> dict[str, tuple[float, ...]]:
+    out = {}
+    for name in info:
+        node = nodes[name]
+        values = [
+            v
+            for v in pytree.tree_leaves((node.args, node.kwargs))
+            if isinstance(v, float) and math.isfinite(v)
+        ]
+        if values:
+            out[name] = tuple(values)
+    return out
+
+
+def _reduction_depths(nodes: dict, info: GraphInfo) -> dict[str, int]:
+    def shape_of(value):
+        metas = info.tensor_meta.get(value.name, ()) if isinstance(value, torch.fx.Node) else ()
+        return metas[0].shape if len(metas) == 1 else None
+
+    out = {}
+    for name in info:
+        depth = reduction_depth(nodes[name], shape_of)
+        if depth is not None:
+            out[name] = depth
+    return out
+
+
+def _unlowerable(nodes: dict, info: GraphInfo, low: torch.dtype) -> dict[str, str]:
+    """Candidate layers whose outputs do not all become ``low`` when their float inputs are ``low``."""
+    out = {}
+    for name, node_info in info.items():
+        if node_info.kind != "compute" or node_info.precision != torch.float32 or not lowerable(node_info):
+            continue
+        why = _probe(nodes[name], low)
+        if why is not None:
+            out[name] = why
+    return out
+
+
+def _probe(node: torch.fx.Node, low: torch.dtype) -> str | None:
+    vals = [n.meta.get("val") for n in node.all_input_nodes]
+    fake_mode = detect_fake_mode(tuple(v for v in vals if isinstance(v, torch.Tensor)))
+    if fake_mode is None:
+        return None
+    with fake_mode:
+
+        def lowered(n):
+            val = n.meta.get("val")
+            if isinstance(val, torch.Tensor) and is_float(val.dtype):
+                return val.to(low)
+            return val
+
+        args = torch.fx.node.map_arg(node.args, lowered)
+        kwargs = torch.fx.node.map_arg(node.kwargs, lowered)
+        try:
+            result = node.target(*args, **kwargs)
+        except Exception as e:  # the op rejects low-precision inputs
+            return f"the op rejects {dtype_name(low)} inputs ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+    produced = [t.dtype for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor) and is_float(t.dtype)]
+    others = sorted({dtype_name(d) for d in produced if d != low})
+    if others:
+        return f"given {dtype_name(low)} inputs it still produces {', '.join(others)} (its arguments or definition fix that dtype)"
+    return None

@@ -1,0 +1,285 @@
+"""Calibration: run the fp32 graph on calibration batches and keep per-node statistics.
+
+Autocast's range rules need to know how large the values of every tensor get on real
+data. Torch-TensorRT keeps every node's calibration output in memory to answer that;
+here only streaming :class:`TensorStats` are kept (absmax, min, max, non-finite count,
+element count, shape), merged batch by batch, so memory does not grow with the number
+of batches. Intermediate tensors are freed as soon as their last consumer has run
+(``torch.fx.Interpreter`` with garbage collection of values).
+
+The graph that runs is the normalised captured graph, so calibration sees exactly the
+values eager PyTorch computes (``torch.autocast`` regions included, their casts made
+explicit). Batches must fit that graph: same number of input tensors, same dtypes and
+ranks, and the same sizes wherever the capture fixed a size. Anything else raises
+:class:`CalibrationError` naming the input and the shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+
+import torch
+import torch.utils._pytree as pytree
+from torch.export.graph_signature import InputKind
+
+from .dtypes import is_float
+from .errors import CalibrationError
+from .program import STORED_KINDS, WorkProgram
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorStats:
+    """What calibration remembers about one node's float output(s) over all batches.
+
+    ``absmax``, ``min`` and ``max`` are over finite values only; infinities and NaNs are
+    counted in ``nonfinite`` instead, so one overflow does not hide the finite range.
+    """
+
+    absmax: float
+    min: float
+    max: float
+    nonfinite: int
+    numel: int
+    shape: tuple[int, ...]
+    batches: int = 1
+
+    @classmethod
+    def of(cls, tensors: list[torch.Tensor]) -> "TensorStats | None":
+        """Statistics of one batch's value of a node (several tensors for a multi-output node)."""
+        stats = None
+        for t in tensors:
+            one = cls._of_one(t)
+            stats = one if stats is None else stats._combined(one, batches=1)
+        return stats
+
+    @classmethod
+    def _of_one(cls, t: torch.Tensor) -> "TensorStats":
+        t = t.detach()
+        if t.numel() == 0:
+            return cls(0.0, math.inf, -math.inf, 0, 0, tuple(t.shape))
+        lo, hi = torch.aminmax(t)
+        lo, hi = float(lo), float(hi)
+        nonfinite = 0
+        if not (math.isfinite(lo) and math.isfinite(hi)):  # slow path only when something overflowed
+            finite = torch.isfinite(t)
+            nonfinite = int(t.numel() - finite.sum())
+            if nonfinite == t.numel():
+                lo, hi = math.inf, -math.inf
+            else:
+                values = t[finite]
+                lo, hi = float(values.min()), float(values.max())
+        absmax = max(abs(lo), abs(hi)) if lo <= hi else 0.0
+        return cls(absmax, lo, hi, nonfinite, t.numel(), tuple(t.shape))
+
+    def merge(self, other: "TensorStats") -> "TensorStats":
+        """Statistics over the batches of both."""
+        return self._combined(other, batches=self.batches + other.batches)
+
+    def _combined(self, other: "TensorStats", *, batches: int) -> "TensorStats":
+        return TensorStats(
+            absmax=max(self.absmax, other.absmax),
+            min=min(self.min, other.min),
+            max=max(self.max, other.max),
+            nonfinite=self.nonfinite + other.nonfinite,
+            numel=self.numel + other.numel,
+            shape=self.shape,
+            batches=batches,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """Statistics by node name (graph inputs included) and the number of batches seen."""
+
+    stats: Mapping[str, TensorStats]
+    batches: int
+
+
+def collect(work: WorkProgram, batches: Iterable, *, progress_stream=None) -> Calibration:
+    """Run ``work``'s graph on every batch and merge per-node statistics.
+
+    ``batches`` yields the positional inputs of forward: tuples, lists, single tensors, or
+    what a ``DataLoader`` over a ``TensorDataset`` yields (a list of tensors).
+    """
+    user_nodes = work.user_input_nodes()
+    fixed = _fixed_inputs(work)
+    interpreter = _StatsInterpreter(work.graph_module, skip=set(fixed))
+    total = _length(batches)
+    progress = _Progress(total, stream=progress_stream)
+    count = 0
+    with torch.no_grad():
+        for index, batch in enumerate(batches):
+            tensors = _fit(batch, user_nodes, index)
+            try:
+                interpreter.run(*_arguments(work, fixed, tensors), enable_io_processing=False)
+            except Exception as e:  # a kernel rejected the data: say which batch, keep torch's reason
+                raise CalibrationError(
+                    f"calibration batch {index} fits the captured input shapes but the model fails on it: "
+                    f"{str(e).splitlines()[0] if str(e) else type(e).__name__}. Check the batch's values and sizes."
+                ) from e
+            count += 1
+            progress.update(count)
+            del tensors, batch
+    progress.finish(count)
+    if count == 0:
+        raise CalibrationError(
+            "the calibration dataloader yielded no batches; pass an iterable with at least one batch of model "
+            "inputs, or leave autocast_calibration_dataloader=None to calibrate on the example inputs."
+        )
+    return Calibration(MappingProxyType(dict(interpreter.stats)), count)
+
+
+def _fixed_inputs(work: WorkProgram) -> dict[str, object]:
+    """Values of the placeholders that are not user inputs (parameters, buffers, constants, objects)."""
+    fixed = {}
+    for node in work.placeholders():
+        spec = work.input_spec_of(node)
+        if spec is None:
+            spec = next((s for s in work.input_specs if getattr(s.arg, "name", None) == node.name), None)
+        if spec is None or spec.kind == InputKind.USER_INPUT:
+            continue
+        fixed[node.name] = work.stored_tensor(spec) if spec.kind in STORED_KINDS else work.constants.get(spec.target)
+    return fixed
+
+
+def _arguments(work: WorkProgram, fixed: dict, user_tensors: list) -> list:
+    """One value per placeholder, in graph order."""
+    users = iter(user_tensors)
+    return [fixed[n.name] if n.name in fixed else next(users) for n in work.placeholders()]
+
+
+class _StatsInterpreter(torch.fx.Interpreter):
+    """Runs the graph node by node and folds every float result into per-node statistics."""
+
+    def __init__(self, gm: torch.fx.GraphModule, skip: set[str]):
+        super().__init__(gm, garbage_collect_values=True)
+        self.stats: dict[str, TensorStats] = {}
+        self.skip = skip  # stored tensors: their range is known without data (the constant-range rule reads them)
+
+    def run_node(self, n: torch.fx.Node):
+        result = super().run_node(n)
+        if n.op in ("placeholder", "call_function") and n.name not in self.skip:
+            floats = [t for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor) and is_float(t.dtype)]
+            if floats:
+                new = TensorStats.of(floats)
+                old = self.stats.get(n.name)
+                self.stats[n.name] = new if old is None else old.merge(new)
+        return result
+
+
+def _fit(batch, user_nodes: list[torch.fx.Node], index: int) -> list[torch.Tensor]:
+    """The batch as the flat list of user-input tensors, or CalibrationError saying what does not fit."""
+    if isinstance(batch, torch.Tensor):
+        batch = (batch,)
+    if not isinstance(batch, (tuple, list)):
+        raise CalibrationError(
+            f"calibration batch {index} is a {type(batch).__name__}; each batch must be a tuple or list of the "
+            "model's positional inputs, or a single tensor for a one-input model."
+        )
+    leaves = [leaf for leaf in pytree.tree_leaves(tuple(batch)) if isinstance(leaf, torch.Tensor)]
+    names = [n.name for n in user_nodes]
+    if len(leaves) != len(user_nodes):
+        raise CalibrationError(
+            f"calibration batch {index} holds {len(leaves)} tensor(s), the model takes {len(user_nodes)} "
+            f"({', '.join(names) or 'none'}). If the batches also carry labels, pass only the inputs, "
+            "e.g. (batch[:n] for batch in loader)."
+        )
+    for position, (tensor, node) in enumerate(zip(leaves, user_nodes)):
+        expected = node.meta.get("val")
+        if not isinstance(expected, torch.Tensor):
+            continue
+        problem = _mismatch(tensor, expected)
+        if problem:
+            raise CalibrationError(
+                f"calibration batch {index}, input {position} ('{node.name}'): {problem}. The model was captured "
+                f"for shape {_shape_text(expected)} and dtype {expected.dtype}; make the batches like the example "
+                "inputs (or compile with dynamic_shapes= to let a dimension such as the batch size vary)."
+            )
+    return leaves
+
+
+def _mismatch(tensor: torch.Tensor, expected: torch.Tensor) -> str | None:
+    if tensor.dtype != expected.dtype:
+        return f"dtype {tensor.dtype} where {expected.dtype} is expected"
+    if tensor.device.type != expected.device.type:
+        return f"device {tensor.device} where {expected.device.type} is expected"
+    if tensor.dim() != expected.dim():
+        return f"shape {tuple(tensor.shape)} has rank {tensor.dim()}, expected rank {expected.dim()}"
+    for axis, (got, want) in enumerate(zip(tensor.shape, expected.shape)):
+        if isinstance(want, torch.SymInt) and not _is_constant(want):
+            continue
+        if int(got) != int(want):
+            return f"shape {tuple(tensor.shape)} differs from {_shape_text(expected)} in dimension {axis}"
+    return None
+
+
+def _is_constant(size: torch.SymInt) -> bool:
+    return size.node.is_constant() if hasattr(size.node, "is_constant") else False
+
+
+def _shape_text(t: torch.Tensor) -> str:
+    return "(" + ", ".join(str(s) if not isinstance(s, torch.SymInt) or _is_constant(s) else "*" for s in t.shape) + ")"
+
+
+def _length(batches) -> int | None:
+    try:
+        return len(batches)
+    except TypeError:
+        return None
+
+
+class _Progress:
+    """Progress of a long calibration: a self-updating line on a terminal, else log lines.
+
+    Nothing is shown for calibrations shorter than ``delay`` seconds, so quick compiles stay quiet.
+    """
+
+    def __init__(self, total: int | None, *, stream=None, delay: float = 2.0, every: float = 10.0, clock=time.monotonic):
+        self.total = total
+        self.stream = stream if stream is not None else sys.stderr
+        self.delay = delay
+        self.every = every
+        self.clock = clock
+        self.start = clock()
+        self.last = None
+        self.shown = False
+
+    def _tty(self) -> bool:
+        isatty = getattr(self.stream, "isatty", None)
+        return bool(isatty and isatty())
+
+    def _text(self, count: int) -> str:
+        of = f"/{self.total}" if self.total else ""
+        return f"mixprec: calibrating, batch {count}{of} ({self.clock() - self.start:.0f} s)"
+
+    def update(self, count: int) -> None:
+        now = self.clock()
+        if now - self.start < self.delay:
+            return
+        tty = self._tty()
+        if self.last is not None and now - self.last < (0.5 if tty else self.every):
+            return
+        self.last = now
+        self.shown = True
+        if tty:
+            self.stream.write("\r" + self._text(count))
+            self.stream.flush()
+        else:
+            log.info(self._text(count))
+
+    def finish(self, count: int) -> None:
+        if not self.shown:
+            return
+        if self._tty():
+            self.stream.write("\r" + self._text(count) + "\n")
+            self.stream.flush()
+        else:
+            log.info(self._text(count) + ", done")
