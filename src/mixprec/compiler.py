@@ -15,7 +15,8 @@ import torch
 from . import planner
 from .backends import get_backend
 from .capture import as_input_tuple, capture
-from .graph import GraphInfo, analyze, tensor_metas
+from .graph import GraphInfo, analyze
+from .int8_ranges import calibration_batches, collect_ranges
 from .module import MixedPrecisionModule, input_specs_of
 from .passes.normalize import normalize
 from .passes.pipeline import rewrite
@@ -24,6 +25,7 @@ from .program import WorkProgram
 from .report import Report, build_records, build_summary, output_errors
 from .passes.casting import is_mixprec_cast
 from .settings import CompileSettings
+from .sources import markers
 
 log = logging.getLogger("mixprec")
 
@@ -52,10 +54,12 @@ def compile(model, inputs, **settings) -> MixedPrecisionModule:  # noqa: A001 (t
         base = WorkProgram.from_exported(ep)
         normalize(base)
         info = analyze(base.graph)
+    with timer.phase("calibrate"):
+        ranges = marker_ranges(base, info, config.autocast_calibration_dataloader, args)
     with timer.phase("plan"):
-        plan = planner.build_plan(info, config)
+        plan = planner.build_plan(info, config, int8_ranges=ranges)
     with timer.phase("rewrite"):
-        captured_outputs = _user_output_dtypes(base, info)
+        captured_outputs = base.user_output_dtypes()
         work = rewrite(base.copy(), info, plan, keep_io_types=config.keep_io_types, captured_output_dtypes=captured_outputs)
         casts = sum(1 for n in work.graph.nodes if is_mixprec_cast(n))
         program = work.to_exported()
@@ -79,12 +83,12 @@ def compile(model, inputs, **settings) -> MixedPrecisionModule:  # noqa: A001 (t
     return prog
 
 
-def _user_output_dtypes(work: WorkProgram, info: GraphInfo) -> tuple:
-    out = []
-    for _, value in work.user_output_nodes():
-        metas = tensor_metas(value.meta.get("val")) if isinstance(value, torch.fx.Node) else ()
-        out.append(metas[0].dtype if len(metas) == 1 else None)
-    return tuple(out)
+def marker_ranges(base: WorkProgram, info: GraphInfo, calibration_dataloader, args: tuple) -> dict:
+    """Calibrated ranges of the boundaries of int8 marker regions that were given no dynamic range."""
+    targets = markers.calibration_targets(info)
+    if not targets:
+        return {}
+    return collect_ranges(base, targets, calibration_batches(calibration_dataloader, args))
 
 
 def _errors_against_fp32(prog, base: WorkProgram, info: GraphInfo, captured_outputs, args) -> dict:

@@ -1,7 +1,7 @@
 """The planner: fill a PrecisionPlan from the sources, strongest first (DESIGN.md).
 
 1. plan requests (a plan passed to compile)
-2. precision markers            (issue 4)
+2. precision markers (start/stop_setting_precision regions)
 3. the code's own typing (torch.autocast regions, .half() modules, .to() casts)
 4. autocast rules               (issue 3)
 5. default: the dtype the graph already computes in
@@ -13,6 +13,9 @@ not ping-pong), and ``use_fp32_acc`` marks low-precision matmul-class layers.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
+
 import torch
 
 from .dtypes import LOW_PRECISION_FLOATS, dtype_name, is_float
@@ -20,14 +23,18 @@ from .graph import GraphInfo
 from .optable import FP32_ACC_OPS
 from .plan import NodePrecision, PrecisionPlan
 from .settings import CompileSettings
-from .sources import default, requests, typing
+from .sources import default, markers, requests, typing
 
 _WEAK_SOURCES = ("default", "autocast_rule")
 
 
-def build_plan(info: GraphInfo, settings: CompileSettings) -> PrecisionPlan:
+def build_plan(
+    info: GraphInfo, settings: CompileSettings, *, int8_ranges: Mapping[str, tuple] | None = None
+) -> PrecisionPlan:
+    """``int8_ranges``: calibrated (min, max) of the values ``markers.calibration_targets`` names."""
     decided: dict[str, NodePrecision] = {}
     decided.update(requests.decide(info, settings.plan))
+    decided.update(markers.decide(info, decided, int8_ranges))
     decided.update(typing.decide(info, decided))
     decided.update(default.decide(info, decided))
     _follow_producers(info, decided)
@@ -59,7 +66,7 @@ def output_dtype(info: GraphInfo, plan: dict, producer: str, captured: torch.dty
     if node is None or decision is None or not is_float(captured):
         return captured
     if node.kind == "cast" or captured == node.precision:
-        return decision.precision
+        return decision.compute_dtype
     return captured
 
 
@@ -83,7 +90,6 @@ def _mark_fp32_acc(info: GraphInfo, decided: dict[str, NodePrecision]) -> None:
     for name, node in info.items():
         decision = decided[name]
         if node.packet in FP32_ACC_OPS and decision.precision in LOW_PRECISION_FLOATS and decision.accumulate is None:
-            decided[name] = NodePrecision(
-                decision.precision, torch.float32, decision.source, decision.reason + "; accumulates in float32",
-                decision.param_dtype,
+            decided[name] = dataclasses.replace(
+                decision, accumulate=torch.float32, reason=decision.reason + "; accumulates in float32"
             )

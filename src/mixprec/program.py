@@ -165,6 +165,20 @@ class WorkProgram:
         self.set_stored_tensor(spec, value)
         return node
 
+    def remove_stored_input(self, node: torch.fx.Node) -> None:
+        """Drop a parameter/buffer/constant placeholder nothing reads any more (and its tensor,
+        unless another placeholder holds the same target)."""
+        spec = self.input_spec_of(node)
+        if node.users or spec is None or spec.kind not in STORED_KINDS:
+            raise ValueError(f"{node.name} is not an unused stored input")
+        self.graph.erase_node(node)
+        self.input_specs.remove(spec)
+        if not any(s.target == spec.target and s.kind == spec.kind for s in self.input_specs):
+            store = self.constants
+            if spec.kind == InputKind.PARAMETER or (spec.kind == InputKind.BUFFER and spec.persistent):
+                store = self.state_dict
+            store.pop(spec.target, None)
+
     def user_output_nodes(self) -> list[tuple[int, torch.fx.Node | Any]]:
         """(position among user outputs, value in the output node) for every user output."""
         values = self.graph.output_node().args[0]
@@ -175,6 +189,14 @@ class WorkProgram:
                 out.append((position, value))
                 position += 1
         return out
+
+    def user_output_dtypes(self) -> tuple:
+        """dtype of every user output that is a single tensor (None for anything else), by position."""
+        out = []
+        for _, value in self.user_output_nodes():
+            val = value.meta.get("val") if isinstance(value, torch.fx.Node) else None
+            out.append(val.dtype if isinstance(val, torch.Tensor) else None)
+        return tuple(out)
 
     def rename_output(self, old: torch.fx.Node, new: torch.fx.Node) -> None:
         """Keep output specs pointing at the right node after an output value is replaced."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 
 from ..errors import ConfigError
@@ -27,5 +28,5 @@ def decide(info: GraphInfo, requested: PrecisionPlan | None) -> dict[str, NodePr
     out = {}
     for name, entry in requested.items():
         reason = entry.reason if entry.source == "plan" else f"from the given plan ({entry.source}: {entry.reason})"
-        out[name] = NodePrecision(entry.precision, entry.accumulate, "plan", reason, entry.param_dtype)
+        out[name] = dataclasses.replace(entry, source="plan", reason=reason)
     return out
