@@ -197,7 +197,7 @@ def test_the_log_shows_requests_effective_module_precisions_and_realised_layers(
     module_rows = {line.split()[0]: line.split() for line in lines if line.startswith(("block", "head", "norm"))}
     assert module_rows["block1.fc1"][2:] == ["bf16", "=activation", "#1"]
     assert module_rows["block1.fc2"][2:] == ["fp32", "bf16", "#2"]
-    assert module_rows["head"][2:4] == ["fp32", "as"]
+    assert module_rows["head"][2:] == ["fp32", "-", "-", "(default)"]
     assert any(line.split() == ["output", "1", "fp16", "#3"] for line in lines)
     assert "3. Realised precision per graph layer" in lines
     realised = {line.split()[0]: line for line in lines if line.startswith("linear")}

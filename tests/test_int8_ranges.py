@@ -46,3 +46,9 @@ def test_batches_that_do_not_fit_the_model_are_calibration_errors():
                         autocast_calibration_dataloader=[(torch.randn(1, 3, 12, 12), torch.randn(1))])
     with pytest.raises(mixprec.CalibrationError, match="no batches"):
         mixprec.compile(model, TRTorchSeed.example_inputs(), autocast_calibration_dataloader=[])
+
+
+def test_a_calibration_dataloader_without_autocast_or_int8_regions_is_a_config_error():
+    model = TRTorchSeed(torch.float16).eval()
+    with pytest.raises(mixprec.ConfigError, match="only takes effect with enable_autocast=True or for int8"):
+        mixprec.compile(model, TRTorchSeed.example_inputs(), autocast_calibration_dataloader=[TRTorchSeed.example_inputs()])

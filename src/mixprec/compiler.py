@@ -15,6 +15,7 @@ import torch
 from . import planner
 from .backends import get_backend
 from .capture import as_input_tuple, capture
+from .errors import ConfigError
 from .graph import GraphInfo, analyze
 from .int8_ranges import calibration_batches, collect_ranges
 from .module import MixedPrecisionModule, input_specs_of
@@ -55,6 +56,7 @@ def compile(model, inputs, **settings) -> MixedPrecisionModule:  # noqa: A001 (t
         normalize(base)
         info = analyze(base.graph)
     with timer.phase("calibrate"):
+        _check_calibration_used(config, info)
         ranges = marker_ranges(base, info, config.autocast_calibration_dataloader, args)
     with timer.phase("plan"):
         plan = planner.build_plan(info, config, int8_ranges=ranges)
@@ -89,6 +91,16 @@ def marker_ranges(base: WorkProgram, info: GraphInfo, calibration_dataloader, ar
     if not targets:
         return {}
     return collect_ranges(base, targets, calibration_batches(calibration_dataloader, args))
+
+
+def _check_calibration_used(config: CompileSettings, info: GraphInfo) -> None:
+    if config.autocast_calibration_dataloader is None or config.enable_autocast:
+        return
+    if not markers.calibration_targets(info):
+        raise ConfigError(
+            "autocast_calibration_dataloader only takes effect with enable_autocast=True or for int8 precision "
+            "regions without dynamic ranges, and this model has none; add enable_autocast=True or drop it."
+        )
 
 
 def _errors_against_fp32(prog, base: WorkProgram, info: GraphInfo, captured_outputs, args) -> dict:

@@ -49,7 +49,7 @@ def _module_rows(resolver, info, plan):
         request = resolver.winner.get(first)
         decision = plan[first]
         if request is None:
-            rows.append((module or "(top)", _short_type(module_type), _s(decision.precision), "as written",
+            rows.append((module or "(top)", _short_type(module_type), _s(decision.precision), "-",
                          f"- ({decision.source})"))
             continue
         param = resolver.param.get(first)

@@ -173,6 +173,24 @@ def test_a_tied_weight_keeps_its_float_copy_for_the_float_reader():
     assert prog.exported_program.state_dict["embed.weight"].dtype == torch.float32
 
 
+def test_the_verifier_rejects_an_int8_weight_layer_that_reads_the_float_weight():
+    model = TiedEmbedding().eval()
+    (ids,) = TiedEmbedding.example_inputs()
+    base = WorkProgram.from_exported(capture(model, (ids,)))
+    normalize(base)
+    info = analyze(base.graph)
+    head = next(n for n in info.values() if n.module == "head").name
+    plan = PrecisionPlan({head: NodePrecision(torch.float32, source="plan", reason="w8", param_dtype=torch.int8)})
+    plan = mixprec.compile(model, (ids,), plan=plan).plan
+    work = rewrite(base.copy(), info, plan, keep_io_types=True, captured_output_dtypes=base.user_output_dtypes())
+    layer = next(n for n in work.graph.nodes if n.name == head)
+    float_weight = next(n for n in work.graph.nodes if n.name == "embedding").args[0]
+    layer.replace_input_with(layer.args[1], float_weight)
+    ctx = RewriteContext(work, info, plan, True, base.user_output_dtypes())
+    with pytest.raises(InvariantError, match="stores its weights in int8 but reads the float weight"):
+        verify(ctx)
+
+
 def test_the_verifier_rejects_an_int8_layer_that_reads_an_unquantized_input():
     model = TRTorchSeed(torch.int8, dr=(-1.0, 1.0, -1.0, 1.0)).eval()
     base = WorkProgram.from_exported(capture(model, TRTorchSeed.example_inputs()))

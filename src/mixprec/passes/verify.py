@@ -24,8 +24,8 @@ import torch
 from ..dtypes import is_float
 from ..errors import InvariantError
 from ..graph import META_ACC
-from .base import PassResult
 from ..oprefs import op_name, packet_name
+from .base import PassResult
 from .casting import is_mixprec_cast, origin_name, required_input_dtype, tensor_dtype
 from .quantize import (
     captured_name,
