@@ -38,3 +38,15 @@ def assert_unchanged(model: torch.nn.Module, before: dict) -> None:
         assert dtype2 == dtype, f"{key} dtype changed"
         assert ptr2 == ptr, f"{key} storage replaced"
         assert torch.equal(value2, value), f"{key} values changed"
+
+
+def captured(model, inputs):
+    """(WorkProgram, GraphInfo) of a model as the compiler sees it: captured, normalised, analysed."""
+    from mixprec.capture import capture
+    from mixprec.graph import analyze
+    from mixprec.passes.normalize import normalize
+    from mixprec.program import WorkProgram
+
+    work = WorkProgram.from_exported(capture(model, inputs))
+    normalize(work)
+    return work, analyze(work.graph)

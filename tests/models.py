@@ -232,3 +232,47 @@ class TwoBlocks(nn.Module):
     @staticmethod
     def example_inputs():
         return (torch.randn(3, 16), torch.randn(3, 16))
+
+
+M = torch.ops.mixprec
+
+
+class NestedRegions(nn.Module):
+    """fp16 region around a, relu, c; a bf16 region around b inside it; d after both."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c, self.d = (nn.Linear(8, 8) for _ in range(4))
+
+    def forward(self, x):
+        x = M.start_setting_precision(x, torch.float16)
+        x = torch.relu(self.a(x))
+        x = M.start_setting_precision(x, torch.bfloat16)
+        x = self.b(x)
+        x = M.stop_setting_precision(x)
+        x = self.c(x)
+        x = M.stop_setting_precision(x)
+        return self.d(x)
+
+    @staticmethod
+    def example_inputs():
+        return (torch.randn(4, 8),)
+
+
+class ResidualRegion(nn.Module):
+    """A bf16 region whose last layer adds a value from outside the region (a residual)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(8, 8)
+        self.after = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = M.start_setting_precision(x, torch.bfloat16)
+        h = self.inner(h).view(-1, 2, 4).flatten(1)
+        h = M.stop_setting_precision(h + x)
+        return self.after(h)
+
+    @staticmethod
+    def example_inputs():
+        return (torch.randn(3, 8),)

@@ -4,17 +4,13 @@ import pytest
 import torch
 
 import mixprec
-from mixprec.capture import capture
+from helpers import captured
 from mixprec.int8_ranges import calibration_batches, collect_ranges
-from mixprec.passes.normalize import normalize
-from mixprec.program import WorkProgram
 from models import ConvNet, TRTorchSeed
 
 
 def _work(model, inputs):
-    work = WorkProgram.from_exported(capture(model, inputs))
-    normalize(work)
-    return work
+    return captured(model, inputs)[0]
 
 
 def test_ranges_are_the_min_and_max_over_every_batch():

@@ -28,3 +28,15 @@ def test_plans_written_before_int8_existed_still_load():
     plan = PrecisionPlan.from_json(text)
     assert plan["linear"] == NodePrecision(torch.bfloat16, None, "plan", "r", torch.float32)
     assert plan["linear"].int8 is None and dict(plan.outputs) == {0: torch.float16} and plan.log == "x"
+
+
+def test_a_plan_quantizing_an_input_the_layer_does_not_read_is_a_config_error():
+    from models import TRTorchSeed
+
+    model = TRTorchSeed(torch.float16).eval()
+    inputs = TRTorchSeed.example_inputs()
+    conv2 = next(r.name for r in mixprec.compile(model, inputs).report.layers if r.module == "conv2")
+    spec = Int8Spec((("nonexistent", (-1.0, 1.0)),))
+    plan = PrecisionPlan({conv2: NodePrecision(torch.int8, source="plan", reason="r", int8=spec)})
+    with pytest.raises(mixprec.ConfigError, match="'nonexistent' of layer"):
+        mixprec.compile(model, inputs, plan=plan)

@@ -161,11 +161,12 @@ class _Resolver:
             self.paths.setdefault(id(module), []).append(path)
 
     # ---- problems ---------------------------------------------------------------------------
-    def problem(self, message: str) -> None:
+    def problem(self, message: str, fallback: str) -> None:
+        """strict: raise; else warn, saying what is done instead (``fallback``)."""
         if self.strict:
-            raise ConfigError(message + " (apply(strict=False) warns and takes the latest request instead).")
-        self.problems.append(message)
-        warnings.warn(message, UserWarning, stacklevel=2)
+            raise ConfigError(f"{message}. With apply(strict=False) mixprec warns instead: {fallback}.")
+        self.problems.append(f"{message}; {fallback}")
+        warnings.warn(f"{message}; {fallback}", UserWarning, stacklevel=2)
 
     # ---- layers ----------------------------------------------------------------------------
     def decide(self, requests, args) -> dict[str, NodePrecision]:
@@ -177,7 +178,8 @@ class _Resolver:
             if paths and not layers:
                 self.problem(
                     f"request #{request.id} set_precision({request.target_text()}): the module "
-                    f"({', '.join(repr(p) for p in paths)}) never runs a layer in forward; it is ignored"
+                    f"({', '.join(repr(p) for p in paths)}) never runs a layer in forward",
+                    "the request is ignored",
                 )
             for name in layers:
                 self.winner[name] = request
@@ -202,7 +204,8 @@ class _Resolver:
                 close = difflib.get_close_matches(path, [p for p in modules if p], n=1)
                 self.problem(
                     f"request #{request.id} set_precision('{target}'): no module has this path in the model"
-                    + (f" (did you mean '{close[0]}'?)" if close else "")
+                    + (f" (did you mean '{close[0]}'?)" if close else ""),
+                    "the request is ignored",
                 )
                 return []
             return [path]
@@ -210,13 +213,14 @@ class _Resolver:
             paths = [p for p, m in modules.items() if isinstance(m, target)]
             if not paths:
                 self.problem(f"request #{request.id} set_precision({request.target_text()}): no module of this type "
-                             "is part of the model")
+                             "is part of the model", "the request is ignored")
             return paths
         paths = self.paths.get(id(target), [])
         if not paths:
             self.problem(
                 f"request #{request.id} set_precision({request.target_text()}): this {type(target).__name__} is "
-                "not part of the model the configurator was made for"
+                "not part of the model the configurator was made for",
+                "the request is ignored",
             )
         return paths
 
@@ -240,7 +244,8 @@ class _Resolver:
                           f"param={_short(self.param[layer])})" for layer in layers})
             self.problem(
                 f"parameter '{specs[placeholder].target}' is shared by modules asked to store it in different "
-                f"dtypes: {', '.join(who)}; it is stored in {_short(latest.param)} (request #{latest.id})"
+                f"dtypes: {', '.join(who)}",
+                f"it is stored in {_short(latest.param)} (request #{latest.id}, the latest)",
             )
             for layer in layers:
                 self.param[layer] = latest.param
@@ -293,13 +298,14 @@ class _Resolver:
             if len(wanted) != len(dtypes):
                 self.problem(
                     f"request #{request.id} {api} gives {len(wanted)} precision(s) for a model with {len(dtypes)} "
-                    f"{which}(s); give one per {which} (None for those left as they are)"
+                    f"{which}(s); give one per {which} (None for those left as they are)",
+                    f"the precisions given are used for the first {min(len(wanted), len(dtypes))} {which}(s)",
                 )
             for i, dtype in enumerate(wanted[: len(dtypes)]):
                 if dtype is None:
                     continue
                 if dtypes[i] is None or not dtypes[i].is_floating_point:
-                    self.problem(f"request #{request.id} {api}: {which} {i} is not a floating-point tensor; "
+                    self.problem(f"request #{request.id} {api}: {which} {i} is not a floating-point tensor",
                                  "it is left as it is")
                     continue
                 out[i] = (dtype, request.id)

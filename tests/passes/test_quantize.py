@@ -9,16 +9,12 @@ import torch.nn.functional as F
 from torch import nn
 
 import mixprec
-from helpers import assert_same_outputs
-from mixprec.capture import capture
+from helpers import assert_same_outputs, captured
 from mixprec.errors import InvariantError
-from mixprec.graph import analyze
-from mixprec.passes.normalize import normalize
+from mixprec.passes.context import RewriteContext
 from mixprec.passes.pipeline import rewrite
 from mixprec.passes.verify import verify
-from mixprec.passes.context import RewriteContext
 from mixprec.plan import NodePrecision, PrecisionPlan
-from mixprec.program import WorkProgram
 from models import TiedEmbedding, TRTorchSeed
 
 M = torch.ops.mixprec
@@ -176,9 +172,7 @@ def test_a_tied_weight_keeps_its_float_copy_for_the_float_reader():
 def test_the_verifier_rejects_an_int8_weight_layer_that_reads_the_float_weight():
     model = TiedEmbedding().eval()
     (ids,) = TiedEmbedding.example_inputs()
-    base = WorkProgram.from_exported(capture(model, (ids,)))
-    normalize(base)
-    info = analyze(base.graph)
+    base, info = captured(model, (ids,))
     head = next(n for n in info.values() if n.module == "head").name
     plan = PrecisionPlan({head: NodePrecision(torch.float32, source="plan", reason="w8", param_dtype=torch.int8)})
     plan = mixprec.compile(model, (ids,), plan=plan).plan
@@ -193,9 +187,7 @@ def test_the_verifier_rejects_an_int8_weight_layer_that_reads_the_float_weight()
 
 def test_the_verifier_rejects_an_int8_layer_that_reads_an_unquantized_input():
     model = TRTorchSeed(torch.int8, dr=(-1.0, 1.0, -1.0, 1.0)).eval()
-    base = WorkProgram.from_exported(capture(model, TRTorchSeed.example_inputs()))
-    normalize(base)
-    info = analyze(base.graph)
+    base, info = captured(model, TRTorchSeed.example_inputs())
     plan = mixprec.compile(model, TRTorchSeed.example_inputs()).plan
     work = rewrite(base.copy(), info, plan, keep_io_types=True, captured_output_dtypes=(torch.float32,))
     conv2 = next(n for n in work.graph.nodes if n.name == next(k for k, d in plan.items() if d.int8))

@@ -8,19 +8,14 @@ import torch
 from torch import nn
 
 import mixprec
-from mixprec.capture import capture
-from mixprec.graph import analyze
-from mixprec.passes.normalize import normalize
-from mixprec.program import WorkProgram
-from models import TRTorchSeed
+from helpers import captured
+from models import NestedRegions, ResidualRegion, TRTorchSeed
 
 M = torch.ops.mixprec
 
 
 def _info(model, inputs):
-    work = WorkProgram.from_exported(capture(model.eval(), inputs))
-    normalize(work)
-    return work, analyze(work.graph)
+    return captured(model.eval(), inputs)
 
 
 def _region_of(info):
@@ -45,24 +40,8 @@ def test_seed_region_holds_conv2_only_and_markers_are_gone():
     assert region.where == f"start_setting_precision(float16) at models.py:{line}"
 
 
-class Nested(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a, self.b, self.c, self.d = (nn.Linear(8, 8) for _ in range(4))
-
-    def forward(self, x):
-        x = M.start_setting_precision(x, torch.float16)
-        x = self.a(x)
-        x = M.start_setting_precision(x, torch.bfloat16)
-        x = self.b(x)
-        x = M.stop_setting_precision(x)
-        x = self.c(x)
-        x = M.stop_setting_precision(x)
-        return self.d(x)
-
-
 def test_nested_regions_innermost_wins_and_outer_precision_returns():
-    _, info = _info(Nested(), (torch.randn(2, 8),))
+    _, info = _info(NestedRegions(), NestedRegions.example_inputs())
     assert _region_of(info) == {"a": torch.float16, "b": torch.bfloat16, "c": torch.float16, "d": None}
 
 
@@ -90,21 +69,8 @@ def test_sibling_regions_are_independent():
     assert add.marker is None
 
 
-class Residual(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.inner = nn.Linear(8, 8)
-        self.after = nn.Linear(8, 8)
-
-    def forward(self, x):
-        h = M.start_setting_precision(x, torch.bfloat16)
-        h = self.inner(h).view(2, 2, 4).flatten(1)
-        h = M.stop_setting_precision(h + x)  # the add reads a region value and an outside value
-        return self.after(h), h.argmax(-1)
-
-
 def test_a_layer_reading_any_region_value_is_inside_and_movement_follows():
-    _, info = _info(Residual(), (torch.randn(2, 8),))
+    _, info = _info(ResidualRegion(), ResidualRegion.example_inputs())
     by_op = {n.op: n for n in info.values()}
     assert by_op["aten.add.Tensor"].marker.dtype == torch.bfloat16
     assert by_op["aten.view.default"].marker.dtype == torch.bfloat16

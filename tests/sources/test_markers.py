@@ -6,13 +6,9 @@ import torch
 from torch import nn
 
 import mixprec
-from helpers import assert_same_outputs
-from mixprec.capture import capture
-from mixprec.graph import analyze
-from mixprec.passes.normalize import normalize
-from mixprec.program import WorkProgram
+from helpers import assert_same_outputs, captured
 from mixprec.sources import markers
-from models import TRTorchSeed
+from models import NestedRegions, ResidualRegion, TRTorchSeed
 
 M = torch.ops.mixprec
 
@@ -40,25 +36,9 @@ def test_trtorch_seed_runs_conv2_in_fp16_and_the_rest_in_fp32():
     assert_same_outputs(prog(x), expected)
 
 
-class Nested(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a, self.b, self.c, self.d = (nn.Linear(8, 8) for _ in range(4))
-
-    def forward(self, x):
-        x = M.start_setting_precision(x, torch.float16)
-        x = torch.relu(self.a(x))
-        x = M.start_setting_precision(x, torch.bfloat16)
-        x = self.b(x)
-        x = M.stop_setting_precision(x)
-        x = self.c(x)
-        x = M.stop_setting_precision(x)
-        return self.d(x)
-
-
 def test_nested_regions_compute_like_eager_with_each_module_converted():
-    model = Nested().eval()
-    x = torch.randn(4, 8)
+    model = NestedRegions().eval()
+    (x,) = NestedRegions.example_inputs()
     prog = mixprec.compile(model, (x,))
     assert {m: r.precision for m, r in _by_module(prog).items() if m} == {
         "a": torch.float16, "b": torch.bfloat16, "c": torch.float16, "d": torch.float32,
@@ -74,22 +54,9 @@ def test_nested_regions_compute_like_eager_with_each_module_converted():
     assert_same_outputs(prog(x), expected)
 
 
-class Residual(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.inner = nn.Linear(8, 8)
-        self.after = nn.Linear(8, 8)
-
-    def forward(self, x):
-        h = M.start_setting_precision(x, torch.bfloat16)
-        h = self.inner(h).view(-1, 2, 4).flatten(1)
-        h = M.stop_setting_precision(h + x)
-        return self.after(h)
-
-
 def test_outside_values_entering_a_region_are_cast_to_its_precision():
-    model = Residual().eval()
-    x = torch.randn(3, 8)
+    model = ResidualRegion().eval()
+    (x,) = ResidualRegion.example_inputs()
     prog = mixprec.compile(model, (x,))
     add = next(r for r in prog.report.layers if r.op == "aten.add.Tensor")
     assert add.precision == torch.bfloat16 and add.input_dtypes == (torch.bfloat16, torch.bfloat16)
@@ -154,9 +121,7 @@ def test_dynamic_batch_with_markers():
 
 
 def _info(model):
-    work = WorkProgram.from_exported(capture(model.eval(), TRTorchSeed.example_inputs()))
-    normalize(work)
-    return analyze(work.graph)
+    return captured(model.eval(), TRTorchSeed.example_inputs())[1]
 
 
 def test_int8_decisions_carry_the_dynamic_ranges_of_the_region_boundary():
