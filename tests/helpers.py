@@ -54,3 +54,15 @@ def plan_lowering(model, inputs, dtype, *, select=lambda record: True, accumulat
             if r.kind == "compute" and r.precision == torch.float32 and select(r)
         }
     )
+
+
+def captured(model, inputs):
+    """(WorkProgram, GraphInfo) of a model as the compiler sees it: captured, normalised, analysed."""
+    from mixprec.capture import capture
+    from mixprec.graph import analyze
+    from mixprec.passes.normalize import normalize
+    from mixprec.program import WorkProgram
+
+    work = WorkProgram.from_exported(capture(model, inputs))
+    normalize(work)
+    return work, analyze(work.graph)

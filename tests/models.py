@@ -329,3 +329,117 @@ def vit_small():
         hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32, patch_size=8
     )
     return ViTModel(config).eval(), (torch.randn(2, 3, 32, 32),)
+
+
+# ---- precision markers (API.md §3) and the configurator (API.md §4) -----------------------------
+
+
+class TRTorchSeed(nn.Module):
+    """The TRTorch seed's example: conv1, a region around conv2, pool, relu.
+
+    ``dr=None``: ``start_setting_precision(x, dtype)``; with ``dr`` (in_min, in_max, out_min, out_max):
+    ``start_setting_precision_with_dr(x, dtype, *dr)``.
+    """
+
+    def __init__(self, dtype=torch.float16, dr=None):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 3, 3)
+        self.conv2 = nn.Conv2d(3, 3, 3)
+        self.pool = nn.MaxPool2d(3, 1, 1)
+        self.relu = nn.ReLU()
+        self.dtype = dtype
+        self.dr = dr
+
+    def forward(self, x):
+        x = self.conv1(x)
+        if self.dr is None:
+            x = torch.ops.mixprec.start_setting_precision(x, self.dtype)
+        else:
+            x = torch.ops.mixprec.start_setting_precision_with_dr(x, self.dtype, *self.dr)
+        x = self.conv2(x)
+        x = torch.ops.mixprec.stop_setting_precision(x)
+        x = self.pool(x)
+        x = self.relu(x)
+        return x
+
+    @staticmethod
+    def example_inputs():
+        return (torch.randn(2, 3, 12, 12),)
+
+
+class Block(nn.Module):
+    """linear -> GELU -> linear: a non-leaf module for the configurator tests."""
+
+    def __init__(self, dim=16):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, dim)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class TwoBlocks(nn.Module):
+    """Two inputs, two blocks, a LayerNorm and a head; two float outputs and an integer one."""
+
+    def __init__(self, dim=16):
+        super().__init__()
+        self.block1 = Block(dim)
+        self.block2 = Block(dim)
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, 4)
+        self.unused = nn.Linear(dim, dim)
+
+    def forward(self, x, y):
+        h = self.block2(self.block1(x) + y)
+        out = self.head(self.norm(h))
+        return out, h, out.argmax(-1)
+
+    @staticmethod
+    def example_inputs():
+        return (torch.randn(3, 16), torch.randn(3, 16))
+
+
+M = torch.ops.mixprec
+
+
+class NestedRegions(nn.Module):
+    """fp16 region around a, relu, c; a bf16 region around b inside it; d after both."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c, self.d = (nn.Linear(8, 8) for _ in range(4))
+
+    def forward(self, x):
+        x = M.start_setting_precision(x, torch.float16)
+        x = torch.relu(self.a(x))
+        x = M.start_setting_precision(x, torch.bfloat16)
+        x = self.b(x)
+        x = M.stop_setting_precision(x)
+        x = self.c(x)
+        x = M.stop_setting_precision(x)
+        return self.d(x)
+
+    @staticmethod
+    def example_inputs():
+        return (torch.randn(4, 8),)
+
+
+class ResidualRegion(nn.Module):
+    """A bf16 region whose last layer adds a value from outside the region (a residual)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(8, 8)
+        self.after = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = M.start_setting_precision(x, torch.bfloat16)
+        h = self.inner(h).view(-1, 2, 4).flatten(1)
+        h = M.stop_setting_precision(h + x)
+        return self.after(h)
+
+    @staticmethod
+    def example_inputs():
+        return (torch.randn(3, 8),)

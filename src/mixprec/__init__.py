@@ -1,6 +1,8 @@
 """mixprec: compile PyTorch models into mixed-precision programs (see API.md)."""
 
+from . import ops  # noqa: F401  (registers torch.ops.mixprec.*: the precision markers)
 from .compiler import compile
+from .configurator import MixedPrecisionConfigurator
 from .errors import (
     CalibrationError,
     ConfigError,
@@ -17,6 +19,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "compile",
+    "MixedPrecisionConfigurator",
     "MixedPrecisionModule",
     "PrecisionPlan",
     "NodePrecision",

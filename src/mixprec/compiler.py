@@ -17,8 +17,9 @@ from .backends import get_backend
 from .capture import as_input_kwargs, as_input_tuple, capture
 from .diagnose import describe, failing_node
 from .dtypes import dtype_name
-from .errors import InvariantError, UnsupportedModelError
-from .graph import GraphInfo, analyze, tensor_metas
+from .errors import ConfigError, InvariantError, UnsupportedModelError
+from .graph import GraphInfo, analyze
+from .int8_ranges import calibration_batches, collect_ranges
 from .module import MixedPrecisionModule, input_specs_of
 from .passes.normalize import normalize
 from .passes.pipeline import rewrite
@@ -27,6 +28,7 @@ from .program import WorkProgram
 from .report import Report, build_records, build_summary, output_errors
 from .passes.casting import is_mixprec_cast
 from .settings import CompileSettings
+from .sources import markers
 
 log = logging.getLogger("mixprec")
 
@@ -61,13 +63,17 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
         normalize(base)
         info = analyze(base.graph)
     prepared = None
-    if config.enable_autocast:
-        with timer.phase("calibrate"):
+    with timer.phase("calibrate"):
+        _check_calibration_used(config, info)
+        if config.enable_autocast:
             prepared = autocast.prepare(base, info, config, args)
+        ranges = marker_ranges(base, info, config.autocast_calibration_dataloader, args)
     with timer.phase("plan"):
-        plan = planner.build_plan(info, config, prepared.context if prepared is not None else None)
+        plan = planner.build_plan(
+            info, config, prepared.context if prepared is not None else None, int8_ranges=ranges
+        )
     with timer.phase("rewrite"):
-        captured_outputs = _user_output_dtypes(base, info)
+        captured_outputs = base.user_output_dtypes()
         work = rewrite(base.copy(), info, plan, keep_io_types=config.keep_io_types, captured_output_dtypes=captured_outputs)
         casts = sum(1 for n in work.graph.nodes if is_mixprec_cast(n))
         program = work.to_exported()
@@ -101,12 +107,22 @@ def _autocast_summary(prepared) -> dict:
     }
 
 
-def _user_output_dtypes(work: WorkProgram, info: GraphInfo) -> tuple:
-    out = []
-    for _, value in work.user_output_nodes():
-        metas = tensor_metas(value.meta.get("val")) if isinstance(value, torch.fx.Node) else ()
-        out.append(metas[0].dtype if len(metas) == 1 else None)
-    return tuple(out)
+def marker_ranges(base: WorkProgram, info: GraphInfo, calibration_dataloader, args: tuple) -> dict:
+    """Calibrated ranges of the boundaries of int8 marker regions that were given no dynamic range."""
+    targets = markers.calibration_targets(info)
+    if not targets:
+        return {}
+    return collect_ranges(base, targets, calibration_batches(calibration_dataloader, args))
+
+
+def _check_calibration_used(config: CompileSettings, info: GraphInfo) -> None:
+    if config.autocast_calibration_dataloader is None or config.enable_autocast:
+        return
+    if not markers.calibration_targets(info):
+        raise ConfigError(
+            "autocast_calibration_dataloader only takes effect with enable_autocast=True or for int8 precision "
+            "regions without dynamic ranges, and this model has none; add enable_autocast=True or drop it."
+        )
 
 
 def _errors_against_fp32(prog, base: WorkProgram, info: GraphInfo, captured_outputs, args, kwargs, model) -> dict:

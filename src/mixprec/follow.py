@@ -47,7 +47,7 @@ def output_dtype(info: GraphInfo, plan: dict, producer: str, captured: torch.dty
     if node is None or decision is None or not is_float(captured):
         return captured
     if node.kind == "cast" or captured == node.precision:
-        return decision.precision
+        return decision.compute_dtype  # int8 layers compute (and hand on) fp32
     return captured
 
 

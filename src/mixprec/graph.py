@@ -23,9 +23,31 @@ from .oprefs import op_name, packet_name
 # meta keys mixprec writes on nodes
 META_AUTOCAST = "mixprec_autocast"  # tuple of (device_type, dtype, enabled) contexts around an inlined node
 META_ROLE = "mixprec_role"  # "cast" (inserted by mixprec), "autocast_cast" (torch.autocast made explicit),
-#                            "acc_cast" (fp32 accumulation), "param_cast", "io_cast"
+#                            "acc_cast" (fp32 accumulation), "param_cast", "io_cast",
+#                            "quant"/"dequant" (int8 quantize/dequantize)
 META_ACC = "mixprec_accumulate"  # on a layer with fp32 accumulation: the accumulation dtype
 META_ORIGIN = "mixprec_origin"  # on a stored copy of a parameter: the name of the captured placeholder
+META_MARKER = "mixprec_marker"  # on a layer inside a precision-marker region: its innermost MarkerRegion
+
+
+@dataclasses.dataclass(frozen=True)
+class MarkerRegion:
+    """A region delimited by start/stop_setting_precision markers (removed from the graph by normalize).
+
+    index: position of its start marker among the start markers of the graph.
+    dtype: the precision the marker asks for.
+    ranges: (in_min, in_max, out_min, out_max) given to start_setting_precision_with_dr, else None.
+    where: the start marker as a human phrase, with its position in the model's code.
+    entry: name of the node whose value enters the region (the start marker's input).
+    exits: names of the nodes whose values leave it through a stop marker.
+    """
+
+    index: int
+    dtype: torch.dtype
+    ranges: tuple[float, float, float, float] | None
+    where: str
+    entry: str
+    exits: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +69,7 @@ class NodeInfo:
     flops: int
     autocast: tuple | None = None
     role: str | None = None
+    marker: MarkerRegion | None = None  # innermost precision-marker region around the layer
 
     @property
     def packet(self) -> str:
@@ -174,6 +197,7 @@ def analyze(graph: torch.fx.Graph) -> GraphInfo:
             flops=_flops(node, packet, tensor_meta, metas),
             autocast=node.meta.get(META_AUTOCAST),
             role=node.meta.get(META_ROLE),
+            marker=node.meta.get(META_MARKER),
         )
     returned = next((n.args for n in graph.nodes if n.op == "output"), ())
     return GraphInfo(nodes, tensor_meta, frozenset(n.name for n in _nodes_in(returned)))

@@ -96,3 +96,6 @@ MOVEMENT_OPS = frozenset(
 )
 
 CAST_OPS = frozenset({"aten.to", "aten._to_copy", "aten.type_as"})
+
+# Layers whose weight (argument 1, output channels on axis 0) int8 stores per output channel.
+INT8_WEIGHT_OPS = frozenset({"aten.linear", "aten.conv1d", "aten.conv2d", "aten.conv3d"})

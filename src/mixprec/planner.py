@@ -1,7 +1,7 @@
 """The planner: fill a PrecisionPlan from the sources, strongest first (DESIGN.md).
 
 1. plan requests (a plan passed to compile)
-2. precision markers            (issue 4)
+2. precision markers (start/stop_setting_precision regions)
 3. the code's own typing (torch.autocast regions, .half() modules, .to() casts)
 4. autocast rules (``enable_autocast=True``: lower the fp32 layers left free unless a rule keeps them)
 5. default: the dtype the graph already computes in
@@ -13,6 +13,9 @@ dtype-transparent nodes the default source decided follow the dtypes around them
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
+
 import torch
 
 from .dtypes import LOW_PRECISION_FLOATS
@@ -21,13 +24,21 @@ from .graph import GraphInfo
 from .optable import FP32_ACC_OPS
 from .plan import NodePrecision, PrecisionPlan
 from .settings import CompileSettings
-from .sources import default, requests, rules, typing
+from .sources import default, markers, requests, rules, typing
 
 
-def build_plan(info: GraphInfo, settings: CompileSettings, rule_context=None) -> PrecisionPlan:
-    """``rule_context`` (a ``rules.RuleContext``) turns on the autocast rules; None leaves them off."""
+def build_plan(
+    info: GraphInfo,
+    settings: CompileSettings,
+    rule_context=None,
+    *,
+    int8_ranges: Mapping[str, tuple] | None = None,
+) -> PrecisionPlan:
+    """``rule_context`` (a ``rules.RuleContext``) turns on the autocast rules; None leaves them off.
+    ``int8_ranges``: calibrated (min, max) of the values ``markers.calibration_targets`` names."""
     decided: dict[str, NodePrecision] = {}
     decided.update(requests.decide(info, settings.plan))
+    decided.update(markers.decide(info, decided, int8_ranges))
     decided.update(typing.decide(info, decided))
     if rule_context is not None:
         decided.update(rules.decide(info, decided, rule_context))
@@ -58,7 +69,6 @@ def _mark_fp32_acc(info: GraphInfo, decided: dict[str, NodePrecision]) -> None:
     for name, node in info.items():
         decision = decided[name]
         if node.packet in FP32_ACC_OPS and decision.precision in LOW_PRECISION_FLOATS and decision.accumulate is None:
-            decided[name] = NodePrecision(
-                decision.precision, torch.float32, decision.source, decision.reason + "; accumulates in float32",
-                decision.param_dtype,
+            decided[name] = dataclasses.replace(
+                decision, accumulate=torch.float32, reason=decision.reason + "; accumulates in float32"
             )

@@ -77,53 +77,18 @@ class WorkProgram:
         )
 
     def stored_bytes(self) -> int:
-        """Bytes of parameters, buffers and constant tensors (each storage counted once)."""
+        """Bytes of parameters, buffers and constant tensors (a tensor shared under two names counted once)."""
         seen = set()
         total = 0
         for tensor in list(self.state_dict.values()) + list(self.constants.values()):
             if not isinstance(tensor, torch.Tensor):
                 continue
-            key = (tensor.untyped_storage().data_ptr(), tensor.dtype, tensor.device)
+            key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tensor.dtype, tuple(tensor.shape))
             if key in seen:
                 continue
             seen.add(key)
-            total += tensor.untyped_storage().nbytes()
+            total += tensor.numel() * tensor.element_size()
         return total
-
-    def to_exported(self) -> ExportedProgram:
-        self.graph_module.graph.eliminate_dead_code(is_impure_node=_is_impure)
-        self._drop_unused_stored_inputs()
-        self.graph_module.delete_all_unused_submodules()
-        self.graph_module.recompile()
-        return ExportedProgram(
-            root=self.graph_module,
-            graph=self.graph_module.graph,
-            graph_signature=ExportGraphSignature(self.input_specs, self.output_specs),
-            state_dict=self.state_dict,
-            range_constraints=self.range_constraints,
-            module_call_graph=self.module_call_graph,
-            example_inputs=self.example_inputs,
-            constants=self.constants,
-            verifiers=self.verifiers,
-        )
-
-    def rebuild_graph(self, names: dict[torch.fx.Node, str]) -> None:
-        """Copy the graph into a fresh one, giving the nodes in ``names`` those names.
-
-        torch.fx never frees a name once used, so a node can only take the name of an erased node
-        in a new graph. The names must not be held by other live nodes.
-        """
-        graph = torch.fx.Graph()
-        graph._codegen = self.graph._codegen
-        env: dict[torch.fx.Node, torch.fx.Node] = {}
-        for node in self.graph.nodes:
-            if node in names:
-                node.name = names[node]
-            env[node] = graph.node_copy(node, lambda n: env[n])
-            env[node].meta = node.meta
-        self.graph_module.graph = graph
-        self.sync_input_specs()
-        self.sync_output_specs()
 
     def _drop_unused_stored_inputs(self) -> None:
         """Stored tensors nothing reads (export keeps one placeholder per name of a tied weight, and a
@@ -179,6 +144,20 @@ class WorkProgram:
         self.set_stored_tensor(spec, value)
         return node
 
+    def remove_stored_input(self, node: torch.fx.Node) -> None:
+        """Drop a parameter/buffer/constant placeholder nothing reads any more (and its tensor,
+        unless another placeholder holds the same target)."""
+        spec = self.input_spec_of(node)
+        if node.users or spec is None or spec.kind not in STORED_KINDS:
+            raise ValueError(f"{node.name} is not an unused stored input")
+        self.graph.erase_node(node)
+        self.input_specs.remove(spec)
+        if not any(s.target == spec.target and s.kind == spec.kind for s in self.input_specs):
+            store = self.constants
+            if spec.kind == InputKind.PARAMETER or (spec.kind == InputKind.BUFFER and spec.persistent):
+                store = self.state_dict
+            store.pop(spec.target, None)
+
     def user_output_nodes(self) -> list[tuple[int, torch.fx.Node | Any]]:
         """(position among user outputs, value in the output node) for every user output."""
         values = self.graph.output_node().args[0]
@@ -189,6 +168,14 @@ class WorkProgram:
                 out.append((position, value))
                 position += 1
         return out
+
+    def user_output_dtypes(self) -> tuple:
+        """dtype of every user output that is a single tensor (None for anything else), by position."""
+        out = []
+        for _, value in self.user_output_nodes():
+            val = value.meta.get("val") if isinstance(value, torch.fx.Node) else None
+            out.append(val.dtype if isinstance(val, torch.Tensor) else None)
+        return tuple(out)
 
     def rename_output(self, old: torch.fx.Node, new: torch.fx.Node) -> None:
         """Keep output specs pointing at the right node after an output value is replaced."""

@@ -4,8 +4,9 @@ After cast insertion a bf16 linear reads its fp32 weight through a cast that wou
 on every call. This pass replaces such casts by a stored copy in the needed dtype (the
 user's tensor is never converted; the program's state gets a new tensor). When
 consumers disagree (tied weights used by an fp32 and a bf16 layer) each dtype gets its
-own stored copy. A layer whose plan asks for ``param_dtype`` different from its
-precision gets its weights stored in ``param_dtype`` and cast at use.
+own stored copy. A layer whose plan asks for a float ``param_dtype`` different from its
+precision gets its weights stored in ``param_dtype`` and cast at use (int8 weights are the
+quantize pass's, which runs before this one).
 
 Explicit casts of a stored tensor — torch.autocast's, or the model's own
 ``self.weight.half()`` — are absorbed the same way.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import torch
 from torch.export.graph_signature import OutputKind
 
+from ..dtypes import is_float
 from ..graph import META_ORIGIN, META_ROLE
 from ..program import STORED_KINDS
 from .base import PassResult
@@ -93,8 +95,9 @@ def _uses(node, ctx):
         for consumer in consumers:
             decision = ctx.plan.get(consumer.name)
             storage = received
-            if decision is not None and decision.param_dtype is not None and decision.param_dtype != received:
-                storage = decision.param_dtype
+            wanted = decision.param_dtype if decision is not None else None
+            if is_float(wanted) and is_float(received) and wanted != received:  # int8 storage: the quantize pass
+                storage = wanted
             uses.append((consumer, received, storage, user))
     return [(c, r, s) for c, r, s, _ in uses]
 

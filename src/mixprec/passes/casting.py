@@ -92,14 +92,16 @@ def required_input_dtype(
     * explicit casts accept anything (converting is their job);
     * a layer whose precision the plan leaves as captured receives exactly what it received when
       captured (so strong typing reproduces eager PyTorch, mixed-dtype ops included);
-    * a layer whose precision the plan changed receives every float input in its new precision.
+    * a layer whose precision the plan changed receives every float input in its new precision
+      (an int8 layer in float32, the dtype it computes in on dequantized values; which of those
+      inputs are dequantized int8 is the quantize pass's contract, checked by the verifier).
     """
     if not is_float(current) or info is None or info.kind == "cast":
         return current
     if decision is None or decision.precision == info.precision:
         captured = info.input_dtypes.get(input_name)
         return captured if is_float(captured) else current
-    return decision.precision
+    return decision.compute_dtype
 
 
 def cast_target_arg(node: torch.fx.Node) -> torch.dtype | None:

@@ -19,7 +19,15 @@ reference plan turns ``x.half()`` into a no-op cast to fp32).
 from __future__ import annotations
 
 from .base import PassResult
-from .casting import cast_of, cast_target_arg, origin_name, required_input_dtype, retype_val, set_cast_target, tensor_dtype
+from .casting import (
+    cast_of,
+    cast_target_arg,
+    origin_name,
+    required_input_dtype,
+    retype_val,
+    set_cast_target,
+    tensor_dtype,
+)
 from .context import RewriteContext
 from .io_types import round_inputs
 
@@ -36,17 +44,18 @@ def insert_casts(ctx: RewriteContext) -> PassResult:
             current = tensor_dtype(inp)
             if current is None:
                 continue
-            required = required_input_dtype(info, decision, origin_name(inp), current)
+            required = required_input_dtype(info, decision, origin_name(inp), current)  # model inputs may be rounded
             if required != current:
                 node.replace_input_with(inp, cast_of(graph, inp, required, role="cast"))
                 changed = True
         if info is None or decision is None:
             continue
+        target = decision.compute_dtype
         if info.kind == "cast":
-            if cast_target_arg(node) != decision.precision or str(node.target) in ("aten.type_as.default", "aten.to.other"):
-                set_cast_target(node, decision.precision)
+            if cast_target_arg(node) != target or str(node.target) in ("aten.type_as.default", "aten.to.other"):
+                set_cast_target(node, target)
                 changed = True
-        elif decision.precision != info.precision:
-            node.meta["val"] = retype_val(node.meta["val"], info.precision, decision.precision)
+        elif target != info.precision:
+            node.meta["val"] = retype_val(node.meta["val"], info.precision, target)
             changed = True
     return PassResult(changed)

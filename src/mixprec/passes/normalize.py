@@ -25,7 +25,8 @@ After::
     y = aten.linear(x_bf16, w_bf16, b_bf16)   # meta: inside autocast(cpu, bfloat16)
 
 It also drops ``aten._assert_tensor_metadata`` nodes: they assert the captured dtypes,
-which mixed precision changes on purpose.
+which mixed precision changes on purpose, and reads precision-marker regions into node meta
+before removing the markers (``strip_markers``).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from ..dtypes import is_float
 from ..graph import META_AUTOCAST, META_ROLE
 from ..program import WorkProgram
 from .base import PassResult
+from .strip_markers import strip_markers
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,7 @@ _ASSERTS = ("aten._assert_tensor_metadata",)
 def normalize(work: WorkProgram) -> PassResult:
     changed = _strip_dtype_asserts(work.graph)
     changed |= _inline_regions(work)
+    changed |= strip_markers(work).changed
     if changed:
         work.graph_module.delete_all_unused_submodules()
         work.graph.lint()

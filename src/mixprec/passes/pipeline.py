@@ -1,7 +1,7 @@
 """The rewrite pipeline: realise a plan on a copy of the captured program.
 
-Order matters and is fixed: cast insertion (with input rounding), parameter storage,
-fp32 accumulation, output dtypes, cast folding. With ``verify_each`` (the tests turn it on)
+Order matters and is fixed: cast insertion (with input rounding), int8 quantize/dequantize,
+parameter storage, fp32 accumulation, output dtypes, cast folding. With ``verify_each`` (the tests turn it on)
 the verifier runs after every pass, including a fake-tensor re-run that proves the
 meta dtypes are true; otherwise the cheap structural checks run once at the end.
 """
@@ -20,12 +20,14 @@ from .fold_casts import fold_casts
 from .fp32_acc import fp32_acc
 from .insert_casts import insert_casts
 from .io_types import restore_outputs
+from .quantize import quantize
 from .verify import verify
 
 log = logging.getLogger(__name__)
 
 PASSES = (
     ("insert_casts", insert_casts),
+    ("quantize", quantize),
     ("cast_params", cast_params),
     ("fp32_acc", fp32_acc),
     ("restore_outputs", restore_outputs),
@@ -50,13 +52,14 @@ def rewrite(
     if verify_each is None:
         verify_each = verify_each_default()
     ctx = RewriteContext(work, info, plan, keep_io_types, captured_output_dtypes)
-    outputs_done = False
+    outputs_done = quantized = False
     for name, rewrite_pass in PASSES:
         result = rewrite_pass(ctx)
         log.debug("pass %s: %s", name, "changed" if result.changed else "no change")
         outputs_done |= rewrite_pass is restore_outputs
+        quantized |= rewrite_pass is quantize
         if verify_each:
-            verify(ctx, stage=name, deep=True, outputs=outputs_done)
+            verify(ctx, stage=name, deep=True, outputs=outputs_done, int8=quantized)
     if not verify_each:
         verify(ctx, stage="rewrite")
     return work

@@ -6,8 +6,12 @@
 3. every float input of a layer has the dtype ``required_input_dtype`` gives (layers
    with fp32 accumulation: their operands are rounded to the layer's precision and
    then widened to the accumulation dtype);
-4. graph outputs have the requested dtypes (once the output pass has run);
-5. (``deep=True``) the dtypes in node meta are the dtypes the ops really produce:
+4. int8 (once the quantize pass has run): every input an int8 layer quantizes is the
+   dequantized int8 value of that input with the scale of its range, a quantized output is
+   read only through its quantize node, weights stored as int8 reach their layer through a
+   per-channel dequantize of an int8 tensor, and no float copy of such a weight is read;
+5. graph outputs have the requested dtypes (once the output pass has run);
+6. (``deep=True``) the dtypes in node meta are the dtypes the ops really produce:
    the graph is re-run on fake tensors and every tensor's dtype compared.
 
 Raises :class:`InvariantError` (a mixprec bug, not a user error) naming the node.
@@ -20,12 +24,23 @@ import torch
 from ..dtypes import is_float
 from ..errors import InvariantError
 from ..graph import META_ACC
+from ..oprefs import op_name, packet_name
 from .base import PassResult
 from .casting import is_mixprec_cast, origin_name, required_input_dtype, tensor_dtype
+from .quantize import (
+    captured_name,
+    is_dequant_node,
+    is_quant_node,
+    per_tensor_scale,
+    stored_source,
+    weight_quantized,
+)
 from .context import RewriteContext
 
 
-def verify(ctx: RewriteContext, *, stage: str = "", deep: bool = False, outputs: bool = True) -> PassResult:
+def verify(
+    ctx: RewriteContext, *, stage: str = "", deep: bool = False, outputs: bool = True, int8: bool = True
+) -> PassResult:
     graph = ctx.work.graph
     where = f" after {stage}" if stage else ""
     try:
@@ -34,6 +49,8 @@ def verify(ctx: RewriteContext, *, stage: str = "", deep: bool = False, outputs:
         raise InvariantError(f"graph does not lint{where}: {e}") from e
     _check_casts(graph, where)
     _check_layers(ctx, graph, where)
+    if int8:
+        _check_int8(ctx, graph, where)
     if outputs:
         _check_outputs(ctx, where)
     if deep:
@@ -68,7 +85,7 @@ def _check_layers(ctx, graph, where):
         acc = node.meta.get(META_ACC)
         if info is not None and decision is not None and info.kind != "cast":
             out = [d for d in (getattr(v, "dtype", None) for v in _tensors(node.meta.get("val"))) if is_float(d)]
-            expected = acc if acc is not None else decision.precision
+            expected = acc if acc is not None else decision.compute_dtype
             if out and out[0] != expected:
                 raise InvariantError(
                     f"layer {node.name} ({info.module or 'top level'}){where} produces {out[0]}, plan says {expected}"
@@ -90,6 +107,47 @@ def _check_layers(ctx, graph, where):
                     f"layer {node.name} ({info.module if info else ''}){where} receives {inp.name} as {current}, "
                     f"needs {required}"
                 )
+
+
+def _check_int8(ctx, graph, where):
+    for node in graph.nodes:
+        if is_quant_node(node):
+            if not is_float(tensor_dtype(node.args[0])) or tensor_dtype(node) != torch.int8:
+                raise InvariantError(f"quantize {node.name}{where} must turn a float tensor into int8")
+        elif is_dequant_node(node) and tensor_dtype(node.args[0]) != torch.int8:
+            raise InvariantError(f"dequantize {node.name}{where} reads {tensor_dtype(node.args[0])}, not int8")
+        decision = ctx.plan.get(node.name)
+        if node.op != "call_function" or decision is None:
+            continue
+        spec = decision.int8
+        if spec is not None:
+            for inp in node.all_input_nodes:
+                value_range = spec.input_range(captured_name(inp))
+                if value_range is not None and not _on_grid(inp, per_tensor_scale(value_range)):
+                    raise InvariantError(
+                        f"int8 layer {node.name}{where} reads {inp.name}, which is not {captured_name(inp)} "
+                        f"quantized with scale {per_tensor_scale(value_range):.6g}"
+                    )
+            if spec.output is not None:
+                scale = per_tensor_scale(spec.output)
+                if not node.users or not all(is_quant_node(u) and u.args[1] == scale for u in node.users):
+                    raise InvariantError(
+                        f"int8 layer {node.name}{where}: its output must be read only through its quantize node "
+                        f"(scale {scale:.6g}); readers: {', '.join(u.name for u in node.users)}"
+                    )
+        if weight_quantized(decision, packet_name(op_name(node.target))) and len(node.args) > 1:
+            weight = node.args[1]
+            if is_dequant_node(weight):
+                if weight.args[0].op != "placeholder" or stored_source(ctx.work, weight.args[0])[0] is None:
+                    raise InvariantError(f"layer {node.name}{where}: its int8 weight is not a stored int8 tensor")
+            elif stored_source(ctx.work, weight)[0] is not None:  # a float copy of a stored weight
+                raise InvariantError(
+                    f"layer {node.name}{where} stores its weights in int8 but reads the float weight {weight.name}"
+                )
+
+
+def _on_grid(value, scale) -> bool:
+    return is_dequant_node(value) and value.args[1] == scale and is_quant_node(value.args[0]) and value.args[0].args[1] == scale
 
 
 def _check_outputs(ctx, where):

@@ -77,9 +77,10 @@ def build_records(info: GraphInfo, plan: PrecisionPlan, graph: torch.fx.Graph) -
         node = nodes.get(name)
         inputs, outputs = (), ()
         if node is not None:
-            inputs = tuple(_tensor_records(_through_acc(node, inp)) for inp in node.all_input_nodes)
+            int8 = decision.precision == torch.int8
+            inputs = tuple(_tensor_records(_through_dq(_through_acc(node, inp), int8)) for inp in node.all_input_nodes)
             inputs = tuple(t for group in inputs for t in group)
-            outputs = _output_records(node)
+            outputs = _output_records(node, int8)
         records.append(
             LayerRecord(
                 name=name,
@@ -109,11 +110,20 @@ def _through_acc(layer: torch.fx.Node, inp: torch.fx.Node) -> torch.fx.Node:
     return inp
 
 
-def _output_records(node: torch.fx.Node) -> tuple[TensorRecord, ...]:
+def _through_dq(inp: torch.fx.Node, int8: bool) -> torch.fx.Node:
+    """What an int8 layer really reads: the int8 tensor behind a dequantize (dequantized for float32 kernels)."""
+    if int8 and inp.meta.get(META_ROLE) == "dequant":
+        return inp.args[0]
+    return inp
+
+
+def _output_records(node: torch.fx.Node, int8: bool = False) -> tuple[TensorRecord, ...]:
     if node.meta.get(META_ACC) is not None:  # the result leaves through its rounding cast
         for user in node.users:
             if user.meta.get(META_ROLE) == "acc_cast":
                 return _tensor_records(user)
+    if int8 and len(node.users) == 1 and next(iter(node.users)).meta.get(META_ROLE) == "quant":
+        return _tensor_records(next(iter(node.users)))  # the int8 value it hands on
     return _tensor_records(node)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 
 from ..errors import ConfigError
@@ -26,6 +27,18 @@ def decide(info: GraphInfo, requested: PrecisionPlan | None) -> dict[str, NodePr
         )
     out = {}
     for name, entry in requested.items():
+        if entry.int8 is not None:
+            _check_int8_inputs(info, name, entry.int8)
         reason = entry.reason if entry.source == "plan" else f"from the given plan ({entry.source}: {entry.reason})"
-        out[name] = NodePrecision(entry.precision, entry.accumulate, "plan", reason, entry.param_dtype)
+        out[name] = dataclasses.replace(entry, source="plan", reason=reason)
     return out
+
+
+def _check_int8_inputs(info: GraphInfo, name: str, spec) -> None:
+    inputs = info[name].input_dtypes
+    unknown = [n for n, _ in spec.inputs if n not in inputs]
+    if unknown:
+        raise ConfigError(
+            f"the plan quantizes input(s) {', '.join(map(repr, unknown))} of layer '{name}', which reads "
+            f"{', '.join(map(repr, inputs)) or 'no tensors'}; int8.inputs must name inputs of the layer."
+        )
