@@ -90,6 +90,41 @@ class WorkProgram:
             total += tensor.numel() * tensor.element_size()
         return total
 
+    def to_exported(self) -> ExportedProgram:
+        self.graph_module.graph.eliminate_dead_code(is_impure_node=_is_impure)
+        self._drop_unused_stored_inputs()
+        self.graph_module.delete_all_unused_submodules()
+        self.graph_module.recompile()
+        return ExportedProgram(
+            root=self.graph_module,
+            graph=self.graph_module.graph,
+            graph_signature=ExportGraphSignature(self.input_specs, self.output_specs),
+            state_dict=self.state_dict,
+            range_constraints=self.range_constraints,
+            module_call_graph=self.module_call_graph,
+            example_inputs=self.example_inputs,
+            constants=self.constants,
+            verifiers=self.verifiers,
+        )
+
+    def rebuild_graph(self, names: dict[torch.fx.Node, str]) -> None:
+        """Copy the graph into a fresh one, giving the nodes in ``names`` those names.
+
+        torch.fx never frees a name once used, so a node can only take the name of an erased node
+        in a new graph. The names must not be held by other live nodes.
+        """
+        graph = torch.fx.Graph()
+        graph._codegen = self.graph._codegen
+        env: dict[torch.fx.Node, torch.fx.Node] = {}
+        for node in self.graph.nodes:
+            if node in names:
+                node.name = names[node]
+            env[node] = graph.node_copy(node, lambda n: env[n])
+            env[node].meta = node.meta
+        self.graph_module.graph = graph
+        self.sync_input_specs()
+        self.sync_output_specs()
+
     def _drop_unused_stored_inputs(self) -> None:
         """Stored tensors nothing reads (export keeps one placeholder per name of a tied weight, and a
         weight whose consumers all read a converted copy) are dropped: the program should not hold them."""
