@@ -162,3 +162,27 @@ class DataDependent(nn.Module):
 
 
 ALL_STRONG_TYPING = (SeedExplicit, ThreeLinears, AutocastRegions, ConvNet, Attention, TiedEmbedding, MixedNorm)
+
+
+# ---- issue 5b: inductor backend and ONNX export -------------------------------------------------
+
+
+class PointwiseChain(nn.Module):
+    """bf16 elementwise ops back to back. Eager PyTorch rounds every op's result to bf16; a compiler that
+    fuses the chain and keeps fp32 intermediates computes something else (2 bf16 steps off here)."""
+
+    def __init__(self, dim=64):
+        super().__init__()
+        self.register_buffer("scale", (1 + 0.1 * torch.randn(dim)).bfloat16())
+        self.register_buffer("shift", (0.1 * torch.randn(dim)).bfloat16())
+
+    def forward(self, x):
+        h = x.bfloat16()
+        for _ in range(4):
+            h = h * self.scale + self.shift
+            h = h - h * self.shift
+        return h.float()
+
+    @staticmethod
+    def example_inputs():
+        return (torch.randn(16, 64),)
