@@ -49,9 +49,10 @@ def export_onnx(prog, path, *, opset_version: int | None = None, optimize: bool 
 
     opset_version: None picks the exporter's default, or opset 22 when the program holds bf16
         tensors (the first opset whose Conv, pooling and normalisation ops accept bfloat16).
-    optimize: run onnxscript's graph optimiser. Off by default: its fusions rewrite layers the
-        plan typed one by one (on this project's bf16 ConvNet it folded batch norm into the bf16
-        conv with fp32 weights, an ill-typed model); ONNX Runtime and TensorRT optimise anyway.
+    optimize: run onnxscript's whole graph optimiser. Off by default: its fusion rules rewrite
+        layers the plan typed one by one (on this project's bf16 ConvNet it folded batch norm into
+        the bf16 conv with fp32 weights, an ill-typed model); ONNX Runtime and TensorRT optimise
+        anyway. Without it the graph is only simplified (see ``_simplify``).
     check: run ``onnx.checker.check_model`` with full shape/type inference on the written file.
     """
     _require_packages()
@@ -66,7 +67,7 @@ def export_onnx(prog, path, *, opset_version: int | None = None, optimize: bool 
             ep,
             (),
             dynamo=True,
-            optimize=optimize,
+            optimize=False,
             verbose=False,
             opset_version=opset_version,
             output_names=_output_names(ep),
@@ -79,6 +80,10 @@ def export_onnx(prog, path, *, opset_version: int | None = None, optimize: bool 
             reason=str(e),
         ) from e
 
+    if optimize:
+        onnx_program.optimize()
+    else:
+        _simplify(onnx_program.model)
     model = onnx_program.model
     decomposed = onnx_program.exported_program
     origins = _origins(decomposed.graph)
@@ -101,6 +106,25 @@ def export_onnx(prog, path, *, opset_version: int | None = None, optimize: bool 
                 reason=str(e),
             ) from e
     return path
+
+
+def _simplify(model) -> None:
+    """Fold constant subgraphs and drop dead nodes; change no layer and no cast.
+
+    Needed beyond tidiness: the exporter writes ``aten.split`` as SplitToSequence, which ONNX
+    does not define for bfloat16; constant folding turns it into Split, which it does. Cast
+    nodes are never folded: a stored-low weight cast up at use stays an explicit Cast.
+    """
+    import onnxscript.optimizer as optimizer
+
+    optimizer.inline(model)
+    provenance = {v.name: dict(n.metadata_props) for n in model.graph.all_nodes() for v in n.outputs}
+    optimizer.fold_constants(model, should_fold=lambda node: False if node.op_type == "Cast" else None)
+    optimizer.remove_unused_nodes(model)
+    for node in model.graph.all_nodes():  # a node the folder made in place of another keeps its provenance
+        if not node.metadata_props:
+            known = next((provenance[v.name] for v in node.outputs if provenance.get(v.name)), {})
+            node.metadata_props.update(known)
 
 
 def _holds(ep, dtype: torch.dtype) -> bool:

@@ -158,3 +158,22 @@ def test_compile_failure_is_reported(monkeypatch):
 def test_unknown_backend_lists_inductor():
     with pytest.raises(mixprec.ConfigError, match="eager, inductor"):
         mixprec.compile(ThreeLinears(), ThreeLinears.example_inputs(), backend="tensorrt")
+
+
+def test_tiny_gpt2_bf16_matches_eager_backend():
+    transformers = pytest.importorskip("transformers")
+
+    class LogitsOnly(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50, n_positions=16)
+            self.gpt2 = transformers.GPT2LMHeadModel(config)
+
+        def forward(self, ids):
+            return self.gpt2(input_ids=ids).logits
+
+    model = LogitsOnly().eval()
+    ids = torch.randint(0, 50, (2, 8))
+    plan = lowered_plan(mixprec.compile(model, (ids,)), torch.bfloat16)
+    eager, fused = _both(model, (ids,), plan=plan)
+    assert_within_rounding(fused(ids), eager(ids), torch.bfloat16)

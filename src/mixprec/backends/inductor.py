@@ -89,7 +89,8 @@ class InductorRunner(torch.nn.Module):
 
     def _warm_up(self, exported_program) -> None:
         args, kwargs = _warm_up_inputs(exported_program, self._inputs)
-        for tensor, (_, val) in zip(pytree.tree_leaves((args, kwargs)), self._inputs):
+        tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        for tensor, (_, val) in zip(tensors, self._inputs):
             for dim, size in enumerate(val.shape):
                 bounds = self._bounds(size)
                 if bounds is not None:
