@@ -186,3 +186,22 @@ class PointwiseChain(nn.Module):
     @staticmethod
     def example_inputs():
         return (torch.randn(16, 64),)
+
+
+class TinyGPT2(nn.Module):
+    """A one-layer GPT-2 from a small config with random weights (qkv split, HF Conv1D addmm, attention,
+    tied head); returns the logits only."""
+
+    def __init__(self):
+        super().__init__()
+        import transformers
+
+        config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50, n_positions=16)
+        self.gpt2 = transformers.GPT2LMHeadModel(config)
+
+    def forward(self, ids):
+        return self.gpt2(input_ids=ids).logits
+
+    @staticmethod
+    def example_inputs():
+        return (torch.randint(0, 50, (2, 8)),)

@@ -22,7 +22,15 @@ ort = pytest.importorskip("onnxruntime")
 import mixprec  # noqa: E402
 from helpers import assert_within_rounding, lowered_plan, lowest_precision  # noqa: E402
 from mixprec import onnx_export  # noqa: E402
-from models import Attention, AutocastRegions, ConvNet, SeedExplicit, ThreeLinears, TiedEmbedding  # noqa: E402
+from models import (  # noqa: E402
+    Attention,
+    AutocastRegions,
+    ConvNet,
+    SeedExplicit,
+    ThreeLinears,
+    TiedEmbedding,
+    TinyGPT2,
+)
 
 MATMUL_CONV = {
     "aten.linear.default",
@@ -271,19 +279,9 @@ def test_exporter_failures_are_reported(small_fp16_program, monkeypatch, tmp_pat
 def test_tiny_gpt2_bf16_and_fp16(tmp_path):
     """A real transformer: qkv split (SplitToSequence, which ONNX lacks for bf16, folded to Split),
     HF Conv1D (addmm), attention, tied embedding head."""
-    transformers = pytest.importorskip("transformers")
-
-    class LogitsOnly(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50, n_positions=16)
-            self.gpt2 = transformers.GPT2LMHeadModel(config)
-
-        def forward(self, ids):
-            return self.gpt2(input_ids=ids).logits
-
-    model = LogitsOnly().eval()
-    ids = torch.randint(0, 50, (2, 8))
+    pytest.importorskip("transformers")
+    model = TinyGPT2().eval()
+    (ids,) = TinyGPT2.example_inputs()
     base = mixprec.compile(model, (ids,))
     for dtype in (torch.bfloat16, torch.float16):
         prog = mixprec.compile(model, (ids,), plan=lowered_plan(base, dtype))

@@ -4,8 +4,9 @@ The rewritten ExportedProgram already spells out every precision decision: each 
 computes in its planned dtype, and every conversion is an explicit ``aten.to.dtype``
 node. torch's ONNX exporter (``torch.onnx.export(..., dynamo=True)``) translates that
 graph op for op, so the ONNX model carries the plan as tensor types and Cast nodes.
-A strongly typed consumer — TensorRT's strongly-typed mode, ONNX Runtime — then runs
-each node in the dtype the plan chose instead of picking precisions of its own.
+A strongly typed consumer — ONNX Runtime (tested), TensorRT's strongly-typed mode (the
+target; no GPU here to test it) — then runs each node in the dtype the plan chose
+instead of picking precisions of its own.
 
 mixprec does not take that on trust. After translation it walks the ONNX graph and,
 for every ONNX value that carries an FX value, checks that its element type is the
@@ -41,14 +42,14 @@ from .graph import META_ACC, META_ROLE, module_of
 _REQUIRED = ("onnx", "onnxscript")
 _SCOPES = "pkg.torch.onnx.name_scopes"
 _ORIGINAL_NAME = "pkg.torch.onnx.original_node_name"
-_BF16_OPSET = 22  # ONNX opset 22 added bfloat16 to Conv, MaxPool, BatchNormalization, ...
+_BF16_OPSET = 22  # ONNX opset 22 added bfloat16 to Conv, ConvTranspose, MaxPool, AveragePool, ...
 
 
 def export_onnx(prog, path, *, opset_version: int | None = None, optimize: bool = False, check: bool = True) -> str:
     """Write ``prog`` (a MixedPrecisionModule) to ``path`` as ONNX; return the path.
 
     opset_version: None picks the exporter's default, or opset 22 when the program holds bf16
-        tensors (the first opset whose Conv, pooling and normalisation ops accept bfloat16).
+        tensors (the first opset whose Conv and pooling ops accept bfloat16).
     optimize: run onnxscript's whole graph optimiser. Off by default: its fusion rules rewrite
         layers the plan typed one by one (on this project's bf16 ConvNet it folded batch norm into
         the bf16 conv with fp32 weights, an ill-typed model); ONNX Runtime and TensorRT optimise
@@ -236,7 +237,7 @@ def _check_types(model, graph: torch.fx.Graph, origins: Mapping[str, str], rewri
             raise UnsupportedModelError(
                 f"the ONNX exporter typed the value '{value.name}' of {where} as {value.dtype.name}, but the "
                 f"program computes it in {dtype_name(val.dtype)}; the ONNX model would not follow the plan. "
-                "Try export_onnx(..., optimize=False), or deploy the PyTorch program."
+                "Deploy the PyTorch program instead (or, if you passed optimize=True, export without it)."
             )
 
 

@@ -24,6 +24,7 @@ from models import (
     SeedExplicit,
     ThreeLinears,
     TiedEmbedding,
+    TinyGPT2,
 )
 
 
@@ -141,6 +142,20 @@ def test_backend_rebuilds_from_a_saved_exported_program(tmp_path):
     assert not any(t.requires_grad for t in runner(*inputs))
 
 
+def test_backend_builds_from_a_program_without_example_inputs():
+    """A hand-built or re-serialised program may carry no example inputs: warm-up inputs are made from
+    the placeholders' metadata, and dynamic dimensions stay dynamic."""
+    model = SeedExplicit().eval()
+    batch = torch.export.Dim("batch", min=1, max=64)
+    program = mixprec.compile(model, (torch.randn(4, 10),), dynamic_shapes=({0: batch},)).exported_program
+    program.example_inputs = None
+    runner = get_backend("inductor")(program, None)
+    for n in (3, 40):
+        x = torch.randn(n, 10)
+        with torch.no_grad():
+            assert_within_rounding(runner(x), model(x), torch.float16)
+
+
 def test_compile_failure_is_reported(monkeypatch):
     def broken(*args, **kwargs):
         def run(*a, **k):
@@ -161,19 +176,9 @@ def test_unknown_backend_lists_inductor():
 
 
 def test_tiny_gpt2_bf16_matches_eager_backend():
-    transformers = pytest.importorskip("transformers")
-
-    class LogitsOnly(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50, n_positions=16)
-            self.gpt2 = transformers.GPT2LMHeadModel(config)
-
-        def forward(self, ids):
-            return self.gpt2(input_ids=ids).logits
-
-    model = LogitsOnly().eval()
-    ids = torch.randint(0, 50, (2, 8))
+    pytest.importorskip("transformers")
+    model = TinyGPT2().eval()
+    (ids,) = TinyGPT2.example_inputs()
     plan = lowered_plan(mixprec.compile(model, (ids,)), torch.bfloat16)
     eager, fused = _both(model, (ids,), plan=plan)
     assert_within_rounding(fused(ids), eager(ids), torch.bfloat16)
