@@ -66,3 +66,44 @@ def captured(model, inputs):
     work = WorkProgram.from_exported(capture(model, inputs))
     normalize(work)
     return work, analyze(work.graph)
+
+
+# ---- issue 5b: inductor backend and ONNX export -------------------------------------------------
+
+
+def lowered_plan(prog, dtype, *, accumulate=None, every: int = 1):
+    """A plan that moves every ``every``-th fp32 layer of ``prog`` to ``dtype`` (others keep their precision)."""
+    from mixprec.plan import NodePrecision, PrecisionPlan
+
+    nodes = {}
+    for i, (name, decision) in enumerate(prog.plan.items()):
+        if decision.precision == torch.float32 and i % every == 0:
+            nodes[name] = NodePrecision(dtype, accumulate, "plan", f"test: lowered to {dtype}")
+        else:
+            nodes[name] = NodePrecision(decision.precision, None, "plan", "test: kept")
+    return PrecisionPlan(nodes)
+
+
+def lowest_precision(prog) -> torch.dtype:
+    """The least precise float dtype any layer of ``prog`` computes in (decides what 'rounding' means)."""
+    floats = [d.precision for d in prog.plan.values() if d.precision.is_floating_point]
+    return max(floats, key=lambda d: torch.finfo(d).eps, default=torch.float32)
+
+
+def assert_within_rounding(got, expected, dtype: torch.dtype, *, ulps: float = 4.0):
+    """Same structure and dtypes; float values within ``ulps`` rounding steps of ``dtype`` of each other,
+    relative to the largest expected magnitude of that output (two correct evaluations that round in a
+    different order differ by a few rounding steps, a wrong one by far more)."""
+    got_leaves, got_spec = pytree.tree_flatten(got)
+    exp_leaves, exp_spec = pytree.tree_flatten(expected)
+    assert got_spec == exp_spec, f"output structure differs: {got_spec} vs {exp_spec}"
+    eps = torch.finfo(dtype).eps
+    for i, (a, b) in enumerate(zip(got_leaves, exp_leaves)):
+        assert isinstance(a, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, f"output {i} differs in kind"
+        if not b.dtype.is_floating_point:
+            assert torch.equal(a, b), f"output {i} (non-float) differs"
+            continue
+        scale = max(b.float().abs().max().item(), torch.finfo(torch.float32).tiny)
+        torch.testing.assert_close(
+            a.float(), b.float(), atol=ulps * eps * scale, rtol=ulps * eps, msg=lambda m: f"output {i}: {m}"
+        )

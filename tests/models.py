@@ -443,3 +443,46 @@ class ResidualRegion(nn.Module):
     @staticmethod
     def example_inputs():
         return (torch.randn(3, 8),)
+
+
+# ---- issue 5b: inductor backend and ONNX export -------------------------------------------------
+
+
+class PointwiseChain(nn.Module):
+    """bf16 elementwise ops back to back. Eager PyTorch rounds every op's result to bf16; a compiler that
+    fuses the chain and keeps fp32 intermediates computes something else (2 bf16 steps off here)."""
+
+    def __init__(self, dim=64):
+        super().__init__()
+        self.register_buffer("scale", (1 + 0.1 * torch.randn(dim)).bfloat16())
+        self.register_buffer("shift", (0.1 * torch.randn(dim)).bfloat16())
+
+    def forward(self, x):
+        h = x.bfloat16()
+        for _ in range(4):
+            h = h * self.scale + self.shift
+            h = h - h * self.shift
+        return h.float()
+
+    @staticmethod
+    def example_inputs():
+        return (torch.randn(16, 64),)
+
+
+class TinyGPT2(nn.Module):
+    """A one-layer GPT-2 from a small config with random weights (qkv split, HF Conv1D addmm, attention,
+    tied head); returns the logits only."""
+
+    def __init__(self):
+        super().__init__()
+        import transformers
+
+        config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50, n_positions=16)
+        self.gpt2 = transformers.GPT2LMHeadModel(config)
+
+    def forward(self, ids):
+        return self.gpt2(input_ids=ids).logits
+
+    @staticmethod
+    def example_inputs():
+        return (torch.randint(0, 50, (2, 8)),)

@@ -42,6 +42,13 @@ class MixedPrecisionModule(torch.nn.Module):
         """The settings the program was compiled with (those that differ from the defaults)."""
         return dict(self._settings)
 
+    def export_onnx(self, path, *, opset_version: int | None = None, optimize: bool = False, check: bool = True) -> str:
+        """Write the program as a strongly typed ONNX model: node dtypes follow the plan, casts are explicit
+        Cast nodes. Needs ``pip install 'mixprec[onnx]'``. Returns the path written."""
+        from .onnx_export import export_onnx
+
+        return export_onnx(self, path, opset_version=opset_version, optimize=optimize, check=check)
+
     def forward(self, *args, **kwargs):
         self._check_inputs(args, kwargs)
         with torch.no_grad():

@@ -162,10 +162,6 @@ def _validated(kwargs: dict[str, Any]) -> dict[str, Any]:
     if "backend" in kwargs:
         backend = kwargs["backend"]
         names = known_backends()
-        if backend == "inductor" and backend not in names:
-            raise ConfigError(
-                "backend='inductor' is not available in this version of mixprec yet; use backend='eager'."
-            )
         if not isinstance(backend, str) or backend not in names:
             raise ConfigError(f"backend={backend!r} is not known; the backends are: {', '.join(sorted(names))}.")
         out["backend"] = backend
