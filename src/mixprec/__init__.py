@@ -4,6 +4,7 @@ from .compiler import compile
 from .errors import (
     CalibrationError,
     ConfigError,
+    FileFormatError,
     InputMismatchError,
     MixedPrecisionError,
     UnsupportedModelError,
@@ -11,12 +12,16 @@ from .errors import (
 from .module import MixedPrecisionModule
 from .plan import NodePrecision, PrecisionPlan
 from .report import LayerRecord, Report
+from .serialize import OutputRecord, load, save
 
 __version__ = "0.1.0"
 
 __all__ = [
     "compile",
+    "save",
+    "load",
     "MixedPrecisionModule",
+    "OutputRecord",
     "PrecisionPlan",
     "NodePrecision",
     "Report",
@@ -26,4 +31,5 @@ __all__ = [
     "UnsupportedModelError",
     "CalibrationError",
     "InputMismatchError",
+    "FileFormatError",
 ]

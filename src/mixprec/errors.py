@@ -39,5 +39,9 @@ class InputMismatchError(MixedPrecisionError, TypeError):
     """Inputs given to a compiled program that do not match what it was compiled for."""
 
 
+class FileFormatError(MixedPrecisionError):
+    """A file ``mixprec.load`` cannot read: not a mixprec file, damaged, or from an incompatible version."""
+
+
 class InvariantError(RuntimeError):
     """A rewritten graph breaks mixprec's own invariants: a bug in mixprec, please report it."""
