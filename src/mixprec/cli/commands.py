@@ -13,6 +13,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from .progress import Progress
+from .quiet import held_back
 from .spec import UsageError, load_inputs, load_spec
 
 
@@ -30,9 +31,9 @@ def compile_command(args) -> int:
         inputs = load_inputs(args.inputs)
     if inputs is None:
         raise UsageError(f"{args.spec} carries no example inputs; pass --inputs FILE.pt (a tensor or a tuple of them).")
-    with progress.step(f"compiling {label}"):
+    with progress.step(f"compiling {label}"), held_back("mixprec compile", args.debug):
         prog = mixprec.compile(model, inputs, **kwargs)
-    with progress.step(f"saving {args.output}"):
+    with progress.step(f"saving {args.output}"), held_back("mixprec compile", args.debug):
         mixprec.save(prog, args.output)
     written = [args.output]
     if args.report:
@@ -91,7 +92,7 @@ def run_command(args) -> int:
     import mixprec
 
     progress = Progress(args.progress)
-    with progress.step(f"loading {args.file}"):
+    with progress.step(f"loading {args.file}"), held_back("mixprec run", args.debug):
         prog = mixprec.load(args.file, backend=args.backend)
     if args.inputs:
         inputs, origin = load_inputs(args.inputs), args.inputs
@@ -105,10 +106,14 @@ def run_command(args) -> int:
     for line in _describe(inputs):
         print(f"  {line}")
     with progress.step(f"running {args.warmup} warm-up + {args.repeat} timed call(s)"):
-        for _ in range(args.warmup):
-            outputs = prog(*inputs)
         times = []
-        for _ in range(args.repeat):
+        start = time.perf_counter()
+        outputs = _call(prog, inputs)  # the first call also checks that the inputs fit
+        if args.warmup == 0:
+            times.append(time.perf_counter() - start)
+        for _ in range(max(args.warmup - 1, 0)):
+            prog(*inputs)
+        while len(times) < args.repeat:
             start = time.perf_counter()
             outputs = prog(*inputs)
             times.append(time.perf_counter() - start)
@@ -120,6 +125,20 @@ def run_command(args) -> int:
         f"({args.repeat} timed call(s) after {args.warmup} warm-up, {torch.get_num_threads()} thread(s))"
     )
     return 0
+
+
+def _call(prog, inputs):
+    """One call; inputs of other sizes than the program was compiled for are bad usage, said plainly."""
+    try:
+        return prog(*inputs)
+    except (AssertionError, RuntimeError) as e:
+        if "Guard failed" not in str(e) and "Expected input" not in str(e):
+            raise
+        compiled = "; ".join(_describe(prog.example_inputs)) if prog.example_inputs is not None else "other sizes"
+        raise UsageError(
+            f"the inputs do not fit the program ({str(e).splitlines()[0]}); it was compiled for {compiled}. "
+            "Compile with dynamic shapes for other sizes."
+        ) from e
 
 
 def _describe(tree) -> list[str]:

@@ -22,9 +22,9 @@ from __future__ import annotations
 import dataclasses
 import html
 
-NODE_W, NODE_H = 168, 34
+NODE_W, NODE_H = 168, 32
 CAST_W, CAST_H = 112, 22
-GAP_X, GAP_Y = 18, 26
+GAP_X, GAP_Y = 18, 20
 MARGIN = 16
 SHOWN_KINDS = frozenset({"input", "output", "compute", "cast"})
 KEPT_SOURCES = frozenset({"autocast_rule", "torch_autocast"})

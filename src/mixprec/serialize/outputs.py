@@ -119,7 +119,8 @@ def portable(spec) -> tuple[object, list[str]]:
         kids = [convert(c) for c in children(node)]
         if node.type in _BUILTIN or node.type is OutputRecord:
             return pytree.TreeSpec(node.type, node.context, kids)
-        name = type_name(node.type)
+        cls = node.context if isinstance(node.context, type) and hasattr(node.context, "_fields") else node.type
+        name = type_name(cls)  # a namedtuple's spec has the generic namedtuple type and the class as context
         replaced.append(name)
         keys = _keys(node)
         if keys is not None:
@@ -132,7 +133,7 @@ def portable(spec) -> tuple[object, list[str]]:
 def _keys(node) -> list[str] | None:
     """The names of a container's children, when its spec tells them."""
     count = len(children(node))
-    fields = getattr(node.type, "_fields", None)  # a namedtuple
+    fields = getattr(node.context, "_fields", None) if isinstance(node.context, type) else None  # a namedtuple
     context = node.context
     for candidate in (fields, context, context[0] if isinstance(context, (list, tuple)) and context else None):
         if (

@@ -23,9 +23,9 @@ A program is also code in a weaker sense: node targets are resolved by name on
 So mixprec checks the inner ``program.pt2`` *before* handing it to torch, accepting only
 what ``mixprec.save`` writes: the current archive layout, raw (never pickled) weights
 and tensor constants, empty sample inputs (mixprec keeps example inputs in its own raw
-format), and shape expressions made of numbers, operators, symbol names and a fixed list
-of sympy functions (no quotes, dots or attribute access, so nothing to evaluate but
-arithmetic). After loading, every node of every graph must call an operator registered
+format), and shape expressions made of numbers, operators, quoted symbol names, assumption
+keywords and a fixed list of sympy constructors and functions (no attribute access, no
+free-form strings, no builtins, so nothing to evaluate but arithmetic on sizes). After loading, every node of every graph must call an operator registered
 in ``torch.ops`` or a pure arithmetic/size function from a fixed list. Anything else is
 refused with :class:`FileFormatError` before any of it runs.
 """
@@ -61,10 +61,12 @@ _FIXED_MEMBERS = frozenset(
 _PAYLOAD = re.compile(r"^data/(weights/weight_|constants/tensor_)\d+$")
 _ROOT = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
-# Shape expressions: numbers, operators, parentheses, commas, and names from the lists below.
+# Shape expressions as torch writes them (sympy's srepr: "Mul(Integer(32), Symbol('s27', positive=True))"):
+# numbers, operators, parentheses, commas, keyword "=", quoted symbol names, and names from the lists below.
 _TOKEN = re.compile(
     r"\s*(?:(?P<num>\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)|(?P<name>[A-Za-z_][A-Za-z0-9_]*)"
-    r"|(?P<op>\*\*|//|<=|>=|==|!=|[-+*/%(),<>&|~]))"
+    r"|(?P<str>'(?:[A-Za-z_][A-Za-z0-9_]*|[-+]?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)')"
+    r"|(?P<op>\*\*|//|<=|>=|==|!=|[-+*/%(),<>&|~=]))"
 )
 _SYMBOL = re.compile(r"^[a-z]{1,4}\d+$")  # torch's shape symbols: s0, s17, u3, zuf0, ...
 _SYMPY_NAMES = frozenset(
@@ -74,9 +76,15 @@ _SYMPY_NAMES = frozenset(
         "CeilDiv", "LShift", "RShift", "PowByNatural", "FloatPow", "FloatTrueDiv", "IntTrueDiv",
         "IsNonOverlappingAndDenseIndicator", "TruncToFloat", "TruncToInt", "RoundToInt", "RoundDecimal",
         "ToFloat", "Identity",
-        # sympy names its printer writes for size expressions
-        "Max", "Min", "Abs", "floor", "ceiling", "sqrt", "Eq", "Ne", "Lt", "Le", "Gt", "Ge", "And", "Or", "Not",
-        "Piecewise", "true", "false", "True", "False", "oo", "zoo", "nan", "Integer", "Rational", "Float",
+        # sympy names its printers (str and srepr) write for size expressions
+        "Symbol", "Dummy", "Integer", "Rational", "Float", "Add", "Mul", "Pow", "Max", "Min", "Abs", "floor",
+        "ceiling", "sqrt", "Eq", "Ne", "Lt", "Le", "Gt", "Ge", "Equality", "Unequality", "StrictLessThan",
+        "LessThan", "StrictGreaterThan", "GreaterThan", "And", "Or", "Not", "Piecewise", "ExprCondPair", "Tuple",
+        "true", "false", "BooleanTrue", "BooleanFalse", "oo", "zoo", "nan", "Infinity", "NegativeInfinity",
+        "NaN", "ComplexInfinity", "Half", "One", "Zero", "NegativeOne",
+        # Python constants and the keyword arguments of Symbol/Float (assumptions, precision)
+        "True", "False", "None", "positive", "negative", "nonnegative", "nonpositive", "integer", "real",
+        "finite", "infinite", "even", "odd", "zero", "nonzero", "commutative", "rational", "precision",
     }
 )  # fmt: skip
 

@@ -137,5 +137,9 @@
   // What the browser actually drew: nodes with a non-empty box (read by the page's browser test).
   var drawn = nodes.filter(function (n) { var b = n.getBBox(); return b.width > 0 && b.height > 0; }).length;
   document.body.dataset.drawnNodes = String(drawn);
+  if (svg) {
+    var r = svg.getBoundingClientRect();
+    document.body.dataset.graphRect = [r.left + scrollX, r.top + scrollY, r.width, r.height].map(Math.round).join(",");
+  }
   document.body.dataset.ready = "1";
 })();
