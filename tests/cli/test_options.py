@@ -71,7 +71,9 @@ def test_weak_typing_options():
 def test_backend_choices_come_from_the_registry():
     from mixprec.backends import known_backends
 
-    action = next(a for a in build_parser()._subparsers._group_actions[0].choices["compile"]._actions if a.dest == "backend")
+    action = next(
+        a for a in build_parser()._subparsers._group_actions[0].choices["compile"]._actions if a.dest == "backend"
+    )
     assert set(action.choices) == set(known_backends())
 
 

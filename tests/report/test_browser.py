@@ -149,7 +149,9 @@ def test_every_graph_node_is_drawn_with_its_precision(page, tmp_path):
             assert by_name[record.name]["data-precision"] == str(record.precision).removeprefix("torch.")
     kept = [n for n in drawn if "kept" in n["class"].split()]
     assert {n["data-name"] for n in kept} == {
-        r.name for r in report.layers if r.kind == "compute" and r.source == "torch_autocast" and r.precision == torch.float32
+        r.name
+        for r in report.layers
+        if r.kind == "compute" and r.source == "torch_autocast" and r.precision == torch.float32
     }
     assert kept, "AutocastRegions has layers torch.autocast keeps in fp32"
 

@@ -30,7 +30,7 @@ def test_every_layer_has_a_row_with_its_decision(seed_page):
     report, page = seed_page
     rows = re.findall(r'<tr id="row-([^"]+)" class="([^"]*)" data-name="[^"]*" data-precision="([^"]+)"', page)
     assert [name for name, _, _ in rows] == [r.name for r in report.layers]
-    for (name, _, precision), record in zip(rows, report.layers):
+    for (_, _, precision), record in zip(rows, report.layers):
         assert precision == str(record.precision).removeprefix("torch.")
     for record in report.layers:
         assert record.reason.replace("'", "&#x27;") in page

@@ -72,4 +72,4 @@ def test_large_graphs_lay_out_quickly():
     start = time.perf_counter()
     svg = render_svg(layout(graph, []))
     assert time.perf_counter() - start < 5.0
-    assert svg.count("<g class=\"node ") == len(graph["nodes"]) - 80
+    assert svg.count('<g class="node ') == len(graph["nodes"]) - 80

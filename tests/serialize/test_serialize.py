@@ -18,7 +18,7 @@ import torch
 
 import mixprec
 from helpers import assert_same_outputs
-from models import ALL_STRONG_TYPING, ThreeLinears, TiedEmbedding
+from models import ALL_STRONG_TYPING, SeedExplicit, ThreeLinears, TiedEmbedding
 
 
 def _compiled(cls, **settings):
@@ -56,6 +56,15 @@ def test_settings_and_fp32_acc_survive(tmp_path):
     torch.testing.assert_close(got.double(), expected, atol=2e-3, rtol=1e-3)
     assert_same_outputs(got, prog(*inputs))
     assert any(r.accumulate == torch.float32 for r in loaded.report.layers)
+
+
+def test_a_program_compiled_with_a_plan_loads(tmp_path):
+    model, inputs, first = _compiled(SeedExplicit)
+    prog = mixprec.compile(model, inputs, plan=first.plan)
+    mixprec.save(prog, tmp_path / "p.mixprec.pt2")
+    loaded = mixprec.load(tmp_path / "p.mixprec.pt2")
+    assert loaded.settings == {"plan": "<given>"} and loaded.plan == prog.plan
+    assert_same_outputs(loaded(*inputs), model(*inputs))
 
 
 def test_save_leaves_the_program_as_it_was(tmp_path):
@@ -214,7 +223,10 @@ def _edit_program(path, edit) -> None:
     meta = json.loads(members["mixprec.json"])
     import hashlib
 
-    meta["members"]["program.pt2"] = {"size": len(buffer.getvalue()), "sha256": hashlib.sha256(buffer.getvalue()).hexdigest()}
+    meta["members"]["program.pt2"] = {
+        "size": len(buffer.getvalue()),
+        "sha256": hashlib.sha256(buffer.getvalue()).hexdigest(),
+    }
     members["mixprec.json"] = json.dumps(meta).encode()
     _write(path, members)
 
@@ -235,12 +247,15 @@ def _inner_name(inner: dict, suffix: str) -> str:
 @pytest.mark.filterwarnings("ignore:Detected pickle protocol")
 def test_pickled_sample_inputs_are_refused_before_torch_reads_them(saved, tmp_path):
     marker = tmp_path / "ran"
-    _edit_program(saved, lambda inner: inner.update({_inner_name(inner, "sample_inputs/model.pt"): pickle.dumps(_Payload(marker))}))
+    _edit_program(
+        saved,
+        lambda inner: inner.update({_inner_name(inner, "sample_inputs/model.pt"): pickle.dumps(_Payload(marker))}),
+    )
     with pytest.raises(mixprec.FileFormatError, match="pickled sample inputs"):
         mixprec.load(saved)
     assert not marker.exists()
     # the payload is live: torch.export.load alone runs it (its weights_only=False fallback)
-    with pytest.raises(Exception):
+    with pytest.raises(RuntimeError):  # after running the payload, torch fails on what it returned
         torch.export.load(io.BytesIO(_members(saved)["program.pt2"]))
     assert marker.exists(), "the crafted file does not exercise the danger it is meant to"
 
@@ -264,7 +279,9 @@ def test_pickled_weights_are_refused(saved, tmp_path):
 
 def test_opaque_objects_are_refused(saved, tmp_path):
     marker = tmp_path / "ran"
-    _edit_program(saved, lambda inner: inner.update({"archive/data/constants/opaque_obj_0": pickle.dumps(_Payload(marker))}))
+    _edit_program(
+        saved, lambda inner: inner.update({"archive/data/constants/opaque_obj_0": pickle.dumps(_Payload(marker))})
+    )
     with pytest.raises(mixprec.FileFormatError, match="opaque_obj_0"):
         mixprec.load(saved)
     assert not marker.exists()
@@ -276,7 +293,9 @@ def test_code_in_shape_expressions_is_refused(saved, tmp_path):
     def edit(inner):
         name = _inner_name(inner, "models/model.json")
         model = json.loads(inner[name])
-        model["graph_module"]["graph"]["nodes"][0]["metadata"]["x"] = {"expr_str": f"__import__('os').system('touch {marker}')"}
+        model["graph_module"]["graph"]["nodes"][0]["metadata"]["x"] = {
+            "expr_str": f"__import__('os').system('touch {marker}')"
+        }
         inner[name] = json.dumps(model).encode()
 
     _edit_program(saved, edit)

@@ -59,8 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_compile_options(p)
     _common(p)
 
-    p = sub.add_parser("report", help="print the report of a saved program", description="Print the per-layer "
-                       "report of a saved program (or a report .json) and optionally write it as HTML or JSON.")
+    p = sub.add_parser(
+        "report",
+        help="print the report of a saved program",
+        description="Print the per-layer "
+        "report of a saved program (or a report .json) and optionally write it as HTML or JSON.",
+    )
     p.add_argument("file", metavar="FILE", help="a file written by mixprec.save (or a report .json)")
     p.add_argument("--html", metavar="HTML", help="write the HTML report page")
     p.add_argument("--json", metavar="JSON", help="write the report as JSON")
@@ -68,8 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="include data-movement layers in the table")
     _common(p)
 
-    p = sub.add_parser("run", help="run a saved program and time it", description="Run a saved program on the "
-                       "example inputs stored with it (or on --inputs) and print output shapes, dtypes and timing.")
+    p = sub.add_parser(
+        "run",
+        help="run a saved program and time it",
+        description="Run a saved program on the "
+        "example inputs stored with it (or on --inputs) and print output shapes, dtypes and timing.",
+    )
     p.add_argument("file", metavar="FILE", help="a file written by mixprec.save")
     p.add_argument("--inputs", metavar="PT", help="inputs (.pt: a tensor or a tuple of them)")
     p.add_argument("--repeat", type=_positive_int, default=10, metavar="N", help="timed runs (default 10)")
@@ -111,8 +119,14 @@ def main(argv=None) -> int:
         hint = option_hint(str(e)) if command == "mixprec compile" else ""
         _error(command, _message(e) + hint, e if debug else None)
         return EXIT_USAGE
-    except (UsageError, FileFormatError, InputMismatchError, FileNotFoundError, IsADirectoryError,
-            PermissionError) as e:
+    except (
+        UsageError,
+        FileFormatError,
+        InputMismatchError,
+        FileNotFoundError,
+        IsADirectoryError,
+        PermissionError,
+    ) as e:
         _error(getattr(e, "command", command), _message(e), e if debug else None)
         return EXIT_USAGE
     except MixedPrecisionError as e:

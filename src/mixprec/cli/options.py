@@ -31,28 +31,64 @@ from .spec import UsageError, load_calibration
 
 def add_compile_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("precision options (mirror the keywords of mixprec.compile)")
-    g.add_argument("--autocast", nargs="?", const="", default=None, metavar="TYPE",
-                   help="rule-based autocast of the remaining fp32 layers to TYPE (bf16 or fp16; default: bf16 on "
-                   "CPU, fp16 on CUDA)")
-    g.add_argument("--exclude-nodes", action="append", default=[], metavar="RE",
-                   help="keep layers whose module path or node name matches RE in fp32 (repeatable)")
-    g.add_argument("--exclude-ops", action="append", default=[], metavar="OP",
-                   help="keep layers of this op in fp32, e.g. aten.softmax (repeatable)")
-    g.add_argument("--max-output-threshold", type=float, metavar="X",
-                   help="keep layers with |values| above X on their inputs or outputs in fp32 (default 512)")
-    g.add_argument("--max-depth-of-reduction", type=int, metavar="N",
-                   help="keep layers reducing over more than N elements (matmul K, conv C_in*kernel) in fp32")
-    g.add_argument("--calibration-data", metavar="PT",
-                   help="calibration batches for the autocast rules (.pt: a list of input tuples)")
+    g.add_argument(
+        "--autocast",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="TYPE",
+        type=_low_type,
+        help="rule-based autocast of the remaining fp32 layers to TYPE (bf16 or fp16; default: bf16 on "
+        "CPU, fp16 on CUDA)",
+    )
+    g.add_argument(
+        "--exclude-nodes",
+        action="append",
+        default=[],
+        metavar="RE",
+        help="keep layers whose module path or node name matches RE in fp32 (repeatable)",
+    )
+    g.add_argument(
+        "--exclude-ops",
+        action="append",
+        default=[],
+        metavar="OP",
+        help="keep layers of this op in fp32, e.g. aten.softmax (repeatable)",
+    )
+    g.add_argument(
+        "--max-output-threshold",
+        type=float,
+        metavar="X",
+        help="keep layers with |values| above X on their inputs or outputs in fp32 (default 512)",
+    )
+    g.add_argument(
+        "--max-depth-of-reduction",
+        type=int,
+        metavar="N",
+        help="keep layers reducing over more than N elements (matmul K, conv C_in*kernel) in fp32",
+    )
+    g.add_argument(
+        "--calibration-data",
+        metavar="PT",
+        help="calibration batches for the autocast rules (.pt: a list of input tuples)",
+    )
     g.add_argument("--fp32-acc", action="store_true", help="fp16/bf16 matmul-class layers accumulate in fp32")
-    g.add_argument("--no-explicit-typing", action="store_true",
-                   help="weak typing: pick per layer among --enabled-precisions")
+    g.add_argument(
+        "--no-explicit-typing", action="store_true", help="weak typing: pick per layer among --enabled-precisions"
+    )
     g.add_argument("--enabled-precisions", metavar="LIST", help="comma separated, e.g. fp32,bf16 (weak typing)")
-    g.add_argument("--no-keep-io-types", action="store_true",
-                   help="outputs leave in their producing layer's dtype (Torch-TensorRT behaviour)")
+    g.add_argument(
+        "--no-keep-io-types",
+        action="store_true",
+        help="outputs leave in their producing layer's dtype (Torch-TensorRT behaviour)",
+    )
     g.add_argument("--plan", metavar="JSON", help="a precision plan (PrecisionPlan JSON) to honour")
-    g.add_argument("--backend", choices=sorted(known_backends()), metavar="NAME",
-                   help=f"the backend that runs the program: {', '.join(sorted(known_backends()))} (default eager)")
+    g.add_argument(
+        "--backend",
+        choices=sorted(known_backends()),
+        metavar="NAME",
+        help=f"the backend that runs the program: {', '.join(sorted(known_backends()))} (default eager)",
+    )
 
 
 _OPTION_OF = {
@@ -74,6 +110,15 @@ def option_hint(message: str) -> str:
     """' On the command line, --exclude-nodes sets autocast_excluded_nodes; ...' for keywords a message names."""
     named = [f"{option} sets {keyword}" for keyword, option in _OPTION_OF.items() if keyword in message]
     return f" (On the command line, {'; '.join(named)}.)" if named else ""
+
+
+def _low_type(text: str) -> str:
+    """--autocast's optional TYPE; a SPEC taken for it by argparse gets a message saying what happened."""
+    if text.lower().removeprefix("torch.") in ("bf16", "bfloat16", "fp16", "float16", "half", ""):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is not a low-precision type (bf16 or fp16); write --autocast=bf16, or put SPEC before --autocast"
+    )
 
 
 def compile_kwargs(args: argparse.Namespace) -> dict:

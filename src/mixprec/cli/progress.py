@@ -8,6 +8,7 @@ with a tick and its duration; in pipes and CI nothing is printed unless asked fo
 from __future__ import annotations
 
 import contextlib
+import shutil
 import sys
 import threading
 import time
@@ -50,6 +51,9 @@ class Progress:
                 self._write(f"{text}: {mark} in {seconds:.1f}s\n")
 
     def _spin(self, text: str, start: float, stop: threading.Event) -> None:
+        room = shutil.get_terminal_size((80, 24)).columns - 12  # one line, or \r cannot redraw it
+        if len(text) > room:
+            text = "\u2026" + text[-max(room - 1, 10) :]
         frame = 0
         while not stop.wait(0.1):
             self._write(f"\r\033[K{_FRAMES[frame % len(_FRAMES)]} {text} {time.perf_counter() - start:.1f}s")

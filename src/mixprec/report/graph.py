@@ -44,7 +44,9 @@ def build_graph(exported_program, records: list[LayerRecord]) -> dict:
             continue
         if node.op == "output":
             out = len(nodes)
-            nodes.append({"name": "output", "kind": "output", "op": "output", "dtype": None, "role": None, "module": ""})
+            nodes.append(
+                {"name": "output", "kind": "output", "op": "output", "dtype": None, "role": None, "module": ""}
+            )
             for value in node.all_input_nodes:
                 if value.name in user_outputs and value.name in index:
                     edges.append([index[value.name], out])
@@ -75,7 +77,14 @@ def _entry(node: torch.fx.Node, kind: str, record: LayerRecord | None = None) ->
         dtype = dtype_name(metas[0].dtype) if metas else None
         module = ""
     op = "input" if node.op == "placeholder" else _short_op(node)
-    return {"name": node.name, "kind": kind, "op": op, "dtype": dtype, "role": node.meta.get(META_ROLE), "module": module}
+    return {
+        "name": node.name,
+        "kind": kind,
+        "op": op,
+        "dtype": dtype,
+        "role": node.meta.get(META_ROLE),
+        "module": module,
+    }
 
 
 def _short_op(node: torch.fx.Node) -> str:

@@ -64,13 +64,14 @@ def render_page(report, title: str = "mixprec report") -> str:
         f"<title>{html.escape(title)}</title>",
         f"<style>\n{_asset('report.css')}\n</style>",
         "</head><body>",
-        f'<header><h1>{html.escape(title)}</h1><p class="by">written by mixprec {html.escape(__version__)}</p></header>',
+        f"<header><h1>{html.escape(title)}</h1>",
+        f'<p class="by">written by mixprec {html.escape(__version__)}</p></header>',
         _summary_section(summary),
         _error_section(summary),
         '<section id="graph-section"><h2>Graph</h2>',
         _legend(report, lay),
         f'<p class="note">{len(lay.boxes)} nodes drawn ({counts.get("compute", 0)} compute layers, '
-        f'{counts.get("cast", 0)} casts); {lay.collapsed} data-movement and size nodes are collapsed into the '
+        f"{counts.get('cast', 0)} casts); {lay.collapsed} data-movement and size nodes are collapsed into the "
         "edges. Hover a node for its decision, click it to find its row in the table. Casts labelled "
         "\u201cacc\u201d widen operands for fp32 accumulation, \u201cparam\u201d convert stored parameters, "
         "\u201cout\u201d restore output dtypes.</p>",
@@ -166,7 +167,9 @@ def _legend(report, lay) -> str:
         {b.dtype for b in lay.boxes if b.dtype and b.kind == "compute"},
         key=lambda k: (_PRECISION_ORDER.index(k) if k in _PRECISION_ORDER else 99, k),
     )
-    items = [f'<span class="key"><span class="swatch p-{html.escape(p)}"></span>{html.escape(p)}</span>' for p in present]
+    items = [
+        f'<span class="key"><span class="swatch p-{html.escape(p)}"></span>{html.escape(p)}</span>' for p in present
+    ]
     items.append('<span class="key"><span class="swatch cast"></span>cast inserted by mixprec</span>')
     items.append('<span class="key"><span class="swatch model-cast"></span>cast in the model (.to, autocast)</span>')
     items.append('<span class="key"><span class="swatch kept"></span>kept in fp32 by an autocast rule</span>')
@@ -209,7 +212,7 @@ def _table_section(report) -> str:
 
     kind_boxes = "".join(
         f'<label><input type="checkbox" name="kind" value="{html.escape(k)}"'
-        f'{"" if k == "movement" else " checked"}> {html.escape(k)}</label>'
+        f"{'' if k == 'movement' else ' checked'}> {html.escape(k)}</label>"
         for k in kinds
     )
     controls = (

@@ -155,15 +155,19 @@ def _order(boxes: list[Box], edges, sweeps: int = 4) -> list[list[int]]:
         neighbours = pred if sweep % 2 == 0 else succ
         rows = range(1, len(order)) if sweep % 2 == 0 else range(len(order) - 2, -1, -1)
         for r in rows:
-            pos = place()
-            current = {i: k for k, i in enumerate(order[r])}
-
-            def key(i):
-                near = [pos[j] for j in neighbours.get(i, ()) if j in pos]
-                return (sum(near) / len(near) if near else pos[i], current[i])
-
-            order[r] = sorted(order[r], key=key)
+            order[r] = _by_barycenter(order[r], neighbours, place())
     return order
+
+
+def _by_barycenter(row: list[int], neighbours: dict[int, list[int]], pos: dict[int, float]) -> list[int]:
+    """A rank's nodes sorted by the mean position of their neighbours (ties keep the current order)."""
+    current = {i: k for k, i in enumerate(row)}
+
+    def key(i):
+        near = [pos[j] for j in neighbours.get(i, ()) if j in pos]
+        return (sum(near) / len(near) if near else pos[i], current[i])
+
+    return sorted(row, key=key)
 
 
 def _assign_x(boxes: list[Box], edges, order: list[list[int]]) -> None:
@@ -253,7 +257,11 @@ def _node(box: Box, cx: float, cy: float) -> str:
     if box.kept:
         tip.append("kept in fp32 by an autocast rule")
     if box.kind == "cast":
-        tip.append("inserted by mixprec" + (f" ({box.role})" if box.role != "cast" else "") if inserted else "a cast of the model's own (.to() or torch.autocast)")
+        tip.append(
+            "inserted by mixprec" + (f" ({box.role})" if box.role != "cast" else "")
+            if inserted
+            else "a cast of the model's own (.to() or torch.autocast)"
+        )
     text_y = cy + (4 if not sub else -2)
     out = [
         f'<g class="{" ".join(classes)}" data-name="{html.escape(box.name)}" data-precision="{html.escape(dtype)}" '
@@ -263,7 +271,7 @@ def _node(box: Box, cx: float, cy: float) -> str:
         f'<text x="{cx:.1f}" y="{text_y:.1f}">{html.escape(_clip(label, 26 if box.kind != "cast" else 12))}</text>',
     ]
     if sub:
-        out.append(f'<text class="sub" x="{cx:.1f}" y="{cy + 11:.1f}">{html.escape(_clip(sub, 28))}</text>')
+        out.append(f'<text class="sub" x="{cx:.1f}" y="{cy + 11:.1f}">{html.escape(_clip(sub, 27))}</text>')
     out.append("</g>")
     return "".join(out)
 

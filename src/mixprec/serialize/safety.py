@@ -23,11 +23,13 @@ A program is also code in a weaker sense: node targets are resolved by name on
 So mixprec checks the inner ``program.pt2`` *before* handing it to torch, accepting only
 what ``mixprec.save`` writes: the current archive layout, raw (never pickled) weights
 and tensor constants, empty sample inputs (mixprec keeps example inputs in its own raw
-format), and shape expressions made of numbers, operators, quoted symbol names, assumption
-keywords and a fixed list of sympy constructors and functions (no attribute access, no
-free-form strings, no builtins, so nothing to evaluate but arithmetic on sizes). After loading, every node of every graph must call an operator registered
-in ``torch.ops`` or a pure arithmetic/size function from a fixed list. Anything else is
-refused with :class:`FileFormatError` before any of it runs.
+format), and shape expressions made of numbers, operators, quoted symbol names,
+assumption keywords and a fixed list of sympy constructors and functions (no attribute
+access, no free-form strings, no builtins: nothing to evaluate but arithmetic on sizes).
+After loading, every node of every graph must call an operator registered in
+``torch.ops`` (higher-order operators such as ``cond`` included: their bodies are graphs,
+checked the same way) or a pure arithmetic/size function from a fixed list. Anything else
+is refused with :class:`FileFormatError` before any of it runs.
 """
 
 from __future__ import annotations
@@ -153,7 +155,9 @@ def _check_payload_config(config, where: str) -> None:
                 "unpickler; mixprec writes raw tensors only, so this file was not written by mixprec.save."
             )
         if not isinstance(meta.get("path_name"), str) or not re.match(r"^(weight|tensor)_\d+$", meta["path_name"]):
-            raise FileFormatError(f"the program's tensor {fqn!r} refers to {meta.get('path_name')!r}, not a raw tensor.")
+            raise FileFormatError(
+                f"the program's tensor {fqn!r} refers to {meta.get('path_name')!r}, not a raw tensor."
+            )
 
 
 def _check_expressions(node) -> None:
@@ -181,7 +185,8 @@ def check_expression(text) -> None:
             if text[position:].strip() == "":
                 break
             raise FileFormatError(
-                f"the program holds a shape expression mixprec will not evaluate: {text[:80]!r} (at {text[position:position + 10]!r})."
+                f"the program holds a shape expression mixprec will not evaluate: {text[:80]!r} "
+                f"(at {text[position : position + 10]!r})."
             )
         name = match.group("name")
         if name is not None and name not in _SYMPY_NAMES and not _SYMBOL.match(name):

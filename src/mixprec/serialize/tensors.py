@@ -40,7 +40,11 @@ def pack(tree) -> tuple[dict, bytes]:
     entries = []
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
-            if leaf.layout != torch.strided or leaf.is_quantized or type(leaf) not in (torch.Tensor, torch.nn.Parameter):
+            if (
+                leaf.layout != torch.strided
+                or leaf.is_quantized
+                or type(leaf) not in (torch.Tensor, torch.nn.Parameter)
+            ):
                 raise Unstorable(f"a {type(leaf).__name__} with layout {leaf.layout}")
             tensor = leaf.detach().to("cpu").contiguous()
             data = tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
