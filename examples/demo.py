@@ -28,10 +28,14 @@ class Demo(torch.nn.Module):
         return self.head(x.bfloat16()).float()
 
 
-def main():
+def model_and_inputs():
+    """The SPEC for the command line: ``mixprec compile examples/demo.py:model_and_inputs ...``."""
     torch.manual_seed(0)
-    model = Demo().eval()
-    inputs = (torch.randn(8, 3, 32, 32),)
+    return Demo().eval(), (torch.randn(8, 3, 32, 32),)
+
+
+def main():
+    model, inputs = model_and_inputs()
     prog = mixprec.compile(model, inputs, use_fp32_acc=True)
     print(prog.report)
     print()

@@ -6,6 +6,7 @@ from .configurator import MixedPrecisionConfigurator
 from .errors import (
     CalibrationError,
     ConfigError,
+    FileFormatError,
     InputMismatchError,
     MixedPrecisionError,
     MixedPrecisionWarning,
@@ -14,13 +15,17 @@ from .errors import (
 from .module import MixedPrecisionModule
 from .plan import NodePrecision, PrecisionPlan
 from .report import LayerRecord, Report
+from .serialize import OutputRecord, load, save
 
 __version__ = "0.1.0"
 
 __all__ = [
     "compile",
     "MixedPrecisionConfigurator",
+    "save",
+    "load",
     "MixedPrecisionModule",
+    "OutputRecord",
     "PrecisionPlan",
     "NodePrecision",
     "Report",
@@ -31,4 +36,5 @@ __all__ = [
     "CalibrationError",
     "InputMismatchError",
     "MixedPrecisionWarning",
+    "FileFormatError",
 ]

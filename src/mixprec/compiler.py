@@ -25,7 +25,7 @@ from .passes.normalize import normalize
 from .passes.pipeline import rewrite
 from .plan import PrecisionPlan
 from .program import WorkProgram
-from .report import Report, build_records, build_summary, output_errors
+from .report import Report, build_graph, build_records, build_summary, output_errors
 from .passes.casting import is_mixprec_cast
 from .settings import CompileSettings
 from .sources import markers
@@ -79,7 +79,9 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
         program = work.to_exported()
     with timer.phase("backend"):
         runner = get_backend(config.backend)(program, config)
-    prog = MixedPrecisionModule(program, plan, None, config.explicit(), runner, input_specs_of(program))
+    prog = MixedPrecisionModule(
+        program, plan, None, config.explicit(), runner, input_specs_of(program), example_inputs=args
+    )
     with timer.phase("report"):
         errors = _errors_against_fp32(prog, base, info, captured_outputs, args, kwargs, model)
         records = build_records(info, plan, program.graph)
@@ -92,7 +94,7 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
             extra=_autocast_summary(prepared),
         )
     summary["compile_seconds"] = {k: round(v, 4) for k, v in timer.seconds.items()}
-    prog._report = Report(records, summary)
+    prog._report = Report(records, summary, build_graph(program, records))
     if config.debug:
         _debug_log(prog)
     return prog

@@ -43,5 +43,9 @@ class MixedPrecisionWarning(UserWarning):
     """A setting that does nothing or costs more than the user may expect (filter it by this class)."""
 
 
+class FileFormatError(MixedPrecisionError):
+    """A file ``mixprec.load`` cannot read: not a mixprec file, damaged, or from an incompatible version."""
+
+
 class InvariantError(RuntimeError):
     """A rewritten graph breaks mixprec's own invariants: a bug in mixprec, please report it."""

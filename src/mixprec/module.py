@@ -1,7 +1,9 @@
 """MixedPrecisionModule: what ``mixprec.compile`` returns.
 
 A ``torch.nn.Module`` with the model's call signature and output structure, plus what
-the compiler knows: ``plan``, ``report``, ``exported_program`` and ``settings``. Calls
+the compiler knows: ``plan``, ``report``, ``exported_program``, ``settings`` and the
+``example_inputs`` it was compiled with (kept so that ``mixprec.save`` can store them and
+``mixprec run`` can run a saved program without other inputs). Calls
 run without autograd (mixprec compiles for inference) and check that the inputs match
 what the program was compiled for, so a wrong dtype or rank gives a clear error instead
 of a kernel's complaint or, worse, silently different numerics.
@@ -16,7 +18,7 @@ from .errors import InputMismatchError
 
 
 class MixedPrecisionModule(torch.nn.Module):
-    def __init__(self, exported_program, plan, report, settings: dict, runner, input_specs=()):
+    def __init__(self, exported_program, plan, report, settings: dict, runner, input_specs=(), example_inputs=None):
         super().__init__()
         self.runner = runner
         self._exported_program = exported_program
@@ -24,6 +26,7 @@ class MixedPrecisionModule(torch.nn.Module):
         self._report = report
         self._settings = dict(settings)
         self._input_specs = tuple(input_specs)  # (name, dtype, rank, device type) per user input tensor
+        self._example_inputs = tuple(example_inputs) if example_inputs is not None else None
 
     @property
     def plan(self):
@@ -36,6 +39,11 @@ class MixedPrecisionModule(torch.nn.Module):
     @property
     def exported_program(self):
         return self._exported_program
+
+    @property
+    def example_inputs(self) -> tuple | None:
+        """The positional inputs the program was compiled with (``mixprec.save`` stores them), or None."""
+        return self._example_inputs
 
     @property
     def settings(self) -> dict:

@@ -9,19 +9,21 @@ import os
 
 from ..errors import ConfigError
 from . import render
+from .graph import build_graph
 from .records import LayerRecord, TensorRecord, build_records
 from .summary import build_summary, output_errors
 
 _FORMAT = "mixprec.report"
 _VERSION = 1
 
-__all__ = ["Report", "LayerRecord", "TensorRecord", "build_records", "build_summary", "output_errors"]
+__all__ = ["Report", "LayerRecord", "TensorRecord", "build_graph", "build_records", "build_summary", "output_errors"]
 
 
 @dataclasses.dataclass
 class Report:
     layers: list[LayerRecord]
     summary: dict
+    graph: dict | None = None  # the rewritten graph's nodes and edges (report/graph.py), for the picture
 
     def __str__(self) -> str:
         return render.table(self.layers, self.summary)
@@ -29,7 +31,7 @@ class Report:
     def __eq__(self, other) -> bool:
         if not isinstance(other, Report):
             return NotImplemented
-        return self.layers == other.layers and _same(self.summary, other.summary)
+        return self.layers == other.layers and _same(self.summary, other.summary) and self.graph == other.graph
 
     def layer(self, name: str) -> LayerRecord:
         """The record of one layer by node name."""
@@ -45,16 +47,20 @@ class Report:
     def layer_info(self) -> str:
         return render.layer_info(self.layers)
 
+    def to_dict(self) -> dict:
+        """The JSON-friendly form (what :meth:`to_json` writes)."""
+        data = {
+            "format": _FORMAT,
+            "version": _VERSION,
+            "summary": self.summary,
+            "layers": [r.to_dict() for r in self.layers],
+        }
+        if self.graph is not None:
+            data["graph"] = self.graph
+        return data
+
     def to_json(self, indent: int | None = 1) -> str:
-        return json.dumps(
-            {
-                "format": _FORMAT,
-                "version": _VERSION,
-                "summary": self.summary,
-                "layers": [r.to_dict() for r in self.layers],
-            },
-            indent=indent,
-        )
+        return json.dumps(self.to_dict(), indent=indent)
 
     @classmethod
     def from_json(cls, text: str) -> "Report":
@@ -62,13 +68,31 @@ class Report:
             data = json.loads(text)
         except (json.JSONDecodeError, TypeError) as e:
             raise ConfigError(f"the report is not valid JSON ({e}).") from e
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data) -> "Report":
         if not isinstance(data, dict) or data.get("format") != _FORMAT or data.get("version") != _VERSION:
             raise ConfigError(f"this JSON is not a mixprec report of version {_VERSION}.")
-        return cls([LayerRecord.from_dict(d) for d in data["layers"]], data["summary"])
+        try:
+            layers = [LayerRecord.from_dict(d) for d in data["layers"]]
+            summary = data["summary"]
+            graph = data.get("graph")
+            if not isinstance(summary, dict) or not (graph is None or isinstance(graph, dict)):
+                raise TypeError("'summary' and 'graph' must be objects")
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ConfigError(f"this mixprec report is incomplete or damaged ({type(e).__name__}: {e}).") from e
+        return cls(layers, summary, graph)
 
-    def save_html(self, path) -> None:
+    def to_html(self, title: str = "mixprec report") -> str:
+        """A self-contained page: the graph coloured by precision, the layer table, summary and error."""
+        from .html import render_page
+
+        return render_page(self, title=title)
+
+    def save_html(self, path, title: str = "mixprec report") -> None:
         with open(os.fspath(path), "w", encoding="utf-8") as fh:
-            fh.write(render.to_html(self.layers, self.summary))
+            fh.write(self.to_html(title=title))
 
 
 def _same(a, b) -> bool:

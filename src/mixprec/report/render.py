@@ -1,8 +1,6 @@
-"""Rendering a report: the text table, TensorRT-style layer information, a self-contained HTML page."""
+"""Rendering a report as text: the table and TensorRT-style layer information (the page is in html.py)."""
 
 from __future__ import annotations
-
-import html
 
 from ..dtypes import dtype_name, trt_name
 from .records import LayerRecord
@@ -16,7 +14,7 @@ def _short_dtype(dtype) -> str:
     )
 
 
-def _row(r: LayerRecord) -> tuple[str, ...]:
+def row_cells(r: LayerRecord) -> tuple[str, ...]:
     return (
         r.name,
         r.module or "(top)",
@@ -31,7 +29,7 @@ def _row(r: LayerRecord) -> tuple[str, ...]:
 
 
 def table(records: list[LayerRecord], summary: dict, *, kinds=("compute", "cast")) -> str:
-    rows = [_row(r) for r in records if r.kind in kinds]
+    rows = [row_cells(r) for r in records if r.kind in kinds]
     widths = [len(c) for c in _COLUMNS]
     caps = (28, 32, 28, 9, 4, 24, 12, 14, 80)
     for row in rows:
@@ -90,39 +88,3 @@ def layer_info(records: list[LayerRecord]) -> str:
         line += f", Source: {r.source}"
         lines.append(line)
     return "\n".join(lines)
-
-
-_PAGE = """<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>mixprec report</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
-table {{ border-collapse: collapse; font-size: 13px; }}
-th, td {{ border: 1px solid #ccc; padding: 3px 6px; text-align: left; }}
-th {{ background: #f0f0f0; }}
-.p-float32 {{ background: #dbe9ff; }} .p-bfloat16 {{ background: #d9f5d9; }}
-.p-float16 {{ background: #fff3c4; }} .p-int8 {{ background: #f7d4f7; }} .p-float64 {{ background: #eee; }}
-dl {{ display: grid; grid-template-columns: max-content auto; gap: 2px 12px; }}
-dt {{ font-weight: 600; }}
-</style></head><body>
-<h1>mixprec report</h1>
-<h2>Summary</h2>
-<dl>{summary}</dl>
-<h2>Layers</h2>
-<table id="layers"><thead><tr>{head}</tr></thead><tbody>
-{rows}
-</tbody></table>
-</body></html>
-"""
-
-
-def to_html(records: list[LayerRecord], summary: dict) -> str:
-    summary_items = "".join(
-        f"<dt>{html.escape(str(k))}</dt><dd>{html.escape(str(v))}</dd>" for k, v in summary.items()
-    )
-    head = "".join(f"<th>{c}</th>" for c in ("kind",) + _COLUMNS)
-    rows = []
-    for r in records:
-        cells = (r.kind,) + _row(r)
-        css = f"p-{dtype_name(r.precision)}"
-        rows.append(f'<tr class="{css}">' + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
-    return _PAGE.format(summary=summary_items, head=head, rows="\n".join(rows))

@@ -1,0 +1,166 @@
+"""``mixprec compile`` options and the keywords of ``mixprec.compile`` they stand for.
+
+One option per keyword (API.md §1 and §5), spelled as Torch-TensorRT users expect:
+
+    --autocast [TYPE]            enable_autocast=True (+ autocast_low_precision_type=TYPE)
+    --exclude-nodes RE           autocast_excluded_nodes (repeatable)
+    --exclude-ops OP             autocast_excluded_ops (repeatable)
+    --max-output-threshold X     autocast_max_output_threshold
+    --max-depth-of-reduction N   autocast_max_depth_of_reduction
+    --calibration-data PT        autocast_calibration_dataloader (a .pt list of input tuples)
+    --fp32-acc                   use_fp32_acc=True
+    --no-explicit-typing         use_explicit_typing=False (weak typing)
+    --enabled-precisions LIST    enabled_precisions (comma separated: fp32,bf16)
+    --no-keep-io-types           keep_io_types=False
+    --plan PLAN.json             plan=PrecisionPlan.from_json(...)
+    --backend NAME               backend (the names the backend registry knows)
+    --debug                      debug=True
+
+Only options the user gave become keywords, so ``mixprec.compile`` validates exactly
+what was asked for (an autocast-only option without ``--autocast`` is an error there,
+with its message, not silently ignored here).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ..backends import known_backends
+from .spec import UsageError, load_calibration
+
+
+def add_compile_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("precision options (mirror the keywords of mixprec.compile)")
+    g.add_argument(
+        "--autocast",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="TYPE",
+        type=_low_type,
+        help="rule-based autocast of the remaining fp32 layers to TYPE (bf16 or fp16; default: bf16 on "
+        "CPU, fp16 on CUDA)",
+    )
+    g.add_argument(
+        "--exclude-nodes",
+        action="append",
+        default=[],
+        metavar="RE",
+        help="keep layers whose module path or node name matches RE in fp32 (repeatable)",
+    )
+    g.add_argument(
+        "--exclude-ops",
+        action="append",
+        default=[],
+        metavar="OP",
+        help="keep layers of this op in fp32, e.g. aten.softmax (repeatable)",
+    )
+    g.add_argument(
+        "--max-output-threshold",
+        type=float,
+        metavar="X",
+        help="keep layers with |values| above X on their inputs or outputs in fp32 (default 512)",
+    )
+    g.add_argument(
+        "--max-depth-of-reduction",
+        type=int,
+        metavar="N",
+        help="keep layers reducing over more than N elements (matmul K, conv C_in*kernel) in fp32",
+    )
+    g.add_argument(
+        "--calibration-data",
+        metavar="PT",
+        help="calibration batches for the autocast rules (.pt: a list of input tuples)",
+    )
+    g.add_argument("--fp32-acc", action="store_true", help="fp16/bf16 matmul-class layers accumulate in fp32")
+    g.add_argument(
+        "--no-explicit-typing", action="store_true", help="weak typing: pick per layer among --enabled-precisions"
+    )
+    g.add_argument("--enabled-precisions", metavar="LIST", help="comma separated, e.g. fp32,bf16 (weak typing)")
+    g.add_argument(
+        "--no-keep-io-types",
+        action="store_true",
+        help="outputs leave in their producing layer's dtype (Torch-TensorRT behaviour)",
+    )
+    g.add_argument("--plan", metavar="JSON", help="a precision plan (PrecisionPlan JSON) to honour")
+    g.add_argument(
+        "--backend",
+        choices=sorted(known_backends()),
+        metavar="NAME",
+        help=f"the backend that runs the program: {', '.join(sorted(known_backends()))} (default eager)",
+    )
+
+
+_OPTION_OF = {
+    "enable_autocast": "--autocast",
+    "autocast_low_precision_type": "--autocast TYPE",
+    "autocast_excluded_nodes": "--exclude-nodes",
+    "autocast_excluded_ops": "--exclude-ops",
+    "autocast_max_output_threshold": "--max-output-threshold",
+    "autocast_max_depth_of_reduction": "--max-depth-of-reduction",
+    "autocast_calibration_dataloader": "--calibration-data",
+    "use_fp32_acc": "--fp32-acc",
+    "use_explicit_typing": "--no-explicit-typing",
+    "enabled_precisions": "--enabled-precisions",
+    "keep_io_types": "--no-keep-io-types",
+}
+
+
+def option_hint(message: str) -> str:
+    """' On the command line, --exclude-nodes sets autocast_excluded_nodes; ...' for keywords a message names."""
+    named = [f"{option} sets {keyword}" for keyword, option in _OPTION_OF.items() if keyword in message]
+    return f" (On the command line, {'; '.join(named)}.)" if named else ""
+
+
+def _low_type(text: str) -> str:
+    """--autocast's optional TYPE; a SPEC taken for it by argparse gets a message saying what happened."""
+    if text.lower().removeprefix("torch.") in ("bf16", "bfloat16", "fp16", "float16", "half", ""):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is not a low-precision type (bf16 or fp16); write --autocast=bf16, or put SPEC before --autocast"
+    )
+
+
+def compile_kwargs(args: argparse.Namespace) -> dict:
+    """The keywords of mixprec.compile that the given options stand for (only those given)."""
+    kwargs: dict = {}
+    if args.autocast is not None:
+        kwargs["enable_autocast"] = True
+        if args.autocast:
+            kwargs["autocast_low_precision_type"] = args.autocast
+    if args.exclude_nodes:
+        kwargs["autocast_excluded_nodes"] = tuple(args.exclude_nodes)
+    if args.exclude_ops:
+        kwargs["autocast_excluded_ops"] = tuple(args.exclude_ops)
+    if args.max_output_threshold is not None:
+        kwargs["autocast_max_output_threshold"] = args.max_output_threshold
+    if args.max_depth_of_reduction is not None:
+        kwargs["autocast_max_depth_of_reduction"] = args.max_depth_of_reduction
+    if args.calibration_data:
+        kwargs["autocast_calibration_dataloader"] = load_calibration(args.calibration_data)
+    if args.fp32_acc:
+        kwargs["use_fp32_acc"] = True
+    if args.no_explicit_typing:
+        kwargs["use_explicit_typing"] = False
+    if args.enabled_precisions:
+        kwargs["enabled_precisions"] = {p.strip() for p in args.enabled_precisions.split(",") if p.strip()}
+    if args.no_keep_io_types:
+        kwargs["keep_io_types"] = False
+    if args.plan:
+        kwargs["plan"] = _read_plan(args.plan)
+    if args.backend:
+        kwargs["backend"] = args.backend
+    if args.debug:
+        kwargs["debug"] = True
+    return kwargs
+
+
+def _read_plan(path: str):
+    from ..plan import PrecisionPlan
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as e:
+        raise UsageError(f"the plan file {path} cannot be read ({e.strerror}).") from e
+    return PrecisionPlan.from_json(text)
