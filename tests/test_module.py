@@ -33,3 +33,16 @@ def test_rewritten_program_is_a_valid_exported_program():
     ep.validate()
     x = SeedExplicit.example_inputs()[0]
     assert ep.module()(x).dtype == torch.float32
+
+
+def test_static_and_dynamic_sizes_are_checked():
+    prog = _prog()
+    with pytest.raises(mixprec.InputMismatchError, match="size 3 in dimension 0; the program was compiled for 1"):
+        prog(torch.ones(3, 10))
+    model = SeedExplicit().eval()
+    batch = torch.export.Dim("batch", min=2, max=8)
+    dyn = mixprec.compile(model, (torch.randn(4, 10),), dynamic_shapes=({0: batch},))
+    with pytest.raises(mixprec.InputMismatchError, match=r"size 9 in dimension 0, outside the range \[2, 8\]"):
+        dyn(torch.ones(9, 10))
+    with pytest.raises(mixprec.InputMismatchError, match="device meta"):
+        dyn(torch.ones(4, 10, device="meta"))

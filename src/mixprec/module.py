@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from .diagnose import flat_user_inputs
 from .errors import InputMismatchError
+from .input_check import check_inputs, input_specs_of  # noqa: F401  (input_specs_of: for callers)
 
 
 class MixedPrecisionModule(torch.nn.Module):
@@ -25,7 +25,7 @@ class MixedPrecisionModule(torch.nn.Module):
         self._plan = plan
         self._report = report
         self._settings = dict(settings)
-        self._input_specs = tuple(input_specs)  # (name, dtype, rank, device type) per user input tensor
+        self._input_specs = tuple(input_specs)  # input_check.InputSpec per user input tensor
         self._example_inputs = tuple(example_inputs) if example_inputs is not None else None
 
     @property
@@ -60,47 +60,19 @@ class MixedPrecisionModule(torch.nn.Module):
     def forward(self, *args, **kwargs):
         self._check_inputs(args, kwargs)
         with torch.no_grad():
-            return self.runner(*args, **kwargs)
+            try:
+                return self.runner(*args, **kwargs)
+            except AssertionError as e:  # torch.export's shape guards (derived sizes such as 2*batch)
+                if not str(e).startswith("Guard failed"):
+                    raise
+                raise InputMismatchError(
+                    f"the inputs do not satisfy the program's shape constraints ({e}); pass inputs shaped like "
+                    "the example inputs, or compile again with dynamic_shapes= describing these sizes."
+                ) from e
 
     def _check_inputs(self, args, kwargs) -> None:
-        leaves = flat_user_inputs(self._exported_program, args, kwargs)
-        tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
-        if not self._input_specs:
-            return
-        if len(tensors) != len(self._input_specs):
-            raise InputMismatchError(
-                f"the program was compiled for {len(self._input_specs)} input tensor(s) and got {len(tensors)}; "
-                "call it with the same arguments as the model's forward."
-            )
-        for i, (tensor, (name, dtype, rank, device_type)) in enumerate(zip(tensors, self._input_specs)):
-            problems = []
-            if tensor.dtype != dtype:
-                problems.append(f"dtype {tensor.dtype} (compiled for {dtype})")
-            if tensor.dim() != rank:
-                problems.append(f"rank {tensor.dim()} (compiled for rank {rank})")
-            if tensor.device.type != device_type:
-                problems.append(f"device {tensor.device} (compiled for {device_type})")
-            if problems:
-                raise InputMismatchError(
-                    f"input {i} ('{name}') has {' and '.join(problems)}; pass inputs like the example inputs the "
-                    "program was compiled with, or compile again for these (dynamic_shapes= for other sizes)."
-                )
+        check_inputs(self._input_specs, self._exported_program, args, kwargs)
 
     def extra_repr(self) -> str:
         by = self._report.summary.get("layers_by_precision", {}) if self._report is not None else {}
         return f"layers={by}"
-
-
-def input_specs_of(exported_program) -> tuple:
-    """(name, dtype, rank, device type) of every user input tensor of an ExportedProgram."""
-    from torch.export.graph_signature import InputKind
-
-    user = {s.arg.name for s in exported_program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT}
-    specs = []
-    for node in exported_program.graph.nodes:
-        if node.op == "placeholder" and node.name in user:
-            val = node.meta.get("val")
-            if isinstance(val, torch.Tensor):
-                specs.append((node.name, val.dtype, val.dim(), val.device.type))
-    return tuple(specs)
-

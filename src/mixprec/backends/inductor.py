@@ -44,6 +44,7 @@ import torch.utils._pytree as pytree
 
 from ..errors import InputMismatchError, UnsupportedModelError
 from ..graph import size_hint
+from ..input_check import check_inputs, input_specs_of
 from . import register_backend
 
 # Inductor settings every mixprec program is compiled with (see the module docstring).
@@ -66,6 +67,8 @@ class InductorRunner(torch.nn.Module):
         super().__init__()
         self.module = exported_program.module()
         self._inputs = _user_input_metas(exported_program)
+        self._specs = input_specs_of(exported_program)
+        self.__dict__["_program"] = exported_program  # not a submodule: its state is self.module's
         self._ranges = {str(k): (v.lower, v.upper) for k, v in exported_program.range_constraints.items()}
         # kept out of the module tree: it wraps self.module, whose parameters are registered once
         self.__dict__["_compiled"] = torch.compile(
@@ -80,7 +83,7 @@ class InductorRunner(torch.nn.Module):
         with torch.no_grad():
             if key is not None and key in self._seen:
                 return self._compiled(*args, **kwargs)
-            self._check_shapes(args, kwargs)
+            check_inputs(self._specs, self._program, args, kwargs)  # before compiling for new shapes
             with self._lock:
                 out = self._compiled(*args, **kwargs)
                 if key is not None and len(self._seen) < _MAX_SIGNATURES:
@@ -115,29 +118,6 @@ class InductorRunner(torch.nn.Module):
         if lower is None:
             return None
         return int(lower), (int(upper) if upper.is_finite else None)
-
-    def _check_shapes(self, args, kwargs) -> None:
-        """Static dimensions must match, dynamic ones lie in their range (the eager module asserts the same)."""
-        leaves = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        if len(leaves) != len(self._inputs):
-            return  # MixedPrecisionModule reports a wrong number of inputs
-        for i, (tensor, (name, val)) in enumerate(zip(leaves, self._inputs)):
-            if tensor.dim() != val.dim():
-                return  # reported by MixedPrecisionModule with the rank it expects
-            for dim, (got, size) in enumerate(zip(tensor.shape, val.shape)):
-                bounds = self._bounds(size)
-                if bounds is None and isinstance(size, torch.SymInt):
-                    continue  # a derived size (2*s): inductor's guards check it
-                if bounds is None and got != size:
-                    raise InputMismatchError(
-                        f"input {i} ('{name}') has size {got} in dimension {dim}; the program was compiled for "
-                        f"{size}. Compile with dynamic_shapes= to accept other sizes."
-                    )
-                if bounds is not None and (got < bounds[0] or (bounds[1] is not None and got > bounds[1])):
-                    raise InputMismatchError(
-                        f"input {i} ('{name}') has size {got} in dimension {dim}, outside the range "
-                        f"[{bounds[0]}, {bounds[1]}] given by dynamic_shapes when it was compiled."
-                    )
 
 
 def _user_input_metas(exported_program) -> list[tuple[str, torch.Tensor]]:
