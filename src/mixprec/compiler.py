@@ -15,7 +15,7 @@ import torch
 from . import planner
 from .backends import get_backend
 from .capture import as_input_kwargs, as_input_tuple, capture
-from .diagnose import describe, failing_node
+from .diagnose import describe, failing_node, flat_user_inputs
 from .errors import InvariantError, UnsupportedModelError
 from .graph import GraphInfo, analyze, tensor_metas
 from .module import MixedPrecisionModule, input_specs_of
@@ -26,6 +26,8 @@ from .program import WorkProgram
 from .report import Report, build_records, build_summary, output_errors
 from .passes.casting import is_mixprec_cast
 from .settings import CompileSettings
+from .sources import weak_typing
+from .timing import measure_layers
 
 log = logging.getLogger("mixprec")
 
@@ -59,8 +61,15 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
         base = WorkProgram.from_exported(ep)
         normalize(base)
         info = analyze(base.graph)
+    timings = None
+    if not config.use_explicit_typing:  # weak typing: time the free layers on this device first
+        with timer.phase("measure"):
+            timings = measure_layers(
+                base, info, planner.weak_typing_layers(info, config), flat_user_inputs(ep, args, kwargs),
+                config.enabled_precisions,
+            )
     with timer.phase("plan"):
-        plan = planner.build_plan(info, config)
+        plan = planner.build_plan(info, config, timings=timings)
     with timer.phase("rewrite"):
         captured_outputs = _user_output_dtypes(base, info)
         work = rewrite(base.copy(), info, plan, keep_io_types=config.keep_io_types, captured_output_dtypes=captured_outputs)
@@ -68,16 +77,20 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
         program = work.to_exported()
     with timer.phase("backend"):
         runner = get_backend(config.backend)(program, config)
-    prog = MixedPrecisionModule(program, plan, None, config.explicit(), runner, input_specs_of(program))
+    prog = MixedPrecisionModule(program, plan, None, config.explicit(), runner, input_specs_of(program), captured_program=ep)
     with timer.phase("report"):
         errors = _errors_against_fp32(prog, base, info, captured_outputs, args, kwargs, model)
-        records = build_records(info, plan, program.graph)
+        layer_timings, extra = None, {}
+        if timings is not None:
+            layer_timings, extra["weak_typing"] = weak_typing.explain(info, plan, timings, config)
+        records = build_records(info, plan, program.graph, timings=layer_timings)
         summary = build_summary(
             records,
             casts_inserted=casts,
             param_bytes_before=WorkProgram.from_exported(ep).stored_bytes(),
             param_bytes_after=work.stored_bytes(),
             errors=errors,
+            extra=extra,
         )
     summary["compile_seconds"] = {k: round(v, 4) for k, v in timer.seconds.items()}
     prog._report = Report(records, summary)

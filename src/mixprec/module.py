@@ -16,8 +16,9 @@ from .errors import InputMismatchError
 
 
 class MixedPrecisionModule(torch.nn.Module):
-    def __init__(self, exported_program, plan, report, settings: dict, runner, input_specs=()):
+    def __init__(self, exported_program, plan, report, settings: dict, runner, input_specs=(), captured_program=None):
         super().__init__()
+        self._captured_program = captured_program
         self.runner = runner
         self._exported_program = exported_program
         self._plan = plan
@@ -36,6 +37,15 @@ class MixedPrecisionModule(torch.nn.Module):
     @property
     def exported_program(self):
         return self._exported_program
+
+    @property
+    def captured_program(self):
+        """The ExportedProgram as captured, before mixprec changed anything (its parameters are the
+        model's own fp32 tensors, shared, not copied); None for a program loaded from a file.
+
+        ``mixprec.debug`` builds its fp32 reference from it: the rewritten program may store its
+        weights only in low precision, so the fp32 values cannot be recovered from it."""
+        return self._captured_program
 
     @property
     def settings(self) -> dict:

@@ -3,7 +3,7 @@
 1. plan requests (a plan passed to compile)
 2. precision markers            (issue 4)
 3. the code's own typing (torch.autocast regions, .half() modules, .to() casts)
-4. autocast rules               (issue 3)
+4. autocast rules               (issue 3) — or, under weak typing, the fastest measured dtype
 5. default: the dtype the graph already computes in
 
 A node decided by a stronger source is never touched by a weaker one. Afterwards
@@ -16,19 +16,25 @@ from __future__ import annotations
 import torch
 
 from .dtypes import LOW_PRECISION_FLOATS, dtype_name, is_float
+from .errors import InvariantError
 from .graph import GraphInfo
 from .optable import FP32_ACC_OPS
 from .plan import NodePrecision, PrecisionPlan
 from .settings import CompileSettings
-from .sources import default, requests, typing
+from .sources import default, requests, typing, weak_typing
+from .timing import Timings
 
 _WEAK_SOURCES = ("default", "autocast_rule")
 
 
-def build_plan(info: GraphInfo, settings: CompileSettings) -> PrecisionPlan:
-    decided: dict[str, NodePrecision] = {}
-    decided.update(requests.decide(info, settings.plan))
-    decided.update(typing.decide(info, decided))
+def build_plan(info: GraphInfo, settings: CompileSettings, *, timings: Timings | None = None) -> PrecisionPlan:
+    """The plan for ``info``; under weak typing ``timings`` (``timing.measure_layers`` over the
+    layers :func:`weak_typing_layers` names) are the measurements its choices come from."""
+    decided = _strong_decisions(info, settings)
+    if not settings.use_explicit_typing:
+        if timings is None:
+            raise InvariantError("weak typing needs the measured layer timings (timing.measure_layers)")
+        decided.update(weak_typing.decide(info, decided, timings, settings))
     decided.update(default.decide(info, decided))
     _follow_producers(info, decided)
     if settings.use_fp32_acc:
@@ -41,6 +47,18 @@ def build_plan(info: GraphInfo, settings: CompileSettings) -> PrecisionPlan:
         outputs=requested.outputs if requested is not None else None,
         log=requested.log if requested is not None else "",
     )
+
+
+def weak_typing_layers(info: GraphInfo, settings: CompileSettings) -> list[str]:
+    """The layers weak typing chooses a dtype for (and so must time): those no stronger source decides."""
+    return weak_typing.candidates(info, _strong_decisions(info, settings))
+
+
+def _strong_decisions(info: GraphInfo, settings: CompileSettings) -> dict[str, NodePrecision]:
+    decided: dict[str, NodePrecision] = {}
+    decided.update(requests.decide(info, settings.plan))
+    decided.update(typing.decide(info, decided))
+    return decided
 
 
 def reference_plan(info: GraphInfo) -> PrecisionPlan:
