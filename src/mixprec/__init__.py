@@ -1,6 +1,7 @@
 """mixprec: compile PyTorch models into mixed-precision programs (see API.md)."""
 
 from .compiler import compile
+from .debugger import DebugReport, debug
 from .errors import (
     CalibrationError,
     ConfigError,
@@ -16,6 +17,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "compile",
+    "debug",
+    "DebugReport",
     "MixedPrecisionModule",
     "PrecisionPlan",
     "NodePrecision",

@@ -11,6 +11,7 @@ import logging
 import time
 
 import torch
+import torch.utils._pytree as pytree
 
 from . import planner
 from .backends import get_backend
@@ -116,11 +117,14 @@ def _errors_against_fp32(prog, base: WorkProgram, info: GraphInfo, captured_outp
         keep_io_types=False,
         captured_output_dtypes=captured_outputs,
     ).to_exported()
+    # each run gets its own copy of the inputs: a model that writes into its inputs must not change the
+    # caller's tensors, nor feed the reference what the compiled program already modified
+    fresh = lambda: pytree.tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, (args, kwargs))  # noqa: E731
     with torch.no_grad():
-        got = _run_or_explain(prog.exported_program, lambda: prog(*args, **kwargs), (args, kwargs), model, "the compiled program")
-        expected = _run_or_explain(
-            reference, lambda: reference.module()(*args, **kwargs), (args, kwargs), model, "the fp32 reference"
-        )
+        a, k = fresh()
+        got = _run_or_explain(prog.exported_program, lambda: prog(*a, **k), fresh(), model, "the compiled program")
+        a, k = fresh()
+        expected = _run_or_explain(reference, lambda: reference.module()(*a, **k), fresh(), model, "the fp32 reference")
     return output_errors(got, expected)
 
 
