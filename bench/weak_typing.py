@@ -132,7 +132,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--quick", action="store_true", help="small shapes and 3 rounds: check that the script runs")
     parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's choice)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     rounds = 3 if args.quick else args.rounds
     results = {
         "date": time.strftime("%Y-%m-%d %H:%M"),

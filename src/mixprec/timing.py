@@ -16,6 +16,9 @@ Each number is the median of ``repeats`` runs after ``warmup`` runs, on the inpu
 (synchronised on accelerators). An op that does not run in a dtype, or whose output does not
 follow its inputs' dtype (a ``dtype=`` argument pins it), gets a note instead of a time.
 The sources/weak_typing planner source turns these numbers into choices.
+
+The ops are timed one at a time in eager PyTorch: with ``backend="inductor"`` the fused kernels
+may rank differently (a cast fused into its consumer costs little there).
 """
 
 from __future__ import annotations

@@ -37,6 +37,9 @@ def debug(prog_or_model, inputs=(), *, kwargs=None, **compile_settings) -> Debug
     ``ExportedProgram`` that is compiled first with ``compile_settings`` (the keywords of
     ``mixprec.compile``, e.g. ``plan=`` or ``enable_autocast=True``). ``inputs`` are positional
     arguments of ``forward`` (``kwargs`` its keyword arguments), as for ``compile``.
+
+    Both programs run op by op in eager PyTorch on the inputs' device: for ``backend="inductor"``
+    this checks the program's graph (the dtypes each op computes in), not the fused kernels.
     """
     args, kwargs = as_input_tuple(inputs), as_input_kwargs(kwargs)
     if isinstance(prog_or_model, MixedPrecisionModule):
