@@ -426,6 +426,38 @@ class NestedRegions(nn.Module):
         return (torch.randn(4, 8),)
 
 
+# ---- issue 6: models for the numerics debugger ---------------------------------------------------
+
+
+class OverflowBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 8)
+        self.fc2 = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+class Overflow(nn.Module):
+    """block.fc1 scales positive activations to ~1e5: finite in fp32 and bf16, beyond fp16's 65504."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(8, 8)
+        self.block = OverflowBlock()
+        with torch.no_grad():
+            self.block.fc1.weight.fill_(3e4)  # exactly representable in fp16; 8 inputs of ~0.5 sum to ~1.2e5
+            self.block.fc1.bias.zero_()
+
+    def forward(self, x):
+        return self.block(torch.sigmoid(self.inp(x)))
+
+    @staticmethod
+    def example_inputs():
+        return (torch.randn(4, 8),)
+
+
 class ResidualRegion(nn.Module):
     """A bf16 region whose last layer adds a value from outside the region (a residual)."""
 
@@ -486,3 +518,25 @@ class TinyGPT2(nn.Module):
     @staticmethod
     def example_inputs():
         return (torch.randint(0, 50, (2, 8)),)
+
+
+class Shift(nn.Module):
+    def forward(self, x):
+        return (x + 1000.0) - 1000.0  # in bf16, x + 1000 keeps ~2 significant digits of x: cancellation
+
+
+class Cancellation(nn.Module):
+    """A catastrophic cancellation in shift's subtraction when it runs in bf16."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 16)
+        self.shift = Shift()
+        self.fc2 = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.fc2(self.shift(self.fc1(x)))
+
+    @staticmethod
+    def example_inputs():
+        return (torch.randn(8, 16),)

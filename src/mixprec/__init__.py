@@ -3,6 +3,7 @@
 from . import ops  # noqa: F401  (registers torch.ops.mixprec.*: the precision markers)
 from .compiler import compile
 from .configurator import MixedPrecisionConfigurator
+from .debugger import DebugReport, debug
 from .errors import (
     CalibrationError,
     ConfigError,
@@ -24,6 +25,8 @@ __all__ = [
     "MixedPrecisionConfigurator",
     "save",
     "load",
+    "debug",
+    "DebugReport",
     "MixedPrecisionModule",
     "OutputRecord",
     "PrecisionPlan",

@@ -11,11 +11,12 @@ import logging
 import time
 
 import torch
+import torch.utils._pytree as pytree
 
 from . import autocast, planner
 from .backends import get_backend
 from .capture import as_input_kwargs, as_input_tuple, capture
-from .diagnose import describe, failing_node
+from .diagnose import describe, failing_node, flat_user_inputs
 from .dtypes import dtype_name
 from .errors import ConfigError, InvariantError, UnsupportedModelError
 from .graph import GraphInfo, analyze
@@ -28,7 +29,8 @@ from .program import WorkProgram
 from .report import Report, build_graph, build_records, build_summary, output_errors
 from .passes.casting import is_mixprec_cast
 from .settings import CompileSettings
-from .sources import markers
+from .sources import markers, weak_typing
+from .timing import measure_layers
 
 log = logging.getLogger("mixprec")
 
@@ -68,9 +70,16 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
         if config.enable_autocast:
             prepared = autocast.prepare(base, info, config, args)
         ranges = marker_ranges(base, info, config.autocast_calibration_dataloader, args)
+    timings = None
+    if not config.use_explicit_typing:  # weak typing: time the free layers on this device first
+        with timer.phase("measure"):
+            timings = measure_layers(
+                base, info, planner.weak_typing_layers(info, config), flat_user_inputs(ep, args, kwargs),
+                config.enabled_precisions,
+            )
     with timer.phase("plan"):
         plan = planner.build_plan(
-            info, config, prepared.context if prepared is not None else None, int8_ranges=ranges
+            info, config, prepared.context if prepared is not None else None, int8_ranges=ranges, timings=timings
         )
     with timer.phase("rewrite"):
         captured_outputs = base.user_output_dtypes()
@@ -80,18 +89,22 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
     with timer.phase("backend"):
         runner = get_backend(config.backend)(program, config)
     prog = MixedPrecisionModule(
-        program, plan, None, config.explicit(), runner, input_specs_of(program), example_inputs=args
+        program, plan, None, config.explicit(), runner, input_specs_of(program), example_inputs=args,
+        captured_program=ep,
     )
     with timer.phase("report"):
         errors = _errors_against_fp32(prog, base, info, captured_outputs, args, kwargs, model)
-        records = build_records(info, plan, program.graph)
+        layer_timings, extra = None, {}
+        if timings is not None:
+            layer_timings, extra["weak_typing"] = weak_typing.explain(info, plan, timings, config)
+        records = build_records(info, plan, program.graph, timings=layer_timings)
         summary = build_summary(
             records,
             casts_inserted=casts,
             param_bytes_before=WorkProgram.from_exported(ep).stored_bytes(),
             param_bytes_after=work.stored_bytes(),
             errors=errors,
-            extra=_autocast_summary(prepared),
+            extra={**_autocast_summary(prepared), **extra},
         )
     summary["compile_seconds"] = {k: round(v, 4) for k, v in timer.seconds.items()}
     prog._report = Report(records, summary, build_graph(program, records))
@@ -136,11 +149,14 @@ def _errors_against_fp32(prog, base: WorkProgram, info: GraphInfo, captured_outp
         keep_io_types=False,
         captured_output_dtypes=captured_outputs,
     ).to_exported()
+    # each run gets its own copy of the inputs: a model that writes into its inputs must not change the
+    # caller's tensors, nor feed the reference what the compiled program already modified
+    fresh = lambda: pytree.tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, (args, kwargs))  # noqa: E731
     with torch.no_grad():
-        got = _run_or_explain(prog.exported_program, lambda: prog(*args, **kwargs), (args, kwargs), model, "the compiled program")
-        expected = _run_or_explain(
-            reference, lambda: reference.module()(*args, **kwargs), (args, kwargs), model, "the fp32 reference"
-        )
+        a, k = fresh()
+        got = _run_or_explain(prog.exported_program, lambda: prog(*a, **k), fresh(), model, "the compiled program")
+        a, k = fresh()
+        expected = _run_or_explain(reference, lambda: reference.module()(*a, **k), fresh(), model, "the fp32 reference")
     return output_errors(got, expected)
 
 

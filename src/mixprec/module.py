@@ -18,8 +18,12 @@ from .input_check import check_inputs, input_specs_of  # noqa: F401  (input_spec
 
 
 class MixedPrecisionModule(torch.nn.Module):
-    def __init__(self, exported_program, plan, report, settings: dict, runner, input_specs=(), example_inputs=None):
+    def __init__(
+        self, exported_program, plan, report, settings: dict, runner, input_specs=(), example_inputs=None,
+        captured_program=None,
+    ):
         super().__init__()
+        self._captured_program = captured_program
         self.runner = runner
         self._exported_program = exported_program
         self._plan = plan
@@ -44,6 +48,15 @@ class MixedPrecisionModule(torch.nn.Module):
     def example_inputs(self) -> tuple | None:
         """The positional inputs the program was compiled with (``mixprec.save`` stores them), or None."""
         return self._example_inputs
+
+    @property
+    def captured_program(self):
+        """The ExportedProgram as captured, before mixprec changed anything (its parameters are the
+        model's own fp32 tensors, shared, not copied); None for a program loaded from a file.
+
+        ``mixprec.debug`` builds its fp32 reference from it: the rewritten program may store its
+        weights only in low precision, so the fp32 values cannot be recovered from it."""
+        return self._captured_program
 
     @property
     def settings(self) -> dict:

@@ -3,7 +3,8 @@
 1. plan requests (a plan passed to compile)
 2. precision markers (start/stop_setting_precision regions)
 3. the code's own typing (torch.autocast regions, .half() modules, .to() casts)
-4. autocast rules (``enable_autocast=True``: lower the fp32 layers left free unless a rule keeps them)
+4. autocast rules (``enable_autocast=True``: lower the fp32 layers left free unless a rule keeps them),
+   or under weak typing (``use_explicit_typing=False``) the fastest dtype measured on this device
 5. default: the dtype the graph already computes in
 
 A node decided by a stronger source is never touched by a weaker one. Afterwards the
@@ -19,12 +20,14 @@ from collections.abc import Mapping
 import torch
 
 from .dtypes import LOW_PRECISION_FLOATS
+from .errors import InvariantError
 from .follow import follow
 from .graph import GraphInfo
 from .optable import FP32_ACC_OPS
 from .plan import NodePrecision, PrecisionPlan
 from .settings import CompileSettings
-from .sources import default, markers, requests, rules, typing
+from .sources import default, markers, requests, rules, typing, weak_typing
+from .timing import Timings
 
 
 def build_plan(
@@ -33,15 +36,19 @@ def build_plan(
     rule_context=None,
     *,
     int8_ranges: Mapping[str, tuple] | None = None,
+    timings: Timings | None = None,
 ) -> PrecisionPlan:
     """``rule_context`` (a ``rules.RuleContext``) turns on the autocast rules; None leaves them off.
-    ``int8_ranges``: calibrated (min, max) of the values ``markers.calibration_targets`` names."""
-    decided: dict[str, NodePrecision] = {}
-    decided.update(requests.decide(info, settings.plan))
-    decided.update(markers.decide(info, decided, int8_ranges))
-    decided.update(typing.decide(info, decided))
+    ``int8_ranges``: calibrated (min, max) of the values ``markers.calibration_targets`` names.
+    ``timings``: under weak typing, the measurements (``timing.measure_layers`` over the layers
+    :func:`weak_typing_layers` names) its choices come from."""
+    decided = _strong_decisions(info, settings, int8_ranges)
     if rule_context is not None:
         decided.update(rules.decide(info, decided, rule_context))
+    if not settings.use_explicit_typing:
+        if timings is None:
+            raise InvariantError("weak typing needs the measured layer timings (timing.measure_layers)")
+        decided.update(weak_typing.decide(info, decided, timings, settings))
     decided.update(default.decide(info, decided))
     follow(info, decided)
     if settings.use_fp32_acc:
@@ -54,6 +61,20 @@ def build_plan(
         outputs=requested.outputs if requested is not None else None,
         log=requested.log if requested is not None else "",
     )
+
+
+def weak_typing_layers(info: GraphInfo, settings: CompileSettings) -> list[str]:
+    """The layers weak typing chooses a dtype for (and so must time): those no stronger source decides."""
+    return weak_typing.candidates(info, _strong_decisions(info, settings))
+
+
+def _strong_decisions(info: GraphInfo, settings: CompileSettings, int8_ranges=None) -> dict[str, NodePrecision]:
+    """Decisions of every source stronger than autocast rules and weak typing."""
+    decided: dict[str, NodePrecision] = {}
+    decided.update(requests.decide(info, settings.plan))
+    decided.update(markers.decide(info, decided, int8_ranges))
+    decided.update(typing.decide(info, decided))
+    return decided
 
 
 def reference_plan(info: GraphInfo) -> PrecisionPlan:

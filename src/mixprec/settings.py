@@ -196,10 +196,6 @@ def _check_combinations(merged: dict[str, Any], given: dict[str, Any]) -> None:
                 "weak typing (use_explicit_typing=False) picks among enabled_precisions, so it needs "
                 "torch.float32 and at least one low type, e.g. enabled_precisions={torch.float32, torch.bfloat16}."
             )
-        raise ConfigError(
-            "weak typing (use_explicit_typing=False) is not available in this version of mixprec yet; use "
-            "strong typing (the default) or enable_autocast=True for rule-based lowering."
-        )
     if not merged["enable_autocast"]:
         # (autocast_calibration_dataloader is not among these: int8 regions without dynamic ranges
         # calibrate on it too)

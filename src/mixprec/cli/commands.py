@@ -12,6 +12,7 @@ import time
 import torch
 import torch.utils._pytree as pytree
 
+from ..errors import InputMismatchError
 from .progress import Progress
 from .quiet import held_back
 from .spec import UsageError, load_inputs, load_spec
@@ -131,13 +132,10 @@ def _call(prog, inputs):
     """One call; inputs of other sizes than the program was compiled for are bad usage, said plainly."""
     try:
         return prog(*inputs)
-    except (AssertionError, RuntimeError) as e:
-        if "Guard failed" not in str(e) and "Expected input" not in str(e):
-            raise
+    except InputMismatchError as e:
         compiled = "; ".join(_describe(prog.example_inputs)) if prog.example_inputs is not None else "other sizes"
         raise UsageError(
-            f"the inputs do not fit the program ({str(e).splitlines()[0]}); it was compiled for {compiled}. "
-            "Compile with dynamic shapes for other sizes."
+            f"the inputs do not fit the program ({e}) It was compiled for {compiled}."
         ) from e
 
 

@@ -43,6 +43,8 @@ class LayerRecord:
     inputs: tuple[TensorRecord, ...] = ()
     outputs: tuple[TensorRecord, ...] = ()
     in_graph: bool = True  # False when the rewrite removed the node (a cast made redundant)
+    # weak typing: the measurements behind the choice, per dtype name {"op_ms": .., "cast_ms": ..} or {"note": ..}
+    timings: dict | None = None
 
     def to_dict(self) -> dict:
         d = {}
@@ -69,7 +71,11 @@ class LayerRecord:
         return cls(**d)
 
 
-def build_records(info: GraphInfo, plan: PrecisionPlan, graph: torch.fx.Graph) -> list[LayerRecord]:
+def build_records(
+    info: GraphInfo, plan: PrecisionPlan, graph: torch.fx.Graph, *, timings: dict | None = None
+) -> list[LayerRecord]:
+    """One record per planned layer; ``timings`` (layer name -> table) come from weak typing."""
+    timings = timings or {}
     nodes = {n.name: n for n in graph.nodes}
     records = []
     for name, decision in plan.items():
@@ -98,6 +104,7 @@ def build_records(info: GraphInfo, plan: PrecisionPlan, graph: torch.fx.Graph) -
                 inputs=inputs,
                 outputs=outputs,
                 in_graph=node is not None,
+                timings=timings.get(name),
             )
         )
     return records

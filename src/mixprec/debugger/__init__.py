@@ -1,0 +1,79 @@
+"""``mixprec.debug``: find the layer that breaks a mixed-precision program's numerics.
+
+A mixed program that returns all zeros, inf or NaN says nothing about where it went wrong.
+The debugger runs the fp32 reference (the same captured graph, every layer in fp32) and the
+mixed program side by side, compares every layer's output with the fp32 value of the same
+tensor, and names the first layer that produced inf/NaN and the layer with the largest error
+jump, with its module path and what would keep it in fp32.
+
+Modules: ``reference`` (the fp32 program), ``compare`` (the lockstep runner, reusable for a
+precision search), ``findings`` (culprits and suggestions), ``records`` (the data),
+``render`` (text and HTML).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..capture import as_input_kwargs, as_input_tuple
+from ..compiler import compile as _compile
+from ..diagnose import flat_user_inputs
+from ..errors import ConfigError
+from ..input_check import check_inputs, input_specs_of
+from ..module import MixedPrecisionModule
+from .compare import compare_programs
+from .findings import find
+from .records import DebugReport, Finding, LayerComparison
+from .reference import Fp32Reference, fp32_reference
+
+__all__ = ["debug", "DebugReport", "LayerComparison", "Finding", "Fp32Reference", "fp32_reference", "compare_programs"]
+
+
+def debug(prog_or_model, inputs=(), *, kwargs=None, **compile_settings) -> DebugReport:
+    """Compare every layer of a mixed-precision program with fp32 on ``inputs``; name the culprit.
+
+    ``prog_or_model``: a compiled program (``mixprec.compile``'s result), or an ``nn.Module`` /
+    ``ExportedProgram`` that is compiled first with ``compile_settings`` (the keywords of
+    ``mixprec.compile``, e.g. ``plan=`` or ``enable_autocast=True``). ``inputs`` are positional
+    arguments of ``forward`` (``kwargs`` its keyword arguments), as for ``compile``.
+
+    Both programs run op by op in eager PyTorch on the inputs' device: for ``backend="inductor"``
+    this checks the program's graph (the dtypes each op computes in), not the fused kernels.
+    """
+    args, kwargs = as_input_tuple(inputs), as_input_kwargs(kwargs)
+    if isinstance(prog_or_model, MixedPrecisionModule):
+        if compile_settings:
+            raise ConfigError(
+                f"mixprec.debug got compile settings ({', '.join(sorted(compile_settings))}) with a program that is "
+                "already compiled; pass the model instead to compile it with these settings, or drop them."
+            )
+        prog = prog_or_model
+    else:
+        prog = _compile(prog_or_model, args, kwargs=kwargs, **compile_settings)
+    if prog.captured_program is None:
+        raise ConfigError(
+            "this program has no captured fp32 program (it was loaded from a file, which keeps only the mixed "
+            "program and its possibly low-precision weights), so there is no fp32 reference to compare with. "
+            "Debug the model instead: mixprec.debug(model, inputs, plan=prog.plan)."
+        )
+    _check_inputs(prog, args, kwargs)
+    reference = fp32_reference(prog.captured_program)
+    user_values = flat_user_inputs(prog.exported_program, args, kwargs)
+    with torch.no_grad():
+        layers, outputs = compare_programs(reference.program, prog.exported_program, reference.info, prog.plan, user_values)
+    findings = find(layers, reference.info, prog.plan)
+    finite = [r.rel_l2_error for r in layers if math.isfinite(r.rel_l2_error)]
+    summary = {
+        "layers_compared": len(layers),
+        "layers_with_new_nonfinite": sum(1 for r in layers if r.new_nonfinite),
+        "max_layer_rel_l2_error": max(finite, default=0.0),
+        "output_max_abs_error": outputs.get("max_abs_error", math.nan),
+        "output_rel_l2_error": outputs.get("rel_l2_error", math.nan),
+    }
+    return DebugReport(layers, findings, summary)
+
+
+def _check_inputs(prog: MixedPrecisionModule, args, kwargs) -> None:
+    check_inputs(input_specs_of(prog.exported_program), prog.exported_program, args, kwargs)

@@ -1,0 +1,180 @@
+"""What the debugger found, as data: one LayerComparison per layer, Findings, the DebugReport.
+
+Records first, rendering after (``render.py``): the report can be printed, saved as JSON and
+read back, or rendered as a section of the HTML report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import torch
+
+from ..dtypes import dtype_from_name, dtype_name
+from ..errors import ConfigError
+
+_FORMAT = "mixprec.debug"
+_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerComparison:
+    """One layer's output in the mixed program against the fp32 value of the same tensor.
+
+    Errors are over the positions where both values are finite; inf/NaN are counted apart.
+    ``input_error`` is the largest ``rel_l2_error`` among the layers it reads (through data
+    movement; 0 for model inputs and parameters, whose rounding is this layer's own doing),
+    and ``error_jump = rel_l2_error - input_error`` is the error this layer added.
+    """
+
+    name: str
+    op: str
+    module: str
+    module_type: str
+    kind: str  # "compute" | "cast"
+    precision: torch.dtype  # what it computes in, in the mixed program
+    source: str  # who decided that (plan source)
+    numel: int
+    rel_l2_error: float
+    max_abs_error: float
+    absmax: float  # largest finite |value| in the mixed program
+    ref_absmax: float  # largest finite |value| in fp32
+    nonfinite: int
+    ref_nonfinite: int
+    new_nonfinite: int  # inf/NaN where the fp32 value is finite
+    input_error: float
+    error_jump: float
+    overflowed_inputs: tuple[str, ...] = ()  # inputs that turned inf when cast to this layer's dtype
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["precision"] = dtype_name(self.precision)
+        d["overflowed_inputs"] = list(self.overflowed_inputs)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LayerComparison":
+        d = dict(d)
+        d["precision"] = dtype_from_name(d["precision"])
+        d["overflowed_inputs"] = tuple(d.get("overflowed_inputs", ()))
+        return cls(**d)
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """A culprit: the first layer that produced inf/NaN, or the layer with the largest error jump."""
+
+    kind: str  # "nonfinite" | "error_jump"
+    layer: str
+    module: str
+    op: str
+    precision: torch.dtype
+    message: str  # what happened, with the numbers
+    suggestions: tuple[str, ...]  # what would keep it in fp32 (a setting, a rule, a plan entry)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["precision"] = dtype_name(self.precision)
+        d["suggestions"] = list(self.suggestions)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Finding":
+        d = dict(d)
+        d["precision"] = dtype_from_name(d["precision"])
+        d["suggestions"] = tuple(d["suggestions"])
+        return cls(**d)
+
+
+@dataclasses.dataclass
+class DebugReport:
+    """``mixprec.debug``'s answer: per-layer comparisons, findings (the culprit first), a summary."""
+
+    layers: list[LayerComparison]
+    findings: list[Finding]
+    summary: dict
+
+    @property
+    def culprit(self) -> Finding | None:
+        """The first inf/NaN producer if there is one, else the layer with the largest error jump."""
+        return self.findings[0] if self.findings else None
+
+    @property
+    def first_nonfinite(self) -> LayerComparison | None:
+        return self._of_kind("nonfinite")
+
+    @property
+    def largest_jump(self) -> LayerComparison | None:
+        return self._of_kind("error_jump")
+
+    def layer(self, name: str) -> LayerComparison:
+        for record in self.layers:
+            if record.name == name:
+                return record
+        raise KeyError(name)
+
+    def by_module(self, module: str) -> list[LayerComparison]:
+        return [r for r in self.layers if r.module == module]
+
+    def _of_kind(self, kind: str) -> LayerComparison | None:
+        for finding in self.findings:
+            if finding.kind == kind:
+                return self.layer(finding.layer)
+        return None
+
+    def __str__(self) -> str:
+        from .render import text
+
+        return text(self)
+
+    def to_html(self) -> str:
+        """An HTML fragment (a ``<section>``) for the HTML report."""
+        from .render import html_section
+
+        return html_section(self)
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(
+            {
+                "format": _FORMAT,
+                "version": _VERSION,
+                "summary": self.summary,
+                "findings": [f.to_dict() for f in self.findings],
+                "layers": [r.to_dict() for r in self.layers],
+            },
+            indent=indent,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> "DebugReport":
+        try:
+            data = json.loads(text)
+        except (json.JSONDecodeError, TypeError) as e:
+            raise ConfigError(f"the debug report is not valid JSON ({e}).") from e
+        if not isinstance(data, dict) or data.get("format") != _FORMAT or data.get("version") != _VERSION:
+            raise ConfigError(f"this JSON is not a mixprec debug report of version {_VERSION}.")
+        return cls(
+            [LayerComparison.from_dict(d) for d in data["layers"]],
+            [Finding.from_dict(d) for d in data["findings"]],
+            data["summary"],
+        )
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, DebugReport):
+            return NotImplemented
+        return (
+            len(self.layers) == len(other.layers)
+            and all(_same(a.to_dict(), b.to_dict()) for a, b in zip(self.layers, other.layers))
+            and self.findings == other.findings
+            and _same(self.summary, other.summary)
+        )
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b or (math.isnan(a) and math.isnan(b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a == b

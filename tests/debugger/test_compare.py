@@ -1,0 +1,72 @@
+"""The lockstep runner: which layers it compares, what it leaves alone, and its statistics."""
+
+import math
+
+import torch
+
+import mixprec
+from helpers import plan_lowering
+from mixprec.debugger import compare_programs, fp32_reference
+from mixprec.debugger.compare import _stats
+from mixprec.diagnose import flat_user_inputs
+from models import ConvNet
+
+
+class _InPlace(torch.nn.Module):
+    """Writes into its input and into an intermediate that is read again afterwards."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 6)
+
+    def forward(self, x):
+        x.mul_(2)
+        h = self.fc(x)
+        h.add_(1)
+        return torch.tanh(h) * h
+
+
+def _compare(model, inputs, plan, **kw):
+    prog = mixprec.compile(model, inputs, plan=plan)
+    ref = fp32_reference(prog.captured_program)
+    user = flat_user_inputs(prog.exported_program, inputs, {})
+    return compare_programs(ref.program, prog.exported_program, ref.info, prog.plan, user, **kw), ref.info
+
+
+def test_compares_every_compute_layer_and_only_those_asked():
+    model, inputs = ConvNet().eval(), ConvNet.example_inputs()
+    plan = plan_lowering(model, inputs, torch.bfloat16)
+    (records, outputs), info = _compare(model, inputs, plan)
+    assert [r.name for r in records] == [n for n, node in info.items() if node.kind in ("compute", "cast")]
+    assert all(r.precision == torch.bfloat16 and r.rel_l2_error > 0 for r in records)
+    with torch.no_grad():
+        expected = model(*inputs)
+        got = mixprec.compile(model, inputs, plan=plan)(*inputs)
+    assert outputs["rel_l2_error"] == (got.double() - expected.double()).norm().item() / expected.double().norm().item()
+    (some, _), _ = _compare(model, inputs, plan, layers=["conv2d_1", "linear"])
+    assert [r.name for r in some] == ["conv2d_1", "linear"]
+    # inputs through data movement: linear reads flatten(max_pool2d_1): its input error is max_pool2d_1's
+    by_name = {r.name: r for r in records}
+    assert by_name["linear"].input_error == by_name["max_pool2d_1"].rel_l2_error
+
+
+def test_in_place_ops_and_input_mutation_leave_the_user_inputs_alone():
+    model = _InPlace().eval()
+    x = torch.randn(3, 6)
+    before = x.clone()
+    plan = plan_lowering(model, (x.clone(),), torch.bfloat16, select=lambda r: r.op == "aten.tanh.default")
+    found = mixprec.debug(model, (x,), plan=plan)
+    assert torch.equal(x, before)
+    by_op = {r.op: r for r in found.layers}
+    assert by_op["aten.add_.Tensor"].rel_l2_error == 0  # fp32 in both programs, the same writes
+    assert by_op["aten.tanh.default"].rel_l2_error > 0
+
+
+def test_statistics_count_inf_and_nan_apart_from_the_error():
+    ref = torch.tensor([1.0, 2.0, 3.0, float("inf"), 4.0])
+    got = torch.tensor([1.0, 2.5, float("inf"), float("inf"), float("nan")])
+    s = _stats("n", got, ref)
+    assert (s["nonfinite"], s["ref_nonfinite"], s["new_nonfinite"]) == (3, 1, 2)
+    assert s["max_abs_error"] == 0.5  # over positions finite in both: 1.0 and 2.0
+    assert math.isclose(s["rel_l2_error"], 0.5 / math.sqrt(1 + 4))
+    assert (s["absmax"], s["ref_absmax"]) == (2.5, 4.0)
