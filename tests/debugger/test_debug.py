@@ -107,14 +107,11 @@ def test_fp32_accumulation_compares_the_rounded_output():
     assert first.rel_l2_error == pytest.approx(expected, rel=1e-9)
 
 
-def test_settings_are_for_models_and_loaded_programs_need_the_model():
+def test_settings_are_for_models_and_inputs_must_fit():
     model, inputs = ThreeLinears().eval(), ThreeLinears.example_inputs()
     prog = mixprec.compile(model, inputs)
     with pytest.raises(ConfigError, match="already compiled"):
         mixprec.debug(prog, inputs, keep_io_types=False)
-    loaded_like = MixedPrecisionModule(prog.exported_program, prog.plan, prog.report, {}, prog.runner)
-    with pytest.raises(ConfigError, match=r"mixprec.debug\(model, inputs, plan=prog.plan\)"):
-        mixprec.debug(loaded_like, inputs)
     with pytest.raises(InputMismatchError, match="compiled for torch.float32"):
         mixprec.debug(prog, (inputs[0].double(),))
 
@@ -133,3 +130,16 @@ def test_json_round_trip_and_html_section():
     assert "NodePrecision(torch.float32, source=&#x27;plan&#x27;" in page
     with pytest.raises(ConfigError, match="not a mixprec debug report"):
         mixprec.DebugReport.from_json('{"format": "x"}')
+
+
+def test_a_loaded_program_is_debugged_against_its_own_fp32_recomputation(tmp_path):
+    from mixprec.plan import NodePrecision, PrecisionPlan
+    from models import Overflow
+
+    model, inputs = Overflow().eval(), Overflow.example_inputs()
+    names = [r.name for r in mixprec.compile(model, inputs).report.layers if r.kind == "compute"]
+    prog = mixprec.compile(model, inputs, plan=PrecisionPlan({n: NodePrecision(torch.float16) for n in names}))
+    mixprec.save(prog, tmp_path / "p.mixprec.pt2")
+    found = mixprec.debug(mixprec.load(tmp_path / "p.mixprec.pt2"), inputs)
+    assert found.first_nonfinite is not None and found.first_nonfinite.module == "block.fc1"
+    assert "stored weights" in found.summary["reference"] and "reference:" in str(found)

@@ -3,6 +3,7 @@
     mixprec compile SPEC [options] -o model.mixprec.pt2 [--report report.html] [--json report.json]
     mixprec report model.mixprec.pt2 [--html report.html] [--json report.json] [--layer-info]
     mixprec run model.mixprec.pt2 [--inputs inputs.pt] [--repeat N]
+    mixprec debug SPEC|FILE [options] [--json debug.json] [--html page.html]
 
 Options of ``compile`` mirror the keywords of ``mixprec.compile`` (``options.py``).
 Exit codes: 0 success, 2 bad usage (unknown option, missing or unreadable file, a SPEC
@@ -84,6 +85,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=_non_negative_int, default=1, metavar="N", help="untimed runs first (default 1)")
     p.add_argument("--backend", metavar="NAME", help="run on another registered backend than the recorded one")
     _common(p)
+
+    p = sub.add_parser(
+        "debug",
+        help="compare every layer with fp32 and name the layer that breaks the numerics",
+        description="Run the mixed-precision program and its fp32 reference side by side and report, per layer, "
+        "the error against the fp32 value of the same tensor; name the first layer that produced inf/NaN and the "
+        "largest error jump, with what would keep it in fp32. TARGET is a SPEC (compiled first, with the options "
+        "given) or a file written by mixprec.save (compared with its own fp32 recomputation).",
+    )
+    p.add_argument("target", metavar="SPEC|FILE", help="file.py:function, a torch.export .pt2, or a mixprec file")
+    p.add_argument("--inputs", metavar="PT", help="inputs (.pt: a tensor or a tuple of them)")
+    p.add_argument("--json", metavar="JSON", help="also write the comparison as JSON")
+    p.add_argument("--html", metavar="HTML", help="also write the report page with the comparison included")
+    p.add_argument("--rows", type=_positive_int, default=40, metavar="N", help="table rows to print (default 40)")
+    add_compile_options(p)
+    _common(p)
     return parser
 
 
@@ -92,7 +109,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true", help="show tracebacks of errors (compile: also log every layer)")
 
 
-_COMMANDS = {"compile": commands.compile_command, "report": commands.report_command, "run": commands.run_command}
+_COMMANDS = {
+    "compile": commands.compile_command,
+    "report": commands.report_command,
+    "run": commands.run_command,
+    "debug": commands.debug_command,
+}
 
 
 def main(argv=None) -> int:
@@ -116,7 +138,7 @@ def main(argv=None) -> int:
         _error(command, "interrupted.", None)
         return 130
     except ConfigError as e:
-        hint = option_hint(str(e)) if command == "mixprec compile" else ""
+        hint = option_hint(str(e)) if command in ("mixprec compile", "mixprec debug") else ""
         _error(command, _message(e) + hint, e if debug else None)
         return EXIT_USAGE
     except (

@@ -166,3 +166,46 @@ def _check_writable(*paths) -> None:
 def _write_text(path: str, text: str) -> None:
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(text)
+
+
+def debug_command(args) -> int:
+    """Compare every layer with fp32 and name the culprit: a SPEC is compiled with the options given,
+    a saved program is compared with its own fp32 recomputation."""
+    import mixprec
+
+    from ..debugger.render import text
+    from .options import compile_kwargs
+    from .spec import is_mixprec_file
+
+    progress = Progress(args.progress)
+    _check_writable(args.json, args.html)
+    kwargs = compile_kwargs(args)
+    kwargs.pop("debug", None)  # --debug shows tracebacks here; it does not change the compile
+    if ":" not in args.target and is_mixprec_file(args.target):
+        if kwargs:
+            raise UsageError(
+                f"{args.target} is already compiled, so compile options ({', '.join(sorted(kwargs))}) do not apply; "
+                "give a SPEC (file.py:function) to compile with them."
+            )
+        with progress.step(f"loading {args.target}"), held_back("mixprec debug", args.debug):
+            prog = mixprec.load(args.target)
+        inputs, label = prog.example_inputs, args.target
+    else:
+        with progress.step(f"loading {args.target}"):
+            model, inputs, label = load_spec(args.target)
+        prog = None
+    if args.inputs:
+        inputs = load_inputs(args.inputs)
+    if inputs is None:
+        raise UsageError(f"{args.target} carries no example inputs; pass --inputs FILE.pt (a tensor or a tuple of them).")
+    if prog is None:
+        with progress.step(f"compiling {label}"), held_back("mixprec debug", args.debug):
+            prog = mixprec.compile(model, inputs, **kwargs)
+    with progress.step(f"comparing {label} with fp32 layer by layer"), held_back("mixprec debug", args.debug):
+        found = mixprec.debug(prog, inputs)
+    print(text(found, max_rows=args.rows))
+    if args.json:
+        _write_text(args.json, found.to_json())
+    if args.html:
+        prog.report.save_html(args.html, title=f"mixprec debug: {label}", debug=found)
+    return 0

@@ -113,7 +113,7 @@ def _as_args(inputs, where: str) -> tuple:
 def _load_pt2(path: str) -> tuple[object, tuple | None, str]:
     if not os.path.isfile(path):
         raise UsageError(f"the SPEC file {path} does not exist.")
-    if _is_mixprec_file(path):
+    if is_mixprec_file(path):
         raise UsageError(
             f"{path} is a compiled mixprec file, not a torch.export program; use `mixprec run {path}` or "
             f"`mixprec report {path}`."
@@ -134,7 +134,7 @@ def _load_pt2(path: str) -> tuple[object, tuple | None, str]:
     return ep, inputs, path
 
 
-def _is_mixprec_file(path: str) -> bool:
+def is_mixprec_file(path: str) -> bool:
     try:
         with zipfile.ZipFile(path) as archive:
             return "mixprec.json" in archive.namelist()

@@ -52,20 +52,23 @@ def debug(prog_or_model, inputs=(), *, kwargs=None, **compile_settings) -> Debug
         prog = prog_or_model
     else:
         prog = _compile(prog_or_model, args, kwargs=kwargs, **compile_settings)
-    if prog.captured_program is None:
-        raise ConfigError(
-            "this program has no captured fp32 program (it was loaded from a file, which keeps only the mixed "
-            "program and its possibly low-precision weights), so there is no fp32 reference to compare with. "
-            "Debug the model instead: mixprec.debug(model, inputs, plan=prog.plan)."
-        )
     _check_inputs(prog, args, kwargs)
-    reference = fp32_reference(prog.captured_program)
+    if prog.captured_program is not None:
+        reference = fp32_reference(prog.captured_program)
+        basis = "the captured model with every layer in fp32"
+    else:  # loaded from a file: the fp32 weights are not there, only the mixed program's stored ones
+        reference = fp32_reference(prog.exported_program)
+        basis = (
+            "the saved program recomputed with every layer in fp32 from its stored weights (the file holds no "
+            "fp32 weights, so weight rounding is not measured; debug the model itself to include it)"
+        )
     user_values = flat_user_inputs(prog.exported_program, args, kwargs)
     with torch.no_grad():
         layers, outputs = compare_programs(reference.program, prog.exported_program, reference.info, prog.plan, user_values)
     findings = find(layers, reference.info, prog.plan)
     finite = [r.rel_l2_error for r in layers if math.isfinite(r.rel_l2_error)]
     summary = {
+        "reference": basis,
         "layers_compared": len(layers),
         "layers_with_new_nonfinite": sum(1 for r in layers if r.new_nonfinite),
         "max_layer_rel_l2_error": max(finite, default=0.0),

@@ -63,6 +63,8 @@ def text(report: DebugReport, *, max_rows: int | None = None) -> str:
         "same tensor",
         findings_text(report),
     ]
+    if s.get("reference"):
+        lines.append(f"reference: {s['reference']}")
     if "output_rel_l2_error" in s:
         lines.append(
             f"output error vs fp32: max abs {_num(s['output_max_abs_error'])}, rel L2 {_num(s['output_rel_l2_error'])}"

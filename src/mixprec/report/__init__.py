@@ -84,15 +84,16 @@ class Report:
             raise ConfigError(f"this mixprec report is incomplete or damaged ({type(e).__name__}: {e}).") from e
         return cls(layers, summary, graph)
 
-    def to_html(self, title: str = "mixprec report") -> str:
-        """A self-contained page: the graph coloured by precision, the layer table, summary and error."""
+    def to_html(self, title: str = "mixprec report", debug=None) -> str:
+        """A self-contained page: the graph coloured by precision, the layer table, summary and error;
+        with ``debug`` (a ``mixprec.debug`` result) also the per-layer comparison with fp32."""
         from .html import render_page
 
-        return render_page(self, title=title)
+        return render_page(self, title=title, extra_sections=(debug.to_html(),) if debug is not None else ())
 
-    def save_html(self, path, title: str = "mixprec report") -> None:
+    def save_html(self, path, title: str = "mixprec report", debug=None) -> None:
         with open(os.fspath(path), "w", encoding="utf-8") as fh:
-            fh.write(self.to_html(title=title))
+            fh.write(self.to_html(title=title, debug=debug))
 
 
 def _same(a, b) -> bool:

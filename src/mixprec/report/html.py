@@ -48,7 +48,7 @@ def _asset(name: str) -> str:
     return resources.files(__package__).joinpath("assets", name).read_text(encoding="utf-8")
 
 
-def render_page(report, title: str = "mixprec report") -> str:
+def render_page(report, title: str = "mixprec report", extra_sections=()) -> str:
     from .. import __version__
 
     summary = report.summary
@@ -80,6 +80,7 @@ def render_page(report, title: str = "mixprec report") -> str:
         '<button type="button" data-zoom="1" title="larger">+</button></div>',
         f'<div id="graph-pane">{render_svg(lay)}</div></section>',
         _table_section(report),
+        *extra_sections,
         f"<script>\n{script}\n</script>",
         "</body></html>",
     ]

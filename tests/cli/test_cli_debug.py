@@ -1,0 +1,77 @@
+"""`mixprec debug SPEC|FILE`: names the layer that overflows, from a SPEC or a saved program."""
+
+import json
+import textwrap
+
+import mixprec
+from mixprec.cli import main
+
+OVERFLOW_SPEC = """
+import torch
+from torch import nn
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 8)
+        self.fc2 = nn.Linear(8, 4)
+        with torch.no_grad():
+            self.fc1.weight.fill_(3e4)  # activations ~1e5: finite in fp32, beyond fp16's 65504
+            self.fc1.bias.zero_()
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(torch.sigmoid(x))))
+
+def build():
+    torch.manual_seed(0)
+    return Block().eval(), (torch.randn(4, 8),)
+"""
+
+
+def _run(capsys, *args):
+    code = main([str(a) for a in args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_debug_a_spec_with_compile_options_names_the_overflowing_layer(tmp_path, capsys):
+    spec = tmp_path / "overflow.py"
+    spec.write_text(textwrap.dedent(OVERFLOW_SPEC))
+    plan = tmp_path / "plan.json"
+    prog = mixprec.compile(*_build(spec))
+    names = [r.name for r in prog.report.layers if r.kind == "compute"]
+    plan.write_text(
+        json.dumps({"format": "mixprec.plan", "version": 1, "nodes": {n: {"precision": "float16"} for n in names}})
+    )
+    code, out, err = _run(capsys, "debug", f"{spec}:build", "--plan", plan, "--json", tmp_path / "d.json",
+                          "--html", tmp_path / "d.html")  # fmt: skip
+    assert code == 0, err
+    first = out.splitlines()[1]
+    assert first.startswith("!! first inf/NaN") and "module 'fc1'" in first
+    data = json.loads((tmp_path / "d.json").read_text())
+    assert data["summary"]["layers_with_new_nonfinite"] >= 1
+    page = (tmp_path / "d.html").read_text()
+    assert "first inf/NaN" in page and 'id="layers"' in page
+
+
+def test_debug_a_saved_program_and_bad_usage(tmp_path, capsys):
+    spec = tmp_path / "overflow.py"
+    spec.write_text(textwrap.dedent(OVERFLOW_SPEC))
+    model, inputs = _build(spec)
+    names = [r.name for r in mixprec.compile(model, inputs).report.layers if r.kind == "compute"]
+    plan = mixprec.PrecisionPlan({n: mixprec.NodePrecision(__import__("torch").float16) for n in names})
+    mixprec.save(mixprec.compile(model, inputs, plan=plan), tmp_path / "p.mixprec.pt2")
+    code, out, err = _run(capsys, "debug", tmp_path / "p.mixprec.pt2")
+    assert code == 0, err
+    assert "module 'fc1'" in out and "stored weights" in out
+    code, out, err = _run(capsys, "debug", tmp_path / "p.mixprec.pt2", "--fp32-acc")
+    assert code == 2 and "already compiled" in err and "Traceback" not in err
+
+
+def _build(spec):
+    import importlib.util
+
+    module_spec = importlib.util.spec_from_file_location("overflow_spec", spec)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.build()
