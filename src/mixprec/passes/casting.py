@@ -78,7 +78,7 @@ def is_mixprec_cast(node: torch.fx.Node) -> bool:
 
 def origin_name(node: torch.fx.Node) -> str:
     """Name of the captured value behind a node: looks through mixprec's casts and stored copies."""
-    while is_mixprec_cast(node):
+    while is_mixprec_cast(node) or node.meta.get(META_ROLE) == "layout":
         node = node.args[0]
     return node.meta.get(META_ORIGIN, node.name)
 

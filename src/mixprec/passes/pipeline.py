@@ -1,7 +1,8 @@
 """The rewrite pipeline: realise a plan on a copy of the captured program.
 
 Order matters and is fixed: cast insertion (with input rounding), int8 quantize/dequantize,
-parameter storage, fp32 accumulation, output dtypes, cast folding. With ``verify_each`` (the tests turn it on)
+parameter storage, fp32 accumulation, matmul input layout, output dtypes, cast folding. With
+``verify_each`` (the tests turn it on)
 the verifier runs after every pass, including a fake-tensor re-run that proves the
 meta dtypes are true; otherwise the cheap structural checks run once at the end.
 """
@@ -20,6 +21,7 @@ from .fold_casts import fold_casts
 from .fp32_acc import fp32_acc
 from .insert_casts import insert_casts
 from .io_types import restore_outputs
+from .layout import contiguous_matmul_inputs
 from .quantize import quantize
 from .verify import verify
 
@@ -30,6 +32,7 @@ PASSES = (
     ("quantize", quantize),
     ("cast_params", cast_params),
     ("fp32_acc", fp32_acc),
+    ("layout", contiguous_matmul_inputs),
     ("restore_outputs", restore_outputs),
     ("fold_casts", fold_casts),
 )
