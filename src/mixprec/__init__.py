@@ -14,11 +14,15 @@ from .errors import (
 from .module import MixedPrecisionModule
 from .plan import NodePrecision, PrecisionPlan
 from .report import LayerRecord, Report
+from .searching import Accuracy, SearchResult, search
 
 __version__ = "0.1.0"
 
 __all__ = [
     "compile",
+    "search",
+    "Accuracy",
+    "SearchResult",
     "MixedPrecisionConfigurator",
     "MixedPrecisionModule",
     "PrecisionPlan",

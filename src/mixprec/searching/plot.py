@@ -1,0 +1,136 @@
+"""``SearchResult.save_plot``: the pareto curve and the per-group sensitivities in one PNG.
+
+Top: the measured prefixes of the sensitivity order — FLOP share in low precision against the
+metric (log scale when it spans decades), each point labelled with its latency, the
+tolerance as a dashed line and the chosen point as a large marker. Bottom: one bar per layer
+group in graph order, its sensitivity on a log scale, coloured by what the chosen plan does
+(lowered / kept fp32 / cannot be lowered, drawn to the top of the axis and hatched).
+
+matplotlib is an optional dependency (``pip install mixprec[search]``), imported only here,
+with the Agg backend so that no display is needed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from ..dtypes import dtype_name
+from ..errors import ConfigError
+
+_LOW, _KEPT, _UNSAFE, _CHOSEN = "#3b75af", "#ef8636", "#c44e52", "#c44e52"
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise ConfigError(
+            "SearchResult.save_plot needs matplotlib, which is not installed; install it with "
+            "'pip install mixprec[search]' (or 'pip install matplotlib'). result.to_json() works without it."
+        ) from e
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_plot(result, path) -> None:
+    plt = _pyplot()
+    n = len(result.groups)
+    width = min(max(9.0, 0.32 * n + 2.0), 20.0)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(width, 9.0), gridspec_kw={"height_ratios": [1.0, 1.1]})
+    try:
+        _pareto(top, result)
+        _sensitivities(bottom, result)
+        fig.tight_layout()
+        fig.savefig(os.fspath(path), format="png", dpi=100)
+    finally:
+        plt.close(fig)
+
+
+def _pareto(ax, result) -> None:
+    points = sorted(result.pareto, key=lambda p: p.low_precision_flops_fraction)
+    xs = [100.0 * p.low_precision_flops_fraction for p in points]
+    ys = [p.metric for p in points]
+    finite = [y for y in ys if math.isfinite(y)]
+    positive = [y for y in finite if y > 0]
+    log = len(positive) >= 2 and max(positive) / min(positive) > 20
+    floor = min(positive) / 10 if positive else 1e-12
+    top = max(finite + ([result.tolerance] if result.tolerance is not None else [])) if finite else 1.0
+    shown = [(y if y > 0 else floor) if log else y for y in ys]
+    shown = [y if math.isfinite(y) else (top * 10 if log else top * 1.1) for y in shown]
+    ax.plot(xs, shown, "-o", color=_LOW, label=f"measured plans (groups lowered to {dtype_name(result.low_precision_type)})")
+    for p, x, y in zip(points, xs, shown):
+        text = f"{p.latency_seconds * 1e3:.2f} ms" if p.latency_seconds is not None else ""
+        if p.metric == 0 and log:
+            text += " (error 0)"
+        if not math.isfinite(p.metric):
+            text += " (inf)"
+        ax.annotate(text, (x, y), textcoords="offset points", xytext=(4, 6), fontsize=8)
+    chosen = result.chosen
+    cx = 100.0 * chosen.low_precision_flops_fraction
+    cy = shown[points.index(chosen)]
+    ax.plot([cx], [cy], marker="*", markersize=20, color=_CHOSEN, linestyle="none",
+            label=f"chosen: {chosen.lowered} groups, {cx:.1f}% FLOPs low, {result.metric_name} {chosen.metric:.2e}")
+    if result.tolerance is not None:
+        ax.axhline(result.tolerance if not log or result.tolerance > 0 else floor, color="gray", linestyle="--",
+                   label=f"tolerance {result.tolerance:g}")
+    if log:
+        ax.set_yscale("log")
+    ax.set_xlabel("share of matmul/conv/attention FLOPs in low precision (%)")
+    ax.set_ylabel(result.metric_name)
+    ax.set_xlim(-3, 110)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title(f"mixprec search on {result.eval_data}: pareto curve (labels: measured latency per call)", fontsize=10)
+
+
+def _sensitivities(ax, result) -> None:
+    groups = result.groups
+    values = [g.sensitivity for g in groups]
+    finite = [v for v in values if math.isfinite(v) and v > 0]
+    floor = min(finite) / 10 if finite else 1e-12
+    ceiling = max(finite) * 10 if finite else 1.0
+    heights, colors, hatches = [], [], []
+    for g in groups:
+        if not math.isfinite(g.sensitivity):
+            heights.append(ceiling)
+            colors.append(_UNSAFE)
+            hatches.append("//")
+        else:
+            heights.append(max(g.sensitivity, floor))
+            colors.append(_KEPT if g.precision == torch.float32 else _LOW)
+            hatches.append("")
+    xs = range(len(groups))
+    bars = ax.bar(xs, [h - floor / 2 for h in heights], bottom=floor / 2, color=colors)
+    for bar, hatch in zip(bars, hatches):
+        bar.set_hatch(hatch)
+    ax.set_yscale("log")
+    ax.set_ylim(floor / 2, ceiling * 50)  # headroom for the legend
+    if result.tolerance is not None and result.tolerance > 0:
+        ax.axhline(result.tolerance, color="gray", linestyle="--", linewidth=1)
+    step = max(1, math.ceil(len(groups) / 60))  # at most 60 labels; the rest stay readable
+    ax.set_xticks(list(xs)[::step])
+    ax.set_xticklabels([_short(g.label) for g in groups][::step], rotation=70, ha="right", fontsize=7)
+    ax.set_xlim(-0.7, len(groups) - 0.3)
+    ax.set_ylabel(f"sensitivity ({result.metric_name}, one group lowered)")
+    ax.set_title("per-layer-group sensitivity (graph order; hatched: a safety rule or a failed trial keeps it fp32)", fontsize=10)
+    from matplotlib.patches import Patch
+
+    ax.legend(
+        handles=[
+            Patch(color=_LOW, label=f"lowered to {dtype_name(result.low_precision_type)}"),
+            Patch(color=_KEPT, label="kept in float32"),
+            Patch(facecolor=_UNSAFE, hatch="//", label="cannot be lowered (inf)"),
+        ],
+        fontsize=8,
+        loc="upper center",
+        ncol=3,
+    )
+
+
+def _short(label: str, limit: int = 42) -> str:
+    return label if len(label) <= limit else "…" + label[-(limit - 1):]
