@@ -26,7 +26,7 @@ def test_a_second_budget_runs_no_phase_one_trial():
 
     other = mixprec.search(model, inputs, eval_dataloader=data, tolerance=1e-3, cache=cache)
     assert other.sensitivities == first.sensitivities
-    assert other.trials <= 2 * math.ceil(math.log2(groups)) + 2  # phase 2 only, and only plans not yet measured
+    assert other.trials <= 2 * math.ceil(math.log2(groups)) + 3  # phase 2 only, and only plans not yet measured
 
     fraction = mixprec.search(model, inputs, eval_dataloader=data, keep_fp32_fraction=0.25, cache=cache)
     assert fraction.trials < groups
@@ -95,3 +95,15 @@ def test_digest_is_by_content():
     y = x.clone()
     y[1, 2] += 1e-6
     assert digest([(x,)]) != digest([(y,)])
+
+
+def test_an_accuracy_wrapper_made_anew_around_the_same_function_hits():
+    model, inputs, data = setup()
+    cache = SearchCache()
+
+    def evaluate(program):
+        return -abs(program(data[0][0]) - model(data[0][0])).max().item()
+
+    first = mixprec.search(model, inputs, metric=mixprec.Accuracy(evaluate), tolerance=0.05, cache=cache)
+    again = mixprec.search(model, inputs, metric=mixprec.Accuracy(evaluate), tolerance=0.05, cache=cache)
+    assert first.trials > 8 and again.trials == 0

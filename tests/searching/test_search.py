@@ -264,3 +264,34 @@ def test_marker_regions_are_the_models_decision_int8_included():
     prog = mixprec.compile(model, inputs, plan=result.plan)
     assert prog.report.layer("conv2d_1").precision == torch.int8
     assert prog.report.summary["rel_l2_error"] == pytest.approx(result.chosen.metric, rel=1e-6)
+
+
+def test_fp16_on_a_cpu_warns_once_in_the_searchs_words():
+    model = OverflowsInFp16().eval()
+    with pytest.warns(mixprec.MixedPrecisionWarning, match="mixprec.search with low_precision_type=float16") as record:
+        mixprec.search(model, OverflowsInFp16.example_inputs(), low_precision_type=F16, cache=False)
+    assert not any("autocast_low_precision_type" in str(w.message) for w in record)
+
+
+class _Broken(torch.nn.Module):
+    def forward(self, *args):
+        raise RuntimeError("no bfloat16 kernel for this op")
+
+
+def test_a_group_whose_program_fails_is_infinitely_sensitive(monkeypatch):
+    """A kernel missing in the low type (which the fake-tensor probe cannot see) costs the group, not the search."""
+    from mixprec.searching.trials import Guarded, Trials
+
+    original = Trials.program
+
+    def program(self, lowered):
+        return Guarded(_Broken()) if "relu" in lowered else original(self, lowered)
+
+    monkeypatch.setattr(Trials, "program", program)
+    model = SensitiveByConstruction().eval()
+    result = mixprec.search(model, SensitiveByConstruction.example_inputs(), cache=False)
+    relu = next(g for g in result.groups if g.name == "relu")
+    assert math.isinf(relu.sensitivity) and relu.precision == F32
+    assert relu.reason == "fails in bfloat16 (RuntimeError: no bfloat16 kernel for this op)"
+    assert result.plan["relu"].reason == "search: kept in float32: " + relu.reason
+    assert {g.name for g in result.groups if g.precision == F32} == {"linear", "linear_1", "relu"}  # sens1, sens2

@@ -90,18 +90,27 @@ def search(
         keep_fp32_fraction=keep_fp32_fraction,
         eval_dataloader=eval_dataloader,
     )
+    if options.low == torch.float16 and _device(model, args).type == "cpu":
+        warnings.warn(
+            "mixprec.search with low_precision_type=float16 on a CPU: every trial runs PyTorch's CPU float16 kernels, "
+            "which are emulated for most ops and several times slower than float32. The numerics are fp16's (useful "
+            "to plan a GPU deployment); for speed on a CPU search with bfloat16 (the default there).",
+            MixedPrecisionWarning,
+            stacklevel=2,
+        )
     eval_batches = batches_of(eval_dataloader, "eval_dataloader") if eval_dataloader is not None else [args]
     calibration = batches_of(calibration_dataloader, "calibration_dataloader") if calibration_dataloader is not None else None
     store = _store(cache)
     progress = Progress(stream=progress_stream)
 
-    key = study_key(model, args, options.low, metric, eval_batches, calibration)
-    study = store.get(key, model, metric) if store is not None else None
+    user_metric = metric.evaluate if isinstance(metric, Accuracy) else metric  # Accuracy(f) made anew: same f
+    key = study_key(model, args, options.low, user_metric, eval_batches, calibration)
+    study = store.get(key, model, user_metric) if store is not None else None
     trials_before = study.trials.count if study is not None else 0
     if study is None:
         study = build_study(model, args, options, eval_batches, calibration, progress)
         if store is not None:
-            store.put(key, model, metric, study)
+            store.put(key, model, user_metric, study)
 
     choice = choose(study, options, progress)
     if not choice.met:

@@ -19,8 +19,9 @@ each a cumulative curve searched by bisection:
 2. with the first stage's choice lowered, the FLOP-free groups, least sensitive first, as many
    as the remaining tolerance allows.
 
-Each stage tries its whole list first (often everything fits), else bisects for the longest
-prefix whose measured metric is within the tolerance: about log2(N) trials. Every chosen
+Everything lowered is tried first (often it fits). Otherwise each stage tries its whole list,
+then bisects for the longest prefix whose measured metric is within the tolerance: about
+log2(N) trials per stage. Every chosen
 point was measured, so it meets the tolerance on the eval data even where a curve is not
 monotone (the search may then stop short of a later point that would also fit).
 """
@@ -67,6 +68,9 @@ def choose(study: Study, options, progress: Progress) -> Choice:
     tolerance = options.tolerance
     if study.baseline > tolerance:
         return Choice(frozenset(), measured, False)
+    everything = [g.name for g in safe]
+    if metric(everything) <= tolerance:
+        return Choice(frozenset(everything), measured, True)
     heavy = [g.name for g in sorted((g for g in safe if g.flops > 0), key=lambda g: (s(g) ** 2 / g.flops, g.index))]
     free = [g.name for g in sorted((g for g in safe if g.flops == 0), key=lambda g: (s(g), g.index))]
     chosen = _furthest((), heavy, metric, tolerance)

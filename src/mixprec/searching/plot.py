@@ -52,29 +52,41 @@ def save_plot(result, path) -> None:
 
 
 def _pareto(ax, result) -> None:
-    points = sorted(result.pareto, key=lambda p: p.low_precision_flops_fraction)
-    xs = [100.0 * p.low_precision_flops_fraction for p in points]
-    ys = [p.metric for p in points]
-    finite = [y for y in ys if math.isfinite(y)]
+    points = sorted(result.pareto, key=lambda p: (p.low_precision_flops_fraction, p.lowered))
+    finite = [p.metric for p in points if math.isfinite(p.metric)]
     positive = [y for y in finite if y > 0]
     log = len(positive) >= 2 and max(positive) / min(positive) > 20
     floor = min(positive) / 10 if positive else 1e-12
     top = max(finite + ([result.tolerance] if result.tolerance is not None else [])) if finite else 1.0
-    shown = [(y if y > 0 else floor) if log else y for y in ys]
-    shown = [y if math.isfinite(y) else (top * 10 if log else top * 1.1) for y in shown]
-    ax.plot(xs, shown, "-o", color=_LOW, label=f"measured plans (groups lowered to {dtype_name(result.low_precision_type)})")
-    for p, x, y in zip(points, xs, shown):
+
+    def y_of(p) -> float:
+        if not math.isfinite(p.metric):
+            return top * 10 if log else top * 1.1
+        return max(p.metric, floor) if log else p.metric
+
+    def x_of(p) -> float:
+        return 100.0 * p.low_precision_flops_fraction
+
+    low = dtype_name(result.low_precision_type)
+    ax.plot([x_of(p) for p in points], [y_of(p) for p in points], "o", color=_LOW, alpha=0.5,
+            label=f"measured plans (layer groups in {low})")
+    front = _front(points)
+    ax.plot([x_of(p) for p in front], [y_of(p) for p in front], "-", color=_LOW,
+            label="pareto front: least error for a FLOP share")
+    chosen = result.chosen
+    labelled = [chosen]  # latency labels: the chosen point, and front points not crowding a labelled one
+    for p in front:
+        if all(abs(x_of(p) - x_of(q)) > 4.0 for q in labelled):
+            labelled.append(p)
+    for p in labelled:
         text = f"{p.latency_seconds * 1e3:.2f} ms" if p.latency_seconds is not None else ""
         if p.metric == 0 and log:
             text += " (error 0)"
         if not math.isfinite(p.metric):
             text += " (inf)"
-        ax.annotate(text, (x, y), textcoords="offset points", xytext=(4, 6), fontsize=8)
-    chosen = result.chosen
-    cx = 100.0 * chosen.low_precision_flops_fraction
-    cy = shown[points.index(chosen)]
-    ax.plot([cx], [cy], marker="*", markersize=20, color=_CHOSEN, linestyle="none",
-            label=f"chosen: {chosen.lowered} groups, {cx:.1f}% FLOPs low, {result.metric_name} {chosen.metric:.2e}")
+        ax.annotate(text, (x_of(p), y_of(p)), textcoords="offset points", xytext=(5, -12 if p is chosen else 6), fontsize=8)
+    ax.plot([x_of(chosen)], [y_of(chosen)], marker="*", markersize=20, color=_CHOSEN, linestyle="none",
+            label=f"chosen: {chosen.lowered} groups, {x_of(chosen):.1f}% FLOPs low, {result.metric_name} {chosen.metric:.2e}")
     if result.tolerance is not None:
         ax.axhline(result.tolerance if not log or result.tolerance > 0 else floor, color="gray", linestyle="--",
                    label=f"tolerance {result.tolerance:g}")
@@ -85,7 +97,22 @@ def _pareto(ax, result) -> None:
     ax.set_xlim(-3, 110)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
-    ax.set_title(f"mixprec search on {result.eval_data}: pareto curve (labels: measured latency per call)", fontsize=10)
+    ax.set_title(f"mixprec search on {result.eval_data}: measured plans (labels: latency per call)", fontsize=10)
+
+
+def _front(points: list) -> list:
+    """Points no other point beats on both FLOP share (higher) and metric (lower), by FLOP share."""
+    front = []
+    for p in points:
+        dominated = any(
+            q.low_precision_flops_fraction >= p.low_precision_flops_fraction
+            and q.metric <= p.metric
+            and (q.low_precision_flops_fraction, q.metric) != (p.low_precision_flops_fraction, p.metric)
+            for q in points
+        )
+        if not dominated:
+            front.append(p)
+    return front
 
 
 def _sensitivities(ax, result) -> None:

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 
 import torch
 
 from .. import autocast, planner
 from ..capture import capture
 from ..compiler import marker_ranges
-from ..errors import CalibrationError
+from ..errors import CalibrationError, MixedPrecisionWarning
 from ..graph import GraphInfo, analyze
 from ..passes.normalize import normalize
 from ..program import WorkProgram
@@ -75,7 +76,9 @@ def build_study(
         autocast_max_output_threshold=float(torch.finfo(options.low).max),
         autocast_calibration_dataloader=calibration_batches if calibration_batches is not None else eval_batches,
     )
-    prepared = autocast.prepare(base, info, settings, args)
+    with warnings.catch_warnings():  # search warns about fp16 on a CPU itself, in its own words
+        warnings.filterwarnings("ignore", category=MixedPrecisionWarning, message="autocast_low_precision_type=float16")
+        prepared = autocast.prepare(base, info, settings, args)
     safe = planner.build_plan(info, settings, prepared.context, int8_ranges=ranges)
     groups = find_groups(info, strong, safe)
     baseline = trials.measure(()).value

@@ -104,9 +104,6 @@ class Trials:
         return Guarded(work.to_exported().module())
 
     # ---- measurements --------------------------------------------------------------------------
-    def known(self, lowered: Iterable[str]) -> Outcome | None:
-        return self._memo.get(frozenset(lowered))
-
     def measure(self, lowered: Iterable[str]) -> Outcome:
         key = frozenset(lowered)
         outcome = self._memo.get(key)
