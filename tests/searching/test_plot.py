@@ -34,3 +34,13 @@ def test_without_matplotlib_the_error_says_what_to_install(tmp_path, monkeypatch
     with pytest.raises(mixprec.ConfigError, match=r"pip install mixprec\[search\]"):
         example().save_plot(tmp_path / "x.png")
     assert not (tmp_path / "x.png").exists()
+
+
+def test_plot_of_a_model_with_nothing_to_lower(tmp_path):
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4)).half().eval()
+    result = mixprec.search(model, (torch.randn(2, 4).half(),), cache=False)
+    assert result.groups == () and result.chosen.lowered == 0
+    result.save_plot(tmp_path / "empty.png")
+    assert (tmp_path / "empty.png").read_bytes()[:4] == b"\x89PNG"

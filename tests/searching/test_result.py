@@ -72,7 +72,7 @@ def test_bad_json_raises_config_errors():
 def test_text_and_accessors():
     result = example()
     text = str(result)
-    assert "chosen: 1 of 2 layer groups lowered, 100.0% of FLOPs in bfloat16" in text
+    assert "chosen: 1 of 2 layer groups lowered, 100.0% of FLOPs in low precision" in text
     assert "<- chosen" in text and "fc (linear)  [linear]" in text
     assert result.chosen.lowered == 1
     assert result.sensitivities == {"linear": 3.2e-3, "add": math.inf}

@@ -16,7 +16,6 @@ points with their latency (``latency.py``), every group's sensitivity, JSON and 
 
 from __future__ import annotations
 
-import logging
 import time
 import warnings
 
@@ -36,8 +35,6 @@ from .options import SearchOptions, batches_of
 from .progress import Progress
 from .result import GroupSensitivity, ParetoPoint, SearchResult
 from .sensitivity import Study, build_study
-
-log = logging.getLogger("mixprec.search")
 
 __all__ = ["search", "Accuracy", "SearchResult", "ParetoPoint", "GroupSensitivity", "SearchCache"]
 
@@ -82,15 +79,16 @@ def search(
     """
     start = time.perf_counter()
     args = as_input_tuple(inputs)
+    device = _device(model, args)
     options = SearchOptions.from_arguments(
-        device=_device(model, args),
+        device=device,
         low_precision_type=low_precision_type,
         tolerance=tolerance,
         metric=metric,
         keep_fp32_fraction=keep_fp32_fraction,
         eval_dataloader=eval_dataloader,
     )
-    if options.low == torch.float16 and _device(model, args).type == "cpu":
+    if options.low == torch.float16 and device.type == "cpu":
         warnings.warn(
             "mixprec.search with low_precision_type=float16 on a CPU: every trial runs PyTorch's CPU float16 kernels, "
             "which are emulated for most ops and several times slower than float32. The numerics are fp16's (useful "
@@ -137,8 +135,8 @@ def search(
     )
     chosen = result.chosen
     progress.done(
-        f"{chosen.lowered}/{len(result.groups)} groups lowered, {chosen.low_precision_flops_fraction:.1%} of FLOPs in "
-        f"{dtype_name(options.low)}, {options.metric.name} {chosen.metric:.2e}"
+        f"{chosen.lowered}/{len(result.groups)} groups lowered to {dtype_name(options.low)}, "
+        f"{chosen.low_precision_flops_fraction:.1%} of FLOPs in low precision, {options.metric.name} {chosen.metric:.2e}"
     )
     return result
 

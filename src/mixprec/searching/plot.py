@@ -143,6 +143,9 @@ def _sensitivities(ax, result) -> None:
     ax.set_xticks(list(xs)[::step])
     ax.set_xticklabels([_short(g.label) for g in groups][::step], rotation=70, ha="right", fontsize=7)
     ax.set_xlim(-0.7, len(groups) - 0.3)
+    if not groups:
+        ax.text(0.5, 0.5, "no layer group is free to lower: the model's code, markers or autocast regions set them all",
+                transform=ax.transAxes, ha="center", fontsize=9)
     ax.set_ylabel(f"sensitivity ({result.metric_name}, one group lowered)")
     ax.set_title("per-layer-group sensitivity (graph order; hatched: a safety rule or a failed trial keeps it fp32)", fontsize=10)
     from matplotlib.patches import Patch

@@ -88,7 +88,7 @@ class SearchResult:
         lines = [
             f"mixprec search: {self.metric_name} on {self.eval_data}, {budget}, low type {dtype_name(self.low_precision_type)}",
             f"chosen: {chosen.lowered} of {len(self.groups)} layer groups lowered, "
-            f"{chosen.low_precision_flops_fraction:.1%} of FLOPs in {dtype_name(self.low_precision_type)}, "
+            f"{chosen.low_precision_flops_fraction:.1%} of FLOPs in low precision, "
             f"{self.metric_name} {_fmt(chosen.metric)} (model as written {_fmt(self.baseline)})"
             + ("" if self.met else "  ** the tolerance cannot be met: even the model as written exceeds it **"),
             "",
@@ -101,6 +101,8 @@ class SearchResult:
                 + ("  <- chosen" if p.chosen else "")
             )
         lines += ["", f"{'sensitivity':>11}  {'precision':<9}  layer group"]
+        if not self.groups:
+            lines.append("(none: every layer's precision is set by the model's code, markers or autocast regions)")
         for g in sorted(self.groups, key=lambda g: -g.sensitivity):
             lines.append(f"{_fmt(g.sensitivity):>11}  {dtype_name(g.precision):<9}  {g.label}  [{g.name}]")
         lines.append(f"\n{self.trials} trial(s) run in {self.seconds:.1f} s")
