@@ -32,9 +32,10 @@ from ..errors import ConfigError, MixedPrecisionError
 
 HELP = "find a mixed-precision plan: as many layers in low precision as a tolerance allows"
 DESCRIPTION = (
-    "Measure every layer's sensitivity to low precision, then lower layers cumulatively, least sensitive first, "
-    "as far as --tolerance (rel-L2 error against fp32, default 1e-2) or --keep-fp32-fraction allows. Writes the "
-    "plan for 'mixprec compile --plan' / mixprec.compile(plan=...), the result as JSON and a pareto plot."
+    "Measure every layer group's sensitivity to low precision, then lower groups cumulatively as far as --tolerance "
+    "(rel-L2 error against fp32 on the eval data, default 1e-2) allows, or keep --keep-fp32-fraction of the most "
+    "sensitive ones in fp32. Writes the plan (for mixprec.compile(..., plan=PrecisionPlan.from_json(text))), the "
+    "whole result as JSON and a pareto plot."
 )
 
 
