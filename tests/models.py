@@ -540,3 +540,60 @@ class Cancellation(nn.Module):
     @staticmethod
     def example_inputs():
         return (torch.randn(8, 16),)
+
+
+# ---- automatic precision search (issue 6, part 1) ---------------------------------------------------
+
+
+def zero_sum_rows(n: int, d: int = 16) -> torch.Tensor:
+    """Inputs whose rows sum to zero: the data on which SensitiveByConstruction's cancellation is exact."""
+    x = torch.randn(n, d)
+    return x - x.mean(-1, keepdim=True)
+
+
+class SensitiveByConstruction(nn.Module):
+    """Eight layer groups; exactly two of them (``sens1``, ``sens2``) are catastrophic in bf16/fp16.
+
+    Their weights are W0 + 1000 * r 1^T: on inputs whose rows sum to zero the large part cancels
+    exactly in fp32, but a low-precision layer rounds its input (the row sum is no longer zero)
+    and its weights (the ULP of bf16 at 1000 is 4, so W0 is lost), and the output is garbage.
+    The other layers (fc1..fc3, relu, gelu, norm) read ordinary values and round benignly.
+    """
+
+    def __init__(self, d: int = 16):
+        super().__init__()
+        self.sens1 = nn.Linear(d, d)
+        self.sens2 = nn.Linear(d, d)
+        with torch.no_grad():
+            self.sens1.weight += 1000.0 * torch.randn(d, 1)
+            self.sens2.weight += 1000.0 * torch.randn(d, 1)
+        self.fc1 = nn.Linear(d, 32)
+        self.fc2 = nn.Linear(2 * d + 32, 32)
+        self.norm = nn.LayerNorm(32)
+        self.fc3 = nn.Linear(32, 8)
+
+    def forward(self, x):
+        h = torch.cat([self.sens1(x), self.sens2(x), torch.relu(self.fc1(x))], -1)
+        h = self.norm(nn.functional.gelu(self.fc2(h)))
+        return self.fc3(h)
+
+    @staticmethod
+    def example_inputs():
+        return (zero_sum_rows(8),)
+
+
+class OverflowsInFp16(nn.Module):
+    """``big`` multiplies by 1e3: fine on small data, beyond fp16's 65504 on calibration data of scale 100."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 8)
+        self.fc2 = nn.Linear(8, 4)
+
+    def forward(self, x):
+        big = self.fc1(x) * 1000.0
+        return self.fc2(big / 1000.0)
+
+    @staticmethod
+    def example_inputs():
+        return (torch.randn(4, 8),)

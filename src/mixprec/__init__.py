@@ -17,11 +17,15 @@ from .module import MixedPrecisionModule
 from .plan import NodePrecision, PrecisionPlan
 from .report import LayerRecord, Report
 from .serialize import OutputRecord, load, save
+from .searching import Accuracy, SearchResult, search
 
 __version__ = "0.1.0"
 
 __all__ = [
     "compile",
+    "search",
+    "Accuracy",
+    "SearchResult",
     "MixedPrecisionConfigurator",
     "save",
     "load",

@@ -4,12 +4,13 @@
     mixprec report model.mixprec.pt2 [--html report.html] [--json report.json] [--layer-info]
     mixprec run model.mixprec.pt2 [--inputs inputs.pt] [--repeat N]
     mixprec debug SPEC|FILE [options] [--json debug.json] [--html page.html]
+    mixprec search SPEC [--tolerance X | --keep-fp32-fraction F] [-o plan.json] [--plot pareto.png]
 
 Options of ``compile`` mirror the keywords of ``mixprec.compile`` (``options.py``).
 Exit codes: 0 success, 2 bad usage (unknown option, missing or unreadable file, a SPEC
 that does not give a model, settings mixprec rejects as given: ``ConfigError``), 1 a
 compile or run that failed. Errors are one paragraph on stderr; ``--debug`` adds the
-traceback. Subcommands register in ``_COMMANDS`` (room for ``search`` and ``debug``).
+traceback. Subcommands register in ``_COMMANDS``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import textwrap
 import traceback
 
 from ..errors import ConfigError, FileFormatError, InputMismatchError, MixedPrecisionError
-from . import commands
+from . import commands, search
 from .options import add_compile_options, option_hint
 from .spec import UsageError
 
@@ -101,6 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rows", type=_positive_int, default=40, metavar="N", help="table rows to print (default 40)")
     add_compile_options(p)
     _common(p)
+
+    p = sub.add_parser("search", help=search.HELP, description=search.DESCRIPTION)
+    search.add_arguments(p)
+    _common(p)
     return parser
 
 
@@ -114,6 +119,7 @@ _COMMANDS = {
     "report": commands.report_command,
     "run": commands.run_command,
     "debug": commands.debug_command,
+    "search": search.search_command,
 }
 
 

@@ -24,7 +24,7 @@ def compile_command(args) -> int:
     from .options import compile_kwargs
 
     progress = Progress(args.progress)
-    _check_writable(args.output, args.report, args.json)
+    check_writable(args.output, args.report, args.json)
     kwargs = compile_kwargs(args)
     with progress.step(f"loading {args.spec}"):
         model, inputs, label = load_spec(args.spec)
@@ -41,7 +41,7 @@ def compile_command(args) -> int:
         prog.report.save_html(args.report, title=f"mixprec report: {label}")
         written.append(args.report)
     if args.json:
-        _write_text(args.json, prog.report.to_json())
+        write_text(args.json, prog.report.to_json())
         written.append(args.json)
     from ..report.render import summary_text
 
@@ -56,7 +56,7 @@ def report_command(args) -> int:
     from ..report.render import layer_info, table
     from ..serialize import read_metadata
 
-    _check_writable(args.html, args.json)
+    check_writable(args.html, args.json)
     if args.file.endswith(".json"):
         try:
             with open(args.file, encoding="utf-8") as fh:
@@ -84,7 +84,7 @@ def report_command(args) -> int:
         report.save_html(args.html, title=f"mixprec report: {os.path.basename(args.file)}")
         print(f"wrote {args.html}")
     if args.json:
-        _write_text(args.json, report.to_json())
+        write_text(args.json, report.to_json())
         print(f"wrote {args.json}")
     return 0
 
@@ -151,7 +151,7 @@ def _describe(tree) -> list[str]:
     return lines
 
 
-def _check_writable(*paths) -> None:
+def check_writable(*paths) -> None:
     """Fail before a long compile, not after it, when an output cannot be written."""
     for path in paths:
         if not path:
@@ -163,7 +163,7 @@ def _check_writable(*paths) -> None:
             raise UsageError(f"cannot write {path}: it is a folder.")
 
 
-def _write_text(path: str, text: str) -> None:
+def write_text(path: str, text: str) -> None:
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(text)
 
@@ -178,7 +178,7 @@ def debug_command(args) -> int:
     from .spec import is_mixprec_file
 
     progress = Progress(args.progress)
-    _check_writable(args.json, args.html)
+    check_writable(args.json, args.html)
     kwargs = compile_kwargs(args)
     kwargs.pop("debug", None)  # --debug shows tracebacks here; it does not change the compile
     if ":" not in args.target and is_mixprec_file(args.target):
@@ -205,7 +205,7 @@ def debug_command(args) -> int:
         found = mixprec.debug(prog, inputs)
     print(text(found, max_rows=args.rows))
     if args.json:
-        _write_text(args.json, found.to_json())
+        write_text(args.json, found.to_json())
     if args.html:
         prog.report.save_html(args.html, title=f"mixprec debug: {label}", debug=found)
     return 0

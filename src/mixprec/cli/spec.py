@@ -63,6 +63,21 @@ def load_spec(spec: str) -> tuple[object, tuple, str]:
     return model, inputs, f"{path}:{function}"
 
 
+def call_function(text: str, what: str):
+    """``path/to/file.py:function`` -> whatever ``function()`` returns (eval or calibration batches, say)."""
+    path, _, function = text.rpartition(":")
+    if not path.endswith(".py") or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", function):
+        raise UsageError(f"{what} {text!r} must be path/to/file.py:function.")
+    module = _import_file(path)
+    target = getattr(module, function, None)
+    if target is None or not callable(target):
+        raise UsageError(f"{what} {text!r}: {path} has no function {function!r}.")
+    try:
+        return target()
+    except Exception as e:
+        raise UsageError(f"{what} {text!r}: {function}() raised {type(e).__name__}: {e}") from e
+
+
 def _import_file(path: str):
     if not os.path.isfile(path):
         raise UsageError(f"the SPEC file {path} does not exist.")

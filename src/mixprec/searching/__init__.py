@@ -1,0 +1,221 @@
+"""``mixprec.search``: measure which layers low precision hurts, then lower as much as a budget allows.
+
+Two phases (AIMET's automatic mixed precision, with the budgets its users ask for):
+
+1. sensitivity (``sensitivity.py``): every layer group (``groups.py``: a free fp32 compute layer
+   with the data movement that follows it) is lowered alone and the metric measured on the
+   eval data. Cached (``cache.py``): a second search with another budget runs no phase-1 trial.
+2. budget (``budget.py``): groups are lowered cumulatively, least sensitive first; a binary
+   search finds the furthest prefix within ``tolerance``, or ``keep_fp32_fraction`` keeps
+   exactly that share of the most sensitive groups in fp32.
+
+Trials never re-capture the model (``trials.py``): the captured program is rewritten per plan.
+The result (``result.py``) holds the plan for ``compile(..., plan=...)``, the measured pareto
+points with their latency (``latency.py``), every group's sensitivity, JSON and a plot.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import torch
+import torch.utils._pytree as pytree
+
+from ..capture import as_input_tuple
+from ..dtypes import dtype_name
+from ..errors import ConfigError, MixedPrecisionWarning
+from ..plan import NodePrecision, PrecisionPlan
+from . import latency
+from .budget import Choice, choose
+from .cache import DEFAULT_CACHE, SearchCache, study_key
+from .groups import low_flops_fraction
+from .metrics import Accuracy
+from .options import SearchOptions, batches_of
+from .progress import Progress
+from .result import GroupSensitivity, ParetoPoint, SearchResult
+from .sensitivity import Study, build_study
+
+__all__ = ["search", "Accuracy", "SearchResult", "ParetoPoint", "GroupSensitivity", "SearchCache"]
+
+
+def search(
+    model,
+    inputs,
+    *,
+    low_precision_type=None,
+    tolerance=None,
+    metric=None,
+    keep_fp32_fraction=None,
+    calibration_dataloader=None,
+    eval_dataloader=None,
+    cache=None,
+    progress_stream=None,
+) -> SearchResult:
+    """Find a mixed-precision plan: as many layers in the low type as the budget allows.
+
+    model, inputs: as for ``mixprec.compile`` (an nn.Module or ExportedProgram and its example
+        positional inputs). Nothing is mutated.
+    low_precision_type: torch.float16 | torch.bfloat16 | "fp16" | "bf16"; None = bf16 on CPU, fp16 on CUDA.
+    tolerance: the largest metric value the chosen plan may have on the eval data.
+    keep_fp32_fraction: instead of a tolerance, keep exactly ceil(fraction x groups) of the most
+        sensitive layer groups in fp32 (0..1). Giving both is a ConfigError; giving neither with
+        the default metric means ``tolerance=1e-2`` (rel-L2 error against fp32).
+    metric: None = rel-L2 error of the outputs against the fp32 model, pooled over the eval batches;
+        a callable ``metric(outputs, reference) -> float``, higher is worse, averaged over the eval
+        batches; or ``mixprec.Accuracy(evaluate)`` with ``evaluate(program) -> float``, higher is
+        better, whose tolerance is the accepted drop from fp32 accuracy. A user metric needs a budget.
+    calibration_dataloader: iterable of input tuples for the safety checks (values the low type
+        cannot hold, inf/NaN); None = the eval data.
+    eval_dataloader: iterable of input tuples (example-input shapes) every trial is measured on;
+        None = the example inputs, so the tolerance is then only guaranteed on them. Kept in memory
+        with its fp32 outputs: a few batches are enough.
+    cache: None = the process-wide cache, False = none, or a ``SearchCache``.
+    progress_stream: where progress goes when it is a terminal (default stderr); otherwise
+        progress is logged to "mixprec.search" at INFO.
+
+    Returns a :class:`SearchResult`: ``plan`` for ``compile(model, inputs, plan=result.plan)``,
+    ``pareto``, ``groups`` (sensitivities), ``save_plot(path)``, ``to_json()``.
+    """
+    start = time.perf_counter()
+    args = as_input_tuple(inputs)
+    device = _device(model, args)
+    options = SearchOptions.from_arguments(
+        device=device,
+        low_precision_type=low_precision_type,
+        tolerance=tolerance,
+        metric=metric,
+        keep_fp32_fraction=keep_fp32_fraction,
+        eval_dataloader=eval_dataloader,
+    )
+    if options.low == torch.float16 and device.type == "cpu":
+        warnings.warn(
+            "mixprec.search with low_precision_type=float16 on a CPU: every trial runs PyTorch's CPU float16 kernels, "
+            "which are emulated for most ops and several times slower than float32. The numerics are fp16's (useful "
+            "to plan a GPU deployment); for speed on a CPU search with bfloat16 (the default there).",
+            MixedPrecisionWarning,
+            stacklevel=2,
+        )
+    eval_batches = batches_of(eval_dataloader, "eval_dataloader") if eval_dataloader is not None else [args]
+    calibration = batches_of(calibration_dataloader, "calibration_dataloader") if calibration_dataloader is not None else None
+    store = _store(cache)
+    progress = Progress(stream=progress_stream)
+
+    user_metric = metric.evaluate if isinstance(metric, Accuracy) else metric  # Accuracy(f) made anew: same f
+    key = study_key(model, args, options.low, user_metric, eval_batches, calibration)
+    study = store.get(key, model, user_metric) if store is not None else None
+    trials_before = study.trials.count if study is not None else 0
+    if study is None:
+        study = build_study(model, args, options, eval_batches, calibration, progress)
+        if store is not None:
+            store.put(key, model, user_metric, study)
+
+    choice = choose(study, options, progress)
+    if not choice.met:
+        warnings.warn(
+            f"mixprec.search: the model as written already has {options.metric.name} {study.baseline:.3g} on the eval "
+            f"data, above tolerance {options.tolerance:g}; nothing is lowered. Raise the tolerance.",
+            MixedPrecisionWarning,
+            stacklevel=2,
+        )
+    pareto = _pareto(study, choice, eval_batches[0], progress)
+    result = SearchResult(
+        plan=_plan(study, choice, options),
+        pareto=pareto,
+        groups=_groups(study, choice),
+        metric_name=options.metric.name,
+        low_precision_type=options.low,
+        tolerance=options.tolerance,
+        keep_fp32_fraction=options.keep_fp32_fraction,
+        baseline=study.baseline,
+        met=choice.met,
+        eval_data=_eval_data(options, eval_dataloader, eval_batches),
+        trials=study.trials.count - trials_before,
+        seconds=round(time.perf_counter() - start, 4),
+    )
+    chosen = result.chosen
+    progress.done(
+        f"{chosen.lowered}/{len(result.groups)} groups lowered to {dtype_name(options.low)}, "
+        f"{chosen.low_precision_flops_fraction:.1%} of FLOPs in low precision, {options.metric.name} {chosen.metric:.2e}"
+    )
+    return result
+
+
+def _device(model, args) -> torch.device:
+    for leaf in pytree.tree_leaves(args):
+        if isinstance(leaf, torch.Tensor):
+            return leaf.device
+    if isinstance(model, torch.nn.Module):
+        for tensor in model.parameters():
+            return tensor.device
+    return torch.device("cpu")
+
+
+def _store(cache) -> SearchCache | None:
+    if cache is None or cache is True:
+        return DEFAULT_CACHE
+    if cache is False:
+        return None
+    if isinstance(cache, SearchCache):
+        return cache
+    raise ConfigError(f"cache must be None (the shared cache), False or a mixprec SearchCache, got {type(cache).__name__}.")
+
+
+def _eval_data(options, loader, batches) -> str:
+    if not options.metric.uses_eval_data:
+        return "the accuracy callback's data"
+    if loader is None:
+        return "the example inputs"
+    return f"eval_dataloader ({len(batches)} batch{'es' if len(batches) != 1 else ''})"
+
+
+def _pareto(study: Study, choice: Choice, batch: tuple, progress: Progress) -> tuple[ParetoPoint, ...]:
+    missing = [lowered for lowered in choice.measured if lowered not in study.latency]
+    if missing:
+        progress.update(f"timing {len(missing)} plan(s)")
+        factories = {lowered: (lambda lowered=lowered: study.trials.program(lowered)) for lowered in missing}
+        study.latency.update(latency.measure(factories, batch))
+    points = [
+        ParetoPoint(
+            lowered=len(lowered),
+            low_precision_flops_fraction=low_flops_fraction(study.info, study.trials.plan(lowered)),
+            metric=value,
+            latency_seconds=study.latency[lowered],
+            chosen=lowered == choice.lowered,
+        )
+        for lowered, value in choice.measured.items()
+    ]
+    return tuple(sorted(points, key=lambda p: (p.low_precision_flops_fraction, p.lowered)))
+
+
+def _plan(study: Study, choice: Choice, options) -> PrecisionPlan:
+    low = dtype_name(options.low)
+    if options.tolerance is not None:
+        kept = f"lowering it too would exceed tolerance {options.tolerance:g}"
+    else:
+        kept = f"among the most sensitive groups (keep_fp32_fraction {options.keep_fp32_fraction:g})"
+    decisions = {}
+    for group in study.groups:
+        s = study.sensitivity[group.name]
+        if group.name in choice.lowered:
+            why = f"search: lowered to {low} (sensitivity {s.value:.2e})"
+            decisions[group.name] = NodePrecision(options.low, None, "plan", why)
+        elif s.why is not None:
+            decisions[group.name] = NodePrecision(torch.float32, None, "plan", f"search: kept in float32: {s.why}")
+        else:
+            why = f"search: kept in float32 (sensitivity {s.value:.2e}): {kept}"
+            decisions[group.name] = NodePrecision(torch.float32, None, "plan", why)
+    return PrecisionPlan(decisions)
+
+
+def _groups(study: Study, choice: Choice) -> tuple[GroupSensitivity, ...]:
+    out = []
+    for group in study.groups:
+        s = study.sensitivity[group.name]
+        precision = study.trials.low if group.name in choice.lowered else torch.float32
+        out.append(
+            GroupSensitivity(
+                group.name, group.op, group.module, group.flops, s.value, precision, s.followers, s.why or ""
+            )
+        )
+    return tuple(out)

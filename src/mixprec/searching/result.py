@@ -1,0 +1,219 @@
+"""SearchResult: the chosen plan, the pareto curve and every group's sensitivity, as data.
+
+``result.plan`` goes to ``mixprec.compile(model, inputs, plan=result.plan)``; it names every
+candidate layer (lowered ones in the low type, the others in fp32, each with the search's
+reason) and nothing else, so compile fills in the rest exactly as the search's trials did.
+``to_json``/``from_json`` round-trip (non-finite numbers are written as the strings "inf"/"nan"
+so that the JSON stays standard); ``save_plot`` draws the pareto curve and the sensitivities.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import torch
+
+from ..dtypes import dtype_from_name, dtype_name
+from ..errors import ConfigError
+from ..plan import PrecisionPlan
+
+_FORMAT = "mixprec.search"
+_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupSensitivity:
+    """One layer group: its compute layer, how sensitive it is, and what the chosen plan does with it."""
+
+    name: str  # graph node name of the compute layer
+    op: str
+    module: str
+    flops: int
+    sensitivity: float  # the metric with only this group lowered; inf: it must stay fp32
+    precision: torch.dtype  # in the chosen plan
+    followers: tuple[str, ...] = ()  # data-movement nodes that change dtype with it
+    reason: str = ""
+
+    @property
+    def label(self) -> str:
+        op = self.op.removeprefix("aten.").split(".")[0]
+        return f"{self.module or '(top level)'} ({op})"
+
+
+@dataclasses.dataclass(frozen=True)
+class ParetoPoint:
+    """The plan that lowers the ``lowered`` least sensitive groups."""
+
+    lowered: int
+    low_precision_flops_fraction: float
+    metric: float
+    latency_seconds: float | None
+    chosen: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchResult:
+    plan: PrecisionPlan
+    pareto: tuple[ParetoPoint, ...]  # by number of lowered groups
+    groups: tuple[GroupSensitivity, ...]  # in graph order
+    metric_name: str
+    low_precision_type: torch.dtype
+    tolerance: float | None
+    keep_fp32_fraction: float | None
+    baseline: float  # the metric of the model as written (nothing lowered)
+    met: bool  # the chosen plan is within the tolerance on the eval data
+    eval_data: str  # "eval_dataloader (n batches)", "example inputs" or "the accuracy callback's data"
+    trials: int  # trials this call ran (cached trials not counted)
+    seconds: float
+
+    @property
+    def chosen(self) -> ParetoPoint:
+        return next(p for p in self.pareto if p.chosen)
+
+    @property
+    def sensitivities(self) -> dict[str, float]:
+        return {g.name: g.sensitivity for g in self.groups}
+
+    @property
+    def kept_fp32(self) -> tuple[str, ...]:
+        return tuple(g.name for g in self.groups if g.precision == torch.float32)
+
+    def __str__(self) -> str:
+        chosen = self.chosen
+        budget = (
+            f"tolerance {self.tolerance:g}" if self.tolerance is not None else f"keep_fp32_fraction {self.keep_fp32_fraction:g}"
+        )
+        lines = [
+            f"mixprec search: {self.metric_name} on {self.eval_data}, {budget}, low type {dtype_name(self.low_precision_type)}",
+            f"chosen: {chosen.lowered} of {len(self.groups)} layer groups lowered, "
+            f"{chosen.low_precision_flops_fraction:.1%} of FLOPs in low precision, "
+            f"{self.metric_name} {_fmt(chosen.metric)} (model as written {_fmt(self.baseline)})"
+            + ("" if self.met else "  ** the tolerance cannot be met: even the model as written exceeds it **"),
+            "",
+            f"{'lowered':>7}  {'FLOPs low':>9}  {'metric':>9}  {'latency':>9}",
+        ]
+        for p in self.pareto:
+            latency = f"{p.latency_seconds * 1e3:.2f} ms" if p.latency_seconds is not None else "-"
+            lines.append(
+                f"{p.lowered:>7}  {p.low_precision_flops_fraction:>9.1%}  {_fmt(p.metric):>9}  {latency:>9}"
+                + ("  <- chosen" if p.chosen else "")
+            )
+        lines += ["", f"{'sensitivity':>11}  {'precision':<9}  layer group"]
+        if not self.groups:
+            lines.append("(none: every layer's precision is set by the model's code, markers or autocast regions)")
+        for g in sorted(self.groups, key=lambda g: -g.sensitivity):
+            lines.append(f"{_fmt(g.sensitivity):>11}  {dtype_name(g.precision):<9}  {g.label}  [{g.name}]")
+        lines.append(f"\n{self.trials} trial(s) run in {self.seconds:.1f} s")
+        return "\n".join(lines)
+
+    def save_plot(self, path) -> None:
+        """A PNG with the pareto curve (chosen point marked) and a per-group sensitivity bar chart."""
+        from .plot import save_plot
+
+        save_plot(self, path)
+
+    # ---- JSON ------------------------------------------------------------------------------------
+    def to_json(self, indent: int | None = 1) -> str:
+        data = {
+            "format": _FORMAT,
+            "version": _VERSION,
+            "metric_name": self.metric_name,
+            "low_precision_type": dtype_name(self.low_precision_type),
+            "tolerance": _num(self.tolerance),
+            "keep_fp32_fraction": _num(self.keep_fp32_fraction),
+            "baseline": _num(self.baseline),
+            "met": self.met,
+            "eval_data": self.eval_data,
+            "trials": self.trials,
+            "seconds": self.seconds,
+            "pareto": [
+                {
+                    "lowered": p.lowered,
+                    "low_precision_flops_fraction": p.low_precision_flops_fraction,
+                    "metric": _num(p.metric),
+                    "latency_seconds": p.latency_seconds,
+                    "chosen": p.chosen,
+                }
+                for p in self.pareto
+            ],
+            "groups": [
+                {
+                    "name": g.name,
+                    "op": g.op,
+                    "module": g.module,
+                    "flops": g.flops,
+                    "sensitivity": _num(g.sensitivity),
+                    "precision": dtype_name(g.precision),
+                    "followers": list(g.followers),
+                    "reason": g.reason,
+                }
+                for g in self.groups
+            ],
+            "plan": json.loads(self.plan.to_json()),
+        }
+        return json.dumps(data, indent=indent, allow_nan=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> "SearchResult":
+        try:
+            data = json.loads(text)
+        except (json.JSONDecodeError, TypeError) as e:
+            raise ConfigError(f"the search result is not valid JSON ({e}); pass the text of result.to_json().") from e
+        if not isinstance(data, dict) or data.get("format") != _FORMAT or data.get("version") != _VERSION:
+            raise ConfigError(f"this JSON is not a mixprec search result of version {_VERSION}.")
+        try:
+            return cls(
+                plan=PrecisionPlan.from_json(json.dumps(data["plan"])),
+                pareto=tuple(
+                    ParetoPoint(
+                        int(p["lowered"]),
+                        float(p["low_precision_flops_fraction"]),
+                        _unnum(p["metric"]),
+                        None if p["latency_seconds"] is None else float(p["latency_seconds"]),
+                        bool(p["chosen"]),
+                    )
+                    for p in data["pareto"]
+                ),
+                groups=tuple(
+                    GroupSensitivity(
+                        g["name"],
+                        g["op"],
+                        g["module"],
+                        int(g["flops"]),
+                        _unnum(g["sensitivity"]),
+                        dtype_from_name(g["precision"]),
+                        tuple(g["followers"]),
+                        g["reason"],
+                    )
+                    for g in data["groups"]
+                ),
+                metric_name=data["metric_name"],
+                low_precision_type=dtype_from_name(data["low_precision_type"]),
+                tolerance=_unnum(data["tolerance"]),
+                keep_fp32_fraction=_unnum(data["keep_fp32_fraction"]),
+                baseline=_unnum(data["baseline"]),
+                met=bool(data["met"]),
+                eval_data=data["eval_data"],
+                trials=int(data["trials"]),
+                seconds=float(data["seconds"]),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ConfigError(f"the search result JSON is incomplete or malformed ({type(e).__name__}: {e}).") from e
+
+
+def _num(value):
+    if value is None or math.isfinite(value):
+        return value
+    return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+
+
+def _unnum(value):
+    if value is None:
+        return None
+    return float(value)  # float("inf") / float("nan") read the strings back
+
+
+def _fmt(value: float) -> str:
+    return "inf" if math.isinf(value) else f"{value:.2e}"

@@ -1,0 +1,128 @@
+"""Phase 1: capture once, find the layer groups, and measure each group lowered alone.
+
+A :class:`Study` is everything a search learns that does not depend on the budget: the
+captured program, the groups, the fp32 reference on the eval data, the metric of the model
+as written (the baseline) and of every group lowered on its own (its sensitivity), and the
+memo of every trial and latency measured so far. The cache (``cache.py``) keeps studies, so a
+second search with another budget starts from here without a single phase-1 trial.
+
+Sensitivity is the metric's value with only that group lowered (for rel-L2: the error it alone
+causes). It is infinite when a safety rule keeps the group fp32, when the program fails in the
+low type, or when it makes outputs non-finite.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+
+import torch
+
+from .. import autocast, planner
+from ..capture import capture
+from ..compiler import marker_ranges
+from ..errors import CalibrationError, MixedPrecisionWarning
+from ..graph import GraphInfo, analyze
+from ..passes.normalize import normalize
+from ..program import WorkProgram
+from ..settings import CompileSettings
+from .groups import LayerGroup, find_groups
+from .metrics import run_batch
+from .progress import Progress
+from .trials import ProgramFailed, Trials
+
+
+@dataclasses.dataclass(frozen=True)
+class Sensitivity:
+    value: float  # metric with only this group lowered; inf = must stay fp32
+    followers: tuple[str, ...]  # nodes that change dtype with it (data movement following it)
+    why: str | None = None  # why it is infinite
+
+
+class Study:
+    def __init__(self, info: GraphInfo, groups: list[LayerGroup], trials: Trials, baseline: float):
+        self.info = info
+        self.groups = groups
+        self.trials = trials
+        self.baseline = baseline
+        self.sensitivity: dict[str, Sensitivity] = {}
+        self.latency: dict[frozenset, float] = {}  # seconds per call, by lowered set
+
+
+def build_study(
+    model, args: tuple, options, eval_batches: list[tuple], calibration_batches: list[tuple] | None, progress: Progress
+) -> Study:
+    progress.update("capturing the model")
+    base = WorkProgram.from_exported(capture(model, args))
+    normalize(base)
+    info = analyze(base.graph)
+
+    # int8 marker regions without ranges calibrate as compile(model, inputs, plan=...) will: on the same data
+    ranges = marker_ranges(base, info, calibration_batches, args)
+    trials = Trials(base, info, options.low, options.metric, ranges)
+    progress.update("running the fp32 reference")
+    reference = trials.reference()
+    if options.metric.uses_eval_data:
+        _check_batches(reference, eval_batches)
+    _prepare_metric(options.metric, reference, eval_batches)
+
+    progress.update("calibrating for the safety rules")
+    strong = trials.plan(())
+    settings = CompileSettings(
+        enable_autocast=True,
+        autocast_low_precision_type=options.low,
+        # rounding error is measured; the IO-range rule only guards against values the low type cannot hold
+        autocast_max_output_threshold=float(torch.finfo(options.low).max),
+        autocast_calibration_dataloader=calibration_batches if calibration_batches is not None else eval_batches,
+    )
+    with warnings.catch_warnings():  # search warns about fp16 on a CPU itself, in its own words
+        warnings.filterwarnings("ignore", category=MixedPrecisionWarning, message="autocast_low_precision_type=float16")
+        prepared = autocast.prepare(base, info, settings, args)
+    safe = planner.build_plan(info, settings, prepared.context, int8_ranges=ranges)
+    groups = find_groups(info, strong, safe)
+    baseline = trials.measure(()).value
+    study = Study(info, groups, trials, baseline)
+    _measure_groups(study, progress)
+    return study
+
+
+def _check_batches(reference, batches: list[tuple]) -> None:
+    for index, batch in enumerate(batches):
+        try:
+            run_batch(reference, batch)
+        except ProgramFailed as e:
+            raise CalibrationError(
+                f"eval data batch {index} does not fit the model: {e}. Each eval batch must be a tuple of forward's "
+                "positional arguments with the example inputs' shapes and dtypes."
+            ) from e
+
+
+def _prepare_metric(metric, reference, batches: list[tuple]) -> None:
+    try:
+        metric.prepare(reference, batches)
+    except ProgramFailed as e:
+        raise CalibrationError(
+            f"the fp32 model fails while the search's metric measures it: {e}. Check the data the metric runs it on."
+        ) from e
+
+
+def _measure_groups(study: Study, progress: Progress) -> None:
+    trials = study.trials
+    before = trials.plan(())
+    total = len(study.groups)
+    for done, group in enumerate(study.groups):
+        progress.update(f"sensitivity {done}/{total} groups")
+        if group.unsafe is not None:
+            study.sensitivity[group.name] = Sensitivity(math.inf, (), f"safety rule: {group.unsafe}")
+            continue
+        outcome = trials.measure((group.name,))
+        after = trials.plan((group.name,))
+        followers = tuple(
+            n for n in study.info if n != group.name and after[n].precision != before[n].precision
+        )
+        why = outcome.failure
+        if why is None and math.isinf(outcome.value):
+            why = "lowering it alone makes the outputs non-finite on the eval data"
+        study.sensitivity[group.name] = Sensitivity(outcome.value, followers, why)
+    progress.update(f"sensitivity {total}/{total} groups")

@@ -1,0 +1,119 @@
+"""Trials: build the program of "these groups lowered" and measure it, without re-capturing.
+
+``mixprec.compile`` exports the model each time; a search runs dozens of plans, so the model
+is captured, normalised and analysed once and each trial only
+
+1. plans: the lowered layers become plan requests and ``planner.build_plan`` fills in the rest
+   exactly as ``compile(model, inputs, plan=...)`` will (code typing, defaults, followers);
+2. rewrites a copy of the captured program with that plan (``passes.pipeline.rewrite``, the
+   cheap structural verifier only);
+3. builds its module (``ExportedProgram.module()``, what the eager backend runs) and measures it.
+
+Results are memoised by the set of lowered layers, so phase 2 reuses phase 1's single-group
+trials and a second search reuses all of them. A program that fails in low precision (a kernel
+the fake-tensor probe did not catch) is infinitely bad rather than an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterable, Mapping
+
+import torch
+
+from .. import planner
+from ..dtypes import dtype_name
+from ..graph import GraphInfo
+from ..passes.pipeline import rewrite
+from ..plan import NodePrecision, PrecisionPlan
+from ..program import WorkProgram
+from ..settings import CompileSettings
+
+log = logging.getLogger(__name__)
+
+
+class ProgramFailed(Exception):
+    """A candidate program raised while running (not the metric: its errors propagate)."""
+
+
+class Guarded(torch.nn.Module):
+    """The program handed to metrics: its failures are marked so a trial can tell them from the metric's."""
+
+    def __init__(self, module: torch.nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args, **kwargs):
+        try:
+            return self.module(*args, **kwargs)
+        except Exception as e:  # any kernel error: the candidate cannot run
+            raise ProgramFailed(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    value: float  # the metric, higher is worse (inf when the program fails or makes NaN)
+    failure: str | None = None  # why the program could not run
+
+
+class Trials:
+    """Plans, programs and memoised measurements over one captured program."""
+
+    def __init__(self, base: WorkProgram, info: GraphInfo, low: torch.dtype, metric, int8_ranges: Mapping | None = None):
+        self.base = base
+        self.info = info
+        self.low = low
+        self.metric = metric
+        self.int8_ranges = int8_ranges  # calibrated ranges of int8 marker regions, as compile calibrates them
+        self.captured_outputs = base.user_output_dtypes()
+        self.count = 0  # trials run (memo misses)
+        self._memo: dict[frozenset, Outcome] = {}
+
+    # ---- plans ---------------------------------------------------------------------------------
+    def requests(self, lowered: Iterable[str], reasons: Mapping[str, str] | None = None) -> PrecisionPlan:
+        reasons = reasons or {}
+        return PrecisionPlan(
+            {
+                name: NodePrecision(self.low, None, "plan", reasons.get(name, f"search: lowered to {dtype_name(self.low)}"))
+                for name in lowered
+            }
+        )
+
+    def plan(self, lowered: Iterable[str]) -> PrecisionPlan:
+        """The full plan compile builds from these requests."""
+        return planner.build_plan(self.info, CompileSettings(plan=self.requests(lowered)), int8_ranges=self.int8_ranges)
+
+    # ---- programs ------------------------------------------------------------------------------
+    def program(self, lowered: Iterable[str]) -> torch.nn.Module:
+        return self.build(self.plan(lowered), keep_io_types=True)
+
+    def reference(self) -> torch.nn.Module:
+        """The fp32 program (every layer fp32, as compile's report compares against)."""
+        return self.build(planner.reference_plan(self.info), keep_io_types=False)
+
+    def build(self, plan: PrecisionPlan, *, keep_io_types: bool) -> torch.nn.Module:
+        work = rewrite(
+            self.base.copy(),
+            self.info,
+            plan,
+            keep_io_types=keep_io_types,
+            captured_output_dtypes=self.captured_outputs,
+            verify_each=False,
+        )
+        return Guarded(work.to_exported().module())
+
+    # ---- measurements --------------------------------------------------------------------------
+    def measure(self, lowered: Iterable[str]) -> Outcome:
+        key = frozenset(lowered)
+        outcome = self._memo.get(key)
+        if outcome is not None:
+            return outcome
+        self.count += 1
+        try:
+            outcome = Outcome(self.metric(self.program(key)))
+        except ProgramFailed as e:
+            log.info("search trial with %d lowered layer(s) failed: %s", len(key), e)
+            outcome = Outcome(float("inf"), f"fails in {dtype_name(self.low)} ({e})")
+        self._memo[key] = outcome
+        return outcome

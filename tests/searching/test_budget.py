@@ -1,0 +1,99 @@
+"""Phase 2 on a model of the error: sensitivities that add in quadrature, measured by a counting fake."""
+
+import math
+
+import pytest
+
+from mixprec.searching.budget import _furthest, _lowered_for_fraction, choose
+from mixprec.searching.groups import LayerGroup
+from mixprec.searching.options import SearchOptions
+from mixprec.searching.progress import Progress
+from mixprec.searching.sensitivity import Sensitivity, Study
+from mixprec.searching.trials import Outcome
+
+
+class QuadratureTrials:
+    """metric(lowered) = sqrt(sum of squared sensitivities): independent roundings."""
+
+    def __init__(self, sensitivities):
+        self.s = sensitivities
+        self.calls = 0
+
+    def measure(self, lowered):
+        self.calls += 1
+        return Outcome(math.sqrt(sum(self.s[n] ** 2 for n in lowered)))
+
+
+def study_of(groups):
+    """groups: (name, flops, sensitivity)."""
+    layer_groups = [LayerGroup(n, "aten.linear.default" if f else "aten.add.Tensor", n, "", f, i) for i, (n, f, _) in enumerate(groups)]
+    trials = QuadratureTrials({n: s for n, _, s in groups})
+    study = Study(None, layer_groups, trials, 0.0)
+    study.sensitivity = {n: Sensitivity(s, ()) for n, _, s in groups}
+    return study
+
+
+def options(tolerance=None, fraction=None):
+    return SearchOptions(None, tolerance, fraction, None)
+
+
+def test_furthest_bisects_in_log_trials():
+    calls = []
+
+    def metric(lowered):
+        calls.append(len(lowered))
+        return len(lowered) * 1.0
+
+    order = [str(i) for i in range(100)]
+    assert _furthest((), order, metric, 37.5) == tuple(order[:37])
+    assert len(calls) <= 1 + math.ceil(math.log2(100))
+    assert _furthest(("x",), [], metric, 0.0) == ("x",)
+    assert _furthest((), order, metric, 1000.0) == tuple(order)
+
+
+@pytest.mark.parametrize(
+    "total, lowerable, fraction, lowered",
+    [(8, 8, 0.25, 6), (8, 8, 0.3, 5), (10, 10, 0.1, 9), (30, 30, 0.1, 27), (8, 8, 0.0, 8), (8, 8, 1.0, 0), (8, 5, 0.25, 5), (8, 5, 0.5, 4)],
+)
+def test_kept_count_for_a_fraction(total, lowerable, fraction, lowered):
+    """ceil(fraction * groups) stay fp32; unsafe groups (total - lowerable) count first."""
+    assert _lowered_for_fraction(total, lowerable, fraction) == lowered
+
+
+def test_a_big_sensitive_matmul_is_lowered_before_flop_free_layers():
+    """GPT-2's LM head: the most sensitive layer and most of the FLOPs. Least-sensitive-first would spend the
+    tolerance on the adds and keep it fp32; the FLOP-aware order lowers it and keeps adds fp32 instead."""
+    groups = [("head", 1000, 3.0), ("mm1", 100, 1.0), ("mm2", 100, 1.0)] + [(f"add{i}", 0, 1.5) for i in range(6)]
+    study = study_of(groups)
+    choice = choose(study, options(tolerance=3.5), Progress())
+    assert {"head", "mm1", "mm2"} <= choice.lowered
+    assert not any(n.startswith("add") for n in choice.lowered)  # sqrt(9 + 1 + 1 + 1.5**2) > 3.5
+    assert choice.met and choice.measured[choice.lowered] <= 3.5
+
+
+def test_flop_free_layers_fill_the_remaining_tolerance():
+    groups = [("mm1", 100, 1.0), ("mm2", 100, 1.0), ("big", 100, 50.0)] + [(f"add{i}", 0, 0.5 + i) for i in range(4)]
+    study = study_of(groups)
+    choice = choose(study, options(tolerance=3.0), Progress())
+    # mm1, mm2 (sqrt 2); "big" does not fit; then adds least sensitive first: 0.5, 1.5 fit (sqrt(2+.25+2.25)=2.12),
+    # 2.5 does not (sqrt(10.75) = 3.28)
+    assert choice.lowered == {"mm1", "mm2", "add0", "add1"}
+    assert choice.measured[choice.lowered] <= 3.0
+    assert study.trials.calls <= 1 + 2 * (1 + math.ceil(math.log2(4)))  # everything, then two bisections
+
+
+def test_infinite_groups_are_never_lowered_and_keep_fraction_counts_them():
+    groups = [("a", 10, 1.0), ("b", 10, 2.0), ("c", 10, math.inf), ("d", 0, 0.5)]
+    study = study_of(groups)
+    choice = choose(study, options(tolerance=100.0), Progress())
+    assert choice.lowered == {"a", "b", "d"}
+    choice = choose(study, options(fraction=0.5), Progress())
+    assert choice.lowered == {"a", "d"}  # ceil(0.5 * 4) = 2 kept: c (inf) and b
+    assert frozenset() in choice.measured and frozenset({"a", "b", "d"}) in choice.measured  # the curve's ends
+
+
+def test_a_baseline_above_the_tolerance_lowers_nothing():
+    study = study_of([("a", 10, 1.0)])
+    study.baseline = 5.0
+    choice = choose(study, options(tolerance=1.0), Progress())
+    assert choice.lowered == frozenset() and not choice.met
