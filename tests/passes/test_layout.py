@@ -46,3 +46,30 @@ def test_contiguous_inputs_get_nothing():
     model, x = nn.Linear(16, 8).eval(), torch.randn(4, 6, 16)
     prog = mixprec.compile(model, (x,), plan=plan_lowering(model, (x,), torch.bfloat16))
     assert not _layout_nodes(prog)
+
+
+def test_lowered_convolutions_run_channels_last():
+    from models import ConvNet
+
+    model, inputs = ConvNet().eval(), ConvNet.example_inputs()
+    prog = mixprec.compile(model, inputs, plan=plan_lowering(model, inputs, torch.bfloat16))
+    graph = prog.exported_program.graph
+    conv = next(n for n in graph.nodes if n.target is torch.ops.aten.conv2d.default)
+    assert conv.args[0].kwargs.get("memory_format") is torch.channels_last
+    state = prog.exported_program.state_dict
+    assert state["conv1.weight"].dtype == torch.bfloat16
+    assert state["conv1.weight"].is_contiguous(memory_format=torch.channels_last)
+    assert model.conv1.weight.is_contiguous()  # the user's tensor is untouched
+    with torch.no_grad():
+        expected = model.to(torch.bfloat16)(inputs[0].bfloat16()).float()
+        model.float()
+    torch.testing.assert_close(prog(*inputs), expected, atol=2e-2, rtol=2e-2)
+
+
+def test_convolutions_the_code_types_keep_their_layout():
+    from models import ConvNet
+
+    model, x = ConvNet().eval().bfloat16(), ConvNet.example_inputs()[0].bfloat16()
+    prog = mixprec.compile(model, (x,))
+    assert all(not n.kwargs.get("memory_format") for n in prog.exported_program.graph.nodes)
+    torch.testing.assert_close(prog(x), model(x), atol=0, rtol=0)

@@ -21,7 +21,7 @@ from .fold_casts import fold_casts
 from .fp32_acc import fp32_acc
 from .insert_casts import insert_casts
 from .io_types import restore_outputs
-from .layout import contiguous_matmul_inputs
+from .layout import channels_last_convolutions, contiguous_matmul_inputs
 from .quantize import quantize
 from .verify import verify
 
@@ -33,6 +33,7 @@ PASSES = (
     ("cast_params", cast_params),
     ("fp32_acc", fp32_acc),
     ("layout", contiguous_matmul_inputs),
+    ("channels_last", channels_last_convolutions),
     ("restore_outputs", restore_outputs),
     ("fold_casts", fold_casts),
 )
