@@ -50,14 +50,18 @@ class Prepared:
     calibration: Calibration
 
 
-def prepare(work: WorkProgram, info: GraphInfo, config: CompileSettings, example_args: tuple) -> Prepared:
+def prepare(
+    work: WorkProgram, info: GraphInfo, config: CompileSettings, example_args: tuple, *, keep_first_outputs: bool = False
+) -> Prepared:
+    """``example_args``: the flat user inputs of the example (calibration data when no loader is given);
+    ``keep_first_outputs``: also keep the first calibration batch's outputs (see calibrate.collect)."""
     device = _device(work, example_args)
     low = config.autocast_low_precision_type or default_low_precision(device)
     if low == torch.float16 and device.type == "cpu":
         _warn_fp16_on_cpu()
     _warn_unmatched(info, config)
     loader = config.autocast_calibration_dataloader
-    calibration = collect(work, loader if loader is not None else [example_args])
+    calibration = collect(work, loader if loader is not None else [example_args], keep_first_outputs=keep_first_outputs)
     nodes = {n.name: n for n in work.graph.nodes}
     constants = _constants(work, info)
     context = RuleContext(
@@ -187,13 +191,41 @@ def _reduction_depths(nodes: dict, info: GraphInfo) -> dict[str, int]:
 def _unlowerable(nodes: dict, info: GraphInfo, low: torch.dtype) -> dict[str, str]:
     """Candidate layers whose outputs do not all become ``low`` when their float inputs are ``low``."""
     out = {}
+    seen: dict = {}  # the answer depends on the op, its argument dtypes and ranks and its other arguments
     for name, node_info in info.items():
         if node_info.kind != "compute" or node_info.precision != torch.float32 or not lowerable(node_info):
             continue
-        why = _probe(nodes[name], low)
+        key = _signature(nodes[name])
+        if key is None or key not in seen:
+            why = _probe(nodes[name], low)
+            if key is not None:
+                seen[key] = why
+        else:
+            why = seen[key]
         if why is not None:
             out[name] = why
     return out
+
+
+def _signature(node: torch.fx.Node):
+    """A hashable description of a call that decides its dtype behaviour (not its sizes), or None."""
+
+    def describe(a):
+        if isinstance(a, torch.fx.Node):
+            val = a.meta.get("val")
+            return ("tensor", val.dtype, val.dim()) if isinstance(val, torch.Tensor) else ("node", type(val).__name__)
+        if isinstance(a, (list, tuple)):
+            return tuple(describe(x) for x in a)
+        if isinstance(a, (int, float, bool, str, type(None), torch.dtype, torch.device)):
+            return a if not isinstance(a, float) or a == a else "nan"
+        return ("other", type(a).__name__)
+
+    try:
+        key = (node.target, describe(node.args), tuple(sorted((k, describe(v)) for k, v in node.kwargs.items())))
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def _probe(node: torch.fx.Node, low: torch.dtype) -> str | None:

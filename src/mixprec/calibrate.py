@@ -101,9 +101,12 @@ class Calibration:
 
     stats: Mapping[str, TensorStats]
     batches: int
+    # the flat user outputs of the first batch, when asked for (the compiler reuses them as the fp32
+    # reference of the report's error when the captured graph is the fp32 model)
+    first_outputs: tuple | None = None
 
 
-def collect(work: WorkProgram, batches: Iterable, *, progress_stream=None) -> Calibration:
+def collect(work: WorkProgram, batches: Iterable, *, progress_stream=None, keep_first_outputs: bool = False) -> Calibration:
     """Run ``work``'s graph on every batch and merge per-node statistics.
 
     ``batches`` yields the positional inputs of forward: tuples, lists, single tensors, or
@@ -115,26 +118,35 @@ def collect(work: WorkProgram, batches: Iterable, *, progress_stream=None) -> Ca
     total = _length(batches)
     progress = _Progress(total, stream=progress_stream)
     count = 0
+    first_outputs = None
     with torch.no_grad():
         for index, batch in enumerate(batches):
             tensors = _fit(batch, user_nodes, index)
             try:
-                interpreter.run(*_arguments(work, fixed, tensors), enable_io_processing=False)
+                outputs = interpreter.run(*_arguments(work, fixed, tensors), enable_io_processing=False)
             except Exception as e:  # a kernel rejected the data: say which batch, keep torch's reason
                 raise CalibrationError(
                     f"calibration batch {index} fits the captured input shapes but the model fails on it: "
                     f"{str(e).splitlines()[0] if str(e) else type(e).__name__}. Check the batch's values and sizes."
                 ) from e
+            if keep_first_outputs and index == 0:
+                first_outputs = tuple(_user_outputs(work, outputs))
             count += 1
             progress.update(count)
-            del tensors, batch
+            del tensors, batch, outputs
     progress.finish(count)
     if count == 0:
         raise CalibrationError(
             "the calibration dataloader yielded no batches; pass an iterable with at least one batch of model "
             "inputs, or leave autocast_calibration_dataloader=None to calibrate on the example inputs."
         )
-    return Calibration(MappingProxyType(dict(interpreter.stats)), count)
+    return Calibration(MappingProxyType(dict(interpreter.stats)), count, first_outputs)
+
+
+def _user_outputs(work: WorkProgram, outputs) -> list:
+    from torch.export.graph_signature import OutputKind
+
+    return [value for spec, value in zip(work.output_specs, outputs) if spec.kind == OutputKind.USER_OUTPUT]
 
 
 def _fixed_inputs(work: WorkProgram) -> dict[str, object]:

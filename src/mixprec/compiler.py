@@ -21,11 +21,12 @@ from .dtypes import dtype_name
 from .errors import ConfigError, InvariantError, UnsupportedModelError
 from .graph import GraphInfo, analyze
 from .int8_ranges import calibration_batches, collect_ranges
+from .interpret import run_user_outputs
 from .module import MixedPrecisionModule, input_specs_of
 from .passes.normalize import normalize
 from .passes.pipeline import rewrite
 from .plan import PrecisionPlan
-from .program import WorkProgram
+from .program import WorkProgram, stored_bytes
 from .report import Report, build_graph, build_records, build_summary, output_errors
 from .passes.casting import is_mixprec_cast
 from .settings import CompileSettings
@@ -68,7 +69,9 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
     with timer.phase("calibrate"):
         _check_calibration_used(config, info)
         if config.enable_autocast:
-            prepared = autocast.prepare(base, info, config, args)
+            example = tuple(flat_user_inputs(ep, *_fresh(args, kwargs)))  # the model may write into its inputs
+            reuse = config.autocast_calibration_dataloader is None and _captured_is_fp32(info)
+            prepared = autocast.prepare(base, info, config, example, keep_first_outputs=reuse)
         ranges = marker_ranges(base, info, config.autocast_calibration_dataloader, args)
     timings = None
     if not config.use_explicit_typing:  # weak typing: time the free layers on this device first
@@ -93,7 +96,8 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
         captured_program=ep,
     )
     with timer.phase("report"):
-        errors = _errors_against_fp32(prog, base, info, captured_outputs, args, kwargs, model)
+        known = prepared.calibration.first_outputs if prepared is not None else None
+        errors = _errors_against_fp32(prog, base, info, captured_outputs, args, kwargs, model, reference_outputs=known)
         layer_timings, extra = None, {}
         if timings is not None:
             layer_timings, extra["weak_typing"] = weak_typing.explain(info, plan, timings, config)
@@ -101,7 +105,7 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
         summary = build_summary(
             records,
             casts_inserted=casts,
-            param_bytes_before=WorkProgram.from_exported(ep).stored_bytes(),
+            param_bytes_before=stored_bytes(ep.state_dict, ep.constants),
             param_bytes_after=work.stored_bytes(),
             errors=errors,
             extra={**_autocast_summary(prepared), **extra},
@@ -140,31 +144,54 @@ def _check_calibration_used(config: CompileSettings, info: GraphInfo) -> None:
         )
 
 
-def _errors_against_fp32(prog, base: WorkProgram, info: GraphInfo, captured_outputs, args, kwargs, model) -> dict:
-    """Run the fp32 version of the same graph and the compiled program on the example inputs."""
-    reference = rewrite(
-        base.copy(),
-        info,
-        planner.reference_plan(info),
-        keep_io_types=False,
-        captured_output_dtypes=captured_outputs,
-    ).to_exported()
+def _errors_against_fp32(
+    prog, base: WorkProgram, info: GraphInfo, captured_outputs, args, kwargs, model, *, reference_outputs=None
+) -> dict:
+    """Run the fp32 version of the same graph and the compiled program on the example inputs.
+
+    ``reference_outputs``: the fp32 outputs when already computed (calibration ran the captured graph,
+    which is the fp32 model itself when every layer was captured in fp32)."""
     # each run gets its own copy of the inputs: a model that writes into its inputs must not change the
     # caller's tensors, nor feed the reference what the compiled program already modified
-    fresh = lambda: pytree.tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, (args, kwargs))  # noqa: E731
     with torch.no_grad():
-        a, k = fresh()
-        got = _run_or_explain(prog.exported_program, lambda: prog(*a, **k), fresh(), model, "the compiled program")
-        a, k = fresh()
-        expected = _run_or_explain(reference, lambda: reference.module()(*a, **k), fresh(), model, "the fp32 reference")
+        a, k = _fresh(args, kwargs)
+        got = _run_or_explain(
+            lambda: prog.exported_program, lambda: prog(*a, **k), _fresh(args, kwargs), model, "the compiled program"
+        )
+        expected = reference_outputs
+        if expected is None:
+            reference = rewrite(
+                base.copy(),
+                info,
+                planner.reference_plan(info),
+                keep_io_types=False,
+                captured_output_dtypes=captured_outputs,
+            )
+            a, k = _fresh(args, kwargs)
+            flat = flat_user_inputs(prog.exported_program, a, k)
+            expected = _run_or_explain(
+                reference.to_exported, lambda: run_user_outputs(reference, flat), _fresh(args, kwargs), model,
+                "the fp32 reference",
+            )
     return output_errors(got, expected)
 
 
-def _run_or_explain(program, run, args, model, what):
+def _fresh(args, kwargs):
+    """A copy of the inputs' tensors (a model may write into its inputs)."""
+    return pytree.tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, (args, kwargs))
+
+
+def _captured_is_fp32(info: GraphInfo) -> bool:
+    """True when the captured graph is its own fp32 reference (no layer or cast in another dtype)."""
+    return all(node.precision in (torch.float32, torch.float64) for node in info.values())
+
+
+def _run_or_explain(program_of, run, args, model, what):
     """Run a program on the example inputs; a failure names the layer, and whether eager fails too."""
     try:
         return run()
     except Exception as e:  # a kernel's error: find the layer and tell the user whose problem it is
+        program = program_of()
         node, error = failing_node(program.module(), program, *args)
         where = describe(node)
         eager_error = _eager_error(model, *args)

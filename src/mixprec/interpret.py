@@ -49,6 +49,20 @@ def lifted_inputs(input_specs, state_dict: Mapping, constants: Mapping, user_val
     return values
 
 
+def run_user_outputs(work, user_values: Iterable) -> list:
+    """Run a WorkProgram's graph once on flat user inputs; its user outputs, flat, in order.
+
+    For programs mixprec runs only once (the fp32 reference of the report's error): no
+    ExportedProgram, unlifted module or generated code is made for them.
+    """
+    from torch.export.graph_signature import OutputKind
+
+    values = lifted_inputs(work.input_specs, work.state_dict, work.constants, user_values)
+    placeholders = [values[n.name] for n in work.graph.nodes if n.op == "placeholder"]
+    outputs = torch.fx.Interpreter(work.root, graph=work.graph).run(*placeholders)
+    return [value for spec, value in zip(work.output_specs, outputs) if spec.kind == OutputKind.USER_OUTPUT]
+
+
 class GraphRunner:
     """Run a lifted graph node by node; a value lives until the last node that reads it has run.
 

@@ -30,7 +30,8 @@ STORED_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR
 
 @dataclasses.dataclass
 class WorkProgram:
-    graph_module: torch.fx.GraphModule
+    root: torch.nn.Module  # holds the submodules the graph's get_attr nodes name (the captured module)
+    fx_graph: torch.fx.Graph
     input_specs: list[InputSpec]
     output_specs: list[OutputSpec]
     state_dict: dict[str, torch.Tensor]
@@ -39,10 +40,19 @@ class WorkProgram:
     module_call_graph: list
     example_inputs: Any
     verifiers: list
+    _graph_module: torch.fx.GraphModule | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def graph(self) -> torch.fx.Graph:
-        return self.graph_module.graph
+        return self.fx_graph
+
+    @property
+    def graph_module(self) -> torch.fx.GraphModule:
+        """A GraphModule over the graph, made when first needed (making one generates and compiles its
+        Python code: the copies passes work on do not pay for that)."""
+        if self._graph_module is None or self._graph_module.graph is not self.fx_graph:
+            self._graph_module = torch.fx.GraphModule(self.root, self.fx_graph)
+        return self._graph_module
 
     # ---- conversion ---------------------------------------------------------------------------
     @classmethod
@@ -50,7 +60,8 @@ class WorkProgram:
         """Copy the graph (nodes and meta dicts, not tensors) so that passes never touch ``ep``."""
         sig = ep.graph_signature
         work = cls(
-            graph_module=_copy_graph_module(ep.graph_module),
+            root=ep.graph_module,
+            fx_graph=_copy_graph(ep.graph),
             input_specs=[copy.copy(s) for s in sig.input_specs],
             output_specs=[copy.copy(s) for s in sig.output_specs],
             state_dict=dict(ep.state_dict),
@@ -68,7 +79,8 @@ class WorkProgram:
         """An independent copy: passes on it leave this one as it is (tensors are shared, never mutated)."""
         return dataclasses.replace(
             self,
-            graph_module=_copy_graph_module(self.graph_module),
+            fx_graph=_copy_graph(self.fx_graph),
+            _graph_module=None,
             input_specs=[copy.copy(s) for s in self.input_specs],
             output_specs=[copy.copy(s) for s in self.output_specs],
             state_dict=dict(self.state_dict),
@@ -78,26 +90,15 @@ class WorkProgram:
 
     def stored_bytes(self) -> int:
         """Bytes of parameters, buffers and constant tensors (a tensor shared under two names counted once)."""
-        seen = set()
-        total = 0
-        for tensor in list(self.state_dict.values()) + list(self.constants.values()):
-            if not isinstance(tensor, torch.Tensor):
-                continue
-            key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tensor.dtype, tuple(tensor.shape))
-            if key in seen:
-                continue
-            seen.add(key)
-            total += tensor.numel() * tensor.element_size()
-        return total
+        return stored_bytes(self.state_dict, self.constants)
 
     def to_exported(self) -> ExportedProgram:
-        self.graph_module.graph.eliminate_dead_code(is_impure_node=_is_impure)
+        self.fx_graph.eliminate_dead_code(is_impure_node=_is_impure)
         self._drop_unused_stored_inputs()
-        self.graph_module.delete_all_unused_submodules()
-        self.graph_module.recompile()
+        gm = torch.fx.GraphModule(self.root, self.fx_graph)  # copies only the submodules the graph uses
         return ExportedProgram(
-            root=self.graph_module,
-            graph=self.graph_module.graph,
+            root=gm,
+            graph=gm.graph,
             graph_signature=ExportGraphSignature(self.input_specs, self.output_specs),
             state_dict=self.state_dict,
             range_constraints=self.range_constraints,
@@ -121,7 +122,7 @@ class WorkProgram:
                 node.name = names[node]
             env[node] = graph.node_copy(node, lambda n: env[n])
             env[node].meta = node.meta
-        self.graph_module.graph = graph
+        self.fx_graph = graph
         self.sync_input_specs()
         self.sync_output_specs()
 
@@ -233,16 +234,31 @@ class WorkProgram:
                 spec.arg = TensorArgument(name=node.name)
 
 
-def _copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+def _copy_graph(source: torch.fx.Graph) -> torch.fx.Graph:
     graph = torch.fx.Graph()
-    graph._codegen = copy.deepcopy(gm.graph._codegen)
+    graph._codegen = copy.deepcopy(source._codegen)
     value_map: dict = {}
-    out = graph.graph_copy(gm.graph, value_map)
+    out = graph.graph_copy(source, value_map)
     graph.output(out)
     for old, new in value_map.items():  # node_copy shares meta dicts; give each node its own
         new.meta = dict(old.meta)
-    graph.output_node().meta = dict(gm.graph.output_node().meta)
-    return torch.fx.GraphModule(gm, graph)
+    graph.output_node().meta = dict(source.output_node().meta)
+    return graph
+
+
+def stored_bytes(state_dict, constants) -> int:
+    """Bytes of the tensors in a program's state (a tensor shared under two names counted once)."""
+    seen = set()
+    total = 0
+    for tensor in list(state_dict.values()) + list(constants.values()):
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tensor.dtype, tuple(tensor.shape))
+        if key in seen:
+            continue
+        seen.add(key)
+        total += tensor.numel() * tensor.element_size()
+    return total
 
 
 def _is_impure(node: torch.fx.Node) -> bool:

@@ -58,7 +58,6 @@ def normalize(work: WorkProgram) -> PassResult:
     changed |= _inline_regions(work)
     changed |= strip_markers(work).changed
     if changed:
-        work.graph_module.delete_all_unused_submodules()
         work.graph.lint()
     return PassResult(changed)
 
@@ -85,7 +84,7 @@ def _inline_regions(work: WorkProgram) -> bool:
         hop = _hop_name(node)
         if hop not in (_AUTOCAST_HOP, _GRAD_HOP):
             continue
-        submod = getattr(work.graph_module, node.args[_submod_index(hop)].target)
+        submod = getattr(work.root, node.args[_submod_index(hop)].target)
         outputs = _Inliner(graph, node).inline(submod, node, ())
         for user in list(node.users):
             if user.target is not operator.getitem:
