@@ -229,7 +229,9 @@ def no_cast_feeds_only_casts(prog) -> bool:
 
 def test_tied_weights_stay_tied_in_low_precision():
     model, inputs = gpt2_small()
-    prog = mixprec.compile(model, inputs, enable_autocast=True)
+    # every parameter goes low (the residual stream's norm parameters too), so exactly half the bytes
+    # remain only if the tied embedding/LM-head weight is stored once
+    prog = mixprec.compile(model, inputs, enable_autocast=True, autocast_keep_residual_stream=False)
     summary = prog.report.summary
     assert summary["param_bytes_after"] * 2 == summary["param_bytes_before"]
 

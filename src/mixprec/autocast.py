@@ -38,6 +38,7 @@ from .oprefs import op_matches
 from .program import STORED_KINDS, WorkProgram
 from .reduction import reduction_depth
 from .rules import ConstantValue, RuleContext
+from .stream import residual_stream
 from .settings import CompileSettings
 from .sources.rules import lowerable
 
@@ -75,6 +76,7 @@ def prepare(
         scalars=MappingProxyType(_scalars(nodes, info)),
         reduction_depths=MappingProxyType(_reduction_depths(nodes, info)),
         unlowerable=MappingProxyType(_unlowerable(nodes, info, low)),
+        residual_stream=MappingProxyType(residual_stream(work.graph, info) if config.autocast_keep_residual_stream else {}),
     )
     return Prepared(context, calibration)
 

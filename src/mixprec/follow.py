@@ -4,7 +4,9 @@ Followers are the nodes the default source decided (no stronger source had an op
 whose dtype changes no value:
 
 * data movement (view, permute, cat, split/getitem, dropout, ...): exact in any dtype;
-* casts that convert nothing as captured (``x.to(y.dtype)`` with both fp32);
+* casts that convert nothing as captured (``x.to(y.dtype)`` with both fp32): when their
+  consumers agree on a dtype they convert to it (the model's own cast does the work, so no
+  cast of mixprec's follows it);
 * ops that read floats but produce no float tensor (comparisons, argmax, sizes).
 
 Forward pass, in graph order: a follower takes the dtype its producers have under the
@@ -108,6 +110,11 @@ class _Follower:
         if not known:
             self.flexible.add(name)
             return
+        if node.kind == "cast":  # a cast in the code converts to what its consumers use: no second cast
+            wants = self._wants(name, set())
+            if len(wants) == 1:
+                self._set(name, next(iter(wants)), self.users.get(name, [])[:3], "a cast in the code: converts to the dtype of")
+                return
         planned = {p: output_dtype(self.info, self.decided, p, d) for p, d in known}
         if all(planned[p] == d for p, d in known):
             return  # nothing upstream changed: keep what the model computes

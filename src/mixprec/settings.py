@@ -31,6 +31,7 @@ class CompileSettings:
     autocast_max_output_threshold: float = 512.0
     autocast_max_depth_of_reduction: int | None = None
     autocast_calibration_dataloader: Any = None
+    autocast_keep_residual_stream: bool = True  # mixprec extension: see mixprec/stream.py
     use_fp32_acc: bool = False
     enabled_precisions: frozenset[torch.dtype] = frozenset({torch.float32})
     keep_io_types: bool = True
@@ -93,7 +94,9 @@ def _validated(kwargs: dict[str, Any]) -> dict[str, Any]:
     from .plan import PrecisionPlan
 
     out: dict[str, Any] = {}
-    for name in ("use_explicit_typing", "enable_autocast", "use_fp32_acc", "keep_io_types", "debug"):
+    for name in (
+        "use_explicit_typing", "enable_autocast", "use_fp32_acc", "keep_io_types", "debug", "autocast_keep_residual_stream"
+    ):
         if name in kwargs:
             out[name] = _bool(kwargs, name)
 
@@ -207,6 +210,7 @@ def _check_combinations(merged: dict[str, Any], given: dict[str, Any]) -> None:
                 "autocast_excluded_ops",
                 "autocast_max_output_threshold",
                 "autocast_max_depth_of_reduction",
+                "autocast_keep_residual_stream",
             )
             if given.get(name) not in (None, (), [], set(), frozenset())
         ]

@@ -74,6 +74,8 @@ def build_study(
         autocast_low_precision_type=options.low,
         # rounding error is measured; the IO-range rule only guards against values the low type cannot hold
         autocast_max_output_threshold=float(torch.finfo(options.low).max),
+        # the residual-stream rule is a judgement about accuracy, which the search measures instead
+        autocast_keep_residual_stream=False,
         autocast_calibration_dataloader=calibration_batches if calibration_batches is not None else eval_batches,
     )
     with warnings.catch_warnings():  # search warns about fp16 on a CPU itself, in its own words
