@@ -7,9 +7,10 @@ Variants, all timed inside one process, interleaved round-robin, medians of --ro
   fp32 eager · torch.autocast("cpu", bfloat16) eager · the whole model .to(bfloat16) ·
   mixprec autocast bf16 (eager backend) · mixprec autocast bf16 (inductor backend) ·
   torch.compile of the fp32 model · torch.compile of the .to(bfloat16) model.
+Also "mixprec eager, bf16 outputs": keep_io_types=False, returning what the last layer computes (as
+torch.autocast does) instead of converting outputs back to the model's fp32.
 Figures: latency, speedup over fp32 eager, rel-L2 error against fp32 eager (all float outputs, fp64),
-parameter bytes, the transient peak memory of one forward (VmHWM above VmRSS, reset before each), and
-mixprec's compile time split into its phases.
+parameter bytes, and mixprec's compile time split into its phases. Peak memory: bench/memory.py.
 """
 
 from __future__ import annotations
@@ -33,24 +34,6 @@ import mixprec  # noqa: E402
 from mixprec.report.summary import output_errors  # noqa: E402
 
 
-def _proc(key: str) -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(key):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def transient_peak(fn) -> int:
-    """Bytes one call allocates at its peak above the resident set before it (Linux VmHWM reset)."""
-    with open("/proc/self/clear_refs", "w") as fh:
-        fh.write("5")
-    before = _proc("VmRSS:")
-    with torch.inference_mode():
-        fn()
-    return max(0, _proc("VmHWM:") - before)
-
-
 def param_bytes(module: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in module.state_dict().values())
 
@@ -69,11 +52,13 @@ def run(name: str, rounds: int, with_compile: bool) -> dict:
     start = time.perf_counter()
     prog = mixprec.compile(model, inputs, enable_autocast=True)
     timings["mixprec eager"] = time.perf_counter() - start
+    prog_low_out = mixprec.compile(model, inputs, enable_autocast=True, keep_io_types=False)
     variants = {
         "fp32 eager": lambda: model(*inputs),
         "torch.autocast bf16": autocast,
         ".to(bfloat16)": lambda: low(*low_inputs),
         "mixprec eager": lambda: prog(*inputs),
+        "mixprec eager, bf16 outputs": lambda: prog_low_out(*inputs),
     }
     if with_compile:
         start = time.perf_counter()
@@ -96,10 +81,10 @@ def run(name: str, rounds: int, with_compile: bool) -> dict:
         reference = model(*inputs)
         outputs = {label: fn() for label, fn in variants.items()}
     latency = interleaved(variants, rounds=rounds)
-    peaks = {label: transient_peak(fn) for label, fn in variants.items()}
     sizes = {
         "fp32 eager": param_bytes(model), "torch.autocast bf16": param_bytes(model), ".to(bfloat16)": param_bytes(low),
         "mixprec eager": prog.report.summary["param_bytes_after"], "mixprec inductor": prog.report.summary["param_bytes_after"],
+        "mixprec eager, bf16 outputs": prog_low_out.report.summary["param_bytes_after"],
         "torch.compile fp32": param_bytes(model), "torch.compile bf16": param_bytes(low),
     }
     rows = []
@@ -110,7 +95,6 @@ def run(name: str, rounds: int, with_compile: bool) -> dict:
             "speedup vs fp32": latency["fp32 eager"] / latency[label],
             "rel-L2 vs fp32": output_errors(outputs[label], reference)["rel_l2_error"],
             "param MB": sizes[label] / 2**20,
-            "forward peak MB": peaks[label] / 2**20,
             "compile s": timings.get(label, ""),
         })
     return {
@@ -138,7 +122,7 @@ def main():
         results.append(result)
         print(f"\n### {name}  (medians of {args.rounds} interleaved rounds)")
         print(table(result["rows"], ["variant", "latency ms", "speedup vs fp32", "rel-L2 vs fp32", "param MB",
-                                     "forward peak MB", "compile s"]))
+                                     "compile s"]))
         m = result["mixprec"]
         print(f"mixprec: {m['layers_by_precision']}, low-precision FLOP share {m['low_precision_flops_fraction']:.3f}, "
               f"casts {m['casts_inserted']}, compile phases (s): "

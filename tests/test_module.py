@@ -46,3 +46,22 @@ def test_static_and_dynamic_sizes_are_checked():
         dyn(torch.ones(9, 10))
     with pytest.raises(mixprec.InputMismatchError, match="device meta"):
         dyn(torch.ones(4, 10, device="meta"))
+
+
+def test_the_program_does_not_keep_the_users_fp32_weights_alive():
+    import gc
+    import weakref
+
+    from helpers import plan_lowering
+    from models import ThreeLinears
+
+    model, inputs = ThreeLinears().eval(), ThreeLinears.example_inputs()
+    prog = mixprec.compile(model, inputs, plan=plan_lowering(model, inputs, torch.bfloat16))
+    assert prog.captured_program is not None  # the model is alive: debug can use its fp32 weights
+    weight = weakref.ref(model.linear1.weight)
+    expected = prog(*inputs)
+    del model
+    gc.collect()
+    assert weight() is None  # the program holds only its bf16 copies
+    assert prog.captured_program is None
+    torch.testing.assert_close(prog(*inputs), expected, atol=0, rtol=0)

@@ -61,6 +61,12 @@ def capture(model, inputs: tuple, *, dynamic_shapes=None, kwargs: dict | None = 
             return torch.export.export(model, inputs, kwargs=kwargs or None, dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as e:  # torch raises many types here; all mean "cannot capture"
         reason = _first_lines(str(e))
+        if dynamic_shapes is not None and _captures_without_dynamic_shapes(model, inputs, kwargs):
+            raise ConfigError(
+                f"dynamic_shapes does not fit {type(model).__name__} and its example inputs: {reason}\n"
+                "Give one entry per forward argument, mapping dimension indices to torch.export.Dim(...) objects "
+                "whose ranges contain the example sizes, e.g. dynamic_shapes=({0: torch.export.Dim('batch')},)."
+            ) from e
         raise UnsupportedModelError(
             f"torch.export could not capture {type(model).__name__}: {reason}\n"
             "mixprec needs a model torch.export.export can trace; see torch's reason above. Common causes: "
@@ -69,6 +75,16 @@ def capture(model, inputs: tuple, *, dynamic_shapes=None, kwargs: dict | None = 
             "returned from forward (e.g. use_cache=False for transformers models).",
             reason=str(e),
         ) from e
+
+
+def _captures_without_dynamic_shapes(model, inputs, kwargs) -> bool:
+    """Whether the failure is the dynamic_shapes' fault: the model captures without them."""
+    try:
+        with _eval_mode(model):
+            torch.export.export(model, inputs, kwargs=kwargs or None, strict=False)
+    except Exception:  # the model itself cannot be captured: report that instead
+        return False
+    return True
 
 
 def _check_signature(model: torch.nn.Module, inputs: tuple, kwargs: dict) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from .captured import WeakCapture
 from .errors import InputMismatchError
 from .input_check import check_inputs, input_specs_of  # noqa: F401  (input_specs_of: for callers)
 
@@ -23,7 +24,7 @@ class MixedPrecisionModule(torch.nn.Module):
         captured_program=None,
     ):
         super().__init__()
-        self._captured_program = captured_program
+        self._captured = WeakCapture(captured_program) if captured_program is not None else None
         self.runner = runner
         self._exported_program = exported_program
         self._plan = plan
@@ -52,11 +53,12 @@ class MixedPrecisionModule(torch.nn.Module):
     @property
     def captured_program(self):
         """The ExportedProgram as captured, before mixprec changed anything (its parameters are the
-        model's own fp32 tensors, shared, not copied); None for a program loaded from a file.
+        model's own fp32 tensors, shared, not copied); None for a program loaded from a file, or once
+        the model's tensors were freed (the program does not keep the fp32 weights alive: captured.py).
 
         ``mixprec.debug`` builds its fp32 reference from it: the rewritten program may store its
         weights only in low precision, so the fp32 values cannot be recovered from it."""
-        return self._captured_program
+        return self._captured.get() if self._captured is not None else None
 
     @property
     def settings(self) -> dict:

@@ -53,10 +53,11 @@ def debug(prog_or_model, inputs=(), *, kwargs=None, **compile_settings) -> Debug
     else:
         prog = _compile(prog_or_model, args, kwargs=kwargs, **compile_settings)
     _check_inputs(prog, args, kwargs)
-    if prog.captured_program is not None:
-        reference = fp32_reference(prog.captured_program)
+    captured = prog.captured_program
+    if captured is not None:
+        reference = fp32_reference(captured)
         basis = "the captured model with every layer in fp32"
-    else:  # loaded from a file: the fp32 weights are not there, only the mixed program's stored ones
+    else:  # loaded from a file, or the model was freed: only the mixed program's stored weights remain
         reference = fp32_reference(prog.exported_program)
         basis = (
             "the saved program recomputed with every layer in fp32 from its stored weights (the file holds no "

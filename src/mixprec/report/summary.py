@@ -11,6 +11,7 @@ from ..dtypes import dtype_name, is_float
 from .records import LayerRecord
 
 HIGH_PRECISION = (torch.float32, torch.float64)
+_CHUNK = 1 << 20
 
 
 def output_errors(outputs, reference) -> dict[str, float]:
@@ -27,14 +28,18 @@ def output_errors(outputs, reference) -> dict[str, float]:
     diff_sq = 0.0
     ref_sq = 0.0
     for a, b in zip(got, ref):
-        a64, b64 = a.detach().to(torch.float64), b.detach().to(torch.float64)
-        same = (a64 == b64) | (a64.isnan() & b64.isnan())
-        diff = torch.where(same, torch.zeros_like(a64), a64 - b64)
-        if diff.numel():
+        if a.shape != b.shape:
+            raise ValueError(f"output of shape {tuple(a.shape)} against {tuple(b.shape)} in the reference")
+        a, b = a.detach().reshape(-1), b.detach().reshape(-1)
+        for start in range(0, a.numel(), _CHUNK):  # chunks: a logits tensor has tens of millions of values
+            a64 = a[start : start + _CHUNK].to(torch.float64)
+            b64 = b[start : start + _CHUNK].to(torch.float64)
+            diff = a64 - b64
+            diff[(a64 == b64) | (a64.isnan() & b64.isnan())] = 0.0
             max_abs = max(max_abs, diff.abs().max().item())
-            diff_sq += diff.pow(2).sum().item()
-            finite_ref = torch.where(b64.isfinite(), b64, torch.zeros_like(b64))
-            ref_sq += finite_ref.pow(2).sum().item()
+            diff_sq += torch.dot(diff, diff).item()
+            b64[~b64.isfinite()] = 0.0
+            ref_sq += torch.dot(b64, b64).item()
     if math.isnan(max_abs) or math.isnan(diff_sq):
         return {"max_abs_error": float("nan"), "rel_l2_error": float("nan")}
     rel = math.sqrt(diff_sq) / math.sqrt(ref_sq) if ref_sq > 0 else math.sqrt(diff_sq)
