@@ -22,10 +22,14 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
 from torch import nn
 
 import mixprec
@@ -94,17 +98,13 @@ def all_low_plan(fp32_prog) -> PrecisionPlan:
 
 
 def interleaved_ms(progs: dict, inputs, rounds: int, warmup: int = 3) -> dict:
-    times = defaultdict(list)
-    with torch.no_grad():
-        for prog in progs.values():
-            for _ in range(warmup):
-                prog(*inputs)
-        for _ in range(rounds):
-            for name, prog in progs.items():
-                start = time.perf_counter()
-                prog(*inputs)
-                times[name].append((time.perf_counter() - start) * 1e3)
-    return {name: statistics.median(values) for name, values in times.items()}
+    """Medians in ms; each round runs every program once, in a rotating order (a fixed order lets the
+    program after the fp32 one inherit its cache and allocator state: identical programs measured
+    15-20% apart that way)."""
+    from harness import interleaved
+
+    seconds = interleaved({name: (lambda p=prog: p(*inputs)) for name, prog in progs.items()}, rounds=rounds, warmup=warmup)
+    return {name: s * 1e3 for name, s in seconds.items()}
 
 
 def picks(prog) -> dict:

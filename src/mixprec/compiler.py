@@ -13,7 +13,7 @@ import time
 import torch
 import torch.utils._pytree as pytree
 
-from . import autocast, planner
+from . import autocast, planner, weak_check
 from .backends import get_backend
 from .capture import as_input_kwargs, as_input_tuple, capture
 from .diagnose import describe, failing_node, flat_user_inputs
@@ -80,10 +80,16 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
                 base, info, planner.weak_typing_layers(info, config), flat_user_inputs(ep, args, kwargs),
                 config.enabled_precisions,
             )
+    weak_summary = {}
     with timer.phase("plan"):
-        plan = planner.build_plan(
-            info, config, prepared.context if prepared is not None else None, int8_ranges=ranges, timings=timings
-        )
+        rule_context = prepared.context if prepared is not None else None
+        if timings is None:
+            plan = planner.build_plan(info, config, rule_context, int8_ranges=ranges)
+        else:  # weak typing: the per-layer choice against the uniform plans, measured end to end
+            plan, weak_summary = weak_check.choose(
+                base, info, config, timings, _fresh(args, kwargs), base.user_output_dtypes(),
+                rule_context=rule_context, int8_ranges=ranges,
+            )
     with timer.phase("rewrite"):
         captured_outputs = base.user_output_dtypes()
         work = rewrite(base.copy(), info, plan, keep_io_types=config.keep_io_types, captured_output_dtypes=captured_outputs)
@@ -101,6 +107,7 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
         layer_timings, extra = None, {}
         if timings is not None:
             layer_timings, extra["weak_typing"] = weak_typing.explain(info, plan, timings, config)
+            extra["weak_typing"].update(weak_summary)
         records = build_records(info, plan, program.graph, timings=layer_timings)
         summary = build_summary(
             records,

@@ -37,18 +37,22 @@ def build_plan(
     *,
     int8_ranges: Mapping[str, tuple] | None = None,
     timings: Timings | None = None,
+    weak_uniform: torch.dtype | None = None,
+    weak_note: str = "",
 ) -> PrecisionPlan:
     """``rule_context`` (a ``rules.RuleContext``) turns on the autocast rules; None leaves them off.
     ``int8_ranges``: calibrated (min, max) of the values ``markers.calibration_targets`` names.
     ``timings``: under weak typing, the measurements (``timing.measure_layers`` over the layers
-    :func:`weak_typing_layers` names) its choices come from."""
+    :func:`weak_typing_layers` names) its choices come from; ``weak_uniform`` puts every free
+    layer in one dtype instead (the alternatives weak_check.py measures), ``weak_note`` is added
+    to the weak-typing reasons."""
     decided = _strong_decisions(info, settings, int8_ranges)
     if rule_context is not None:
         decided.update(rules.decide(info, decided, rule_context))
     if not settings.use_explicit_typing:
         if timings is None:
             raise InvariantError("weak typing needs the measured layer timings (timing.measure_layers)")
-        decided.update(weak_typing.decide(info, decided, timings, settings))
+        decided.update(weak_typing.decide(info, decided, timings, settings, uniform=weak_uniform, note=weak_note))
     decided.update(default.decide(info, decided))
     follow(info, decided)
     if settings.use_fp32_acc:

@@ -41,6 +41,7 @@ class WorkProgram:
     example_inputs: Any
     verifiers: list
     _graph_module: torch.fx.GraphModule | None = dataclasses.field(default=None, repr=False, compare=False)
+    _spec_index: dict | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def graph(self) -> torch.fx.Graph:
@@ -81,6 +82,7 @@ class WorkProgram:
             self,
             fx_graph=_copy_graph(self.fx_graph),
             _graph_module=None,
+            _spec_index=None,
             input_specs=[copy.copy(s) for s in self.input_specs],
             output_specs=[copy.copy(s) for s in self.output_specs],
             state_dict=dict(self.state_dict),
@@ -130,13 +132,21 @@ class WorkProgram:
         """Stored tensors nothing reads (export keeps one placeholder per name of a tied weight, and a
         weight whose consumers all read a converted copy) are dropped: the program should not hold them."""
         mutated = {s.target for s in self.output_specs if s.kind in (OutputKind.BUFFER_MUTATION, OutputKind.PARAMETER_MUTATION)}
+        dropped = []
         for node in self.placeholders():
             spec = self.input_spec_of(node)
             if spec is None or spec.kind not in STORED_KINDS or node.users or spec.target in mutated:
                 continue
             self.graph.erase_node(node)
-            self.input_specs.remove(spec)
-            if not any(s.target == spec.target for s in self.input_specs):
+            dropped.append(spec)
+        if not dropped:
+            return
+        gone = {id(s) for s in dropped}
+        self.input_specs[:] = [s for s in self.input_specs if id(s) not in gone]
+        self._spec_index = None
+        kept = {s.target for s in self.input_specs}
+        for spec in dropped:
+            if spec.target not in kept:
                 (self.state_dict if spec.target in self.state_dict else self.constants).pop(spec.target, None)
 
     # ---- signature access ---------------------------------------------------------------------
@@ -144,10 +154,12 @@ class WorkProgram:
         return [n for n in self.graph.nodes if n.op == "placeholder"]
 
     def input_spec_of(self, node: torch.fx.Node) -> InputSpec | None:
-        for spec in self.input_specs:
-            if isinstance(spec.arg, TensorArgument) and spec.arg.name == node.name:
-                return spec
-        return None
+        """The signature entry of a placeholder (an index: big models have thousands of them)."""
+        spec = self._spec_index.get(node.name) if self._spec_index is not None else None
+        if spec is None or spec.arg.name != node.name:  # not indexed yet, or stale: index again
+            self._spec_index = {s.arg.name: s for s in self.input_specs if isinstance(s.arg, TensorArgument)}
+            spec = self._spec_index.get(node.name)
+        return spec
 
     def user_input_nodes(self) -> list[torch.fx.Node]:
         kinds = {spec.arg.name: spec.kind for spec in self.input_specs if hasattr(spec.arg, "name")}
@@ -177,6 +189,7 @@ class WorkProgram:
         node.meta = {k: v for k, v in anchor.meta.items() if k != "val"}
         spec = InputSpec(kind=like.kind, arg=TensorArgument(name=node.name), target=target, persistent=like.persistent)
         self.input_specs.insert(self.input_specs.index(like) + 1, spec)
+        self._spec_index = None
         self.set_stored_tensor(spec, value)
         return node
 
@@ -188,6 +201,7 @@ class WorkProgram:
             raise ValueError(f"{node.name} is not an unused stored input")
         self.graph.erase_node(node)
         self.input_specs.remove(spec)
+        self._spec_index = None
         if not any(s.target == spec.target and s.kind == spec.kind for s in self.input_specs):
             store = self.constants
             if spec.kind == InputKind.PARAMETER or (spec.kind == InputKind.BUFFER and spec.persistent):
@@ -232,6 +246,7 @@ class WorkProgram:
         for spec, node in zip(self.input_specs, nodes):
             if isinstance(spec.arg, TensorArgument) and spec.arg.name != node.name:
                 spec.arg = TensorArgument(name=node.name)
+        self._spec_index = None
 
 
 def _copy_graph(source: torch.fx.Graph) -> torch.fx.Graph:

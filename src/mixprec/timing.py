@@ -8,6 +8,9 @@ wrong for small layers whose casts cost more than they save, so mixprec measures
   captured fp32 program node by node; each weak-typing candidate is timed right where it
   runs, on its actual arguments converted to each enabled dtype, parameters included —
   they will be stored in that dtype);
+* in the layout the rewrite gives a lowered layer (``passes/layout.py``: contiguous inputs for
+  matmul-class layers, channels_last in networks with lowered convolutions), so that what is
+  timed is what will run;
 * the casts a choice implies: for every tensor between layers, converting it between the
   dtypes it may have and the dtypes its consumers may need (cached by shape and layout,
   since a cast's cost depends on nothing else).
@@ -36,6 +39,8 @@ import torch.utils._pytree as pytree
 from .dtypes import dtype_name, is_float
 from .graph import GraphInfo
 from .interpret import GraphRunner, lifted_inputs
+from .optable import MATMUL_OPS
+from .oprefs import op_name, packet_name
 from .program import STORED_KINDS, WorkProgram
 
 log = logging.getLogger(__name__)
@@ -119,11 +124,15 @@ def measure_layers(
     layer_timings: dict[str, LayerTiming] = {}
     casts: dict[str, dict] = {}
     cast_cache: dict[tuple, float] = {}
+    # lowered 2-D convolutions make the network channels_last (passes/layout.py): time it that way
+    channels_last = any(info[n].packet in ("aten.conv2d", "aten.convolution") for n in wanted if n in info)
     with torch.no_grad(), _restored_rng(device):
         for node in runner.nodes:
             if node.name in wanted:
                 args, kwargs = runner.inputs(node)
-                layer_timings[node.name] = _time_layer(node, args, kwargs, info[node.name].precision, precisions, device, timer)
+                layer_timings[node.name] = _time_layer(
+                    node, args, kwargs, info[node.name].precision, precisions, device, timer, channels_last
+                )
             value = runner.run(node)
             if node.name not in stored and isinstance(value, torch.Tensor) and is_float(value.dtype) and node.users:
                 casts[node.name] = _time_casts(value, precisions, timer, cast_cache)
@@ -140,7 +149,37 @@ def measure_layers(
     )
 
 
-def _time_layer(node, args, kwargs, captured: torch.dtype, precisions, device, timer) -> LayerTiming:
+def _call(target, args, kwargs, lowered_packet):
+    """The timed call: a lowered matmul-class layer copies a non-contiguous 3-D input first, as in the program."""
+    first = args[0] if args else None
+    if (
+        lowered_packet in MATMUL_OPS
+        and isinstance(first, torch.Tensor)
+        and first.dim() >= 3
+        and not first.is_contiguous()
+    ):
+        rest = args[1:]
+        return lambda: target(first.contiguous(), *rest, **kwargs)
+    return lambda: target(*args, **kwargs)
+
+
+def _as_rewritten(packet: str, args: tuple, channels_last: bool) -> tuple:
+    """Arguments in the memory layout a lowered layer gets in the rewritten program: matmul-class
+    layers read a contiguous copy of a non-contiguous 3-D input (made per call: see _call), and in
+    networks with lowered 2-D convolutions the 4-D activations and conv weights are channels_last
+    (made by the cast into the layer or stored so: no per-call cost of the layer's own)."""
+    args = list(args)
+    if channels_last:
+        args = [
+            a.contiguous(memory_format=torch.channels_last) if isinstance(a, torch.Tensor) and a.dim() == 4 else a
+            for a in args
+        ]
+    return tuple(args)
+
+
+def _time_layer(
+    node, args, kwargs, captured: torch.dtype, precisions, device, timer, channels_last: bool = False
+) -> LayerTiming:
     target = node.target
     if not isinstance(target, torch._ops.OpOverload):
         return LayerTiming({}, skipped=f"{getattr(target, '__name__', target)} is not an ATen op mixprec can time")
@@ -153,8 +192,11 @@ def _time_layer(node, args, kwargs, captured: torch.dtype, precisions, device, t
         )
     seconds: dict[torch.dtype, float] = {}
     notes: dict[torch.dtype, str] = {}
+    packet = packet_name(op_name(target))
     for dtype in sorted(precisions, key=lambda d: (d != captured, str(d))):
         a, k = _converted((args, kwargs), dtype, captured, copy=bool(written))
+        if dtype != captured:  # lowered, it runs in the layout passes/layout.py gives it
+            a = _as_rewritten(packet, a, channels_last)
         try:
             out = target(*a, **k)
         except Exception as e:  # an op without a kernel for this dtype on this device: not an option
@@ -168,7 +210,7 @@ def _time_layer(node, args, kwargs, captured: torch.dtype, precisions, device, t
             )
             continue
         del out
-        seconds[dtype] = float(timer(lambda: target(*a, **k), ("op", node.name, dtype)))
+        seconds[dtype] = float(timer(_call(target, a, k, packet if dtype != captured else None), ("op", node.name, dtype)))
     return LayerTiming(MappingProxyType(seconds), MappingProxyType(notes))
 
 

@@ -111,13 +111,16 @@ def test_cast_prices_match_the_casts_the_rewrite_inserts(model_cls, seed):
 
 
 def _fake_timer(op_ms, cast_ms=0.001):
-    """A timer that returns fixed numbers: op_ms(op name, dtype) for layers, cast_ms for casts."""
+    """A timer that returns fixed numbers: op_ms(op name, dtype) for layers, cast_ms for casts; in the
+    whole-program check (weak_check.py) the per-layer choice measures fastest, so it is what these tests see."""
 
     def factory(**_):
         def timer(fn, key):
             fn()  # the measured callable must run
             if key[0] == "op":
                 return op_ms(key[1], key[2]) / 1e3
+            if key[0] == "program":
+                return 0.0 if key[1] == "per-layer choice" else 1.0
             return cast_ms / 1e3
 
         return timer
@@ -212,13 +215,19 @@ def test_real_measurement_covers_each_precision_and_choice_is_the_argmin():
     prog = mixprec.compile(model, inputs, **WEAK)
     timed = [r for r in prog.report.layers if r.source == "weak_typing"]
     assert timed and {r.name for r in timed} == {r.name for r in prog.report.layers if r.kind == "compute"}
+    check = prog.report.summary["weak_typing"]
+    assert set(check["whole_program_ms"]) == {"per-layer choice", "all bfloat16"}
+    winner = check["whole_program_chosen"]
     for r in timed:
         totals = {d: e["op_ms"] + e["cast_ms"] for d, e in r.timings.items()}
         assert set(totals) == {"float32", "bfloat16"}
         assert all(e["op_ms"] > 0 for e in r.timings.values())
         chosen = str(r.precision).removeprefix("torch.")
-        assert totals[chosen] == pytest.approx(min(totals.values()), abs=1e-9)
-        assert "ms" in r.reason
+        if winner == "per-layer choice":  # each layer's choice is the argmin of what was measured for it
+            assert totals[chosen] == pytest.approx(min(totals.values()), abs=1e-9)
+        else:  # the whole program measured faster uniform: every layer in that dtype
+            assert chosen == winner.removeprefix("all ")
+        assert "ms" in r.reason and f"whole program measured: {winner}" in r.reason
     with torch.no_grad():
         expected = model(*inputs)
     torch.testing.assert_close(prog(*inputs), expected, atol=0.1, rtol=0.05)

@@ -39,17 +39,27 @@ def candidates(info: GraphInfo, decided: dict) -> list[str]:
     ]
 
 
-def decide(info: GraphInfo, decided: dict, timings: Timings, settings) -> dict[str, NodePrecision]:
-    """Decisions for the free layers: the cost model's minimum, with the measured numbers as reasons."""
+def decide(
+    info: GraphInfo, decided: dict, timings: Timings, settings, *, uniform: torch.dtype | None = None, note: str = ""
+) -> dict[str, NodePrecision]:
+    """Decisions for the free layers: the cost model's minimum, with the measured numbers as reasons.
+
+    ``uniform``: every free layer in this dtype where it can run (the whole-program check's
+    alternative, weak_check.py); ``note`` is appended to every reason."""
     model = _model(info, decided, timings, settings)
-    assign = model.minimise()
+    if uniform is None:
+        assign = model.minimise()
+    else:
+        assign = {n: uniform if uniform in model.options[n] else model.options[n][0] for n in model.free}
+        model.total(assign)  # the model prices each layer's casts against this assignment
     out = {}
     for name in candidates(info, decided):
         timing = timings.layers.get(name)
         if timing is None:
             continue
         if name in assign:
-            out[name] = NodePrecision(assign[name], None, SOURCE, _reason(model, name, assign[name], timings.device))
+            reason = _reason(model, name, assign[name], timings.device) + note
+            out[name] = NodePrecision(assign[name], None, SOURCE, reason)
         else:
             why = timing.skipped or "; ".join(f"{_short(d)} {note}" for d, note in sorted(timing.notes.items(), key=str))
             out[name] = NodePrecision(info[name].precision, None, SOURCE, f"kept {_short(info[name].precision)}: {why}")
@@ -119,7 +129,8 @@ def _reason(model: CostModel, name: str, chosen: torch.dtype, device: str) -> st
         extra = casts - cheapest_casts
         return f"{_short(d)} {op * 1e3:.3f} ms" + (f" (casts +{extra * 1e3:.3f} ms)" if extra > 0 else "")
 
-    text = f"fastest measured on {device}: {part(ranked[0])}"
+    fastest = min(local, key=lambda d: sum(local[d]))
+    text = f"{'fastest' if chosen == fastest else 'chosen'} measured on {device}: {part(ranked[0])}"
     if len(ranked) > 1:
         text += " vs " + ", ".join(part(d) for d in ranked[1:])
     notes = model.timings.layers[name].notes
