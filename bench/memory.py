@@ -45,7 +45,8 @@ def peak_of(fn):
 
 torch.set_num_threads(2)
 torch.manual_seed(0)
-model, inputs = MODELS[{name!r}]()
+kwargs = {{"batch": {batch}}} if {batch} and {name!r} not in ("transformer_layer", "cnn") else {{}}
+model, inputs = MODELS[{name!r}](**kwargs)
 variant = {variant!r}
 out = {{"fp32_param_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}}
 if variant.startswith("mixprec"):
@@ -73,8 +74,8 @@ print(json.dumps(out))
 VARIANTS = ("fp32 eager", "torch.autocast bf16", ".to(bfloat16)", "mixprec eager")
 
 
-def measure(name: str, variant: str) -> dict:
-    code = CHILD.format(here=str(HERE), name=name, variant=variant)
+def measure(name: str, variant: str, batch: int | None = None) -> dict:
+    code = CHILD.format(here=str(HERE), name=name, variant=variant, batch=batch or 0)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -82,14 +83,16 @@ def measure(name: str, variant: str) -> dict:
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", default="transformer_layer,cnn,bert_base,gpt2_small,vit_base")
+    parser.add_argument("--batch", type=int, default=None, help="example batch size for the transformers models")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
     args = parser.parse_args()
     print(f"{stamp()}  {machine()}")
     print(f"command: python bench/{Path(__file__).name} {' '.join(sys.argv[1:])}")
     mb = 2**20
     rows = []
     for name in args.models.split(","):
-        for variant in VARIANTS:
-            m = measure(name, variant)
+        for variant in args.variants.split(","):
+            m = measure(name, variant, args.batch)
             row = {"model": name, "variant": variant, "forward peak MB": m["forward_peak"] / mb,
                    "resident after MB": m["resident_after"] / mb}
             if "compile_peak" in m:

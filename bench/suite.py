@@ -35,7 +35,10 @@ from mixprec.report.summary import output_errors  # noqa: E402
 
 
 def param_bytes(module: torch.nn.Module) -> int:
-    return sum(t.numel() * t.element_size() for t in module.state_dict().values())
+    """Bytes of parameters and buffers, a tensor shared under two names (tied weights) counted once."""
+    from mixprec.program import stored_bytes
+
+    return stored_bytes(module.state_dict(), {})
 
 
 def run(name: str, rounds: int, with_compile: bool) -> dict:
