@@ -1,9 +1,11 @@
-"""The README's main job: compile a small model and print what mixprec did to every layer.
+"""The README's main job: compile small models and print what mixprec did to every layer.
 
-The model writes its own precisions (strong typing): a classifier head converted with
-``.bfloat16()``, and a ``torch.autocast`` region around the feature extractor. mixprec
-captures it, makes every cast explicit, and the compiled program gives exactly the
-outputs eager PyTorch gives, with a per-layer report and the error against fp32.
+1. Strong typing: the model writes its own precisions — a classifier head converted with
+   ``.bfloat16()``, and a ``torch.autocast`` region around the feature extractor. mixprec
+   captures it, makes every cast explicit, and the compiled program gives exactly the outputs
+   eager PyTorch gives, with a per-layer report and the error against fp32.
+2. Rule-based autocast: a small transformer block left in fp32, fed real-scale inputs; mixprec
+   lowers it to bf16 except where a rule says otherwise, and every decision says why.
 """
 
 import torch
@@ -34,7 +36,35 @@ def model_and_inputs():
     return Demo().eval(), (torch.randn(8, 3, 32, 32),)
 
 
+class Block(torch.nn.Module):
+    """A pre-norm transformer block whose input arrives at real scale (sensor readings ~1000)."""
+
+    def __init__(self, dim=64):
+        super().__init__()
+        self.scale = torch.nn.Linear(dim, dim)
+        self.norm1 = torch.nn.LayerNorm(dim)
+        self.attn = torch.nn.MultiheadAttention(dim, 4, batch_first=True)
+        self.norm2 = torch.nn.LayerNorm(dim)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(), torch.nn.Linear(4 * dim, dim))
+
+    def forward(self, x):
+        x = self.scale(x / 1000.0)
+        h = self.norm1(x)
+        x = x + self.attn(h, h, h, need_weights=False)[0]
+        return x + self.mlp(self.norm2(x))
+
+
+def autocast_demo():
+    torch.manual_seed(0)
+    model = Block().eval()
+    inputs = (torch.randn(4, 16, 64) * 1000.0,)
+    prog = mixprec.compile(model, inputs, enable_autocast=True)
+    print("== 2. rule-based autocast (enable_autocast=True): a transformer block left in fp32")
+    print(prog.report)
+
+
 def main():
+    print("== 1. strong typing: the precisions written in the model are honoured exactly")
     model, inputs = model_and_inputs()
     prog = mixprec.compile(model, inputs, use_fp32_acc=True)
     print(prog.report)
@@ -46,6 +76,8 @@ def main():
     print()
     print(f"compiled vs eager PyTorch: max |difference| = {(got - eager).abs().max().item():.3g} "
           f"(fp32 accumulation in the bf16 layers; without use_fp32_acc it is exactly 0)")
+    print()
+    autocast_demo()
 
 
 if __name__ == "__main__":
