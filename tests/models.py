@@ -597,3 +597,14 @@ class OverflowsInFp16(nn.Module):
     @staticmethod
     def example_inputs():
         return (torch.randn(4, 8),)
+
+
+class SoftmaxFp32(nn.Module):
+    """A softmax whose dtype= argument pins its output to fp32: it cannot run in a low type."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.softmax(self.fc(x), dim=-1, dtype=torch.float32)

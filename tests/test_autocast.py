@@ -326,13 +326,7 @@ def test_fp32_accumulation_of_lowered_layers():
 
 
 def test_ops_that_fix_their_output_dtype_are_not_lowered():
-    class SoftmaxFp32(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = torch.nn.Linear(8, 8)
-
-        def forward(self, x):
-            return torch.softmax(self.fc(x), dim=-1, dtype=torch.float32)
+    from models import SoftmaxFp32
 
     model = SoftmaxFp32().eval()
     inputs = (torch.randn(3, 8),)

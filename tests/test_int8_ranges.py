@@ -37,7 +37,7 @@ def test_batches_default_to_the_example_inputs_and_accept_single_tensors():
 
 def test_batches_that_do_not_fit_the_model_are_calibration_errors():
     model = TRTorchSeed(torch.int8).eval()
-    with pytest.raises(mixprec.CalibrationError, match="holds 2 input value"):
+    with pytest.raises(mixprec.CalibrationError, match=r"holds 2 tensor\(s\), the model takes 1"):
         mixprec.compile(model, TRTorchSeed.example_inputs(),
                         autocast_calibration_dataloader=[(torch.randn(1, 3, 12, 12), torch.randn(1))])
     with pytest.raises(mixprec.CalibrationError, match="no batches"):

@@ -72,7 +72,10 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
             example = tuple(flat_user_inputs(ep, *_fresh(args, kwargs)))  # the model may write into its inputs
             reuse = config.autocast_calibration_dataloader is None and _captured_is_fp32(info)
             prepared = autocast.prepare(base, info, config, example, keep_first_outputs=reuse)
-        ranges = marker_ranges(base, info, config.autocast_calibration_dataloader, args)
+        ranges = marker_ranges(
+            base, info, config.autocast_calibration_dataloader, args,
+            calibration=prepared.calibration if prepared is not None else None,
+        )
     timings = None
     if not config.use_explicit_typing:  # weak typing: time the free layers on this device first
         with timer.phase("measure"):
@@ -133,12 +136,12 @@ def _autocast_summary(prepared) -> dict:
     }
 
 
-def marker_ranges(base: WorkProgram, info: GraphInfo, calibration_dataloader, args: tuple) -> dict:
+def marker_ranges(base: WorkProgram, info: GraphInfo, calibration_dataloader, args: tuple, *, calibration=None) -> dict:
     """Calibrated ranges of the boundaries of int8 marker regions that were given no dynamic range."""
     targets = markers.calibration_targets(info)
     if not targets:
         return {}
-    return collect_ranges(base, targets, calibration_batches(calibration_dataloader, args))
+    return collect_ranges(base, targets, calibration_batches(calibration_dataloader, args), calibration=calibration)
 
 
 def _check_calibration_used(config: CompileSettings, info: GraphInfo) -> None:

@@ -62,13 +62,7 @@ def test_a_mask_that_does_not_fit_fp16_is_unsafe():
 
 
 def test_an_op_that_fixes_its_output_dtype_is_unsafe():
-    class SoftmaxFp32(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = torch.nn.Linear(8, 8)
-
-        def forward(self, x):
-            return torch.softmax(self.fc(x), dim=-1, dtype=torch.float32)
+    from models import SoftmaxFp32
 
     result = mixprec.search(SoftmaxFp32().eval(), (torch.randn(3, 8),), cache=False)
     softmax = next(g for g in result.groups if "softmax" in g.op)

@@ -10,6 +10,7 @@ import html
 import math
 
 from ..dtypes import dtype_name
+from ..report.render import text_table
 from .records import DebugReport, LayerComparison
 
 _COLUMNS = ("", "layer", "module", "op", "prec", "rel err", "max abs err", "absmax", "fp32 absmax", "new inf/nan", "jump")
@@ -76,19 +77,7 @@ def text(report: DebugReport, *, max_rows: int | None = None) -> str:
         keep = {i for i, r in enumerate(report.layers) if r.name in marks}
         keep |= set(range(max_rows - len(keep)))
         rows = [row for i, row in enumerate(rows) if i in keep]
-    widths = [len(c) for c in _COLUMNS]
-    caps = (4, 28, 32, 24, 5, 9, 11, 9, 11, 11, 9)
-    for row in rows:
-        widths = [min(max(w, len(cell)), cap) for w, cell, cap in zip(widths, row, caps)]
-
-    def fmt(cells):
-        out = []
-        for cell, width in zip(cells, widths):
-            cell = cell if len(cell) <= width else cell[: width - 1] + "…"
-            out.append(cell.ljust(width))
-        return "  ".join(out).rstrip()
-
-    lines += [fmt(_COLUMNS), fmt(["-" * w for w in widths])] + [fmt(row) for row in rows]
+    lines += text_table(_COLUMNS, rows, (4, 28, 32, 24, 5, 9, 11, 9, 11, 11, 9))
     if len(rows) < len(report.layers):
         lines.append(f"({len(report.layers) - len(rows)} more layers in report.layers)")
     return "\n".join(lines)

@@ -28,10 +28,10 @@ def row_cells(r: LayerRecord) -> tuple[str, ...]:
     )
 
 
-def table(records: list[LayerRecord], summary: dict, *, kinds=("compute", "cast")) -> str:
-    rows = [row_cells(r) for r in records if r.kind in kinds]
-    widths = [len(c) for c in _COLUMNS]
-    caps = (28, 32, 28, 9, 4, 24, 12, 14, 80)
+def text_table(columns, rows, caps) -> list[str]:
+    """Aligned text rows under a header: each column as wide as its widest cell, up to its cap
+    (longer cells end in an ellipsis)."""
+    widths = [len(c) for c in columns]
     for row in rows:
         widths = [min(max(w, len(cell)), cap) for w, cell, cap in zip(widths, row, caps)]
 
@@ -42,8 +42,12 @@ def table(records: list[LayerRecord], summary: dict, *, kinds=("compute", "cast"
             out.append(cell.ljust(width))
         return "  ".join(out).rstrip()
 
-    lines = [fmt(_COLUMNS), fmt(["-" * w for w in widths])]
-    lines += [fmt(row) for row in rows]
+    return [fmt(columns), fmt(["-" * w for w in widths])] + [fmt(row) for row in rows]
+
+
+def table(records: list[LayerRecord], summary: dict, *, kinds=("compute", "cast")) -> str:
+    rows = [row_cells(r) for r in records if r.kind in kinds]
+    lines = text_table(_COLUMNS, rows, (28, 32, 28, 9, 4, 24, 12, 14, 80))
     hidden = sum(1 for r in records if r.kind not in kinds)
     if hidden:
         lines.append(f"({hidden} data-movement nodes not shown; see report.layers)")
