@@ -150,7 +150,7 @@ def dumps_or_none(spec) -> str | None:
     """The spec as text, or None when a type in it has no serialised name."""
     try:
         return pytree.treespec_dumps(spec)
-    except Exception:  # torch raises NotImplementedError/TypeError/ValueError for unserialisable types
+    except (NotImplementedError, TypeError, ValueError, KeyError):  # a type in it has no serialised name
         return None
 
 
@@ -160,7 +160,7 @@ def restore(original: str | None, fallback, replaced: list[str]):
         return fallback, None
     try:
         spec = pytree.treespec_loads(original)
-    except Exception:  # the type is not registered here (NotImplementedError) or its context does not load
+    except (NotImplementedError, TypeError, ValueError, KeyError, AttributeError):  # type not registered here
         names = ", ".join(replaced)
         return fallback, (
             f"outputs of type {names} are returned as mixprec OutputRecord (a dict with attribute access, "
