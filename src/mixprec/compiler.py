@@ -22,7 +22,8 @@ from .errors import ConfigError, InvariantError, UnsupportedModelError
 from .graph import GraphInfo, analyze
 from .int8_ranges import calibration_batches, collect_ranges
 from .interpret import run_user_outputs
-from .module import MixedPrecisionModule, input_specs_of
+from .input_check import input_specs_of
+from .module import MixedPrecisionModule
 from .passes.normalize import normalize
 from .passes.pipeline import rewrite
 from .plan import PrecisionPlan

@@ -15,7 +15,7 @@ import torch
 
 from .captured import WeakCapture
 from .errors import InputMismatchError
-from .input_check import check_inputs, input_specs_of  # noqa: F401  (input_specs_of: for callers)
+from .input_check import check_inputs
 
 
 class MixedPrecisionModule(torch.nn.Module):

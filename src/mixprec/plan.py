@@ -17,6 +17,7 @@ from types import MappingProxyType
 
 import torch
 
+from . import jsondoc
 from .dtypes import dtype_from_name, dtype_name
 from .errors import ConfigError
 
@@ -209,16 +210,7 @@ class PrecisionPlan(Mapping):
 
     @classmethod
     def from_json(cls, text: str) -> "PrecisionPlan":
-        try:
-            data = json.loads(text)
-        except (json.JSONDecodeError, TypeError) as e:
-            raise ConfigError(f"the plan is not valid JSON ({e}); pass the text written by plan.to_json().") from e
-        if not isinstance(data, dict) or data.get("format") != _FORMAT:
-            raise ConfigError("this JSON is not a mixprec plan (its 'format' is not 'mixprec.plan').")
-        if data.get("version") != _VERSION:
-            raise ConfigError(
-                f"plan version {data.get('version')!r} is not supported by this mixprec (it reads version {_VERSION})."
-            )
+        data = jsondoc.load(text, fmt=_FORMAT, version=_VERSION, what="plan", hint="; pass the text written by plan.to_json()")
         nodes = data.get("nodes", {})
         if not isinstance(nodes, dict):
             raise ConfigError("the plan's 'nodes' must be an object mapping node names to decisions.")

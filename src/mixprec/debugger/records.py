@@ -12,8 +12,8 @@ import math
 
 import torch
 
+from .. import jsondoc
 from ..dtypes import dtype_from_name, dtype_name
-from ..errors import ConfigError
 
 _FORMAT = "mixprec.debug"
 _VERSION = 1
@@ -149,12 +149,7 @@ class DebugReport:
 
     @classmethod
     def from_json(cls, text: str) -> "DebugReport":
-        try:
-            data = json.loads(text)
-        except (json.JSONDecodeError, TypeError) as e:
-            raise ConfigError(f"the debug report is not valid JSON ({e}).") from e
-        if not isinstance(data, dict) or data.get("format") != _FORMAT or data.get("version") != _VERSION:
-            raise ConfigError(f"this JSON is not a mixprec debug report of version {_VERSION}.")
+        data = jsondoc.load(text, fmt=_FORMAT, version=_VERSION, what="debug report")
         return cls(
             [LayerComparison.from_dict(d) for d in data["layers"]],
             [Finding.from_dict(d) for d in data["findings"]],

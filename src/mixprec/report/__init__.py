@@ -7,6 +7,7 @@ import json
 import math
 import os
 
+from .. import jsondoc
 from ..errors import ConfigError
 from . import render
 from .graph import build_graph
@@ -64,16 +65,11 @@ class Report:
 
     @classmethod
     def from_json(cls, text: str) -> "Report":
-        try:
-            data = json.loads(text)
-        except (json.JSONDecodeError, TypeError) as e:
-            raise ConfigError(f"the report is not valid JSON ({e}).") from e
-        return cls.from_dict(data)
+        return cls.from_dict(jsondoc.load(text, fmt=_FORMAT, version=_VERSION, what="report"))
 
     @classmethod
     def from_dict(cls, data) -> "Report":
-        if not isinstance(data, dict) or data.get("format") != _FORMAT or data.get("version") != _VERSION:
-            raise ConfigError(f"this JSON is not a mixprec report of version {_VERSION}.")
+        jsondoc.check(data, fmt=_FORMAT, version=_VERSION, what="report")
         try:
             layers = [LayerRecord.from_dict(d) for d in data["layers"]]
             summary = data["summary"]

@@ -15,6 +15,7 @@ import math
 
 import torch
 
+from .. import jsondoc
 from ..dtypes import dtype_from_name, dtype_name
 from ..errors import ConfigError
 from ..plan import PrecisionPlan
@@ -157,12 +158,9 @@ class SearchResult:
 
     @classmethod
     def from_json(cls, text: str) -> "SearchResult":
-        try:
-            data = json.loads(text)
-        except (json.JSONDecodeError, TypeError) as e:
-            raise ConfigError(f"the search result is not valid JSON ({e}); pass the text of result.to_json().") from e
-        if not isinstance(data, dict) or data.get("format") != _FORMAT or data.get("version") != _VERSION:
-            raise ConfigError(f"this JSON is not a mixprec search result of version {_VERSION}.")
+        data = jsondoc.load(
+            text, fmt=_FORMAT, version=_VERSION, what="search result", hint="; pass the text of result.to_json()"
+        )
         try:
             return cls(
                 plan=PrecisionPlan.from_json(json.dumps(data["plan"])),

@@ -109,7 +109,8 @@ def load(path, *, backend: str | None = None):
     compiled for (e.g. ``"eager"`` where the recorded one is not available).
     """
     from ..backends import get_backend, known_backends
-    from ..module import MixedPrecisionModule, input_specs_of
+    from ..input_check import input_specs_of
+    from ..module import MixedPrecisionModule
     from ..plan import PrecisionPlan
     from ..report import Report
 

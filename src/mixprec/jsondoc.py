@@ -1,0 +1,30 @@
+"""The versioned JSON documents mixprec writes (plans, reports, debug reports, search results).
+
+Each is an object with a ``format`` name and a ``version``; reading checks both once, here, so
+every document type rejects foreign or newer JSON with the same clear ConfigError.
+"""
+
+from __future__ import annotations
+
+import json
+
+from .errors import ConfigError
+
+
+def load(text: str, *, fmt: str, version: int, what: str, hint: str = "") -> dict:
+    """The document's object, or ConfigError when ``text`` is not JSON, not a ``fmt`` or another version."""
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, TypeError) as e:
+        raise ConfigError(f"the {what} is not valid JSON ({e}){hint}.") from e
+    return check(data, fmt=fmt, version=version, what=what)
+
+
+def check(data, *, fmt: str, version: int, what: str) -> dict:
+    if not isinstance(data, dict) or data.get("format") != fmt:
+        raise ConfigError(f"this JSON is not a mixprec {what} (its 'format' is not '{fmt}').")
+    if data.get("version") != version:
+        raise ConfigError(
+            f"{what} version {data.get('version')!r} is not supported by this mixprec (it reads version {version})."
+        )
+    return data
