@@ -88,21 +88,19 @@ class ErrorStats:
             both = fx & fy
             n_both = int(both.sum())
             self.compared += n_both
-            if n_both < x.numel():  # the slow path only where something is inf/NaN
+            if n_both < x.numel():  # the slow path only where something is inf/NaN: zero those positions out
                 exact = (x == y) | (x.isnan() & y.isnan())
                 self.mismatched += int((~both & ~exact).sum())
                 self.nonfinite += int((~fx).sum())
                 self.ref_nonfinite += int((~fy).sum())
                 self.new_nonfinite += int((~fx & fy).sum())
-                x_finite, y_finite = x[fx], y[fy]
-                x, y = x[both], y[both]
+                x_abs, y_abs = torch.where(fx, x, 0.0).abs(), torch.where(fy, y, 0.0).abs()
+                x, y = torch.where(both, x, 0.0), torch.where(both, y, 0.0)
             else:
-                x_finite, y_finite = x, y
-            if x_finite.numel():
-                self.absmax = max(self.absmax, x_finite.abs().max().item())
-            if y_finite.numel():
-                self.ref_absmax = max(self.ref_absmax, y_finite.abs().max().item())
-            if n_both:
+                x_abs, y_abs = x.abs(), y.abs()
+            if x.numel():
+                self.absmax = max(self.absmax, x_abs.max().item())
+                self.ref_absmax = max(self.ref_absmax, y_abs.max().item())
                 diff = x - y
                 self.max_abs = max(self.max_abs, diff.abs().max().item())
                 self.diff_sq += torch.dot(diff, diff).item()
