@@ -28,7 +28,7 @@ _spec.loader.exec_module(_test_models)  # tests/models.py (bench/models.py has t
 bert_small, gpt2_small, vit_small = _test_models.bert_small, _test_models.gpt2_small, _test_models.vit_small
 
 import mixprec  # noqa: E402
-from mixprec.report.summary import output_errors  # noqa: E402
+from mixprec.numerics import output_errors  # noqa: E402
 from mixprec.searching import SearchCache  # noqa: E402
 
 

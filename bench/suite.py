@@ -31,7 +31,7 @@ from harness import interleaved, machine, stamp, table  # noqa: E402
 from models import MODELS  # noqa: E402
 
 import mixprec  # noqa: E402
-from mixprec.report.summary import output_errors  # noqa: E402
+from mixprec.numerics import output_errors  # noqa: E402
 
 
 def param_bytes(module: torch.nn.Module) -> int:

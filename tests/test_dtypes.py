@@ -8,6 +8,7 @@ from mixprec.dtypes import (
     is_float,
     is_lossless,
     parse_dtype,
+    short_name,
     trt_name,
 )
 from mixprec.errors import ConfigError
@@ -71,3 +72,11 @@ def test_names():
 def test_default_low_precision_by_device():
     assert default_low_precision(torch.device("cpu")) is torch.bfloat16
     assert default_low_precision(torch.device("cuda")) is torch.float16
+
+
+def test_one_short_name_for_tables_labels_and_messages():
+    assert [short_name(d) for d in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8)] == [
+        "fp32", "fp16", "bf16", "fp64", "int8"
+    ]
+    assert short_name("bfloat16") == "bf16"  # a name read back from the report's JSON
+    assert short_name(torch.int32) == "int32" and short_name(None) == "-"

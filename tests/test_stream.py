@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 import mixprec
-from mixprec.report.summary import output_errors
+from mixprec.numerics import output_errors
 from models import ConvNet
 
 

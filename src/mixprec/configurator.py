@@ -33,7 +33,7 @@ from . import planner
 from .capture import as_input_tuple, capture
 from .compiler import marker_ranges
 from .configurator_log import render_log
-from .dtypes import dtype_name, parse_dtype
+from .dtypes import parse_dtype, short_name
 from .errors import ConfigError
 from .graph import analyze
 from .int8_ranges import collect_ranges
@@ -63,9 +63,9 @@ class Request:
 
     def precision_text(self) -> str:
         if isinstance(self.activation, tuple):
-            return "[" + ", ".join(_short(d) if d is not None else "None" for d in self.activation) + "]"
-        text = f"activation={_short(self.activation)}"
-        return text + (f", param={_short(self.param)}" if self.param is not None else "")
+            return "[" + ", ".join(short_name(d) if d is not None else "None" for d in self.activation) + "]"
+        text = f"activation={short_name(self.activation)}"
+        return text + (f", param={short_name(self.param)}" if self.param is not None else "")
 
 
 class MixedPrecisionConfigurator:
@@ -241,11 +241,11 @@ class _Resolver:
                 continue
             latest = max((self.winner[layer] for layer in layers), key=lambda r: r.id)
             who = sorted({f"'{self.info[layer].module or '(top)'}' (request #{self.winner[layer].id}: "
-                          f"param={_short(self.param[layer])})" for layer in layers})
+                          f"param={short_name(self.param[layer])})" for layer in layers})
             self.problem(
                 f"parameter '{specs[placeholder].target}' is shared by modules asked to store it in different "
                 f"dtypes: {', '.join(who)}",
-                f"it is stored in {_short(latest.param)} (request #{latest.id}, the latest)",
+                f"it is stored in {short_name(latest.param)} (request #{latest.id}, the latest)",
             )
             for layer in layers:
                 self.param[layer] = latest.param
@@ -328,9 +328,3 @@ def _io_precisions(value, api: str):
             for i, v in enumerate(value)
         )
     return parse_dtype(value, what=api, allowed=_IO_PRECISIONS)
-
-
-def _short(dtype) -> str:
-    return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int8: "int8"}.get(
-        dtype, dtype_name(dtype)
-    )

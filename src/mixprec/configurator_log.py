@@ -11,14 +11,10 @@ Three tables, rendered from data the configurator already holds:
 
 from __future__ import annotations
 
-import torch
-
-from .dtypes import dtype_name
+from .dtypes import short_name
 from .graph import META_ROLE
 from .passes.casting import is_mixprec_cast, tensor_dtype
 from .passes.quantize import captured_name
-
-_SHORT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int8: "int8", torch.float64: "fp64"}
 
 
 def render_log(requests, resolver, info, plan, realised) -> str:
@@ -49,12 +45,12 @@ def _module_rows(resolver, info, plan):
         request = resolver.winner.get(first)
         decision = plan[first]
         if request is None:
-            rows.append((module or "(top)", _short_type(module_type), _s(decision.precision), "-",
+            rows.append((module or "(top)", _short_type(module_type), short_name(decision.precision), "-",
                          f"- ({decision.source})"))
             continue
         param = resolver.param.get(first)
-        rows.append((module or "(top)", _short_type(module_type), _s(request.activation),
-                     _s(param) if param is not None else "=activation", f"#{request.id}"))
+        rows.append((module or "(top)", _short_type(module_type), short_name(request.activation),
+                     short_name(param) if param is not None else "=activation", f"#{request.id}"))
     return rows
 
 
@@ -62,7 +58,7 @@ def _io_rows(requests, resolver):
     rows = []
     for which in ("input", "output"):
         for position, (dtype, request_id) in sorted(resolver.io_winners.get(which, {}).items()):
-            rows.append((f"{which} {position}", _s(dtype), f"#{request_id}"))
+            rows.append((f"{which} {position}", short_name(dtype), f"#{request_id}"))
     return rows or [("(none requested)", "", "")]
 
 
@@ -72,24 +68,24 @@ def _layer_rows(info, plan, realised):
     for name, decision in plan.items():
         node = nodes.get(name)
         if node is None:
-            rows.append((name, info[name].module or "(top)", _op(info[name].op), _s(decision.precision), "", "",
+            rows.append((name, info[name].module or "(top)", _op(info[name].op), short_name(decision.precision), "", "",
                          decision.source, "(removed: a cast made redundant)"))
             continue
         casts = []
         for inp in node.all_input_nodes:
             if is_mixprec_cast(inp):
-                casts.append(f"{inp.args[0].name}->{_s(inp.args[1])}")
+                casts.append(f"{inp.args[0].name}->{short_name(inp.args[1])}")
             elif inp.meta.get(META_ROLE) == "dequant":
                 casts.append(f"{captured_name(inp)}->int8")
         for user in node.users:
             if user.meta.get(META_ROLE) == "quant" and decision.int8 is not None and decision.int8.output is not None:
                 casts.append("output->int8")
             elif is_mixprec_cast(user) and user.meta.get(META_ROLE) in ("acc_cast", "io_cast"):
-                casts.append(f"output->{_s(user.args[1])}")
+                casts.append(f"output->{short_name(user.args[1])}")
         rows.append((
-            name, info[name].module or "(top)", _op(info[name].op), _s(decision.precision),
-            ",".join(_s(tensor_dtype(i)) for i in node.all_input_nodes if tensor_dtype(i) is not None),
-            _s(tensor_dtype(node)) if tensor_dtype(node) is not None else "-",
+            name, info[name].module or "(top)", _op(info[name].op), short_name(decision.precision),
+            ",".join(short_name(tensor_dtype(i)) for i in node.all_input_nodes if tensor_dtype(i) is not None),
+            short_name(tensor_dtype(node)) if tensor_dtype(node) is not None else "-",
             decision.source, ", ".join(casts) or "-",
         ))
     return rows
@@ -103,10 +99,6 @@ def _section(title, header, rows) -> list[str]:
         return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
 
     return ["", title, fmt(header), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]
-
-
-def _s(dtype) -> str:
-    return _SHORT.get(dtype, dtype_name(dtype) or "-")
 
 
 def _op(op: str) -> str:

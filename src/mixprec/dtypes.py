@@ -58,6 +58,20 @@ def is_float(dtype: torch.dtype | None) -> bool:
     return dtype in FLOAT_DTYPES
 
 
+# the short names of tables, graph labels and messages (fp32, bf16, ...); any other dtype by its name
+_SHORT_NAMES = MappingProxyType(
+    {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64", "int8": "int8"}
+)
+
+
+def short_name(dtype: torch.dtype | str | None) -> str:
+    """torch.bfloat16 (or its name 'bfloat16') -> 'bf16'; other dtypes by their name; None -> '-'."""
+    if dtype is None:
+        return "-"
+    name = dtype if isinstance(dtype, str) else dtype_name(dtype)
+    return _SHORT_NAMES.get(name, name)
+
+
 def dtype_name(dtype: torch.dtype | None) -> str | None:
     """'torch.bfloat16' -> 'bfloat16'; None stays None."""
     if dtype is None:

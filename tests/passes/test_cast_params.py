@@ -7,6 +7,8 @@ from helpers import assert_unchanged, plan_lowering, snapshot
 from mixprec.plan import NodePrecision, PrecisionPlan
 from models import ConvNet, ThreeLinears, TiedEmbedding
 
+from ._graphs import TwoLinears, context_before, layer_of, run_and_verify
+
 
 def _stored(prog):
     ep = prog.exported_program
@@ -65,3 +67,16 @@ def test_buffers_follow_their_consumer():
     assert model.bn.running_mean.dtype == torch.float32
     err = prog.report.summary["rel_l2_error"]
     assert 0 < err < 2e-2
+
+
+def test_cast_params_alone_on_a_small_graph():
+    model = TwoLinears().eval()
+    before = snapshot(model)
+    ctx = context_before("cast_params", model, (torch.randn(2, 8),))
+    assert run_and_verify("cast_params", ctx).changed
+    a = layer_of(ctx, "a")
+    for placeholder, param in zip(a.args[1:], (model.a.weight, model.a.bias)):
+        assert placeholder.op == "placeholder"  # the cast is gone: the program stores the bf16 copy
+        stored = ctx.work.stored_tensor(ctx.work.input_spec_of(placeholder))
+        assert stored.dtype == torch.bfloat16 and torch.equal(stored, param.detach().bfloat16())
+    assert_unchanged(model, before)

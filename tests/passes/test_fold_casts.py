@@ -1,11 +1,16 @@
 """Casts that change nothing are removed; lossy round trips stay."""
 
+import pytest
 import torch
 
 import mixprec
 from helpers import plan_lowering
+from mixprec.errors import InvariantError
 from mixprec.graph import META_ROLE
 from mixprec.passes.casting import is_mixprec_cast
+from mixprec.passes.verify import verify
+
+from ._graphs import TwoLinears, context_before, layer_of, run_and_verify
 
 
 class BfThenFloat(torch.nn.Module):
@@ -47,3 +52,20 @@ def test_lossy_round_trip_is_kept_and_no_cast_is_an_identity():
     # fp32 -> bf16 -> fp32 on the input of the accumulating layer must stay: it is the rounding
     acc = [n for n in graph.nodes if n.meta.get(META_ROLE) == "acc_cast" and n.args[1] == torch.float32]
     assert any(n.args[0].meta.get(META_ROLE) == "cast" for n in acc)
+
+
+def test_fold_casts_alone_on_a_small_graph():
+    """b reads a's bf16 result through fp32 twice over (a cast to the dtype it already has): folding
+    leaves one cast of a to fp32, which the structure check now accepts."""
+    ctx = context_before("fold_casts", TwoLinears(), (torch.randn(2, 8),))
+    graph, a, b = ctx.work.graph, layer_of(ctx, "a"), layer_of(ctx, "b")
+    widened = b.args[0]
+    with graph.inserting_after(widened):
+        again = graph.call_function(torch.ops.aten.to.dtype, (widened, torch.float32))
+    again.meta = {"val": widened.meta["val"], META_ROLE: "cast"}
+    b.replace_input_with(widened, again)
+    with pytest.raises(InvariantError, match="to itself"):
+        verify(ctx)
+    assert run_and_verify("fold_casts", ctx).changed
+    assert b.args[0].args == (a, torch.float32)
+    assert [n for n in graph.nodes if is_mixprec_cast(n) and n.args[0] is a] == [b.args[0]]

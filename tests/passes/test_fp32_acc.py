@@ -4,7 +4,11 @@ import torch
 import torch.nn.functional as F
 
 import mixprec
+from mixprec.graph import META_ACC, META_ROLE
+from mixprec.passes.casting import tensor_dtype
 from models import Attention
+
+from ._graphs import TwoLinears, context_before, layer_of, run_and_verify
 
 
 class Half3(torch.nn.Module):
@@ -85,3 +89,15 @@ def test_attention_scores_softmax_and_values_run_in_fp32():
     err_plain = (plain(x).double() - expected).norm() / expected.norm()
     assert err_acc <= err_plain * 1.05
     assert err_acc < 2e-2
+
+
+def test_fp32_acc_alone_on_a_small_graph():
+    ctx = context_before("fp32_acc", TwoLinears(), (torch.randn(2, 8),), accumulate=torch.float32)
+    assert run_and_verify("fp32_acc", ctx).changed
+    a = layer_of(ctx, "a")
+    assert tensor_dtype(a) == torch.float32 and a.meta[META_ACC] == torch.float32
+    for inp in a.all_input_nodes:  # bf16 operands widened to fp32
+        assert inp.meta[META_ROLE] == "acc_cast" and inp.args[1] == torch.float32
+        assert tensor_dtype(inp.args[0]) == torch.bfloat16
+    (out,) = a.users  # rounded to bf16 before anything reads it
+    assert out.meta[META_ROLE] == "acc_cast" and out.args[1] == torch.bfloat16

@@ -6,7 +6,11 @@ import torch.nn.functional as F
 import mixprec
 from helpers import assert_same_outputs, plan_lowering
 from mixprec.graph import META_ROLE
+from mixprec.interpret import run_user_outputs
+from mixprec.passes.casting import is_mixprec_cast, tensor_dtype
 from models import ThreeLinears, TiedEmbedding
+
+from ._graphs import TwoLinears, context_before, layer_of, run_and_verify
 
 
 def _casts(prog):
@@ -69,3 +73,20 @@ def test_explicit_casts_in_code_are_retargeted_only_by_the_plan():
     prog = mixprec.compile(model, inputs)
     targets = [n.args[1] for n in prog.exported_program.graph.nodes if n.target is torch.ops.aten.to.dtype]
     assert targets == [torch.float16, torch.float32]
+
+
+def test_insert_casts_alone_on_a_small_graph():
+    """a lowered to bf16, b left fp32: a reads x, its weight and bias through bf16 casts; b reads a's
+    result through one cast back to fp32; and the graph computes exactly that."""
+    model, x = TwoLinears().eval(), torch.randn(2, 8)
+    ctx = context_before("insert_casts", model, (x,))
+    assert run_and_verify("insert_casts", ctx).changed
+    a, b = layer_of(ctx, "a"), layer_of(ctx, "b")
+    assert all(is_mixprec_cast(i) and i.args[1] == torch.bfloat16 for i in a.all_input_nodes)
+    assert tensor_dtype(a) == torch.bfloat16
+    assert is_mixprec_cast(b.args[0]) and b.args[0].args == (a, torch.float32)
+    assert not any(is_mixprec_cast(i) for i in b.all_input_nodes[1:])
+    with torch.no_grad():
+        h = F.linear(x.bfloat16(), model.a.weight.bfloat16(), model.a.bias.bfloat16())
+        expected = model.b(h.float())
+    torch.testing.assert_close(run_user_outputs(ctx.work, [x])[0], expected, atol=0, rtol=0)

@@ -3,7 +3,9 @@
 import torch
 
 import mixprec
+from ._graphs import TwoLinears, context_before, layer_of, run_and_verify
 from helpers import plan_lowering
+from mixprec.graph import META_ROLE
 from mixprec.plan import PrecisionPlan
 from models import ThreeLinears
 
@@ -41,3 +43,24 @@ def test_input_request_rounds_on_entry():
     x = torch.randn(1, 10)
     torch.testing.assert_close(prog(x), model(x.half().float()), atol=0, rtol=0)
     assert prog(x).dtype == torch.float32
+
+
+# ---- the passes on their own, on small graphs ---------------------------------------------------
+
+
+def test_round_inputs_alone_reroutes_every_reader_through_one_rounding_cast():
+    ctx = context_before("round_inputs", TwoLinears(), (torch.randn(2, 8),), modules=(), plan_inputs={0: torch.float16})
+    assert run_and_verify("round_inputs", ctx).changed
+    (cast,) = ctx.work.user_input_nodes()[0].users
+    assert cast.meta[META_ROLE] == "io_cast" and cast.args[1] == torch.float16
+    assert list(cast.users) == [layer_of(ctx, "a")]
+
+
+def test_restore_outputs_alone_casts_a_low_output_back_only_with_keep_io_types():
+    ctx = context_before("restore_outputs", TwoLinears(), (torch.randn(2, 8),), modules=("b",))
+    assert run_and_verify("restore_outputs", ctx).changed
+    ((_, value),) = ctx.work.user_output_nodes()
+    assert value.meta[META_ROLE] == "io_cast" and value.args == (layer_of(ctx, "b"), torch.float32)
+    ctx = context_before("restore_outputs", TwoLinears(), (torch.randn(2, 8),), modules=("b",), keep_io_types=False)
+    assert not run_and_verify("restore_outputs", ctx).changed
+    assert ctx.work.user_output_nodes()[0][1] is layer_of(ctx, "b")

@@ -6,6 +6,9 @@ from torch import nn
 import mixprec
 from helpers import plan_lowering
 from mixprec.graph import META_ROLE
+from mixprec.passes.casting import is_mixprec_cast
+
+from ._graphs import Conv, Transposed, context_before, layer_of, run_and_verify
 
 
 class TransposedLinear(nn.Module):
@@ -73,3 +76,24 @@ def test_convolutions_the_code_types_keep_their_layout():
     prog = mixprec.compile(model, (x,))
     assert all(not n.kwargs.get("memory_format") for n in prog.exported_program.graph.nodes)
     torch.testing.assert_close(prog(x), model(x), atol=0, rtol=0)
+
+
+def test_contiguous_matmul_inputs_alone_on_a_small_graph():
+    ctx = context_before("layout", Transposed(), (torch.randn(4, 2, 8),))
+    assert run_and_verify("layout", ctx).changed
+    fixed = layer_of(ctx, "a").args[0]
+    assert fixed.target is torch.ops.aten.contiguous.default and fixed.meta[META_ROLE] == "layout"
+    assert not run_and_verify("layout", ctx).changed  # its input is contiguous now
+    ctx = context_before("layout", Transposed(), (torch.randn(4, 2, 8),), modules=())
+    assert not run_and_verify("layout", ctx).changed  # a layer left in fp32 keeps eager's kernel
+
+
+def test_channels_last_convolutions_alone_on_a_small_graph():
+    model = Conv().eval()
+    ctx = context_before("channels_last", model, (torch.randn(1, 3, 8, 8),))
+    assert run_and_verify("channels_last", ctx).changed
+    conv = layer_of(ctx, "a")
+    assert is_mixprec_cast(conv.args[0]) and conv.args[0].kwargs["memory_format"] == torch.channels_last
+    stored = ctx.work.stored_tensor(ctx.work.input_spec_of(conv.args[1]))
+    assert stored.dtype == torch.bfloat16 and stored.is_contiguous(memory_format=torch.channels_last)
+    assert model.a.weight.is_contiguous()  # the user's weight is not touched

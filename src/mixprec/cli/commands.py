@@ -13,7 +13,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..errors import InputMismatchError
-from .progress import Progress
+from ..progress import Progress
 from .quiet import held_back
 from .spec import UsageError, load_inputs, load_spec
 

@@ -4,7 +4,7 @@ Both programs are rewrites of the same normalised capture, so their layers appea
 order and keep their names; the rewrite only adds casts (and fp32-accumulation wrappers)
 around them. The mixed program runs node by node (``interpret.GraphRunner``); when it
 produces a layer's value, the reference is advanced just until it produced the same layer, the
-two values are compared in fp64, and only the statistics are kept. Each runner drops values
+two values are compared in fp64 (``numerics.ErrorStats``), and only the statistics are kept. Each runner drops values
 after their last use, so the memory held is two live sets and one pair of layer outputs —
 never every intermediate of both programs.
 
@@ -27,12 +27,11 @@ from ..dtypes import is_float
 from ..errors import InvariantError
 from ..graph import META_ACC, META_ROLE, GraphInfo
 from ..interpret import GraphRunner, lifted_inputs
+from ..numerics import ErrorStats, float_leaves, output_errors
 from ..passes.casting import is_mixprec_cast, origin_name
 from ..plan import PrecisionPlan
-from ..report import output_errors
 from .records import LayerComparison
 
-_CHUNK = 1 << 22  # elements converted to fp64 at a time: bounds the extra memory on big activations
 _COMPARED_KINDS = ("compute", "cast")
 
 
@@ -151,52 +150,25 @@ def _user_outputs(program: ExportedProgram, values) -> list:
     return [v for spec, v in zip(specs, values) if spec.kind == OutputKind.USER_OUTPUT]
 
 
-def _float_leaves(value) -> list[torch.Tensor]:
-    return [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor) and is_float(t.dtype)]
-
-
 def _stats(name: str, value, expected) -> dict | None:
-    """Error and range statistics of one layer's output(s) against fp32, in fp64, chunk by chunk."""
-    got, ref = _float_leaves(value), _float_leaves(expected)
-    if not got:
+    """Error and range statistics of one layer's output(s) against fp32 (``numerics.ErrorStats``):
+    the error over positions finite on both sides, the inf/NaN counted apart."""
+    if not float_leaves(value):
         return None
-    if len(got) != len(ref) or any(a.shape != b.shape for a, b in zip(got, ref)):
-        raise InvariantError(f"layer '{name}' has different outputs in the mixed program and the fp32 reference")
-    s = dict(numel=0, compared=0, diff_sq=0.0, ref_sq=0.0, max_abs=0.0, absmax=0.0, ref_absmax=0.0,
-             nonfinite=0, ref_nonfinite=0, new_nonfinite=0)  # fmt: skip
-    for a, b in zip(got, ref):
-        a, b = a.detach().reshape(-1), b.detach().reshape(-1)
-        s["numel"] += a.numel()
-        for start in range(0, a.numel(), _CHUNK):
-            x = a[start : start + _CHUNK].to(torch.float64)
-            y = b[start : start + _CHUNK].to(torch.float64)
-            fx, fy = x.isfinite(), y.isfinite()
-            both = fx & fy
-            diff = (x - y)[both]
-            s["compared"] += int(both.sum())
-            if diff.numel():
-                s["max_abs"] = max(s["max_abs"], diff.abs().max().item())
-                s["diff_sq"] += diff.pow(2).sum().item()
-                s["ref_sq"] += y[both].pow(2).sum().item()
-            if fx.any():
-                s["absmax"] = max(s["absmax"], x[fx].abs().max().item())
-            if fy.any():
-                s["ref_absmax"] = max(s["ref_absmax"], y[fy].abs().max().item())
-            s["nonfinite"] += int((~fx).sum())
-            s["ref_nonfinite"] += int((~fy).sum())
-            s["new_nonfinite"] += int((~fx & fy).sum())
-    if not s["compared"]:
-        rel = math.nan
-    elif s["ref_sq"] > 0:
-        rel = math.sqrt(s["diff_sq"]) / math.sqrt(s["ref_sq"])
-    else:
-        rel = 0.0 if s["diff_sq"] == 0 else math.inf
-    s["rel_l2_error"] = rel
+    try:
+        e = ErrorStats().add(value, expected)
+    except ValueError as err:
+        raise InvariantError(
+            f"layer '{name}' has different outputs in the mixed program and the fp32 reference: {err}"
+        ) from err
+    s = {key: getattr(e, key) for key in ("numel", "compared", "absmax", "ref_absmax", "nonfinite", "ref_nonfinite",
+                                          "new_nonfinite")}  # fmt: skip
+    s["rel_l2_error"] = e.finite_rel_l2_error
+    s["max_abs_error"] = e.finite_max_abs_error
     if s["absmax"] == 0.0 and s["nonfinite"] == s["numel"]:
         s["absmax"] = math.nan  # no finite value at all
     if s["ref_absmax"] == 0.0 and s["ref_nonfinite"] == s["numel"]:
         s["ref_absmax"] = math.nan
-    s["max_abs_error"] = s["max_abs"] if s["compared"] else math.nan
     return s
 
 

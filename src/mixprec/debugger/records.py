@@ -23,7 +23,8 @@ _VERSION = 1
 class LayerComparison:
     """One layer's output in the mixed program against the fp32 value of the same tensor.
 
-    Errors are over the positions where both values are finite; inf/NaN are counted apart.
+    Errors are over the positions where both values are finite, inf/NaN counted apart
+    (``numerics.ErrorStats``'s finite view: an all-zero fp32 value gives 0 or inf, as everywhere).
     ``input_error`` is the largest ``rel_l2_error`` among the layers it reads (through data
     movement; 0 for model inputs and parameters, whose rounding is this layer's own doing),
     and ``error_jump = rel_l2_error - input_error`` is the error this layer added.

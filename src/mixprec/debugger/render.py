@@ -9,12 +9,11 @@ from __future__ import annotations
 import html
 import math
 
-from ..dtypes import dtype_name
+from ..dtypes import short_name
 from ..report.render import text_table
 from .records import DebugReport, LayerComparison
 
 _COLUMNS = ("", "layer", "module", "op", "prec", "rel err", "max abs err", "absmax", "fp32 absmax", "new inf/nan", "jump")
-_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64"}
 _MARKS = {"nonfinite": "!!", "error_jump": "^^"}
 
 
@@ -30,7 +29,7 @@ def _row(r: LayerComparison, mark: str) -> tuple[str, ...]:
         r.name,
         r.module or "(top)",
         r.op.removeprefix("aten.").removesuffix(".default"),
-        _SHORT.get(dtype_name(r.precision), dtype_name(r.precision)),
+        short_name(r.precision),
         _num(r.rel_l2_error),
         _num(r.max_abs_error),
         _num(r.absmax),

@@ -1,15 +1,98 @@
-"""The pass contract (modelled on torch.fx's PassBase/PassResult).
+"""The pass contract (modelled on torch.fx's PassBase/PassResult and its PassManager's checks).
 
-A pass takes the WorkProgram and the plan, changes the graph to realise part of the
-plan, and returns whether it changed anything. Passes never re-derive a decision:
-everything they need is in the plan and in the GraphInfo of the captured graph.
+A pass takes the rewrite context (the WorkProgram, the GraphInfo of the captured graph, the
+plan, the settings), changes the graph to realise part of the plan, and returns whether it
+changed anything. Passes never re-derive a decision: everything they need is in the plan and
+in the GraphInfo.
+
+Each pass declares its contract in terms of named **facts** about the graph:
+
+* ``requires``: facts that must hold when it runs (what earlier passes must have done);
+* ``ensures``: facts that hold once it has run;
+* ``breaks``: facts it may leave broken until a later pass re-establishes them (input rounding
+  leaves consumers reading the rounded dtype until cast insertion adapts them).
+
+The pipeline (``pipeline.py``) checks when it is built that every pass's requirements are met
+by the passes before it, and, with ``MIXPREC_VERIFY_EACH=1``, has the verifier check every
+fact that holds after each pass — an :class:`~mixprec.errors.InvariantError` names the pass
+after which a fact stopped holding. Facts in :data:`CHECKED` have a check in ``verify.py``;
+the others record an order that a pass's docstring explains (they cannot be checked on the
+graph alone, or checking them would mean running the pass again).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from types import MappingProxyType
+
+from ..errors import InvariantError
+
+# fact -> what it means; the verifier checks these on the graph
+CHECKED = MappingProxyType(
+    {
+        "structure": "the graph lints; mixprec's casts are float -> float, change the dtype, one per (tensor, dtype)",
+        "inputs_rounded": "every model input the plan rounds is read only through its rounding cast",
+        "layer_dtypes": "every layer computes in the plan's dtype and receives each float input in the dtype it needs",
+        "int8": "int8 layers read their quantized inputs and int8 weights through quantize/dequantize",
+        "output_dtypes": "the graph outputs have the dtypes the plan and keep_io_types ask for",
+        "meta": "the dtypes in node meta are what the ops produce (fake-tensor re-run: tests only)",
+    }
+)
+# facts the verifier cannot check: the order a pass relies on
+ORDERING = MappingProxyType(
+    {
+        "params_stored": "parameters, buffers and constants are stored in the dtype their consumers read",
+        "fp32_accumulation": "layers with accumulate=fp32 compute on widened operands and round their result",
+        "matmul_layout": "lowered matmul-class layers read contiguous inputs",
+        "channels_last": "lowered 2-D convolutions read and store channels_last tensors",
+    }
+)
+FACTS = frozenset(CHECKED) | frozenset(ORDERING)
+# what holds on a normalised capture before any rewrite pass
+INITIAL_FACTS = frozenset({"structure", "meta"})
 
 
 @dataclasses.dataclass(frozen=True)
 class PassResult:
     changed: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class RewritePass:
+    """A rewrite pass with its contract; calling it runs the pass (``pass_(ctx) -> PassResult``)."""
+
+    name: str
+    run: Callable
+    requires: frozenset = frozenset()
+    ensures: frozenset = frozenset()
+    breaks: frozenset = frozenset()
+
+    def __post_init__(self):
+        for field in ("requires", "ensures", "breaks"):
+            value = frozenset(getattr(self, field))
+            unknown = value - FACTS
+            if unknown:
+                raise InvariantError(
+                    f"rewrite pass '{self.name}' {field} unknown fact(s) {sorted(unknown)}; known: {sorted(FACTS)}"
+                )
+            object.__setattr__(self, field, value)
+
+    def __call__(self, ctx) -> PassResult:
+        result = self.run(ctx)
+        if not isinstance(result, PassResult):
+            raise InvariantError(f"rewrite pass '{self.name}' returned {type(result).__name__}, not a PassResult")
+        return result
+
+    def after(self, facts: frozenset) -> frozenset:
+        """The facts that hold once this pass has run on a graph where ``facts`` held."""
+        return (facts - self.breaks) | self.ensures
+
+
+def rewrite_pass(name: str | None = None, *, requires=(), ensures=(), breaks=()):
+    """Declare a function ``fn(ctx) -> PassResult`` as a rewrite pass with its contract."""
+
+    def declare(fn: Callable) -> RewritePass:
+        return RewritePass(name or fn.__name__, fn, frozenset(requires), frozenset(ensures), frozenset(breaks))
+
+    return declare

@@ -27,11 +27,13 @@ from torch.export.graph_signature import OutputKind
 from ..dtypes import is_float
 from ..graph import META_ORIGIN, META_ROLE
 from ..program import STORED_KINDS
-from .base import PassResult
+from .base import PassResult, rewrite_pass
 from .casting import cast_of, is_mixprec_cast, retype_val, short_name, tensor_dtype
 from .context import RewriteContext
 
 
+# after quantize: int8 weights are already stored and left alone
+@rewrite_pass(requires={"layer_dtypes", "int8"}, ensures={"params_stored"})
 def cast_params(ctx: RewriteContext) -> PassResult:
     work = ctx.work
     mutated = {s.target for s in work.output_specs if s.kind in (OutputKind.BUFFER_MUTATION, OutputKind.PARAMETER_MUTATION)}

@@ -11,17 +11,17 @@ import contextlib
 import torch
 from torch._guards import detect_fake_mode
 
-from ..dtypes import dtype_name, is_float
+from .. import dtypes
+from ..dtypes import is_float
 from ..graph import META_ORIGIN, META_ROLE, NodeInfo
 from ..plan import NodePrecision
-
-_SHORT = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64", torch.int8: "i8"}
 
 MIXPREC_CAST_ROLES = frozenset({"cast", "param_cast", "acc_cast", "io_cast"})
 
 
 def short_name(dtype: torch.dtype) -> str:
-    return _SHORT.get(dtype, dtype_name(dtype))
+    """The dtype's suffix in the names of the nodes and stored tensors mixprec makes (x_bf16, w_i8)."""
+    return "i8" if dtype == torch.int8 else dtypes.short_name(dtype)
 
 
 def tensor_dtype(node) -> torch.dtype | None:

@@ -13,13 +13,15 @@ fp32 -> bf16 -> fp32 rounds on purpose (fp32 accumulation of bf16 operands) and 
 from __future__ import annotations
 
 from ..dtypes import is_lossless
-from .base import PassResult
+from .base import PassResult, rewrite_pass
 from .casting import is_mixprec_cast, tensor_dtype
 from .context import RewriteContext
 
 _CASTS = ("aten.to.dtype",)
 
 
+# last: after every pass that adds casts
+@rewrite_pass(requires={"int8", "params_stored", "fp32_accumulation", "output_dtypes"})
 def fold_casts(ctx: RewriteContext) -> PassResult:
     graph = ctx.work.graph
     changed = False

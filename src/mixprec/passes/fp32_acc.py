@@ -18,11 +18,13 @@ Before::                                   After::
 from __future__ import annotations
 
 from ..graph import META_ACC
-from .base import PassResult
+from .base import PassResult, rewrite_pass
 from .casting import cast_of, retype_val, tensor_dtype
 from .context import RewriteContext
 
 
+# widens the operands cast insertion rounded to the layer's precision
+@rewrite_pass(requires={"layer_dtypes"}, ensures={"fp32_accumulation"})
 def fp32_acc(ctx: RewriteContext) -> PassResult:
     graph = ctx.work.graph
     changed = False

@@ -13,12 +13,14 @@ After::
     linear = aten.linear(x_bf16, w_bf16, b_bf16)   # meta val now bf16
 
 Explicit casts written in the model are re-targeted when the plan says so (the fp32
-reference plan turns ``x.half()`` into a no-op cast to fp32).
+reference plan turns ``x.half()`` into a no-op cast to fp32). Model inputs the plan rounds
+(``plan.inputs``) were rounded by ``io_types.round_inputs``, the pass before this one: their
+consumers are cast from the rounded value.
 """
 
 from __future__ import annotations
 
-from .base import PassResult
+from .base import PassResult, rewrite_pass
 from .casting import (
     cast_of,
     cast_target_arg,
@@ -29,12 +31,13 @@ from .casting import (
     tensor_dtype,
 )
 from .context import RewriteContext
-from .io_types import round_inputs
 
 
+# re-establishes the meta truth input rounding broke
+@rewrite_pass(requires={"structure", "inputs_rounded"}, ensures={"layer_dtypes", "meta"})
 def insert_casts(ctx: RewriteContext) -> PassResult:
     graph = ctx.work.graph
-    changed = round_inputs(ctx).changed
+    changed = False
     for node in list(graph.nodes):
         if node.op != "call_function":
             continue

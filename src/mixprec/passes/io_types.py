@@ -10,11 +10,13 @@
 
 from __future__ import annotations
 
-from .base import PassResult
+from .base import PassResult, rewrite_pass
 from .casting import cast_of, tensor_dtype
 from .context import RewriteContext
 
 
+# consumers read the rounded dtype until cast insertion adapts them: the meta is not true in between
+@rewrite_pass(requires={"structure"}, ensures={"inputs_rounded"}, breaks={"meta"})
 def round_inputs(ctx: RewriteContext) -> PassResult:
     work = ctx.work
     changed = False
@@ -32,6 +34,7 @@ def round_inputs(ctx: RewriteContext) -> PassResult:
     return PassResult(changed)
 
 
+@rewrite_pass(requires={"layer_dtypes"}, ensures={"output_dtypes"})
 def restore_outputs(ctx: RewriteContext) -> PassResult:
     work = ctx.work
     output = work.graph.output_node()

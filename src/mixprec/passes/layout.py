@@ -36,11 +36,13 @@ from torch._guards import detect_fake_mode
 from ..graph import META_ROLE, size_hint
 from ..optable import MATMUL_OPS
 from ..program import STORED_KINDS
-from .base import PassResult
+from .base import PassResult, rewrite_pass
 from .casting import is_mixprec_cast
 from .context import RewriteContext
 
 
+# lowered layers are known once cast insertion has run
+@rewrite_pass("layout", requires={"layer_dtypes"}, ensures={"matmul_layout"})
 def contiguous_matmul_inputs(ctx: RewriteContext) -> PassResult:
     graph = ctx.work.graph
     changed = False
@@ -63,6 +65,8 @@ def contiguous_matmul_inputs(ctx: RewriteContext) -> PassResult:
     return PassResult(changed)
 
 
+# after parameter storage: the low-precision weights it stores channels_last must exist
+@rewrite_pass("channels_last", requires={"params_stored"}, ensures={"channels_last"})
 def channels_last_convolutions(ctx: RewriteContext) -> PassResult:
     work = ctx.work
     changed = False

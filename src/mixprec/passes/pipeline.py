@@ -1,41 +1,95 @@
 """The rewrite pipeline: realise a plan on a copy of the captured program.
 
-Order matters and is fixed: cast insertion (with input rounding), int8 quantize/dequantize,
-parameter storage, fp32 accumulation, matmul input layout, output dtypes, cast folding. With
-``verify_each`` (the tests turn it on)
-the verifier runs after every pass, including a fake-tensor re-run that proves the
-meta dtypes are true; otherwise the cheap structural checks run once at the end.
+Every rewrite pass is listed here, in its fixed order: input rounding, cast insertion, int8
+quantize/dequantize, parameter storage, fp32 accumulation, matmul input layout, channels_last
+convolutions, output dtypes, cast folding. Each declares its contract (``base.RewritePass``:
+requires / ensures / breaks); :class:`Pipeline` checks when it is built that each pass's
+requirements are met by the passes before it and that every checked fact holds at the end.
+
+With ``verify_each`` (the tests turn it on through ``MIXPREC_VERIFY_EACH=1``) the verifier
+checks, after every pass, every fact that holds at that point — including a fake-tensor re-run
+that proves the meta dtypes are true — and its error names the pass after which the graph went
+wrong, as torch.fx's PassManager does. Otherwise the cheap checks run once at the end.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 
+from ..errors import InvariantError
 from ..graph import GraphInfo
 from ..plan import PrecisionPlan
 from ..program import WorkProgram
+from .base import CHECKED, INITIAL_FACTS, RewritePass
 from .cast_params import cast_params
 from .context import RewriteContext
 from .fold_casts import fold_casts
 from .fp32_acc import fp32_acc
 from .insert_casts import insert_casts
-from .io_types import restore_outputs
+from .io_types import restore_outputs, round_inputs
 from .layout import channels_last_convolutions, contiguous_matmul_inputs
 from .quantize import quantize
 from .verify import verify
 
 log = logging.getLogger(__name__)
 
-PASSES = (
-    ("insert_casts", insert_casts),
-    ("quantize", quantize),
-    ("cast_params", cast_params),
-    ("fp32_acc", fp32_acc),
-    ("layout", contiguous_matmul_inputs),
-    ("channels_last", channels_last_convolutions),
-    ("restore_outputs", restore_outputs),
-    ("fold_casts", fold_casts),
+# quantize.py keeps its plain function; its contract is declared here (see its docstring: after
+# cast insertion, so every float input of an int8 layer is float32; before parameter storage)
+QUANTIZE = RewritePass("quantize", quantize, requires=frozenset({"layer_dtypes"}), ensures=frozenset({"int8"}))
+
+# checked at the end of every rewrite (the fake-tensor re-run only with verify_each)
+_FINAL = frozenset(CHECKED) - {"meta"}
+
+
+class Pipeline:
+    """An ordered list of rewrite passes whose contracts fit together."""
+
+    def __init__(self, passes: Sequence[RewritePass]):
+        self.passes = tuple(passes)
+        facts = INITIAL_FACTS
+        self.facts_after: list[frozenset] = []  # the facts that hold after each pass
+        for i, p in enumerate(self.passes):
+            missing = p.requires - facts
+            if missing:
+                before = ", ".join(q.name for q in self.passes[:i]) or "none"
+                raise InvariantError(
+                    f"rewrite pass '{p.name}' requires {sorted(missing)}, which no pass before it ensures "
+                    f"(passes before it: {before})"
+                )
+            facts = p.after(facts)
+            self.facts_after.append(facts)
+        missing = _FINAL - facts
+        if missing:
+            raise InvariantError(f"the rewrite pipeline leaves {sorted(missing)} unestablished")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.passes)
+
+    def run(self, ctx: RewriteContext, *, verify_each: bool) -> None:
+        for p, facts in zip(self.passes, self.facts_after):
+            result = p(ctx)
+            log.debug("pass %s: %s", p.name, "changed" if result.changed else "no change")
+            if verify_each:
+                verify(ctx, stage=f"pass '{p.name}'", facts=facts & frozenset(CHECKED))
+        if not verify_each:
+            verify(ctx, stage="rewrite", facts=_FINAL)
+
+
+PIPELINE = Pipeline(
+    (
+        round_inputs,
+        insert_casts,
+        QUANTIZE,
+        cast_params,
+        fp32_acc,
+        contiguous_matmul_inputs,
+        channels_last_convolutions,
+        restore_outputs,
+        fold_casts,
+    )
 )
 
 
@@ -51,19 +105,11 @@ def rewrite(
     keep_io_types: bool,
     captured_output_dtypes: tuple,
     verify_each: bool | None = None,
+    pipeline: Pipeline = PIPELINE,
 ) -> WorkProgram:
     """Apply every pass to ``work`` (mutated in place; pass a fresh copy) and return it."""
     if verify_each is None:
         verify_each = verify_each_default()
     ctx = RewriteContext(work, info, plan, keep_io_types, captured_output_dtypes)
-    outputs_done = quantized = False
-    for name, rewrite_pass in PASSES:
-        result = rewrite_pass(ctx)
-        log.debug("pass %s: %s", name, "changed" if result.changed else "no change")
-        outputs_done |= rewrite_pass is restore_outputs
-        quantized |= rewrite_pass is quantize
-        if verify_each:
-            verify(ctx, stage=name, deep=True, outputs=outputs_done, int8=quantized)
-    if not verify_each:
-        verify(ctx, stage="rewrite")
+    pipeline.run(ctx, verify_each=verify_each)
     return work

@@ -1,17 +1,21 @@
 """The verifier: invariants every rewritten graph must satisfy (DESIGN.md habit 2).
 
-1. the graph lints (every use after its definition, one output node);
-2. mixprec's casts are float -> float and change the dtype (no cast to the same dtype,
+Each check is one fact of ``base.CHECKED``; the pipeline asks for the facts that hold after
+the pass that just ran.
+
+1. (``structure``) the graph lints (every use after its definition, one output node);
+   mixprec's casts are float -> float and change the dtype (no cast to the same dtype,
    integer/bool tensors never cast), and at most one cast per (tensor, dtype);
-3. every float input of a layer has the dtype ``required_input_dtype`` gives (layers
-   with fp32 accumulation: their operands are rounded to the layer's precision and
-   then widened to the accumulation dtype);
-4. int8 (once the quantize pass has run): every input an int8 layer quantizes is the
-   dequantized int8 value of that input with the scale of its range, a quantized output is
-   read only through its quantize node, weights stored as int8 reach their layer through a
-   per-channel dequantize of an int8 tensor, and no float copy of such a weight is read;
-5. graph outputs have the requested dtypes (once the output pass has run);
-6. (``deep=True``) the dtypes in node meta are the dtypes the ops really produce:
+2. (``inputs_rounded``) a model input the plan rounds is read only through its rounding cast;
+3. (``layer_dtypes``) every float input of a layer has the dtype ``required_input_dtype``
+   gives (layers with fp32 accumulation: their operands are rounded to the layer's precision
+   and then widened to the accumulation dtype);
+4. (``int8``) every input an int8 layer quantizes is the dequantized int8 value of that
+   input with the scale of its range, a quantized output is read only through its quantize
+   node, weights stored as int8 reach their layer through a per-channel dequantize of an int8
+   tensor, and no float copy of such a weight is read;
+5. (``output_dtypes``) graph outputs have the requested dtypes;
+6. (``meta``, ``deep=True``) the dtypes in node meta are the dtypes the ops really produce:
    the graph is re-run on fake tensors and every tensor's dtype compared.
 
 Raises :class:`InvariantError` (a mixprec bug, not a user error) naming the node.
@@ -23,9 +27,9 @@ import torch
 
 from ..dtypes import is_float
 from ..errors import InvariantError
-from ..graph import META_ACC
+from ..graph import META_ACC, META_ROLE
 from ..oprefs import op_name, packet_name
-from .base import PassResult
+from .base import CHECKED, PassResult
 from .casting import is_mixprec_cast, origin_name, required_input_dtype, tensor_dtype
 from .quantize import (
     captured_name,
@@ -38,22 +42,30 @@ from .quantize import (
 from .context import RewriteContext
 
 
-def verify(
-    ctx: RewriteContext, *, stage: str = "", deep: bool = False, outputs: bool = True, int8: bool = True
-) -> PassResult:
+_CHEAP = frozenset(CHECKED) - {"meta"}
+
+
+def verify(ctx: RewriteContext, *, stage: str = "", facts=None, deep: bool = False) -> PassResult:
+    """Check the ``facts`` (names from ``base.CHECKED``; default: all but the fake-tensor re-run,
+    which ``deep=True`` adds). ``stage`` says when, for the error message ("after pass 'x'")."""
+    facts = frozenset(_CHEAP if facts is None else facts) | ({"meta"} if deep else set())
     graph = ctx.work.graph
     where = f" after {stage}" if stage else ""
-    try:
-        graph.lint()
-    except RuntimeError as e:
-        raise InvariantError(f"graph does not lint{where}: {e}") from e
-    _check_casts(graph, where)
-    _check_layers(ctx, graph, where)
-    if int8:
+    if "structure" in facts:
+        try:
+            graph.lint()
+        except RuntimeError as e:
+            raise InvariantError(f"graph does not lint{where}: {e}") from e
+        _check_casts(graph, where)
+    if "inputs_rounded" in facts:
+        _check_inputs(ctx, where)
+    if "layer_dtypes" in facts:
+        _check_layers(ctx, graph, where)
+    if "int8" in facts:
         _check_int8(ctx, graph, where)
-    if outputs:
+    if "output_dtypes" in facts:
         _check_outputs(ctx, where)
-    if deep:
+    if "meta" in facts:
         _check_meta_truthful(graph, where)
     return PassResult(False)
 
@@ -148,6 +160,19 @@ def _check_int8(ctx, graph, where):
 
 def _on_grid(value, scale) -> bool:
     return is_dequant_node(value) and value.args[1] == scale and is_quant_node(value.args[0]) and value.args[0].args[1] == scale
+
+
+def _check_inputs(ctx, where):
+    float_inputs = [n for n in ctx.work.user_input_nodes() if tensor_dtype(n) is not None]
+    for position, dtype in ctx.plan.inputs.items():
+        if dtype is None or position >= len(float_inputs) or tensor_dtype(float_inputs[position]) == dtype:
+            continue
+        node = float_inputs[position]
+        for user in node.users:
+            if not (is_mixprec_cast(user) and user.meta.get(META_ROLE) == "io_cast" and user.args[1] == dtype):
+                raise InvariantError(
+                    f"model input {position} ({node.name}){where} is read by {user.name} without its rounding to {dtype}"
+                )
 
 
 def _check_outputs(ctx, where):

@@ -9,10 +9,11 @@ import os
 
 from .. import jsondoc
 from ..errors import ConfigError
+from ..numerics import output_errors  # re-exported for compiler.py, which builds the summary
 from . import render
 from .graph import build_graph
 from .records import LayerRecord, TensorRecord, build_records
-from .summary import build_summary, output_errors
+from .summary import build_summary
 
 _FORMAT = "mixprec.report"
 _VERSION = 1

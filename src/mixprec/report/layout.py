@@ -22,6 +22,8 @@ from __future__ import annotations
 import dataclasses
 import html
 
+from ..dtypes import short_name
+
 NODE_W, NODE_H = 168, 32
 CAST_W, CAST_H = 112, 22
 GAP_X, GAP_Y = 18, 20
@@ -30,7 +32,6 @@ SHOWN_KINDS = frozenset({"input", "output", "compute", "cast"})
 KEPT_SOURCES = frozenset({"autocast_rule", "torch_autocast"})
 INSERTED_CASTS = frozenset({"cast", "param_cast", "acc_cast", "io_cast"})  # roles of casts mixprec inserts
 _CAST_LABEL = {"param_cast": "param \u2192 ", "acc_cast": "acc \u2192 ", "io_cast": "out \u2192 "}
-_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64", "int8": "int8"}
 
 
 @dataclasses.dataclass
@@ -240,7 +241,7 @@ def _node(box: Box, cx: float, cy: float) -> str:
         classes.append("inserted")
     w, h = box.width, box.height
     rx = h / 2 if box.kind in ("cast", "input", "output") else 5
-    short = _SHORT.get(dtype, dtype)
+    short = short_name(dtype) if dtype else dtype
     if box.kind == "cast":
         label, sub = f"{_CAST_LABEL.get(box.role or '', chr(0x2192) + ' ')}{short}", ""
     elif box.kind in ("input", "output"):

@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-from ..dtypes import dtype_name, trt_name
+from ..dtypes import short_name, trt_name
 from .records import LayerRecord
 
 _COLUMNS = ("layer", "module", "op", "precision", "acc", "inputs", "outputs", "source", "reason")
-
-
-def _short_dtype(dtype) -> str:
-    return {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64"}.get(
-        dtype_name(dtype) or "", dtype_name(dtype) or "-"
-    )
 
 
 def row_cells(r: LayerRecord) -> tuple[str, ...]:
@@ -19,10 +13,10 @@ def row_cells(r: LayerRecord) -> tuple[str, ...]:
         r.name,
         r.module or "(top)",
         r.op.removeprefix("aten.").removesuffix(".default"),
-        _short_dtype(r.precision),
-        _short_dtype(r.accumulate) if r.accumulate else "",
-        ",".join(_short_dtype(d) for d in r.input_dtypes),
-        ",".join(_short_dtype(d) for d in r.output_dtypes),
+        short_name(r.precision),
+        short_name(r.accumulate) if r.accumulate else "",
+        ",".join(short_name(d) for d in r.input_dtypes),
+        ",".join(short_name(d) for d in r.output_dtypes),
         r.source,
         r.reason,
     )

@@ -1,49 +1,14 @@
-"""The report summary: counts, FLOP share, casts, parameter bytes and the error against fp32."""
+"""The report summary: counts, FLOP share, casts, parameter bytes and the error against fp32
+(measured by ``numerics.output_errors``, the one definition the debugger and the search share)."""
 
 from __future__ import annotations
 
-import math
-
 import torch
-import torch.utils._pytree as pytree
 
-from ..dtypes import dtype_name, is_float
+from ..dtypes import dtype_name
 from .records import LayerRecord
 
 HIGH_PRECISION = (torch.float32, torch.float64)
-_CHUNK = 1 << 20
-
-
-def output_errors(outputs, reference) -> dict[str, float]:
-    """max |a - b| and ||a - b|| / ||b|| over every float output, computed in fp64.
-
-    Positions where both programs produce the same infinity count as equal; a NaN or
-    infinity that only one side has makes the error infinite (NaN if both disagree with NaN).
-    """
-    got = [t for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor) and is_float(t.dtype)]
-    ref = [t for t in pytree.tree_leaves(reference) if isinstance(t, torch.Tensor) and is_float(t.dtype)]
-    if len(got) != len(ref):
-        raise ValueError(f"{len(got)} float outputs against {len(ref)} in the reference")
-    max_abs = 0.0
-    diff_sq = 0.0
-    ref_sq = 0.0
-    for a, b in zip(got, ref):
-        if a.shape != b.shape:
-            raise ValueError(f"output of shape {tuple(a.shape)} against {tuple(b.shape)} in the reference")
-        a, b = a.detach().reshape(-1), b.detach().reshape(-1)
-        for start in range(0, a.numel(), _CHUNK):  # chunks: a logits tensor has tens of millions of values
-            a64 = a[start : start + _CHUNK].to(torch.float64)
-            b64 = b[start : start + _CHUNK].to(torch.float64)
-            diff = a64 - b64
-            diff[(a64 == b64) | (a64.isnan() & b64.isnan())] = 0.0
-            max_abs = max(max_abs, diff.abs().max().item())
-            diff_sq += torch.dot(diff, diff).item()
-            b64[~b64.isfinite()] = 0.0
-            ref_sq += torch.dot(b64, b64).item()
-    if math.isnan(max_abs) or math.isnan(diff_sq):
-        return {"max_abs_error": float("nan"), "rel_l2_error": float("nan")}
-    rel = math.sqrt(diff_sq) / math.sqrt(ref_sq) if ref_sq > 0 else math.sqrt(diff_sq)
-    return {"max_abs_error": max_abs, "rel_l2_error": rel}
 
 
 def build_summary(

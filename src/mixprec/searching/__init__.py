@@ -16,6 +16,7 @@ points with their latency (``latency.py``), every group's sensitivity, JSON and 
 
 from __future__ import annotations
 
+import logging
 import time
 import warnings
 
@@ -26,13 +27,13 @@ from ..capture import as_input_tuple
 from ..dtypes import dtype_name
 from ..errors import ConfigError, MixedPrecisionWarning
 from ..plan import NodePrecision, PrecisionPlan
+from ..progress import Progress
 from . import latency
 from .budget import Choice, choose
 from .cache import DEFAULT_CACHE, SearchCache, study_key
 from .groups import low_flops_fraction
 from .metrics import Accuracy
 from .options import SearchOptions, batches_of
-from .progress import Progress
 from .result import GroupSensitivity, ParetoPoint, SearchResult
 from .sensitivity import Study, build_study
 
@@ -99,7 +100,7 @@ def search(
     eval_batches = batches_of(eval_dataloader, "eval_dataloader") if eval_dataloader is not None else [args]
     calibration = batches_of(calibration_dataloader, "calibration_dataloader") if calibration_dataloader is not None else None
     store = _store(cache)
-    progress = Progress(stream=progress_stream)
+    progress = Progress(stream=progress_stream, prefix="mixprec search: ", log=logging.getLogger("mixprec.search"))
 
     user_metric = metric.evaluate if isinstance(metric, Accuracy) else metric  # Accuracy(f) made anew: same f
     key = study_key(model, args, options.low, user_metric, eval_batches, calibration)

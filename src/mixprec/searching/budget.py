@@ -32,7 +32,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 
-from .progress import Progress
+from ..progress import Progress
 from .sensitivity import Study
 
 

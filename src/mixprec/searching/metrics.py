@@ -4,8 +4,9 @@ Three kinds, chosen by ``search(metric=...)``:
 
 * ``None``: the rel-L2 error of every float output against the fp32 program, pooled over
   all eval batches (sqrt of the summed squared differences over sqrt of the summed squared
-  reference values, in fp64). The same definition as the report's ``rel_l2_error``, so a
-  search on the example inputs and ``compile(..., plan=result.plan).report`` agree.
+  reference values, in fp64), measured by ``numerics.ErrorStats``: the report's and the
+  debugger's ``rel_l2_error``, so a search on the example inputs and
+  ``compile(..., plan=result.plan).report`` agree, zero and non-finite references included.
 * ``metric(outputs, reference) -> float``: the user's comparison, called on every eval batch
   with the candidate's outputs and the fp32 outputs (the model's own output structure);
   the batches' values are averaged. Higher is worse.
@@ -23,10 +24,9 @@ import math
 from collections.abc import Callable
 
 import torch
-import torch.utils._pytree as pytree
 
-from ..dtypes import is_float
 from ..errors import ConfigError
+from ..numerics import ErrorStats
 
 
 class Accuracy:
@@ -84,31 +84,10 @@ class RelL2:
         self.references = [run_batch(reference, b) for b in batches]
 
     def __call__(self, program) -> float:
-        diff_sq = ref_sq = 0.0
+        stats = ErrorStats()  # pooled over the batches
         for batch, expected in zip(self.batches, self.references):
-            d, r = _squares(run_batch(program, batch), expected)
-            diff_sq += d
-            ref_sq += r
-        if math.isnan(diff_sq):
-            return math.inf
-        return math.sqrt(diff_sq) / math.sqrt(ref_sq) if ref_sq > 0 else math.sqrt(diff_sq)
-
-
-def _squares(outputs, reference) -> tuple[float, float]:
-    """(sum of squared differences, sum of squared finite reference values), as ``report.output_errors``:
-    equal infinities and NaN against NaN count as equal; a non-finite value only one side has is infinite."""
-    got = [t for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor) and is_float(t.dtype)]
-    ref = [t for t in pytree.tree_leaves(reference) if isinstance(t, torch.Tensor) and is_float(t.dtype)]
-    if len(got) != len(ref):
-        raise ValueError(f"{len(got)} float outputs against {len(ref)} in the reference")
-    diff_sq = ref_sq = 0.0
-    for a, b in zip(got, ref):
-        a64, b64 = a.detach().to(torch.float64), b.detach().to(torch.float64)
-        same = (a64 == b64) | (a64.isnan() & b64.isnan())
-        diff = torch.where(same, torch.zeros_like(a64), a64 - b64)
-        diff_sq += diff.pow(2).sum().item()
-        ref_sq += torch.where(b64.isfinite(), b64, torch.zeros_like(b64)).pow(2).sum().item()
-    return diff_sq, ref_sq
+            stats.add(run_batch(program, batch), expected)
+        return stats.rel_l2_error
 
 
 class OutputMetric:

@@ -26,10 +26,10 @@ from ..errors import CalibrationError, MixedPrecisionWarning
 from ..graph import GraphInfo, analyze
 from ..passes.normalize import normalize
 from ..program import WorkProgram
+from ..progress import Progress
 from ..settings import CompileSettings
 from .groups import LayerGroup, find_groups
 from .metrics import run_batch
-from .progress import Progress
 from .trials import ProgramFailed, Trials
 
 
