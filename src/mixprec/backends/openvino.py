@@ -160,11 +160,11 @@ class OpenVINORunner(torch.nn.Module):
 # ---- conversion -----------------------------------------------------------------------------
 
 
-def convert(exported_program):
-    """``openvino.convert_model`` of the program prepared for OpenVINO; UnsupportedModelError naming the
-    operators it cannot convert."""
+def convert(exported_program, *, int8_kernels: bool | None = None):
+    """``openvino.convert_model`` of the program prepared for OpenVINO (:func:`for_openvino`);
+    UnsupportedModelError naming the operators it cannot convert."""
     ov = import_openvino()
-    prepared = for_openvino(exported_program)
+    prepared = for_openvino(exported_program, int8_kernels=int8_kernels)
     try:
         with _quiet():
             return ov.convert_model(prepared)
