@@ -132,22 +132,28 @@ class _FakeCompiled:
         return _Runtime()
 
 
-@pytest.mark.parametrize(("declared", "runs", "bad"), [("f32", "bf16", True), ("bf16", "f32", True),
-                                                      ("f32", "f32", False), ("f32", "i8", False)])
-def test_precision_check_flags_lowered_and_raised_layers(declared, runs, bad):
-    """The check itself: an f32-declared layer running bf16 (OpenVINO's default lowering on bf16 CPUs),
-    or a bf16 one running f32, is a mismatch; integer kernels (int8 layers) are not."""
+@pytest.mark.parametrize(("declared", "kind", "runs", "output", "bad"), [
+    ("f32", "FullyConnected", "bf16", "bf16", True),   # an fp32 island lowered (OpenVINO's default on bf16 CPUs)
+    ("bf16", "FullyConnected", "f32", "f32", True),    # a bf16 layer raised (CPUs without bf16)
+    ("bf16", "FullyConnected", "f32", "bf16", True),   # computed in f32, rounded to bf16: still not the plan
+    ("f32", "FullyConnected", "f32", "f32", False),
+    ("f32", "FullyConnected", "i8", "f32", False),     # int8 kernels of an int8 layer
+    ("bf16", "Eltwise", "f32", "bf16", False),         # elementwise computed in f32 and rounded, as PyTorch does
+    ("bf16", "Eltwise", "f32", "f32", True),
+])
+def test_precision_check_flags_lowered_and_raised_layers(declared, kind, runs, output, bad):
+    """The check itself, on runtime layers as OpenVINO describes them."""
     dtype = torch.bfloat16 if declared == "bf16" else torch.float32
     layer = nn.Linear(4, 4).to(dtype)
     model = ov.convert_model(torch.export.export(layer, (torch.randn(2, 4, dtype=dtype),)))
     target = next(op.get_friendly_name() for op in model.get_ordered_ops()
                   if op.get_output_size() and op.get_friendly_name().startswith("linear/"))
-    fake = _FakeCompiled([_FakeOp("fc", {"layerType": "FullyConnected", "runtimePrecision": runs,
-                                         "originalLayersNames": target})])
+    fake = _FakeCompiled([_FakeOp("layer", {"layerType": kind, "runtimePrecision": runs, "outputPrecisions": output,
+                                            "originalLayersNames": target})])
     found = ov_backend.precision_mismatches(model, fake)
     assert bool(found) == bad
     if bad:
-        assert found[0] == ("linear", declared, runs)
+        assert found[0][:2] == ("linear", declared)
 
 
 def test_dynamic_batch_and_threads():

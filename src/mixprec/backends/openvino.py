@@ -8,8 +8,10 @@ OpenVINO's ``"CPU"`` device. What it does to the program on the way:
   (bf16 by default on CPUs with bf16 instructions) and lowers f32 layers to it; we compile
   with ``INFERENCE_PRECISION_HINT=f32``, under which it keeps the element types the program
   states (the bf16 layers bf16, the fp32 islands f32). Then we check: every compute layer
-  of the runtime model (``compiled_model.get_runtime_model()``, ``runtimePrecision``) must
-  run in the float type the converted model declares for it. On a CPU without native
+  of the runtime model (``compiled_model.get_runtime_model()``) must run in the float type
+  the converted model declares for it: matmul-class layers compute in it
+  (``runtimePrecision``), other layers round their output to it (elementwise and
+  normalisation kernels may compute inside in f32, as PyTorch's CPU kernels do). On a CPU without native
   bf16/fp16 (AVX2 only, such as this project's test machine) the plugin computes bf16 and
   fp16 layers in f32 — not the program the plan describes, nor what the report measured —
   and compiling raises UnsupportedModelError naming the layers, rather than silently
@@ -423,8 +425,17 @@ def _to_torch(ov_tensor) -> torch.Tensor:
 # ---- precisions -----------------------------------------------------------------------------
 
 
+# Layers whose arithmetic runs in their runtime precision (matmul class): checked on it. Other layers
+# (elementwise, normalisation, pooling) may compute internally in f32 as PyTorch's CPU kernels do; what
+# matters for them is the precision they round their output to.
+_COMPUTE_LAYER_TYPES = frozenset({
+    "FullyConnected", "MatMul", "Convolution", "GroupConvolution", "Deconvolution", "ScaledDotProductAttention",
+})
+
+
 def runtime_layers(compiled_model) -> list[dict]:
-    """The runtime model's layers: {"name", "type", "precision", "originals"} each."""
+    """The runtime model's layers: {"name", "type", "precision", "output", "originals"} each (precision:
+    OpenVINO's runtimePrecision; output: the precision of its first output)."""
     out = []
     for op in compiled_model.get_runtime_model().get_ordered_ops():
         info = op.get_rt_info()
@@ -433,9 +444,10 @@ def runtime_layers(compiled_model) -> list[dict]:
             return info[key].astype(str) if key in info else default
 
         originals = [n for n in get("originalLayersNames").split(",") if n]
+        outputs = [p for p in get("outputPrecisions").replace(",", " ").split() if p]
         out.append({
             "name": op.get_friendly_name(), "type": get("layerType"), "precision": get("runtimePrecision"),
-            "originals": originals,
+            "output": outputs[0] if outputs else "", "originals": originals,
         })
     return out
 
@@ -453,16 +465,20 @@ def declared_precisions(model) -> dict[str, str]:
 
 
 def precision_mismatches(model, compiled_model) -> list[tuple[str, str, str]]:
-    """(layer, declared precision, runtime precision) of every compute layer that runs in another float type
-    than the converted model declares."""
+    """(layer, declared precision, runtime precision) of every layer that runs in another float type than
+    the converted model declares: matmul-class layers by the precision they compute in, others by the
+    precision of their output. Integer precisions (int8 kernels, index arithmetic) are accepted."""
     declared = declared_precisions(model)
     found = []
     for layer in runtime_layers(compiled_model):
-        if layer["type"] in _SKIPPED_LAYER_TYPES or layer["precision"] not in _FLOAT_PRECISIONS:
+        if layer["type"] in _SKIPPED_LAYER_TYPES:
+            continue
+        got = layer["precision"] if layer["type"] in _COMPUTE_LAYER_TYPES else (layer["output"] or layer["precision"])
+        if got not in _FLOAT_PRECISIONS:
             continue
         wanted = {declared[n] for n in layer["originals"] if n in declared}
-        if wanted and layer["precision"] not in wanted:
-            found.append((layer_name(layer["originals"][0]), "/".join(sorted(wanted)), layer["precision"]))
+        if wanted and got not in wanted:
+            found.append((layer_name(layer["originals"][0]), "/".join(sorted(wanted)), got))
     return list(dict.fromkeys(found))
 
 
