@@ -197,8 +197,8 @@ def run_int8(rounds: int) -> tuple[list[dict], list[str]]:
 
     import openvino as ov
 
-    forced = ov.Core().compile_model(
-        ov_backend.convert(int8_eager.exported_program, int8_kernels=True), "CPU", dict(ov_backend.COMPILE_CONFIG))
+    forced_model, keep_alive = ov_backend.convert(int8_eager.exported_program, int8_kernels=True)
+    forced = ov.Core().compile_model(forced_model, "CPU", dict(ov_backend.COMPILE_CONFIG))
     request = forced.create_infer_request()
 
     def run_forced():

@@ -55,8 +55,8 @@ def test_fp32_program_matches_eager_with_the_output_structure():
 
 
 def test_channels_last_weights_are_read_correctly():
-    """OpenVINO reads a bf16 constant's memory as contiguous: the channels_last bf16 convolution weights
-    mixprec stores came back as garbage (ResNet-50 rel-L2 1.0, a tiny ResNet NaN through this route);
+    """OpenVINO made a bf16 constant from a temporary contiguous copy of a non-contiguous tensor and read
+    it after it was freed: the channels_last bf16 convolution weights mixprec stores came back as garbage (ResNet-50 rel-L2 1.0, a tiny ResNet NaN through this route);
     the backend hands it contiguous copies. (Compiled without the precision check, so that this runs on
     CPUs without bf16 too, where OpenVINO computes the bf16 layers in f32: within a few bf16 steps.)"""
     torch.manual_seed(0)
@@ -65,7 +65,8 @@ def test_channels_last_weights_are_read_correctly():
     eager = mixprec.compile(model, (x,), enable_autocast=True)
     program = eager.exported_program
     assert any(not t.is_contiguous() and t.dtype == torch.bfloat16 for t in program.state_dict.values())
-    compiled = ov.Core().compile_model(ov_backend.convert(program), "CPU", dict(ov_backend.COMPILE_CONFIG))
+    model_ov, keep = ov_backend.convert(program)
+    compiled = ov.Core().compile_model(model_ov, "CPU", dict(ov_backend.COMPILE_CONFIG))
     request = compiled.create_infer_request()
     request.infer([x.numpy()])
     got = torch.from_numpy(request.get_output_tensor(0).data.copy())

@@ -23,11 +23,13 @@ OpenVINO's ``"CPU"`` device. What it does to the program on the way:
   an int8 weight with its per-channel scales becomes Convert(int8) * scale — the
   dequantization pattern OpenVINO's low-precision transformations fold into int8
   convolution/matmul kernels. Same grid, same scales; the sums are int32's.
-* **contiguous stored tensors.** OpenVINO's PyTorch frontend reads a constant's memory
-  as if it were contiguous; mixprec stores convolution weights channels_last (the faster
-  layout for PyTorch's bf16 kernels), which OpenVINO then read as garbage (ResNet-50
-  came back with rel-L2 1.0, a tiny ResNet with NaN). The program handed to OpenVINO gets
-  contiguous copies of such tensors (OpenVINO chooses its own layouts anyway).
+* **contiguous stored tensors.** OpenVINO's PyTorch frontend makes a bf16 constant from a
+  *temporary* contiguous copy of a non-contiguous tensor and keeps pointing at that copy's
+  memory after it is freed; mixprec stores bf16 convolution weights channels_last (the
+  faster layout for PyTorch's bf16 kernels), so OpenVINO computed with freed memory
+  (ResNet-50 came back with rel-L2 1.0, a tiny ResNet with NaN/inf). The program handed to
+  OpenVINO holds contiguous copies of such tensors, and the runner keeps that program alive
+  as long as the compiled model (whose constants share its memory).
 
 Dynamic dimensions: OpenVINO's frontend makes every dimension dynamic; the converted
 model is reshaped to the program's input specs — static sizes static, dimensions captured
@@ -98,7 +100,9 @@ class OpenVINORunner(torch.nn.Module):
         self._user_inputs = _user_input_names(exported_program)
         self._outputs = _user_outputs(exported_program)
         self._out_spec = exported_program.call_spec.out_spec
-        model = convert(exported_program)
+        model, prepared = convert(exported_program)
+        # OpenVINO's constants point into the prepared program's tensors: they must outlive the compiled model
+        self.__dict__["_prepared"] = prepared
         self._input_ports = _bind_inputs(model, self._user_inputs)
         _set_input_shapes(ov, model, self._input_ports, self._specs)
         n_tensors = sum(1 for kind, _ in self._outputs if kind == "tensor")
@@ -122,8 +126,8 @@ class OpenVINORunner(torch.nn.Module):
             more = f" and {len(mismatches) - 8} more" if len(mismatches) > 8 else ""
             raise UnsupportedModelError(
                 f"OpenVINO's CPU plugin would not run this program's layers in the planned precisions: {listed}{more}. "
-                f"OpenVINO {ov.__version__} on this CPU supports {_capabilities(core)}; it computes the layers of a "
-                "precision the CPU lacks in f32, which is neither the plan nor what the report measured. "
+                f"OpenVINO {_version(ov)} on this CPU supports {_capabilities(core)} (a CPU without native bf16/fp16 "
+                "computes such layers in f32); that is neither the plan nor what the report measured. "
                 "Run the program with backend='inductor' or 'eager', or plan these layers in float32 (or int8).",
                 reason="; ".join(f"{n}: {w} -> {g}" for n, w, g in mismatches),
             )
@@ -163,19 +167,21 @@ class OpenVINORunner(torch.nn.Module):
 
 
 def convert(exported_program, *, int8_kernels: bool | None = None):
-    """``openvino.convert_model`` of the program prepared for OpenVINO (:func:`for_openvino`);
-    UnsupportedModelError naming the operators it cannot convert."""
+    """(``openvino.convert_model`` of the program prepared for OpenVINO, the prepared program): see
+    :func:`for_openvino`. The model's constants share memory with the prepared program's tensors:
+    keep it alive as long as the model or anything compiled from it. UnsupportedModelError names
+    the operators OpenVINO cannot convert."""
     ov = import_openvino()
     prepared = for_openvino(exported_program, int8_kernels=int8_kernels)
     try:
         with _quiet():
-            return ov.convert_model(prepared)
+            return ov.convert_model(prepared), prepared
     except Exception as e:  # OpConversionFailure, and whatever its decoder raises on odd graphs
         text = str(e)
         ops = _failed_ops(text)
         what = f"the operator(s) {', '.join(ops)}" if ops else "this program"
         raise UnsupportedModelError(
-            f"OpenVINO {ov.__version__} cannot convert {what}: {_first_line(e) if not ops else 'no conversion rule'}. "
+            f"OpenVINO {_version(ov)} cannot convert {what}: {_first_line(e) if not ops else 'no conversion rule'}. "
             "Run the program with backend='inductor' or 'eager', or keep these operators out of the model.",
             reason=text,
         ) from e
@@ -485,6 +491,10 @@ def precision_mismatches(model, compiled_model) -> list[tuple[str, str, str]]:
 def layer_name(openvino_name: str) -> str:
     """The program's node name in an OpenVINO layer name ("linear_1/aten.linear.default/MatMul" -> "linear_1")."""
     return openvino_name.split("/", 1)[0]
+
+
+def _version(ov) -> str:
+    return str(getattr(ov, "__version__", "?")).split("-")[0]
 
 
 def _capabilities(core) -> str:
