@@ -1,7 +1,7 @@
 """mixprec against OpenVINO on the CPU (issue 14), and int8 regions on int8 kernels.
 
     python bench/openvino.py [--models bert_base,vit_base,resnet50,llama8,gpt2_lm] [--rounds 7]
-                             [--bf16 auto|yes|no] [--int8-only] [--no-int8]
+                             [--bf16 auto|yes|no] [--int8-only] [--no-int8] [--probe-only]
 
 Per model, all variants timed in one process, interleaved round-robin, medians of --rounds:
   fp32 eager · OpenVINO default (convert_model of torch.export, compile_model(..., "CPU") with
@@ -237,6 +237,15 @@ def run_int8(rounds: int) -> tuple[list[dict], list[str]]:
     return rows, notes
 
 
+def bf16_probe() -> str:
+    """fp32 vs bf16 matmul (1024 x 1024 x 1024, interleaved medians): how fast this CPU computes bf16."""
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    a16, b16 = a.bfloat16(), b.bfloat16()
+    medians = interleaved({"fp32": lambda: a @ b, "bf16": lambda: a16 @ b16}, rounds=5, warmup=1)
+    return (f"matmul 1024^3: fp32 {1e3 * medians['fp32']:.1f} ms, bf16 {1e3 * medians['bf16']:.1f} ms "
+            f"(bf16 {medians['bf16'] / medians['fp32']:.1f}x the fp32 time)")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", default=",".join(MODELS))
@@ -245,6 +254,7 @@ def main():
     parser.add_argument("--bf16", choices=("auto", "yes", "no"), default="auto")
     parser.add_argument("--int8-only", action="store_true")
     parser.add_argument("--no-int8", action="store_true")
+    parser.add_argument("--probe-only", action="store_true", help="only the bf16-vs-fp32 matmul probe")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     bf16 = {"yes": True, "no": False}.get(args.bf16, torch.cpu._is_avx512_bf16_supported())
@@ -253,6 +263,9 @@ def main():
     print(f"{stamp()}  {machine()}, openvino {openvino.__version__}")
     print(f"command: python bench/{Path(__file__).name} {' '.join(sys.argv[1:])}")
     print(f"native bf16 on this CPU: {torch.cpu._is_avx512_bf16_supported()}; bf16 variants timed: {bf16}")
+    print(bf16_probe())
+    if args.probe_only:
+        return
     if not args.no_int8:
         rows, notes = run_int8(max(args.rounds, 15))
         print("\n### int8 region: 4 x (Linear(1024, 1024) + ReLU), batch 64")
