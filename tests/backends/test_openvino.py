@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 
@@ -133,6 +134,13 @@ class _FakeCompiled:
         return _Runtime()
 
 
+@functools.cache
+def _converted_linear(declared: str):
+    dtype = torch.bfloat16 if declared == "bf16" else torch.float32
+    layer = nn.Linear(4, 4).to(dtype)
+    return ov.convert_model(torch.export.export(layer, (torch.randn(2, 4, dtype=dtype),)))
+
+
 @pytest.mark.parametrize(("declared", "kind", "runs", "output", "bad"), [
     ("f32", "FullyConnected", "bf16", "bf16", True),   # an fp32 island lowered (OpenVINO's default on bf16 CPUs)
     ("bf16", "FullyConnected", "f32", "f32", True),    # a bf16 layer raised (CPUs without bf16)
@@ -144,9 +152,7 @@ class _FakeCompiled:
 ])
 def test_precision_check_flags_lowered_and_raised_layers(declared, kind, runs, output, bad):
     """The check itself, on runtime layers as OpenVINO describes them."""
-    dtype = torch.bfloat16 if declared == "bf16" else torch.float32
-    layer = nn.Linear(4, 4).to(dtype)
-    model = ov.convert_model(torch.export.export(layer, (torch.randn(2, 4, dtype=dtype),)))
+    model = _converted_linear(declared)
     target = next(op.get_friendly_name() for op in model.get_ordered_ops()
                   if op.get_output_size() and op.get_friendly_name().startswith("linear/"))
     fake = _FakeCompiled([_FakeOp("layer", {"layerType": kind, "runtimePrecision": runs, "outputPrecisions": output,
