@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.utils._pytree as pytree
 from torch import nn
 
 HERE = Path(__file__).parent
@@ -47,27 +46,35 @@ from mixprec.backends import openvino as ov_backend  # noqa: E402
 
 
 # ---- models: (model, inputs, main output of a call) --------------------------------------------
+def _hidden(out):
+    return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+
+
+def _logits(out):
+    return out.logits if hasattr(out, "logits") else out[0]
+
+
 def bert_base():
     import transformers
 
     config = transformers.BertConfig()
     model = transformers.BertModel(config).eval()
     ids = torch.randint(0, config.vocab_size, (8, 128))
-    return model, (ids, torch.ones_like(ids)), lambda out: out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    return model, (ids, torch.ones_like(ids)), _hidden
 
 
 def vit_base():
     import transformers
 
     model = transformers.ViTModel(transformers.ViTConfig(), add_pooling_layer=False).eval()
-    return model, (torch.randn(4, 3, 224, 224),), lambda out: out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    return model, (torch.randn(4, 3, 224, 224),), _hidden
 
 
 def resnet50():
     import transformers
 
     model = transformers.ResNetForImageClassification(transformers.ResNetConfig()).eval()  # ResNet-50 layout
-    return model, (torch.randn(8, 3, 224, 224),), lambda out: out.logits if hasattr(out, "logits") else out[0]
+    return model, (torch.randn(8, 3, 224, 224),), _logits
 
 
 def llama8():
@@ -78,14 +85,14 @@ def llama8():
         num_key_value_heads=16, vocab_size=32000, use_cache=False,
     )
     model = transformers.LlamaForCausalLM(config).eval()
-    return model, (torch.randint(0, 32000, (2, 128)),), lambda out: out.logits if hasattr(out, "logits") else out[0]
+    return model, (torch.randint(0, 32000, (2, 128)),), _logits
 
 
 def gpt2_lm():
     import transformers
 
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(use_cache=False)).eval()
-    return model, (torch.randint(0, 50257, (4, 128)),), lambda out: out.logits if hasattr(out, "logits") else out[0]
+    return model, (torch.randint(0, 50257, (4, 128)),), _logits
 
 
 MODELS = {"bert_base": bert_base, "vit_base": vit_base, "resnet50": resnet50, "llama8": llama8, "gpt2_lm": gpt2_lm}
@@ -159,7 +166,8 @@ def run_model(name: str, rounds: int, bf16: bool) -> tuple[list[dict], list[str]
         low = __import__("copy").deepcopy(model).to(torch.bfloat16)
         compiled_low = torch.compile(low)
         variants["torch.compile(.to(bf16))"] = lambda: compiled_low(*inputs)
-        prog_eager = timed("mixprec eager (autocast)", lambda: mixprec.compile(model, inputs, enable_autocast=True), notes)
+        prog_eager = timed("mixprec eager (autocast)",
+                           lambda: mixprec.compile(model, inputs, enable_autocast=True), notes)
         variants["mixprec eager (autocast)"] = lambda: prog_eager(*inputs)
         errors["mixprec autocast"] = rel_l2(main(prog_eager(*inputs)), reference)
         prog_ind = timed("mixprec inductor (autocast)", lambda: mixprec.compile(

@@ -57,7 +57,8 @@ def test_fp32_program_matches_eager_with_the_output_structure():
 
 def test_channels_last_weights_are_read_correctly():
     """OpenVINO made a bf16 constant from a temporary contiguous copy of a non-contiguous tensor and read
-    it after it was freed: the channels_last bf16 convolution weights mixprec stores came back as garbage (ResNet-50 rel-L2 1.0, a tiny ResNet NaN through this route);
+    it after it was freed: the channels_last bf16 convolution weights mixprec stores came back as garbage
+    (ResNet-50 rel-L2 1.0, a tiny ResNet NaN through this route);
     the backend hands it contiguous copies. (Compiled without the precision check, so that this runs on
     CPUs without bf16 too, where OpenVINO computes the bf16 layers in f32: within a few bf16 steps.)"""
     torch.manual_seed(0)

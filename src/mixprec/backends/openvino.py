@@ -270,10 +270,13 @@ def _lower_int8(work, kernels: bool) -> None:
                 node.args = (x, float(scale), 0, INT8_MIN, INT8_MAX, torch.int8)
                 continue
             with graph.inserting_before(node):
-                as_float = x if x.meta["val"].dtype == torch.float32 else _call(graph, torch.ops.aten.to.dtype, (x, torch.float32), x, torch.float32)
+                as_float = x
+                if x.meta["val"].dtype != torch.float32:
+                    as_float = _call(graph, torch.ops.aten.to.dtype, (x, torch.float32), x, torch.float32)
                 scaled = _call(graph, torch.ops.aten.div.Tensor, (as_float, float(scale)), x, torch.float32)
                 rounded = _call(graph, torch.ops.aten.round.default, (scaled,), x, torch.float32)
-                clamped = _call(graph, torch.ops.aten.clamp.default, (rounded, float(INT8_MIN), float(INT8_MAX)), x, torch.float32)
+                bounds = (float(INT8_MIN), float(INT8_MAX))
+                clamped = _call(graph, torch.ops.aten.clamp.default, (rounded, *bounds), x, torch.float32)
                 out = _call(graph, torch.ops.aten.to.dtype, (clamped, torch.int8), x, torch.int8)
             node.replace_all_uses_with(out)
             graph.erase_node(node)
