@@ -33,4 +33,4 @@ def get_backend(name: str) -> Callable:
         raise ConfigError(f"backend={name!r} is not known; the backends are: {', '.join(sorted(_REGISTRY))}.") from None
 
 
-from . import eager, inductor  # noqa: E402,F401  (register themselves)
+from . import eager, inductor, openvino  # noqa: E402,F401  (register themselves)
