@@ -36,6 +36,7 @@ from .errors import MixedPrecisionWarning
 from .graph import GraphInfo
 from .oprefs import op_matches
 from .program import STORED_KINDS, WorkProgram
+from .intent import fp32_intent
 from .reduction import reduction_depth
 from .rules import ConstantValue, RuleContext
 from .stream import residual_stream
@@ -77,6 +78,9 @@ def prepare(
         reduction_depths=MappingProxyType(_reduction_depths(nodes, info)),
         unlowerable=MappingProxyType(_unlowerable(nodes, info, low)),
         residual_stream=MappingProxyType(residual_stream(work.graph, info) if config.autocast_keep_residual_stream else {}),
+        fp32_intent=MappingProxyType(fp32_intent(work.graph, info, embeddings=not config.autocast_low_precision_embeddings)),
+        included_nodes=config.autocast_included_nodes,
+        included_ops=config.autocast_included_ops,
     )
     return Prepared(context, calibration)
 
@@ -106,29 +110,60 @@ def _warn_fp16_on_cpu() -> None:
 def _warn_unmatched(info: GraphInfo, config: CompileSettings) -> None:
     modules = sorted({n.module for n in info.values() if n.module})
     names = list(info)
-    for pattern in config.autocast_excluded_nodes:
-        if any(pattern.match(m) for m in modules) or any(pattern.match(n) for n in names):
-            continue
-        near = difflib.get_close_matches(pattern.pattern.strip("^$"), modules + names, n=3, cutoff=0.5)
-        warnings.warn(
-            f"autocast_excluded_nodes pattern '{pattern.pattern}' matches no layer's module path or node name"
-            + (f" (near misses: {', '.join(repr(n) for n in near)})" if near else "")
-            + "; it is applied with re.match, e.g. '^encoder\\.layers\\.0\\.' or '^linear2$'.",
-            MixedPrecisionWarning,
-            stacklevel=4,
-        )
+    for setting in ("autocast_excluded_nodes", "autocast_included_nodes"):
+        for pattern in getattr(config, setting):
+            if any(pattern.match(m) for m in modules) or any(pattern.match(n) for n in names):
+                continue
+            near = difflib.get_close_matches(pattern.pattern.strip("^$"), modules + names, n=3, cutoff=0.5)
+            warnings.warn(
+                f"{setting} pattern '{pattern.pattern}' matches no layer's module path or node name"
+                + (f" (near misses: {', '.join(repr(n) for n in near)})" if near else "")
+                + "; it is applied with re.match, e.g. '^encoder\\.layers\\.0\\.' or '^linear2$'.",
+                MixedPrecisionWarning,
+                stacklevel=4,
+            )
     ops = sorted({n.op for n in info.values()})
-    for op in sorted(config.autocast_excluded_ops):
-        if any(op_matches(name, frozenset({op})) for name in ops):
-            continue
-        near = difflib.get_close_matches(op, ops, n=3, cutoff=0.6)
+    for setting in ("autocast_excluded_ops", "autocast_included_ops"):
+        for op in sorted(getattr(config, setting)):
+            if any(op_matches(name, frozenset({op})) for name in ops):
+                continue
+            near = difflib.get_close_matches(op, ops, n=3, cutoff=0.6)
+            warnings.warn(
+                f"{setting} names '{op}', which no layer of this model uses"
+                + (f" (near misses: {', '.join(repr(n) for n in near)})" if near else "")
+                + "; the report's 'op' column lists the ops the model runs.",
+                MixedPrecisionWarning,
+                stacklevel=4,
+            )
+    _warn_included_and_excluded(info, config)
+
+
+def _warn_included_and_excluded(info: GraphInfo, config: CompileSettings) -> None:
+    """A layer named by an include and an exclude stays fp32 (the exclude wins); say which patterns collide."""
+    if not (config.autocast_included_nodes or config.autocast_included_ops):
+        return
+    clashes: dict[tuple[str, str], list[str]] = {}
+    for name, node in info.items():
+        inc = _named_by(node, config.autocast_included_nodes, config.autocast_included_ops)
+        exc = _named_by(node, config.autocast_excluded_nodes, config.autocast_excluded_ops)
+        if inc is not None and exc is not None:
+            clashes.setdefault((inc, exc), []).append(name)
+    for (inc, exc), layers in clashes.items():
+        shown = ", ".join(layers[:5]) + (f" and {len(layers) - 5} more" if len(layers) > 5 else "")
         warnings.warn(
-            f"autocast_excluded_ops names '{op}', which no layer of this model uses"
-            + (f" (near misses: {', '.join(repr(n) for n in near)})" if near else "")
-            + "; the report's 'op' column lists the ops the model runs.",
+            f"{shown} {'is' if len(layers) == 1 else 'are'} both included by {inc} and excluded by {exc}; "
+            "the exclusion wins and they stay float32. Narrow one of the two patterns.",
             MixedPrecisionWarning,
-            stacklevel=4,
+            stacklevel=5,
         )
+
+
+def _named_by(node, patterns, ops) -> str | None:
+    for pattern in patterns:
+        if pattern.match(node.module) or pattern.match(node.name):
+            return f"pattern '{pattern.pattern}'"
+    hit = op_matches(node.op, ops) if ops else None
+    return f"op '{hit}'" if hit is not None else None
 
 
 def _finite_absmax(tensor: torch.Tensor) -> float:
