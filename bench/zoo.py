@@ -122,7 +122,8 @@ def _bart():
 def _whisper():
     cfg = T.WhisperConfig(vocab_size=512, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
                           decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, num_mel_bins=16,
-                          max_source_positions=32, max_target_positions=64)
+                          max_source_positions=32, max_target_positions=64, pad_token_id=0,
+                          bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)
     g = torch.Generator().manual_seed(2)
     feats = torch.randn(1, 16, 64, generator=g) * 4.0  # log-mel scale
     return T.WhisperForConditionalGeneration(cfg), (feats,), {"decoder_input_ids": _ids(512, batch=1, seq=8), "use_cache": False}
@@ -187,7 +188,7 @@ MODELS = {
     "mistral": _decoder(T.MistralConfig, T.MistralForCausalLM),
     "qwen2": _decoder(T.Qwen2Config, T.Qwen2ForCausalLM),
     "qwen3": _decoder(T.Qwen3Config, T.Qwen3ForCausalLM, head_dim=16),
-    "phi3": _decoder(T.Phi3Config, T.Phi3ForCausalLM),
+    "phi3": _decoder(T.Phi3Config, T.Phi3ForCausalLM, pad_token_id=0),
     "gemma": _decoder(T.GemmaConfig, T.GemmaForCausalLM, head_dim=16),
     "gemma2": _decoder(T.Gemma2Config, T.Gemma2ForCausalLM, head_dim=16),
     "opt": _opt,

@@ -79,6 +79,7 @@ def prepare(
         unlowerable=MappingProxyType(_unlowerable(nodes, info, low)),
         residual_stream=MappingProxyType(residual_stream(work.graph, info) if config.autocast_keep_residual_stream else {}),
         fp32_intent=MappingProxyType(fp32_intent(work.graph, info, embeddings=not config.autocast_low_precision_embeddings)),
+        attention_masks=MappingProxyType(_attention_masks(nodes, info)),
         included_nodes=config.autocast_included_nodes,
         included_ops=config.autocast_included_ops,
     )
@@ -209,6 +210,19 @@ def _scalars(nodes: dict, info: GraphInfo) -> dict[str, tuple[float, ...]]:
         ]
         if values:
             out[name] = tuple(values)
+    return out
+
+
+def _attention_masks(nodes: dict, info: GraphInfo) -> dict[str, str]:
+    """Fused attention layer -> the name of its float ``attn_mask`` input (additive mask)."""
+    out = {}
+    for name, layer in info.items():
+        if layer.packet != "aten.scaled_dot_product_attention":
+            continue
+        node = nodes[name]
+        mask = node.args[3] if len(node.args) > 3 else node.kwargs.get("attn_mask")
+        if isinstance(mask, torch.fx.Node) and is_float(layer.input_dtypes.get(mask.name, torch.bool)):
+            out[name] = mask.name
     return out
 
 

@@ -36,6 +36,7 @@ class CompileSettings:
     autocast_included_nodes: tuple[re.Pattern, ...] = ()  # mixprec extension: force into the low type
     autocast_included_ops: frozenset[str] = frozenset()  # mixprec extension: force into the low type
     use_fp32_acc: bool = False
+    runtime_guard: str | None = None  # mixprec extension: "warn" | "raise" (mixprec/guard.py)
     enabled_precisions: frozenset[torch.dtype] = frozenset({torch.float32})
     keep_io_types: bool = True
     plan: Any = None
@@ -168,6 +169,12 @@ def _validated(kwargs: dict[str, Any]) -> dict[str, Any]:
     if kwargs.get("dynamic_shapes") is not None:
         out["dynamic_shapes"] = kwargs["dynamic_shapes"]
 
+    if kwargs.get("runtime_guard") is not None:
+        value = kwargs["runtime_guard"]
+        if value not in ("warn", "raise"):
+            raise ConfigError(f"runtime_guard must be None, 'warn' or 'raise', got {value!r}.")
+        out["runtime_guard"] = value
+
     if "backend" in kwargs:
         backend = kwargs["backend"]
         names = known_backends()
@@ -191,6 +198,11 @@ def _check_combinations(merged: dict[str, Any], given: dict[str, Any]) -> None:
         raise ConfigError(
             "use_fp32_acc=True needs use_explicit_typing=True: under weak typing the accumulation type is "
             "not respected (as in Torch-TensorRT)."
+        )
+    if merged["runtime_guard"] is not None and merged["backend"] != "eager":
+        raise ConfigError(
+            f"runtime_guard checks layer outputs in the eager backend's graph; backend={merged['backend']!r} runs a "
+            "compiled graph it cannot add checks to. Use backend='eager' with runtime_guard, or drop runtime_guard."
         )
     precisions = merged["enabled_precisions"]
     if explicit and "enabled_precisions" in given and precisions != frozenset({torch.float32}):
