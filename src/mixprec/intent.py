@@ -85,6 +85,19 @@ def _phrase(why: str) -> str:
     return f"the code's fp32 intent: {why}; torch.autocast runs it in float32 too"
 
 
+def _dtype_argument(node: torch.fx.Node):
+    """The ``dtype`` argument of an op call (keyword or positional, by the op's schema), or None."""
+    if "dtype" in node.kwargs:
+        return node.kwargs["dtype"]
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return None
+    for index, arg in enumerate(schema.arguments):
+        if arg.name == "dtype" and not arg.kwarg_only:
+            return node.args[index] if index < len(node.args) else None
+    return None
+
+
 def _root(node: torch.fx.Node, layer, embeddings: bool) -> str | None:
     if layer.precision != torch.float32:
         return None
@@ -101,7 +114,7 @@ def _root(node: torch.fx.Node, layer, embeddings: bool) -> str | None:
     contexts = node.meta.get(META_AUTOCAST)
     if contexts and not contexts[-1][2]:
         return f"a value computed under torch.autocast(enabled=False){at}"
-    if node.kwargs.get("dtype") == torch.float32 and layer.kind == "compute":
+    if _dtype_argument(node) == torch.float32 and layer.kind == "compute":
         return f"a value the code asks for with dtype=torch.float32{at}"
     if embeddings and layer.packet in EMBEDDING_OPS:
         return f"an embedding output (tables stay float32: the residual stream starts here){at}"

@@ -15,7 +15,8 @@ none of them decided: fp32 layers outside ``torch.autocast`` regions. Of those:
 Include settings (``autocast_included_nodes`` / ``autocast_included_ops``) force a free layer
 into the low type over the automatic rules; the reason names the include and the rules it
 overrode. An exclusion of the same layer wins over an include, and a layer that cannot run in
-the low type (the ``unlowerable`` rule) stays fp32 whatever the include says.
+the low type (the ``unlowerable`` rule) stays fp32 whatever the include says. Includes name
+layers that compute; data movement keeps following its producer.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ _NOT_OVERRIDABLE = _EXCLUSIONS + ("unlowerable",)
 
 def _judge(node: NodeInfo, ctx: RuleContext) -> NodePrecision | None:
     matches = [d for rule in rules_for(node.kind) if (d := rule.match(node, ctx)) is not None]
-    include = included_by(node, ctx)
+    include = included_by(node, ctx) if node.kind == "compute" else None  # data movement follows its producer
     if include is not None:
         blocking = [d for d in matches if d.rule in _NOT_OVERRIDABLE]
         if blocking:
