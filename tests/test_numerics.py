@@ -171,3 +171,30 @@ def test_runtime_guard_off_by_default_and_eager_only():
         mixprec.compile(model, inputs, enable_autocast=True, runtime_guard="inductor")
     with pytest.raises(mixprec.ConfigError, match="backend='eager'"):
         mixprec.compile(model, inputs, enable_autocast=True, runtime_guard="warn", backend="inductor")
+
+
+# ---- issue 16: an include pattern lowers the LM head the IO-range rule keeps ---------------------------
+
+
+def test_include_lowers_an_lm_head_the_io_range_rule_keeps_and_the_report_shows_the_cost():
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    model = _Logits(transformers.LlamaForCausalLM(cfg)).eval()
+    with torch.no_grad():
+        model.lm.lm_head.weight.mul_(20000.0)  # logits in the thousands, on purpose
+    inputs = _inputs(0)
+    kept = mixprec.compile(model, inputs, enable_autocast=True)
+    head = [r for r in kept.report.layers if r.module == "lm.lm_head" and r.op == "aten.linear.default"][0]
+    assert head.precision == F32 and "output absmax" in head.reason and "> 512" in head.reason
+    lowered = mixprec.compile(model, inputs, enable_autocast=True, autocast_included_nodes=r"^lm\.lm_head$")
+    head = lowered.report.layer(head.name)
+    assert head.precision == BF16
+    assert head.reason.startswith(r"included by '^lm\.lm_head$' although output absmax") and "[io_range]" in head.reason
+    before, after = kept.report.summary, lowered.report.summary
+    assert after["low_precision_flops_fraction"] == 1.0 > before["low_precision_flops_fraction"]
+    assert after["rel_l2_error"] > 1.5 * before["rel_l2_error"]  # the price, visible in the report
+    assert lowered.settings["autocast_included_nodes"] == [r"^lm\.lm_head$"]
+    plan = mixprec.PrecisionPlan.from_json(lowered.plan.to_json())
+    assert plan[head.name].reason == head.reason  # the plan round-trips the include's decision and reason
+    again = mixprec.compile(model, inputs, plan=plan)
+    assert again.report.layer(head.name).precision == BF16
