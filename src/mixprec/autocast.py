@@ -36,7 +36,7 @@ from .errors import MixedPrecisionWarning
 from .graph import GraphInfo
 from .oprefs import op_matches
 from .program import STORED_KINDS, WorkProgram
-from .intent import fp32_intent
+from .intent import angle_layers, fp32_intent
 from .reduction import reduction_depth
 from .rules import ConstantValue, RuleContext
 from .stream import residual_stream
@@ -79,6 +79,7 @@ def prepare(
         unlowerable=MappingProxyType(_unlowerable(nodes, info, low)),
         residual_stream=MappingProxyType(residual_stream(work.graph, info) if config.autocast_keep_residual_stream else {}),
         fp32_intent=MappingProxyType(fp32_intent(work.graph, info, embeddings=not config.autocast_low_precision_embeddings)),
+        angles=MappingProxyType(angle_layers(work.graph, info)),
         attention_masks=MappingProxyType(_attention_masks(nodes, info)),
         included_nodes=config.autocast_included_nodes,
         included_ops=config.autocast_included_ops,

@@ -19,6 +19,12 @@ from each root, forward through every op that is not on that list, until an expl
 another dtype. Each reached layer gets a reason that names the root's line of code (from the
 node's ``stack_trace``), e.g. ``"modeling_llama.py:71 `hidden_states = hidden_states.to(torch.float32)`"``.
 
+Separately, :func:`angle_layers` keeps periodic functions (sin, cos, tan) and the elementwise
+computation of their argument fp32 whatever calibration saw: their result's error is the
+*absolute* error of the argument, and bf16 rounds an angle of 2000 (a RoPE position) by +-4,
+a whole turn. The argument's range cannot be bounded from shapes and dtypes (positions come
+from inputs), so a calibration on short sequences says nothing about long ones.
+
 A cast that converts fp32 to fp32 is a root only when its line of code names fp32
 (``float32``, ``.float()``, ``torch.float``): ``x.to(other.dtype)`` or ``x.to(input_dtype)``
 say "match that dtype", not "compute in fp32", and only pass the intent on when their input
@@ -119,3 +125,44 @@ def _root(node: torch.fx.Node, layer, embeddings: bool) -> str | None:
     if embeddings and layer.packet in EMBEDDING_OPS:
         return f"an embedding output (tables stay float32: the residual stream starts here){at}"
     return None
+
+
+PERIODIC_OPS = frozenset({"aten.sin", "aten.cos", "aten.tan"})
+_ARGUMENT_OPS = frozenset({"aten.mul", "aten.div", "aten.add", "aten.sub", "aten.neg", "aten.reciprocal"})
+
+
+def angle_layers(graph: torch.fx.Graph, info: GraphInfo) -> dict[str, str]:
+    """sin/cos/tan layers and the elementwise ops computing their argument -> why they stay fp32.
+
+    Backward from each periodic op through elementwise arithmetic and data movement, up to a
+    matmul-class op, a stored tensor or a graph input (those end the argument's computation).
+    """
+    from .optable import MOVEMENT_OPS
+
+    out: dict[str, str] = {}
+    for node in graph.nodes:
+        layer = info.get(node.name)
+        if node.op != "call_function" or layer is None or layer.packet not in PERIODIC_OPS:
+            continue
+        fn = layer.packet.removeprefix("aten.")
+        where = source_line(node)
+        at = f" at {where}" if where else ""
+        out.setdefault(node.name, f"{fn}{at}: its error is the absolute error of its argument, whose range the graph "
+                       "does not bound (bf16 rounds an angle of 2000 by +-4)")
+        stack = [p for p in node.all_input_nodes]
+        seen: set = set()
+        while stack:
+            producer = stack.pop()
+            if producer in seen or producer.op != "call_function":
+                continue
+            seen.add(producer)
+            player = info.get(producer.name)
+            if player is None or player.kind == "cast":
+                continue
+            if player.packet in _ARGUMENT_OPS:
+                out.setdefault(producer.name, f"computes the argument of {fn}{at} (an angle: its absolute error "
+                               "matters, not its relative one)")
+            elif player.packet not in MOVEMENT_OPS:
+                continue
+            stack.extend(producer.all_input_nodes)
+    return {n: why for n, why in out.items() if info[n].precision == torch.float32}

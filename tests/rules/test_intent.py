@@ -123,3 +123,26 @@ def test_written_out_norms_are_found_by_structure():
     assert "RMS normalisation written out" in next(why for n, why in found.items() if info[n].op == "aten.rsqrt.default")
     stream = residual_stream(work.graph, info)
     assert "add" in stream and "residual addition" in stream["add"]  # x + fc(x) feeds the written-out RMSNorm
+
+
+def test_sin_cos_of_a_float_input_and_their_argument_stay_fp32():
+    class Timesteps(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("freqs", torch.exp(-torch.arange(4.0)))
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, t):  # float timesteps: no cast says fp32
+            angles = t[:, None] * self.freqs * 2.0
+            return self.fc(torch.cat([angles.sin(), angles.cos()], -1)).sin() + 1.0
+
+    work, info = captured(Timesteps(), (torch.rand(3) * 1000,))
+    from mixprec.intent import angle_layers
+
+    angles = angle_layers(work.graph, info)
+    ops = sorted(info[n].op for n in angles)
+    assert ops == ["aten.cos.default", "aten.mul.Tensor", "aten.mul.Tensor", "aten.sin.default", "aten.sin.default"]
+    assert "linear" not in angles and "add" not in angles  # the matmul ends the argument; after sin is no angle
+    assert "computes the argument of sin" in angles["mul"] or "computes the argument of cos" in angles["mul"]
+    rule = get_rule("angle")
+    assert rule.match(make_node(name="sin"), make_context(angles={"sin": "why"})).reason == "why"

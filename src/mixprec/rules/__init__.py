@@ -65,6 +65,7 @@ class RuleContext:
     unlowerable: Mapping[str, str] = dataclasses.field(default_factory=_empty)  # layer -> why it cannot run low
     residual_stream: Mapping[str, str] = dataclasses.field(default_factory=_empty)  # layer -> why it is in the stream
     fp32_intent: Mapping[str, str] = dataclasses.field(default_factory=_empty)  # layer -> the code's fp32 intent
+    angles: Mapping[str, str] = dataclasses.field(default_factory=_empty)  # layer -> sin/cos/tan or their argument
     attention_masks: Mapping[str, str] = dataclasses.field(default_factory=_empty)  # attention layer -> its mask input
     included_nodes: tuple[re.Pattern, ...] = ()
     included_ops: frozenset[str] = frozenset()

@@ -19,3 +19,13 @@ class Fp32Intent:
     def match(self, node: NodeInfo, ctx: RuleContext) -> Decision | None:
         why = ctx.fp32_intent.get(node.name)
         return Decision(ctx.high, self.name, why) if why is not None else None
+
+
+@register_rule("angle")
+@dataclasses.dataclass(frozen=True)
+class Angle:
+    """sin/cos/tan and the computation of their argument (``mixprec.intent.angle_layers``)."""
+
+    def match(self, node: NodeInfo, ctx: RuleContext) -> Decision | None:
+        why = ctx.angles.get(node.name)
+        return Decision(ctx.high, self.name, why) if why is not None else None
