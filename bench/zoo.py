@@ -1,6 +1,9 @@
 """mixprec's autocast against torch.autocast on transformers architectures (issue 12's bar).
 
-    python bench/zoo.py [--only NAME[,NAME]] [--dtypes bf16,fp16] [--no-8l]
+    python bench/zoo.py [--only NAME[,NAME]] [--dtypes bf16,fp16] [--no-8l] [--no-low-emb]
+
+(``--no-low-emb`` also lets the script run against a mixprec without ``autocast_low_precision_embeddings``,
+to measure the code before issue 12.)
 
 Every model is a small random config of a ``transformers`` architecture (no downloads) plus the
 Llama-8L shape (8 layers, hidden 1024, 2x128 tokens). Inputs exercise ranges: token ids over the
@@ -278,7 +281,7 @@ def param_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def run_one(name, build, dtypes, rows):
+def run_one(name, build, dtypes, rows, low_emb=True):
     torch.manual_seed(0)
     model, args, kwargs = build()
     model.eval()
@@ -303,7 +306,7 @@ def run_one(name, build, dtypes, rows):
             "low FLOP share mixprec": s["low_precision_flops_fraction"], "low FLOP share autocast": auto_share,
             "param MB fp32": param_bytes(model) / 1e6, "param MB mixprec": s["param_bytes_after"] / 1e6,
         }
-        if low == torch.bfloat16:
+        if low == torch.bfloat16 and low_emb:
             lowemb = mixprec.compile(model, args, kwargs=kwargs, enable_autocast=True, autocast_low_precision_type=low,
                                      autocast_low_precision_embeddings=True)
             with torch.no_grad():
@@ -323,6 +326,7 @@ def main():
     parser.add_argument("--only", default="")
     parser.add_argument("--dtypes", default="bf16,fp16")
     parser.add_argument("--no-8l", action="store_true")
+    parser.add_argument("--no-low-emb", action="store_true", help="skip the low-precision-embeddings variant")
     opts = parser.parse_args()
     torch.set_num_threads(2)
     warnings.simplefilter("ignore")
@@ -334,7 +338,7 @@ def main():
     rows, failed = [], []
     for name in names:
         try:
-            run_one(name, MODELS[name], dtypes, rows)
+            run_one(name, MODELS[name], dtypes, rows, low_emb=not opts.no_low_emb)
         except Exception as e:  # a model the bench cannot run: say so, go on
             failed.append((name, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
             traceback.print_exc(limit=3)
