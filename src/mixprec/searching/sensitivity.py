@@ -78,6 +78,7 @@ def build_study(
         # the residual-stream rule is a judgement about accuracy, which the search measures instead
         autocast_keep_residual_stream=False,
         autocast_calibration_dataloader=calibration_batches if calibration_batches is not None else eval_batches,
+        **dict(options.includes),  # included layers: the user vouches for them; measured like the others
     )
     with warnings.catch_warnings():  # search warns about fp16 on a CPU itself, in its own words
         warnings.filterwarnings("ignore", category=MixedPrecisionWarning, message="autocast_low_precision_type=float16")
