@@ -146,7 +146,7 @@ def _two_linears():
 
 
 @pytest.mark.parametrize("mode", ["raise", "warn"])
-def test_runtime_guard_names_the_layer_that_overflows(mode):
+def test_runtime_guard_names_the_layer_that_overflows(mode, tmp_path):
     model, inputs = _two_linears()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", mixprec.MixedPrecisionWarning)
@@ -156,6 +156,9 @@ def test_runtime_guard_names_the_layer_that_overflows(mode):
     if mode == "raise":
         with pytest.raises(mixprec.RuntimeGuardError, match=r"layer linear \(module 0, aten.linear.default, float16\) produced inf/NaN"):
             prog(*big)
+        mixprec.save(prog, tmp_path / "guarded.mixprec.pt2")  # the setting is saved: a loaded program checks too
+        with pytest.raises(mixprec.RuntimeGuardError, match="layer linear"):
+            mixprec.load(tmp_path / "guarded.mixprec.pt2")(*big)
     else:
         with pytest.warns(mixprec.MixedPrecisionWarning, match=r"runtime guard: low-precision layer linear "):
             prog(*big)
@@ -199,3 +202,17 @@ def test_include_lowers_an_lm_head_the_io_range_rule_keeps_and_the_report_shows_
     assert plan[head.name].reason == head.reason  # the plan round-trips the include's decision and reason
     again = mixprec.compile(model, inputs, plan=plan)
     assert again.report.layer(head.name).precision == BF16
+
+
+def test_runtime_guard_flags_saturation_before_inf():
+    model = nn.Linear(4, 4).eval()
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+        model.bias.zero_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mixprec.MixedPrecisionWarning)
+        prog = mixprec.compile(model, (torch.ones(1, 4),), enable_autocast=True, autocast_low_precision_type=F16,
+                               runtime_guard="raise")
+    prog(torch.full((1, 4), 8000.0))  # outputs 32000: finite, below half of fp16's 65504
+    with pytest.raises(mixprec.RuntimeGuardError, match=r"values up to 4\.8e\+04, near its type's largest finite value"):
+        prog(torch.full((1, 4), 12000.0))  # 48000: still finite in fp16, one doubling from inf

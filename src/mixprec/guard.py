@@ -96,8 +96,8 @@ def install(module: torch.fx.GraphModule, mode: str | None) -> int:
             continue
         with graph.inserting_after(node):
             maximum = graph.call_function(torch.ops.aten.linalg_vector_norm.default, (node, math.inf))
-        where = f"{node.name}" + (f" (module {layer.module}" if layer.module else " (") + f", {layer.op}, {dtype_name(dtype)})"
-        checked.append((maximum, where.replace("( ,", "(").replace(" (, ", " ("), torch.finfo(dtype).max / 2))
+        details = ([f"module {layer.module}"] if layer.module else []) + [layer.op, dtype_name(dtype)]
+        checked.append((maximum, f"{node.name} ({', '.join(details)})", torch.finfo(dtype).max / 2))
     if not checked:
         return 0
     output = next(n for n in graph.nodes if n.op == "output")
