@@ -12,9 +12,14 @@
 * the depth of reduction of every layer (from shapes, no data needed);
 * the layers that cannot run in the low type (the op fixes its output dtype), found by
   running each candidate op once on fake tensors in the low type.
+* the code's fp32 intent (``mixprec.intent``: what torch.autocast would run in fp32 because the
+  code cast to fp32, asked for ``dtype=torch.float32``, disabled autocast, or looked up an
+  embedding), the periodic functions and their arguments, and the additive mask input of each
+  fused attention (which the IO-range rule judges as a mask);
+* the include settings, which the autocast source applies over the rules (``sources/rules.py``).
 
-It also warns about settings that do nothing here: exclusion patterns or ops that match
-no layer (with near misses), and fp16 on a CPU.
+It also warns about settings that do nothing here: exclusion or include patterns or ops that
+match no layer (with near misses), layers both included and excluded, and fp16 on a CPU.
 """
 
 from __future__ import annotations
