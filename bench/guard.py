@@ -4,7 +4,7 @@
 
 Models: the Llama-like decoder of bench/zoo.py scaled to hidden 256 / 4 layers / 2x128 tokens, and
 BERT at hidden 256 / 4 layers / 2x128 tokens (random weights), autocast bf16. Both variants run
-interleaved in one process (bench/harness.py: medians over rounds); the figure is guarded / unguarded.
+interleaved in one process (bench/harness.py: medians over 31 rounds); the figure is guarded / unguarded.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def main():
         plain = mixprec.compile(model, ids, enable_autocast=True)
         guarded = mixprec.compile(model, ids, enable_autocast=True, runtime_guard="warn")
         checks = sum(1 for n in guarded.runner.graph.nodes if n.target is torch.ops.aten.aminmax.default)
-        times = interleaved({"plain": lambda: plain(*ids), "guarded": lambda: guarded(*ids)}, rounds=15)
+        times = interleaved({"plain": lambda: plain(*ids), "guarded": lambda: guarded(*ids)}, rounds=31)
         rows.append({"model": name, "layers checked": checks, "plain ms": times["plain"] * 1e3,
                      "guarded ms": times["guarded"] * 1e3, "guarded / plain": times["guarded"] / times["plain"]})
     print(table(rows, list(rows[0])))
