@@ -216,7 +216,9 @@ def test_transformers_models(build, low, tolerance):
     assert rel_l2(prog(*inputs), expected) < tolerance
     summary = prog.report.summary
     assert summary["low_precision_flops_fraction"] >= 0.9
-    assert summary["param_bytes_after"] <= 0.55 * summary["param_bytes_before"]
+    # embedding tables stay fp32 (the residual stream starts there); the rest is stored low
+    tables = sum(m.weight.numel() * 4 for m in model.modules() if isinstance(m, torch.nn.Embedding))
+    assert summary["param_bytes_after"] <= 0.55 * (summary["param_bytes_before"] - tables) + tables
     assert no_cast_feeds_only_casts(prog)
 
 
@@ -231,7 +233,9 @@ def test_tied_weights_stay_tied_in_low_precision():
     model, inputs = gpt2_small()
     # every parameter goes low (the residual stream's norm parameters too), so exactly half the bytes
     # remain only if the tied embedding/LM-head weight is stored once
-    prog = mixprec.compile(model, inputs, enable_autocast=True, autocast_keep_residual_stream=False)
+    prog = mixprec.compile(
+        model, inputs, enable_autocast=True, autocast_keep_residual_stream=False, autocast_low_precision_embeddings=True
+    )
     summary = prog.report.summary
     assert summary["param_bytes_after"] * 2 == summary["param_bytes_before"]
 

@@ -12,9 +12,14 @@
 * the depth of reduction of every layer (from shapes, no data needed);
 * the layers that cannot run in the low type (the op fixes its output dtype), found by
   running each candidate op once on fake tensors in the low type.
+* the code's fp32 intent (``mixprec.intent``: what torch.autocast would run in fp32 because the
+  code cast to fp32, asked for ``dtype=torch.float32``, disabled autocast, or looked up an
+  embedding), the periodic functions and their arguments, and the additive mask input of each
+  fused attention (which the IO-range rule judges as a mask);
+* the include settings, which the autocast source applies over the rules (``sources/rules.py``).
 
-It also warns about settings that do nothing here: exclusion patterns or ops that match
-no layer (with near misses), and fp16 on a CPU.
+It also warns about settings that do nothing here: exclusion or include patterns or ops that
+match no layer (with near misses), layers both included and excluded, and fp16 on a CPU.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from .errors import MixedPrecisionWarning
 from .graph import GraphInfo
 from .oprefs import op_matches
 from .program import STORED_KINDS, WorkProgram
+from .intent import angle_layers, fp32_intent
 from .reduction import reduction_depth
 from .rules import ConstantValue, RuleContext
 from .stream import residual_stream
@@ -77,6 +83,11 @@ def prepare(
         reduction_depths=MappingProxyType(_reduction_depths(nodes, info)),
         unlowerable=MappingProxyType(_unlowerable(nodes, info, low)),
         residual_stream=MappingProxyType(residual_stream(work.graph, info) if config.autocast_keep_residual_stream else {}),
+        fp32_intent=MappingProxyType(fp32_intent(work.graph, info, embeddings=not config.autocast_low_precision_embeddings)),
+        angles=MappingProxyType(angle_layers(work.graph, info)),
+        attention_masks=MappingProxyType(_attention_masks(nodes, info)),
+        included_nodes=config.autocast_included_nodes,
+        included_ops=config.autocast_included_ops,
     )
     return Prepared(context, calibration)
 
@@ -106,29 +117,60 @@ def _warn_fp16_on_cpu() -> None:
 def _warn_unmatched(info: GraphInfo, config: CompileSettings) -> None:
     modules = sorted({n.module for n in info.values() if n.module})
     names = list(info)
-    for pattern in config.autocast_excluded_nodes:
-        if any(pattern.match(m) for m in modules) or any(pattern.match(n) for n in names):
-            continue
-        near = difflib.get_close_matches(pattern.pattern.strip("^$"), modules + names, n=3, cutoff=0.5)
-        warnings.warn(
-            f"autocast_excluded_nodes pattern '{pattern.pattern}' matches no layer's module path or node name"
-            + (f" (near misses: {', '.join(repr(n) for n in near)})" if near else "")
-            + "; it is applied with re.match, e.g. '^encoder\\.layers\\.0\\.' or '^linear2$'.",
-            MixedPrecisionWarning,
-            stacklevel=4,
-        )
+    for setting in ("autocast_excluded_nodes", "autocast_included_nodes"):
+        for pattern in getattr(config, setting):
+            if any(pattern.match(m) for m in modules) or any(pattern.match(n) for n in names):
+                continue
+            near = difflib.get_close_matches(pattern.pattern.strip("^$"), modules + names, n=3, cutoff=0.5)
+            warnings.warn(
+                f"{setting} pattern '{pattern.pattern}' matches no layer's module path or node name"
+                + (f" (near misses: {', '.join(repr(n) for n in near)})" if near else "")
+                + "; it is applied with re.match, e.g. '^encoder\\.layers\\.0\\.' or '^linear2$'.",
+                MixedPrecisionWarning,
+                stacklevel=4,
+            )
     ops = sorted({n.op for n in info.values()})
-    for op in sorted(config.autocast_excluded_ops):
-        if any(op_matches(name, frozenset({op})) for name in ops):
-            continue
-        near = difflib.get_close_matches(op, ops, n=3, cutoff=0.6)
+    for setting in ("autocast_excluded_ops", "autocast_included_ops"):
+        for op in sorted(getattr(config, setting)):
+            if any(op_matches(name, frozenset({op})) for name in ops):
+                continue
+            near = difflib.get_close_matches(op, ops, n=3, cutoff=0.6)
+            warnings.warn(
+                f"{setting} names '{op}', which no layer of this model uses"
+                + (f" (near misses: {', '.join(repr(n) for n in near)})" if near else "")
+                + "; the report's 'op' column lists the ops the model runs.",
+                MixedPrecisionWarning,
+                stacklevel=4,
+            )
+    _warn_included_and_excluded(info, config)
+
+
+def _warn_included_and_excluded(info: GraphInfo, config: CompileSettings) -> None:
+    """A layer named by an include and an exclude stays fp32 (the exclude wins); say which patterns collide."""
+    if not (config.autocast_included_nodes or config.autocast_included_ops):
+        return
+    clashes: dict[tuple[str, str], list[str]] = {}
+    for name, node in info.items():
+        inc = _named_by(node, config.autocast_included_nodes, config.autocast_included_ops)
+        exc = _named_by(node, config.autocast_excluded_nodes, config.autocast_excluded_ops)
+        if inc is not None and exc is not None:
+            clashes.setdefault((inc, exc), []).append(name)
+    for (inc, exc), layers in clashes.items():
+        shown = ", ".join(layers[:5]) + (f" and {len(layers) - 5} more" if len(layers) > 5 else "")
         warnings.warn(
-            f"autocast_excluded_ops names '{op}', which no layer of this model uses"
-            + (f" (near misses: {', '.join(repr(n) for n in near)})" if near else "")
-            + "; the report's 'op' column lists the ops the model runs.",
+            f"{shown} {'is' if len(layers) == 1 else 'are'} both included by {inc} and excluded by {exc}; "
+            "the exclusion wins and they stay float32. Narrow one of the two patterns.",
             MixedPrecisionWarning,
-            stacklevel=4,
+            stacklevel=5,
         )
+
+
+def _named_by(node, patterns, ops) -> str | None:
+    for pattern in patterns:
+        if pattern.match(node.module) or pattern.match(node.name):
+            return f"pattern '{pattern.pattern}'"
+    hit = op_matches(node.op, ops) if ops else None
+    return f"op '{hit}'" if hit is not None else None
 
 
 def _finite_absmax(tensor: torch.Tensor) -> float:
@@ -174,6 +216,19 @@ def _scalars(nodes: dict, info: GraphInfo) -> dict[str, tuple[float, ...]]:
         ]
         if values:
             out[name] = tuple(values)
+    return out
+
+
+def _attention_masks(nodes: dict, info: GraphInfo) -> dict[str, str]:
+    """Fused attention layer -> the name of its float ``attn_mask`` input (additive mask)."""
+    out = {}
+    for name, layer in info.items():
+        if layer.packet != "aten.scaled_dot_product_attention":
+            continue
+        node = nodes[name]
+        mask = node.args[3] if len(node.args) > 3 else node.kwargs.get("attn_mask")
+        if isinstance(mask, torch.fx.Node) and is_float(layer.input_dtypes.get(mask.name, torch.bool)):
+            out[name] = mask.name
     return out
 
 

@@ -39,6 +39,10 @@ class InputMismatchError(MixedPrecisionError, TypeError):
     """Inputs given to a compiled program that do not match what it was compiled for."""
 
 
+class RuntimeGuardError(MixedPrecisionError, FloatingPointError):
+    """``runtime_guard="raise"``: a low-precision layer produced inf/NaN or values near its type's largest."""
+
+
 class MixedPrecisionWarning(UserWarning):
     """A setting that does nothing or costs more than the user may expect (filter it by this class)."""
 

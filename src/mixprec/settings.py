@@ -32,7 +32,11 @@ class CompileSettings:
     autocast_max_depth_of_reduction: int | None = None
     autocast_calibration_dataloader: Any = None
     autocast_keep_residual_stream: bool = True  # mixprec extension: see mixprec/stream.py
+    autocast_low_precision_embeddings: bool = False  # mixprec extension: store embedding tables in the low type
+    autocast_included_nodes: tuple[re.Pattern, ...] = ()  # mixprec extension: force into the low type
+    autocast_included_ops: frozenset[str] = frozenset()  # mixprec extension: force into the low type
     use_fp32_acc: bool = False
+    runtime_guard: str | None = None  # mixprec extension: "warn" | "raise" (mixprec/guard.py)
     enabled_precisions: frozenset[torch.dtype] = frozenset({torch.float32})
     keep_io_types: bool = True
     plan: Any = None
@@ -95,7 +99,8 @@ def _validated(kwargs: dict[str, Any]) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     for name in (
-        "use_explicit_typing", "enable_autocast", "use_fp32_acc", "keep_io_types", "debug", "autocast_keep_residual_stream"
+        "use_explicit_typing", "enable_autocast", "use_fp32_acc", "keep_io_types", "debug", "autocast_keep_residual_stream",
+        "autocast_low_precision_embeddings",
     ):
         if name in kwargs:
             out[name] = _bool(kwargs, name)
@@ -105,14 +110,16 @@ def _validated(kwargs: dict[str, Any]) -> dict[str, Any]:
             kwargs["autocast_low_precision_type"], what="autocast_low_precision_type", allowed=LOW_PRECISION_FLOATS
         )
 
-    if "autocast_excluded_nodes" in kwargs:
-        out["autocast_excluded_nodes"] = _patterns(kwargs["autocast_excluded_nodes"])
+    for name in ("autocast_excluded_nodes", "autocast_included_nodes"):
+        if name in kwargs:
+            out[name] = _patterns(kwargs[name], name)
 
-    if "autocast_excluded_ops" in kwargs:
-        ops = kwargs["autocast_excluded_ops"]
-        if isinstance(ops, str) or not _is_iterable(ops):
-            ops = (ops,)
-        out["autocast_excluded_ops"] = frozenset(resolve_op_name(op, what="autocast_excluded_ops") for op in ops)
+    for name in ("autocast_excluded_ops", "autocast_included_ops"):
+        if name in kwargs:
+            ops = kwargs[name]
+            if isinstance(ops, str) or not _is_iterable(ops):
+                ops = (ops,)
+            out[name] = frozenset(resolve_op_name(op, what=name) for op in ops)
 
     if "autocast_max_output_threshold" in kwargs:
         value = kwargs["autocast_max_output_threshold"]
@@ -162,6 +169,12 @@ def _validated(kwargs: dict[str, Any]) -> dict[str, Any]:
     if kwargs.get("dynamic_shapes") is not None:
         out["dynamic_shapes"] = kwargs["dynamic_shapes"]
 
+    if kwargs.get("runtime_guard") is not None:
+        value = kwargs["runtime_guard"]
+        if value not in ("warn", "raise"):
+            raise ConfigError(f"runtime_guard must be None, 'warn' or 'raise', got {value!r}.")
+        out["runtime_guard"] = value
+
     if "backend" in kwargs:
         backend = kwargs["backend"]
         names = known_backends()
@@ -185,6 +198,11 @@ def _check_combinations(merged: dict[str, Any], given: dict[str, Any]) -> None:
         raise ConfigError(
             "use_fp32_acc=True needs use_explicit_typing=True: under weak typing the accumulation type is "
             "not respected (as in Torch-TensorRT)."
+        )
+    if merged["runtime_guard"] is not None and merged["backend"] != "eager":
+        raise ConfigError(
+            f"runtime_guard checks layer outputs in the eager backend's graph; backend={merged['backend']!r} runs a "
+            "compiled graph it cannot add checks to. Use backend='eager' with runtime_guard, or drop runtime_guard."
         )
     precisions = merged["enabled_precisions"]
     if explicit and "enabled_precisions" in given and precisions != frozenset({torch.float32}):
@@ -211,6 +229,9 @@ def _check_combinations(merged: dict[str, Any], given: dict[str, Any]) -> None:
                 "autocast_max_output_threshold",
                 "autocast_max_depth_of_reduction",
                 "autocast_keep_residual_stream",
+                "autocast_low_precision_embeddings",
+                "autocast_included_nodes",
+                "autocast_included_ops",
             )
             if given.get(name) not in (None, (), [], set(), frozenset())
         ]
@@ -221,23 +242,23 @@ def _check_combinations(merged: dict[str, Any], given: dict[str, Any]) -> None:
             )
 
 
-def _patterns(value) -> tuple[re.Pattern, ...]:
+def _patterns(value, name: str = "autocast_excluded_nodes") -> tuple[re.Pattern, ...]:
     if isinstance(value, (str, re.Pattern)):
         value = (value,)
     if not _is_iterable(value):
-        raise ConfigError(f"autocast_excluded_nodes must be a set of regular expressions, got {value!r}.")
+        raise ConfigError(f"{name} must be a set of regular expressions, got {value!r}.")
     compiled = []
     for pattern in value:
         if isinstance(pattern, re.Pattern):
             compiled.append(pattern)
             continue
         if not isinstance(pattern, str):
-            raise ConfigError(f"autocast_excluded_nodes holds {pattern!r}, which is not a string or re.Pattern.")
+            raise ConfigError(f"{name} holds {pattern!r}, which is not a string or re.Pattern.")
         try:
             compiled.append(re.compile(pattern))
         except re.error as e:
             raise ConfigError(
-                f"autocast_excluded_nodes pattern {pattern!r} is not a valid regular expression ({e}); "
+                f"{name} pattern {pattern!r} is not a valid regular expression ({e}); "
                 "patterns are matched with re.match against module paths such as 'encoder.layers.0.attn'."
             ) from e
     return tuple(sorted(compiled, key=lambda p: p.pattern))

@@ -75,3 +75,15 @@ def _build(spec):
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
     return module.build()
+
+
+def test_debug_respects_include_nodes(tmp_path, capsys):
+    spec = tmp_path / "overflow.py"
+    spec.write_text(textwrap.dedent(OVERFLOW_SPEC))
+    code, out, err = _run(capsys, "debug", f"{spec}:build", "--autocast", "fp16", "--json", tmp_path / "kept.json")
+    assert code == 0, err
+    assert "first inf/NaN" not in out  # the IO-range rule keeps fc1 (and what reads it) in fp32
+    code, out, err = _run(capsys, "debug", f"{spec}:build", "--autocast", "fp16", "--include-nodes", "^fc1$")
+    assert code == 0, err
+    first = out.splitlines()[1]
+    assert first.startswith("!! first inf/NaN") and "module 'fc1'" in first

@@ -92,3 +92,15 @@ def test_option_hint_names_the_options_a_message_mentions():
 def test_values_the_settings_reject_are_config_errors(option, message):
     with pytest.raises(mixprec.ConfigError, match=re.escape(message)):
         mixprec.compile(torch.nn.Linear(2, 2).eval(), (torch.randn(1, 2),), **_kwargs("--autocast", option))
+
+
+def test_include_options_map_to_their_keywords():
+    kwargs = _kwargs("--autocast", "--include-nodes", "^lm_head$", "--include-nodes", "^fc",
+                     "--include-ops", "aten.linear", "--low-precision-embeddings")  # fmt: skip
+    assert kwargs == {
+        "enable_autocast": True,
+        "autocast_included_nodes": ("^lm_head$", "^fc"),
+        "autocast_included_ops": ("aten.linear",),
+        "autocast_low_precision_embeddings": True,
+    }
+    assert "--include-nodes sets autocast_included_nodes" in option_hint("autocast_included_nodes pattern '[' is bad")

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from ..guard import install
 from . import register_backend
 
 
 @register_backend("eager")
 def build(exported_program, settings):
-    return exported_program.module()
+    module = exported_program.module()
+    install(module, getattr(settings, "runtime_guard", None))  # runtime_guard="warn"|"raise": mixprec/guard.py
+    return module

@@ -5,6 +5,9 @@ One option per keyword (API.md §1 and §5), spelled as Torch-TensorRT users exp
     --autocast [TYPE]            enable_autocast=True (+ autocast_low_precision_type=TYPE)
     --exclude-nodes RE           autocast_excluded_nodes (repeatable)
     --exclude-ops OP             autocast_excluded_ops (repeatable)
+    --include-nodes RE           autocast_included_nodes (repeatable; mixprec extension)
+    --include-ops OP             autocast_included_ops (repeatable; mixprec extension)
+    --low-precision-embeddings   autocast_low_precision_embeddings=True (mixprec extension)
     --max-output-threshold X     autocast_max_output_threshold
     --max-depth-of-reduction N   autocast_max_depth_of_reduction
     --calibration-data PT        autocast_calibration_dataloader (a .pt list of input tuples)
@@ -56,6 +59,27 @@ def add_compile_options(p: argparse.ArgumentParser) -> None:
         help="keep layers of this op in fp32, e.g. aten.softmax (repeatable)",
     )
     g.add_argument(
+        "--include-nodes",
+        action="append",
+        default=[],
+        metavar="RE",
+        help="force layers whose module path or node name matches RE into the low type over the automatic "
+        "rules (repeatable; an --exclude-nodes/--exclude-ops match wins)",
+    )
+    g.add_argument(
+        "--include-ops",
+        action="append",
+        default=[],
+        metavar="OP",
+        help="force layers of this op into the low type over the automatic rules, e.g. aten.linear (repeatable)",
+    )
+    g.add_argument(
+        "--low-precision-embeddings",
+        action="store_true",
+        help="store embedding tables in the low type (saves memory; by default they stay fp32, as the residual "
+        "stream starts there)",
+    )
+    g.add_argument(
         "--max-output-threshold",
         type=float,
         metavar="X",
@@ -96,6 +120,9 @@ _OPTION_OF = {
     "autocast_low_precision_type": "--autocast TYPE",
     "autocast_excluded_nodes": "--exclude-nodes",
     "autocast_excluded_ops": "--exclude-ops",
+    "autocast_included_nodes": "--include-nodes",
+    "autocast_included_ops": "--include-ops",
+    "autocast_low_precision_embeddings": "--low-precision-embeddings",
     "autocast_max_output_threshold": "--max-output-threshold",
     "autocast_max_depth_of_reduction": "--max-depth-of-reduction",
     "autocast_calibration_dataloader": "--calibration-data",
@@ -132,6 +159,12 @@ def compile_kwargs(args: argparse.Namespace) -> dict:
         kwargs["autocast_excluded_nodes"] = tuple(args.exclude_nodes)
     if args.exclude_ops:
         kwargs["autocast_excluded_ops"] = tuple(args.exclude_ops)
+    if args.include_nodes:
+        kwargs["autocast_included_nodes"] = tuple(args.include_nodes)
+    if args.include_ops:
+        kwargs["autocast_included_ops"] = tuple(args.include_ops)
+    if args.low_precision_embeddings:
+        kwargs["autocast_low_precision_embeddings"] = True
     if args.max_output_threshold is not None:
         kwargs["autocast_max_output_threshold"] = args.max_output_threshold
     if args.max_depth_of_reduction is not None:

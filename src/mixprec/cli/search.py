@@ -26,6 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--inputs", metavar="PT", help="example inputs (.pt: a tensor or a tuple of them)")
     parser.add_argument("--eval-data", metavar="FILE.py:FUNCTION", default=None, help="function returning the eval batches (default: the example inputs)")
     parser.add_argument("--calibration-data", metavar="FILE.py:FUNCTION", default=None, help="function returning batches for the safety checks (default: the eval data)")
+    parser.add_argument("--include-nodes", action="append", default=[], metavar="RE", help="layers (module path or node name, re.match) the safety rules must not pin to fp32 (repeatable)")
+    parser.add_argument("--include-ops", action="append", default=[], metavar="OP", help="ops the safety rules must not pin to fp32, e.g. aten.linear (repeatable)")
     parser.add_argument("-o", "--plan", metavar="PLAN.json", default=None, help="write the chosen PrecisionPlan as JSON")
     parser.add_argument("--json", metavar="RESULT.json", default=None, help="write the whole search result as JSON")
     parser.add_argument("--plot", metavar="PARETO.png", default=None, help="write the pareto curve and sensitivities as a PNG (needs matplotlib)")
@@ -55,6 +57,8 @@ def search_command(args) -> int:
         eval_dataloader=call_function(args.eval_data, "--eval-data") if args.eval_data else None,
         calibration_dataloader=call_function(args.calibration_data, "--calibration-data") if args.calibration_data else None,
         progress_stream=sys.stderr,
+        included_nodes=tuple(args.include_nodes),
+        included_ops=tuple(args.include_ops),
     )
     if args.plan:
         write_text(args.plan, result.plan.to_json())

@@ -64,6 +64,11 @@ class RuleContext:
     reduction_depths: Mapping[str, int] = dataclasses.field(default_factory=_empty)  # layer -> depth of reduction
     unlowerable: Mapping[str, str] = dataclasses.field(default_factory=_empty)  # layer -> why it cannot run low
     residual_stream: Mapping[str, str] = dataclasses.field(default_factory=_empty)  # layer -> why it is in the stream
+    fp32_intent: Mapping[str, str] = dataclasses.field(default_factory=_empty)  # layer -> the code's fp32 intent
+    angles: Mapping[str, str] = dataclasses.field(default_factory=_empty)  # layer -> sin/cos/tan or their argument
+    attention_masks: Mapping[str, str] = dataclasses.field(default_factory=_empty)  # attention layer -> its mask input
+    included_nodes: tuple[re.Pattern, ...] = ()
+    included_ops: frozenset[str] = frozenset()
 
     def activation_inputs(self, node: NodeInfo) -> list[str]:
         """Float inputs that carry data (not stored tensors, which the constant-range rule judges)."""
@@ -107,4 +112,4 @@ def rules_for(kind: str) -> tuple:
     return tuple(r for r in _REGISTRY.values() if r.scope == "all" or kind == "compute")
 
 
-from . import exclude, fixed, ranges, reduction, stream  # noqa: E402,F401  (register themselves, in this order)
+from . import exclude, fixed, ranges, reduction, stream, intent  # noqa: E402,F401  (register themselves, in this order)

@@ -52,6 +52,8 @@ def search(
     eval_dataloader=None,
     cache=None,
     progress_stream=None,
+    included_nodes=(),
+    included_ops=(),
 ) -> SearchResult:
     """Find a mixed-precision plan: as many layers in the low type as the budget allows.
 
@@ -74,6 +76,10 @@ def search(
     cache: None = the process-wide cache, False = none, or a ``SearchCache``.
     progress_stream: where progress goes when it is a terminal (default stderr); otherwise
         progress is logged to "mixprec.search" at INFO.
+    included_nodes, included_ops: as ``autocast_included_nodes``/``autocast_included_ops`` of compile
+        (a mixprec extension): layers the user knows are safe. The safety rules (values the low type
+        cannot hold, inf/NaN in calibration) do not pin them to fp32; the search measures them like
+        any other layer. Layers that cannot run in the low type stay fp32 whatever the include says.
 
     Returns a :class:`SearchResult`: ``plan`` for ``compile(model, inputs, plan=result.plan)``,
     ``pareto``, ``groups`` (sensitivities), ``save_plot(path)``, ``to_json()``.
@@ -88,6 +94,8 @@ def search(
         metric=metric,
         keep_fp32_fraction=keep_fp32_fraction,
         eval_dataloader=eval_dataloader,
+        included_nodes=included_nodes,
+        included_ops=included_ops,
     )
     if options.low == torch.float16 and device.type == "cpu":
         warnings.warn(
@@ -103,7 +111,7 @@ def search(
     progress = Progress(stream=progress_stream, prefix="mixprec search: ", log=logging.getLogger("mixprec.search"))
 
     user_metric = metric.evaluate if isinstance(metric, Accuracy) else metric  # Accuracy(f) made anew: same f
-    key = study_key(model, args, options.low, user_metric, eval_batches, calibration)
+    key = study_key(model, args, options.low, user_metric, eval_batches, calibration) + (options.includes,)
     study = store.get(key, model, user_metric) if store is not None else None
     trials_before = study.trials.count if study is not None else 0
     if study is None:

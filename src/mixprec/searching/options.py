@@ -32,10 +32,12 @@ class SearchOptions:
     tolerance: float | None
     keep_fp32_fraction: float | None
     metric: object  # a metrics.Metric
+    includes: tuple = ()  # (("autocast_included_nodes", patterns), ("autocast_included_ops", ops)) when given
 
     @classmethod
     def from_arguments(
-        cls, *, device, low_precision_type, tolerance, metric, keep_fp32_fraction, eval_dataloader
+        cls, *, device, low_precision_type, tolerance, metric, keep_fp32_fraction, eval_dataloader,
+        included_nodes=(), included_ops=(),
     ) -> "SearchOptions":
         low = (
             parse_dtype(low_precision_type, what="low_precision_type", allowed=LOW_PRECISION_FLOATS)
@@ -68,7 +70,21 @@ class SearchOptions:
                 "mixprec.Accuracy evaluates the program on your own data, so eval_dataloader is not used; drop it "
                 "(or use metric=callable(outputs, reference) to compare outputs on eval_dataloader)."
             )
-        return cls(low, tolerance, keep_fp32_fraction, measure)
+        return cls(low, tolerance, keep_fp32_fraction, measure, _includes(included_nodes, included_ops))
+
+
+def _includes(nodes, ops) -> tuple:
+    """The include settings, validated as mixprec.compile validates them (same messages), as compile keywords."""
+    from ..settings import CompileSettings
+
+    given = {k: v for k, v in (("autocast_included_nodes", nodes), ("autocast_included_ops", ops)) if v}
+    if not given:
+        return ()
+    try:
+        settings = CompileSettings.from_kwargs({"enable_autocast": True, **given})
+    except ConfigError as e:
+        raise ConfigError(str(e).replace("autocast_included_", "included_")) from e
+    return tuple((name, getattr(settings, name)) for name in sorted(given))
 
 
 def _number(value, name: str, example: str) -> float:

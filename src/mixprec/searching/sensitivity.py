@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
+from types import MappingProxyType
 
 import torch
 
@@ -77,11 +78,14 @@ def build_study(
         # the residual-stream rule is a judgement about accuracy, which the search measures instead
         autocast_keep_residual_stream=False,
         autocast_calibration_dataloader=calibration_batches if calibration_batches is not None else eval_batches,
+        **dict(options.includes),  # included layers: the user vouches for them; measured like the others
     )
     with warnings.catch_warnings():  # search warns about fp16 on a CPU itself, in its own words
         warnings.filterwarnings("ignore", category=MixedPrecisionWarning, message="autocast_low_precision_type=float16")
         prepared = autocast.prepare(base, info, settings, args)
-    safe = planner.build_plan(info, settings, prepared.context, int8_ranges=ranges)
+    # the code's fp32 intent is, like the residual stream, a judgement about accuracy: measured instead
+    context = dataclasses.replace(prepared.context, fp32_intent=MappingProxyType({}))
+    safe = planner.build_plan(info, settings, context, int8_ranges=ranges)
     groups = find_groups(info, strong, safe)
     baseline = trials.measure(()).value
     study = Study(info, groups, trials, baseline)

@@ -11,6 +11,12 @@ none of them decided: fp32 layers outside ``torch.autocast`` regions. Of those:
 * ops that read floats but produce none (comparisons, argmax, sizes) and ops that read no
   floats (``full``, ``arange``) are not lowered: the first follow their producer, the second
   keep the dtype their arguments give them (lowering them cannot be realised by casting inputs).
+
+Include settings (``autocast_included_nodes`` / ``autocast_included_ops``) force a free layer
+into the low type over the automatic rules; the reason names the include and the rules it
+overrode. An exclusion of the same layer wins over an include, and a layer that cannot run in
+the low type (the ``unlowerable`` rule) stays fp32 whatever the include says. Includes name
+layers that compute; data movement keeps following its producer.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import torch
 from ..dtypes import dtype_name, is_float
 from ..graph import GraphInfo, NodeInfo
 from ..plan import NodePrecision
+from ..oprefs import op_matches
 from ..rules import RuleContext, rules_for
 
 SOURCE = "autocast_rule"
@@ -46,8 +53,31 @@ def lowerable(node: NodeInfo) -> bool:
     return any(is_float(d) for d in node.input_dtypes.values()) and any(is_float(m.dtype) for m in node.outputs)
 
 
+_EXCLUSIONS = ("excluded_nodes", "excluded_ops")
+_NOT_OVERRIDABLE = _EXCLUSIONS + ("unlowerable",)
+
+
 def _judge(node: NodeInfo, ctx: RuleContext) -> NodePrecision | None:
     matches = [d for rule in rules_for(node.kind) if (d := rule.match(node, ctx)) is not None]
+    include = included_by(node, ctx) if node.kind == "compute" else None  # data movement follows its producer
+    if include is not None:
+        blocking = [d for d in matches if d.rule in _NOT_OVERRIDABLE]
+        if blocking:
+            why = "; ".join(d.reason for d in blocking)
+            return NodePrecision(blocking[0].precision, None, SOURCE, f"{why} (not lowered although included by {include})")
+        if matches:
+            overridden = "; ".join(f"{d.reason} [{d.rule}]" for d in matches)
+            return NodePrecision(ctx.low, None, SOURCE, f"included by {include} although {overridden}")
+        return NodePrecision(ctx.low, None, SOURCE, f"included by {include}: lowered to {dtype_name(ctx.low)}")
     if not matches:
         return None
     return NodePrecision(matches[0].precision, None, SOURCE, "; ".join(d.reason for d in matches))
+
+
+def included_by(node: NodeInfo, ctx: RuleContext) -> str | None:
+    """The include pattern or op that names this layer, as the report phrases it, or None."""
+    for pattern in ctx.included_nodes:
+        if pattern.match(node.module) or pattern.match(node.name):
+            return f"'{pattern.pattern}'"
+    hit = op_matches(node.op, ctx.included_ops) if ctx.included_ops else None
+    return f"op '{hit}'" if hit is not None else None
