@@ -21,7 +21,7 @@ from harness import machine, stamp, table  # noqa: E402
 
 import mixprec  # noqa: E402
 import transformers  # noqa: E402
-from mixprec.report.summary import output_errors  # noqa: E402
+from mixprec.numerics import output_errors  # noqa: E402
 
 
 class Logits(torch.nn.Module):

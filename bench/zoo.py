@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from harness import machine, stamp, table  # noqa: E402
 
 import mixprec  # noqa: E402
-from mixprec.report.summary import output_errors  # noqa: E402
+from mixprec.numerics import output_errors  # noqa: E402
 
 import transformers  # noqa: E402
 
