@@ -232,7 +232,7 @@ def _digest(data: bytes) -> dict:
     return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-_CHUNK = 8 << 20
+_CHUNK = 1 << 20
 
 
 def _write_zip(path: str, meta: dict, program_path: str, blob: bytes) -> None:
