@@ -172,12 +172,17 @@ def check_archive(source) -> None:
         )
     try:
         payloads = {m: info.file_size for m, info in members.items() if _PAYLOAD.match(m)}
+        stored = {}
         for config, folder in (
             (f"data/weights/{_MODEL}_weights_config.json", "data/weights/"),
             (f"data/constants/{_MODEL}_constants_config.json", "data/constants/"),
         ):
-            _check_payload_config(_read_json(archive, members[config], config), config, folder, payloads)
-        check_model_json(_read_json(archive, members[f"models/{_MODEL}.json"], f"models/{_MODEL}.json"))
+            entries = _read_json(archive, members[config], config)
+            _check_payload_config(entries, config, folder, payloads)
+            stored.update(entries["config"])
+        model = _read_json(archive, members[f"models/{_MODEL}.json"], f"models/{_MODEL}.json")
+        check_model_json(model)
+        _check_stored_tensors_match_graph(model, stored)
     except FileFormatError:
         raise
     except (zipfile.BadZipFile, OSError, EOFError, ValueError, KeyError, TypeError, RecursionError) as e:
@@ -312,8 +317,7 @@ def check_model_json(model) -> None:
     * every shape expression is size arithmetic (:func:`check_expression`);
     * ``guards_code`` is a list of strings (mixprec never compiles it: :func:`strip_guards`).
     """
-    if not isinstance(model, dict) or not isinstance(model.get("graph_module"), dict):
-        raise FileFormatError("the program's models/model.json is damaged (no graph_module object).")
+    _check_structure(model)
     guards = model.get("guards_code", [])
     if not isinstance(guards, list) or not all(isinstance(g, str) for g in guards):
         raise FileFormatError("the program's models/model.json is damaged (guards_code is not a list of strings).")
@@ -365,6 +369,63 @@ def _check_source_fns(text) -> None:
         _, _, target = entry.partition(",")
         if target and (not re.match(r"^[A-Za-z_][A-Za-z0-9_.]*$", target) or "__" in target):
             raise FileFormatError(f"the program's node metadata names {target[:80]!r}, which is not a plain name.")
+
+
+def _check_structure(model) -> None:
+    """The parts of the model JSON mixprec relies on (torch checks the rest as it reads it)."""
+
+    def damaged(what: str):
+        raise FileFormatError(f"the program's models/model.json is damaged ({what}).")
+
+    graph_module = model.get("graph_module") if isinstance(model, dict) else None
+    if not isinstance(graph_module, dict):
+        damaged("no graph_module object")
+    graph, signature, calls = (graph_module.get(k) for k in ("graph", "signature", "module_call_graph"))
+    if not isinstance(graph, dict) or not isinstance(signature, dict):
+        damaged("graph and signature must be objects")
+    for key, kind in (("nodes", list), ("inputs", list), ("outputs", list), ("tensor_values", dict)):
+        if not isinstance(graph.get(key), kind):
+            damaged(f"graph.{key} must be a{'n object' if kind is dict else ' list'}")
+    if not all(isinstance(n, dict) and isinstance(n.get("target"), str) for n in graph["nodes"]):
+        damaged("every node must be an object with a target")
+    for key in ("input_specs", "output_specs"):
+        specs = signature.get(key)
+        if not isinstance(specs, list) or not all(isinstance(x, dict) and len(x) == 1 for x in specs):
+            damaged(f"signature.{key} must be a list of one-key objects")
+    if not isinstance(calls, list) or not calls or not all(isinstance(c, dict) for c in calls):
+        damaged("module_call_graph must be a non-empty list of objects")
+    root = calls[0]
+    root_signature = root.get("signature")
+    if root.get("fqn") != "" or not isinstance(root_signature, dict):
+        damaged("the first module_call_graph entry must be the model itself, with a signature")
+    if not all(isinstance(root_signature.get(k), str) for k in ("in_spec", "out_spec")):
+        damaged("the model's in_spec and out_spec must be strings")
+
+
+_STORED_KINDS = {"parameter": "parameter_name", "buffer": "buffer_name", "tensor_constant": "tensor_constant_name"}
+
+
+def _check_stored_tensors_match_graph(model: dict, stored: dict) -> None:
+    """Each parameter, buffer and constant the graph reads is described in the graph exactly as it is stored
+    (dtype, sizes): a program whose weights disagree with its graph is refused here, not at its first call."""
+    graph_module = model["graph_module"]
+    values = graph_module["graph"]["tensor_values"]
+    for spec in graph_module["signature"]["input_specs"]:
+        ((kind, body),) = spec.items()
+        if kind not in _STORED_KINDS:
+            continue
+        if not isinstance(body, dict) or not isinstance(body.get("arg"), dict):
+            raise FileFormatError(f"the program's {kind} input is damaged.")
+        fqn, arg = body.get(_STORED_KINDS[kind]), body["arg"].get("name")
+        entry = stored.get(fqn) if isinstance(fqn, str) else None
+        described = values.get(arg) if isinstance(arg, str) else None
+        if entry is None or not isinstance(described, dict):
+            raise FileFormatError(f"the program reads {kind} {str(fqn)[:80]!r}, which it does not store or describe.")
+        have, want = entry["tensor_meta"], described
+        if have.get("dtype") != want.get("dtype") or have.get("sizes") != want.get("sizes"):
+            raise FileFormatError(
+                f"the program's {kind} {fqn!r} is stored with another dtype or shape than its graph reads."
+            )
 
 
 def strip_guards(exported_program) -> None:
