@@ -256,4 +256,4 @@ def main(sandbox: Path, budget: int, seed: int) -> dict:
 
 if __name__ == "__main__":
     budget = int(sys.argv[2]) if len(sys.argv) > 2 else 400
-    print(json.dumps(main(Path(sys.argv[1]), budget, seed=11)))
+    print(json.dumps(main(Path(sys.argv[1]), budget, seed=int(os.environ.get("FUZZ_SEED", "11")))))
