@@ -155,7 +155,8 @@ def build_cases(original: dict[str, bytes], marker: Path, budget: int, seed: int
             json_cases.append((f"{which} {label}", lambda m=mutated: _outer({**original, "mixprec.json": _dumps(m)})))
         else:
             name = crafting.inner_name(inner, which)
-            json_cases.append((f"inner {which} {label}", lambda m=mutated, n=name: _with_inner(original, {**inner, n: _dumps(m)})))
+            make = lambda m=mutated, n=name: _with_inner(original, {**inner, n: _dumps(m)})  # noqa: E731
+            json_cases.append((f"inner {which} {label}", make))
     return fixed, json_cases, len(everything)
 
 

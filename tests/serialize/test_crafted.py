@@ -95,8 +95,17 @@ def test_names_torch_turns_into_source_are_plain(original, tmp_path, where, valu
         mixprec.load(path)
 
 
-@pytest.mark.parametrize("target", ["torch.ops.aten.randn.default", "torch.ops.aten.add.out", "torch.ops.prims.add.default",
-                                    "torch.ops.aten.set_.source_Storage", "#extension", "torch.ops.higher_order.with_effects"])
+FOREIGN_TARGETS = [
+    "torch.ops.aten.randn.default",
+    "torch.ops.aten.add.out",
+    "torch.ops.prims.add.default",
+    "torch.ops.aten.set_.source_Storage",
+    "#extension",
+    "torch.ops.higher_order.with_effects",
+]
+
+
+@pytest.mark.parametrize("target", FOREIGN_TARGETS)
 def test_operators_a_compile_never_produces_are_refused(original, tmp_path, target):
     def edit(model):
         model["graph_module"]["graph"]["nodes"][0]["target"] = target
@@ -202,7 +211,7 @@ def _deep(depth: int) -> str:
     [
         (lambda text: text.replace('"plan": {', '"plan": ' + _deep(100_000) + ', "x": {', 1), "nests"),
         (lambda text: text.replace('"outputs": {', '"outputs": [1], "x": {', 1), "'outputs'"),
-        (lambda text: text.replace('"mixprec_version": "', '"mixprec_version": ["', 1).replace('",\n "torch_version"', '"],\n "torch_version"', 1), "mixprec_version"),
+        (lambda text: text.replace('"mixprec_version": ', '"mixprec_version": [], "x": ', 1), "mixprec_version"),
         (lambda text: text.replace('"settings": {', '"settings": [], "x": {', 1), "settings"),
         (lambda text: text.replace('"sha256": "', '"sha256": 1, "x": "', 1), "sha256"),
     ],
@@ -216,7 +225,8 @@ def test_damaged_metadata_gives_file_format_error_and_exit_2(original, tmp_path,
         mixprec.load(path)
     if match != "nests":  # the CLI's exit code, checked once (a fresh process costs seconds)
         return
-    run = subprocess.run([sys.executable, "-m", "mixprec", "run", str(path)], capture_output=True, text=True, timeout=120)
+    command = [sys.executable, "-m", "mixprec", "run", str(path)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert run.returncode == 2, run.stderr[-2000:]
     assert "Traceback" not in run.stderr
 

@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         "example inputs stored with it (or on --inputs) and print output shapes, dtypes and timing.",
     )
     p.add_argument(
-        "file", metavar="FILE", help="a file written by mixprec.save (checked before loading; runs no code from the file)"
+        "file", metavar="FILE", help="a file written by mixprec.save (checked before loading: runs no code from it)"
     )
     p.add_argument("--inputs", metavar="PT", help="inputs (.pt: a tensor or a tuple of them)")
     p.add_argument("--repeat", type=_positive_int, default=10, metavar="N", help="timed runs (default 10)")
@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
         "given) or a file written by mixprec.save (compared with its own fp32 recomputation)." + _PT2_TRUST,
     )
     p.add_argument(
-        "target", metavar="SPEC|FILE", help="file.py:function, a torch.export .pt2 (unpickled: yours only), or a mixprec file"
+        "target", metavar="SPEC|FILE", help="file.py:function, a torch.export .pt2 (unpickled: yours only) or a mixprec file"
     )
     p.add_argument("--inputs", metavar="PT", help="inputs (.pt: a tensor or a tuple of them)")
     p.add_argument("--json", metavar="JSON", help="also write the comparison as JSON")

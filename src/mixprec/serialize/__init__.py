@@ -15,10 +15,17 @@ Why a zip: the standard library reads it, members are found by name without read
 the rest, and its central directory sits at the end, so a truncated file is detected
 before anything is parsed; the SHA-256 of each member catches the rest of the damage.
 
-Loading never runs code the file chooses: JSON is parsed, tensors are raw bytes, and
-the program archive is checked before ``torch.export.load`` sees it, because that
-function unpickles and evaluates parts of a file on its own (``safety.py`` has the
-details). The model's source code is not needed: the program is a graph of torch
+Loading never runs code the file chooses: JSON is parsed (bounded in size and nesting, every
+field checked), tensors are raw bytes, and the program archive is checked before
+``torch.export.load`` sees it, because that function unpickles and evaluates parts of a file
+on its own and builds Python source from it (``safety.py`` has the details).
+
+Both directions stream: ``save`` has torch write the program to a temporary file and copies
+it into the zip in chunks (hashing on the way; ``mixprec.json``, which records the hashes, is
+written last), and ``load`` checks each stored member's SHA-256 in chunks and gives torch a
+view of ``program.pt2`` in place (:class:`_Window`), so no second copy of the weights is made.
+
+The model's source code is not needed: the program is a graph of torch
 operators. Its backend is rebuilt from the backend registry by the name recorded in
 the settings (``load(path, backend=...)`` picks another one).
 """
@@ -251,7 +258,8 @@ def _write_zip(path: str, meta: dict, program_path: str, blob: bytes) -> None:
             info.compress_type = zipfile.ZIP_STORED
             info.file_size = size
             sha = hashlib.sha256()
-            with open(program_path, "rb") as src, archive.open(info, "w", force_zip64=size > zipfile.ZIP64_LIMIT) as dst:
+            big = size > zipfile.ZIP64_LIMIT
+            with open(program_path, "rb") as src, archive.open(info, "w", force_zip64=big) as dst:
                 while chunk := src.read(_CHUNK):
                     sha.update(chunk)
                     dst.write(chunk)

@@ -1,35 +1,42 @@
 """What makes loading a mixprec file safe: ``torch.export.load`` is not, on its own.
 
-Read in torch 2.13's source (``torch/export/pt2_archive/_package.py`` and
-``torch/_export/serde/serialize.py``), ``torch.export.load`` runs code a file chooses
-in several places, and its own docstring says never to load untrusted data:
+Read in torch 2.13's source (``torch/export/pt2_archive/_package.py``, ``torch/_export/serde/serialize.py``,
+``torch/export/_unlift.py`` and ``torch/fx/graph.py``), loading a program and building its module runs code a
+file chooses in several places, and ``torch.export.load``'s docstring says never to load untrusted data:
 
-1. weights and constants marked ``use_pickle`` are read with
-   ``torch.load(weights_only=False)``: an unrestricted unpickler;
-2. "opaque" constants (``constants/opaque_obj_*``) are read with ``pickle.loads``, and
-   TorchScript objects (``constants/custom_obj_*``) with the TorchScript unpickler;
-3. the sample inputs (``data/sample_inputs/<model>.pt``) are read with
-   ``torch.load(weights_only=True)`` *and, if that fails, again with weights_only=False*;
-4. symbolic shape expressions (``expr_str`` in the model JSON) are parsed with
-   ``sympy.sympify``, which evaluates the string as Python;
-5. AOTInductor members (``data/aotinductor/``) are shared libraries it loads;
-6. files of the pre-2.8 layout go through the legacy path, which unpickles with the
-   same fallback as 3.
+1. weights and constants marked ``use_pickle`` are read with ``torch.load(weights_only=False)``: an
+   unrestricted unpickler;
+2. "opaque" constants (``constants/opaque_obj_*``) are read with ``pickle.loads``, TorchScript objects
+   (``constants/custom_obj_*``) with the TorchScript unpickler;
+3. the sample inputs (``data/sample_inputs/<model>.pt``) are read with ``torch.load(weights_only=True)`` *and,
+   if that fails, again with weights_only=False*;
+4. symbolic shape expressions (``expr_str``) are parsed with ``sympy.sympify``, which evaluates Python;
+5. ``guards_code`` strings are pasted into Python source and ``exec``-ed by ``ExportedProgram.module()``
+   whenever the program has example inputs (so are the placeholders' constant values, as guards);
+6. node targets are resolved by name on ``torch``, ``operator`` and ``math``, and a graph of torch operators
+   can itself touch files: ``aten.from_file(path, shared=True)`` then ``aten.fill_`` writes any file;
+7. FX generates Python source from the graph: argument names (``forward_arg_names``), ``get_attr`` paths
+   (parameter/buffer/constant names, subgraph names) are pasted into it unescaped;
+8. AOTInductor members (``data/aotinductor/``) are shared libraries, and the pre-2.8 layout unpickles;
+9. raw weights are allocated from the sizes the JSON declares (``torch.zeros(sizes)`` for an empty record),
+   and Python's zip reader inflates what a member's header declares: memory bombs.
 
-A program is also code in a weaker sense: node targets are resolved by name on
-``torch``, ``operator`` and ``math``, so a crafted graph could call ``torch.load`` or
-``operator.attrgetter`` chains when it runs.
+So :func:`check_archive` reads the inner ``program.pt2`` *before* torch does and accepts only what
+``mixprec.save`` writes: the archive layout of one program (no pickles, opaque or TorchScript objects,
+AOTInductor files, legacy members; empty sample inputs), no member twice, no bytes before the archive (Python's
+zip reader and torch's must see the same members), every member stored uncompressed, JSON members bounded in
+size (:data:`MAX_JSON_BYTES`) and nesting, raw weights whose sizes fit their records and match what the graph
+reads, and a model JSON (:func:`check_model_json`) whose every node target passes :func:`allowed_target` (an
+allow-list decided from operator schemas: see there), whose names are plain identifiers or dotted paths, and
+whose shape expressions are size arithmetic from a fixed vocabulary (numbers, operators, quoted symbol names,
+assumption keywords, a fixed list of sympy constructors and functions: no attribute access, no builtins).
+After torch has read it, :func:`strip_guards` drops ``guards_code`` (mixprec checks inputs itself) and the
+loaded program is given no example inputs, so torch generates no guard code; :func:`check_graphs` runs the
+operator check again on the graphs torch built, control-flow bodies included. Anything else is refused with
+:class:`FileFormatError` before any of it runs.
 
-So mixprec checks the inner ``program.pt2`` *before* handing it to torch, accepting only
-what ``mixprec.save`` writes: the current archive layout, raw (never pickled) weights
-and tensor constants, empty sample inputs (mixprec keeps example inputs in its own raw
-format), and shape expressions made of numbers, operators, quoted symbol names,
-assumption keywords and a fixed list of sympy constructors and functions (no attribute
-access, no free-form strings, no builtins: nothing to evaluate but arithmetic on sizes).
-After loading, every node of every graph must call an operator registered in
-``torch.ops`` (higher-order operators such as ``cond`` included: their bodies are graphs,
-checked the same way) or a pure arithmetic/size function from a fixed list. Anything else
-is refused with :class:`FileFormatError` before any of it runs.
+What stays trusted is the computation itself: a graph of allowed operators on raw weights can still compute
+wrong numbers or fail at its first call, like any model.
 """
 
 from __future__ import annotations
@@ -279,7 +286,8 @@ def _check_payload_config(config, where: str, folder: str, payloads: dict) -> No
             sizes = [_int(s) for s in tensor["sizes"]]
             strides = [_int(s) for s in tensor["strides"]]
             offset = _int(tensor["storage_offset"])
-            if len(sizes) != len(strides) or len(sizes) > 64 or tensor.get("layout") != _TORCH_TO_SERIALIZE_LAYOUT[torch.strided]:
+            strided = tensor.get("layout") == _TORCH_TO_SERIALIZE_LAYOUT[torch.strided]
+            if len(sizes) != len(strides) or len(sizes) > 64 or not strided:
                 raise TypeError("sizes, strides and layout do not describe a dense tensor")
             if not isinstance(tensor.get("device"), dict) or tensor["device"].get("type") != "cpu":
                 raise TypeError(f"device {tensor.get('device')!r}: mixprec files hold CPU tensors")
@@ -492,7 +500,9 @@ _RANDOM = re.compile(
 )
 # Operators on sizes alone that torch.export writes for data-dependent shapes (assertions, range hints).
 _SIZE_CHECKS = frozenset({"_assert_scalar", "sym_constrain_range", "sym_constrain_range_for_size"})
-_OPERATOR_TARGET = re.compile(r"^torch\.ops\.([a-z_][a-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)(?:\.([A-Za-z_][A-Za-z0-9_]*))?$")
+_OPERATOR_TARGET = re.compile(
+    r"^torch\.ops\.([a-z_][a-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)(?:\.([A-Za-z_][A-Za-z0-9_]*))?$"
+)
 _decided: dict[str, bool] = {}
 
 
@@ -564,9 +574,8 @@ def _aten_allowed(name: str, overload: str) -> bool:
         if not name.endswith("_") or name.startswith("_") and name.endswith("__") or written != arguments[:1]:
             return False
         functional = name[:-1]
-        return any(
-            _aten_allowed(functional, o) for o in getattr(getattr(torch.ops.aten, functional, None), "overloads", list)()
-        )
+        packet = getattr(torch.ops.aten, functional, None)
+        return any(_aten_allowed(functional, o) for o in getattr(packet, "overloads", list)())
     return True
 
 
