@@ -42,6 +42,7 @@ import os
 import re
 import struct
 import tempfile
+import threading
 import warnings
 import zipfile
 
@@ -77,48 +78,33 @@ def save(prog, path) -> None:
     _check_plain_tensors(ep)
     out_spec = ep.call_spec.out_spec
     portable_spec, replaced = outputs.portable(out_spec)
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    # The program goes to a temporary file first and is copied into the zip in chunks: save never holds a
-    # second copy of the weights (torch.export.save itself copies one tensor at a time).
-    scratch = tempfile.mkdtemp(dir=directory, prefix=".mixprec-")
-    program_path = os.path.join(scratch, "archive.pt2")  # torch names the archive's root folder after the file
-    try:
-        torch.export.save(_for_saving(ep, portable_spec), program_path)
-        with open(program_path, "rb") as fh:
-            safety.check_archive(fh)  # save never writes what load would refuse
+    inputs_index, blob = None, b""
+    inputs_note = None
+    if prog.example_inputs is not None:
+        try:
+            inputs_index, blob = tensors.pack(tuple(prog.example_inputs))
+        except tensors.Unstorable as e:
+            inputs_note = f"the example inputs hold {e}, which a mixprec file does not store"
+            warnings.warn(f"mixprec.save: {inputs_note}; mixprec run will need --inputs.", stacklevel=2)
+    else:
+        inputs_note = "the program was not compiled by mixprec.compile with example inputs"
 
-        inputs_index, blob = None, b""
-        inputs_note = None
-        if prog.example_inputs is not None:
-            try:
-                inputs_index, blob = tensors.pack(tuple(prog.example_inputs))
-            except tensors.Unstorable as e:
-                inputs_note = f"the example inputs hold {e}, which a mixprec file does not store"
-                warnings.warn(f"mixprec.save: {inputs_note}; mixprec run will need --inputs.", stacklevel=2)
-        else:
-            inputs_note = "the program was not compiled by mixprec.compile with example inputs"
-
-        settings = prog.settings
-        meta = {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "mixprec_version": __version__,
-            "torch_version": torch.__version__,
-            "backend": settings.get("backend", "eager"),
-            "settings": settings,
-            "plan": json.loads(prog.plan.to_json()),
-            "report": prog.report.to_dict() if prog.report is not None else None,
-            "outputs": {"spec": outputs.dumps_or_none(out_spec), "replaced_types": replaced},
-            "example_inputs": inputs_index,
-            "example_inputs_note": inputs_note,
-        }
-        _write_zip(path, meta, program_path, blob)
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(program_path)
-        with contextlib.suppress(OSError):
-            os.rmdir(scratch)
+    settings = prog.settings
+    meta = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "mixprec_version": __version__,
+        "torch_version": torch.__version__,
+        "backend": settings.get("backend", "eager"),
+        "settings": settings,
+        "plan": json.loads(prog.plan.to_json()),
+        "report": prog.report.to_dict() if prog.report is not None else None,
+        "outputs": {"spec": outputs.dumps_or_none(out_spec), "replaced_types": replaced},
+        "example_inputs": inputs_index,
+        "example_inputs_note": inputs_note,
+    }
+    program = _for_saving(ep, portable_spec)
+    _write_zip(os.fspath(path), meta, lambda sink: torch.export.save(program, sink), blob)
 
 
 def load(path, *, backend: str | None = None):
@@ -235,6 +221,60 @@ def _for_saving(ep, out_spec):
     return program
 
 
+_PATCH_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _raw_tensors_written_in_place():
+    """While saving, torch 2.13's ``_save_raw_tensors`` writes each CPU weight from its storage.
+
+    torch's own version first copies every weight into a ``bytes`` object (``_get_raw_tensor_bytes``), so the
+    peak memory of a save grows by the largest weight (262 MB for a Llama embedding in fp32). The replacement
+    is the same function with the record written from the storage's memory (``PyTorchFileWriter.write_record``
+    takes a storage); the archive is byte for byte the same (tests/serialize/test_streaming.py). Where torch
+    does not have the helpers it uses, torch's function is left alone.
+    """
+    from torch.export.pt2_archive import _package as package
+
+    needed = ("_save_raw_tensors", "Weights", "group_weights", "get_complete_tensor", "serialize_tensor_meta",
+              "_get_raw_tensor_bytes", "_is_fake_tensor", "schema")  # fmt: skip
+    if not all(hasattr(package, name) for name in needed):
+        yield
+        return
+
+    def save_raw_tensors(raw_items, model_name, archive_writer, config, directory, filename_prefix, idx):
+        if not raw_items:
+            return idx
+        weights = {model_name: package.Weights(raw_items)}
+        for group in package.group_weights(weights):
+            complete = package.get_complete_tensor(group, weights)
+            path_name = f"{filename_prefix}{idx}"
+            archive_path = os.path.join(directory, path_name)
+            if complete.device.type == "cpu" and not package._is_fake_tensor(complete) and complete.data_ptr():
+                storage = complete.untyped_storage()
+                archive_writer.archive_file.write_record(archive_path, storage, storage.nbytes())
+            else:
+                archive_writer.write_bytes(archive_path, package._get_raw_tensor_bytes(complete))
+            idx += 1
+            for _, fqn in group:
+                tensor, _ = weights[model_name].get_weight(fqn)
+                config[fqn] = package.schema.PayloadMeta(
+                    path_name=path_name,
+                    is_param=isinstance(tensor, torch.nn.Parameter),
+                    use_pickle=False,
+                    tensor_meta=package.serialize_tensor_meta(tensor),
+                )
+        return idx
+
+    with _PATCH_LOCK:
+        original = package._save_raw_tensors
+        package._save_raw_tensors = save_raw_tensors
+        try:
+            yield
+        finally:
+            package._save_raw_tensors = original
+
+
 def _digest(data: bytes) -> dict:
     return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
@@ -242,33 +282,61 @@ def _digest(data: bytes) -> dict:
 _CHUNK = 1 << 20
 
 
-def _write_zip(path: str, meta: dict, program_path: str, blob: bytes) -> None:
+class _HashingSink(io.RawIOBase):
+    """Where torch.export.save writes the program: straight into the zip member, hashed on the way.
+
+    torch writes its archive front to back and seeks to 0 when done (for buffers it returns); that last seek
+    is the only one this sink accepts."""
+
+    def __init__(self, member):
+        super().__init__()
+        self._member, self.sha256, self.size = member, hashlib.sha256(), 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        self.sha256.update(view)
+        self._member.write(view)
+        self.size += len(view)
+        return len(view)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if (offset, whence) != (0, io.SEEK_SET):
+            raise io.UnsupportedOperation("mixprec writes the program archive front to back")
+        return 0
+
+    def tell(self) -> int:
+        return self.size
+
+
+def _write_zip(path: str, meta: dict, write_program, blob: bytes) -> None:
     """Write to a temporary file beside ``path`` and rename it: a crash never leaves half a file.
 
-    The program is copied in chunks (hashed on the way) and mixprec.json, which records the sizes and SHA-256
-    of the other members, is written last.
+    ``write_program(sink)`` writes the program archive into its stored member as it goes (hashed on the way);
+    mixprec.json, which records the sizes and SHA-256 of the other members, is written last. Before the rename
+    the program is checked as load would check it: save never writes what load refuses.
     """
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".mixprec-", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh, zipfile.ZipFile(fh, "w") as archive:
             archive.comment = f"{FORMAT} {FORMAT_VERSION}".encode()
-            size = os.path.getsize(program_path)
             info = zipfile.ZipInfo(_PROGRAM, date_time=_ZIP_TIME)
             info.compress_type = zipfile.ZIP_STORED
-            info.file_size = size
-            sha = hashlib.sha256()
-            big = size > zipfile.ZIP64_LIMIT
-            with open(program_path, "rb") as src, archive.open(info, "w", force_zip64=big) as dst:
-                while chunk := src.read(_CHUNK):
-                    sha.update(chunk)
-                    dst.write(chunk)
-            members = {_PROGRAM: {"size": size, "sha256": sha.hexdigest()}, _INPUTS: _digest(blob)}
+            with archive.open(info, "w", force_zip64=True) as member:  # size unknown until written
+                sink = _HashingSink(member)
+                with _raw_tensors_written_in_place(), _quiet_torch_export():
+                    write_program(sink)
+            members = {_PROGRAM: {"size": sink.size, "sha256": sink.sha256.hexdigest()}, _INPUTS: _digest(blob)}
             text = json.dumps({**meta, "members": members}, indent=1).encode("utf-8")
             for name, data, method in ((_INPUTS, blob, zipfile.ZIP_STORED), (_META, text, zipfile.ZIP_DEFLATED)):
                 info = zipfile.ZipInfo(name, date_time=_ZIP_TIME)
                 info.compress_type = method
                 archive.writestr(info, data)
+        with open(tmp, "rb") as fh, zipfile.ZipFile(fh) as archive:
+            safety.check_archive(_stored_view(fh, archive.getinfo(_PROGRAM), tmp))
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -348,24 +416,15 @@ def _read_zip(fh, path: str) -> tuple[dict, _Window, bytes]:
         raise FileFormatError(f"{path} is damaged: its {_META} cannot be read ({e}).") from e
     _check_header(meta, path)
     check_metadata(meta, path)
-    size = os.fstat(fh.fileno()).st_size
     views = {}
     for name in (_PROGRAM, _INPUTS):
         info = by_name.get(name)
         if info is None:
             raise FileFormatError(f"{path} is incomplete: the member {name} is missing.")
         recorded = meta["members"][name]
-        if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size or info.flag_bits & 1:
-            raise FileFormatError(f"{path} is damaged: {name} is compressed or encrypted (mixprec stores it as is).")
-        fh.seek(info.header_offset)
-        header = fh.read(_LOCAL_HEADER.size)
-        if len(header) != _LOCAL_HEADER.size or _LOCAL_HEADER.unpack(header)[0] != b"PK\x03\x04":
-            raise FileFormatError(f"{path} is damaged: the zip entry of {name} cannot be read.")
-        _, name_length, extra_length = _LOCAL_HEADER.unpack(header)
-        start = info.header_offset + _LOCAL_HEADER.size + name_length + extra_length
-        if info.file_size != recorded["size"] or start + info.file_size > size:
+        view = _stored_view(fh, info, path)
+        if info.file_size != recorded["size"]:
             raise FileFormatError(f"{path} is damaged: {name} does not match its recorded size and checksum.")
-        view = _Window(fh, start, info.file_size)
         sha = hashlib.sha256()
         while chunk := view.read(_CHUNK):
             sha.update(chunk)
@@ -374,6 +433,22 @@ def _read_zip(fh, path: str) -> tuple[dict, _Window, bytes]:
         view.seek(0)
         views[name] = view
     return meta, views[_PROGRAM], views[_INPUTS].read()
+
+
+def _stored_view(fh, info: zipfile.ZipInfo, path: str) -> _Window:
+    """A view of a stored (uncompressed) member's bytes in the open file."""
+    name = info.filename
+    if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size or info.flag_bits & 1:
+        raise FileFormatError(f"{path} is damaged: {name} is compressed or encrypted (mixprec stores it as is).")
+    fh.seek(info.header_offset)
+    header = fh.read(_LOCAL_HEADER.size)
+    if len(header) != _LOCAL_HEADER.size or _LOCAL_HEADER.unpack(header)[0] != b"PK\x03\x04":
+        raise FileFormatError(f"{path} is damaged: the zip entry of {name} cannot be read.")
+    _, name_length, extra_length = _LOCAL_HEADER.unpack(header)
+    start = info.header_offset + _LOCAL_HEADER.size + name_length + extra_length
+    if start + info.file_size > os.fstat(fh.fileno()).st_size:
+        raise FileFormatError(f"{path} is damaged: {name} does not match its recorded size and checksum.")
+    return _Window(fh, start, info.file_size)
 
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
