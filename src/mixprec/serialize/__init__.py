@@ -20,9 +20,9 @@ field checked), tensors are raw bytes, and the program archive is checked before
 ``torch.export.load`` sees it, because that function unpickles and evaluates parts of a file
 on its own and builds Python source from it (``safety.py`` has the details).
 
-Both directions stream: ``save`` has torch write the program to a temporary file and copies
-it into the zip in chunks (hashing on the way; ``mixprec.json``, which records the hashes, is
-written last), and ``load`` checks each stored member's SHA-256 in chunks and gives torch a
+Both directions stream: ``save`` has torch write the program straight into its zip member,
+each CPU weight from its storage (:func:`_raw_tensors_written_in_place`), hashed on the way
+(``mixprec.json``, which records the hashes, is written last), and ``load`` checks each stored member's SHA-256 in chunks and gives torch a
 view of ``program.pt2`` in place (:class:`_Window`), so no second copy of the weights is made.
 
 The model's source code is not needed: the program is a graph of torch
