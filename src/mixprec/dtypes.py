@@ -16,6 +16,8 @@ import torch
 from .errors import ConfigError
 
 FLOAT_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+# What a plan may ask a layer to compute in: the float dtypes and int8 (quantized, with ranges).
+PLAN_PRECISIONS = FLOAT_DTYPES | {torch.int8}
 LOW_PRECISION_FLOATS = frozenset({torch.float16, torch.bfloat16})
 
 _ALIASES = MappingProxyType(
@@ -86,9 +88,9 @@ def trt_name(dtype: torch.dtype) -> str:
 
 def dtype_from_name(name: str) -> torch.dtype:
     """Inverse of :func:`dtype_name` for JSON round trips; raises ConfigError on unknown names."""
-    value = getattr(torch, name, None)
+    value = getattr(torch, name, None) if isinstance(name, str) else None
     if not isinstance(value, torch.dtype):
-        raise ConfigError(f"'{name}' is not a torch dtype name; expected e.g. 'float32' or 'bfloat16'.")
+        raise ConfigError(f"{name!r} is not a torch dtype name; expected e.g. 'float32' or 'bfloat16'.")
     return value
 
 

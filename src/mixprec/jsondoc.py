@@ -17,6 +17,8 @@ def load(text: str, *, fmt: str, version: int, what: str, hint: str = "") -> dic
         data = json.loads(text)
     except (json.JSONDecodeError, TypeError) as e:
         raise ConfigError(f"the {what} is not valid JSON ({e}){hint}.") from e
+    except RecursionError:
+        raise ConfigError(f"the {what} nests deeper than any {what} does{hint}.") from None
     return check(data, fmt=fmt, version=version, what=what)
 
 

@@ -18,7 +18,7 @@ from types import MappingProxyType
 import torch
 
 from . import jsondoc
-from .dtypes import dtype_from_name, dtype_name
+from .dtypes import PLAN_PRECISIONS, dtype_from_name, dtype_name
 from .errors import ConfigError
 
 SOURCES = ("explicit", "torch_autocast", "marker", "plan", "autocast_rule", "default", "weak_typing")
@@ -146,7 +146,8 @@ class NodePrecision:
                 int8=Int8Spec.from_dict(data["int8"]) if data.get("int8") is not None else None,
             )
         except ConfigError as e:
-            raise ConfigError(f"plan entry {where}: {e}") from e
+            allowed = ", ".join(sorted(dtype_name(d) for d in PLAN_PRECISIONS))
+            raise ConfigError(f"plan entry {where}: {e} A plan may hold the precisions {allowed}.") from e
 
 
 class PrecisionPlan(Mapping):

@@ -213,6 +213,12 @@ def test_compile_a_pt2_file(capsys, tmp_path):
     torch.export.save(torch.export.export(model, (x,)), tmp_path / "model.pt2")
     code, out, err = _main(capsys, "compile", tmp_path / "model.pt2", "-o", tmp_path / "m.mixprec.pt2")
     assert code == 0, err
+    assert "unpickles parts of the file" in " ".join(err.split())  # one warning per .pt2 read
+    # mixprec run on the .pt2 a user received does not advise compiling it
+    code, out, err = _main(capsys, "run", tmp_path / "model.pt2")
+    err = " ".join(err.split())
+    assert code == 2 and "not a mixprec file" in err and "only with a file you made yourself" in err
+    assert "compile it with" not in err
     loaded = mixprec.load(tmp_path / "m.mixprec.pt2")
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), model(x), atol=0, rtol=0)
@@ -234,3 +240,9 @@ def test_report_json_and_html_from_a_saved_file(capsys, tmp_path):
     assert code == 0 and out.startswith("Layers:") and "Precision: Float" in out
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["layers"][0]["op"] == "aten.linear.default"
+
+
+def test_help_says_pt2_specs_are_unpickled(capsys):
+    for command in ("compile", "debug", "search"):
+        code, out, err = _main(capsys, command, "--help")
+        assert code == 0 and "unpickle" in " ".join(out.split()), command

@@ -30,6 +30,13 @@ from .spec import UsageError
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
+_PT2_TRUST = (
+    " A .pt2 SPEC is read with torch.export.load, which unpickles parts of it and so can run code it holds: give "
+    "only .pt2 files you exported yourself (a file.py:function SPEC is run as Python, likewise). Files written by "
+    "mixprec.save are checked and never run code (README, Security)."
+)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one paragraph (and a hint to --help) instead of usage + message."""
 
@@ -51,9 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
         "compile",
         help="compile a model and save the program",
         description="Compile SPEC (path/to/file.py:function returning (model, example_inputs), or a .pt2 file "
-        "written by torch.export.save) and save the mixed-precision program.",
+        "written by torch.export.save) and save the mixed-precision program." + _PT2_TRUST,
     )
-    p.add_argument("spec", metavar="SPEC", help="file.py:function or a torch.export .pt2 file")
+    p.add_argument("spec", metavar="SPEC", help="file.py:function or a torch.export .pt2 file (unpickled: yours only)")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="where to save the program")
     p.add_argument("--report", metavar="HTML", help="also write the HTML report page")
     p.add_argument("--json", metavar="JSON", help="also write the report as JSON")
@@ -80,7 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a saved program on the "
         "example inputs stored with it (or on --inputs) and print output shapes, dtypes and timing.",
     )
-    p.add_argument("file", metavar="FILE", help="a file written by mixprec.save")
+    p.add_argument(
+        "file", metavar="FILE", help="a file written by mixprec.save (checked before loading: runs no code from it)"
+    )
     p.add_argument("--inputs", metavar="PT", help="inputs (.pt: a tensor or a tuple of them)")
     p.add_argument("--repeat", type=_positive_int, default=10, metavar="N", help="timed runs (default 10)")
     p.add_argument("--warmup", type=_non_negative_int, default=1, metavar="N", help="untimed runs first (default 1)")
@@ -93,9 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run the mixed-precision program and its fp32 reference side by side and report, per layer, "
         "the error against the fp32 value of the same tensor; name the first layer that produced inf/NaN and the "
         "largest error jump, with what would keep it in fp32. TARGET is a SPEC (compiled first, with the options "
-        "given) or a file written by mixprec.save (compared with its own fp32 recomputation).",
+        "given) or a file written by mixprec.save (compared with its own fp32 recomputation)." + _PT2_TRUST,
     )
-    p.add_argument("target", metavar="SPEC|FILE", help="file.py:function, a torch.export .pt2, or a mixprec file")
+    p.add_argument(
+        "target", metavar="SPEC|FILE", help="file.py:function, a torch.export .pt2 (unpickled: yours only) or a mixprec file"
+    )
     p.add_argument("--inputs", metavar="PT", help="inputs (.pt: a tensor or a tuple of them)")
     p.add_argument("--json", metavar="JSON", help="also write the comparison as JSON")
     p.add_argument("--html", metavar="HTML", help="also write the report page with the comparison included")

@@ -18,7 +18,8 @@ DESCRIPTION = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("spec", metavar="SPEC", help="path/to/file.py:function returning (model, example_inputs), or a .pt2 file")
+    parser.add_argument("spec", metavar="SPEC", help="path/to/file.py:function returning (model, example_inputs), or a .pt2 file (read with "
+        "torch.export.load, which unpickles it: give only .pt2 files you exported yourself)")
     parser.add_argument("--low", metavar="TYPE", default=None, help="low precision type: bf16 or fp16 (default: bf16 on CPU, fp16 on CUDA)")
     budget = parser.add_mutually_exclusive_group()
     budget.add_argument("--tolerance", type=float, default=None, help="largest rel-L2 error against fp32 (default 1e-2)")

@@ -133,6 +133,11 @@ def _load_pt2(path: str) -> tuple[object, tuple | None, str]:
             f"{path} is a compiled mixprec file, not a torch.export program; use `mixprec run {path}` or "
             f"`mixprec report {path}`."
         )
+    print(
+        f"mixprec: warning: reading {path} with torch.export.load, which unpickles parts of the file and can run code "
+        "in it; compile only .pt2 files you exported yourself.",
+        file=sys.stderr,
+    )
     try:
         ep = torch.export.load(path)
     except Exception as e:  # torch raises many types for unreadable files

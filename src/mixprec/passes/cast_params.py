@@ -44,7 +44,9 @@ def cast_params(ctx: RewriteContext) -> PassResult:
         if spec is None or spec.kind not in STORED_KINDS or spec.target in mutated:
             continue
         original = tensor_dtype(node)
-        if original is None:
+        if original is None or not is_float(original):
+            # an integer buffer converted in forward (``self.q.float()``) keeps its storage and its conversion:
+            # storing it converted would change a value mixprec's casts never touch (they convert floats only)
             continue
         uses = _uses(node, ctx)
         if all(received == original and storage == original for _, received, storage in uses):

@@ -86,6 +86,9 @@ def search(
     """
     start = time.perf_counter()
     args = as_input_tuple(inputs)
+    from ..compiler import _refuse_meta_tensors
+
+    _refuse_meta_tensors(model, args, {})
     device = _device(model, args)
     options = SearchOptions.from_arguments(
         device=device,

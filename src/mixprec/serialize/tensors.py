@@ -100,12 +100,14 @@ def _leaf(entry, blob: bytes, i: int):
         return value
     meta = entry.get("tensor")
     try:
-        dtype = getattr(torch, meta["dtype"])
+        if not isinstance(meta, dict) or not isinstance(meta.get("dtype"), str) or not meta["dtype"].isidentifier():
+            raise TypeError("no tensor description")
+        dtype = getattr(torch, meta["dtype"], None)
         shape = [int(s) for s in meta["shape"]]
         offset, nbytes = int(meta["offset"]), int(meta["nbytes"])
         if not isinstance(dtype, torch.dtype):
             raise TypeError(f"{meta['dtype']!r} is not a dtype")
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise FileFormatError(f"stored example input {i} is damaged ({type(e).__name__}: {e}).") from e
     itemsize = torch.empty((), dtype=dtype).element_size()
     if any(s < 0 for s in shape) or nbytes != math.prod(shape) * itemsize or offset < 0 or offset + nbytes > len(blob):

@@ -5,6 +5,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 
+import torch
+
+from ..dtypes import FLOAT_DTYPES, PLAN_PRECISIONS, dtype_name
 from ..errors import ConfigError
 from ..graph import GraphInfo
 from ..plan import NodePrecision, PrecisionPlan
@@ -27,6 +30,7 @@ def decide(info: GraphInfo, requested: PrecisionPlan | None) -> dict[str, NodePr
         )
     out = {}
     for name, entry in requested.items():
+        _check_precisions(info, name, entry)
         if entry.int8 is not None:
             _check_int8_inputs(info, name, entry.int8)
         reason = entry.reason if entry.source == "plan" else f"from the given plan ({entry.source}: {entry.reason})"
@@ -42,3 +46,31 @@ def _check_int8_inputs(info: GraphInfo, name: str, spec) -> None:
             f"the plan quantizes input(s) {', '.join(map(repr, unknown))} of layer '{name}', which reads "
             f"{', '.join(map(repr, inputs)) or 'no tensors'}; int8.inputs must name inputs of the layer."
         )
+
+
+# Besides PLAN_PRECISIONS, a layer's own dtype as written in the model (an integer index computation, say) is
+# accepted: the plans mixprec returns record it, and keeping it converts nothing.
+
+
+def _spelled(dtypes) -> str:
+    return ", ".join(sorted(dtype_name(d) for d in dtypes))
+
+
+def _check_precisions(info: GraphInfo, name: str, entry) -> None:
+    if not isinstance(entry, NodePrecision):
+        raise ConfigError(
+            f"the plan's entry for layer '{name}' is a {type(entry).__name__}, not a mixprec NodePrecision."
+        )
+    own = info[name].precision
+    if entry.precision not in PLAN_PRECISIONS and entry.precision != own:
+        raise ConfigError(
+            f"the plan asks layer '{name}' (which computes in {dtype_name(own)}) for {dtype_name(entry.precision)}, "
+            f"which mixprec cannot run; a plan may hold {_spelled(PLAN_PRECISIONS)} (or the layer's own dtype)."
+        )
+    for field in ("accumulate", "param_dtype"):
+        value = getattr(entry, field)
+        if value is not None and value not in FLOAT_DTYPES and not (field == "param_dtype" and value == torch.int8):
+            raise ConfigError(
+                f"the plan gives layer '{name}' {field}={dtype_name(value)}, which mixprec cannot use; "
+                f"{field} may be {_spelled(FLOAT_DTYPES)}."
+            )

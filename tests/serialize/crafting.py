@@ -1,0 +1,118 @@
+"""Building crafted mixprec files: take a real saved program apart, change a member or a field, put it back
+together with the outer checksums right (so the change reaches the checks that matter, not just the digest)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import zipfile
+
+_META = "mixprec.json"
+_PROGRAM = "program.pt2"
+
+
+def members(source) -> dict[str, bytes]:
+    with zipfile.ZipFile(source) as archive:
+        return {info.filename: archive.read(info) for info in archive.infolist()}
+
+
+def zip_bytes(entries, method=zipfile.ZIP_STORED) -> bytes:
+    """``entries``: a dict or a list of (name, bytes) pairs (a list can name a member twice)."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, data in entries.items() if isinstance(entries, dict) else entries:
+            archive.writestr(zipfile.ZipInfo(name), data, compress_type=method)
+    return buffer.getvalue()
+
+
+def with_digests(outer: dict[str, bytes]) -> dict[str, bytes]:
+    """The outer members with mixprec.json's recorded sizes and SHA-256 matching the others again."""
+    try:
+        meta = json.loads(outer[_META])
+        for name in ("program.pt2", "inputs.bin"):
+            if name in outer and isinstance(meta.get("members"), dict):
+                meta["members"][name] = {"size": len(outer[name]), "sha256": hashlib.sha256(outer[name]).hexdigest()}
+        outer = {**outer, _META: json.dumps(meta).encode()}
+    except (ValueError, KeyError, TypeError, AttributeError):  # a mutated mixprec.json: keep it as it is
+        pass
+    return outer
+
+
+def inner_name(inner: dict, suffix: str) -> str:
+    (name,) = [n for n in inner if n.endswith(suffix)]
+    return name
+
+
+def edit_program(outer: dict[str, bytes], edit) -> dict[str, bytes]:
+    """``edit(inner_members)`` changes the inner torch.export archive in place."""
+    inner = members(io.BytesIO(outer[_PROGRAM]))
+    edit(inner)
+    return with_digests({**outer, _PROGRAM: zip_bytes(inner)})
+
+
+def edit_model_json(outer: dict[str, bytes], edit) -> dict[str, bytes]:
+    """``edit(model)`` changes the parsed inner models/model.json in place."""
+
+    def change(inner):
+        name = inner_name(inner, "models/model.json")
+        model = json.loads(inner[name])
+        edit(model)
+        inner[name] = json.dumps(model).encode()
+
+    return edit_program(outer, change)
+
+
+def write(path, outer: dict[str, bytes]) -> None:
+    with open(path, "wb") as fh:
+        fh.write(zip_bytes(outer))
+
+
+_UINT8_4 = {
+    "dtype": 1,
+    "sizes": [{"as_int": 4}],
+    "requires_grad": False,
+    "device": {"type": "cpu", "index": None},
+    "strides": [{"as_int": 1}],
+    "storage_offset": {"as_int": 0},
+    "layout": 7,
+}
+
+
+def add_file_write(model: dict, victim: str) -> None:
+    """Prepend ``t = aten.from_file(victim, shared=True, size=4, dtype=uint8); t.fill_(65)`` to the graph: on the
+    first call torch maps the file and writes 'AAAA' into it."""
+    graph = model["graph_module"]["graph"]
+    graph["tensor_values"]["evil"] = dict(_UINT8_4)
+    graph["tensor_values"]["evil_filled"] = dict(_UINT8_4)
+
+    def arg(name, value, kind=1):
+        return {"name": name, "arg": value, "kind": kind}
+
+    from_file = {
+        "target": "torch.ops.aten.from_file.default",
+        "inputs": [
+            arg("filename", {"as_string": victim}),
+            arg("shared", {"as_bool": True}, 2),
+            arg("size", {"as_int": 4}, 2),
+            arg("dtype", {"as_scalar_type": 1}, 2),
+        ],
+        "outputs": [{"as_tensor": {"name": "evil"}}],
+        "metadata": {},
+        "is_hop_single_tensor_return": None,
+        "name": "evil",
+    }
+    fill = {
+        "target": "torch.ops.aten.fill_.Scalar",
+        "inputs": [arg("self", {"as_tensor": {"name": "evil"}}), arg("value", {"as_int": 65})],
+        "outputs": [{"as_tensor": {"name": "evil_filled"}}],
+        "metadata": {},
+        "is_hop_single_tensor_return": None,
+        "name": "evil_filled",
+    }
+    graph["nodes"][:0] = [from_file, fill]
+
+
+def touch_code(marker) -> str:
+    """A Python expression that creates ``marker`` and is true."""
+    return f"(__import__('pathlib').Path({str(marker)!r}).touch() is None)"
