@@ -59,6 +59,8 @@ def _dim(size, ranges):
     if not isinstance(size, torch.SymInt):
         return int(size)
     expr = size.node.expr
+    if getattr(expr, "is_number", False):  # a dimension captured as dynamic that torch specialised
+        return int(expr)
     bounds = ranges.get(expr)
     if bounds is None:
         return (0, None)
