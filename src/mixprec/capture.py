@@ -120,12 +120,14 @@ def _eval_mode(model: torch.nn.Module):
     flags = {name: m.training for name, m in model.named_modules()}
     if any(flags.values()):
         log.info("capturing %s in eval mode (mixprec compiles for inference)", type(model).__name__)
-    model.eval()
+    for m in model.modules():  # flags set directly: an ExportedProgram's module() refuses .eval()
+        m.training = False
     try:
         yield
     finally:
         for name, m in model.named_modules():
-            m.training = flags[name]
+            if name in flags:
+                m.training = flags[name]
 
 
 def _first_lines(text: str, limit: int = 6) -> str:
