@@ -66,21 +66,22 @@ class CallSignature:
         if not kwargs and len(args) == len(self.positional) and not self.keywords:
             return tuple(args), {}  # the common case: called as captured
         named = self._bind(args, kwargs, error, where)
+        captured = set(self.positional + self.keywords)
+        for name, value in named.items():  # first what the program cannot take (often a misspelt name)
+            if name not in captured and not self._is_default(name, value):
+                raise error(
+                    f"{where} gives argument '{name}', which the program was compiled without (the model's default "
+                    f"was used when it was captured); leave '{name}' out, or compile again with it in the example "
+                    f"inputs (the program takes {self._describe()})."
+                )
         for name in self.positional + self.keywords:
             if name not in named:
                 raise error(
                     f"{where} does not give argument '{name}', which the program was compiled with; pass it "
                     f"(the program takes {self._describe()})."
                 )
-        out_args = tuple(named.pop(name) for name in self.positional)
-        out_kwargs = {name: named.pop(name) for name in self.keywords}
-        for name, value in named.items():
-            if not self._is_default(name, value):
-                raise error(
-                    f"{where} gives argument '{name}', which the program was compiled without (the model's default "
-                    f"was used when it was captured); leave '{name}' out, or compile again with it in the example "
-                    f"inputs (the program takes {self._describe()})."
-                )
+        out_args = tuple(named[name] for name in self.positional)
+        out_kwargs = {name: named[name] for name in self.keywords}
         return out_args, out_kwargs
 
     def _bind(self, args, kwargs, error, where) -> dict:
