@@ -230,3 +230,16 @@ def test_example_script_runs(tmp_path, monkeypatch):
     assert result["loaded_tokens_equal"]  # save + load + generate gives the same tokens
     assert result["calibration_batches"] == 3  # the collator's batches (3, 3, 1 sentences), all calibrated
     assert result["agreement_with_eager"] >= 0.5  # bf16 autocast: close to fp32 eager's greedy tokens
+
+
+def test_static_cache_program_calibrates_on_collated_prompts():
+    model = gpt2_lm()
+    prompt = torch.randint(2, 32, (1, 5))
+    loader = collated_loader(batch_size=3)
+    lm = mixprec.hf.compile_for_generation(model, prompt, static_cache=True, max_cache_len=24, enable_autocast=True,
+                                           autocast_calibration_dataloader=loader)
+    # the cache holds one sequence: every sentence is prefilled as its own prompt, without its padding
+    assert lm.program.report.summary["calibration_batches"] == len(SENTENCES)
+    with torch.no_grad():
+        tokens = lm.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=4, pad_token_id=0)
+    assert tokens.shape == (1, 9)

@@ -134,7 +134,7 @@ def _compile_static(model, input_ids, max_cache_len: int, settings):
     seq = torch.export.Dim("seq", min=1, max=max_cache_len - 1)
     loader = settings.pop("autocast_calibration_dataloader", None)
     if loader is not None:
-        settings["autocast_calibration_dataloader"] = _StaticCacheBatches(loader)
+        settings["autocast_calibration_dataloader"] = _StaticCacheBatches(loader, input_ids.shape[0])
     return mixprec_compile(
         recipe, (), kwargs={"input_ids": input_ids, "cache_position": torch.arange(input_ids.shape[1], device=input_ids.device)},
         dynamic_shapes={"input_ids": {1: seq}, "cache_position": {0: seq}}, **settings,
@@ -143,23 +143,31 @@ def _compile_static(model, input_ids, max_cache_len: int, settings):
 
 class _StaticCacheBatches:
     """Calibration batches (dicts from a collator, tuples, tensors) as calls of the static-cache program:
-    each batch is a prompt, prefilled from position 0."""
+    each prompt is prefilled from position 0. The program's cache has a fixed batch size; for a batch of
+    one (the usual generate() case) every row of a batch becomes its own prompt, without its padding."""
 
-    def __init__(self, loader):
+    def __init__(self, loader, batch_size: int):
         self.loader = loader
-
-    def __len__(self):
-        return len(self.loader)
+        self.batch_size = batch_size
 
     def __iter__(self):
         for batch in self.loader:
-            if isinstance(batch, dict) or hasattr(batch, "keys"):
-                ids = batch["input_ids"]
-            elif isinstance(batch, torch.Tensor):
-                ids = batch
+            if isinstance(batch, torch.Tensor):
+                ids, mask = batch, None
+            elif hasattr(batch, "keys"):
+                ids, mask = batch["input_ids"], batch.get("attention_mask")
             else:
-                ids = batch[0]
-            yield {"input_ids": ids, "cache_position": torch.arange(ids.shape[1], device=ids.device)}
+                ids, mask = batch[0], (batch[1] if len(batch) > 1 else None)
+            if self.batch_size == 1:
+                for row in range(ids.shape[0]):
+                    tokens = ids[row] if mask is None else ids[row][mask[row].bool()]
+                    yield self._call(tokens.unsqueeze(0))
+            else:
+                yield self._call(ids)  # a batch of another size gives a CalibrationError naming it
+
+    @staticmethod
+    def _call(ids):
+        return {"input_ids": ids, "cache_position": torch.arange(ids.shape[1], device=ids.device)}
 
 
 class _PositionCache(DynamicCache):
