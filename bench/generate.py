@@ -7,7 +7,7 @@ NEW tokens after a PROMPT-token prompt, batch 1; the figure is the median over r
   mixprec bf16 static   enable_autocast=True (bf16), static cache
   mixprec bf16 no-cache enable_autocast=True, dynamic sequence length, the whole sequence every step
 
-    python bench/generate.py [--rounds 3] [--new 32] [--prompt 16] [--models gpt2,llama]
+    python bench/generate.py [--rounds 3] [--new 32] [--prompt 16] [--models gpt2,llama] [--threads N]
 """
 
 from __future__ import annotations
@@ -45,7 +45,10 @@ def main():
     parser.add_argument("--new", type=int, default=32)
     parser.add_argument("--prompt", type=int, default=16)
     parser.add_argument("--models", default="gpt2,llama")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, {platform.processor() or platform.machine()}, "
           f"threads {torch.get_num_threads()}")
     for name in args.models.split(","):
