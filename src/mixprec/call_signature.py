@@ -86,6 +86,14 @@ class CallSignature:
 
     def _bind(self, args, kwargs, error, where) -> dict:
         if self.forward is not None and not _has_var_positional(self.forward):
+            parameters = self.forward.parameters
+            if not any(p.kind == inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+                for name in kwargs:  # name an unknown (often misspelt) keyword before anything else
+                    if name not in parameters:
+                        raise error(
+                            f"{where} gives argument '{name}', which the model's forward{self.forward} does not take; "
+                            f"the program takes {self._describe()}."
+                        )
             try:
                 bound = self.forward.bind(*args, **kwargs)
             except TypeError as e:
