@@ -58,17 +58,20 @@ class Prepared:
 
 
 def prepare(
-    work: WorkProgram, info: GraphInfo, config: CompileSettings, example_args: tuple, *, keep_first_outputs: bool = False
+    work: WorkProgram, info: GraphInfo, config: CompileSettings, example_args: tuple, *, keep_first_outputs: bool = False,
+    calibration: Calibration | None = None,
 ) -> Prepared:
     """``example_args``: the flat user inputs of the example (calibration data when no loader is given);
-    ``keep_first_outputs``: also keep the first calibration batch's outputs (see calibrate.collect)."""
+    ``keep_first_outputs``: also keep the first calibration batch's outputs (see calibrate.collect);
+    ``calibration``: statistics the caller already collected (the compiler does, on batches of any shape)."""
     device = _device(work, example_args)
     low = config.autocast_low_precision_type or default_low_precision(device)
     if low == torch.float16 and device.type == "cpu":
         _warn_fp16_on_cpu()
     _warn_unmatched(info, config)
     loader = config.autocast_calibration_dataloader
-    calibration = collect(work, loader if loader is not None else [example_args], keep_first_outputs=keep_first_outputs)
+    if calibration is None:
+        calibration = collect(work, loader if loader is not None else [example_args], keep_first_outputs=keep_first_outputs)
     nodes = {n.name: n for n in work.graph.nodes}
     constants = _constants(work, info)
     context = RuleContext(

@@ -9,9 +9,14 @@ of batches. Intermediate tensors are freed as soon as their last consumer has ru
 
 The graph that runs is the normalised captured graph, so calibration sees exactly the
 values eager PyTorch computes (``torch.autocast`` regions included, their casts made
-explicit). Batches must fit that graph: same number of input tensors, same dtypes and
-ranks, and the same sizes wherever the capture fixed a size. Anything else raises
-:class:`CalibrationError` naming the input and the shapes.
+explicit). Batches are calls of the model's forward — tuples of positional inputs, single
+tensors, or dicts keyed by parameter names (HF collators) — with the dtypes and ranks of
+the example inputs; their batch and sequence sizes may differ from the example inputs and
+between batches: such a batch runs on a graph captured for its sizes
+(``calibration_graphs.py``), for statistics only, and the program keeps the shapes it was
+compiled for. Anything else raises :class:`CalibrationError` naming the input.
+
+A graph that writes its buffers (a counter) starts every batch from the captured state.
 """
 
 from __future__ import annotations
@@ -106,41 +111,146 @@ class Calibration:
     first_outputs: tuple | None = None
 
 
-def collect(work: WorkProgram, batches: Iterable, *, progress_stream=None, keep_first_outputs: bool = False) -> Calibration:
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """A batch already in the captured call's structure (the example inputs)."""
+
+    args: tuple
+    kwargs: dict = dataclasses.field(default_factory=dict)
+
+
+def collect(
+    work: WorkProgram,
+    batches: Iterable,
+    *,
+    signature=None,
+    other_shapes=None,
+    progress_stream=None,
+    keep_first_outputs: bool = False,
+) -> Calibration:
     """Run ``work``'s graph on every batch and merge per-node statistics.
 
-    ``batches`` yields the positional inputs of forward: tuples, lists, single tensors, or
-    what a ``DataLoader`` over a ``TensorDataset`` yields (a list of tensors).
+    ``batches`` yields calls of forward: tuples or lists of positional inputs, single tensors,
+    dicts keyed by forward's parameter names (what HF collators yield), or :class:`Call`.
+    ``signature`` (a ``CallSignature``) maps keywords onto the captured call (without it a dict
+    batch is refused). ``other_shapes`` (``calibration_graphs.OtherShapes``) runs batches whose
+    sizes the captured graph does not take; without it they are refused.
+    Every batch starts from the captured state of buffers the graph writes.
     """
     user_nodes = work.user_input_nodes()
     fixed = _fixed_inputs(work)
     interpreter = _StatsInterpreter(work.graph_module, skip=set(fixed))
+    runners: dict[int, tuple] = {}  # id(CalibrationGraph) -> (graph, its interpreter, its fixed inputs)
     total = _length(batches)
     progress = _Progress(total, stream=progress_stream)
     count = 0
     first_outputs = None
     with torch.no_grad():
         for index, batch in enumerate(batches):
-            tensors = _fit(batch, user_nodes, index)
+            args, kwargs = _as_call(batch, index, signature)
+            tensors = _fit(args, kwargs, user_nodes, index, resizable=other_shapes is not None)
+            target, run, inputs = work, interpreter, fixed
+            if tensors is None:  # sizes the captured graph does not take: a graph captured for them
+                graph = _other_graph(other_shapes, args, kwargs, index, user_nodes)
+                if id(graph) not in runners:
+                    graph_fixed = _fixed_inputs(graph.work)
+                    runners[id(graph)] = (graph, _StatsInterpreter(graph.work.graph_module, skip=set(graph_fixed)), graph_fixed)
+                graph, run, inputs = runners[id(graph)]
+                target = graph.work
+                tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+            target.reset_state()
             try:
-                outputs = interpreter.run(*_arguments(work, fixed, tensors), enable_io_processing=False)
+                outputs = run.run(*_arguments(target, inputs, tensors), enable_io_processing=False)
             except Exception as e:  # a kernel rejected the data: say which batch, keep torch's reason
                 raise CalibrationError(
                     f"calibration batch {index} fits the captured input shapes but the model fails on it: "
                     f"{str(e).splitlines()[0] if str(e) else type(e).__name__}. Check the batch's values and sizes."
                 ) from e
-            if keep_first_outputs and index == 0:
+            finally:
+                target.reset_state()
+            if keep_first_outputs and index == 0 and target is work:
                 first_outputs = tuple(_user_outputs(work, outputs))
             count += 1
             progress.update(count)
-            del tensors, batch, outputs
+            del tensors, batch, outputs, args, kwargs
     progress.finish(count)
     if count == 0:
         raise CalibrationError(
             "the calibration dataloader yielded no batches; pass an iterable with at least one batch of model "
             "inputs, or leave autocast_calibration_dataloader=None to calibrate on the example inputs."
         )
-    return Calibration(MappingProxyType(dict(interpreter.stats)), count, first_outputs)
+    stats = dict(interpreter.stats)
+    for graph, run, _ in runners.values():
+        _merge_mapped(stats, run.stats, graph.names, work)
+    return Calibration(MappingProxyType(stats), count, first_outputs)
+
+
+def _merge_mapped(stats: dict, other: dict, names: dict, work: WorkProgram) -> None:
+    """Fold another graph's statistics into the captured graph's, through the node mapping; shapes stay
+    those of the captured graph (its example inputs), which the shape-based facts read."""
+    shapes = {}
+    for node in work.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            shapes[node.name] = tuple(int(s) if not isinstance(s, torch.SymInt) else -1 for s in val.shape)
+    for name, value in other.items():
+        primary = names.get(name)
+        if primary is None:
+            continue
+        old = stats.get(primary)
+        if old is None:
+            stats[primary] = dataclasses.replace(value, shape=shapes.get(primary, value.shape))
+        else:
+            stats[primary] = old.merge(value)
+
+
+def _other_graph(other_shapes, args, kwargs, index, user_nodes):
+    tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    try:
+        return other_shapes.graph_for(args, kwargs, tensors)
+    except Exception as e:  # torch could not capture the model for these sizes
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        where, shape = f"calibration batch {index}", ""
+        for position, (tensor, node) in enumerate(zip(tensors, user_nodes)):
+            expected = node.meta.get("val")
+            problem = _mismatch(tensor, expected) if isinstance(expected, torch.Tensor) else None
+            if problem:
+                where = f"calibration batch {index}, input {position} ('{node.name}'): {problem}"
+                shape = f" The model was captured for shape {_shape_text(expected)}."
+                break
+        raise CalibrationError(
+            f"{where}; the model does not run at these sizes (torch.export could not capture it for them: "
+            f"{reason}).{shape} Make the batches like the example inputs (batch and sequence sizes may differ; "
+            "sizes the model's weights fix may not)."
+        ) from e
+
+
+def _as_call(batch, index: int, signature) -> tuple[tuple, dict]:
+    """A batch as (args, kwargs) in the captured call's structure."""
+    if isinstance(batch, Call):
+        return tuple(batch.args), dict(batch.kwargs)
+    if isinstance(batch, torch.Tensor):
+        args, kwargs = (batch,), {}
+    elif isinstance(batch, (tuple, list)):
+        args, kwargs = tuple(batch), {}
+    elif isinstance(batch, Mapping) and all(isinstance(k, str) for k in batch):
+        if signature is None:
+            raise CalibrationError(
+                f"calibration batch {index} is a dict, and the names of this program's inputs are not known; pass "
+                "tuples of the model's positional inputs instead."
+            )
+        args, kwargs = (), dict(batch)
+    else:
+        raise CalibrationError(
+            f"calibration batch {index} is a {type(batch).__name__}; each batch must be a tuple or list of the "
+            "model's positional inputs, a single tensor for a one-input model, or a dict keyed by forward's "
+            "parameter names (what transformers' collators yield)."
+        )
+    if signature is None:
+        return args, kwargs
+    if isinstance(batch, (tuple, list)) and len(args) > len(signature.positional) and not signature.keywords:
+        return args, kwargs  # a tuple carrying labels too: _fit says so in the terms of the data
+    return signature.arrange(args, kwargs, error=CalibrationError, where=f"calibration batch {index}")
 
 
 def _user_outputs(work: WorkProgram, outputs) -> list:
@@ -187,16 +297,11 @@ class _StatsInterpreter(torch.fx.Interpreter):
         return result
 
 
-def _fit(batch, user_nodes: list[torch.fx.Node], index: int) -> list[torch.Tensor]:
-    """The batch as the flat list of user-input tensors, or CalibrationError saying what does not fit."""
-    if isinstance(batch, torch.Tensor):
-        batch = (batch,)
-    if not isinstance(batch, (tuple, list)):
-        raise CalibrationError(
-            f"calibration batch {index} is a {type(batch).__name__}; each batch must be a tuple or list of the "
-            "model's positional inputs, or a single tensor for a one-input model."
-        )
-    leaves = [leaf for leaf in pytree.tree_leaves(tuple(batch)) if isinstance(leaf, torch.Tensor)]
+def _fit(args, kwargs, user_nodes: list[torch.fx.Node], index: int, *, resizable: bool = False) -> list[torch.Tensor] | None:
+    """The batch as the flat list of user-input tensors, or CalibrationError saying what does not fit.
+
+    None when only sizes differ and ``resizable``: the batch needs a graph captured for its sizes."""
+    leaves = [leaf for leaf in pytree.tree_leaves((tuple(args), dict(kwargs))) if isinstance(leaf, torch.Tensor)]
     names = [n.name for n in user_nodes]
     if len(leaves) != len(user_nodes):
         raise CalibrationError(
@@ -204,18 +309,28 @@ def _fit(batch, user_nodes: list[torch.fx.Node], index: int) -> list[torch.Tenso
             f"({', '.join(names) or 'none'}). If the batches also carry labels, pass only the inputs, "
             "e.g. (batch[:n] for batch in loader)."
         )
+    resized = False
     for position, (tensor, node) in enumerate(zip(leaves, user_nodes)):
         expected = node.meta.get("val")
         if not isinstance(expected, torch.Tensor):
             continue
         problem = _mismatch(tensor, expected)
+        if problem and resizable and problem.startswith("shape") and tensor.dim() == expected.dim():
+            resized = True
+            continue
         if problem:
             raise CalibrationError(
                 f"calibration batch {index}, input {position} ('{node.name}'): {problem}. The model was captured "
                 f"for shape {_shape_text(expected)} and dtype {expected.dtype}; make the batches like the example "
-                "inputs (or compile with dynamic_shapes= to let a dimension such as the batch size vary)."
+                "inputs"
+                + (
+                    " (batch and sequence sizes may differ when compiling an nn.Module; an ExportedProgram must be "
+                    "captured with dynamic_shapes= for them)."
+                    if problem.startswith("shape") and tensor.dim() == expected.dim()
+                    else "."
+                )
             )
-    return leaves
+    return None if resized else leaves
 
 
 def _mismatch(tensor: torch.Tensor, expected: torch.Tensor) -> str | None:

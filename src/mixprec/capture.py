@@ -4,6 +4,11 @@
 (aten.linear, aten.conv2d, aten.layer_norm, aten.scaled_dot_product_attention) and
 whose meta maps every node back to its module path. A model torch cannot capture
 raises :class:`UnsupportedModelError` carrying torch's own reason.
+
+Threads: ``torch.export`` is not thread-safe (two threads exporting two different models
+at once failed every time: the tracer's global state is shared), so every export mixprec
+makes runs under one process-wide lock, together with the switch to eval mode and back.
+Capture is a small part of a compile; the rest runs concurrently.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import threading
 
 import torch
 from torch.export import ExportedProgram
@@ -18,6 +24,9 @@ from torch.export import ExportedProgram
 from .errors import ConfigError, UnsupportedModelError
 
 log = logging.getLogger(__name__)
+
+# torch.export's tracer keeps global state; one export at a time in this process (see module docstring)
+_EXPORT_LOCK = threading.RLock()
 
 
 def as_input_tuple(inputs) -> tuple:
@@ -57,8 +66,7 @@ def capture(model, inputs: tuple, *, dynamic_shapes=None, kwargs: dict | None = 
     kwargs = dict(kwargs or {})
     _check_signature(model, inputs, kwargs)
     try:
-        with _eval_mode(model):
-            return torch.export.export(model, inputs, kwargs=kwargs or None, dynamic_shapes=dynamic_shapes, strict=False)
+        return export(model, inputs, kwargs, dynamic_shapes=dynamic_shapes)
     except Exception as e:  # torch raises many types here; all mean "cannot capture"
         reason = _first_lines(str(e))
         if dynamic_shapes is not None and _captures_without_dynamic_shapes(model, inputs, kwargs):
@@ -77,11 +85,16 @@ def capture(model, inputs: tuple, *, dynamic_shapes=None, kwargs: dict | None = 
         ) from e
 
 
+def export(model: torch.nn.Module, inputs: tuple, kwargs: dict | None = None, *, dynamic_shapes=None) -> ExportedProgram:
+    """``torch.export.export`` in eval mode (flags restored, also on errors), one export at a time."""
+    with _EXPORT_LOCK, _eval_mode(model):
+        return torch.export.export(model, inputs, kwargs=kwargs or None, dynamic_shapes=dynamic_shapes, strict=False)
+
+
 def _captures_without_dynamic_shapes(model, inputs, kwargs) -> bool:
     """Whether the failure is the dynamic_shapes' fault: the model captures without them."""
     try:
-        with _eval_mode(model):
-            torch.export.export(model, inputs, kwargs=kwargs or None, strict=False)
+        export(model, inputs, kwargs)
     except Exception:  # the model itself cannot be captured: report that instead
         return False
     return True
@@ -107,12 +120,14 @@ def _eval_mode(model: torch.nn.Module):
     flags = {name: m.training for name, m in model.named_modules()}
     if any(flags.values()):
         log.info("capturing %s in eval mode (mixprec compiles for inference)", type(model).__name__)
-    model.eval()
+    for m in model.modules():  # flags set directly: an ExportedProgram's module() refuses .eval()
+        m.training = False
     try:
         yield
     finally:
         for name, m in model.named_modules():
-            m.training = flags[name]
+            if name in flags:
+                m.training = flags[name]
 
 
 def _first_lines(text: str, limit: int = 6) -> str:

@@ -20,6 +20,9 @@ from .diagnose import describe, failing_node, flat_user_inputs
 from .dtypes import dtype_name
 from .errors import ConfigError, InvariantError, UnsupportedModelError
 from .graph import GraphInfo, analyze
+from .calibrate import Call, collect
+from .calibration_graphs import OtherShapes
+from .call_signature import CallSignature
 from .int8_ranges import calibration_batches, collect_ranges
 from .interpret import run_user_outputs
 from .input_check import input_specs_of
@@ -33,6 +36,7 @@ from .passes.casting import is_mixprec_cast
 from .settings import CompileSettings
 from .sources import markers, weak_typing
 from .timing import measure_layers
+from .written_state import preserved, written_tensors
 
 log = logging.getLogger("mixprec")
 
@@ -84,23 +88,28 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
     kwargs = as_input_kwargs(kwargs)
     _refuse_meta_tensors(model, args, kwargs)
     timer = _Timer()
+    recaptures = 0
     with timer.phase("capture"):
         ep = capture(model, args, dynamic_shapes=config.dynamic_shapes, kwargs=kwargs)
+        signature = CallSignature.of(ep, model)
     with timer.phase("normalize"):
+        # the tensors the graph writes (a counter, a KV cache) get private copies here: nothing below
+        # writes the user's model, and base.reset_state() starts each run from the captured state
         base = WorkProgram.from_exported(ep)
         normalize(base)
         info = analyze(base.graph)
     prepared = None
     with timer.phase("calibrate"):
         _check_calibration_used(config, info)
+        targets = markers.calibration_targets(info)
+        calibration = None
+        if config.enable_autocast or targets:
+            reuse = config.enable_autocast and config.autocast_calibration_dataloader is None and _captured_is_fp32(info)
+            calibration, recaptures = _calibrate(model, base, config, signature, args, kwargs, keep_first_outputs=reuse)
         if config.enable_autocast:
             example = tuple(flat_user_inputs(ep, *_fresh(args, kwargs)))  # the model may write into its inputs
-            reuse = config.autocast_calibration_dataloader is None and _captured_is_fp32(info)
-            prepared = autocast.prepare(base, info, config, example, keep_first_outputs=reuse)
-        ranges = marker_ranges(
-            base, info, config.autocast_calibration_dataloader, args,
-            calibration=prepared.calibration if prepared is not None else None,
-        )
+            prepared = autocast.prepare(base, info, config, example, calibration=calibration)
+        ranges = collect_ranges(base, targets, (), calibration=calibration) if targets else {}
     timings = None
     if not config.use_explicit_typing:  # weak typing: time the free layers on this device first
         with timer.phase("measure"):
@@ -108,6 +117,7 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
                 base, info, planner.weak_typing_layers(info, config), flat_user_inputs(ep, args, kwargs),
                 config.enabled_precisions,
             )
+        base.reset_state()
     weak_summary = {}
     with timer.phase("plan"):
         rule_context = prepared.context if prepared is not None else None
@@ -118,20 +128,34 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
                 base, info, config, timings, _fresh(args, kwargs), base.user_output_dtypes(),
                 rule_context=rule_context, int8_ranges=ranges,
             )
+            base.reset_state()
     with timer.phase("rewrite"):
         captured_outputs = base.user_output_dtypes()
         work = rewrite(base.copy(), info, plan, keep_io_types=config.keep_io_types, captured_output_dtypes=captured_outputs)
         casts = sum(1 for n in work.graph.nodes if is_mixprec_cast(n))
         program = work.to_exported()
+        # the program's state as captured: the backend's warm-up and the report's runs must leave it so
+        state = [(t, t.detach().clone()) for t in written_tensors(program)]
+
+    def reset_state():
+        with torch.no_grad():
+            for tensor, value in state:
+                tensor.copy_(value)
+        base.reset_state()
+
     with timer.phase("backend"):
         runner = get_backend(config.backend)(program, config)
+        reset_state()
     prog = MixedPrecisionModule(
         program, plan, None, config.explicit(), runner, input_specs_of(program), example_inputs=args,
-        captured_program=ep,
+        captured_program=ep, call_signature=signature,
     )
     with timer.phase("report"):
-        known = prepared.calibration.first_outputs if prepared is not None else None
-        errors = _errors_against_fp32(prog, base, info, captured_outputs, args, kwargs, model, reference_outputs=known)
+        known = calibration.first_outputs if calibration is not None and prepared is not None else None
+        errors = _errors_against_fp32(
+            prog, base, info, captured_outputs, args, kwargs, model, reference_outputs=known, reset_state=reset_state
+        )
+        reset_state()
         layer_timings, extra = None, {}
         if timings is not None:
             layer_timings, extra["weak_typing"] = weak_typing.explain(info, plan, timings, config)
@@ -143,7 +167,7 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
             param_bytes_before=stored_bytes(ep.state_dict, ep.constants),
             param_bytes_after=work.stored_bytes(),
             errors=errors,
-            extra={**_autocast_summary(prepared), **extra},
+            extra={**_autocast_summary(prepared), **extra, **({"calibration_recaptures": recaptures} if recaptures else {})},
         )
     summary["compile_seconds"] = {k: round(v, 4) for k, v in timer.seconds.items()}
     prog._report = Report(records, summary, build_graph(program, records))
@@ -159,6 +183,18 @@ def _autocast_summary(prepared) -> dict:
         "autocast_low_precision_type": dtype_name(prepared.context.low),
         "calibration_batches": prepared.calibration.batches,
     }
+
+
+def _calibrate(model, base: WorkProgram, config: CompileSettings, signature, args, kwargs, *, keep_first_outputs: bool):
+    """Statistics of every node on the calibration batches (the example inputs when there is no loader).
+
+    Batches of other batch/sequence sizes than the example run on a graph captured for them (an
+    nn.Module only): calibration_graphs.py. Returns the Calibration and how many extra captures it took."""
+    loader = config.autocast_calibration_dataloader
+    batches = [Call(*_fresh(args, kwargs))] if loader is None else loader
+    other = OtherShapes(model, base, *_fresh(args, kwargs)) if isinstance(model, torch.nn.Module) else None
+    calibration = collect(base, batches, signature=signature, other_shapes=other, keep_first_outputs=keep_first_outputs)
+    return calibration, (other.captures if other is not None else 0)
 
 
 def marker_ranges(base: WorkProgram, info: GraphInfo, calibration_dataloader, args: tuple, *, calibration=None) -> dict:
@@ -180,16 +216,20 @@ def _check_calibration_used(config: CompileSettings, info: GraphInfo) -> None:
 
 
 def _errors_against_fp32(
-    prog, base: WorkProgram, info: GraphInfo, captured_outputs, args, kwargs, model, *, reference_outputs=None
+    prog, base: WorkProgram, info: GraphInfo, captured_outputs, args, kwargs, model, *, reference_outputs=None,
+    reset_state=None,
 ) -> dict:
     """Run the fp32 version of the same graph and the compiled program on the example inputs.
 
     ``reference_outputs``: the fp32 outputs when already computed (calibration ran the captured graph,
-    which is the fp32 model itself when every layer was captured in fp32)."""
+    which is the fp32 model itself when every layer was captured in fp32); ``reset_state`` puts the
+    buffers the graph writes back to their captured values: both runs start from the model's state."""
+    reset_state = reset_state or (lambda: None)
     # each run gets its own copy of the inputs: a model that writes into its inputs must not change the
     # caller's tensors, nor feed the reference what the compiled program already modified
     with torch.no_grad():
         a, k = _fresh(args, kwargs)
+        reset_state()
         got = _run_or_explain(
             lambda: prog.exported_program, lambda: prog(*a, **k), _fresh(args, kwargs), model, "the compiled program"
         )
@@ -204,6 +244,7 @@ def _errors_against_fp32(
             )
             a, k = _fresh(args, kwargs)
             flat = flat_user_inputs(prog.exported_program, a, k)
+            reset_state()
             expected = _run_or_explain(
                 reference.to_exported, lambda: run_user_outputs(reference, flat), _fresh(args, kwargs), model,
                 "the fp32 reference",
@@ -247,7 +288,7 @@ def _eager_error(model, args, kwargs):
     if not isinstance(model, torch.nn.Module):
         return None
     try:
-        with torch.no_grad():
+        with torch.no_grad(), preserved(list(model.buffers())):  # leave a model that writes its buffers as it was
             model(*args, **kwargs)
     except Exception as e:  # we only need to know whether eager PyTorch fails too, and why
         return e

@@ -59,12 +59,21 @@ def _dim(size, ranges):
     if not isinstance(size, torch.SymInt):
         return int(size)
     expr = size.node.expr
+    if getattr(expr, "is_number", False):  # a dimension captured as dynamic that torch specialised
+        return int(expr)
     bounds = ranges.get(expr)
     if bounds is None:
         return (0, None)
-    low = int(bounds.lower) if bounds.lower.is_finite else 0
-    high = int(bounds.upper) if bounds.upper.is_finite else None
-    return (low, high)
+    low = _finite(bounds.lower)
+    return (low if low is not None else 0, _finite(bounds.upper))
+
+
+def _finite(bound) -> int | None:
+    """A range bound as an int; None for torch's infinities (``int_oo`` claims to be finite to sympy)."""
+    try:
+        return int(bound) if bound.is_finite else None
+    except (TypeError, ValueError, AttributeError, OverflowError):
+        return None
 
 
 def check_inputs(specs: tuple[InputSpec, ...], program, args: tuple, kwargs: dict) -> None:

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import torch
 
+import torch.utils._pytree as pytree
+
+from .call_signature import CallSignature, arrange_or_pass
 from .captured import WeakCapture
 from .errors import InputMismatchError
 from .input_check import check_inputs
@@ -21,9 +24,11 @@ from .input_check import check_inputs
 class MixedPrecisionModule(torch.nn.Module):
     def __init__(
         self, exported_program, plan, report, settings: dict, runner, input_specs=(), example_inputs=None,
-        captured_program=None,
+        captured_program=None, call_signature: CallSignature | None = None,
     ):
         super().__init__()
+        # how calls map onto the captured call (names from the program itself when not given)
+        self._call_signature = call_signature if call_signature is not None else CallSignature.of(exported_program)
         self._captured = WeakCapture(captured_program) if captured_program is not None else None
         self.runner = runner
         self._exported_program = exported_program
@@ -73,7 +78,10 @@ class MixedPrecisionModule(torch.nn.Module):
         return export_onnx(self, path, opset_version=opset_version, optimize=optimize, check=check)
 
     def forward(self, *args, **kwargs):
+        args, kwargs = arrange_or_pass(self._call_signature, args, kwargs)
         self._check_inputs(args, kwargs)
+        if torch.is_grad_enabled():
+            _refuse_grad(args, kwargs, self._input_specs)
         with torch.no_grad():
             try:
                 return self.runner(*args, **kwargs)
@@ -91,3 +99,16 @@ class MixedPrecisionModule(torch.nn.Module):
     def extra_repr(self) -> str:
         by = self._report.summary.get("layers_by_precision", {}) if self._report is not None else {}
         return f"layers={by}"
+
+
+def _refuse_grad(args, kwargs, specs) -> None:
+    """A program computes no gradients: say so at the call instead of returning outputs without grad."""
+    tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    for index, tensor in enumerate(tensors):
+        if tensor.requires_grad:
+            name = f"'{specs[index].name}'" if index < len(specs) else str(index)
+            raise InputMismatchError(
+                f"input {name} requires grad, but a mixprec program is for inference: its outputs would carry no "
+                "gradient and .backward() would fail. Call it under torch.no_grad() or torch.inference_mode(), or "
+                "pass the tensor .detach()ed; to train, use the model itself."
+            )

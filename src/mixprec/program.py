@@ -25,6 +25,8 @@ from torch.export.graph_signature import (
     TensorArgument,
 )
 
+from .written_state import WrittenState, detach_written
+
 STORED_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
 
 
@@ -40,6 +42,8 @@ class WorkProgram:
     module_call_graph: list
     example_inputs: Any
     verifiers: list
+    # the stored tensors the graph writes in place: private copies, and their values as captured
+    written: WrittenState = dataclasses.field(default_factory=lambda: WrittenState({}), repr=False, compare=False)
     _graph_module: torch.fx.GraphModule | None = dataclasses.field(default=None, repr=False, compare=False)
     _spec_index: dict | None = dataclasses.field(default=None, repr=False, compare=False)
 
@@ -74,7 +78,14 @@ class WorkProgram:
         )
         work.sync_input_specs()  # fx renames placeholders that shadow builtins ("input" -> "input_1")
         work.sync_output_specs()
+        # a graph that writes its buffers (a counter, a KV cache) must never write the user's tensors
+        work.written = detach_written(work.fx_graph, work.input_specs, work.state_dict, work.constants)
         return work
+
+    def reset_state(self) -> None:
+        """Put the tensors the graph writes back to their captured values (before a run on example inputs:
+        every run starts from the model's state)."""
+        self.written.restore(self.state_dict, self.constants)
 
     def copy(self) -> "WorkProgram":
         """An independent copy: passes on it leave this one as it is (tensors are shared, never mutated)."""

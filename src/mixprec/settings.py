@@ -76,6 +76,8 @@ class CompileSettings:
 
 
 def _jsonable(value):
+    if isinstance(value, float) and math.isinf(value):  # autocast_max_output_threshold=inf: JSON has no inf
+        return None
     if isinstance(value, torch.dtype):
         return dtype_name(value)
     if isinstance(value, re.Pattern):
@@ -123,9 +125,12 @@ def _validated(kwargs: dict[str, Any]) -> dict[str, Any]:
 
     if "autocast_max_output_threshold" in kwargs:
         value = kwargs["autocast_max_output_threshold"]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        if value is None:  # no IO-range rule (as math.inf; Torch-TensorRT accepts both)
+            value = math.inf
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value <= 0:
             raise ConfigError(
-                f"autocast_max_output_threshold must be a positive finite number (default 512.0), got {value!r}."
+                "autocast_max_output_threshold must be a positive number (default 512.0), or math.inf or None for "
+                f"no IO-range rule; got {value!r}."
             )
         out["autocast_max_output_threshold"] = float(value)
 

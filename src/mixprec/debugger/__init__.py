@@ -18,6 +18,7 @@ import math
 import torch
 
 from ..capture import as_input_kwargs, as_input_tuple
+from ..written_state import preserved, written_tensors
 from ..compiler import compile as _compile
 from ..diagnose import flat_user_inputs
 from ..errors import ConfigError
@@ -64,7 +65,9 @@ def debug(prog_or_model, inputs=(), *, kwargs=None, **compile_settings) -> Debug
             "fp32 weights, so weight rounding is not measured; debug the model itself to include it)"
         )
     user_values = flat_user_inputs(prog.exported_program, args, kwargs)
-    with torch.no_grad():
+    # both programs start from, and are left in, the state they have (a graph that writes its buffers)
+    state = written_tensors(reference.program) + written_tensors(prog.exported_program)
+    with torch.no_grad(), preserved(state):
         layers, outputs = compare_programs(reference.program, prog.exported_program, reference.info, prog.plan, user_values)
     findings = find(layers, reference.info, prog.plan)
     finite = [r.rel_l2_error for r in layers if math.isfinite(r.rel_l2_error)]

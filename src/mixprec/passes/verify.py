@@ -204,7 +204,9 @@ def _check_meta_truthful(graph, where):
     fake_mode = detect_fake_mode(tuple(v for v in vals if isinstance(v, torch.Tensor)))
     if fake_mode is None:
         return
-    with fake_mode:
+    # no autograd: programs are for inference, and an in-place write into a fake leaf that requires grad
+    # (a KV cache lifted from a module) would be refused by autograd, not by the op
+    with fake_mode, torch.no_grad():
         for node in graph.nodes:
             if node.op == "placeholder":
                 env[node] = node.meta.get("val")

@@ -40,11 +40,14 @@ class ProgramFailed(Exception):
 class Guarded(torch.nn.Module):
     """The program handed to metrics: its failures are marked so a trial can tell them from the metric's."""
 
-    def __init__(self, module: torch.nn.Module):
+    def __init__(self, module: torch.nn.Module, reset_state=None):
         super().__init__()
         self.module = module
+        self._reset_state = reset_state  # buffers the graph writes go back to their captured values
 
     def forward(self, *args, **kwargs):
+        if self._reset_state is not None:  # every run starts from the model's state (written_state.py)
+            self._reset_state()
         try:
             return self.module(*args, **kwargs)
         except Exception as e:  # any kernel error: the candidate cannot run
@@ -101,7 +104,7 @@ class Trials:
             captured_output_dtypes=self.captured_outputs,
             verify_each=False,
         )
-        return Guarded(work.to_exported().module())
+        return Guarded(work.to_exported().module(), self.base.reset_state)
 
     # ---- measurements --------------------------------------------------------------------------
     def measure(self, lowered: Iterable[str]) -> Outcome:
