@@ -283,12 +283,31 @@ def test_fp16_on_cpu_warns():
                         autocast_low_precision_type=torch.float16)
 
 
+@pytest.mark.parametrize("fast", [False, True])
+def test_bf16_on_a_cpu_without_bf16_kernels_warns(monkeypatch, fast):
+    monkeypatch.setattr(mixprec.autocast, "cpu_runs_bf16_fast", lambda: fast)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mixprec.compile(ThreeLinears().eval(), ThreeLinears.example_inputs(), enable_autocast=True)
+    slow = [w for w in caught if "CPU without bf16 kernels" in str(w.message)]
+    assert len(slow) == (0 if fast else 1)
+    if not fast:
+        assert issubclass(slow[0].category, mixprec.MixedPrecisionWarning)
+
+
+def test_cpu_runs_bf16_fast_is_pytorchs_answer():
+    from mixprec.dtypes import cpu_runs_bf16_fast
+
+    assert cpu_runs_bf16_fast() == bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def test_exclusions_that_match_nothing_warn_with_near_misses():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         mixprec.compile(ThreeLinears().eval(), ThreeLinears.example_inputs(), enable_autocast=True,
                         autocast_excluded_nodes=["^linear4$", "^linear2$"], autocast_excluded_ops=["conv2d", "linear"])
-    messages = [str(w.message) for w in caught if issubclass(w.category, mixprec.MixedPrecisionWarning)]
+    messages = [str(w.message) for w in caught if issubclass(w.category, mixprec.MixedPrecisionWarning)
+                and "CPU without bf16 kernels" not in str(w.message)]  # that one depends on the CPU
     assert len(messages) == 2
     assert "'^linear4$' matches no layer" in messages[0] and "'linear3'" in messages[0]
     assert "'aten.conv2d', which no layer of this model uses" in messages[1]

@@ -36,7 +36,7 @@ from torch._guards import detect_fake_mode
 from torch.export.graph_signature import InputKind
 
 from .calibrate import Calibration, collect
-from .dtypes import default_low_precision, dtype_name, is_float
+from .dtypes import cpu_runs_bf16_fast, default_low_precision, dtype_name, is_float
 from .errors import MixedPrecisionWarning
 from .graph import GraphInfo
 from .oprefs import op_matches
@@ -68,6 +68,8 @@ def prepare(
     low = config.autocast_low_precision_type or default_low_precision(device)
     if low == torch.float16 and device.type == "cpu":
         _warn_fp16_on_cpu()
+    if low == torch.bfloat16 and device.type == "cpu" and not cpu_runs_bf16_fast():
+        _warn_bf16_on_slow_cpu()
     _warn_unmatched(info, config)
     loader = config.autocast_calibration_dataloader
     if calibration is None:
@@ -112,6 +114,19 @@ def _warn_fp16_on_cpu() -> None:
         "autocast_low_precision_type=float16 on a CPU: PyTorch's CPU float16 kernels are emulated for most ops "
         "and run several times slower than float32, even on CPUs that report avx512_fp16. The numerics are those "
         "of fp16 (useful to preview a GPU deployment); for speed on a CPU use bfloat16 (the default there).",
+        MixedPrecisionWarning,
+        stacklevel=4,
+    )
+
+
+def _warn_bf16_on_slow_cpu() -> None:
+    # bf16 is the CPU default because it is fast where oneDNN has bf16 kernels (AVX-512, AMX); on an
+    # AVX2-only CPU PyTorch emulates it and a bf16 matmul measured 65.7x the fp32 time.
+    warnings.warn(
+        "autocast_low_precision_type=bfloat16 on a CPU without bf16 kernels (PyTorch's oneDNN reports no bf16 "
+        "support: no AVX-512 or AMX): PyTorch emulates bfloat16 here and bf16 layers run many times slower than "
+        "float32. The numerics are those of bf16 (useful to preview a deployment on a bf16 CPU or GPU); for speed "
+        "on this CPU keep float32 (compile without enable_autocast).",
         MixedPrecisionWarning,
         stacklevel=4,
     )
