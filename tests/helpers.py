@@ -107,3 +107,29 @@ def assert_within_rounding(got, expected, dtype: torch.dtype, *, ulps: float = 4
         torch.testing.assert_close(
             a.float(), b.float(), atol=ulps * eps * scale, rtol=ulps * eps, msg=lambda m: f"output {i}: {m}"
         )
+
+
+def run_in_threads(work, workers: int, *, start_together: bool = False) -> None:
+    """Run ``work(i)`` for i in range(workers) on that many threads; re-raise the first error a thread hit.
+
+    ``start_together``: the threads wait at a barrier so their calls overlap."""
+    import threading
+
+    errors = []
+    barrier = threading.Barrier(workers) if start_together else None
+
+    def run(i):
+        if barrier is not None:
+            barrier.wait()
+        try:
+            work(i)
+        except BaseException as e:  # collected here, re-raised in the calling thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise AssertionError(f"{len(errors)} of {workers} threads failed; the first: {errors[0]!r}") from errors[0]

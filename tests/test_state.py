@@ -5,14 +5,13 @@ leaves it as found; a program owns the buffers its graph writes; torch.export is
 mixprec serialises capture; an input that requires grad is refused at call time.
 """
 
-import threading
 
 import pytest
 import torch
 from torch import nn
 
 import mixprec
-from helpers import assert_same_outputs, assert_unchanged, snapshot
+from helpers import assert_same_outputs, assert_unchanged, run_in_threads, snapshot
 from models import ConvNet, DataDependent, SeedExplicit, ThreeLinears
 
 
@@ -111,22 +110,14 @@ def test_compiling_a_static_cache_module_never_writes_its_cache():
 
 def test_two_threads_compile_two_models():
     models = [(ThreeLinears().eval(), ThreeLinears.example_inputs()), (ConvNet().eval(), ConvNet.example_inputs())]
-    results, errors = [None, None], []
+    results = [None, None]
 
     def work(i):
-        try:
-            model, inputs = models[i]
-            for _ in range(2):
-                results[i] = mixprec.compile(model, inputs)
-        except Exception as e:  # collected and re-raised in the main thread
-            errors.append(e)
+        model, inputs = models[i]
+        for _ in range(2):
+            results[i] = mixprec.compile(model, inputs)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    run_in_threads(work, 2)
     for prog, (model, inputs) in zip(results, models):
         with torch.no_grad():
             assert_same_outputs(prog(*inputs), model(*inputs))

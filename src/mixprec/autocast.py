@@ -66,10 +66,8 @@ def prepare(
     ``calibration``: statistics the caller already collected (the compiler does, on batches of any shape)."""
     device = _device(work, example_args)
     low = config.autocast_low_precision_type or default_low_precision(device)
-    if low == torch.float16 and device.type == "cpu":
-        _warn_fp16_on_cpu()
-    if low == torch.bfloat16 and device.type == "cpu" and not cpu_runs_bf16_fast():
-        _warn_bf16_on_slow_cpu()
+    if device.type == "cpu" and (low == torch.float16 or (low == torch.bfloat16 and not cpu_runs_bf16_fast())):
+        _warn_slow_on_cpu(low)
     _warn_unmatched(info, config)
     loader = config.autocast_calibration_dataloader
     if calibration is None:
@@ -107,27 +105,26 @@ def _device(work: WorkProgram, example_args: tuple) -> torch.device:
     return torch.device("cpu")
 
 
-def _warn_fp16_on_cpu() -> None:
+# Why a low type is slow on this CPU, by dtype: the numerics are still the low type's, so compiling is
+# allowed (useful to preview a GPU or bf16-CPU deployment), but the user should know.
+_SLOW_ON_CPU = MappingProxyType({
     # The CPU's flags are not the question: this project's CPUs report avx512_fp16 and PyTorch's
     # fp16 kernels are still 5-30x slower than fp32 there (most ops convert to fp32 and back).
-    warnings.warn(
-        "autocast_low_precision_type=float16 on a CPU: PyTorch's CPU float16 kernels are emulated for most ops "
-        "and run several times slower than float32, even on CPUs that report avx512_fp16. The numerics are those "
-        "of fp16 (useful to preview a GPU deployment); for speed on a CPU use bfloat16 (the default there).",
-        MixedPrecisionWarning,
-        stacklevel=4,
-    )
-
-
-def _warn_bf16_on_slow_cpu() -> None:
+    torch.float16: "PyTorch's CPU float16 kernels are emulated for most ops and run several times slower than "
+    "float32, even on CPUs that report avx512_fp16. The numerics are those of fp16 (useful to preview a GPU "
+    "deployment); for speed on a CPU use bfloat16 (the default there).",
     # bf16 is the CPU default because it is fast where oneDNN has bf16 kernels (AVX-512, AMX); on an
     # AVX2-only CPU PyTorch emulates it and a bf16 matmul measured 65.7x the fp32 time.
+    torch.bfloat16: "this CPU has no bf16 kernels (PyTorch's oneDNN reports no bf16 support: no AVX-512 or AMX), "
+    "so PyTorch emulates bfloat16 and bf16 layers run many times slower than float32. The numerics are those of "
+    "bf16 (useful to preview a deployment on a bf16 CPU or GPU); for speed on this CPU keep float32 (compile "
+    "without enable_autocast).",
+})
+
+
+def _warn_slow_on_cpu(low: torch.dtype) -> None:
     warnings.warn(
-        "autocast_low_precision_type=bfloat16 on a CPU without bf16 kernels (PyTorch's oneDNN reports no bf16 "
-        "support: no AVX-512 or AMX): PyTorch emulates bfloat16 here and bf16 layers run many times slower than "
-        "float32. The numerics are those of bf16 (useful to preview a deployment on a bf16 CPU or GPU); for speed "
-        "on this CPU keep float32 (compile without enable_autocast).",
-        MixedPrecisionWarning,
+        f"autocast_low_precision_type={dtype_name(low)} on a CPU: {_SLOW_ON_CPU[low]}", MixedPrecisionWarning,
         stacklevel=4,
     )
 

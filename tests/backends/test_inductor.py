@@ -5,14 +5,13 @@ graph) or eager PyTorch on the model, with tolerances in rounding steps of the p
 precision. Compiling is slow on a small CPU, so programs are built once per module where tests share them.
 """
 
-import threading
 
 import pytest
 import torch
 from torch._dynamo.utils import counters
 
 import mixprec
-from helpers import assert_within_rounding, lowered_plan, lowest_precision
+from helpers import assert_within_rounding, lowered_plan, lowest_precision, run_in_threads
 from mixprec.backends import get_backend
 from mixprec.backends import inductor as inductor_backend
 from models import (
@@ -109,23 +108,13 @@ def test_concurrent_calls_from_threads(dynamic_program):
     inputs = [torch.randn(n, 10) for n in sizes]
     with torch.no_grad():
         expected = [model(x) for x in inputs]
-    results, errors = {}, []
-    barrier = threading.Barrier(4)
+    results = {}
 
     def work(worker):
-        barrier.wait()
-        try:
-            for i in range(worker, len(inputs), 4):
-                results[i] = prog(inputs[i])
-        except Exception as e:  # collected and reported below, with the thread's own error
-            errors.append(e)
+        for i in range(worker, len(inputs), 4):
+            results[i] = prog(inputs[i])
 
-    threads = [threading.Thread(target=work, args=(w,)) for w in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    run_in_threads(work, 4, start_together=True)
     for i, x in enumerate(inputs):
         assert_within_rounding(results[i], expected[i], torch.float16)
 

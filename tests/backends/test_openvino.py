@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import functools
 import sys
-import threading
 
 import pytest
 import torch
 from torch import nn
 
 import mixprec
+from helpers import run_in_threads
 from models import ThreeLinears
 
 ov = pytest.importorskip("openvino")  # installed in CI (requirements-dev.txt); optional for users
@@ -175,22 +175,14 @@ def test_dynamic_batch_and_threads():
     with pytest.raises(mixprec.InputMismatchError):
         prog(torch.randn(17, 10))
 
-    errors, results = [], {}
+    results = {}
 
     def work(worker):
-        try:
-            for i in range(20):
-                x = inputs[(worker + i) % len(inputs)] * (worker + 1)
-                results[(worker, i)] = (prog(x), model(x))
-        except Exception as e:  # noqa: BLE001 (reported below)
-            errors.append(e)
+        for i in range(20):
+            x = inputs[(worker + i) % len(inputs)] * (worker + 1)
+            results[(worker, i)] = (prog(x), model(x))
 
-    threads = [threading.Thread(target=work, args=(w,)) for w in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    run_in_threads(work, 4)
     assert len(results) == 80
     for got, want in results.values():
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
