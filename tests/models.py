@@ -608,3 +608,14 @@ class SoftmaxFp32(nn.Module):
 
     def forward(self, x):
         return torch.softmax(self.fc(x), dim=-1, dtype=torch.float32)
+
+
+class LogOfRelu(nn.Module):
+    """log of a ReLU: -inf wherever the linear's output is <= 0 (non-finite values in calibration)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.log(torch.relu(self.fc(x))).clamp(min=-20.0)

@@ -13,6 +13,7 @@ from mixprec.graph import cast_target
 from models import (
     AutocastRegions,
     EnergyNorm,
+    LogOfRelu,
     MaskedScores,
     SeedExplicit,
     ThreeLinears,
@@ -177,14 +178,6 @@ def test_a_mask_that_does_not_fit_fp16_keeps_its_layer_fp32():
 
 
 def test_non_finite_values_in_calibration_keep_the_layer_fp32():
-    class LogOfRelu(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = torch.nn.Linear(8, 8)
-
-        def forward(self, x):
-            return torch.log(torch.relu(self.fc(x))).clamp(min=-20.0)
-
     model = LogOfRelu().eval()
     inputs = (torch.randn(4, 8),)
     prog = mixprec.compile(model, inputs, enable_autocast=True)

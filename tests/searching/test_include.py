@@ -6,15 +6,7 @@ import pytest
 import torch
 
 import mixprec
-
-
-class LogOfRelu(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = torch.nn.Linear(8, 8)
-
-    def forward(self, x):
-        return torch.log(torch.relu(self.fc(x))).clamp(min=-20.0)
+from models import LogOfRelu
 
 
 def test_included_layers_are_measured_instead_of_pinned():
