@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+import transformers  # noqa: E402
 from harness import interleaved, machine, stamp, table  # noqa: E402
 
 import mixprec  # noqa: E402
-import transformers  # noqa: E402
 
 
 class _Out(torch.nn.Module):

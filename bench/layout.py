@@ -1,4 +1,4 @@
-"""Why passes/layout.py exists: the memory layouts CPU low-precision kernels need.
+"""Why rewrite/memory_format.py exists: the memory layouts CPU low-precision kernels need.
 
     python bench/layout.py [--rounds N]
 

@@ -25,7 +25,7 @@ from harness import interleaved, machine, stamp, table  # noqa: E402
 from models import MODELS  # noqa: E402
 
 import mixprec  # noqa: E402
-from mixprec.plan import NodePrecision, PrecisionPlan  # noqa: E402
+from mixprec.plan.precision_plan import NodePrecision, PrecisionPlan  # noqa: E402
 
 
 def plans(model, inputs, every: int):

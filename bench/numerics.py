@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from harness import interleaved, machine, stamp, table  # noqa: E402
 
-from mixprec import numerics  # noqa: E402
+from mixprec.output import numerics  # noqa: E402
 
 
 def previous_output_errors(rev: str):
@@ -31,7 +31,7 @@ def previous_output_errors(rev: str):
         ["git", "-C", str(root), "show", f"{rev}:src/mixprec/report/summary.py"], check=True, capture_output=True, text=True
     ).stdout
     source = source.replace("from ..dtypes import", "from mixprec.dtypes import").replace(
-        "from .records import", "from mixprec.report.records import"
+        "from .records import", "from mixprec.output.report.records import"
     )
     namespace: dict = {}
     exec(compile(source, f"{rev}:report/summary.py", "exec"), namespace)  # noqa: S102 - our own file from git

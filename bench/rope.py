@@ -17,11 +17,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+import transformers  # noqa: E402
 from harness import machine, stamp, table  # noqa: E402
 
 import mixprec  # noqa: E402
-import transformers  # noqa: E402
-from mixprec.numerics import output_errors  # noqa: E402
+from mixprec.output.numerics import output_errors  # noqa: E402
 
 
 class Logits(torch.nn.Module):

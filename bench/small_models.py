@@ -10,14 +10,13 @@ of it (phase 1 from the cache), with the FLOP share, error and time each reached
 
 from __future__ import annotations
 
+import importlib.util  # noqa: E402
 import sys
 import time
 import warnings
 from pathlib import Path
 
 import torch
-
-import importlib.util  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from harness import machine, stamp, table  # noqa: E402
@@ -28,7 +27,7 @@ _spec.loader.exec_module(_test_models)  # tests/models.py (bench/models.py has t
 bert_small, gpt2_small, vit_small = _test_models.bert_small, _test_models.gpt2_small, _test_models.vit_small
 
 import mixprec  # noqa: E402
-from mixprec.numerics import output_errors  # noqa: E402
+from mixprec.output.numerics import output_errors  # noqa: E402
 from mixprec.searching import SearchCache  # noqa: E402
 
 

@@ -31,12 +31,12 @@ from harness import interleaved, machine, stamp, table  # noqa: E402
 from models import MODELS  # noqa: E402
 
 import mixprec  # noqa: E402
-from mixprec.numerics import output_errors  # noqa: E402
+from mixprec.output.numerics import output_errors  # noqa: E402
 
 
 def param_bytes(module: torch.nn.Module) -> int:
     """Bytes of parameters and buffers, a tensor shared under two names (tied weights) counted once."""
-    from mixprec.program import stored_bytes
+    from mixprec.ir.work_program import stored_bytes
 
     return stored_bytes(module.state_dict(), {})
 

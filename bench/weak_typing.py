@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from torch import nn
 
 import mixprec
-from mixprec.plan import NodePrecision, PrecisionPlan
+from mixprec.plan.precision_plan import NodePrecision, PrecisionPlan
 
 LOW = torch.bfloat16
 

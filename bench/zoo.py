@@ -39,12 +39,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 sys.path.insert(0, str(Path(__file__).parent))
+import transformers  # noqa: E402
 from harness import machine, stamp, table  # noqa: E402
 
 import mixprec  # noqa: E402
-from mixprec.numerics import output_errors  # noqa: E402
-
-import transformers  # noqa: E402
+from mixprec.output.numerics import output_errors  # noqa: E402
 
 T = transformers
 POS0 = 2000  # decoders run at positions 2000..2000+S

@@ -44,7 +44,7 @@ def plan_lowering(model, inputs, dtype, *, select=lambda record: True, accumulat
     """A PrecisionPlan that puts the fp32 compute layers chosen by ``select`` (a LayerRecord predicate)
     in ``dtype``, made from a strong-typing compile of the same model."""
     import mixprec
-    from mixprec.plan import NodePrecision, PrecisionPlan
+    from mixprec.plan.precision_plan import NodePrecision, PrecisionPlan
 
     records = mixprec.compile(model, inputs).report.layers
     return PrecisionPlan(
@@ -58,10 +58,10 @@ def plan_lowering(model, inputs, dtype, *, select=lambda record: True, accumulat
 
 def captured(model, inputs):
     """(WorkProgram, GraphInfo) of a model as the compiler sees it: captured, normalised, analysed."""
-    from mixprec.capture import capture
-    from mixprec.graph import analyze
-    from mixprec.passes.normalize import normalize
-    from mixprec.program import WorkProgram
+    from mixprec.ir.capture import capture
+    from mixprec.ir.graph_info import analyze
+    from mixprec.ir.normalize import normalize
+    from mixprec.ir.work_program import WorkProgram
 
     work = WorkProgram.from_exported(capture(model, inputs))
     normalize(work)
@@ -73,7 +73,7 @@ def captured(model, inputs):
 
 def lowered_plan(prog, dtype, *, accumulate=None, every: int = 1):
     """A plan that moves every ``every``-th fp32 layer of ``prog`` to ``dtype`` (others keep their precision)."""
-    from mixprec.plan import NodePrecision, PrecisionPlan
+    from mixprec.plan.precision_plan import NodePrecision, PrecisionPlan
 
     nodes = {}
     for i, (name, decision) in enumerate(prog.plan.items()):

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import mixprec
-from mixprec.numerics import output_errors
+from mixprec.output.numerics import output_errors
 
 transformers = pytest.importorskip("transformers")
 

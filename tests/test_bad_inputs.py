@@ -7,12 +7,12 @@ import warnings
 
 import pytest
 import torch
+from models import DataDependent, SeedExplicit, ThreeLinears
 from torch import nn
 
 import mixprec
 from mixprec import CalibrationError, ConfigError, InputMismatchError, UnsupportedModelError
-from mixprec.plan import NodePrecision, PrecisionPlan
-from models import DataDependent, SeedExplicit, ThreeLinears
+from mixprec.plan.precision_plan import NodePrecision, PrecisionPlan
 
 X = (torch.randn(1, 10),)
 

@@ -4,10 +4,10 @@ import logging
 
 import pytest
 import torch
-
-import mixprec
 from helpers import assert_same_outputs, assert_unchanged, snapshot
 from models import ALL_STRONG_TYPING, AutocastRegions, SeedExplicit, TiedEmbedding
+
+import mixprec
 
 
 @pytest.mark.parametrize("model_cls", ALL_STRONG_TYPING, ids=lambda c: c.__name__)

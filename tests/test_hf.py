@@ -6,9 +6,9 @@ come from transformers' own DataCollatorWithPadding, as users have them.
 
 import pytest
 import torch
+from helpers import assert_same_outputs
 
 import mixprec
-from helpers import assert_same_outputs
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")

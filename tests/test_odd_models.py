@@ -4,10 +4,10 @@ precision, autocast regions for another device type, threads."""
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
+from helpers import assert_same_outputs, plan_lowering
 from torch import nn
 
 import mixprec
-from helpers import assert_same_outputs, plan_lowering
 
 
 class IntBoolIO(nn.Module):

@@ -1,13 +1,13 @@
 """Property tests over generated small models (MLP and conv stacks, residuals, branches)."""
 
 import torch
+from generated import models
+from helpers import assert_same_outputs, assert_unchanged, snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mixprec
-from generated import models
-from helpers import assert_same_outputs, assert_unchanged, snapshot
-from mixprec.plan import NodePrecision, PrecisionPlan
+from mixprec.plan.precision_plan import NodePrecision, PrecisionPlan
 
 SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

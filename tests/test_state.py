@@ -8,11 +8,11 @@ mixprec serialises capture; an input that requires grad is refused at call time.
 
 import pytest
 import torch
+from helpers import assert_same_outputs, assert_unchanged, run_in_threads, snapshot
+from models import ConvNet, DataDependent, SeedExplicit, ThreeLinears
 from torch import nn
 
 import mixprec
-from helpers import assert_same_outputs, assert_unchanged, run_in_threads, snapshot
-from models import ConvNet, DataDependent, SeedExplicit, ThreeLinears
 
 
 class Counter(nn.Module):

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
+from helpers import assert_same_outputs, assert_unchanged, plan_lowering, snapshot
 
 import mixprec
-from helpers import assert_same_outputs, assert_unchanged, plan_lowering, snapshot
 
 transformers = pytest.importorskip("transformers")
 

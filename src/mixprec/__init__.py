@@ -1,6 +1,6 @@
 """mixprec: compile PyTorch models into mixed-precision programs (see API.md)."""
 
-from . import ops  # noqa: F401  (registers torch.ops.mixprec.*: the precision markers)
+from . import ops  # noqa: F401  (registers torch.ops.mixprec.*: the precision markers and int8 Q/DQ)
 from .compiler import compile
 from .configurator import MixedPrecisionConfigurator
 from .debugger import DebugReport, debug
@@ -9,15 +9,15 @@ from .errors import (
     ConfigError,
     FileFormatError,
     InputMismatchError,
-    RuntimeGuardError,
     MixedPrecisionError,
     MixedPrecisionWarning,
+    RuntimeGuardError,
     UnsupportedModelError,
 )
-from .module import MixedPrecisionModule
-from .plan import NodePrecision, PrecisionPlan
-from .report import LayerRecord, Report
-from .serialize import OutputRecord, load, save
+from .output.module import MixedPrecisionModule
+from .output.report import LayerRecord, Report
+from .output.serialize import OutputRecord, load, save
+from .plan.precision_plan import NodePrecision, PrecisionPlan
 from .searching import Accuracy, SearchResult, search
 
 __version__ = "0.1.0"

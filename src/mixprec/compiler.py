@@ -13,30 +13,32 @@ import time
 import torch
 import torch.utils._pytree as pytree
 
-from . import autocast, planner, weak_check
 from .backends import get_backend
-from .capture import as_input_kwargs, as_input_tuple, capture
-from .diagnose import describe, failing_node, flat_user_inputs
+from .calibrate.batch_graphs import OtherShapes
+from .calibrate.int8_ranges import calibration_batches, collect_ranges
+from .calibrate.statistics import Call, collect
 from .dtypes import dtype_name
 from .errors import ConfigError, InvariantError, UnsupportedModelError
-from .graph import GraphInfo, analyze
-from .calibrate import Call, collect
-from .calibration_graphs import OtherShapes
-from .call_signature import CallSignature
-from .int8_ranges import calibration_batches, collect_ranges
-from .interpret import run_user_outputs
-from .input_check import input_specs_of
-from .module import MixedPrecisionModule
-from .passes.normalize import normalize
-from .passes.pipeline import rewrite
-from .plan import PrecisionPlan
-from .program import WorkProgram, stored_bytes
-from .report import Report, build_graph, build_records, build_summary, output_errors
-from .passes.casting import is_mixprec_cast
+from .ir.call_signature import CallSignature
+from .ir.capture import as_input_kwargs, as_input_tuple, capture
+from .ir.diagnose import describe, failing_node, flat_user_inputs
+from .ir.graph_info import GraphInfo, analyze
+from .ir.input_check import input_specs_of
+from .ir.normalize import normalize
+from .ir.runner import run_user_outputs
+from .ir.work_program import WorkProgram, stored_bytes
+from .ir.written_state import preserved, written_tensors
+from .output.module import MixedPrecisionModule
+from .output.report import Report, build_graph, build_records, build_summary, output_errors
+from .plan import autocast, planner
+from .plan.precision_plan import PrecisionPlan
+from .plan.sources import markers
+from .rewrite.casting import is_mixprec_cast
+from .rewrite.pipeline import rewrite
 from .settings import CompileSettings
-from .sources import markers, weak_typing
-from .timing import measure_layers
-from .written_state import preserved, written_tensors
+from .weak_typing import check as weak_check
+from .weak_typing import source as weak_typing
+from .weak_typing.timing import measure_layers
 
 log = logging.getLogger("mixprec")
 
@@ -189,7 +191,7 @@ def _calibrate(model, base: WorkProgram, config: CompileSettings, signature, arg
     """Statistics of every node on the calibration batches (the example inputs when there is no loader).
 
     Batches of other batch/sequence sizes than the example run on a graph captured for them (an
-    nn.Module only): calibration_graphs.py. Returns the Calibration and how many extra captures it took."""
+    nn.Module only): calibrate/batch_graphs.py. Returns the Calibration and how many extra captures it took."""
     loader = config.autocast_calibration_dataloader
     batches = [Call(*_fresh(args, kwargs))] if loader is None else loader
     other = OtherShapes(model, base, *_fresh(args, kwargs)) if isinstance(model, torch.nn.Module) else None

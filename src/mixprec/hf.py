@@ -25,7 +25,7 @@ program the shape of a transformers model:
   program loaded with ``mixprec.load`` the same way (``CausalLMProgram(prog, config)``).
 
 The program owns its KV cache: the model, and the tensors of the recipe module, are never
-written (``written_state.py``). Numerics: under strong typing (the default) the logits are
+written (``ir/written_state.py``). Numerics: under strong typing (the default) the logits are
 eager PyTorch's; with ``enable_autocast=True`` the usual rules decide.
 """
 

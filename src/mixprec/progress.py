@@ -8,7 +8,7 @@ stays readable: steps print one plain line each only when asked for (``enabled=T
 CLI's ``--progress``), and status lines go to ``logging`` at INFO (``log``), at most every
 ``every`` seconds. A closed or broken stream never fails the work it reports on.
 
-(Calibration has its own line in calibrate.py, which shows nothing for short calibrations.)
+(Calibration has its own line in calibrate/statistics.py, which shows nothing for short calibrations.)
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import torch
 
 from .dtypes import FLOAT_DTYPES, LOW_PRECISION_FLOATS, dtype_name, parse_dtype
 from .errors import ConfigError
-from .oprefs import resolve_op_name
+from .ops.names import resolve_op_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +97,7 @@ def _bool(kwargs, name):
 
 def _validated(kwargs: dict[str, Any]) -> dict[str, Any]:
     from .backends import known_backends  # the registry; imported late to keep modules independent
-    from .plan import PrecisionPlan
+    from .plan.precision_plan import PrecisionPlan
 
     out: dict[str, Any] = {}
     for name in (

@@ -8,12 +8,7 @@ precision. Compiling is slow on a small CPU, so programs are built once per modu
 
 import pytest
 import torch
-from torch._dynamo.utils import counters
-
-import mixprec
 from helpers import assert_within_rounding, lowered_plan, lowest_precision, run_in_threads
-from mixprec.backends import get_backend
-from mixprec.backends import inductor as inductor_backend
 from models import (
     Attention,
     AutocastRegions,
@@ -25,6 +20,11 @@ from models import (
     TiedEmbedding,
     TinyGPT2,
 )
+from torch._dynamo.utils import counters
+
+import mixprec
+from mixprec.backends import get_backend
+from mixprec.backends import inductor as inductor_backend
 
 
 def _both(model, inputs, **settings):

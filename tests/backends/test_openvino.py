@@ -7,11 +7,11 @@ import sys
 
 import pytest
 import torch
+from helpers import run_in_threads
+from models import ThreeLinears
 from torch import nn
 
 import mixprec
-from helpers import run_in_threads
-from models import ThreeLinears
 
 ov = pytest.importorskip("openvino")  # installed in CI (requirements-dev.txt); optional for users
 

@@ -3,13 +3,13 @@
 import math
 
 import torch
+from helpers import plan_lowering
+from models import ConvNet
 
 import mixprec
-from helpers import plan_lowering
 from mixprec.debugger import compare_programs, fp32_reference
 from mixprec.debugger.compare import _stats
-from mixprec.diagnose import flat_user_inputs
-from models import ConvNet
+from mixprec.ir.diagnose import flat_user_inputs
 
 
 class _InPlace(torch.nn.Module):

@@ -5,12 +5,12 @@ import math
 
 import pytest
 import torch
+from helpers import plan_lowering
+from models import Cancellation, Overflow, ThreeLinears
 
 import mixprec
-from helpers import plan_lowering
 from mixprec.errors import ConfigError, InputMismatchError
-from mixprec.module import MixedPrecisionModule
-from models import Cancellation, Overflow, ThreeLinears
+from mixprec.output.module import MixedPrecisionModule
 
 
 def _rel_l2(got, ref) -> float:
@@ -133,8 +133,9 @@ def test_json_round_trip_and_html_section():
 
 
 def test_a_loaded_program_is_debugged_against_its_own_fp32_recomputation(tmp_path):
-    from mixprec.plan import NodePrecision, PrecisionPlan
     from models import Overflow
+
+    from mixprec.plan.precision_plan import NodePrecision, PrecisionPlan
 
     model, inputs = Overflow().eval(), Overflow.example_inputs()
     names = [r.name for r in mixprec.compile(model, inputs).report.layers if r.kind == "compute"]

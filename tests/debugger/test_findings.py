@@ -7,8 +7,8 @@ import torch
 
 from mixprec.debugger.findings import find
 from mixprec.debugger.records import LayerComparison
-from mixprec.graph import GraphInfo, NodeInfo
-from mixprec.plan import NodePrecision, PrecisionPlan
+from mixprec.ir.graph_info import GraphInfo, NodeInfo
+from mixprec.plan.precision_plan import NodePrecision, PrecisionPlan
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 

@@ -4,10 +4,10 @@ import math
 
 import pytest
 
+from mixprec.progress import Progress
 from mixprec.searching.budget import _furthest, _lowered_for_fraction, choose
 from mixprec.searching.groups import LayerGroup
 from mixprec.searching.options import SearchOptions
-from mixprec.progress import Progress
 from mixprec.searching.sensitivity import Sensitivity, Study
 from mixprec.searching.trials import Outcome
 

@@ -3,11 +3,11 @@
 import math
 
 import torch
+from models import SensitiveByConstruction, zero_sum_rows
 
 import mixprec
 from mixprec.searching import SearchCache
 from mixprec.searching.cache import digest
-from models import SensitiveByConstruction, zero_sum_rows
 
 
 def setup():

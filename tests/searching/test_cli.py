@@ -5,10 +5,10 @@ import os
 
 import pytest
 import torch
+from models import SensitiveByConstruction
 
 import mixprec
 from mixprec.cli import main
-from models import SensitiveByConstruction
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

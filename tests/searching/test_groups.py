@@ -5,13 +5,13 @@ import warnings
 
 import pytest
 import torch
+from helpers import captured
+from models import Attention, MaskedScores, SensitiveByConstruction
 
 import mixprec
-from helpers import captured
-from mixprec import planner
+from mixprec.plan import planner
 from mixprec.searching.groups import find_groups, low_flops_fraction
 from mixprec.settings import CompileSettings
-from models import Attention, MaskedScores, SensitiveByConstruction
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 

@@ -4,9 +4,9 @@ import math
 
 import pytest
 import torch
+from models import LogOfRelu
 
 import mixprec
-from models import LogOfRelu
 
 
 def test_included_layers_are_measured_instead_of_pinned():

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import mixprec
-from mixprec.plan import NodePrecision, PrecisionPlan
+from mixprec.plan.precision_plan import NodePrecision, PrecisionPlan
 from mixprec.searching.result import GroupSensitivity, ParetoPoint, SearchResult
 
 

@@ -7,11 +7,11 @@ import warnings
 import pytest
 import torch
 import torch.utils._pytree as pytree
+from helpers import assert_unchanged, snapshot
+from models import AutocastRegions, OverflowsInFp16, SensitiveByConstruction, TRTorchSeed, zero_sum_rows
 
 import mixprec
-from helpers import assert_unchanged, snapshot
 from mixprec.searching import SearchCache
-from models import AutocastRegions, OverflowsInFp16, SensitiveByConstruction, TRTorchSeed, zero_sum_rows
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 

@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 import torch.utils._pytree as pytree
+from models import bert_small, gpt2_small, vit_small
 
 import mixprec
 from mixprec.searching import SearchCache
-from models import bert_small, gpt2_small, vit_small
 
 pytest.importorskip("transformers")
 

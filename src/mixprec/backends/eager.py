@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..guard import install
 from . import register_backend
+from .guard import install
 
 
 @register_backend("eager")

@@ -43,8 +43,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..errors import InputMismatchError, UnsupportedModelError
-from ..graph import size_hint
-from ..input_check import check_inputs, input_specs_of
+from ..ir.graph_info import size_hint
+from ..ir.input_check import check_inputs, input_specs_of
 from . import register_backend
 
 # Inductor settings every mixprec program is compiled with (see the module docstring).

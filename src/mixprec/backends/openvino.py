@@ -18,7 +18,7 @@ OpenVINO's ``"CPU"`` device. What it does to the program on the way:
   running other numerics. Integer runtime precisions (int8 kernels, index arithmetic) are
   accepted: they are how int8 layers run.
 * **int8 regions on int8 kernels.** mixprec's symmetric quantize/dequantize pairs
-  (``ops.py``) become ``quantized_decomposed`` quantize/dequantize pairs with the same
+  (``ops/custom.py``) become ``quantized_decomposed`` quantize/dequantize pairs with the same
   scale, zero point 0 and range [-127, 127] (OpenVINO makes a FakeQuantize of them), and
   an int8 weight with its per-channel scales becomes Convert(int8) * scale — the
   dequantization pattern OpenVINO's low-precision transformations fold into int8
@@ -57,8 +57,8 @@ from torch._guards import detect_fake_mode
 from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
 
 from ..errors import ConfigError, UnsupportedModelError
-from ..input_check import input_specs_of
-from ..ops import INT8_MAX, INT8_MIN
+from ..ir.input_check import input_specs_of
+from ..ops.custom import INT8_MAX, INT8_MIN
 from . import register_backend
 
 DEVICE = "CPU"
@@ -136,7 +136,7 @@ class OpenVINORunner(torch.nn.Module):
         self._idle.put(self._compiled.create_infer_request())
 
     def forward(self, *args, **kwargs):
-        from ..diagnose import flat_user_inputs
+        from ..ir.diagnose import flat_user_inputs
 
         leaves = flat_user_inputs(self._program, args, kwargs)
         tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
@@ -192,9 +192,9 @@ def for_openvino(exported_program, *, int8_kernels: bool | None = None):
     patterns OpenVINO runs on int8 kernels (where they compute today's numerics: ``int8_kernels``, by
     default :func:`int8_kernels_exact`), stored tensors contiguous. Returns a new ExportedProgram
     (the given one is not changed; unchanged tensors are shared)."""
-    from ..program import WorkProgram
-
     import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers torch.ops.quantized_decomposed)
+
+    from ..ir.work_program import WorkProgram
 
     work = WorkProgram.from_exported(exported_program)
     for store in (work.state_dict, work.constants):
@@ -255,7 +255,7 @@ def _lower_int8(work, kernels: bool) -> None:
 
     ``kernels``: quantize -> dequantize pairs become quantized_decomposed pairs (OpenVINO's
     FakeQuantize, which its low-precision transformations turn into int8 kernels). Otherwise the
-    same arithmetic as ``ops.py`` in plain float32 operations (fake quantization, as on the eager
+    same arithmetic as ``ops/custom.py`` in plain float32 operations (fake quantization, as on the eager
     backend). Per-channel weights are Convert(int8) * scale either way.
     """
     qd = torch.ops.quantized_decomposed

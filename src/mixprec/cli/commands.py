@@ -43,7 +43,7 @@ def compile_command(args) -> int:
     if args.json:
         write_text(args.json, prog.report.to_json())
         written.append(args.json)
-    from ..report.render import summary_text
+    from ..output.report.render import summary_text
 
     print(f"compiled {label}")
     print(summary_text(prog.report.summary))
@@ -52,9 +52,9 @@ def compile_command(args) -> int:
 
 
 def report_command(args) -> int:
-    from ..report import Report
-    from ..report.render import layer_info, table
-    from ..serialize import read_metadata
+    from ..output.report import Report
+    from ..output.report.render import layer_info, table
+    from ..output.serialize import read_metadata
 
     check_writable(args.html, args.json)
     if args.file.endswith(".json"):

@@ -189,7 +189,7 @@ def compile_kwargs(args: argparse.Namespace) -> dict:
 
 
 def _read_plan(path: str):
-    from ..plan import PrecisionPlan
+    from ..plan.precision_plan import PrecisionPlan
 
     try:
         with open(path, encoding="utf-8") as fh:

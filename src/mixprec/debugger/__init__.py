@@ -17,13 +17,13 @@ import math
 
 import torch
 
-from ..capture import as_input_kwargs, as_input_tuple
-from ..written_state import preserved, written_tensors
 from ..compiler import compile as _compile
-from ..diagnose import flat_user_inputs
 from ..errors import ConfigError
-from ..input_check import check_inputs, input_specs_of
-from ..module import MixedPrecisionModule
+from ..ir.capture import as_input_kwargs, as_input_tuple
+from ..ir.diagnose import flat_user_inputs
+from ..ir.input_check import check_inputs, input_specs_of
+from ..ir.written_state import preserved, written_tensors
+from ..output.module import MixedPrecisionModule
 from .compare import compare_programs
 from .findings import find
 from .records import DebugReport, Finding, LayerComparison

@@ -22,14 +22,14 @@ import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
 from torch.export.graph_signature import OutputKind
 
-from ..diagnose import describe
 from ..dtypes import is_float
 from ..errors import InvariantError
-from ..graph import META_ACC, META_ROLE, GraphInfo
-from ..interpret import GraphRunner, lifted_inputs
-from ..numerics import ErrorStats, float_leaves, output_errors
-from ..passes.casting import is_mixprec_cast, origin_name
-from ..plan import PrecisionPlan
+from ..ir.diagnose import describe
+from ..ir.graph_info import META_ACC, META_ROLE, GraphInfo
+from ..ir.runner import GraphRunner, lifted_inputs
+from ..output.numerics import ErrorStats, float_leaves, output_errors
+from ..plan.precision_plan import PrecisionPlan
+from ..rewrite.casting import is_mixprec_cast, origin_name
 from .records import LayerComparison
 
 _COMPARED_KINDS = ("compute", "cast")

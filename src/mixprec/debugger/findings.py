@@ -20,8 +20,8 @@ import re
 import torch
 
 from ..dtypes import LOW_PRECISION_FLOATS, dtype_name
-from ..graph import GraphInfo
-from ..plan import PrecisionPlan
+from ..ir.graph_info import GraphInfo
+from ..plan.precision_plan import PrecisionPlan
 from .records import Finding, LayerComparison
 
 IO_RANGE_DEFAULT = 512.0  # autocast_max_output_threshold's default (API.md)

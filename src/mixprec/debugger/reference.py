@@ -14,11 +14,11 @@ import dataclasses
 import torch
 from torch.export import ExportedProgram
 
-from ..graph import GraphInfo, analyze, tensor_metas
-from ..passes.normalize import normalize
-from ..passes.pipeline import rewrite
-from ..planner import reference_plan
-from ..program import WorkProgram
+from ..ir.graph_info import GraphInfo, analyze, tensor_metas
+from ..ir.normalize import normalize
+from ..ir.work_program import WorkProgram
+from ..plan.planner import reference_plan
+from ..rewrite.pipeline import rewrite
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,7 +10,7 @@ import html
 import math
 
 from ..dtypes import short_name
-from ..report.render import text_table
+from ..output.report.render import text_table
 from .records import DebugReport, LayerComparison
 
 _COLUMNS = ("", "layer", "module", "op", "prec", "rel err", "max abs err", "absmax", "fp32 absmax", "new inf/nan", "jump")

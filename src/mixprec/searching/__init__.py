@@ -23,10 +23,10 @@ import warnings
 import torch
 import torch.utils._pytree as pytree
 
-from ..capture import as_input_tuple
 from ..dtypes import dtype_name
 from ..errors import ConfigError, MixedPrecisionWarning
-from ..plan import NodePrecision, PrecisionPlan
+from ..ir.capture import as_input_tuple
+from ..plan.precision_plan import NodePrecision, PrecisionPlan
 from ..progress import Progress
 from . import latency
 from .budget import Choice, choose

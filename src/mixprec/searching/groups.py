@@ -26,9 +26,9 @@ import dataclasses
 
 import torch
 
-from ..graph import GraphInfo
-from ..plan import PrecisionPlan
-from ..sources.rules import lowerable
+from ..ir.graph_info import GraphInfo
+from ..plan.precision_plan import PrecisionPlan
+from ..plan.sources.autocast_rules import lowerable
 
 
 @dataclasses.dataclass(frozen=True)

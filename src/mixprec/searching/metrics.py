@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 
 from ..errors import ConfigError
-from ..numerics import ErrorStats
+from ..output.numerics import ErrorStats
 
 
 class Accuracy:

@@ -18,7 +18,7 @@ import torch
 from .. import jsondoc
 from ..dtypes import dtype_from_name, dtype_name
 from ..errors import ConfigError
-from ..plan import PrecisionPlan
+from ..plan.precision_plan import PrecisionPlan
 
 _FORMAT = "mixprec.search"
 _VERSION = 1

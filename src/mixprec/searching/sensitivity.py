@@ -20,13 +20,13 @@ from types import MappingProxyType
 
 import torch
 
-from .. import autocast, planner
-from ..capture import capture
 from ..compiler import marker_ranges
 from ..errors import CalibrationError, MixedPrecisionWarning
-from ..graph import GraphInfo, analyze
-from ..passes.normalize import normalize
-from ..program import WorkProgram
+from ..ir.capture import capture
+from ..ir.graph_info import GraphInfo, analyze
+from ..ir.normalize import normalize
+from ..ir.work_program import WorkProgram
+from ..plan import autocast, planner
 from ..progress import Progress
 from ..settings import CompileSettings
 from .groups import LayerGroup, find_groups

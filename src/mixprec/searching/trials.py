@@ -22,12 +22,12 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
-from .. import planner
 from ..dtypes import dtype_name
-from ..graph import GraphInfo
-from ..passes.pipeline import rewrite
-from ..plan import NodePrecision, PrecisionPlan
-from ..program import WorkProgram
+from ..ir.graph_info import GraphInfo
+from ..ir.work_program import WorkProgram
+from ..plan import planner
+from ..plan.precision_plan import NodePrecision, PrecisionPlan
+from ..rewrite.pipeline import rewrite
 from ..settings import CompileSettings
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ class Guarded(torch.nn.Module):
         self._reset_state = reset_state  # buffers the graph writes go back to their captured values
 
     def forward(self, *args, **kwargs):
-        if self._reset_state is not None:  # every run starts from the model's state (written_state.py)
+        if self._reset_state is not None:  # every run starts from the model's state (ir/written_state.py)
             self._reset_state()
         try:
             return self.module(*args, **kwargs)

@@ -1,0 +1,412 @@
+"""Calibration: run the fp32 graph on calibration batches and keep per-node statistics.
+
+Autocast's range rules need to know how large the values of every tensor get on real
+data. Torch-TensorRT keeps every node's calibration output in memory to answer that;
+here only streaming :class:`TensorStats` are kept (absmax, min, max, non-finite count,
+element count, shape), merged batch by batch, so memory does not grow with the number
+of batches. Intermediate tensors are freed as soon as their last consumer has run
+(``torch.fx.Interpreter`` with garbage collection of values).
+
+The graph that runs is the normalised captured graph, so calibration sees exactly the
+values eager PyTorch computes (``torch.autocast`` regions included, their casts made
+explicit). Batches are calls of the model's forward — tuples of positional inputs, single
+tensors, or dicts keyed by parameter names (HF collators) — with the dtypes and ranks of
+the example inputs; their batch and sequence sizes may differ from the example inputs and
+between batches: such a batch runs on a graph captured for its sizes
+(``batch_graphs.py``), for statistics only, and the program keeps the shapes it was
+compiled for. Anything else raises :class:`CalibrationError` naming the input.
+
+A graph that writes its buffers (a counter) starts every batch from the captured state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+
+import torch
+import torch.utils._pytree as pytree
+from torch.export.graph_signature import InputKind
+
+from ..dtypes import is_float
+from ..errors import CalibrationError
+from ..ir.work_program import STORED_KINDS, WorkProgram
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorStats:
+    """What calibration remembers about one node's float output(s) over all batches.
+
+    ``absmax``, ``min`` and ``max`` are over finite values only; infinities and NaNs are
+    counted in ``nonfinite`` instead, so one overflow does not hide the finite range.
+    """
+
+    absmax: float
+    min: float
+    max: float
+    nonfinite: int
+    numel: int
+    shape: tuple[int, ...]
+    batches: int = 1
+
+    @classmethod
+    def of(cls, tensors: list[torch.Tensor]) -> "TensorStats | None":
+        """Statistics of one batch's value of a node (several tensors for a multi-output node)."""
+        stats = None
+        for t in tensors:
+            one = cls._of_one(t)
+            stats = one if stats is None else stats._combined(one, batches=1)
+        return stats
+
+    @classmethod
+    def _of_one(cls, t: torch.Tensor) -> "TensorStats":
+        t = t.detach()
+        if t.numel() == 0:
+            return cls(0.0, math.inf, -math.inf, 0, 0, tuple(t.shape))
+        lo, hi = torch.aminmax(t)
+        lo, hi = float(lo), float(hi)
+        nonfinite = 0
+        if not (math.isfinite(lo) and math.isfinite(hi)):  # slow path only when something overflowed
+            finite = torch.isfinite(t)
+            nonfinite = int(t.numel() - finite.sum())
+            if nonfinite == t.numel():
+                lo, hi = math.inf, -math.inf
+            else:
+                values = t[finite]
+                lo, hi = float(values.min()), float(values.max())
+        absmax = max(abs(lo), abs(hi)) if lo <= hi else 0.0
+        return cls(absmax, lo, hi, nonfinite, t.numel(), tuple(t.shape))
+
+    def merge(self, other: "TensorStats") -> "TensorStats":
+        """Statistics over the batches of both."""
+        return self._combined(other, batches=self.batches + other.batches)
+
+    def _combined(self, other: "TensorStats", *, batches: int) -> "TensorStats":
+        return TensorStats(
+            absmax=max(self.absmax, other.absmax),
+            min=min(self.min, other.min),
+            max=max(self.max, other.max),
+            nonfinite=self.nonfinite + other.nonfinite,
+            numel=self.numel + other.numel,
+            shape=self.shape,
+            batches=batches,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """Statistics by node name (graph inputs included) and the number of batches seen."""
+
+    stats: Mapping[str, TensorStats]
+    batches: int
+    # the flat user outputs of the first batch, when asked for (the compiler reuses them as the fp32
+    # reference of the report's error when the captured graph is the fp32 model)
+    first_outputs: tuple | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """A batch already in the captured call's structure (the example inputs)."""
+
+    args: tuple
+    kwargs: dict = dataclasses.field(default_factory=dict)
+
+
+def collect(
+    work: WorkProgram,
+    batches: Iterable,
+    *,
+    signature=None,
+    other_shapes=None,
+    progress_stream=None,
+    keep_first_outputs: bool = False,
+) -> Calibration:
+    """Run ``work``'s graph on every batch and merge per-node statistics.
+
+    ``batches`` yields calls of forward: tuples or lists of positional inputs, single tensors,
+    dicts keyed by forward's parameter names (what HF collators yield), or :class:`Call`.
+    ``signature`` (a ``CallSignature``) maps keywords onto the captured call (without it a dict
+    batch is refused). ``other_shapes`` (``calibration_graphs.OtherShapes``) runs batches whose
+    sizes the captured graph does not take; without it they are refused.
+    Every batch starts from the captured state of buffers the graph writes.
+    """
+    user_nodes = work.user_input_nodes()
+    fixed = _fixed_inputs(work)
+    interpreter = _StatsInterpreter(work.graph_module, skip=set(fixed))
+    runners: dict[int, tuple] = {}  # id(CalibrationGraph) -> (graph, its interpreter, its fixed inputs)
+    total = _length(batches)
+    progress = _Progress(total, stream=progress_stream)
+    count = 0
+    first_outputs = None
+    with torch.no_grad():
+        for index, batch in enumerate(batches):
+            args, kwargs = _as_call(batch, index, signature)
+            tensors = _fit(args, kwargs, user_nodes, index, resizable=other_shapes is not None)
+            target, run, inputs = work, interpreter, fixed
+            if tensors is None:  # sizes the captured graph does not take: a graph captured for them
+                graph = _other_graph(other_shapes, args, kwargs, index, user_nodes)
+                if id(graph) not in runners:
+                    graph_fixed = _fixed_inputs(graph.work)
+                    runners[id(graph)] = (graph, _StatsInterpreter(graph.work.graph_module, skip=set(graph_fixed)), graph_fixed)
+                graph, run, inputs = runners[id(graph)]
+                target = graph.work
+                tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+            target.reset_state()
+            try:
+                outputs = run.run(*_arguments(target, inputs, tensors), enable_io_processing=False)
+            except Exception as e:  # a kernel rejected the data: say which batch, keep torch's reason
+                raise CalibrationError(
+                    f"calibration batch {index} fits the captured input shapes but the model fails on it: "
+                    f"{str(e).splitlines()[0] if str(e) else type(e).__name__}. Check the batch's values and sizes."
+                ) from e
+            finally:
+                target.reset_state()
+            if keep_first_outputs and index == 0 and target is work:
+                first_outputs = tuple(_user_outputs(work, outputs))
+            count += 1
+            progress.update(count)
+            del tensors, batch, outputs, args, kwargs
+    progress.finish(count)
+    if count == 0:
+        raise CalibrationError(
+            "the calibration dataloader yielded no batches; pass an iterable with at least one batch of model "
+            "inputs, or leave autocast_calibration_dataloader=None to calibrate on the example inputs."
+        )
+    stats = dict(interpreter.stats)
+    for graph, run, _ in runners.values():
+        _merge_mapped(stats, run.stats, graph.names, work)
+    return Calibration(MappingProxyType(stats), count, first_outputs)
+
+
+def _merge_mapped(stats: dict, other: dict, names: dict, work: WorkProgram) -> None:
+    """Fold another graph's statistics into the captured graph's, through the node mapping; shapes stay
+    those of the captured graph (its example inputs), which the shape-based facts read."""
+    shapes = {}
+    for node in work.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            shapes[node.name] = tuple(int(s) if not isinstance(s, torch.SymInt) else -1 for s in val.shape)
+    for name, value in other.items():
+        primary = names.get(name)
+        if primary is None:
+            continue
+        old = stats.get(primary)
+        if old is None:
+            stats[primary] = dataclasses.replace(value, shape=shapes.get(primary, value.shape))
+        else:
+            stats[primary] = old.merge(value)
+
+
+def _other_graph(other_shapes, args, kwargs, index, user_nodes):
+    tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    try:
+        return other_shapes.graph_for(args, kwargs, tensors)
+    except Exception as e:  # torch could not capture the model for these sizes
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        where, shape = f"calibration batch {index}", ""
+        for position, (tensor, node) in enumerate(zip(tensors, user_nodes)):
+            expected = node.meta.get("val")
+            problem = _mismatch(tensor, expected) if isinstance(expected, torch.Tensor) else None
+            if problem:
+                where = f"calibration batch {index}, input {position} ('{node.name}'): {problem}"
+                shape = f" The model was captured for shape {_shape_text(expected)}."
+                break
+        raise CalibrationError(
+            f"{where}; the model does not run at these sizes (torch.export could not capture it for them: "
+            f"{reason}).{shape} Make the batches like the example inputs (batch and sequence sizes may differ; "
+            "sizes the model's weights fix may not)."
+        ) from e
+
+
+def _as_call(batch, index: int, signature) -> tuple[tuple, dict]:
+    """A batch as (args, kwargs) in the captured call's structure."""
+    if isinstance(batch, Call):
+        return tuple(batch.args), dict(batch.kwargs)
+    if isinstance(batch, torch.Tensor):
+        args, kwargs = (batch,), {}
+    elif isinstance(batch, (tuple, list)):
+        args, kwargs = tuple(batch), {}
+    elif isinstance(batch, Mapping) and all(isinstance(k, str) for k in batch):
+        if signature is None:
+            raise CalibrationError(
+                f"calibration batch {index} is a dict, and the names of this program's inputs are not known; pass "
+                "tuples of the model's positional inputs instead."
+            )
+        args, kwargs = (), dict(batch)
+    else:
+        raise CalibrationError(
+            f"calibration batch {index} is a {type(batch).__name__}; each batch must be a tuple or list of the "
+            "model's positional inputs, a single tensor for a one-input model, or a dict keyed by forward's "
+            "parameter names (what transformers' collators yield)."
+        )
+    if signature is None:
+        return args, kwargs
+    if isinstance(batch, (tuple, list)) and len(args) > len(signature.positional) and not signature.keywords:
+        return args, kwargs  # a tuple carrying labels too: _fit says so in the terms of the data
+    return signature.arrange(args, kwargs, error=CalibrationError, where=f"calibration batch {index}")
+
+
+def _user_outputs(work: WorkProgram, outputs) -> list:
+    from torch.export.graph_signature import OutputKind
+
+    return [value for spec, value in zip(work.output_specs, outputs) if spec.kind == OutputKind.USER_OUTPUT]
+
+
+def _fixed_inputs(work: WorkProgram) -> dict[str, object]:
+    """Values of the placeholders that are not user inputs (parameters, buffers, constants, objects)."""
+    fixed = {}
+    for node in work.placeholders():
+        spec = work.input_spec_of(node)
+        if spec is None:
+            spec = next((s for s in work.input_specs if getattr(s.arg, "name", None) == node.name), None)
+        if spec is None or spec.kind == InputKind.USER_INPUT:
+            continue
+        fixed[node.name] = work.stored_tensor(spec) if spec.kind in STORED_KINDS else work.constants.get(spec.target)
+    return fixed
+
+
+def _arguments(work: WorkProgram, fixed: dict, user_tensors: list) -> list:
+    """One value per placeholder, in graph order."""
+    users = iter(user_tensors)
+    return [fixed[n.name] if n.name in fixed else next(users) for n in work.placeholders()]
+
+
+class _StatsInterpreter(torch.fx.Interpreter):
+    """Runs the graph node by node and folds every float result into per-node statistics."""
+
+    def __init__(self, gm: torch.fx.GraphModule, skip: set[str]):
+        super().__init__(gm, garbage_collect_values=True)
+        self.stats: dict[str, TensorStats] = {}
+        self.skip = skip  # stored tensors: their range is known without data (the constant-range rule reads them)
+
+    def run_node(self, n: torch.fx.Node):
+        result = super().run_node(n)
+        if n.op in ("placeholder", "call_function") and n.name not in self.skip:
+            floats = [t for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor) and is_float(t.dtype)]
+            if floats:
+                new = TensorStats.of(floats)
+                old = self.stats.get(n.name)
+                self.stats[n.name] = new if old is None else old.merge(new)
+        return result
+
+
+def _fit(args, kwargs, user_nodes: list[torch.fx.Node], index: int, *, resizable: bool = False) -> list[torch.Tensor] | None:
+    """The batch as the flat list of user-input tensors, or CalibrationError saying what does not fit.
+
+    None when only sizes differ and ``resizable``: the batch needs a graph captured for its sizes."""
+    leaves = [leaf for leaf in pytree.tree_leaves((tuple(args), dict(kwargs))) if isinstance(leaf, torch.Tensor)]
+    names = [n.name for n in user_nodes]
+    if len(leaves) != len(user_nodes):
+        raise CalibrationError(
+            f"calibration batch {index} holds {len(leaves)} tensor(s), the model takes {len(user_nodes)} "
+            f"({', '.join(names) or 'none'}). If the batches also carry labels, pass only the inputs, "
+            "e.g. (batch[:n] for batch in loader)."
+        )
+    resized = False
+    for position, (tensor, node) in enumerate(zip(leaves, user_nodes)):
+        expected = node.meta.get("val")
+        if not isinstance(expected, torch.Tensor):
+            continue
+        problem = _mismatch(tensor, expected)
+        if problem and resizable and problem.startswith("shape") and tensor.dim() == expected.dim():
+            resized = True
+            continue
+        if problem:
+            raise CalibrationError(
+                f"calibration batch {index}, input {position} ('{node.name}'): {problem}. The model was captured "
+                f"for shape {_shape_text(expected)} and dtype {expected.dtype}; make the batches like the example "
+                "inputs"
+                + (
+                    " (batch and sequence sizes may differ when compiling an nn.Module; an ExportedProgram must be "
+                    "captured with dynamic_shapes= for them)."
+                    if problem.startswith("shape") and tensor.dim() == expected.dim()
+                    else "."
+                )
+            )
+    return None if resized else leaves
+
+
+def _mismatch(tensor: torch.Tensor, expected: torch.Tensor) -> str | None:
+    if tensor.dtype != expected.dtype:
+        return f"dtype {tensor.dtype} where {expected.dtype} is expected"
+    if tensor.device.type != expected.device.type:
+        return f"device {tensor.device} where {expected.device.type} is expected"
+    if tensor.dim() != expected.dim():
+        return f"shape {tuple(tensor.shape)} has rank {tensor.dim()}, expected rank {expected.dim()}"
+    for axis, (got, want) in enumerate(zip(tensor.shape, expected.shape)):
+        if isinstance(want, torch.SymInt) and not _is_constant(want):
+            continue
+        if int(got) != int(want):
+            return f"shape {tuple(tensor.shape)} differs from {_shape_text(expected)} in dimension {axis}"
+    return None
+
+
+def _is_constant(size: torch.SymInt) -> bool:
+    return size.node.is_constant() if hasattr(size.node, "is_constant") else False
+
+
+def _shape_text(t: torch.Tensor) -> str:
+    return "(" + ", ".join(str(s) if not isinstance(s, torch.SymInt) or _is_constant(s) else "*" for s in t.shape) + ")"
+
+
+def _length(batches) -> int | None:
+    try:
+        return len(batches)
+    except TypeError:
+        return None
+
+
+class _Progress:
+    """Progress of a long calibration: a self-updating line on a terminal, else log lines.
+
+    Nothing is shown for calibrations shorter than ``delay`` seconds, so quick compiles stay quiet.
+    """
+
+    def __init__(self, total: int | None, *, stream=None, delay: float = 2.0, every: float = 10.0, clock=time.monotonic):
+        self.total = total
+        self.stream = stream if stream is not None else sys.stderr
+        self.delay = delay
+        self.every = every
+        self.clock = clock
+        self.start = clock()
+        self.last = None
+        self.shown = False
+
+    def _tty(self) -> bool:
+        isatty = getattr(self.stream, "isatty", None)
+        return bool(isatty and isatty())
+
+    def _text(self, count: int) -> str:
+        of = f"/{self.total}" if self.total else ""
+        return f"mixprec: calibrating, batch {count}{of} ({self.clock() - self.start:.0f} s)"
+
+    def update(self, count: int) -> None:
+        now = self.clock()
+        if now - self.start < self.delay:
+            return
+        tty = self._tty()
+        if self.last is not None and now - self.last < (0.5 if tty else self.every):
+            return
+        self.last = now
+        self.shown = True
+        if tty:
+            self.stream.write("\r" + self._text(count))
+            self.stream.flush()
+        else:
+            log.info(self._text(count))
+
+    def finish(self, count: int) -> None:
+        if not self.shown:
+            return
+        if self._tty():
+            self.stream.write("\r" + self._text(count) + "\n")
+            self.stream.flush()
+        else:
+            log.info(self._text(count) + ", done")

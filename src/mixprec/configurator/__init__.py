@@ -1,0 +1,330 @@
+"""MixedPrecisionConfigurator: AIMET-style manual mixed precision (API.md §4) → a PrecisionPlan.
+
+Requests name modules (a leaf, a non-leaf module for all its leaves, every module of a
+type, or a module path) and precisions; ``apply`` captures the model once, maps every
+request onto the graph layers that run in those modules, and writes one ``source="plan"``
+decision per requested layer, which ``mixprec.compile(..., plan=plan)`` honours over
+everything else.
+
+Why requests resolve on layers, in call order: a non-leaf request covers every layer whose
+module path lies under it, a later request overwrites the layers it covers, so "all of L1
+at P1 except its leaf L2 at P2" is just two requests in that order. (AIMET resolves on
+quantizers and rejects exactly this combination in strict mode, and drops it silently
+otherwise.)
+
+``activation`` is the dtype the module computes in (and so produces); ``param`` the dtype
+its parameters are stored in (cast at use when it differs). int8 activations quantize each
+module's boundary — the values entering from outside the module and the values leaving it —
+with ranges calibrated on the inputs given to ``apply``; int8 parameters store convolution
+and linear weights per output channel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import warnings
+from typing import Any
+
+import torch
+
+from ..calibrate.int8_ranges import collect_ranges
+from ..compiler import marker_ranges
+from ..dtypes import parse_dtype, short_name
+from ..errors import ConfigError
+from ..ir.capture import as_input_tuple, capture
+from ..ir.graph_info import analyze
+from ..ir.normalize import normalize
+from ..ir.work_program import STORED_KINDS, WorkProgram
+from ..plan import planner
+from ..plan.precision_plan import Int8Spec, NodePrecision, PrecisionPlan
+from ..rewrite.pipeline import rewrite
+from ..settings import CompileSettings
+from .log import render_log
+
+_PRECISIONS = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.int8})
+_IO_PRECISIONS = frozenset({torch.float32, torch.float16, torch.bfloat16})
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One call of the configurator, as given (the log's first table)."""
+
+    id: int
+    api: str  # "set_precision" | "set_model_input_precision" | "set_model_output_precision"
+    target: Any  # module, module type or path (set_precision); None for model inputs/outputs
+    activation: Any  # dtype; for inputs/outputs a dtype or a tuple of (dtype | None)
+    param: torch.dtype | None = None
+    label: str = ""  # how the log names the target
+
+    def target_text(self) -> str:
+        return self.label
+
+    def precision_text(self) -> str:
+        if isinstance(self.activation, tuple):
+            return "[" + ", ".join(short_name(d) if d is not None else "None" for d in self.activation) + "]"
+        text = f"activation={short_name(self.activation)}"
+        return text + (f", param={short_name(self.param)}" if self.param is not None else "")
+
+
+class MixedPrecisionConfigurator:
+    """Collects precision requests for ``model``; ``apply(inputs)`` turns them into a PrecisionPlan."""
+
+    def __init__(self, model: torch.nn.Module):
+        if not isinstance(model, torch.nn.Module):
+            raise ConfigError(
+                f"MixedPrecisionConfigurator needs the torch.nn.Module whose modules the requests name, got "
+                f"{type(model).__name__}."
+            )
+        self._model = model
+        self._requests: list[Request] = []
+
+    def set_precision(self, target, activation, param=None) -> None:
+        """Set the precision of a module (leaf or non-leaf), of every module of a type, or of a module path."""
+        is_type = isinstance(target, type) and issubclass(target, torch.nn.Module)
+        if not (isinstance(target, (torch.nn.Module, str)) or is_type):
+            raise ConfigError(
+                f"set_precision target {target!r} is not a module, a module type (e.g. torch.nn.Linear) or a "
+                "module path string (e.g. 'encoder.layers.3')."
+            )
+        act = parse_dtype(activation, what="activation", allowed=_PRECISIONS)
+        par = parse_dtype(param, what="param", allowed=_PRECISIONS) if param is not None else None
+        self._add("set_precision", target, act, par)
+
+    def set_model_input_precision(self, activation) -> None:
+        """Round model inputs to this precision on entry: one value for every float input, or one per input
+        tensor with None for inputs left as they are."""
+        self._add("set_model_input_precision", None, _io_precisions(activation, "set_model_input_precision"))
+
+    def set_model_output_precision(self, activation) -> None:
+        """Give model outputs this dtype: one value for every float output, or one per output (None: untouched)."""
+        self._add("set_model_output_precision", None, _io_precisions(activation, "set_model_output_precision"))
+
+    def _add(self, api, target, activation, param=None) -> None:
+        self._requests.append(Request(len(self._requests) + 1, api, target, activation, param, self._label(api, target)))
+
+    def _label(self, api: str, target) -> str:
+        if api != "set_precision":
+            return "model inputs" if api == "set_model_input_precision" else "model outputs"
+        if isinstance(target, str):
+            return f"'{target}'"
+        if isinstance(target, type):
+            return f"type {target.__module__}.{target.__qualname__}"
+        path = next((p for p, m in self._model.named_modules(remove_duplicate=False) if m is target), None)
+        kind = type(target).__name__
+        return f"{kind} '{path}'" if path else (f"{kind} (the model)" if path == "" else f"{kind} (not in the model)")
+
+    def apply(self, inputs, log_file=None, strict: bool = True) -> PrecisionPlan:
+        """Resolve every request on the model run with ``inputs``; returns the plan (its log in ``plan.log``).
+
+        strict=True raises ConfigError for a request that cannot be realised as asked; strict=False warns
+        (UserWarning) and takes the latest request.
+        """
+        if not isinstance(strict, bool):
+            raise ConfigError(f"strict must be True or False, got {strict!r}.")
+        args = as_input_tuple(inputs)
+        base = WorkProgram.from_exported(capture(self._model, args))
+        normalize(base)
+        info = analyze(base.graph)
+        resolver = _Resolver(self._model, base, info, strict)
+        decisions = resolver.decide(self._requests, args)
+        plan = PrecisionPlan(
+            decisions, inputs=resolver.io_positions(self._requests, "input"),
+            outputs=resolver.io_positions(self._requests, "output"),
+        )
+        full = planner.build_plan(
+            info, CompileSettings(plan=plan), int8_ranges=marker_ranges(base, info, None, args)
+        )
+        realised = rewrite(base.copy(), info, full, keep_io_types=True, captured_output_dtypes=base.user_output_dtypes())
+        text = render_log(self._requests, resolver, info, full, realised)
+        if log_file is not None:
+            with open(os.fspath(log_file), "w", encoding="utf-8") as fh:
+                fh.write(text)
+        return PrecisionPlan(plan, inputs=plan.inputs, outputs=plan.outputs, log=text)
+
+
+class _Resolver:
+    """Maps requests onto graph layers; remembers the winners and the problems for the log."""
+
+    def __init__(self, model, base: WorkProgram, info, strict: bool):
+        self.model = model
+        self.base = base
+        self.info = info
+        self.strict = strict
+        self.problems: list[str] = []
+        self.winner: dict[str, Request] = {}  # layer -> request whose activation it gets
+        self.param: dict[str, torch.dtype | None] = {}  # layer -> the param dtype its request gives (None: not given)
+        self.io_winners: dict[str, dict[int, tuple[torch.dtype, int]]] = {}  # "input"/"output" -> position -> ...
+        self.paths: dict[int, list[str]] = {}
+        for path, module in model.named_modules(remove_duplicate=False):
+            self.paths.setdefault(id(module), []).append(path)
+
+    # ---- problems ---------------------------------------------------------------------------
+    def problem(self, message: str, fallback: str) -> None:
+        """strict: raise; else warn, saying what is done instead (``fallback``)."""
+        if self.strict:
+            raise ConfigError(f"{message}. With apply(strict=False) mixprec warns instead: {fallback}.")
+        self.problems.append(f"{message}; {fallback}")
+        warnings.warn(f"{message}; {fallback}", UserWarning, stacklevel=2)
+
+    # ---- layers ----------------------------------------------------------------------------
+    def decide(self, requests, args) -> dict[str, NodePrecision]:
+        for request in requests:
+            if request.api != "set_precision":
+                continue
+            paths = self._paths_of(request)
+            layers = [name for name in self.info if any(_under(self.info[name].module, p) for p in paths)]
+            if paths and not layers:
+                self.problem(
+                    f"request #{request.id} set_precision({request.target_text()}): the module "
+                    f"({', '.join(repr(p) for p in paths)}) never runs a layer in forward",
+                    "the request is ignored",
+                )
+            for name in layers:
+                self.winner[name] = request
+                self.param[name] = request.param
+        self._shared_parameters()
+        int8 = self._int8_specs(args)
+        out = {}
+        for name, request in self.winner.items():
+            activation, param = request.activation, self.param[name]
+            reason = f"request #{request.id} set_precision({request.target_text()}, {request.precision_text()})"
+            out[name] = NodePrecision(
+                activation, None, "plan", reason, param if param != activation else None, int8.get(name)
+            )
+        return out
+
+    def _paths_of(self, request: Request) -> list[str]:
+        target = request.target
+        modules = dict(self.model.named_modules(remove_duplicate=False))
+        if isinstance(target, str):
+            path = target.strip()
+            if path not in modules:
+                close = difflib.get_close_matches(path, [p for p in modules if p], n=1)
+                self.problem(
+                    f"request #{request.id} set_precision('{target}'): no module has this path in the model"
+                    + (f" (did you mean '{close[0]}'?)" if close else ""),
+                    "the request is ignored",
+                )
+                return []
+            return [path]
+        if isinstance(target, type):
+            paths = [p for p, m in modules.items() if isinstance(m, target)]
+            if not paths:
+                self.problem(f"request #{request.id} set_precision({request.target_text()}): no module of this type "
+                             "is part of the model", "the request is ignored")
+            return paths
+        paths = self.paths.get(id(target), [])
+        if not paths:
+            self.problem(
+                f"request #{request.id} set_precision({request.target_text()}): this {type(target).__name__} is "
+                "not part of the model the configurator was made for",
+                "the request is ignored",
+            )
+        return paths
+
+    def _shared_parameters(self) -> None:
+        """One parameter read by layers whose requests ask for different ``param`` dtypes.
+
+        (Layers without a ``param`` request read it in their own precision; when that differs the
+        parameter simply gets a second stored copy, as with any tied weight.)
+        """
+        readers: dict[str, list[str]] = {}
+        specs = {s.arg.name: s for s in self.base.input_specs if s.kind in STORED_KINDS and hasattr(s.arg, "name")}
+        for name, node in self.info.items():
+            for inp in node.input_dtypes:
+                if inp in specs and self.param.get(name) is not None:
+                    readers.setdefault(inp, []).append(name)
+        for placeholder, layers in readers.items():
+            if len({self.param[layer] for layer in layers}) < 2:
+                continue
+            latest = max((self.winner[layer] for layer in layers), key=lambda r: r.id)
+            who = sorted({f"'{self.info[layer].module or '(top)'}' (request #{self.winner[layer].id}: "
+                          f"param={short_name(self.param[layer])})" for layer in layers})
+            self.problem(
+                f"parameter '{specs[placeholder].target}' is shared by modules asked to store it in different "
+                f"dtypes: {', '.join(who)}",
+                f"it is stored in {short_name(latest.param)} (request #{latest.id}, the latest)",
+            )
+            for layer in layers:
+                self.param[layer] = latest.param
+
+    def _int8_specs(self, args) -> dict[str, Int8Spec]:
+        """Quantize each int8 module's boundary: values entering it from outside and values leaving it."""
+        groups: dict[str, set[str]] = {}
+        for name, request in self.winner.items():
+            if request.activation == torch.int8:
+                groups.setdefault(self.info[name].module, set()).add(name)
+        if not groups:
+            return {}
+        stored = {s.arg.name for s in self.base.input_specs if s.kind in STORED_KINDS and hasattr(s.arg, "name")}
+        nodes = {n.name: n for n in self.base.graph.nodes}
+        entries: dict[str, list[str]] = {}
+        exits: set[str] = set()
+        for group in groups.values():
+            for name in group:
+                node = self.info[name]
+                entries[name] = [
+                    inp for inp, d in node.input_dtypes.items()
+                    if d is not None and d.is_floating_point and inp not in group and inp not in stored
+                ]
+                if any(user.name not in group for user in nodes[name].users):
+                    exits.add(name)
+        wanted = {n for names in entries.values() for n in names} | exits
+        ranges = collect_ranges(self.base, wanted, [args])
+        return {
+            name: Int8Spec(tuple((inp, ranges[inp]) for inp in entries[name]), ranges[name] if name in exits else None)
+            for group in groups.values()
+            for name in group
+        }
+
+    # ---- model inputs / outputs -------------------------------------------------------------------
+    def io_positions(self, requests, which: str) -> dict[int, torch.dtype]:
+        api = f"set_model_{which}_precision"
+        if which == "input":
+            dtypes = [_dtype_of(n) for n in self.base.user_input_nodes()]
+            dtypes = [d for d in dtypes if d is not None]  # plan.inputs counts tensor inputs
+        else:
+            dtypes = list(self.base.user_output_dtypes())
+        out = self.io_winners.setdefault(which, {})
+        for request in requests:
+            if request.api != api:
+                continue
+            wanted = request.activation
+            if not isinstance(wanted, tuple):
+                out.update({i: (wanted, request.id) for i, d in enumerate(dtypes) if d is not None and d.is_floating_point})
+                continue
+            if len(wanted) != len(dtypes):
+                self.problem(
+                    f"request #{request.id} {api} gives {len(wanted)} precision(s) for a model with {len(dtypes)} "
+                    f"{which}(s); give one per {which} (None for those left as they are)",
+                    f"the precisions given are used for the first {min(len(wanted), len(dtypes))} {which}(s)",
+                )
+            for i, dtype in enumerate(wanted[: len(dtypes)]):
+                if dtype is None:
+                    continue
+                if dtypes[i] is None or not dtypes[i].is_floating_point:
+                    self.problem(f"request #{request.id} {api}: {which} {i} is not a floating-point tensor",
+                                 "it is left as it is")
+                    continue
+                out[i] = (dtype, request.id)
+        return {i: dtype for i, (dtype, _) in out.items()}
+
+
+def _under(module: str, path: str) -> bool:
+    return path == "" or module == path or module.startswith(path + ".")
+
+
+def _dtype_of(node) -> torch.dtype | None:
+    val = node.meta.get("val")
+    return val.dtype if isinstance(val, torch.Tensor) else None
+
+
+def _io_precisions(value, api: str):
+    if isinstance(value, (list, tuple)):
+        return tuple(
+            parse_dtype(v, what=f"{api}[{i}]", allowed=_IO_PRECISIONS) if v is not None else None
+            for i, v in enumerate(value)
+        )
+    return parse_dtype(value, what=api, allowed=_IO_PRECISIONS)

@@ -1,0 +1,109 @@
+"""The configurator's log (API.md §4): what was asked, what each module got and what each layer runs.
+
+Three tables, rendered from data the configurator already holds:
+
+1. the requests as given, with their IDs;
+2. the effective precision of every module that runs a layer, with the ID of the request that won
+   (and the model inputs/outputs);
+3. the realised precision of every graph layer after the rewrite, with the casts (and int8
+   quantize/dequantize) inserted on its inputs and output.
+"""
+
+from __future__ import annotations
+
+from ..dtypes import short_name
+from ..ir.graph_info import META_ROLE
+from ..rewrite.casting import is_mixprec_cast, tensor_dtype
+from ..rewrite.quantize import captured_name
+
+
+def render_log(requests, resolver, info, plan, realised) -> str:
+    parts = ["mixprec manual mixed precision"]
+    parts += _section("1. Requests (in call order; the latest wins)", ("id", "call", "target", "precision"), [
+        (f"#{r.id}", r.api, r.target_text(), r.precision_text()) for r in requests
+    ] or [("-", "(no requests)", "", "")])
+    parts += _section("2. Effective precision per module", ("module", "type", "activation", "param", "request"),
+                      _module_rows(resolver, info, plan))
+    parts += _section("   Model inputs and outputs", ("value", "precision", "request"), _io_rows(requests, resolver))
+    parts += _section("3. Realised precision per graph layer", (
+        "layer", "module", "op", "precision", "inputs", "outputs", "source", "casts inserted"),
+        _layer_rows(info, plan, realised))
+    casts = sum(1 for n in realised.graph.nodes if is_mixprec_cast(n))
+    quantizers = sum(1 for n in realised.graph.nodes if n.meta.get(META_ROLE) == "quant")
+    parts.append(f"casts inserted: {casts}; int8 quantize points: {quantizers}")
+    if resolver.problems:
+        parts += ["", "Requests not realised as asked (strict=False):"] + [f"  - {p}" for p in resolver.problems]
+    return "\n".join(parts) + "\n"
+
+
+def _module_rows(resolver, info, plan):
+    seen = {}
+    for name, node in info.items():
+        seen.setdefault(node.module, (node.module_type, name))
+    rows = []
+    for module, (module_type, first) in seen.items():
+        request = resolver.winner.get(first)
+        decision = plan[first]
+        if request is None:
+            rows.append((module or "(top)", _short_type(module_type), short_name(decision.precision), "-",
+                         f"- ({decision.source})"))
+            continue
+        param = resolver.param.get(first)
+        rows.append((module or "(top)", _short_type(module_type), short_name(request.activation),
+                     short_name(param) if param is not None else "=activation", f"#{request.id}"))
+    return rows
+
+
+def _io_rows(requests, resolver):
+    rows = []
+    for which in ("input", "output"):
+        for position, (dtype, request_id) in sorted(resolver.io_winners.get(which, {}).items()):
+            rows.append((f"{which} {position}", short_name(dtype), f"#{request_id}"))
+    return rows or [("(none requested)", "", "")]
+
+
+def _layer_rows(info, plan, realised):
+    nodes = {n.name: n for n in realised.graph.nodes}
+    rows = []
+    for name, decision in plan.items():
+        node = nodes.get(name)
+        if node is None:
+            rows.append((name, info[name].module or "(top)", _op(info[name].op), short_name(decision.precision), "", "",
+                         decision.source, "(removed: a cast made redundant)"))
+            continue
+        casts = []
+        for inp in node.all_input_nodes:
+            if is_mixprec_cast(inp):
+                casts.append(f"{inp.args[0].name}->{short_name(inp.args[1])}")
+            elif inp.meta.get(META_ROLE) == "dequant":
+                casts.append(f"{captured_name(inp)}->int8")
+        for user in node.users:
+            if user.meta.get(META_ROLE) == "quant" and decision.int8 is not None and decision.int8.output is not None:
+                casts.append("output->int8")
+            elif is_mixprec_cast(user) and user.meta.get(META_ROLE) in ("acc_cast", "io_cast"):
+                casts.append(f"output->{short_name(user.args[1])}")
+        rows.append((
+            name, info[name].module or "(top)", _op(info[name].op), short_name(decision.precision),
+            ",".join(short_name(tensor_dtype(i)) for i in node.all_input_nodes if tensor_dtype(i) is not None),
+            short_name(tensor_dtype(node)) if tensor_dtype(node) is not None else "-",
+            decision.source, ", ".join(casts) or "-",
+        ))
+    return rows
+
+
+def _section(title, header, rows) -> list[str]:
+    rows = [tuple(str(c) for c in row) for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
+
+    def fmt(cells):
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+
+    return ["", title, fmt(header), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]
+
+
+def _op(op: str) -> str:
+    return op.removeprefix("aten.").removesuffix(".default")
+
+
+def _short_type(module_type: str) -> str:
+    return module_type.rsplit(".", 1)[-1] if module_type else "-"

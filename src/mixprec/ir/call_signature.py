@@ -1,0 +1,160 @@
+"""Mapping a call as the user writes it onto the call a program was captured with.
+
+``torch.export`` fixes the structure of a program's inputs: which arguments came
+positionally, which by keyword (and in what order), and which were left to their
+defaults. Its own module rejects any other spelling of the same call ("Ran into a kwarg
+keyword mismatch"), so a program compiled with ``(input_ids, attention_mask)`` could not
+be called as ``prog(input_ids=..., attention_mask=...)`` — which is how transformers'
+``generate()``, its pipelines and HF collators (dict batches) call a model.
+
+:class:`CallSignature` knows the captured structure (from the ExportedProgram's own
+``module_call_graph``: argument names and the kwargs' keys) and, when the program was
+compiled from an ``nn.Module`` in this process, the model's ``forward`` signature (so
+arguments passed with their default values are accepted too). :meth:`arrange` binds a
+call to those names and returns it in the captured structure; anything that does not fit
+raises the error type the caller asks for (``InputMismatchError`` at call time,
+``CalibrationError`` for calibration batches), naming the parameter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Mapping
+
+import torch
+
+from ..errors import InputMismatchError
+
+_SIMPLE = (bool, int, float, str, type(None), torch.dtype, torch.device)
+
+
+@dataclasses.dataclass(frozen=True)
+class CallSignature:
+    positional: tuple[str, ...]  # names of the arguments captured positionally, in order
+    keywords: tuple[str, ...]  # names of the arguments captured as keywords, in the capture's order
+    forward: inspect.Signature | None = None  # the model's forward (None for a program loaded from a file)
+
+    @classmethod
+    def of(cls, exported_program, model=None) -> "CallSignature | None":
+        """The signature of ``exported_program``'s call; None when torch did not record the names."""
+        entry = exported_program.module_call_graph[0].signature if exported_program.module_call_graph else None
+        if entry is None or entry.in_spec is None:
+            return None
+        names = list(getattr(entry, "forward_arg_names", None) or ())
+        args_spec, kwargs_spec = _children(entry.in_spec)
+        if args_spec is None:
+            return None
+        keywords = tuple(kwargs_spec.context) if kwargs_spec is not None and kwargs_spec.context else ()
+        count = args_spec.num_children
+        if len(names) != count + len(keywords):
+            return None
+        forward = None
+        if isinstance(model, torch.nn.Module):
+            try:
+                forward = inspect.signature(model.forward)
+            except (TypeError, ValueError):
+                forward = None
+        return cls(tuple(names[:count]), keywords, forward)
+
+    def parameter_names(self) -> tuple[str, ...]:
+        return self.positional + self.keywords
+
+    def arrange(self, args: tuple, kwargs: Mapping, *, error=InputMismatchError, where: str = "this call") -> tuple[tuple, dict]:
+        """``(args, kwargs)`` of a call, rearranged into the captured structure; ``where`` names the call in
+        errors ("calibration batch 3")."""
+        if not kwargs and len(args) == len(self.positional) and not self.keywords:
+            return tuple(args), {}  # the common case: called as captured
+        named = self._bind(args, kwargs, error, where)
+        captured = set(self.positional + self.keywords)
+        for name, value in named.items():  # first what the program cannot take (often a misspelt name)
+            if name not in captured and not self._is_default(name, value):
+                raise error(
+                    f"{where} gives argument '{name}', which the program was compiled without (the model's default "
+                    f"was used when it was captured); leave '{name}' out, or compile again with it in the example "
+                    f"inputs (the program takes {self._describe()})."
+                )
+        for name in self.positional + self.keywords:
+            if name not in named:
+                raise error(
+                    f"{where} does not give argument '{name}', which the program was compiled with; pass it "
+                    f"(the program takes {self._describe()})."
+                )
+        out_args = tuple(named[name] for name in self.positional)
+        out_kwargs = {name: named[name] for name in self.keywords}
+        return out_args, out_kwargs
+
+    def _bind(self, args, kwargs, error, where) -> dict:
+        if self.forward is not None and not _has_var_positional(self.forward):
+            parameters = self.forward.parameters
+            if not any(p.kind == inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+                for name in kwargs:  # name an unknown (often misspelt) keyword before anything else
+                    if name not in parameters:
+                        raise error(
+                            f"{where} gives argument '{name}', which the model's forward{self.forward} does not take; "
+                            f"the program takes {self._describe()}."
+                        )
+            try:
+                bound = self.forward.bind(*args, **kwargs)
+            except TypeError as e:
+                raise error(f"{where} does not fit the model's forward{self.forward}: {e}.") from None
+            named = {}
+            for name, value in bound.arguments.items():
+                kind = self.forward.parameters[name].kind
+                if kind == inspect.Parameter.VAR_KEYWORD:
+                    named.update(value)
+                else:
+                    named[name] = value
+            return named
+        known = self.parameter_names()
+        if len(args) > len(self.positional):
+            raise error(
+                f"{where} gives {len(args)} positional argument(s); the program takes {len(self.positional)} "
+                f"({', '.join(self.positional) or 'none'}) and the others by keyword: {self._describe()}."
+            )
+        named = dict(zip(self.positional, args))
+        for name, value in kwargs.items():
+            if name in named:
+                raise error(f"{where} gives argument '{name}' twice (positionally and by keyword).")
+            if name not in known:
+                raise error(f"{where} gives argument '{name}', which the program does not take; it takes {self._describe()}.")
+            named[name] = value
+        return named
+
+    def _is_default(self, name: str, value) -> bool:
+        if self.forward is None:
+            return False
+        parameter = self.forward.parameters.get(name)
+        if parameter is None or parameter.default is inspect.Parameter.empty:
+            return False
+        default = parameter.default
+        if value is default:
+            return True
+        return isinstance(value, _SIMPLE) and isinstance(default, _SIMPLE) and type(value) is type(default) and value == default
+
+    def _describe(self) -> str:
+        parts = list(self.positional) + [f"{k}=" for k in self.keywords]
+        return "(" + ", ".join(parts) + ")"
+
+
+def _children(in_spec):
+    """The (args, kwargs) child specs of a call's input TreeSpec."""
+    try:
+        count = in_spec.num_children
+    except AttributeError:
+        return None, None
+    if count != 2:
+        return None, None
+    child = in_spec.child if hasattr(in_spec, "child") else (lambda i: in_spec.children_specs[i])
+    return child(0), child(1)
+
+
+def _has_var_positional(signature: inspect.Signature) -> bool:
+    return any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in signature.parameters.values())
+
+
+def arrange_or_pass(signature: CallSignature | None, args: tuple, kwargs: Mapping, **options) -> tuple[tuple, dict]:
+    """``signature.arrange`` when the names are known, else the call as given."""
+    if signature is None:
+        return tuple(args), dict(kwargs)
+    return signature.arrange(args, kwargs, **options)

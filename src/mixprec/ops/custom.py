@@ -1,0 +1,136 @@
+"""The ``torch.ops.mixprec`` custom operators: precision markers and int8 quantize/dequantize.
+
+Precision markers (API.md §3, TRTorch's explicit layer precision)::
+
+    x = torch.ops.mixprec.start_setting_precision(x, torch.float16)
+    x = self.conv2(x)                                   # runs in fp16 when mixprec compiles
+    x = torch.ops.mixprec.stop_setting_precision(x)
+
+    x = torch.ops.mixprec.start_setting_precision_with_dr(x, torch.int8, in_min, in_max, out_min, out_max)
+
+In eager PyTorch (and whenever mixprec is not compiling) the markers are identities: the
+model runs unchanged, gradients pass straight through. They are registered with
+``torch.library.custom_op`` so that ``torch.export`` keeps them as nodes (with fake-tensor
+kernels, so dynamic shapes trace); mixprec reads the regions they delimit and removes them
+(``ir/markers.py``). A custom op may not return its input itself, so the eager
+kernels return a copy — the same values, the same dtype.
+
+Quantize/dequantize (the int8 realisation, ``rewrite/quantize.py``): symmetric int8 with the
+range [-127, 127] (TensorRT's symmetric range: -128 is never produced, so the grid is
+symmetric about zero)::
+
+    q = clamp(round(x / scale), -127, 127)   as int8     (round half to even)
+    x' = q * scale                           in float32, then converted to the output dtype
+
+They are operators rather than a handful of ATen nodes so that the rewritten graph says
+what it does (one quantize, one dequantize) and a backend or an exporter can map them to
+QuantizeLinear/DequantizeLinear.
+"""
+
+from __future__ import annotations
+
+import torch
+
+INT8_MIN, INT8_MAX = -127, 127
+
+MARKER_NAMESPACE = "mixprec"
+
+
+# ---- precision markers ----------------------------------------------------------------------
+@torch.library.custom_op("mixprec::start_setting_precision", mutates_args=())
+def start_setting_precision(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Every layer that consumes the result, up to stop_setting_precision, computes in ``dtype``."""
+    return x.clone()
+
+
+@torch.library.custom_op("mixprec::start_setting_precision_with_dr", mutates_args=())
+def start_setting_precision_with_dr(
+    x: torch.Tensor, dtype: torch.dtype, in_min: float, in_max: float, out_min: float, out_max: float
+) -> torch.Tensor:
+    """Like start_setting_precision, with the dynamic ranges of the region's input and output (int8)."""
+    return x.clone()
+
+
+@torch.library.custom_op("mixprec::stop_setting_precision", mutates_args=())
+def stop_setting_precision(x: torch.Tensor) -> torch.Tensor:
+    """Ends the innermost precision region on this value's path."""
+    return x.clone()
+
+
+@start_setting_precision.register_fake
+def _(x, dtype):
+    return torch.empty_like(x)
+
+
+@start_setting_precision_with_dr.register_fake
+def _(x, dtype, in_min, in_max, out_min, out_max):
+    return torch.empty_like(x)
+
+
+@stop_setting_precision.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def _identity_backward(ctx, grad):
+    return grad
+
+
+def _identity_backward_dtype(ctx, grad):
+    return grad, None
+
+
+def _identity_backward_dr(ctx, grad):
+    return grad, None, None, None, None, None
+
+
+stop_setting_precision.register_autograd(_identity_backward)
+start_setting_precision.register_autograd(_identity_backward_dtype)
+start_setting_precision_with_dr.register_autograd(_identity_backward_dr)
+
+START_MARKERS = frozenset(
+    {torch.ops.mixprec.start_setting_precision.default, torch.ops.mixprec.start_setting_precision_with_dr.default}
+)
+STOP_MARKERS = frozenset({torch.ops.mixprec.stop_setting_precision.default})
+
+
+# ---- int8 quantize / dequantize ---------------------------------------------------------------
+@torch.library.custom_op("mixprec::quantize_per_tensor", mutates_args=())
+def quantize_per_tensor(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """Symmetric int8: clamp(round(x / scale), -127, 127), computed in float32."""
+    return torch.clamp(torch.round(x.float() / scale), INT8_MIN, INT8_MAX).to(torch.int8)
+
+
+@torch.library.custom_op("mixprec::dequantize_per_tensor", mutates_args=())
+def dequantize_per_tensor(q: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """q * scale in float32, converted to ``dtype``."""
+    return (q.float() * scale).to(dtype)
+
+
+@torch.library.custom_op("mixprec::dequantize_per_channel", mutates_args=())
+def dequantize_per_channel(q: torch.Tensor, scales: torch.Tensor, axis: int, dtype: torch.dtype) -> torch.Tensor:
+    """q * scales[c] along ``axis`` in float32, converted to ``dtype`` (int8 weights at use)."""
+    shape = [1] * q.dim()
+    shape[axis] = -1
+    return (q.float() * scales.float().reshape(shape)).to(dtype)
+
+
+@quantize_per_tensor.register_fake
+def _(x, scale):
+    return torch.empty_like(x, dtype=torch.int8)
+
+
+@dequantize_per_tensor.register_fake
+def _(q, scale, dtype):
+    return torch.empty_like(q, dtype=dtype)
+
+
+@dequantize_per_channel.register_fake
+def _(q, scales, axis, dtype):
+    return torch.empty_like(q, dtype=dtype)
+
+
+QUANTIZE_OPS = frozenset({torch.ops.mixprec.quantize_per_tensor.default})
+DEQUANTIZE_OPS = frozenset(
+    {torch.ops.mixprec.dequantize_per_tensor.default, torch.ops.mixprec.dequantize_per_channel.default}
+)

@@ -1,0 +1,101 @@
+"""The report: records first (data), rendered into a table, JSON, layer information and HTML."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+
+from ... import jsondoc
+from ...errors import ConfigError
+from ..numerics import output_errors  # re-exported for compiler.py, which builds the summary
+from . import render
+from .graph_shape import build_graph
+from .records import LayerRecord, TensorRecord, build_records
+from .summary import build_summary
+
+_FORMAT = "mixprec.report"
+_VERSION = 1
+
+__all__ = ["Report", "LayerRecord", "TensorRecord", "build_graph", "build_records", "build_summary", "output_errors"]
+
+
+@dataclasses.dataclass
+class Report:
+    layers: list[LayerRecord]
+    summary: dict
+    graph: dict | None = None  # the rewritten graph's nodes and edges (graph_shape.py), for the picture
+
+    def __str__(self) -> str:
+        return render.table(self.layers, self.summary)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Report):
+            return NotImplemented
+        return self.layers == other.layers and _same(self.summary, other.summary) and self.graph == other.graph
+
+    def layer(self, name: str) -> LayerRecord:
+        """The record of one layer by node name."""
+        for record in self.layers:
+            if record.name == name:
+                return record
+        raise KeyError(name)
+
+    def by_module(self, module: str) -> list[LayerRecord]:
+        """Records of the layers that ran in one module (by path)."""
+        return [r for r in self.layers if r.module == module]
+
+    def layer_info(self) -> str:
+        return render.layer_info(self.layers)
+
+    def to_dict(self) -> dict:
+        """The JSON-friendly form (what :meth:`to_json` writes)."""
+        data = {
+            "format": _FORMAT,
+            "version": _VERSION,
+            "summary": self.summary,
+            "layers": [r.to_dict() for r in self.layers],
+        }
+        if self.graph is not None:
+            data["graph"] = self.graph
+        return data
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Report":
+        return cls.from_dict(jsondoc.load(text, fmt=_FORMAT, version=_VERSION, what="report"))
+
+    @classmethod
+    def from_dict(cls, data) -> "Report":
+        jsondoc.check(data, fmt=_FORMAT, version=_VERSION, what="report")
+        try:
+            layers = [LayerRecord.from_dict(d) for d in data["layers"]]
+            summary = data["summary"]
+            graph = data.get("graph")
+            if not isinstance(summary, dict) or not (graph is None or isinstance(graph, dict)):
+                raise TypeError("'summary' and 'graph' must be objects")
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ConfigError(f"this mixprec report is incomplete or damaged ({type(e).__name__}: {e}).") from e
+        return cls(layers, summary, graph)
+
+    def to_html(self, title: str = "mixprec report", debug=None) -> str:
+        """A self-contained page: the graph coloured by precision, the layer table, summary and error;
+        with ``debug`` (a ``mixprec.debug`` result) also the per-layer comparison with fp32."""
+        from .html import render_page
+
+        return render_page(self, title=title, extra_sections=(debug.to_html(),) if debug is not None else ())
+
+    def save_html(self, path, title: str = "mixprec report", debug=None) -> None:
+        with open(os.fspath(path), "w", encoding="utf-8") as fh:
+            fh.write(self.to_html(title=title, debug=debug))
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b or (math.isnan(a) and math.isnan(b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a == b

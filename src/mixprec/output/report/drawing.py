@@ -1,0 +1,286 @@
+"""Drawing the rewritten graph: a layered layout and an SVG coloured by precision.
+
+The picture shows what matters for precision: inputs, compute layers, casts and the
+output. Data-movement nodes (view, permute, getitem, ...) and size arithmetic are
+collapsed: their inputs connect straight to their consumers, because they compute in
+their producer's dtype and a transformer has as many of them as real layers.
+
+Layout (a small Sugiyama-style layered drawing, enough for a few hundred nodes):
+
+1. rank = longest path from the inputs (sources that are not inputs, such as casts of
+   parameters, sit one rank above their first consumer; the output sits last);
+2. order within a rank: graph order, then a few barycenter sweeps down and up, which
+   untangles parallel branches (q/k/v projections) without a crossing-minimiser;
+3. x: each node wants the mean x of its predecessors (so chains are straight), then
+   nodes of a rank are pushed apart to a minimum gap and the rank is re-centred.
+
+Edges that skip ranks bend sideways so that they do not run through the nodes between.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+
+from ...dtypes import short_name
+
+NODE_W, NODE_H = 168, 32
+CAST_W, CAST_H = 112, 22
+GAP_X, GAP_Y = 18, 20
+MARGIN = 16
+SHOWN_KINDS = frozenset({"input", "output", "compute", "cast"})
+KEPT_SOURCES = frozenset({"autocast_rule", "torch_autocast"})
+INSERTED_CASTS = frozenset({"cast", "param_cast", "acc_cast", "io_cast"})  # roles of casts mixprec inserts
+_CAST_LABEL = {"param_cast": "param \u2192 ", "acc_cast": "acc \u2192 ", "io_cast": "out \u2192 "}
+
+
+@dataclasses.dataclass
+class Box:
+    index: int  # into graph["nodes"]
+    name: str
+    kind: str
+    op: str
+    dtype: str | None
+    module: str
+    source: str
+    reason: str
+    role: str | None = None
+    rank: int = 0
+    x: float = 0.0
+
+    @property
+    def width(self) -> int:
+        return CAST_W if self.kind == "cast" else NODE_W
+
+    @property
+    def height(self) -> int:
+        return CAST_H if self.kind == "cast" else NODE_H
+
+    @property
+    def kept(self) -> bool:
+        """A layer kept in fp32 by autocast's rules (torch.autocast's own or mixprec's)."""
+        return self.kind == "compute" and self.dtype in ("float32", "float64") and self.source in KEPT_SOURCES
+
+
+@dataclasses.dataclass
+class Layout:
+    boxes: list[Box]
+    edges: list[tuple[int, int]]  # positions in boxes
+    ranks: int
+    collapsed: int  # nodes not drawn
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for box in self.boxes:
+            out[box.kind] = out.get(box.kind, 0) + 1
+        return out
+
+
+def layout(graph: dict, records: list) -> Layout:
+    nodes = graph.get("nodes", [])
+    by_name = {r.name: r for r in records}
+    preds: list[list[int]] = [[] for _ in nodes]
+    for src, dst in graph.get("edges", []):
+        if 0 <= src < len(nodes) and 0 <= dst < len(nodes) and src < dst:
+            preds[dst].append(src)
+    shown = [n.get("kind") in SHOWN_KINDS for n in nodes]
+    # visible ancestors through collapsed nodes, in graph (= topological) order
+    reach: list[tuple[int, ...]] = []
+    for i in range(len(nodes)):
+        found: dict[int, None] = {}
+        for p in preds[i]:
+            for q in (p,) if shown[p] else reach[p]:
+                found[q] = None
+        reach.append(tuple(found))
+    boxes: list[Box] = []
+    position: dict[int, int] = {}
+    for i, node in enumerate(nodes):
+        if not shown[i]:
+            continue
+        record = by_name.get(node.get("name"))
+        position[i] = len(boxes)
+        boxes.append(
+            Box(
+                index=i,
+                name=str(node.get("name", "")),
+                kind=str(node.get("kind")),
+                op=str(node.get("op", "")),
+                dtype=node.get("dtype"),
+                module=str(node.get("module") or ""),
+                source=getattr(record, "source", ""),
+                reason=getattr(record, "reason", ""),
+                role=node.get("role"),
+            )
+        )
+    edges = sorted({(position[p], position[i]) for i in position for p in reach[i]})
+    _assign_ranks(boxes, edges)
+    order = _order(boxes, edges)
+    _assign_x(boxes, edges, order)
+    ranks = 1 + max((b.rank for b in boxes), default=0)
+    return Layout(boxes, edges, ranks, collapsed=len(nodes) - len(boxes))
+
+
+def _assign_ranks(boxes: list[Box], edges) -> None:
+    succ: dict[int, list[int]] = {}
+    pred: dict[int, list[int]] = {}
+    for a, b in edges:
+        succ.setdefault(a, []).append(b)
+        pred.setdefault(b, []).append(a)
+    for i, box in enumerate(boxes):
+        box.rank = 1 + max((boxes[p].rank for p in pred.get(i, ())), default=-1)
+    for i in reversed(range(len(boxes))):  # pull sources that are not inputs down to their consumers
+        box = boxes[i]
+        if box.kind != "input" and i not in pred and i in succ:
+            box.rank = max(0, min(boxes[s].rank for s in succ[i]) - 1)
+    last = max((b.rank for b in boxes if b.kind != "output"), default=-1)
+    for box in boxes:
+        if box.kind == "output":
+            box.rank = last + 1
+
+
+def _order(boxes: list[Box], edges, sweeps: int = 4) -> list[list[int]]:
+    ranks: dict[int, list[int]] = {}
+    for i, box in enumerate(boxes):
+        ranks.setdefault(box.rank, []).append(i)
+    order = [ranks.get(r, []) for r in range(1 + max(ranks, default=-1))]
+    pred: dict[int, list[int]] = {}
+    succ: dict[int, list[int]] = {}
+    for a, b in edges:
+        pred.setdefault(b, []).append(a)
+        succ.setdefault(a, []).append(b)
+
+    def place() -> dict[int, float]:
+        return {i: k - (len(row) - 1) / 2 for row in order for k, i in enumerate(row)}
+
+    for sweep in range(sweeps):
+        neighbours = pred if sweep % 2 == 0 else succ
+        rows = range(1, len(order)) if sweep % 2 == 0 else range(len(order) - 2, -1, -1)
+        for r in rows:
+            order[r] = _by_barycenter(order[r], neighbours, place())
+    return order
+
+
+def _by_barycenter(row: list[int], neighbours: dict[int, list[int]], pos: dict[int, float]) -> list[int]:
+    """A rank's nodes sorted by the mean position of their neighbours (ties keep the current order)."""
+    current = {i: k for k, i in enumerate(row)}
+
+    def key(i):
+        near = [pos[j] for j in neighbours.get(i, ()) if j in pos]
+        return (sum(near) / len(near) if near else pos[i], current[i])
+
+    return sorted(row, key=key)
+
+
+def _assign_x(boxes: list[Box], edges, order: list[list[int]]) -> None:
+    pred: dict[int, list[int]] = {}
+    for a, b in edges:
+        pred.setdefault(b, []).append(a)
+    step = NODE_W + GAP_X
+    for row in order:
+        desired = []
+        for k, i in enumerate(row):
+            xs = [boxes[p].x for p in pred.get(i, ()) if boxes[p].rank < boxes[i].rank]
+            desired.append(sum(xs) / len(xs) if xs else (k - (len(row) - 1) / 2) * step)
+        placed = list(desired)
+        for k in range(1, len(row)):
+            gap = (boxes[row[k - 1]].width + boxes[row[k]].width) / 2 + GAP_X
+            placed[k] = max(placed[k], placed[k - 1] + gap)
+        shift = (sum(desired) - sum(placed)) / len(row) if row else 0.0
+        for k, i in enumerate(row):
+            boxes[i].x = placed[k] + shift
+
+
+def render_svg(lay: Layout) -> str:
+    """The picture as an inline SVG (styled by the page's CSS classes)."""
+    if not lay.boxes:
+        return '<p class="empty">The report holds no graph to draw.</p>'
+    left = min(b.x - b.width / 2 for b in lay.boxes) - MARGIN
+    right = max(b.x + b.width / 2 for b in lay.boxes) + MARGIN
+    row_h = NODE_H + GAP_Y
+    width, height = right - left, lay.ranks * row_h + 2 * MARGIN - GAP_Y
+
+    def centre(box: Box) -> tuple[float, float]:
+        return box.x - left, MARGIN + box.rank * row_h + NODE_H / 2
+
+    parts = [
+        f'<svg id="graph" xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
+        f'viewBox="0 0 {width:.0f} {height:.0f}" role="img" aria-label="graph of the program coloured by precision">',
+        '<defs><marker id="arrow" viewBox="0 0 8 8" refX="7" refY="4" markerWidth="7" markerHeight="7" '
+        'orient="auto-start-reverse"><path d="M0,0 L8,4 L0,8 z" class="arrowhead"/></marker></defs>',
+        '<g class="edges">',
+    ]
+    for a, b in lay.edges:
+        src, dst = lay.boxes[a], lay.boxes[b]
+        (x1, y1), (x2, y2) = centre(src), centre(dst)
+        y1 += src.height / 2
+        y2 -= dst.height / 2
+        span = dst.rank - src.rank
+        bend = 0.0
+        if span > 1:  # route around the nodes in between
+            bend = (NODE_W * 0.62) * (1 if x2 >= x1 else -1) + (x2 - x1) * 0.1
+        dy = (y2 - y1) / 3
+        parts.append(
+            f'<path d="M{x1:.1f},{y1:.1f} C{x1 + bend:.1f},{y1 + dy:.1f} {x2 + bend:.1f},{y2 - dy:.1f} '
+            f'{x2:.1f},{y2:.1f}" marker-end="url(#arrow)"/>'
+        )
+    parts.append("</g>")
+    parts.append('<g class="nodes">')
+    for box in lay.boxes:
+        parts.append(_node(box, *centre(box)))
+    parts.append("</g></svg>")
+    return "\n".join(parts)
+
+
+def _node(box: Box, cx: float, cy: float) -> str:
+    dtype = box.dtype or "none"
+    classes = ["node", f"k-{box.kind}", f"p-{dtype}"]
+    if box.kept:
+        classes.append("kept")
+    inserted = box.kind == "cast" and box.role in INSERTED_CASTS
+    if inserted:
+        classes.append("inserted")
+    w, h = box.width, box.height
+    rx = h / 2 if box.kind in ("cast", "input", "output") else 5
+    short = short_name(dtype) if dtype else dtype
+    if box.kind == "cast":
+        label, sub = f"{_CAST_LABEL.get(box.role or '', chr(0x2192) + ' ')}{short}", ""
+    elif box.kind in ("input", "output"):
+        label, sub = f"{box.kind} {box.name if box.kind == 'input' else ''}".strip(), short if box.dtype else ""
+    else:
+        label, sub = f"{box.op} \u00b7 {short}", _tail(box.module)
+    tip = [box.name, f"op: {box.op}", f"precision: {dtype}"]
+    if box.module:
+        tip.append(f"module: {box.module}")
+    if box.source:
+        tip.append(f"source: {box.source}")
+    if box.reason:
+        tip.append(box.reason)
+    if box.kept:
+        tip.append("kept in fp32 by an autocast rule")
+    if box.kind == "cast":
+        tip.append(
+            "inserted by mixprec" + (f" ({box.role})" if box.role != "cast" else "")
+            if inserted
+            else "a cast of the model's own (.to() or torch.autocast)"
+        )
+    text_y = cy + (4 if not sub else -2)
+    out = [
+        f'<g class="{" ".join(classes)}" data-name="{html.escape(box.name)}" data-precision="{html.escape(dtype)}" '
+        f'data-kind="{html.escape(box.kind)}" tabindex="0">',
+        f"<title>{html.escape(chr(10).join(tip))}</title>",
+        f'<rect x="{cx - w / 2:.1f}" y="{cy - h / 2:.1f}" width="{w}" height="{h}" rx="{rx:.0f}"/>',
+        f'<text x="{cx:.1f}" y="{text_y:.1f}">{html.escape(_clip(label, 26 if box.kind != "cast" else 12))}</text>',
+    ]
+    if sub:
+        out.append(f'<text class="sub" x="{cx:.1f}" y="{cy + 11:.1f}">{html.escape(_clip(sub, 27))}</text>')
+    out.append("</g>")
+    return "".join(out)
+
+
+def _tail(module: str) -> str:
+    parts = [p for p in module.split(".") if p]
+    return ".".join(parts[-2:]) if parts else "(top)"
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"

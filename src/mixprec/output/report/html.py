@@ -1,0 +1,233 @@
+"""The HTML report: one self-contained page (inline CSS, JS and SVG, no network).
+
+Sections, in the order a reader asks their questions:
+
+1. the summary: layers per precision, the low-precision share of matmul/conv FLOPs,
+   casts inserted, parameter bytes, compile time;
+2. the error against fp32 on the example inputs;
+3. the graph, coloured by precision, with casts and layers kept in fp32 by an autocast
+   rule marked (layout.py); clicking a node shows its row in the table;
+4. the per-layer table with the reason for every decision, sortable by any column and
+   filterable by text, precision, kind and source.
+
+The table's state (filter and sort) lives in the URL's fragment
+(``report.html#precision=bfloat16&sort=flops&dir=desc``) so a view can be shared, and
+so a test can open the page in a real browser in a given state and read what the script
+made of it. The page is rendered from the report's data only (``Report.graph``,
+``Report.layers``, ``Report.summary``), so a loaded program draws the same page.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from importlib import resources
+
+from ...dtypes import dtype_name
+from .drawing import KEPT_SOURCES, layout, render_svg
+from .render import row_cells
+
+_PRECISION_ORDER = ("float32", "float64", "bfloat16", "float16", "int8")
+_COLUMNS = (
+    ("#", "index", "num"),
+    ("layer", "layer", "text"),
+    ("kind", "kind", "text"),
+    ("module", "module", "text"),
+    ("op", "op", "text"),
+    ("precision", "precision", "text"),
+    ("acc", "acc", "text"),
+    ("inputs", "inputs", "text"),
+    ("outputs", "outputs", "text"),
+    ("source", "source", "text"),
+    ("FLOPs", "flops", "num"),
+    ("reason", "reason", "text"),
+)
+
+
+def _asset(name: str) -> str:
+    return resources.files(__package__).joinpath("assets", name).read_text(encoding="utf-8")
+
+
+def render_page(report, title: str = "mixprec report", extra_sections=()) -> str:
+    from ... import __version__
+
+    summary = report.summary
+    lay = layout(report.graph or {"nodes": [], "edges": []}, report.layers)
+    counts = lay.counts()
+    script = _asset("report.js")
+    if "</script" in script.lower():  # the script is inlined; it must not close its own tag
+        raise ValueError("report.js must not contain '</script'")
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{html.escape(title)}</title>",
+        f"<style>\n{_asset('report.css')}\n</style>",
+        "</head><body>",
+        f"<header><h1>{html.escape(title)}</h1>",
+        f'<p class="by">written by mixprec {html.escape(__version__)}</p></header>',
+        _summary_section(summary),
+        _error_section(summary),
+        '<section id="graph-section"><h2>Graph</h2>',
+        _legend(report, lay),
+        f'<p class="note">{len(lay.boxes)} nodes drawn ({counts.get("compute", 0)} compute layers, '
+        f"{counts.get('cast', 0)} casts); {lay.collapsed} data-movement and size nodes are collapsed into the "
+        "edges. Hover a node for its decision, click it to find its row in the table. Casts labelled "
+        "\u201cacc\u201d widen operands for fp32 accumulation, \u201cparam\u201d convert stored parameters, "
+        "\u201cout\u201d restore output dtypes.</p>",
+        '<div class="zoom"><button type="button" data-zoom="-1" title="smaller">\u2212</button>'
+        '<button type="button" data-zoom="0" title="actual size">1:1</button>'
+        '<button type="button" data-zoom="1" title="larger">+</button></div>',
+        f'<div id="graph-pane">{render_svg(lay)}</div></section>',
+        _table_section(report),
+        *extra_sections,
+        f"<script>\n{script}\n</script>",
+        "</body></html>",
+    ]
+    return "\n".join(parts)
+
+
+def _fmt_bytes(n) -> str:
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def _num(value, spec: str = ".3g") -> str:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, float) and not math.isfinite(value):
+            return str(value)
+        return format(value, spec)
+    return html.escape(str(value))
+
+
+def _precision_bar(by: dict) -> str:
+    total = sum(by.values()) or 1
+    keys = sorted(by, key=lambda k: (_PRECISION_ORDER.index(k) if k in _PRECISION_ORDER else 99, k))
+    segments = "".join(
+        f'<span class="seg p-{html.escape(k)}" style="width:{100 * by[k] / total:.2f}%" '
+        f'title="{html.escape(k)}: {by[k]}"></span>'
+        for k in keys
+    )
+    labels = ", ".join(f'<span class="chip p-{html.escape(k)}">{html.escape(k)}</span> {by[k]}' for k in keys)
+    return f'<div class="bar">{segments}</div><div class="bar-labels">{labels}</div>'
+
+
+def _summary_section(summary: dict) -> str:
+    by = summary.get("layers_by_precision", {})
+    frac = float(summary.get("low_precision_flops_fraction", 0.0) or 0.0)
+    before, after = summary.get("param_bytes_before", 0), summary.get("param_bytes_after", 0)
+    change = f" ({(after - before) / before:+.0%})" if before else ""
+    seconds = summary.get("compile_seconds") or {}
+    compile_time = sum(v for v in seconds.values() if isinstance(v, (int, float)))
+    cards = [
+        ("Layers", f"<b>{summary.get('layers', 0)}</b> compute layers{_precision_bar(by)}"),
+        (
+            "Low-precision FLOPs",
+            f"<b>{frac:.1%}</b> of matmul/conv FLOPs"
+            f'<div class="bar"><span class="seg low" style="width:{100 * frac:.2f}%"></span></div>'
+            f'<div class="bar-labels">{_num(summary.get("total_flops", 0), ",")} FLOPs in all</div>',
+        ),
+        ("Casts inserted", f"<b>{summary.get('casts_inserted', 0)}</b> casts in the rewritten graph"),
+        (
+            "Parameter bytes",
+            f"<b>{_fmt_bytes(after)}</b> stored{change}<div class='bar-labels'>{_fmt_bytes(before)} as captured</div>",
+        ),
+    ]
+    if seconds:
+        phases = ", ".join(f"{html.escape(k)} {v:.2f}s" for k, v in seconds.items())
+        cards.append(("Compile time", f"<b>{compile_time:.2f} s</b><div class='bar-labels'>{phases}</div>"))
+    body = "".join(f'<div class="card"><h3>{t}</h3>{c}</div>' for t, c in cards)
+    return f'<section id="summary"><h2>Summary</h2><div class="cards">{body}</div></section>'
+
+
+def _error_section(summary: dict) -> str:
+    max_abs, rel = summary.get("max_abs_error"), summary.get("rel_l2_error")
+    verdict = ""
+    if isinstance(rel, (int, float)) and math.isfinite(rel):
+        if rel == 0:
+            verdict = "The outputs equal the fp32 program's exactly."
+        else:
+            verdict = f"The outputs differ from fp32 by {rel:.2%} of their size (relative L2)."
+    elif rel is not None:
+        verdict = "The error is not finite: an output overflowed or became NaN in low precision."
+    return (
+        '<section id="error"><h2>Error against fp32</h2><div class="cards">'
+        f'<div class="card"><h3>Max abs error</h3><b id="max-abs">{_num(max_abs)}</b></div>'
+        f'<div class="card"><h3>Relative L2 error</h3><b id="rel-l2">{_num(rel)}</b></div></div>'
+        f'<p class="note">{verdict} Measured on the example inputs against the same graph run entirely in fp32 '
+        "(computed in fp64).</p></section>"
+    )
+
+
+def _legend(report, lay) -> str:
+    present = sorted(
+        {b.dtype for b in lay.boxes if b.dtype and b.kind == "compute"},
+        key=lambda k: (_PRECISION_ORDER.index(k) if k in _PRECISION_ORDER else 99, k),
+    )
+    items = [
+        f'<span class="key"><span class="swatch p-{html.escape(p)}"></span>{html.escape(p)}</span>' for p in present
+    ]
+    items.append('<span class="key"><span class="swatch cast"></span>cast inserted by mixprec</span>')
+    items.append('<span class="key"><span class="swatch model-cast"></span>cast in the model (.to, autocast)</span>')
+    items.append('<span class="key"><span class="swatch kept"></span>kept in fp32 by an autocast rule</span>')
+    items.append('<span class="key"><span class="swatch io"></span>input / output</span>')
+    kept = sum(1 for b in lay.boxes if b.kept)
+    return f'<div class="legend">{"".join(items)}<span class="key">({kept} kept)</span></div>'
+
+
+def _table_section(report) -> str:
+    records = report.layers
+    precisions = sorted({dtype_name(r.precision) for r in records})
+    sources = sorted({r.source for r in records})
+    kinds = sorted({r.kind for r in records})
+    head = "".join(
+        f'<th data-key="{key}" data-type="{typ}" tabindex="0">{html.escape(label)}</th>' for label, key, typ in _COLUMNS
+    )
+    rows = []
+    for i, r in enumerate(records):
+        name, module, op, prec, acc, ins, outs, source, reason = row_cells(r)
+        precision = dtype_name(r.precision)
+        kept = r.kind == "compute" and precision in ("float32", "float64") and r.source in KEPT_SOURCES
+        cells = (str(i), name, r.kind, module, op, prec, acc, ins, outs, source, f"{r.flops:,}", reason)
+        values = (str(i), name, r.kind, module, op, precision, acc, ins, outs, source, str(r.flops), reason)
+        tds = "".join(
+            f'<td data-v="{html.escape(v)}">'
+            + (f'<span class="chip p-{precision}">{html.escape(c)}</span>' if k == 5 else html.escape(c))
+            + "</td>"
+            for k, (c, v) in enumerate(zip(cells, values))
+        )
+        classes = f"p-{precision} k-{r.kind}" + (" kept" if kept else "") + ("" if r.in_graph else " removed")
+        rows.append(
+            f'<tr id="row-{html.escape(name)}" class="{classes}" data-name="{html.escape(name)}" '
+            f'data-precision="{precision}" data-kind="{r.kind}" data-source="{html.escape(r.source)}">{tds}</tr>'
+        )
+
+    def options(values):
+        return '<option value="">all</option>' + "".join(
+            f'<option value="{html.escape(v)}">{html.escape(v)}</option>' for v in values
+        )
+
+    kind_boxes = "".join(
+        f'<label><input type="checkbox" name="kind" value="{html.escape(k)}"'
+        f"{'' if k == 'movement' else ' checked'}> {html.escape(k)}</label>"
+        for k in kinds
+    )
+    controls = (
+        '<div class="controls">'
+        '<label>filter <input id="q" type="search" placeholder="layer, module, op, reason\u2026"></label>'
+        f'<label>precision <select id="precision">{options(precisions)}</select></label>'
+        f'<label>source <select id="source">{options(sources)}</select></label>'
+        f'<span class="kinds">{kind_boxes}</span>'
+        f'<span id="count">{len(records)} layers</span></div>'
+    )
+    return (
+        '<section id="layers-section"><h2>Layers</h2>'
+        f"{controls}"
+        f'<div class="table-wrap"><table id="layers"><thead><tr>{head}</tr></thead><tbody>'
+        + "\n".join(rows)
+        + "</tbody></table></div></section>"
+    )

@@ -1,0 +1,231 @@
+"""PrecisionPlan: one decision per layer, the only thing rewrite passes read.
+
+A plan maps graph node names to :class:`NodePrecision` (compute dtype, accumulation
+dtype, who decided and why; for int8 layers the dynamic ranges of the values quantized). It can also fix the dtypes of model inputs and outputs
+(the configurator's ``set_model_input_precision``/``set_model_output_precision``).
+Plans are immutable; ``with_nodes`` returns an updated copy. The JSON form is stable
+and hand-editable, so a plan can be saved, edited and passed back to ``compile``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
+
+import torch
+
+from .. import jsondoc
+from ..dtypes import PLAN_PRECISIONS, dtype_from_name, dtype_name
+from ..errors import ConfigError
+
+SOURCES = ("explicit", "torch_autocast", "marker", "plan", "autocast_rule", "default", "weak_typing")
+
+_FORMAT = "mixprec.plan"
+_VERSION = 1
+
+
+Range = tuple[float, float]
+
+
+@dataclasses.dataclass(frozen=True)
+class Int8Spec:
+    """How an int8 layer is quantized: symmetric per-tensor int8 (scale = max(|min|, |max|) / 127).
+
+    inputs: (captured input node name, (min, max)) for every input that is quantized on its way in.
+    output: (min, max) of the layer's output when it is quantized on its way out, else None.
+
+    Convolution and linear weights of int8 layers are quantized per output channel from the
+    weights themselves and need no range here.
+    """
+
+    inputs: tuple[tuple[str, Range], ...] = ()
+    output: Range | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "inputs", tuple((str(n), _range(r, f"input {n}")) for n, r in self.inputs))
+        if self.output is not None:
+            object.__setattr__(self, "output", _range(self.output, "output"))
+
+    def input_range(self, name: str) -> Range | None:
+        return dict(self.inputs).get(name)
+
+    def to_dict(self) -> dict:
+        return {
+            "inputs": {name: list(r) for name, r in self.inputs},
+            "output": list(self.output) if self.output is not None else None,
+        }
+
+    @classmethod
+    def from_dict(cls, data) -> "Int8Spec":
+        if not isinstance(data, Mapping):
+            raise ConfigError("'int8' must be an object with 'inputs' (name -> [min, max]) and 'output'.")
+        inputs = data.get("inputs") or {}
+        if not isinstance(inputs, Mapping):
+            raise ConfigError("'int8.inputs' must map input node names to [min, max].")
+        return cls(tuple(inputs.items()), data.get("output"))
+
+
+def _range(value, what: str) -> Range:
+    try:
+        lo, hi = (float(v) for v in value)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"int8 {what} range must be [min, max], got {value!r}.") from e
+    if not (math.isfinite(lo) and math.isfinite(hi)) or lo > hi:
+        raise ConfigError(f"int8 {what} range [{lo}, {hi}] must be finite with min <= max.")
+    return (lo, hi)
+
+
+@dataclasses.dataclass(frozen=True)
+class NodePrecision:
+    """The decision for one layer.
+
+    precision: dtype the layer computes in (and so produces).
+    accumulate: dtype of its accumulation when it differs from ``precision`` (fp32 accumulation), else None.
+    source: which source decided (one of SOURCES).
+    reason: a human sentence saying why.
+    param_dtype: dtype its parameters are stored in when it differs from ``precision`` (cast at use;
+        int8 means per-output-channel int8 convolution/linear weights, dequantized at use).
+    int8: quantization of an int8 layer's inputs/output (only with ``precision == torch.int8``).
+
+    An int8 layer computes on dequantized values in float32 (``compute_dtype``): the values it
+    sees are exactly the int8 grid values, the arithmetic is float32's.
+    """
+
+    precision: torch.dtype
+    accumulate: torch.dtype | None = None
+    source: str = "default"
+    reason: str = ""
+    param_dtype: torch.dtype | None = None
+    int8: Int8Spec | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.precision, torch.dtype):
+            raise ConfigError(f"NodePrecision.precision must be a torch dtype, got {self.precision!r}.")
+        if self.source not in SOURCES:
+            raise ConfigError(f"NodePrecision.source {self.source!r} is not one of {', '.join(SOURCES)}.")
+        if self.int8 is not None and self.precision != torch.int8:
+            raise ConfigError(f"NodePrecision.int8 is only for int8 layers, not {dtype_name(self.precision)}.")
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype the layer's arithmetic runs in: its precision, float32 for int8 (dequantized values)."""
+        return torch.float32 if self.precision == torch.int8 else self.precision
+
+    @property
+    def stored_param_dtype(self) -> torch.dtype:
+        """The dtype its parameters are stored in: ``param_dtype`` if given, else its precision."""
+        return self.param_dtype if self.param_dtype is not None else self.precision
+
+    def to_dict(self) -> dict:
+        out = {
+            "precision": dtype_name(self.precision),
+            "accumulate": dtype_name(self.accumulate),
+            "source": self.source,
+            "reason": self.reason,
+        }
+        if self.param_dtype is not None:
+            out["param_dtype"] = dtype_name(self.param_dtype)
+        if self.int8 is not None:
+            out["int8"] = self.int8.to_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping, *, where: str) -> "NodePrecision":
+        if not isinstance(data, Mapping) or "precision" not in data:
+            raise ConfigError(f"plan entry {where} must be an object with at least a 'precision' field.")
+        try:
+            return cls(
+                precision=dtype_from_name(data["precision"]),
+                accumulate=dtype_from_name(data["accumulate"]) if data.get("accumulate") else None,
+                source=data.get("source", "plan"),
+                reason=str(data.get("reason", "")),
+                param_dtype=dtype_from_name(data["param_dtype"]) if data.get("param_dtype") else None,
+                int8=Int8Spec.from_dict(data["int8"]) if data.get("int8") is not None else None,
+            )
+        except ConfigError as e:
+            allowed = ", ".join(sorted(dtype_name(d) for d in PLAN_PRECISIONS))
+            raise ConfigError(f"plan entry {where}: {e} A plan may hold the precisions {allowed}.") from e
+
+
+class PrecisionPlan(Mapping):
+    """Immutable mapping node name -> NodePrecision, plus model input/output dtype requests."""
+
+    def __init__(
+        self,
+        nodes: Mapping[str, NodePrecision] | None = None,
+        *,
+        inputs: Mapping[int, torch.dtype] | None = None,
+        outputs: Mapping[int, torch.dtype] | None = None,
+        log: str = "",
+    ):
+        self._nodes = MappingProxyType(dict(nodes or {}))
+        self.inputs = MappingProxyType(dict(inputs or {}))
+        self.outputs = MappingProxyType(dict(outputs or {}))
+        self.log = log
+
+    def __getitem__(self, name: str) -> NodePrecision:
+        return self._nodes[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._nodes)
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, PrecisionPlan):
+            return NotImplemented
+        return (dict(self._nodes), dict(self.inputs), dict(self.outputs)) == (
+            dict(other._nodes),
+            dict(other.inputs),
+            dict(other.outputs),
+        )
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        counts: dict[str, int] = {}
+        for decision in self._nodes.values():
+            key = dtype_name(decision.precision)
+            counts[key] = counts.get(key, 0) + 1
+        return f"PrecisionPlan({len(self)} nodes: {counts})"
+
+    def with_nodes(self, updates: Mapping[str, NodePrecision]) -> "PrecisionPlan":
+        return PrecisionPlan({**self._nodes, **updates}, inputs=self.inputs, outputs=self.outputs, log=self.log)
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(
+            {
+                "format": _FORMAT,
+                "version": _VERSION,
+                "nodes": {name: d.to_dict() for name, d in self._nodes.items()},
+                "inputs": {str(i): dtype_name(d) for i, d in self.inputs.items()},
+                "outputs": {str(i): dtype_name(d) for i, d in self.outputs.items()},
+                "log": self.log,
+            },
+            indent=indent,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> "PrecisionPlan":
+        data = jsondoc.load(text, fmt=_FORMAT, version=_VERSION, what="plan", hint="; pass the text written by plan.to_json()")
+        nodes = data.get("nodes", {})
+        if not isinstance(nodes, dict):
+            raise ConfigError("the plan's 'nodes' must be an object mapping node names to decisions.")
+
+        def positions(key):
+            section = data.get(key, {}) or {}
+            try:
+                return {int(i): dtype_from_name(d) for i, d in section.items()}
+            except (ValueError, AttributeError) as e:
+                raise ConfigError(f"the plan's '{key}' must map positions to dtype names ({e}).") from e
+
+        return cls(
+            {name: NodePrecision.from_dict(d, where=repr(name)) for name, d in nodes.items()},
+            inputs=positions("inputs"),
+            outputs=positions("outputs"),
+            log=str(data.get("log", "")),
+        )

@@ -1,0 +1,115 @@
+"""The rewrite pipeline: realise a plan on a copy of the captured program.
+
+Every rewrite pass is listed here, in its fixed order: input rounding, cast insertion, int8
+quantize/dequantize, parameter storage, fp32 accumulation, matmul input layout, channels_last
+convolutions, output dtypes, cast folding. Each declares its contract (``base.RewritePass``:
+requires / ensures / breaks); :class:`Pipeline` checks when it is built that each pass's
+requirements are met by the passes before it and that every checked fact holds at the end.
+
+With ``verify_each`` (the tests turn it on through ``MIXPREC_VERIFY_EACH=1``) the verifier
+checks, after every pass, every fact that holds at that point — including a fake-tensor re-run
+that proves the meta dtypes are true — and its error names the pass after which the graph went
+wrong, as torch.fx's PassManager does. Otherwise the cheap checks run once at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+
+from ..errors import InvariantError
+from ..ir.graph_info import GraphInfo
+from ..ir.work_program import WorkProgram
+from ..plan.precision_plan import PrecisionPlan
+from .base import CHECKED, INITIAL_FACTS, RewritePass
+from .cast_params import cast_params
+from .context import RewriteContext
+from .fold_casts import fold_casts
+from .fp32_acc import fp32_acc
+from .insert_casts import insert_casts
+from .io_types import restore_outputs, round_inputs
+from .memory_format import channels_last_convolutions, contiguous_matmul_inputs
+from .quantize import quantize
+from .verify import verify
+
+log = logging.getLogger(__name__)
+
+# quantize.py keeps its plain function; its contract is declared here (see its docstring: after
+# cast insertion, so every float input of an int8 layer is float32; before parameter storage)
+QUANTIZE = RewritePass("quantize", quantize, requires=frozenset({"layer_dtypes"}), ensures=frozenset({"int8"}))
+
+# checked at the end of every rewrite (the fake-tensor re-run only with verify_each)
+_FINAL = frozenset(CHECKED) - {"meta"}
+
+
+class Pipeline:
+    """An ordered list of rewrite passes whose contracts fit together."""
+
+    def __init__(self, passes: Sequence[RewritePass]):
+        self.passes = tuple(passes)
+        facts = INITIAL_FACTS
+        self.facts_after: list[frozenset] = []  # the facts that hold after each pass
+        for i, p in enumerate(self.passes):
+            missing = p.requires - facts
+            if missing:
+                before = ", ".join(q.name for q in self.passes[:i]) or "none"
+                raise InvariantError(
+                    f"rewrite pass '{p.name}' requires {sorted(missing)}, which no pass before it ensures "
+                    f"(passes before it: {before})"
+                )
+            facts = p.after(facts)
+            self.facts_after.append(facts)
+        missing = _FINAL - facts
+        if missing:
+            raise InvariantError(f"the rewrite pipeline leaves {sorted(missing)} unestablished")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.passes)
+
+    def run(self, ctx: RewriteContext, *, verify_each: bool) -> None:
+        for p, facts in zip(self.passes, self.facts_after):
+            result = p(ctx)
+            log.debug("pass %s: %s", p.name, "changed" if result.changed else "no change")
+            if verify_each:
+                verify(ctx, stage=f"pass '{p.name}'", facts=facts & frozenset(CHECKED))
+        if not verify_each:
+            verify(ctx, stage="rewrite", facts=_FINAL)
+
+
+PIPELINE = Pipeline(
+    (
+        round_inputs,
+        insert_casts,
+        QUANTIZE,
+        cast_params,
+        fp32_acc,
+        contiguous_matmul_inputs,
+        channels_last_convolutions,
+        restore_outputs,
+        fold_casts,
+    )
+)
+
+
+def verify_each_default() -> bool:
+    return os.environ.get("MIXPREC_VERIFY_EACH", "") not in ("", "0")
+
+
+def rewrite(
+    work: WorkProgram,
+    info: GraphInfo,
+    plan: PrecisionPlan,
+    *,
+    keep_io_types: bool,
+    captured_output_dtypes: tuple,
+    verify_each: bool | None = None,
+    pipeline: Pipeline = PIPELINE,
+) -> WorkProgram:
+    """Apply every pass to ``work`` (mutated in place; pass a fresh copy) and return it."""
+    if verify_each is None:
+        verify_each = verify_each_default()
+    ctx = RewriteContext(work, info, plan, keep_io_types, captured_output_dtypes)
+    pipeline.run(ctx, verify_each=verify_each)
+    return work

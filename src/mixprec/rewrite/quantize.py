@@ -1,0 +1,227 @@
+"""int8: quantize/dequantize around the values the plan quantizes, int8 storage of weights.
+
+What the program computes for an int8 layer (fake quantization, on any device):
+
+* each input named in ``NodePrecision.int8.inputs`` is quantized with the symmetric
+  per-tensor scale of its range (scale = max(|min|, |max|) / 127; q = clamp(round(x / scale),
+  -127, 127) as int8) and dequantized to float32 — the layer sees exactly int8 grid values;
+* with ``int8.output`` the layer's result is quantized and dequantized the same way before
+  anything reads it;
+* convolution and linear weights of layers whose parameters are stored in int8 (int8
+  layers, or ``param_dtype=int8`` for weight-only int8) are stored as int8 with one float32
+  scale per output channel (scale_c = max |w_c| / 127) and dequantized at use; the float
+  weight leaves the program's state unless another layer still reads it;
+* the arithmetic itself runs in float32 (``NodePrecision.compute_dtype``) with PyTorch's
+  float kernels: on the int8 grid values the products are those of the int8 kernel, the
+  sums are float32's rather than int32's.
+
+Before::                                       After::
+
+    conv = aten.conv2d(x, p_w, p_b)                q = mixprec.quantize_per_tensor(x, 0.047)
+                                                   x_dq = mixprec.dequantize_per_tensor(q, 0.047, float32)
+                                                   w_dq = mixprec.dequantize_per_channel(p_w_int8, p_w_scale, 0, float32)
+                                                   conv = aten.conv2d(x_dq, w_dq, p_b)
+
+Runs after cast insertion (so every float input of an int8 layer is already float32) and
+before parameter storage (which then leaves the int8 weights alone).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch._guards import detect_fake_mode
+
+from ..ir.graph_info import META_ORIGIN, META_ROLE
+from ..ir.work_program import STORED_KINDS
+from ..ops.custom import DEQUANTIZE_OPS, INT8_MAX, QUANTIZE_OPS
+from ..ops.names import op_name, packet_name
+from ..ops.table import INT8_WEIGHT_OPS
+from .base import PassResult
+from .casting import first_compute_node, is_mixprec_cast, short_name, tensor_dtype
+from .context import RewriteContext
+
+WEIGHT_ARG = 1  # the weight of aten.linear / aten.convNd
+WEIGHT_AXIS = 0  # their output channels
+
+
+def per_tensor_scale(value_range: tuple[float, float]) -> float:
+    """Symmetric int8 scale of a (min, max) range; an all-zero range gets scale 1/127 (any scale fits it)."""
+    absmax = max(abs(value_range[0]), abs(value_range[1]))
+    return absmax / INT8_MAX if absmax > 0 else 1.0 / INT8_MAX
+
+
+def quantize_weight(weight: torch.Tensor, axis: int = WEIGHT_AXIS) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 values, float32 scale per channel along ``axis``) of a weight, symmetric per channel."""
+    with torch.no_grad():
+        w = weight.detach().float()
+        dims = [d for d in range(w.dim()) if d != axis]
+        scales = w.abs().amax(dim=dims) / INT8_MAX if dims else w.abs() / INT8_MAX
+        scales = torch.where(scales > 0, scales, torch.ones_like(scales))  # an all-zero channel stays zero
+        shape = [1] * w.dim()
+        shape[axis] = -1
+        q = torch.clamp(torch.round(w / scales.reshape(shape)), -INT8_MAX, INT8_MAX).to(torch.int8)
+    return q, scales
+
+
+def is_quant_node(node) -> bool:
+    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in QUANTIZE_OPS
+
+
+def is_dequant_node(node) -> bool:
+    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in DEQUANTIZE_OPS
+
+
+def captured_name(node: torch.fx.Node) -> str:
+    """Name of the captured value behind a node: looks through mixprec's casts and quantize/dequantize."""
+    while is_mixprec_cast(node) or is_quant_node(node) or is_dequant_node(node):
+        node = node.args[0]
+    return node.meta.get(META_ORIGIN, node.name)
+
+
+def weight_quantized(decision, packet: str) -> bool:
+    """Whether a layer's weight is stored as per-channel int8."""
+    return decision is not None and decision.stored_param_dtype == torch.int8 and packet in INT8_WEIGHT_OPS
+
+
+def stored_source(work, node):
+    """(placeholder, input spec, cast chain) of the stored tensor behind a value, else (None, None, ()).
+
+    Looks through dtype conversions — mixprec's, torch.autocast's and the model's own
+    (``self.weight.half()``); the chain lists their target dtypes from the stored tensor outwards.
+    """
+    chain = []
+    while _is_plain_cast(node):
+        chain.append(node.args[1])
+        node = node.args[0]
+    if not isinstance(node, torch.fx.Node) or node.op != "placeholder":
+        return None, None, ()
+    spec = work.input_spec_of(node)
+    if spec is None or spec.kind not in STORED_KINDS:
+        return None, None, ()
+    return node, spec, tuple(reversed(chain))
+
+
+def _is_plain_cast(node) -> bool:
+    return (
+        isinstance(node, torch.fx.Node)
+        and node.op == "call_function"
+        and node.target is torch.ops.aten.to.dtype
+        and len(node.args) == 2
+        and not node.kwargs
+    )
+
+
+def quantize(ctx: RewriteContext) -> PassResult:
+    work = ctx.work
+    changed = False
+    weights: dict[torch.fx.Node, tuple[torch.fx.Node, torch.fx.Node]] = {}
+    for node in list(work.graph.nodes):
+        decision = ctx.plan.get(node.name)
+        if node.op != "call_function" or decision is None:
+            continue
+        spec = decision.int8
+        if spec is not None:
+            for inp in list(node.all_input_nodes):
+                value_range = spec.input_range(captured_name(inp))
+                if value_range is not None:
+                    node.replace_input_with(inp, _fake_quant(work.graph, inp, per_tensor_scale(value_range)))
+                    changed = True
+            if spec.output is not None:
+                dq = _fake_quant(work.graph, node, per_tensor_scale(spec.output))
+                quant = dq.args[0]
+                node.replace_all_uses_with(dq, delete_user_cb=lambda user: user is not quant)
+                changed = True
+        if weight_quantized(decision, packet_name(op_name(node.target))):
+            changed |= _store_int8_weight(work, node, decision.compute_dtype, weights)
+    if changed:
+        work.sync_output_specs()
+    return PassResult(changed)
+
+
+def _fake_quant(graph: torch.fx.Graph, value: torch.fx.Node, scale: float) -> torch.fx.Node:
+    """dequantize(quantize(value)) with ``scale``, one per (value, scale); a value already on that grid is kept."""
+    if is_dequant_node(value) and len(value.args) == 3 and value.args[1] == scale:
+        return value
+    dtype = tensor_dtype(value)
+    for user in value.users:
+        if is_quant_node(user) and user.args[1] == scale:
+            for dq in user.users:
+                if is_dequant_node(dq) and dq.args[2] == dtype:
+                    return dq
+    anchor = graph.inserting_before(first_compute_node(graph)) if value.op == "placeholder" else graph.inserting_after(value)
+    with anchor:
+        quant = graph.call_function(torch.ops.mixprec.quantize_per_tensor.default, (value, scale), name=f"{value.name}_q")
+    quant.meta = _meta(value, torch.int8, "quant")
+    with graph.inserting_after(quant):
+        dq = graph.call_function(torch.ops.mixprec.dequantize_per_tensor.default, (quant, scale, dtype), name=f"{value.name}_dq")
+    dq.meta = _meta(value, dtype, "dequant")
+    return dq
+
+
+def _store_int8_weight(work, layer, dtype, done) -> bool:
+    weight = layer.args[WEIGHT_ARG] if len(layer.args) > WEIGHT_ARG else None
+    placeholder, spec, chain = stored_source(work, weight)
+    if placeholder is None:  # a weight computed at run time stays float
+        return False
+    key = (placeholder, chain)
+    if key not in done:
+        tensor = work.stored_tensor(spec)
+        for cast_dtype in chain:  # the weight as the layer reads it (e.g. rounded by the model's .half())
+            tensor = tensor.detach().to(cast_dtype)
+        q, scales = quantize_weight(tensor)
+        suffix = "".join(f"_{short_name(d)}" for d in chain)
+        nodes = []
+        for kind, value in (("int8", q), ("scale", scales)):
+            node = work.add_stored_input(
+                spec, f"{spec.target}{suffix}_{kind}", _stored(value, spec), f"{placeholder.name}{suffix}_{kind}"
+            )
+            node.meta["val"] = _fake_like(placeholder.meta["val"], value)
+            node.meta[META_ORIGIN] = placeholder.meta.get(META_ORIGIN, placeholder.name)
+            nodes.append(node)
+        done[key] = tuple(nodes)
+    q_node, s_node = done[key]
+    dq = next((u for u in q_node.users if is_dequant_node(u) and u.args[3] == dtype), None)
+    if dq is None:
+        with work.graph.inserting_before(first_compute_node(work.graph)):
+            dq = work.graph.call_function(
+                torch.ops.mixprec.dequantize_per_channel.default, (q_node, s_node, WEIGHT_AXIS, dtype),
+                name=f"{placeholder.name}_dq",
+            )
+        dq.meta = _meta(placeholder, dtype, "dequant")
+    layer.replace_input_with(weight, dq)
+    while _is_plain_cast(weight) and not weight.users:  # the float weight's conversions nothing reads now
+        source = weight.args[0]
+        work.graph.erase_node(weight)
+        weight = source
+    if not placeholder.users:
+        work.remove_stored_input(placeholder)
+    return True
+
+
+def _stored(value: torch.Tensor, like_spec) -> torch.Tensor:
+    from torch.export.graph_signature import InputKind
+
+    if like_spec.kind == InputKind.PARAMETER:
+        return torch.nn.Parameter(value, requires_grad=False)
+    return value
+
+
+def _fake_like(template, real: torch.Tensor):
+    """A fake tensor (in the graph's fake mode) with ``real``'s shape and dtype."""
+    fake_mode = detect_fake_mode((template,))
+    with fake_mode if fake_mode is not None else contextlib.nullcontext():
+        return torch.empty(real.shape, dtype=real.dtype, device=template.device)
+
+
+def _meta(value: torch.fx.Node, dtype: torch.dtype, role: str) -> dict:
+    val = value.meta["val"]
+    fake_mode = detect_fake_mode((val,))
+    with fake_mode if fake_mode is not None else contextlib.nullcontext():
+        new = torch.empty_like(val, dtype=dtype)
+    meta = {"val": new, META_ROLE: role}
+    for key in ("nn_module_stack", "stack_trace"):
+        if key in value.meta:
+            meta[key] = value.meta[key]
+    return meta

@@ -1,0 +1,225 @@
+"""The verifier: invariants every rewritten graph must satisfy (DESIGN.md habit 2).
+
+Each check is one fact of ``base.CHECKED``; the pipeline asks for the facts that hold after
+the pass that just ran.
+
+1. (``structure``) the graph lints (every use after its definition, one output node);
+   mixprec's casts are float -> float and change the dtype (no cast to the same dtype,
+   integer/bool tensors never cast), and at most one cast per (tensor, dtype);
+2. (``inputs_rounded``) a model input the plan rounds is read only through its rounding cast;
+3. (``layer_dtypes``) every float input of a layer has the dtype ``required_input_dtype``
+   gives (layers with fp32 accumulation: their operands are rounded to the layer's precision
+   and then widened to the accumulation dtype);
+4. (``int8``) every input an int8 layer quantizes is the dequantized int8 value of that
+   input with the scale of its range, a quantized output is read only through its quantize
+   node, weights stored as int8 reach their layer through a per-channel dequantize of an int8
+   tensor, and no float copy of such a weight is read;
+5. (``output_dtypes``) graph outputs have the requested dtypes;
+6. (``meta``, ``deep=True``) the dtypes in node meta are the dtypes the ops really produce:
+   the graph is re-run on fake tensors and every tensor's dtype compared.
+
+Raises :class:`InvariantError` (a mixprec bug, not a user error) naming the node.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..dtypes import is_float
+from ..errors import InvariantError
+from ..ir.graph_info import META_ACC, META_ROLE
+from ..ops.names import op_name, packet_name
+from .base import CHECKED, PassResult
+from .casting import is_mixprec_cast, origin_name, required_input_dtype, tensor_dtype
+from .context import RewriteContext
+from .quantize import (
+    captured_name,
+    is_dequant_node,
+    is_quant_node,
+    per_tensor_scale,
+    stored_source,
+    weight_quantized,
+)
+
+_CHEAP = frozenset(CHECKED) - {"meta"}
+
+
+def verify(ctx: RewriteContext, *, stage: str = "", facts=None, deep: bool = False) -> PassResult:
+    """Check the ``facts`` (names from ``base.CHECKED``; default: all but the fake-tensor re-run,
+    which ``deep=True`` adds). ``stage`` says when, for the error message ("after pass 'x'")."""
+    facts = frozenset(_CHEAP if facts is None else facts) | ({"meta"} if deep else set())
+    graph = ctx.work.graph
+    where = f" after {stage}" if stage else ""
+    if "structure" in facts:
+        try:
+            graph.lint()
+        except RuntimeError as e:
+            raise InvariantError(f"graph does not lint{where}: {e}") from e
+        _check_casts(graph, where)
+    if "inputs_rounded" in facts:
+        _check_inputs(ctx, where)
+    if "layer_dtypes" in facts:
+        _check_layers(ctx, graph, where)
+    if "int8" in facts:
+        _check_int8(ctx, graph, where)
+    if "output_dtypes" in facts:
+        _check_outputs(ctx, where)
+    if "meta" in facts:
+        _check_meta_truthful(graph, where)
+    return PassResult(False)
+
+
+def _check_casts(graph, where):
+    seen = set()
+    for node in graph.nodes:
+        if not is_mixprec_cast(node):
+            continue
+        src, dst = tensor_dtype(node.args[0]), node.args[1]
+        if not (is_float(src) and is_float(dst)):
+            raise InvariantError(f"cast {node.name}{where} converts {src} -> {dst}; only float tensors may be cast")
+        if src == dst:
+            raise InvariantError(f"cast {node.name}{where} converts {src} to itself")
+        if tensor_dtype(node) != dst:
+            raise InvariantError(f"cast {node.name}{where}: meta says {tensor_dtype(node)}, target {dst}")
+        key = (node.args[0], dst)
+        if key in seen:
+            raise InvariantError(f"two casts of {node.args[0].name} to {dst}{where}")
+        seen.add(key)
+
+
+def _check_layers(ctx, graph, where):
+    for node in graph.nodes:
+        if node.op != "call_function" or is_mixprec_cast(node):
+            continue
+        info = ctx.info.get(node.name)
+        decision = ctx.plan.get(node.name)
+        acc = node.meta.get(META_ACC)
+        if info is not None and decision is not None and info.kind != "cast":
+            out = [d for d in (getattr(v, "dtype", None) for v in _tensors(node.meta.get("val"))) if is_float(d)]
+            expected = acc if acc is not None else decision.compute_dtype
+            if out and out[0] != expected:
+                raise InvariantError(
+                    f"layer {node.name} ({info.module or 'top level'}){where} produces {out[0]}, plan says {expected}"
+                )
+        for inp in node.all_input_nodes:
+            current = tensor_dtype(inp)
+            if current is None or not is_float(current):
+                continue
+            if acc is not None:
+                if current != acc or tensor_dtype(inp.args[0] if is_mixprec_cast(inp) else inp) != decision.precision:
+                    raise InvariantError(
+                        f"layer {node.name}{where} accumulates in {acc} but its input {inp.name} is not its "
+                        f"{decision.precision} operand widened to {acc}"
+                    )
+                continue
+            required = required_input_dtype(info, decision, origin_name(inp), current)
+            if required != current:
+                raise InvariantError(
+                    f"layer {node.name} ({info.module if info else ''}){where} receives {inp.name} as {current}, "
+                    f"needs {required}"
+                )
+
+
+def _check_int8(ctx, graph, where):
+    for node in graph.nodes:
+        if is_quant_node(node):
+            if not is_float(tensor_dtype(node.args[0])) or tensor_dtype(node) != torch.int8:
+                raise InvariantError(f"quantize {node.name}{where} must turn a float tensor into int8")
+        elif is_dequant_node(node) and tensor_dtype(node.args[0]) != torch.int8:
+            raise InvariantError(f"dequantize {node.name}{where} reads {tensor_dtype(node.args[0])}, not int8")
+        decision = ctx.plan.get(node.name)
+        if node.op != "call_function" or decision is None:
+            continue
+        spec = decision.int8
+        if spec is not None:
+            for inp in node.all_input_nodes:
+                value_range = spec.input_range(captured_name(inp))
+                if value_range is not None and not _on_grid(inp, per_tensor_scale(value_range)):
+                    raise InvariantError(
+                        f"int8 layer {node.name}{where} reads {inp.name}, which is not {captured_name(inp)} "
+                        f"quantized with scale {per_tensor_scale(value_range):.6g}"
+                    )
+            if spec.output is not None:
+                scale = per_tensor_scale(spec.output)
+                if not node.users or not all(is_quant_node(u) and u.args[1] == scale for u in node.users):
+                    raise InvariantError(
+                        f"int8 layer {node.name}{where}: its output must be read only through its quantize node "
+                        f"(scale {scale:.6g}); readers: {', '.join(u.name for u in node.users)}"
+                    )
+        if weight_quantized(decision, packet_name(op_name(node.target))) and len(node.args) > 1:
+            weight = node.args[1]
+            if is_dequant_node(weight):
+                if weight.args[0].op != "placeholder" or stored_source(ctx.work, weight.args[0])[0] is None:
+                    raise InvariantError(f"layer {node.name}{where}: its int8 weight is not a stored int8 tensor")
+            elif stored_source(ctx.work, weight)[0] is not None:  # a float copy of a stored weight
+                raise InvariantError(
+                    f"layer {node.name}{where} stores its weights in int8 but reads the float weight {weight.name}"
+                )
+
+
+def _on_grid(value, scale) -> bool:
+    return is_dequant_node(value) and value.args[1] == scale and is_quant_node(value.args[0]) and value.args[0].args[1] == scale
+
+
+def _check_inputs(ctx, where):
+    float_inputs = [n for n in ctx.work.user_input_nodes() if tensor_dtype(n) is not None]
+    for position, dtype in ctx.plan.inputs.items():
+        if dtype is None or position >= len(float_inputs) or tensor_dtype(float_inputs[position]) == dtype:
+            continue
+        node = float_inputs[position]
+        for user in node.users:
+            if not (is_mixprec_cast(user) and user.meta.get(META_ROLE) == "io_cast" and user.args[1] == dtype):
+                raise InvariantError(
+                    f"model input {position} ({node.name}){where} is read by {user.name} without its rounding to {dtype}"
+                )
+
+
+def _check_outputs(ctx, where):
+    for position, value in ctx.work.user_output_nodes():
+        current = tensor_dtype(value)
+        if current is None:
+            continue
+        wanted = ctx.plan.outputs.get(position)
+        if wanted is None and ctx.keep_io_types:
+            wanted = ctx.captured_output_dtypes[position]
+        if wanted is not None and wanted != current:
+            raise InvariantError(f"output {position}{where} is {current}, should be {wanted}")
+
+
+def _tensors(val):
+    if isinstance(val, torch.Tensor):
+        return [val]
+    if isinstance(val, (list, tuple)):
+        return [t for v in val for t in _tensors(v)]
+    return []
+
+
+def _check_meta_truthful(graph, where):
+    """Re-run every op on fake tensors and compare the dtypes it really produces with the meta."""
+    from torch._guards import detect_fake_mode
+
+    env = {}
+    vals = [n.meta.get("val") for n in graph.nodes if n.op == "placeholder"]
+    fake_mode = detect_fake_mode(tuple(v for v in vals if isinstance(v, torch.Tensor)))
+    if fake_mode is None:
+        return
+    # no autograd: programs are for inference, and an in-place write into a fake leaf that requires grad
+    # (a KV cache lifted from a module) would be refused by autograd, not by the op
+    with fake_mode, torch.no_grad():
+        for node in graph.nodes:
+            if node.op == "placeholder":
+                env[node] = node.meta.get("val")
+                continue
+            if node.op != "call_function":
+                continue
+            args = torch.fx.node.map_arg(node.args, lambda n: env[n])
+            kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
+            try:
+                result = node.target(*args, **kwargs)
+            except Exception as e:  # the op rejects the dtypes it is given: exactly what we check for
+                raise InvariantError(f"{node.name} ({node.target}){where} fails on its inputs: {e}") from e
+            real = [t.dtype for t in _tensors(result)]
+            meta = [t.dtype for t in _tensors(node.meta.get("val"))]
+            if real != meta:
+                raise InvariantError(f"{node.name}{where}: meta says {meta}, the op produces {real}")
+            env[node] = result

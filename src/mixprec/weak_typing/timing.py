@@ -1,0 +1,283 @@
+"""Measuring layers for weak typing: each layer's time in each enabled precision, and cast times.
+
+Weak typing (``use_explicit_typing=False``) picks per layer the fastest dtype *on this device*.
+A table of "bf16 is 2x faster for matmuls" would be wrong on CPUs without fast bf16 and
+wrong for small layers whose casts cost more than they save, so mixprec measures:
+
+* the layer's own op, run on its real input values (the example inputs flow through the
+  captured fp32 program node by node; each weak-typing candidate is timed right where it
+  runs, on its actual arguments converted to each enabled dtype, parameters included —
+  they will be stored in that dtype);
+* in the layout the rewrite gives a lowered layer (``rewrite/memory_format.py``: contiguous inputs for
+  matmul-class layers, channels_last in networks with lowered convolutions), so that what is
+  timed is what will run;
+* the casts a choice implies: for every tensor between layers, converting it between the
+  dtypes it may have and the dtypes its consumers may need (cached by shape and layout,
+  since a cast's cost depends on nothing else).
+
+Each number is the median of ``repeats`` runs after ``warmup`` runs, on the inputs' device
+(synchronised on accelerators). An op that does not run in a dtype, or whose output does not
+follow its inputs' dtype (a ``dtype=`` argument pins it), gets a note instead of a time.
+The weak-typing planner source (source.py) turns these numbers into choices.
+
+The ops are timed one at a time in eager PyTorch: with ``backend="inductor"`` the fused kernels
+may rank differently (a cast fused into its consumer costs little there).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import statistics
+import time
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
+
+import torch
+import torch.utils._pytree as pytree
+
+from ..dtypes import dtype_name, is_float
+from ..ir.graph_info import GraphInfo
+from ..ir.runner import GraphRunner, lifted_inputs
+from ..ir.work_program import STORED_KINDS, WorkProgram
+from ..ops.names import op_name, packet_name
+from ..ops.table import MATMUL_OPS
+
+log = logging.getLogger(__name__)
+
+WARMUP = 2
+REPEATS = 5
+
+# timer(fn, key) -> seconds. key is ("op", layer name, dtype) or ("cast", shape, stride, src, dst); the
+# default timer ignores it, tests use it to return fixed numbers.
+Timer = Callable[[Callable[[], object], tuple], float]
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerTiming:
+    """Median seconds of one layer's op per dtype; a dtype it cannot run in has a note instead."""
+
+    seconds: Mapping[torch.dtype, float]
+    notes: Mapping[torch.dtype, str] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
+    skipped: str | None = None  # why the layer was not timed at all (it keeps its captured dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class Timings:
+    """What weak typing learned from running the program: op times, cast times, and the graph's I/O."""
+
+    device: str
+    precisions: frozenset[torch.dtype]
+    layers: Mapping[str, LayerTiming]
+    casts: Mapping[str, Mapping[tuple[torch.dtype, torch.dtype], float]]  # tensor node -> (src, dst) -> s
+    stored: frozenset[str]  # placeholders of parameters, buffers, constants (stored in any dtype for free)
+    user_inputs: tuple[str, ...] = ()  # user-input tensor placeholders, by position (plan.inputs)
+    outputs: tuple[str | None, ...] = ()  # node read by each user output, by position
+    warmup: int = WARMUP
+    repeats: int = REPEATS
+
+
+def median_timer(*, warmup: int = WARMUP, repeats: int = REPEATS, device: torch.device | None = None) -> Timer:
+    """A timer that runs ``fn`` ``warmup`` times, then returns the median of ``repeats`` timed runs."""
+
+    def timer(fn, key):
+        for _ in range(warmup):
+            fn()
+        _synchronize(device)
+        times = []
+        for _ in range(max(1, repeats)):
+            start = time.perf_counter()
+            fn()
+            _synchronize(device)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    return timer
+
+
+def measure_layers(
+    work: WorkProgram,
+    info: GraphInfo,
+    layers: Iterable[str],
+    user_values: list,
+    precisions: Iterable[torch.dtype],
+    *,
+    timer: Timer | None = None,
+    warmup: int = WARMUP,
+    repeats: int = REPEATS,
+) -> Timings:
+    """Run ``work`` on the example inputs node by node and time ``layers`` in every dtype of ``precisions``.
+
+    ``user_values`` are the flat user inputs (``diagnose.flat_user_inputs``); they are cloned, so a
+    program that writes into its inputs leaves the caller's tensors alone. The global RNG state is
+    restored afterwards (re-running random ops must not change what the user's program draws).
+    """
+    precisions = frozenset(precisions)
+    wanted = set(layers)
+    user_values = [v.clone() if isinstance(v, torch.Tensor) else v for v in user_values]
+    stored = frozenset(
+        s.arg.name for s in work.input_specs if s.kind in STORED_KINDS and hasattr(s.arg, "name")
+    )
+    device = _device_of(user_values, work)
+    timer = timer or median_timer(warmup=warmup, repeats=repeats, device=device)
+    runner = GraphRunner(work.graph_module, lifted_inputs(work.input_specs, work.state_dict, work.constants, user_values))
+    layer_timings: dict[str, LayerTiming] = {}
+    casts: dict[str, dict] = {}
+    cast_cache: dict[tuple, float] = {}
+    # lowered 2-D convolutions make the network channels_last (rewrite/memory_format.py): time it that way
+    channels_last = any(info[n].packet in ("aten.conv2d", "aten.convolution") for n in wanted if n in info)
+    with torch.no_grad(), _restored_rng(device):
+        for node in runner.nodes:
+            if node.name in wanted:
+                args, kwargs = runner.inputs(node)
+                layer_timings[node.name] = _time_layer(
+                    node, args, kwargs, info[node.name].precision, precisions, device, timer, channels_last
+                )
+            value = runner.run(node)
+            if node.name not in stored and isinstance(value, torch.Tensor) and is_float(value.dtype) and node.users:
+                casts[node.name] = _time_casts(value, precisions, timer, cast_cache)
+    return Timings(
+        device=str(device),
+        precisions=precisions,
+        layers=MappingProxyType(layer_timings),
+        casts=MappingProxyType(casts),
+        stored=stored,
+        user_inputs=tuple(n.name for n in work.user_input_nodes() if isinstance(n.meta.get("val"), torch.Tensor)),
+        outputs=tuple(v.name if isinstance(v, torch.fx.Node) else None for _, v in work.user_output_nodes()),
+        warmup=warmup,
+        repeats=repeats,
+    )
+
+
+def _call(target, args, kwargs, lowered_packet):
+    """The timed call: a lowered matmul-class layer copies a non-contiguous 3-D input first, as in the program."""
+    first = args[0] if args else None
+    if (
+        lowered_packet in MATMUL_OPS
+        and isinstance(first, torch.Tensor)
+        and first.dim() >= 3
+        and not first.is_contiguous()
+    ):
+        rest = args[1:]
+        return lambda: target(first.contiguous(), *rest, **kwargs)
+    return lambda: target(*args, **kwargs)
+
+
+def _as_rewritten(packet: str, args: tuple, channels_last: bool) -> tuple:
+    """Arguments in the memory layout a lowered layer gets in the rewritten program: matmul-class
+    layers read a contiguous copy of a non-contiguous 3-D input (made per call: see _call), and in
+    networks with lowered 2-D convolutions the 4-D activations and conv weights are channels_last
+    (made by the cast into the layer or stored so: no per-call cost of the layer's own)."""
+    args = list(args)
+    if channels_last:
+        args = [
+            a.contiguous(memory_format=torch.channels_last) if isinstance(a, torch.Tensor) and a.dim() == 4 else a
+            for a in args
+        ]
+    return tuple(args)
+
+
+def _time_layer(
+    node, args, kwargs, captured: torch.dtype, precisions, device, timer, channels_last: bool = False
+) -> LayerTiming:
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        return LayerTiming({}, skipped=f"{getattr(target, '__name__', target)} is not an ATen op mixprec can time")
+    written = _written_inputs(node)
+    shared = [inp.name for inp in written if len(inp.users) > 1]
+    if shared:
+        return LayerTiming(
+            {},
+            skipped=f"in-place op on {', '.join(shared)}, which other layers also read: it stays in that tensor's dtype",
+        )
+    seconds: dict[torch.dtype, float] = {}
+    notes: dict[torch.dtype, str] = {}
+    packet = packet_name(op_name(target))
+    for dtype in sorted(precisions, key=lambda d: (d != captured, str(d))):
+        a, k = _converted((args, kwargs), dtype, captured, copy=bool(written))
+        if dtype != captured:  # lowered, it runs in the layout rewrite/memory_format.py gives it
+            a = _as_rewritten(packet, a, channels_last)
+        try:
+            out = target(*a, **k)
+        except Exception as e:  # an op without a kernel for this dtype on this device: not an option
+            notes[dtype] = f"does not run in {dtype_name(dtype)} on {device.type}: {str(e).splitlines()[0][:120]}"
+            continue
+        out_dtypes = {t.dtype for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and is_float(t.dtype)}
+        if dtype != captured and out_dtypes and out_dtypes != {dtype}:
+            notes[dtype] = (
+                f"its output stays {', '.join(sorted(dtype_name(d) for d in out_dtypes))} when its inputs are "
+                f"{dtype_name(dtype)} (the op fixes its dtype)"
+            )
+            continue
+        del out
+        seconds[dtype] = float(timer(_call(target, a, k, packet if dtype != captured else None), ("op", node.name, dtype)))
+    return LayerTiming(MappingProxyType(seconds), MappingProxyType(notes))
+
+
+def _time_casts(value: torch.Tensor, precisions, timer, cache) -> dict:
+    """(src, dst) -> seconds to convert a tensor like ``value`` between every pair of dtypes it may meet."""
+    dtypes = sorted(precisions | {value.dtype}, key=str)
+    out = {}
+    for src in dtypes:
+        source = None
+        for dst in dtypes:
+            if src == dst:
+                continue
+            key = ("cast", tuple(value.shape), tuple(value.stride()), src, dst)
+            if key not in cache:
+                if source is None:
+                    source = value if value.dtype == src else value.to(src)
+                cache[key] = float(timer(lambda s=source, d=dst: s.to(d), key))
+            out[(src, dst)] = cache[key]
+    return MappingProxyType(out)
+
+
+def _written_inputs(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """Input nodes an in-place/out= op writes into (from its schema's alias annotations)."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None or not schema.is_mutable:
+        return []
+    written = []
+    for i, arg in enumerate(schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        value = node.args[i] if i < len(node.args) and not arg.kwarg_only else node.kwargs.get(arg.name)
+        for item in pytree.tree_leaves(value):
+            if isinstance(item, torch.fx.Node):
+                written.append(item)
+    return written
+
+
+def _converted(tree, dtype, captured, *, copy: bool):
+    """Float tensors in ``tree`` converted to ``dtype`` (left as captured when timing the captured dtype)."""
+
+    def convert(x):
+        if not isinstance(x, torch.Tensor) or not is_float(x.dtype):
+            return x
+        if dtype == captured:
+            return x.clone() if copy else x
+        return x.to(dtype, copy=copy)
+
+    return pytree.tree_map(convert, tree)
+
+
+def _device_of(user_values, work: WorkProgram) -> torch.device:
+    for value in list(user_values) + list(work.state_dict.values()):
+        if isinstance(value, torch.Tensor):
+            return value.device
+    return torch.device("cpu")
+
+
+def _synchronize(device: torch.device | None) -> None:
+    if device is None or device.type == "cpu":
+        return
+    backend = getattr(torch, device.type, None)
+    sync = getattr(backend, "synchronize", None)
+    if sync is not None:
+        sync(device)
+
+
+def _restored_rng(device: torch.device):
+    if device.type == "cpu":
+        return torch.random.fork_rng(devices=[])
+    return torch.random.fork_rng(devices=[device], device_type=device.type)

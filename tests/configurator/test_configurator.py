@@ -1,0 +1,299 @@
+"""MixedPrecisionConfigurator (AIMET-style manual mixed precision), against eager PyTorch doing the same thing."""
+
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import assert_same_outputs, assert_unchanged, snapshot
+from models import TiedEmbedding, TRTorchSeed, TwoBlocks
+from torch import nn
+
+import mixprec
+
+
+class AsDtype(nn.Module):
+    """Eager reference of 'this module computes in dtype': its copy converted, its input cast, its output widened."""
+
+    def __init__(self, module, dtype):
+        super().__init__()
+        self.inner = copy.deepcopy(module).to(dtype)
+        self.dtype = dtype
+
+    def forward(self, x):
+        return self.inner(x.to(self.dtype)).float()
+
+
+def converted(model, dtypes):
+    """A copy of ``model`` whose modules at the given paths compute in the given dtypes."""
+    ref = copy.deepcopy(model)
+    for path, dtype in dtypes.items():
+        parent, _, name = path.rpartition(".")
+        setattr(ref.get_submodule(parent), name, AsDtype(model.get_submodule(path), dtype))
+    return ref
+
+
+def compiled(model, inputs, configure, **apply_kwargs):
+    cfg = mixprec.MixedPrecisionConfigurator(model)
+    configure(cfg, model)
+    plan = cfg.apply(inputs, **apply_kwargs)
+    return plan, mixprec.compile(model, inputs, plan=plan)
+
+
+def precisions(prog):
+    return {r.module: r.precision for r in prog.report.layers if r.kind == "compute" and r.module}
+
+
+@pytest.fixture
+def model():
+    return TwoBlocks().eval()
+
+
+INPUTS = TwoBlocks.example_inputs()
+
+
+def test_non_leaf_then_leaf_sets_all_of_l1_except_l2(model):
+    def configure(cfg, m):
+        cfg.set_precision(m.block1, activation=torch.bfloat16)
+        cfg.set_precision(m.block1.fc2, activation="fp32")
+
+    before = snapshot(model)
+    plan, prog = compiled(model, INPUTS, configure)
+    assert precisions(prog) == {
+        "block1.fc1": torch.bfloat16, "block1.act": torch.bfloat16, "block1.fc2": torch.float32,
+        "block2.fc1": torch.float32, "block2.act": torch.float32, "block2.fc2": torch.float32,
+        "norm": torch.float32, "head": torch.float32,
+    }
+    fc2 = prog.report.by_module("block1.fc2")[0]
+    assert fc2.source == "plan" and fc2.reason.startswith("request #2 ")
+    assert prog.report.by_module("block1.act")[0].reason.startswith("request #1 ")
+    reference = converted(model, {"block1.fc1": torch.bfloat16, "block1.act": torch.bfloat16})
+    with torch.no_grad():
+        assert_same_outputs(prog(*INPUTS), reference(*INPUTS))
+    assert_unchanged(model, before)
+
+
+def test_leaf_then_non_leaf_the_latest_request_wins(model):
+    def configure(cfg, m):
+        cfg.set_precision(m.block1.fc2, activation="fp16")
+        cfg.set_precision("block1", activation="bf16")
+
+    _, prog = compiled(model, INPUTS, configure)
+    assert {p: d for p, d in precisions(prog).items() if p.startswith("block1")} == {
+        "block1.fc1": torch.bfloat16, "block1.act": torch.bfloat16, "block1.fc2": torch.bfloat16,
+    }
+    assert prog.report.by_module("block1.fc2")[0].reason.startswith("request #2 ")
+    with torch.no_grad():
+        assert_same_outputs(prog(*INPUTS), converted(model, {"block1": torch.bfloat16})(*INPUTS))
+
+
+def test_a_module_type_sets_every_module_of_that_type(model):
+    def configure(cfg, m):
+        cfg.set_precision(nn.Linear, activation=torch.bfloat16)
+        cfg.set_precision(nn.GELU, activation=torch.float16)
+        cfg.set_precision(nn.GELU, activation=torch.bfloat16)  # latest wins for the same modules
+
+    _, prog = compiled(model, INPUTS, configure)
+    layers = precisions(prog)
+    assert layers.pop("norm") == torch.float32
+    assert set(layers.values()) == {torch.bfloat16}
+    paths = ["block1.fc1", "block1.act", "block1.fc2", "block2.fc1", "block2.act", "block2.fc2", "head"]
+    reference = converted(model, dict.fromkeys(paths, torch.bfloat16))
+    with torch.no_grad():
+        assert_same_outputs(prog(*INPUTS), reference(*INPUTS))
+
+
+def test_model_input_and_output_precision(model):
+    def configure(cfg, m):
+        cfg.set_model_input_precision([None, torch.float16])
+        cfg.set_model_output_precision(torch.float16)
+
+    plan, prog = compiled(model, INPUTS, configure)
+    assert dict(plan.inputs) == {1: torch.float16}
+    assert dict(plan.outputs) == {0: torch.float16, 1: torch.float16}  # output 2 is an integer tensor
+    x, y = INPUTS
+    with torch.no_grad():
+        out, h, idx = model(x, y.half().float())
+    assert_same_outputs(prog(x, y), (out.half(), h.half(), idx))
+
+
+def test_one_input_precision_rounds_every_float_input(model):
+    plan, prog = compiled(model, INPUTS, lambda cfg, m: cfg.set_model_input_precision("bf16"))
+    x, y = INPUTS
+    with torch.no_grad():
+        assert_same_outputs(prog(x, y), model(x.bfloat16().float(), y.bfloat16().float()))
+
+
+def test_param_dtype_other_than_activation_stores_weights_low_and_casts_at_use(model):
+    def configure(cfg, m):
+        cfg.set_precision(m.block1.fc1, activation=torch.float32, param=torch.bfloat16)
+        cfg.set_precision(m.head, activation=torch.bfloat16, param=torch.float32)
+
+    plan, prog = compiled(model, INPUTS, configure)
+    state = prog.exported_program.state_dict
+    assert state["block1.fc1.weight"].dtype == torch.bfloat16
+    assert state["head.weight"].dtype == torch.float32
+    assert prog.report.by_module("block1.fc1")[0].precision == torch.float32
+    reference = converted(model, {"head": torch.bfloat16})
+    with torch.no_grad():
+        fc1 = reference.block1.fc1
+        fc1.weight.copy_(fc1.weight.bfloat16().float())
+        fc1.bias.copy_(fc1.bias.bfloat16().float())
+        assert_same_outputs(prog(*INPUTS), reference(*INPUTS))
+
+
+def _fake_quant(t, lo, hi):
+    scale = max(abs(lo), abs(hi)) / 127
+    return torch.clamp(torch.round(t / scale), -127, 127) * scale
+
+
+def test_int8_activation_quantizes_the_module_boundary_with_calibrated_ranges(model):
+    _, prog = compiled(model, INPUTS, lambda cfg, m: cfg.set_precision("head", activation="int8"))
+    head = prog.report.by_module("head")[0]
+    assert head.precision == torch.int8 and head.input_dtypes == (torch.int8, torch.int8, torch.float32)
+    seen = {}
+    hook = model.head.register_forward_hook(lambda m, a, out: seen.update(i=a[0], o=out))
+    with torch.no_grad():
+        model(*INPUTS)
+    hook.remove()
+    w = model.head.weight
+    w_scale = (w.abs().amax(dim=1) / 127)[:, None]
+    with torch.no_grad():
+        out = F.linear(_fake_quant(seen["i"], seen["i"].min().item(), seen["i"].max().item()),
+                       torch.clamp(torch.round(w / w_scale), -127, 127) * w_scale, model.head.bias)
+        out = _fake_quant(out, seen["o"].min().item(), seen["o"].max().item())
+    got = prog(*INPUTS)
+    assert_same_outputs(got[0], out)
+
+
+def test_a_plan_is_honoured_over_markers():
+    model = TRTorchSeed(torch.float16).eval()
+    inputs = TRTorchSeed.example_inputs()
+    _, prog = compiled(model, inputs, lambda cfg, m: cfg.set_precision(m.conv2, activation="fp32"))
+    assert prog.report.by_module("conv2")[0].precision == torch.float32
+    assert prog.report.by_module("conv2")[0].source == "plan"
+    with torch.no_grad():
+        assert_same_outputs(prog(*inputs), model(*inputs))
+
+
+def test_the_log_shows_requests_effective_module_precisions_and_realised_layers(model, tmp_path):
+    def configure(cfg, m):
+        cfg.set_precision(m.block1, activation=torch.bfloat16)
+        cfg.set_precision(m.block1.fc2, activation="fp32", param="bf16")
+        cfg.set_model_output_precision([None, "fp16", None])
+
+    path = tmp_path / "mmp_log.txt"
+    plan, prog = compiled(model, INPUTS, configure, log_file=path)
+    log = path.read_text()
+    assert log == plan.log
+    assert mixprec.PrecisionPlan.from_json(plan.to_json()).log == log
+    assert prog.plan.log == log
+    lines = log.splitlines()
+    assert "1. Requests (in call order; the latest wins)" in lines
+    assert any(line.split()[:3] == ["#1", "set_precision", "Block"] and "'block1'" in line for line in lines)
+    assert any(line.startswith("#3  set_model_output_precision") and "[None, fp16, None]" in line for line in lines)
+    assert "2. Effective precision per module" in lines
+    module_rows = {line.split()[0]: line.split() for line in lines if line.startswith(("block", "head", "norm"))}
+    assert module_rows["block1.fc1"][2:] == ["bf16", "=activation", "#1"]
+    assert module_rows["block1.fc2"][2:] == ["fp32", "bf16", "#2"]
+    assert module_rows["head"][2:] == ["fp32", "-", "-", "(default)"]
+    assert any(line.split() == ["output", "1", "fp16", "#3"] for line in lines)
+    assert "3. Realised precision per graph layer" in lines
+    realised = {line.split()[0]: line for line in lines if line.startswith("linear")}
+    fc1 = next(r.name for r in prog.report.layers if r.module == "block1.fc1")
+    assert "x->bf16" in realised[fc1]
+    assert f"casts inserted: {prog.report.summary['casts_inserted']};" in log
+
+
+# ---- strict errors ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "configure, message",
+    [
+        (lambda cfg, m: cfg.set_precision(nn.Linear(16, 16), activation="fp16"), "not part of the model"),
+        (lambda cfg, m: cfg.set_precision("block3", activation="fp16"), "no module has this path in the model \\(did you mean 'block2'"),
+        (lambda cfg, m: cfg.set_precision(nn.Conv2d, activation="fp16"), "no module of this type"),
+        (lambda cfg, m: cfg.set_precision(m.unused, activation="fp16"), "never runs a layer in forward"),
+        (lambda cfg, m: cfg.set_model_input_precision([torch.float16]), "gives 1 precision.* with 2 input"),
+        (lambda cfg, m: cfg.set_model_output_precision(["fp16", None]), "gives 2 precision.* with 3 output"),
+        (lambda cfg, m: cfg.set_model_output_precision([None, None, "fp16"]), "output 2 is not a floating-point"),
+    ],
+    ids=["foreign-module", "unknown-path", "absent-type", "never-runs", "inputs-length", "outputs-length",
+         "integer-output"],
+)
+def test_strict_requests_that_cannot_be_realised_raise(model, configure, message):
+    cfg = mixprec.MixedPrecisionConfigurator(model)
+    configure(cfg, model)
+    with pytest.raises(mixprec.ConfigError, match=message):
+        cfg.apply(INPUTS)
+
+
+@pytest.mark.parametrize(
+    "configure",
+    [
+        lambda cfg, m: cfg.set_precision(nn.Linear(16, 16), activation="fp16"),
+        lambda cfg, m: cfg.set_precision(m.unused, activation="fp16"),
+        lambda cfg, m: cfg.set_model_input_precision([torch.float16]),
+    ],
+    ids=["foreign-module", "never-runs", "inputs-length"],
+)
+def test_non_strict_warns_and_keeps_what_can_be_realised(model, configure):
+    cfg = mixprec.MixedPrecisionConfigurator(model)
+    cfg.set_precision(model.head, activation="bf16")
+    configure(cfg, model)
+    with pytest.warns(UserWarning):
+        plan = cfg.apply(INPUTS, strict=False)
+    assert "Requests not realised as asked (strict=False):" in plan.log
+    prog = mixprec.compile(model, INPUTS, plan=plan)
+    assert prog.report.by_module("head")[0].precision == torch.bfloat16
+
+
+def _tied_requests(cfg, m):
+    cfg.set_precision(m.embed, activation="fp32", param="fp16")
+    cfg.set_precision(m.head, activation="fp32", param="bf16")
+
+
+def test_shared_parameters_asked_for_different_param_dtypes():
+    model = TiedEmbedding().eval()
+    inputs = TiedEmbedding.example_inputs()
+    cfg = mixprec.MixedPrecisionConfigurator(model)
+    _tied_requests(cfg, model)
+    with pytest.raises(mixprec.ConfigError, match="parameter '(embed|head).weight' is shared by modules asked to store it"):
+        cfg.apply(inputs)
+    with pytest.warns(UserWarning, match="stored in bf16 \\(request #2, the latest\\)"):
+        plan = cfg.apply(inputs, strict=False)
+    prog = mixprec.compile(model, inputs, plan=plan)
+    ep = prog.exported_program
+    read = [n for n in ep.graph.nodes if n.op == "placeholder" and n.users and n.name in ep.graph_signature.inputs_to_parameters
+            and ep.state_dict[ep.graph_signature.inputs_to_parameters[n.name]].shape == model.embed.weight.shape]
+    # one stored copy is read, in the latest request's dtype (export keeps an unread alias of a tied weight)
+    assert [ep.state_dict[ep.graph_signature.inputs_to_parameters[n.name]].dtype for n in read] == [torch.bfloat16]
+    reference = copy.deepcopy(model)
+    with torch.no_grad():
+        reference.embed.weight.copy_(model.embed.weight.bfloat16().float())
+        assert_same_outputs(prog(*inputs), reference(*inputs))
+
+
+def test_the_same_param_dtype_on_shared_parameters_is_fine():
+    model = TiedEmbedding().eval()
+    cfg = mixprec.MixedPrecisionConfigurator(model)
+    cfg.set_precision(model.embed, activation="fp32", param="bf16")
+    cfg.set_precision(model.head, activation="bf16")  # no param request: reads it in its own precision
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plan = cfg.apply(TiedEmbedding.example_inputs())
+    assert mixprec.compile(model, TiedEmbedding.example_inputs(), plan=plan) is not None
+
+
+def test_bad_arguments_fail_at_the_call():
+    cfg = mixprec.MixedPrecisionConfigurator(TwoBlocks())
+    with pytest.raises(mixprec.ConfigError, match="activation='int4'"):
+        cfg.set_precision("head", activation="int4")
+    with pytest.raises(mixprec.ConfigError, match="not a module, a module type"):
+        cfg.set_precision(42, activation="fp16")
+    with pytest.raises(mixprec.ConfigError, match="set_model_input_precision\\[1\\]"):
+        cfg.set_model_input_precision([None, "int8"])
+    with pytest.raises(mixprec.ConfigError, match="needs the torch.nn.Module"):
+        mixprec.MixedPrecisionConfigurator("model")

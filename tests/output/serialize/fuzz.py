@@ -1,0 +1,262 @@
+"""The crafted-file fuzzing matrix, run in a fresh process by ``test_fuzz.py`` (so its peak memory is its own).
+
+From one real saved program (a model with parameters, a buffer and a lifted constant, compiled with bf16
+autocast) it builds, deterministically:
+
+* every outer member (mixprec.json, program.pt2, inputs.bin) removed, emptied, truncated, duplicated,
+  deflated, and bit-flipped at three places; the whole file truncated and bit-flipped at many places;
+* every member of the inner torch.export archive removed, emptied, truncated, duplicated, deflated and
+  bit-flipped, with the outer checksums recomputed so the change reaches the inner checks;
+* every JSON path of mixprec.json and of the inner model.json, weights config and constants config
+  removed or replaced by a wrong type (null, bool, numbers, strings, list, object), 100 000-deep nesting,
+  a Python payload and a quote-breaking name (again with the outer checksums recomputed);
+
+then samples the JSON part down to a fixed budget with a seeded generator and loads every case with
+``mixprec.load``. A case passes when the load raises ``FileFormatError`` or gives a program that runs; in
+either case no payload may have run (the sentinel file must not exist) and no file may have been written
+(the sandbox directory holds only the case file, the victim file keeps its bytes). Prints a JSON summary.
+
+    python tests/serialize/fuzz.py SANDBOX_DIR [JSON_BUDGET]     # FUZZ_SEED=N samples another part
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import resource
+import sys
+import time
+import traceback
+import zipfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))
+sys.path.insert(0, str(HERE))
+
+import crafting  # noqa: E402
+import torch  # noqa: E402
+
+import mixprec  # noqa: E402
+
+_DEEP = "[" * 100_000 + "]" * 100_000
+_DEEP_TOKEN = "\u0000deep\u0000"
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear1 = torch.nn.Linear(8, 16)
+        self.linear2 = torch.nn.Linear(16, 4)
+        self.register_buffer("scale", torch.full((4,), 0.5))
+        self.constant = torch.arange(4.0)  # a lifted tensor constant
+
+    def forward(self, x):
+        return self.linear2(torch.relu(self.linear1(x))) * self.scale + self.constant
+
+
+def _flip(data: bytes, position: int) -> bytes:
+    if not data:
+        return data
+    position %= len(data)
+    return data[:position] + bytes([data[position] ^ 0x5A]) + data[position + 1 :]
+
+
+def _member_mutations(entries: dict[str, bytes]):
+    """(label, list of (name, bytes) or dict) for every member."""
+    for name, data in entries.items():
+        rest = {k: v for k, v in entries.items() if k != name}
+        yield f"{name}: removed", rest
+        yield f"{name}: emptied", {**entries, name: b""}
+        yield f"{name}: truncated", {**entries, name: data[: len(data) // 2]}
+        yield f"{name}: duplicated", [*entries.items(), (name, _flip(data, len(data) // 2))]
+        yield f"{name}: deflated", ("deflate", name, entries)
+        for where in (0, len(data) // 2, len(data) - 1):
+            yield f"{name}: bit flip at {where}", {**entries, name: _flip(data, where)}
+
+
+def _paths(value, prefix=()):
+    yield prefix
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _paths(item, (*prefix, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _paths(item, (*prefix, index))
+
+
+def _replaced(document, path, new, delete=False):
+    copy = json.loads(json.dumps(document))
+    if not path:
+        return new
+    parent = copy
+    for part in path[:-1]:
+        parent = parent[part]
+    if delete:
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = new
+    return copy
+
+
+def _json_values(marker: Path):
+    payload = crafting.touch_code(marker)
+    breaking = f"a\"]); {payload}  # '"
+    return [
+        ("null", None), ("true", True), ("zero", 0), ("negative", -1), ("huge int", 2**70), ("float", 1.5e308),
+        ("empty string", ""), ("string", "x"), ("list", []), ("object", {}), ("deep", _DEEP_TOKEN),
+        ("payload", payload), ("quote-breaking", breaking),
+    ]  # fmt: skip
+
+
+def _json_mutations(document, values):
+    """(label, path, value or None, delete) for every path: materialised only for the sampled cases."""
+    for path in _paths(document):
+        label = "/".join(map(str, path)) or "(root)"
+        if path:
+            yield f"{label}: removed", path, None, True
+        for name, value in values:
+            yield f"{label}: {name}", path, value, False
+
+
+def _dumps(document) -> bytes:
+    return json.dumps(document).replace(json.dumps(_DEEP_TOKEN), _DEEP).encode()
+
+
+def build_cases(original: dict[str, bytes], marker: Path, budget: int, seed: int):
+    """(fixed cases, sampled JSON cases, size of the full JSON matrix); each case is (label, file bytes)."""
+    fixed, json_cases = [], []
+
+    for label, entries in _member_mutations(original):
+        fixed.append((f"outer {label}", lambda e=entries: _outer(e)))
+    whole = crafting.zip_bytes(original)
+    rng = random.Random(seed)
+    for position in sorted(rng.sample(range(len(whole)), 40)):
+        fixed.append((f"file bit flip at {position}", lambda p=position: _flip(whole, p)))
+    for position in sorted(rng.sample(range(1, len(whole)), 12)):
+        fixed.append((f"file truncated to {position}", lambda p=position: whole[:p]))
+
+    inner = crafting.members(_io(original["program.pt2"]))
+    for label, entries in _member_mutations(inner):
+        fixed.append((f"inner {label}", lambda e=entries: _with_inner(original, e)))
+
+    documents = {"mixprec.json": json.loads(original["mixprec.json"])}
+    for suffix in ("models/model.json", "model_weights_config.json", "model_constants_config.json"):
+        documents[suffix] = json.loads(inner[crafting.inner_name(inner, suffix)])
+    everything = []
+    values = _json_values(marker)
+    for which, document in documents.items():
+        for label, path, value, delete in _json_mutations(document, values):
+            everything.append((which, label, path, value, delete))
+    chosen = sorted(rng.sample(range(len(everything)), min(budget, len(everything))))
+    for index in chosen:
+        which, label, path, value, delete = everything[index]
+        mutated = _replaced(documents[which], path, value, delete)
+        if which == "mixprec.json":
+            json_cases.append((f"{which} {label}", lambda m=mutated: _outer({**original, "mixprec.json": _dumps(m)})))
+        else:
+            name = crafting.inner_name(inner, which)
+            make = lambda m=mutated, n=name: _with_inner(original, {**inner, n: _dumps(m)})  # noqa: E731
+            json_cases.append((f"inner {which} {label}", make))
+    return fixed, json_cases, len(everything)
+
+
+def _io(data):
+    import io
+
+    return io.BytesIO(data)
+
+
+def _outer(entries) -> bytes:
+    if isinstance(entries, tuple):  # ("deflate", name, members): that member compressed, the others stored
+        _, name, members = entries
+        pairs = [(k, v, zipfile.ZIP_DEFLATED if k == name else zipfile.ZIP_STORED) for k, v in members.items()]
+        buffer = _io(b"")
+        with zipfile.ZipFile(buffer, "w") as archive:
+            for k, v, method in pairs:
+                archive.writestr(zipfile.ZipInfo(k), v, compress_type=method)
+        return buffer.getvalue()
+    return crafting.zip_bytes(entries)
+
+
+def _with_inner(original, inner_entries) -> bytes:
+    program = _outer(inner_entries)
+    return crafting.zip_bytes(crafting.with_digests({**original, "program.pt2": program}))
+
+
+def _rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def main(sandbox: Path, budget: int, seed: int) -> dict:
+    sandbox.mkdir(parents=True, exist_ok=True)
+    marker = sandbox / "payload-ran"
+    victim = sandbox / "victim.txt"
+    victim.write_bytes(b"untouched")
+    torch.manual_seed(0)
+    model = Model().eval()
+    inputs = (torch.randn(3, 8),)
+    prog = mixprec.compile(
+        model, inputs, enable_autocast=True, autocast_low_precision_type=torch.bfloat16
+    )
+    saved = sandbox / "original.mixprec.pt2"
+    mixprec.save(prog, saved)
+    original = crafting.members(saved)
+    saved.unlink()
+    fixed, sampled, full_json = build_cases(original, marker, budget, seed)
+
+    case_path = sandbox / "case.mixprec.pt2"
+    expected_files = {case_path.name, victim.name}
+    outcomes: dict[str, int] = {}
+    failures, run_errors = [], []
+    baseline = None
+    start = time.perf_counter()
+    for label, make in fixed + sampled:
+        case_path.write_bytes(make())
+        if baseline is None:
+            baseline = _rss_mib()
+        outcome = None
+        try:
+            loaded = mixprec.load(case_path)
+            outcome = "loaded"
+            try:
+                loaded(*inputs)
+                outcome = "loaded and ran"
+            except mixprec.MixedPrecisionError as e:
+                outcome = f"loaded, run raised {type(e).__name__}"
+            except Exception as e:  # noqa: BLE001 - a well-formed graph of allowed operators that torch refuses
+                outcome = f"loaded, run raised torch's {type(e).__name__}"
+                run_errors.append((label, "".join(traceback.format_exception_only(e)).strip()[:300]))
+        except mixprec.FileFormatError:
+            outcome = "FileFormatError"
+        except Exception as e:  # noqa: BLE001
+            outcome = f"raw {type(e).__name__}"
+            failures.append((label, "".join(traceback.format_exception_only(e)).strip()[:300]))
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        if marker.exists():
+            failures.append((label, "the payload ran"))
+            marker.unlink()
+        extra = {p.name for p in sandbox.iterdir()} - expected_files
+        if extra or victim.read_bytes() != b"untouched":
+            failures.append((label, f"files written: {sorted(extra)}"))
+            for name in extra:
+                (sandbox / name).unlink()
+            victim.write_bytes(b"untouched")
+    return {
+        "cases": len(fixed) + len(sampled),
+        "fixed_cases": len(fixed),
+        "json_cases_run": len(sampled),
+        "json_matrix_size": full_json,
+        "outcomes": outcomes,
+        "failures": failures,
+        "run_errors": run_errors,
+        "passing": len(fixed) + len(sampled) - len({label for label, _ in failures}),
+        "seconds": round(time.perf_counter() - start, 1),
+        "rss_growth_mib": round(_rss_mib() - (baseline or 0), 1),
+    }
+
+
+if __name__ == "__main__":
+    budget = int(sys.argv[2]) if len(sys.argv) > 2 else 400
+    print(json.dumps(main(Path(sys.argv[1]), budget, seed=int(os.environ.get("FUZZ_SEED", "11")))))

@@ -1,0 +1,372 @@
+"""mixprec.save / mixprec.load: round trips against eager PyTorch, a fresh process without the model's
+code, files that are not mixprec files, damaged, from another version, or crafted to run code."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import assert_same_outputs
+from models import ALL_STRONG_TYPING, SeedExplicit, ThreeLinears, TiedEmbedding
+
+import mixprec
+
+
+def _compiled(cls, **settings):
+    model = cls().eval()
+    inputs = cls.example_inputs()
+    return model, inputs, mixprec.compile(model, inputs, **settings)
+
+
+@pytest.mark.parametrize("model_cls", ALL_STRONG_TYPING, ids=lambda c: c.__name__)
+def test_round_trip_equals_eager(model_cls, tmp_path):
+    model, inputs, prog = _compiled(model_cls)
+    path = tmp_path / "model.mixprec.pt2"
+    mixprec.save(prog, path)
+    loaded = mixprec.load(path)
+    with torch.no_grad():
+        expected = model(*inputs)
+    assert_same_outputs(loaded(*inputs), expected)  # strong typing: exactly eager's outputs
+    assert loaded.plan == prog.plan
+    assert loaded.report == prog.report
+    assert loaded.settings == prog.settings
+    assert_same_outputs(loaded.example_inputs, inputs)
+
+
+def test_settings_and_fp32_acc_survive(tmp_path):
+    model = torch.nn.Linear(16, 8).half().eval()
+    inputs = (torch.randn(4, 16).half(),)
+    prog = mixprec.compile(model, inputs, use_fp32_acc=True, keep_io_types=False)
+    mixprec.save(prog, tmp_path / "acc.mixprec.pt2")
+    loaded = mixprec.load(tmp_path / "acc.mixprec.pt2")
+    assert loaded.settings == {"use_fp32_acc": True, "keep_io_types": False}
+    # fp32 accumulation of fp16 operands, rounded once at the end: compare with an fp64 reference
+    expected = torch.nn.functional.linear(inputs[0].double(), model.weight.double(), model.bias.double())
+    got = loaded(*inputs)
+    assert got.dtype == torch.float16
+    torch.testing.assert_close(got.double(), expected, atol=2e-3, rtol=1e-3)
+    assert_same_outputs(got, prog(*inputs))
+    assert any(r.accumulate == torch.float32 for r in loaded.report.layers)
+
+
+def test_a_program_compiled_with_a_plan_loads(tmp_path):
+    model, inputs, first = _compiled(SeedExplicit)
+    prog = mixprec.compile(model, inputs, plan=first.plan)
+    mixprec.save(prog, tmp_path / "p.mixprec.pt2")
+    loaded = mixprec.load(tmp_path / "p.mixprec.pt2")
+    assert loaded.settings == {"plan": "<given>"} and loaded.plan == prog.plan
+    assert_same_outputs(loaded(*inputs), model(*inputs))
+
+
+def test_save_leaves_the_program_as_it_was(tmp_path):
+    model, inputs, prog = _compiled(TiedEmbedding)
+    spec_before = prog.exported_program.call_spec.out_spec
+    graph_before = str(prog.exported_program.graph)
+    mixprec.save(prog, tmp_path / "a.mixprec.pt2")
+    assert prog.exported_program.call_spec.out_spec == spec_before
+    assert str(prog.exported_program.graph) == graph_before
+    assert_same_outputs(prog(*inputs), model(*inputs))
+
+
+def test_dynamic_batch_round_trip(tmp_path):
+    """Symbolic sizes are stored as expressions: the safety check must accept torch's own."""
+    model = ThreeLinears().eval()
+    batch = torch.export.Dim("batch", min=1, max=64)
+    prog = mixprec.compile(model, (torch.randn(4, 10),), dynamic_shapes=({0: batch},))
+    mixprec.save(prog, tmp_path / "dyn.mixprec.pt2")
+    loaded = mixprec.load(tmp_path / "dyn.mixprec.pt2")
+    x = torch.randn(9, 10)
+    with torch.no_grad():
+        assert_same_outputs(loaded(x), model(x))
+
+
+def test_other_backend_on_load(tmp_path):
+    _, inputs, prog = _compiled(ThreeLinears)
+    path = tmp_path / "m.mixprec.pt2"
+    mixprec.save(prog, path)
+    _edit_meta(path, lambda meta: meta.update(backend="no-such-backend"))
+    with pytest.raises(mixprec.FileFormatError, match="backend='eager'"):
+        mixprec.load(path)
+    loaded = mixprec.load(path, backend="eager")
+    assert_same_outputs(loaded(*inputs), prog(*inputs))
+
+
+def test_save_takes_only_compiled_programs(tmp_path):
+    with pytest.raises(mixprec.ConfigError, match="torch.export.save"):
+        mixprec.save(torch.nn.Linear(2, 2), tmp_path / "x")
+
+
+# ---- a fresh process that never imports the model's code ---------------------------------------
+
+_FRESH = textwrap.dedent(
+    """
+    import json, sys, warnings
+    import torch, mixprec
+    expected = torch.load(sys.argv[2], weights_only=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        prog = mixprec.load(sys.argv[1])
+    out = prog(*prog.example_inputs)
+    if isinstance(out, dict):
+        assert set(out) == set(expected), (set(out), set(expected))
+        for key in expected:
+            assert torch.equal(out[key], expected[key]), key
+            assert torch.equal(getattr(out, key, out[key]), expected[key])
+    else:
+        assert torch.equal(out, expected)
+    assert prog.plan.to_json() == open(sys.argv[3]).read()
+    assert prog.report.to_json() == open(sys.argv[4]).read()
+    user_code = [m for m in sys.modules if m in ("models", "helpers", "conftest") or m.startswith("transformers")]
+    print(json.dumps({"type": type(out).__name__, "type_name": getattr(out, "type_name", None),
+                      "warnings": [str(w.message) for w in caught], "user_code": user_code}))
+    if len(sys.argv) > 5:  # the user imports the output types' module: the original type comes back
+        import transformers.modeling_outputs
+        again = mixprec.load(sys.argv[1])(*prog.example_inputs)
+        print(json.dumps({"type": type(again).__module__ + "." + type(again).__name__,
+                          "model_code": [m for m in sys.modules if m.startswith("transformers.models")]}))
+    """
+)
+
+
+def _fresh_load(tmp_path, prog, expected, *extra) -> list[dict]:
+    path = tmp_path / "program.mixprec.pt2"
+    mixprec.save(prog, path)
+    torch.save(expected, tmp_path / "expected.pt")
+    (tmp_path / "plan.json").write_text(prog.plan.to_json())
+    (tmp_path / "report.json").write_text(prog.report.to_json())
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run(
+        [sys.executable, "-c", _FRESH, str(path), str(tmp_path / "expected.pt"), str(tmp_path / "plan.json"),
+         str(tmp_path / "report.json"), *extra],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+
+
+def test_fresh_process_without_model_code(tmp_path):
+    model, inputs, prog = _compiled(TiedEmbedding)
+    with torch.no_grad():
+        expected = model(*inputs)
+    (first,) = _fresh_load(tmp_path, prog, expected)
+    assert first["type"] == "dict" and first["user_code"] == []
+
+
+def test_fresh_process_transformers_model(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=32,
+    )  # fmt: skip
+    model = transformers.BertModel(config).eval()
+    ids = torch.randint(0, 100, (2, 8))
+    prog = mixprec.compile(model, (ids,))
+    with torch.no_grad():
+        eager = model(ids)
+    expected = {k: v for k, v in eager.items()}
+    first, second = _fresh_load(tmp_path, prog, expected, "import-types")
+    assert first["type"] == "OutputRecord"
+    assert first["type_name"] == "transformers.modeling_outputs.BaseModelOutputWithPoolingAndCrossAttentions"
+    assert first["user_code"] == [], "loading imported transformers"
+    assert any("import transformers.modeling_outputs" in w for w in first["warnings"])
+    assert second["type"] == "transformers.modeling_outputs.BaseModelOutputWithPoolingAndCrossAttentions"
+    assert second["model_code"] == [], "the BERT model code was imported"
+
+
+# ---- files mixprec must refuse ------------------------------------------------------------------
+
+
+@pytest.fixture
+def saved(tmp_path) -> Path:
+    _, _, prog = _compiled(ThreeLinears)
+    path = tmp_path / "ok.mixprec.pt2"
+    mixprec.save(prog, path)
+    return path
+
+
+def _members(path) -> dict[str, bytes]:
+    with zipfile.ZipFile(path) as archive:
+        return {name: archive.read(name) for name in archive.namelist()}
+
+
+def _write(path, members: dict[str, bytes]) -> None:
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+
+
+def _edit_meta(path, edit) -> None:
+    members = _members(path)
+    meta = json.loads(members["mixprec.json"])
+    edit(meta)
+    members["mixprec.json"] = json.dumps(meta).encode()
+    _write(path, members)
+
+
+def _edit_program(path, edit) -> None:
+    """Change members of the inner torch.export archive, keeping the outer checksums right."""
+    members = _members(path)
+    inner = _members(io.BytesIO(members["program.pt2"]))
+    edit(inner)
+    buffer = io.BytesIO()
+    _write(buffer, inner)
+    members["program.pt2"] = buffer.getvalue()
+    meta = json.loads(members["mixprec.json"])
+    import hashlib
+
+    meta["members"]["program.pt2"] = {
+        "size": len(buffer.getvalue()),
+        "sha256": hashlib.sha256(buffer.getvalue()).hexdigest(),
+    }
+    members["mixprec.json"] = json.dumps(meta).encode()
+    _write(path, members)
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _inner_name(inner: dict, suffix: str) -> str:
+    (name,) = [n for n in inner if n.endswith(suffix)]
+    return name
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+def test_pickled_sample_inputs_are_refused_before_torch_reads_them(saved, tmp_path):
+    marker = tmp_path / "ran"
+    _edit_program(
+        saved,
+        lambda inner: inner.update({_inner_name(inner, "sample_inputs/model.pt"): pickle.dumps(_Payload(marker))}),
+    )
+    with pytest.raises(mixprec.FileFormatError, match="pickled sample inputs"):
+        mixprec.load(saved)
+    assert not marker.exists()
+    # the payload is live: torch.export.load alone runs it (its weights_only=False fallback)
+    with pytest.raises(RuntimeError):  # after running the payload, torch fails on what it returned
+        torch.export.load(io.BytesIO(_members(saved)["program.pt2"]))
+    assert marker.exists(), "the crafted file does not exercise the danger it is meant to"
+
+
+def test_pickled_weights_are_refused(saved, tmp_path):
+    marker = tmp_path / "ran"
+
+    def edit(inner):
+        config_name = _inner_name(inner, "model_weights_config.json")
+        config = json.loads(inner[config_name])
+        fqn, entry = next(iter(config["config"].items()))
+        entry["use_pickle"] = True
+        inner[config_name] = json.dumps(config).encode()
+        inner[_inner_name(inner, "weights/" + entry["path_name"])] = pickle.dumps(_Payload(marker))
+
+    _edit_program(saved, edit)
+    with pytest.raises(mixprec.FileFormatError, match="pickle"):
+        mixprec.load(saved)
+    assert not marker.exists()
+
+
+def test_opaque_objects_are_refused(saved, tmp_path):
+    marker = tmp_path / "ran"
+    _edit_program(
+        saved, lambda inner: inner.update({"archive/data/constants/opaque_obj_0": pickle.dumps(_Payload(marker))})
+    )
+    with pytest.raises(mixprec.FileFormatError, match="opaque_obj_0"):
+        mixprec.load(saved)
+    assert not marker.exists()
+
+
+def test_code_in_shape_expressions_is_refused(saved, tmp_path):
+    marker = tmp_path / "ran"
+
+    def edit(inner):
+        name = _inner_name(inner, "models/model.json")
+        model = json.loads(inner[name])
+        model["graph_module"]["graph"]["nodes"][0]["metadata"]["x"] = {
+            "expr_str": f"__import__('os').system('touch {marker}')"
+        }
+        inner[name] = json.dumps(model).encode()
+
+    _edit_program(saved, edit)
+    with pytest.raises(mixprec.FileFormatError, match="shape expression"):
+        mixprec.load(saved)
+    assert not marker.exists()
+
+
+def test_calls_to_non_operators_are_refused(saved, tmp_path):
+    def edit(inner):
+        name = _inner_name(inner, "models/model.json")
+        model = json.loads(inner[name])
+        model["graph_module"]["graph"]["nodes"][0]["target"] = "torch.load"
+        inner[name] = json.dumps(model).encode()
+
+    _edit_program(saved, edit)
+    with pytest.raises(mixprec.FileFormatError, match="torch.load|could not read"):
+        mixprec.load(saved)
+
+
+def test_truncated_file(saved):
+    data = saved.read_bytes()
+    saved.write_bytes(data[: len(data) // 2])
+    with pytest.raises(mixprec.FileFormatError, match="truncated"):
+        mixprec.load(saved)
+
+
+def test_damaged_member(saved):
+    members = _members(saved)
+    program = bytearray(members["program.pt2"])
+    program[len(program) // 2] ^= 0xFF
+    members["program.pt2"] = bytes(program)
+    _write(saved, members)
+    with pytest.raises(mixprec.FileFormatError, match="checksum"):
+        mixprec.load(saved)
+
+
+def test_missing_member(saved):
+    members = _members(saved)
+    del members["inputs.bin"]
+    _write(saved, members)
+    with pytest.raises(mixprec.FileFormatError, match="incomplete"):
+        mixprec.load(saved)
+
+
+def test_not_a_mixprec_file(tmp_path):
+    text = tmp_path / "notes.txt"
+    text.write_text("hello")
+    with pytest.raises(mixprec.FileFormatError, match="not a mixprec file"):
+        mixprec.load(text)
+    plain = tmp_path / "plain.pt2"
+    torch.export.save(torch.export.export(ThreeLinears().eval(), ThreeLinears.example_inputs()), plain)
+    with pytest.raises(mixprec.FileFormatError, match="mixprec compile"):
+        mixprec.load(plain)
+    with pytest.raises(FileNotFoundError):
+        mixprec.load(tmp_path / "missing.mixprec.pt2")
+
+
+def test_newer_format_version(saved):
+    _edit_meta(saved, lambda meta: meta.update(format_version=2, mixprec_version="9.0"))
+    with pytest.raises(mixprec.FileFormatError, match="Upgrade mixprec"):
+        mixprec.load(saved)
+
+
+def test_wrong_format_name(saved):
+    _edit_meta(saved, lambda meta: meta.update(format="something.else"))
+    with pytest.raises(mixprec.FileFormatError, match="not a mixprec file"):
+        mixprec.load(saved)
+
+
+def test_damaged_plan(saved):
+    _edit_meta(saved, lambda meta: meta["plan"].update(nodes={"linear": {"precision": "float99"}}))
+    with pytest.raises(mixprec.FileFormatError, match="plan, report or settings"):
+        mixprec.load(saved)

@@ -1,0 +1,125 @@
+"""The pipeline: every pass listed with its contract, contracts checked, a failing pass named."""
+
+import pytest
+import torch
+from helpers import captured
+from models import ThreeLinears
+
+from mixprec.errors import InvariantError
+from mixprec.ir.graph_info import META_ROLE
+from mixprec.ir.runner import run_user_outputs
+from mixprec.plan import planner
+from mixprec.plan.precision_plan import NodePrecision, PrecisionPlan
+from mixprec.rewrite.base import CHECKED, PassResult, RewritePass, rewrite_pass
+from mixprec.rewrite.casting import is_mixprec_cast
+from mixprec.rewrite.context import RewriteContext
+from mixprec.rewrite.insert_casts import insert_casts
+from mixprec.rewrite.io_types import round_inputs
+from mixprec.rewrite.pipeline import PIPELINE, QUANTIZE, Pipeline, rewrite
+from mixprec.settings import CompileSettings
+
+
+def _setup(inputs_plan=None):
+    model, inputs = ThreeLinears().eval(), ThreeLinears.example_inputs()
+    work, info = captured(model, inputs)
+    requests = PrecisionPlan(
+        {n: NodePrecision(torch.bfloat16, None, "plan", "test") for n, i in info.items() if i.module == "linear2"},
+        inputs=inputs_plan,
+    )
+    plan = planner.build_plan(info, CompileSettings.from_kwargs({"plan": requests}))
+    return work, info, plan, model, inputs
+
+
+def _run(pipeline, work, info, plan, verify_each=True):
+    return rewrite(work.copy(), info, plan, keep_io_types=True, captured_output_dtypes=(torch.float32,),
+                   verify_each=verify_each, pipeline=pipeline)  # fmt: skip
+
+
+@rewrite_pass(requires={"layer_dtypes"})
+def drop_a_cast(ctx):
+    """A broken pass: a bf16 layer's input cast is bypassed (the layer now reads fp32)."""
+    cast = next(n for n in ctx.work.graph.nodes if is_mixprec_cast(n) and n.args[1] == torch.bfloat16)
+    cast.replace_all_uses_with(cast.args[0])
+    ctx.work.graph.erase_node(cast)
+    return PassResult(True)
+
+
+def test_every_pass_is_listed_with_the_formerly_hidden_input_rounding_first():
+    assert PIPELINE.names == ("round_inputs", "insert_casts", "quantize", "cast_params", "fp32_acc", "layout",
+                              "channels_last", "restore_outputs", "fold_casts")  # fmt: skip
+    assert all(isinstance(p, RewritePass) for p in PIPELINE.passes)
+
+
+def test_a_broken_pass_is_named_by_the_verifier():
+    work, info, plan, _, _ = _setup()
+    passes = list(PIPELINE.passes)
+    passes.insert(passes.index(QUANTIZE), drop_a_cast)
+    broken = Pipeline(passes)
+    with pytest.raises(InvariantError, match="after pass 'drop_a_cast'"):
+        _run(broken, work, info, plan)
+    _run(PIPELINE, work, info, plan)  # the same plan without it passes
+
+
+def test_a_broken_pass_is_caught_at_the_end_without_verify_each():
+    work, info, plan, _, _ = _setup()
+    broken = Pipeline(PIPELINE.passes[:-1] + (drop_a_cast,))
+    with pytest.raises(InvariantError, match="after rewrite"):
+        _run(broken, work, info, plan, verify_each=False)
+
+
+def test_input_rounding_breaks_the_graph_until_cast_insertion_restores_it():
+    """Right after input rounding a linear reads fp16 x next to fp32 weights: the graph cannot run
+    (its meta, which says fp32, is untrue), so the pass declares ``breaks={"meta"}`` and the
+    verifier checks that fact again only after cast insertion; a pipeline without cast
+    insertion is refused when it is built."""
+    work, info, plan, model, _ = _setup(inputs_plan={0: torch.float16})
+    x = torch.randn(1, 10)
+    ctx = RewriteContext(work.copy(), info, plan, True, (torch.float32,))
+    round_inputs(ctx)
+    with pytest.raises(RuntimeError, match="same dtype"):
+        run_user_outputs(ctx.work, [x])
+    assert "meta" not in PIPELINE.facts_after[0] and "meta" in PIPELINE.facts_after[1]
+    out = _run(PIPELINE, work, info, plan)
+    with torch.no_grad():
+        expected = model(x.half().float())
+    torch.testing.assert_close(run_user_outputs(out, [x])[0], expected, atol=1e-2, rtol=1e-2)
+    with pytest.raises(InvariantError, match="'quantize' requires \\['layer_dtypes'\\]"):
+        Pipeline([p for p in PIPELINE.passes if p is not insert_casts])
+
+
+def test_a_pass_whose_requirements_no_earlier_pass_ensures_is_refused():
+    with pytest.raises(InvariantError, match="'insert_casts' requires \\['inputs_rounded'\\].*passes before it: none"):
+        Pipeline([p for p in PIPELINE.passes if p is not round_inputs])
+
+
+def test_a_pipeline_that_leaves_a_checked_fact_unestablished_is_refused():
+    with pytest.raises(InvariantError, match="output_dtypes"):
+        Pipeline([p for p in PIPELINE.passes if p.name not in ("restore_outputs", "fold_casts")])
+
+
+def test_unknown_facts_and_wrong_results_are_refused():
+    with pytest.raises(InvariantError, match="unknown fact"):
+        RewritePass("typo", lambda ctx: PassResult(False), ensures=frozenset({"layer_dtype"}))
+    silent = RewritePass("silent", lambda ctx: None)
+    with pytest.raises(InvariantError, match="'silent' returned NoneType"):
+        silent(None)
+
+
+def test_input_rounding_is_checked_by_the_verifier():
+    """A consumer that reads a rounded model input directly (not through its rounding cast) is caught."""
+
+    @rewrite_pass(requires={"inputs_rounded"})
+    def unround(ctx):
+        x = ctx.work.user_input_nodes()[0]
+        io_cast = next(u for u in x.users if u.meta.get(META_ROLE) == "io_cast")
+        user = next(iter(io_cast.users))
+        user.replace_input_with(io_cast, x)
+        return PassResult(True)
+
+    work, info, plan, _, _ = _setup(inputs_plan={0: torch.float16})
+    with pytest.raises(InvariantError, match="model input 0 .*after pass 'unround'.*without its rounding"):
+        _run(Pipeline((round_inputs, unround) + PIPELINE.passes[1:]), work, info, plan)
+
+
+def test_every_checked_fact_holds_at_the_end():
+    assert set(CHECKED) - {"meta"} <= PIPELINE.facts_after[-1]

@@ -1,0 +1,201 @@
+"""int8 realisation: quantize/dequantize with symmetric scales, int8 weights, checked against a hand-written
+reference of the same quantization (not mixprec's helpers)."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import assert_same_outputs, captured
+from models import TiedEmbedding, TRTorchSeed
+from torch import nn
+
+import mixprec
+from mixprec.errors import InvariantError
+from mixprec.plan.precision_plan import NodePrecision, PrecisionPlan
+from mixprec.rewrite.context import RewriteContext
+from mixprec.rewrite.pipeline import rewrite
+from mixprec.rewrite.verify import verify
+
+M = torch.ops.mixprec
+
+
+def fake_quant(t, lo, hi):
+    """Reference: symmetric per-tensor int8 of t with the range (lo, hi), back in float32."""
+    scale = max(abs(lo), abs(hi)) / 127
+    return torch.clamp(torch.round(t.float() / scale), -127, 127) * scale
+
+
+def fake_quant_weight(w):
+    """Reference: symmetric int8 per output channel (dim 0), back in float32."""
+    scale = (w.abs().amax(dim=tuple(range(1, w.dim()))) / 127).reshape(-1, *([1] * (w.dim() - 1)))
+    return torch.clamp(torch.round(w / scale), -127, 127) * scale
+
+
+def seed_reference(model, x, in_range, out_range):
+    with torch.no_grad():
+        h = fake_quant(model.conv1(x), *in_range)
+        h = F.conv2d(h, fake_quant_weight(model.conv2.weight), model.conv2.bias)
+        return model.relu(model.pool(fake_quant(h, *out_range)))
+
+
+def test_trtorch_seed_int8_with_dynamic_ranges():
+    (x,) = TRTorchSeed.example_inputs()
+    probe = TRTorchSeed(torch.float16).eval()
+    with torch.no_grad():  # realistic ranges: a little above what the layers produce
+        a = probe.conv1(x).abs().max().item() * 1.1
+        b = probe.conv2(probe.conv1(x)).abs().max().item() * 1.1
+    model = TRTorchSeed(torch.int8, dr=(-a, a, -b, b)).eval()
+    model.load_state_dict(probe.state_dict())
+    prog = mixprec.compile(model, (x,))
+    layers = {r.module: r for r in prog.report.layers}
+    assert {m: r.precision for m, r in layers.items()} == {
+        "conv1": torch.float32, "conv2": torch.int8, "pool": torch.float32, "relu": torch.float32,
+    }
+    assert layers["conv2"].source == "marker"
+    assert layers["conv2"].input_dtypes == (torch.int8, torch.int8, torch.float32)  # input, weight, bias
+    assert layers["conv2"].output_dtypes == (torch.int8,)
+    assert "Precision: Int8" in prog.report.layer_info()
+    y = prog(x)
+    assert_same_outputs(y, seed_reference(model, x, (-a, a), (-b, b)))
+    # the region's output lies on the int8 grid of its range (pool and relu keep grid values)
+    steps = y / (b / 127)
+    assert (steps - steps.round()).abs().max().item() < 1e-3
+    assert steps.abs().max().item() <= 127 + 1e-3
+    # within a few percent of fp32
+    with torch.no_grad():
+        fp32 = probe(x)
+    rel = ((y - fp32).norm() / fp32.norm()).item()
+    assert rel < 0.05
+    assert prog.report.summary["rel_l2_error"] == pytest.approx(rel, rel=1e-6)
+    # conv2's float weight left the program: only its int8 copy and scales are stored
+    state = prog.exported_program.state_dict
+    assert "conv2.weight" not in state and state["conv2.weight_int8"].dtype == torch.int8
+    assert prog.report.summary["param_bytes_after"] < prog.report.summary["param_bytes_before"]
+
+
+def _eager_ranges(model, batches):
+    """Reference calibration: min/max of conv2's input and output over the batches, from forward hooks."""
+    seen = {"in": [], "out": []}
+    def record(module, args, output):
+        seen["in"].append(args[0])
+        seen["out"].append(output)
+
+    hook = model.conv2.register_forward_hook(record)
+    with torch.no_grad():
+        for (x,) in batches:
+            model(x)
+    hook.remove()
+    return [(min(t.min().item() for t in seen[k]), max(t.max().item() for t in seen[k])) for k in ("in", "out")]
+
+
+def test_int8_region_without_ranges_calibrates_on_the_example_inputs():
+    model = TRTorchSeed(torch.int8).eval()
+    (x,) = TRTorchSeed.example_inputs()
+    in_range, out_range = _eager_ranges(model, [(x,)])
+    prog = mixprec.compile(model, (x,))
+    assert prog.report.by_module("conv2")[0].precision == torch.int8
+    assert "ranges from calibration data" in prog.report.by_module("conv2")[0].reason
+    assert_same_outputs(prog(x), seed_reference(model, x, in_range, out_range))
+
+
+def test_int8_region_calibrates_on_the_calibration_dataloader_when_given():
+    model = TRTorchSeed(torch.int8).eval()
+    (x,) = TRTorchSeed.example_inputs()
+    loader = [(torch.randn(2, 3, 12, 12) * s,) for s in (0.5, 3.0, 1.0)]
+    in_range, out_range = _eager_ranges(model, loader)
+    prog = mixprec.compile(model, (x,), autocast_calibration_dataloader=loader)
+    assert_same_outputs(prog(x), seed_reference(model, x, in_range, out_range))
+
+
+class TwoLayerRegion(nn.Module):
+    """An int8 region of two linears and a relu inside a bf16 region."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.a, self.b, self.last = (nn.Linear(8, 8) for _ in range(4))
+
+    def forward(self, x):
+        h = M.start_setting_precision(x, torch.bfloat16)
+        h = self.first(h)
+        h = M.start_setting_precision_with_dr(h, torch.int8, -2.0, 2.0, -1.5, 1.5)
+        h = self.b(torch.relu(self.a(h)))
+        h = M.stop_setting_precision(h)
+        h = self.last(h)
+        return M.stop_setting_precision(h)
+
+
+def test_a_multi_layer_int8_region_quantizes_its_boundary_and_all_its_weights():
+    model = TwoLayerRegion().eval()
+    x = torch.randn(4, 8)
+    prog = mixprec.compile(model, (x,))
+    precisions = {r.module or r.op: r.precision for r in prog.report.layers}
+    assert precisions == {"first": torch.bfloat16, "a": torch.int8, "aten.relu.default": torch.int8,
+                          "b": torch.int8, "last": torch.bfloat16}
+    first, last = copy.deepcopy(model.first).bfloat16(), copy.deepcopy(model.last).bfloat16()
+    with torch.no_grad():
+        h = fake_quant(first(x.bfloat16()), -2.0, 2.0)  # the bf16 value enters the region
+        h = torch.relu(F.linear(h, fake_quant_weight(model.a.weight), model.a.bias))  # interior stays float32
+        h = fake_quant(F.linear(h, fake_quant_weight(model.b.weight), model.b.bias), -1.5, 1.5)
+        expected = last(h.bfloat16()).float()
+    assert_same_outputs(prog(x), expected)
+
+
+def test_weight_only_int8_stores_linear_weights_per_channel():
+    model = nn.Sequential(nn.Linear(8, 6), nn.ReLU(), nn.Linear(6, 3)).eval()
+    x = torch.randn(5, 8)
+    names = [r.name for r in mixprec.compile(model, (x,)).report.layers if r.op == "aten.linear.default"]
+    plan = PrecisionPlan({names[0]: NodePrecision(torch.float32, source="plan", reason="w8", param_dtype=torch.int8)})
+    prog = mixprec.compile(model, (x,), plan=plan)
+    with torch.no_grad():
+        expected = model[2](model[1](F.linear(x, fake_quant_weight(model[0].weight), model[0].bias)))
+    assert_same_outputs(prog(x), expected)
+    state = prog.exported_program.state_dict
+    assert state["0.weight_int8"].dtype == torch.int8 and "0.weight" not in state
+    assert state["0.bias"].dtype == torch.float32  # biases stay float
+
+
+def test_a_tied_weight_keeps_its_float_copy_for_the_float_reader():
+    model = TiedEmbedding().eval()
+    (ids,) = TiedEmbedding.example_inputs()
+    head = next(r.name for r in mixprec.compile(model, (ids,)).report.layers if r.module == "head")
+    plan = PrecisionPlan({head: NodePrecision(torch.float32, source="plan", reason="w8", param_dtype=torch.int8)})
+    prog = mixprec.compile(model, (ids,), plan=plan)
+    with torch.no_grad():
+        h = torch.tanh(model.proj(model.embed(ids)))
+        logits = F.linear(h, fake_quant_weight(model.embed.weight))
+    out = prog(ids)
+    assert_same_outputs(out["logits"], logits)
+    # export reads the tied pair through one placeholder; the float copy the embedding reads stays
+    state = prog.exported_program.state_dict
+    assert any(v.dtype == torch.float32 and torch.equal(v, model.embed.weight) for v in state.values())
+    assert any(v.dtype == torch.int8 and v.shape == model.embed.weight.shape for v in state.values())
+
+
+def test_the_verifier_rejects_an_int8_weight_layer_that_reads_the_float_weight():
+    model = TiedEmbedding().eval()
+    (ids,) = TiedEmbedding.example_inputs()
+    base, info = captured(model, (ids,))
+    head = next(n for n in info.values() if n.module == "head").name
+    plan = PrecisionPlan({head: NodePrecision(torch.float32, source="plan", reason="w8", param_dtype=torch.int8)})
+    plan = mixprec.compile(model, (ids,), plan=plan).plan
+    work = rewrite(base.copy(), info, plan, keep_io_types=True, captured_output_dtypes=base.user_output_dtypes())
+    layer = next(n for n in work.graph.nodes if n.name == head)
+    float_weight = next(n for n in work.graph.nodes if n.name == "embedding").args[0]
+    layer.replace_input_with(layer.args[1], float_weight)
+    ctx = RewriteContext(work, info, plan, True, base.user_output_dtypes())
+    with pytest.raises(InvariantError, match="stores its weights in int8 but reads the float weight"):
+        verify(ctx)
+
+
+def test_the_verifier_rejects_an_int8_layer_that_reads_an_unquantized_input():
+    model = TRTorchSeed(torch.int8, dr=(-1.0, 1.0, -1.0, 1.0)).eval()
+    base, info = captured(model, TRTorchSeed.example_inputs())
+    plan = mixprec.compile(model, TRTorchSeed.example_inputs()).plan
+    work = rewrite(base.copy(), info, plan, keep_io_types=True, captured_output_dtypes=(torch.float32,))
+    conv2 = next(n for n in work.graph.nodes if n.name == next(k for k, d in plan.items() if d.int8))
+    dq = conv2.args[0]
+    conv2.replace_input_with(dq, dq.args[0].args[0])  # bypass the quantize/dequantize pair
+    ctx = RewriteContext(work, info, plan, True, (torch.float32,))
+    with pytest.raises(InvariantError, match="not conv2d quantized with scale"):
+        verify(ctx)
