@@ -20,7 +20,7 @@ from .output.serialize import OutputRecord, load, save
 from .plan.precision_plan import NodePrecision, PrecisionPlan
 from .searching import Accuracy, SearchResult, search
 
-__version__ = "0.1.0"
+from ._version import __version__  # noqa: E402
 
 __all__ = [
     "compile",

@@ -1,7 +1,8 @@
-"""strip_markers: precision-marker regions become node meta, the markers leave the graph, misuse is named."""
+"""ir/markers.py: precision-marker regions become node meta, the markers leave the graph, misuse is named."""
 
 import inspect
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,6 +11,8 @@ from models import NestedRegions, ResidualRegion, TRTorchSeed
 from torch import nn
 
 import mixprec
+
+_HERE = re.escape(Path(__file__).name)  # error messages name the file and line of the marker
 
 M = torch.ops.mixprec
 
@@ -117,14 +120,14 @@ class Crossing(nn.Module):
 
 def test_a_start_without_stop_names_its_line():
     line = _line_of(NoStop.forward, "# lone start")
-    with pytest.raises(mixprec.ConfigError, match=rf"start_setting_precision\(float16\) at test_strip_markers.py:{line} "
+    with pytest.raises(mixprec.ConfigError, match=rf"start_setting_precision\(float16\) at {_HERE}:{line} "
                        r"has no stop"):
         _info(NoStop(), (torch.randn(2, 8),))
 
 
 def test_a_stop_without_start_names_its_line():
     line = _line_of(NoStart.forward, "# lone stop")
-    with pytest.raises(mixprec.ConfigError, match=rf"stop_setting_precision at test_strip_markers.py:{line} has no start"):
+    with pytest.raises(mixprec.ConfigError, match=rf"stop_setting_precision at {_HERE}:{line} has no start"):
         _info(NoStart(), (torch.randn(2, 8),))
 
 
@@ -167,4 +170,4 @@ def test_bad_marker_arguments_are_config_errors(start, message):
 def test_marker_positions_name_the_file_and_line_for_compile_too():
     with pytest.raises(mixprec.ConfigError) as caught:
         mixprec.compile(NoStop().eval(), (torch.randn(2, 8),))
-    assert re.search(r"test_strip_markers\.py:\d+", str(caught.value))
+    assert re.search(rf"{_HERE}:\d+", str(caught.value))

@@ -6,7 +6,7 @@ from torch import nn
 
 from mixprec.plan import planner
 from mixprec.plan.precision_plan import NodePrecision, PrecisionPlan
-from mixprec.rewrite.base import CHECKED
+from mixprec.ir.passes import CHECKED
 from mixprec.rewrite.context import RewriteContext
 from mixprec.rewrite.pipeline import PIPELINE
 from mixprec.rewrite.verify import verify

@@ -10,7 +10,7 @@ from mixprec.ir.graph_info import META_ROLE
 from mixprec.ir.runner import run_user_outputs
 from mixprec.plan import planner
 from mixprec.plan.precision_plan import NodePrecision, PrecisionPlan
-from mixprec.rewrite.base import CHECKED, PassResult, RewritePass, rewrite_pass
+from mixprec.ir.passes import CHECKED, PassResult, RewritePass, rewrite_pass
 from mixprec.rewrite.casting import is_mixprec_cast
 from mixprec.rewrite.context import RewriteContext
 from mixprec.rewrite.insert_casts import insert_casts

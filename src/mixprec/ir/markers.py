@@ -42,7 +42,7 @@ import torch
 from ..dtypes import dtype_name, is_float
 from ..errors import ConfigError
 from ..ops.custom import START_MARKERS, STOP_MARKERS
-from ..rewrite.base import PassResult
+from .passes import PassResult
 from .graph_info import META_MARKER, META_ROLE, MarkerRegion, module_of, tensor_metas
 from .work_program import WorkProgram
 

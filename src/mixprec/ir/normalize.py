@@ -41,7 +41,7 @@ from torch._guards import detect_fake_mode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..dtypes import is_float
-from ..rewrite.base import PassResult
+from .passes import PassResult
 from .graph_info import META_AUTOCAST, META_ROLE
 from .markers import strip_markers
 from .work_program import WorkProgram

@@ -92,7 +92,7 @@ def export_onnx(prog, path, *, opset_version: int | None = None, optimize: bool 
     _check_types(model, decomposed.graph, origins, rewritten, _onnx_float_types(ir))
     _annotate(model, prog.plan, origins, rewritten)
     model.metadata_props["mixprec.plan"] = prog.plan.to_json(indent=None)
-    from .. import __version__
+    from .._version import __version__
 
     model.metadata_props["mixprec.version"] = __version__
     onnx_program.save(path)

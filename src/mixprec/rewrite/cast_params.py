@@ -27,7 +27,7 @@ from torch.export.graph_signature import OutputKind
 from ..dtypes import is_float
 from ..ir.graph_info import META_ORIGIN, META_ROLE
 from ..ir.work_program import STORED_KINDS
-from .base import PassResult, rewrite_pass
+from ..ir.passes import PassResult, rewrite_pass
 from .casting import cast_of, is_mixprec_cast, retype_val, short_name, tensor_dtype
 from .context import RewriteContext
 

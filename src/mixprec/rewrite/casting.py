@@ -1,7 +1,7 @@
-"""Shared helpers of the rewrite passes: making cast nodes, re-typing meta, the input contract.
+"""Shared helpers of the rewrite passes: making cast nodes, re-typing meta, reading casts.
 
-``required_input_dtype`` is the one statement of what a layer must receive; the
-cast-insertion pass realises it and the verifier checks it.
+What a layer must receive is a planning fact (``plan.precision_plan.required_input_dtype``):
+the cast-insertion pass realises it, the verifier checks it, and ``plan/follow.py`` reads it.
 """
 
 from __future__ import annotations
@@ -81,27 +81,6 @@ def origin_name(node: torch.fx.Node) -> str:
     while is_mixprec_cast(node) or node.meta.get(META_ROLE) == "layout":
         node = node.args[0]
     return node.meta.get(META_ORIGIN, node.name)
-
-
-def required_input_dtype(
-    info: NodeInfo | None, decision: NodePrecision | None, input_name: str, current: torch.dtype
-) -> torch.dtype:
-    """The dtype a layer must receive on the input whose captured value is ``input_name``.
-
-    * integer/bool inputs are never cast;
-    * explicit casts accept anything (converting is their job);
-    * a layer whose precision the plan leaves as captured receives exactly what it received when
-      captured (so strong typing reproduces eager PyTorch, mixed-dtype ops included);
-    * a layer whose precision the plan changed receives every float input in its new precision
-      (an int8 layer in float32, the dtype it computes in on dequantized values; which of those
-      inputs are dequantized int8 is the quantize pass's contract, checked by the verifier).
-    """
-    if not is_float(current) or info is None or info.kind == "cast":
-        return current
-    if decision is None or decision.precision == info.precision:
-        captured = info.input_dtypes.get(input_name)
-        return captured if is_float(captured) else current
-    return decision.compute_dtype
 
 
 def cast_target_arg(node: torch.fx.Node) -> torch.dtype | None:

@@ -13,7 +13,7 @@ fp32 -> bf16 -> fp32 rounds on purpose (fp32 accumulation of bf16 operands) and 
 from __future__ import annotations
 
 from ..dtypes import is_lossless
-from .base import PassResult, rewrite_pass
+from ..ir.passes import PassResult, rewrite_pass
 from .casting import is_mixprec_cast, tensor_dtype
 from .context import RewriteContext
 

@@ -18,7 +18,7 @@ Before::                                   After::
 from __future__ import annotations
 
 from ..ir.graph_info import META_ACC
-from .base import PassResult, rewrite_pass
+from ..ir.passes import PassResult, rewrite_pass
 from .casting import cast_of, retype_val, tensor_dtype
 from .context import RewriteContext
 

@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from .base import PassResult, rewrite_pass
+from ..ir.passes import PassResult, rewrite_pass
 from .casting import cast_of, tensor_dtype
 from .context import RewriteContext
 

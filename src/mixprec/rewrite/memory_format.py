@@ -36,7 +36,7 @@ from torch._guards import detect_fake_mode
 from ..ir.graph_info import META_ROLE, size_hint
 from ..ir.work_program import STORED_KINDS
 from ..ops.table import MATMUL_OPS
-from .base import PassResult, rewrite_pass
+from ..ir.passes import PassResult, rewrite_pass
 from .casting import is_mixprec_cast
 from .context import RewriteContext
 

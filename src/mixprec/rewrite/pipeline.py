@@ -22,7 +22,7 @@ from ..errors import InvariantError
 from ..ir.graph_info import GraphInfo
 from ..ir.work_program import WorkProgram
 from ..plan.precision_plan import PrecisionPlan
-from .base import CHECKED, INITIAL_FACTS, RewritePass
+from ..ir.passes import CHECKED, INITIAL_FACTS, RewritePass
 from .cast_params import cast_params
 from .context import RewriteContext
 from .fold_casts import fold_casts

@@ -38,7 +38,7 @@ from ..ir.work_program import STORED_KINDS
 from ..ops.custom import DEQUANTIZE_OPS, INT8_MAX, QUANTIZE_OPS
 from ..ops.names import op_name, packet_name
 from ..ops.table import INT8_WEIGHT_OPS
-from .base import PassResult
+from ..ir.passes import PassResult
 from .casting import first_compute_node, is_mixprec_cast, short_name, tensor_dtype
 from .context import RewriteContext
 

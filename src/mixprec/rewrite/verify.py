@@ -29,8 +29,9 @@ from ..dtypes import is_float
 from ..errors import InvariantError
 from ..ir.graph_info import META_ACC, META_ROLE
 from ..ops.names import op_name, packet_name
-from .base import CHECKED, PassResult
-from .casting import is_mixprec_cast, origin_name, required_input_dtype, tensor_dtype
+from ..ir.passes import CHECKED, PassResult
+from ..plan.precision_plan import required_input_dtype
+from .casting import is_mixprec_cast, origin_name, tensor_dtype
 from .context import RewriteContext
 from .quantize import (
     captured_name,

@@ -49,7 +49,7 @@ def _asset(name: str) -> str:
 
 
 def render_page(report, title: str = "mixprec report", extra_sections=()) -> str:
-    from ... import __version__
+    from ..._version import __version__
 
     summary = report.summary
     lay = layout(report.graph or {"nodes": [], "edges": []}, report.layers)

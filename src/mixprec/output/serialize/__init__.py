@@ -66,7 +66,7 @@ OutputRecord = outputs.OutputRecord
 
 def save(prog, path) -> None:
     """Write ``prog`` (what ``mixprec.compile`` or ``mixprec.load`` returned) to ``path``."""
-    from ... import __version__
+    from ..._version import __version__
     from ..module import MixedPrecisionModule
 
     if not isinstance(prog, MixedPrecisionModule):

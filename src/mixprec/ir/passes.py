@@ -1,6 +1,10 @@
 """The pass contract (modelled on torch.fx's PassBase/PassResult and its PassManager's checks).
 
-A pass takes the rewrite context (the WorkProgram, the GraphInfo of the captured graph, the
+It lives with the graph because both stages that change graphs use it: normalisation
+(``normalize.py``, ``markers.py`` here) returns :class:`PassResult`, and every rewrite pass
+(``rewrite/``) declares its contract with :func:`rewrite_pass`.
+
+A rewrite pass takes the rewrite context (the WorkProgram, the GraphInfo of the captured graph, the
 plan, the settings), changes the graph to realise part of the plan, and returns whether it
 changed anything. Passes never re-derive a decision: everything they need is in the plan and
 in the GraphInfo.
@@ -12,10 +16,10 @@ Each pass declares its contract in terms of named **facts** about the graph:
 * ``breaks``: facts it may leave broken until a later pass re-establishes them (input rounding
   leaves consumers reading the rounded dtype until cast insertion adapts them).
 
-The pipeline (``pipeline.py``) checks when it is built that every pass's requirements are met
+The pipeline (``rewrite/pipeline.py``) checks when it is built that every pass's requirements are met
 by the passes before it, and, with ``MIXPREC_VERIFY_EACH=1``, has the verifier check every
 fact that holds after each pass — an :class:`~mixprec.errors.InvariantError` names the pass
-after which a fact stopped holding. Facts in :data:`CHECKED` have a check in ``verify.py``;
+after which a fact stopped holding. Facts in :data:`CHECKED` have a check in ``rewrite/verify.py``;
 the others record an order that a pass's docstring explains (they cannot be checked on the
 graph alone, or checking them would mean running the pass again).
 """

@@ -1,0 +1,121 @@
+"""The package reads in the order of the data flow: a module imports only its own stage or earlier ones.
+
+DESIGN.md: "a dependency points from a later stage to an earlier one, never back". Every import of a
+mixprec module counts, lazy imports inside functions included (they are back-edges all the same).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "mixprec"
+
+# Stages in data-flow order; a module may import from its own stage and any earlier one.
+STAGES = (
+    ("_version", "errors", "dtypes", "ops", "jsondoc", "progress", "settings"),  # vocabulary and validated config
+    ("ir",),
+    ("calibrate",),
+    ("plan",),
+    ("rewrite",),
+    ("backends",),
+    ("weak_typing",),  # measures programs that rewrite and the backends build
+    ("output",),
+    ("compiler", "configurator", "debugger", "searching", "hf"),  # the tools built on the stages
+    ("cli", "__init__", "__main__"),
+)
+RANK = {name: rank for rank, names in enumerate(STAGES) for name in names}
+
+# The only imports against the flow, each with its reason. Settings are validated once, at the boundary
+# (DESIGN.md habit 3), and two keywords name things of later stages: ``backend`` a name in the backend
+# registry, ``plan`` a PrecisionPlan (or its JSON). Both imports are lazy, inside the validation.
+ALLOWED = frozenset({
+    ("settings", "mixprec.backends"),
+    ("settings", "mixprec.plan.precision_plan"),
+})
+
+
+def _stage(module: str) -> str:
+    """'mixprec.plan.rules.stream' -> 'plan'."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(SRC.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1] if len(parts) > 1 else parts
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, imported mixprec module) for every import in the file, at any depth."""
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not target.startswith("mixprec"):
+                continue
+            for alias in node.names:  # `from . import x` imports the submodule x
+                sub = f"{target}.{alias.name}"
+                found.append((node.lineno, sub if (SRC.parent / Path(*sub.split("."))).exists()
+                              or (SRC.parent / Path(*sub.split("."))).with_suffix(".py").exists() else target))
+        elif isinstance(node, ast.Import):
+            found.extend((node.lineno, a.name) for a in node.names if a.name.startswith("mixprec"))
+    return found
+
+
+def _violations() -> list[str]:
+    bad = []
+    for path in sorted(SRC.rglob("*.py")):
+        here = _module_name(path)
+        own = _stage(here) if here != "mixprec" else "__init__"
+        for line, target in _imports(path):
+            other = _stage(target) if target != "mixprec" else "__init__"
+            if other not in RANK or own not in RANK:
+                bad.append(f"{path.relative_to(SRC)}:{line}: {target} is in no stage (add it to STAGES)")
+            elif RANK[other] > RANK[own] and (here.split(".", 1)[-1], target) not in ALLOWED:
+                bad.append(f"{path.relative_to(SRC)}:{line}: {own} imports {target} (a later stage)")
+    return bad
+
+
+def test_every_top_level_module_has_a_stage():
+    names = {p.stem if p.is_file() else p.name for p in SRC.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
+    assert names <= set(RANK), sorted(names - set(RANK))
+
+
+def test_dependencies_point_one_way():
+    bad = _violations()
+    assert not bad, "imports against the data flow:\n" + "\n".join(bad)
+
+
+def test_every_allowed_exception_is_still_needed():
+    used = {(_module_name(p).split(".", 1)[-1], target) for p in SRC.rglob("*.py") for _, target in _imports(p)}
+    assert ALLOWED <= used, sorted(ALLOWED - used)
+
+
+def test_the_checker_sees_a_back_edge(tmp_path, monkeypatch):
+    """The check can fail: a lazy import of a later stage inside a function is caught."""
+    probe = SRC / "ir" / "_layer_probe.py"
+    assert not probe.exists()
+    probe.write_text("def f():\n    from ..rewrite import pipeline\n")
+    try:
+        assert any("_layer_probe.py:2: ir imports mixprec.rewrite.pipeline" in v for v in _violations())
+    finally:
+        probe.unlink()
+
+
+@pytest.mark.parametrize("limit", [12])
+def test_few_modules_at_the_top(limit):
+    top = [p.name for p in SRC.glob("*.py")]
+    assert len(top) <= limit, sorted(top)
