@@ -1,7 +1,8 @@
 """Immutable tables that classify ATen ops for mixed precision.
 
 * MATMUL_OPS: matmul-class layers (use_fp32_acc applies, FLOPs counted).
-* CONV_OPS: convolutions (FLOPs counted).
+* CONV_OPS: convolutions (FLOPs counted); CONV_2D_OPS: those that may be 2-D (read the rank of
+  the value to know), the convolutions whose low-precision kernels want channels_last.
 * ATTENTION_OPS: fused attention.
 * MOVEMENT_OPS: ops that move or select values without arithmetic; their result is
   exact in any dtype, so they follow their producer's dtype instead of forcing casts.
@@ -37,6 +38,8 @@ CONV_OPS = frozenset(
         "aten._convolution",
     }
 )
+# aten.convolution/_convolution take any rank: a caller checks the value's rank (4-D for 2-D)
+CONV_2D_OPS = frozenset({"aten.conv2d", "aten.convolution", "aten._convolution"})
 ATTENTION_OPS = frozenset({"aten.scaled_dot_product_attention"})
 
 # Layers whose low-precision accumulation use_fp32_acc replaces with fp32 accumulation.

@@ -35,7 +35,7 @@ from torch._guards import detect_fake_mode
 
 from ..ir.graph_info import META_ROLE, size_hint
 from ..ir.work_program import STORED_KINDS
-from ..ops.table import MATMUL_OPS
+from ..ops.table import CONV_2D_OPS, MATMUL_OPS
 from ..ir.passes import PassResult, rewrite_pass
 from .casting import is_mixprec_cast
 from .context import RewriteContext
@@ -73,7 +73,7 @@ def channels_last_convolutions(ctx: RewriteContext) -> PassResult:
     for node in list(work.graph.nodes):
         info = ctx.info.get(node.name)
         decision = ctx.plan.get(node.name)
-        if info is None or decision is None or info.packet not in _CONV_2D or decision.precision == info.precision:
+        if info is None or decision is None or info.packet not in CONV_2D_OPS or decision.precision == info.precision:
             continue
         inp = node.args[0]
         if is_mixprec_cast(inp) and _rank(inp) == 4 and inp.kwargs.get("memory_format") is None:
@@ -96,8 +96,6 @@ def channels_last_convolutions(ctx: RewriteContext) -> PassResult:
             changed = True
     return PassResult(changed)
 
-
-_CONV_2D = frozenset({"aten.conv2d", "aten.convolution", "aten._convolution"})
 
 
 def _rank(node: torch.fx.Node) -> int:

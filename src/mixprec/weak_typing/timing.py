@@ -41,7 +41,7 @@ from ..ir.graph_info import GraphInfo
 from ..ir.runner import GraphRunner, lifted_inputs
 from ..ir.work_program import STORED_KINDS, WorkProgram
 from ..ops.names import op_name, packet_name
-from ..ops.table import MATMUL_OPS
+from ..ops.table import CONV_2D_OPS, MATMUL_OPS
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ def measure_layers(
     casts: dict[str, dict] = {}
     cast_cache: dict[tuple, float] = {}
     # lowered 2-D convolutions make the network channels_last (rewrite/memory_format.py): time it that way
-    channels_last = any(info[n].packet in ("aten.conv2d", "aten.convolution") for n in wanted if n in info)
+    channels_last = any(info[n].packet in CONV_2D_OPS for n in wanted if n in info)
     with torch.no_grad(), _restored_rng(device):
         for node in runner.nodes:
             if node.name in wanted:
