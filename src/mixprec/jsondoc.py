@@ -7,6 +7,7 @@ every document type rejects foreign or newer JSON with the same clear ConfigErro
 from __future__ import annotations
 
 import json
+import math
 
 from .errors import ConfigError
 
@@ -30,3 +31,12 @@ def check(data, *, fmt: str, version: int, what: str) -> dict:
             f"{what} version {data.get('version')!r} is not supported by this mixprec (it reads version {version})."
         )
     return data
+
+
+def same(a, b) -> bool:
+    """Equality of JSON-like values in which NaN equals NaN (a summary's error may be NaN)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b or (math.isnan(a) and math.isnan(b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    return a == b

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 
 import torch
 
 from .. import jsondoc
 from ..dtypes import dtype_from_name, dtype_name
+from ..output.report.records import LayerTable
 
 _FORMAT = "mixprec.debug"
 _VERSION = 1
@@ -50,17 +50,11 @@ class LayerComparison:
     overflowed_inputs: tuple[str, ...] = ()  # inputs that turned inf when cast to this layer's dtype
 
     def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["precision"] = dtype_name(self.precision)
-        d["overflowed_inputs"] = list(self.overflowed_inputs)
-        return d
+        return _to_dict(self, "overflowed_inputs")
 
     @classmethod
     def from_dict(cls, d: dict) -> "LayerComparison":
-        d = dict(d)
-        d["precision"] = dtype_from_name(d["precision"])
-        d["overflowed_inputs"] = tuple(d.get("overflowed_inputs", ()))
-        return cls(**d)
+        return _from_dict(cls, {"overflowed_inputs": (), **d}, "overflowed_inputs")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,21 +70,30 @@ class Finding:
     suggestions: tuple[str, ...]  # what would keep it in fp32 (a setting, a rule, a plan entry)
 
     def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["precision"] = dtype_name(self.precision)
-        d["suggestions"] = list(self.suggestions)
-        return d
+        return _to_dict(self, "suggestions")
 
     @classmethod
     def from_dict(cls, d: dict) -> "Finding":
-        d = dict(d)
-        d["precision"] = dtype_from_name(d["precision"])
-        d["suggestions"] = tuple(d["suggestions"])
-        return cls(**d)
+        return _from_dict(cls, d, "suggestions")
+
+
+def _to_dict(record, listed: str) -> dict:
+    """A record as JSON: its dtype by name, its tuple field ``listed`` as a list."""
+    d = dataclasses.asdict(record)
+    d["precision"] = dtype_name(record.precision)
+    d[listed] = list(d[listed])
+    return d
+
+
+def _from_dict(cls, d: dict, listed: str):
+    d = dict(d)
+    d["precision"] = dtype_from_name(d["precision"])
+    d[listed] = tuple(d[listed])
+    return cls(**d)
 
 
 @dataclasses.dataclass
-class DebugReport:
+class DebugReport(LayerTable):
     """``mixprec.debug``'s answer: per-layer comparisons, findings (the culprit first), a summary."""
 
     layers: list[LayerComparison]
@@ -109,15 +112,6 @@ class DebugReport:
     @property
     def largest_jump(self) -> LayerComparison | None:
         return self._of_kind("error_jump")
-
-    def layer(self, name: str) -> LayerComparison:
-        for record in self.layers:
-            if record.name == name:
-                return record
-        raise KeyError(name)
-
-    def by_module(self, module: str) -> list[LayerComparison]:
-        return [r for r in self.layers if r.module == module]
 
     def _of_kind(self, kind: str) -> LayerComparison | None:
         for finding in self.findings:
@@ -162,15 +156,8 @@ class DebugReport:
             return NotImplemented
         return (
             len(self.layers) == len(other.layers)
-            and all(_same(a.to_dict(), b.to_dict()) for a, b in zip(self.layers, other.layers))
+            and all(jsondoc.same(a.to_dict(), b.to_dict()) for a, b in zip(self.layers, other.layers))
             and self.findings == other.findings
-            and _same(self.summary, other.summary)
+            and jsondoc.same(self.summary, other.summary)
         )
 
-
-def _same(a, b) -> bool:
-    if isinstance(a, float) and isinstance(b, float):
-        return a == b or (math.isnan(a) and math.isnan(b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    return a == b

@@ -134,30 +134,30 @@ def _warn_unmatched(info: GraphInfo, config: CompileSettings) -> None:
     names = list(info)
     for setting in ("autocast_excluded_nodes", "autocast_included_nodes"):
         for pattern in getattr(config, setting):
-            if any(pattern.match(m) for m in modules) or any(pattern.match(n) for n in names):
-                continue
-            near = difflib.get_close_matches(pattern.pattern.strip("^$"), modules + names, n=3, cutoff=0.5)
-            warnings.warn(
-                f"{setting} pattern '{pattern.pattern}' matches no layer's module path or node name"
-                + (f" (near misses: {', '.join(repr(n) for n in near)})" if near else "")
-                + "; it is applied with re.match, e.g. '^encoder\\.layers\\.0\\.' or '^linear2$'.",
-                MixedPrecisionWarning,
-                stacklevel=4,
-            )
+            if not (any(pattern.match(m) for m in modules) or any(pattern.match(n) for n in names)):
+                _warn_matches_nothing(
+                    f"{setting} pattern '{pattern.pattern}' matches no layer's module path or node name",
+                    pattern.pattern.strip("^$"), modules + names, 0.5,
+                    "it is applied with re.match, e.g. '^encoder\\.layers\\.0\\.' or '^linear2$'",
+                )
     ops = sorted({n.op for n in info.values()})
     for setting in ("autocast_excluded_ops", "autocast_included_ops"):
         for op in sorted(getattr(config, setting)):
-            if any(op_matches(name, frozenset({op})) for name in ops):
-                continue
-            near = difflib.get_close_matches(op, ops, n=3, cutoff=0.6)
-            warnings.warn(
-                f"{setting} names '{op}', which no layer of this model uses"
-                + (f" (near misses: {', '.join(repr(n) for n in near)})" if near else "")
-                + "; the report's 'op' column lists the ops the model runs.",
-                MixedPrecisionWarning,
-                stacklevel=4,
-            )
+            if not any(op_matches(name, frozenset({op})) for name in ops):
+                _warn_matches_nothing(
+                    f"{setting} names '{op}', which no layer of this model uses", op, ops, 0.6,
+                    "the report's 'op' column lists the ops the model runs",
+                )
     _warn_included_and_excluded(info, config)
+
+
+def _warn_matches_nothing(what: str, wanted: str, known: list[str], cutoff: float, hint: str) -> None:
+    near = difflib.get_close_matches(wanted, known, n=3, cutoff=cutoff)
+    warnings.warn(
+        what + (f" (near misses: {', '.join(repr(n) for n in near)})" if near else "") + f"; {hint}.",
+        MixedPrecisionWarning,
+        stacklevel=5,
+    )
 
 
 def _warn_included_and_excluded(info: GraphInfo, config: CompileSettings) -> None:

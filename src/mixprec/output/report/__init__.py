@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 
 from ... import jsondoc
@@ -12,7 +11,7 @@ from ...errors import ConfigError
 from ..numerics import output_errors  # re-exported for compiler.py, which builds the summary
 from . import render
 from .graph_shape import build_graph
-from .records import LayerRecord, TensorRecord, build_records
+from .records import LayerRecord, LayerTable, TensorRecord, build_records
 from .summary import build_summary
 
 _FORMAT = "mixprec.report"
@@ -22,7 +21,7 @@ __all__ = ["Report", "LayerRecord", "TensorRecord", "build_graph", "build_record
 
 
 @dataclasses.dataclass
-class Report:
+class Report(LayerTable):
     layers: list[LayerRecord]
     summary: dict
     graph: dict | None = None  # the rewritten graph's nodes and edges (graph_shape.py), for the picture
@@ -33,18 +32,7 @@ class Report:
     def __eq__(self, other) -> bool:
         if not isinstance(other, Report):
             return NotImplemented
-        return self.layers == other.layers and _same(self.summary, other.summary) and self.graph == other.graph
-
-    def layer(self, name: str) -> LayerRecord:
-        """The record of one layer by node name."""
-        for record in self.layers:
-            if record.name == name:
-                return record
-        raise KeyError(name)
-
-    def by_module(self, module: str) -> list[LayerRecord]:
-        """Records of the layers that ran in one module (by path)."""
-        return [r for r in self.layers if r.module == module]
+        return self.layers == other.layers and jsondoc.same(self.summary, other.summary) and self.graph == other.graph
 
     def layer_info(self) -> str:
         return render.layer_info(self.layers)
@@ -92,10 +80,3 @@ class Report:
         with open(os.fspath(path), "w", encoding="utf-8") as fh:
             fh.write(self.to_html(title=title, debug=debug))
 
-
-def _same(a, b) -> bool:
-    if isinstance(a, float) and isinstance(b, float):
-        return a == b or (math.isnan(a) and math.isnan(b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    return a == b

@@ -11,6 +11,21 @@ from ...ir.graph_info import META_ACC, META_ROLE, GraphInfo, tensor_metas
 from ...plan.precision_plan import PrecisionPlan
 
 
+class LayerTable:
+    """Look-ups over ``self.layers`` (records with ``name`` and ``module``): the report and the debug report."""
+
+    def layer(self, name: str):
+        """The record of one layer by node name."""
+        for record in self.layers:
+            if record.name == name:
+                return record
+        raise KeyError(name)
+
+    def by_module(self, module: str) -> list:
+        """Records of the layers that ran in one module (by path)."""
+        return [r for r in self.layers if r.module == module]
+
+
 @dataclasses.dataclass(frozen=True)
 class TensorRecord:
     name: str
