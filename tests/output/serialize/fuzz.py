@@ -16,7 +16,7 @@ then samples the JSON part down to a fixed budget with a seeded generator and lo
 either case no payload may have run (the sentinel file must not exist) and no file may have been written
 (the sandbox directory holds only the case file, the victim file keeps its bytes). Prints a JSON summary.
 
-    python tests/serialize/fuzz.py SANDBOX_DIR [JSON_BUDGET]     # FUZZ_SEED=N samples another part
+    python tests/output/serialize/fuzz.py SANDBOX_DIR [JSON_BUDGET]     # FUZZ_SEED=N samples another part
 """
 
 from __future__ import annotations

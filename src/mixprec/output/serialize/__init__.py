@@ -231,7 +231,7 @@ def _raw_tensors_written_in_place():
     torch's own version first copies every weight into a ``bytes`` object (``_get_raw_tensor_bytes``), so the
     peak memory of a save grows by the largest weight (262 MB for a Llama embedding in fp32). The replacement
     is the same function with the record written from the storage's memory (``PyTorchFileWriter.write_record``
-    takes a storage); the archive is byte for byte the same (tests/serialize/test_streaming.py). Where torch
+    takes a storage); the archive is byte for byte the same (tests/output/serialize/test_streaming.py). Where torch
     does not have the helpers it uses, torch's function is left alone.
     """
     from torch.export.pt2_archive import _package as package
