@@ -188,6 +188,21 @@ def test_remove_stored_input_keeps_a_tensor_another_placeholder_still_holds():
         torch.testing.assert_close(_run(work, x), F.linear(h, model.linear3.weight), rtol=0, atol=0)
 
 
+def test_an_unused_placeholder_is_dropped_but_its_tensor_kept_while_another_placeholder_reads_it():
+    model, x, ep = _three()
+    work = WorkProgram.from_exported(ep)
+    old = _node(work, "p_linear2_weight")
+    again = work.add_stored_input(work.input_spec_of(old), "linear2.weight", model.linear2.weight, "p_again")
+    again.meta["val"] = old.meta["val"]
+    old.replace_all_uses_with(again)
+    out = work.to_exported()
+    names = [s.arg.name for s in out.graph_signature.input_specs]
+    assert "p_again" in names and "p_linear2_weight" not in names
+    assert out.state_dict["linear2.weight"] is model.linear2.weight
+    with torch.no_grad():
+        torch.testing.assert_close(out.module()(x), model(x), rtol=0, atol=0)
+
+
 def test_stored_bytes_counts_a_tied_weight_once():
     work = WorkProgram.from_exported(capture(ThreeLinears().eval(), ThreeLinears.example_inputs()))
     assert work.stored_bytes() == (10 * 10 + 10 + 10 * 30 + 30 + 30 * 40 + 40) * 4
