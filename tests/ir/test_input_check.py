@@ -101,7 +101,8 @@ def test_keyword_inputs_are_checked_in_the_captured_order_whatever_order_they_co
     specs = input_specs_of(ep)
     assert [(s.name, s.dtype) for s in specs] == [("x", torch.float32), ("a", torch.float32), ("b", torch.int64)]
     check_inputs(specs, ep, (x,), {"b": torch.randint(0, 5, (2, 3)), "a": torch.randn(2, 3)})
-    with pytest.raises(InputMismatchError, match=r"input 2 \('b'\) has dtype torch.float32 \(compiled for torch.int64\)"):
+    message = r"input 2 \('b'\) has dtype torch.float32 \(compiled for torch.int64\)"
+    with pytest.raises(InputMismatchError, match=message):
         check_inputs(specs, ep, (x,), {"b": torch.randn(2, 3), "a": torch.randn(2, 3)})
 
 
@@ -110,9 +111,11 @@ def test_keyword_inputs_are_checked_in_the_captured_order_whatever_order_they_co
 
 def test_a_wrong_dtype_is_named_with_the_input():
     ep, specs, x, ids = _static()
-    with pytest.raises(InputMismatchError, match=r"input 0 \('x'\) has dtype torch.bfloat16 \(compiled for torch.float32\)"):
+    message = r"input 0 \('x'\) has dtype torch.bfloat16 \(compiled for torch.float32\)"
+    with pytest.raises(InputMismatchError, match=message):
         check_inputs(specs, ep, (x.bfloat16(), ids), {})
-    with pytest.raises(InputMismatchError, match=r"input 1 \('ids'\) has dtype torch.int32 \(compiled for torch.int64\)"):
+    message = r"input 1 \('ids'\) has dtype torch.int32 \(compiled for torch.int64\)"
+    with pytest.raises(InputMismatchError, match=message):
         check_inputs(specs, ep, (x, ids.int()), {})
 
 

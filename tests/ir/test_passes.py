@@ -55,7 +55,8 @@ def test_a_pass_is_frozen_and_keeps_its_contract_as_frozensets():
 
 @pytest.mark.parametrize("field", ["requires", "ensures", "breaks"])
 def test_an_unknown_fact_in_any_part_of_the_contract_is_refused_with_the_known_ones(field):
-    with pytest.raises(InvariantError, match=rf"rewrite pass 'typo' {field} unknown fact\(s\) \['layer_dtype'\]") as info:
+    message = rf"rewrite pass 'typo' {field} unknown fact\(s\) \['layer_dtype'\]"
+    with pytest.raises(InvariantError, match=message) as info:
         RewritePass("typo", _noop, **{field: frozenset({"layer_dtype", "structure"})})
     for fact in FACTS:
         assert repr(fact) in str(info.value)
@@ -76,7 +77,8 @@ def test_calling_a_pass_runs_it_on_the_context_and_hands_back_its_result():
 @pytest.mark.parametrize("returned", [True, None, {"changed": False}])
 def test_a_pass_that_returns_anything_but_a_pass_result_is_named(returned):
     bad = RewritePass("sloppy", lambda ctx: returned)
-    with pytest.raises(InvariantError, match=rf"rewrite pass 'sloppy' returned {type(returned).__name__}, not a PassResult"):
+    message = rf"rewrite pass 'sloppy' returned {type(returned).__name__}, not a PassResult"
+    with pytest.raises(InvariantError, match=message):
         bad(None)
 
 
