@@ -1,0 +1,133 @@
+"""The pass contract itself: RewritePass, rewrite_pass, PassResult and the fact tables.
+
+(tests/rewrite/test_pipeline.py tests how the Pipeline uses the contract.) Expectations are sets of
+facts worked out by hand from ``after = (facts - breaks) | ensures``.
+"""
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+
+from mixprec.errors import InvariantError
+from mixprec.ir.passes import CHECKED, FACTS, INITIAL_FACTS, ORDERING, PassResult, RewritePass, rewrite_pass
+
+
+def _noop(ctx):
+    return PassResult(False)
+
+
+# ---- facts ---------------------------------------------------------------------------------------------
+
+
+def test_checked_and_ordering_facts_are_distinct_and_together_are_all_facts():
+    assert not set(CHECKED) & set(ORDERING)
+    assert FACTS == frozenset(CHECKED) | frozenset(ORDERING)
+    assert INITIAL_FACTS <= frozenset(CHECKED)  # what holds on a normalised capture can be checked
+    assert all(isinstance(text, str) and text for text in list(CHECKED.values()) + list(ORDERING.values()))
+
+
+def test_the_fact_tables_are_read_only():
+    with pytest.raises(TypeError):
+        CHECKED["new"] = "x"
+    with pytest.raises(TypeError):
+        ORDERING["new"] = "x"
+
+
+# ---- PassResult and RewritePass ------------------------------------------------------------------------
+
+
+def test_pass_result_is_frozen_and_compares_by_value():
+    assert PassResult(True) == PassResult(True) and PassResult(True) != PassResult(False)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        PassResult(True).changed = False
+
+
+def test_a_pass_is_frozen_and_keeps_its_contract_as_frozensets():
+    p = RewritePass("p", _noop, requires=["structure"], ensures={"layer_dtypes"}, breaks=("meta",))
+    assert (p.requires, p.ensures, p.breaks) == (
+        frozenset({"structure"}), frozenset({"layer_dtypes"}), frozenset({"meta"}),
+    )  # fmt: skip
+    assert all(isinstance(f, frozenset) for f in (p.requires, p.ensures, p.breaks))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.requires = frozenset()
+
+
+@pytest.mark.parametrize("field", ["requires", "ensures", "breaks"])
+def test_an_unknown_fact_in_any_part_of_the_contract_is_refused_with_the_known_ones(field):
+    message = rf"rewrite pass 'typo' {field} unknown fact\(s\) \['layer_dtype'\]"
+    with pytest.raises(InvariantError, match=message) as info:
+        RewritePass("typo", _noop, **{field: frozenset({"layer_dtype", "structure"})})
+    for fact in FACTS:
+        assert repr(fact) in str(info.value)
+
+
+def test_calling_a_pass_runs_it_on_the_context_and_hands_back_its_result():
+    seen = []
+
+    def mark(ctx):
+        seen.append(ctx)
+        return PassResult(True)
+
+    ctx = SimpleNamespace()
+    assert RewritePass("mark", mark)(ctx) == PassResult(True)
+    assert seen == [ctx]
+
+
+@pytest.mark.parametrize("returned", [True, None, {"changed": False}])
+def test_a_pass_that_returns_anything_but_a_pass_result_is_named(returned):
+    bad = RewritePass("sloppy", lambda ctx: returned)
+    message = rf"rewrite pass 'sloppy' returned {type(returned).__name__}, not a PassResult"
+    with pytest.raises(InvariantError, match=message):
+        bad(None)
+
+
+def test_after_drops_what_a_pass_breaks_and_adds_what_it_ensures():
+    p = RewritePass("p", _noop, ensures={"layer_dtypes"}, breaks={"meta", "output_dtypes"})
+    before = frozenset({"structure", "meta", "output_dtypes"})
+    assert p.after(before) == frozenset({"structure", "layer_dtypes"})
+    assert p.after(frozenset()) == frozenset({"layer_dtypes"})
+
+
+def test_a_fact_a_pass_both_breaks_and_ensures_holds_after_it():
+    """It may break the fact while it runs; it re-establishes it before it returns."""
+    p = RewritePass("p", _noop, ensures={"meta"}, breaks={"meta"})
+    assert p.after(frozenset({"structure"})) == frozenset({"structure", "meta"})
+
+
+def test_a_pass_that_declares_nothing_leaves_the_facts_as_they_were():
+    facts = frozenset({"structure", "int8"})
+    assert RewritePass("p", _noop).after(facts) == facts
+
+
+# ---- rewrite_pass --------------------------------------------------------------------------------------
+
+
+def test_rewrite_pass_names_the_pass_after_its_function_and_declares_its_contract():
+    @rewrite_pass(requires={"structure"}, ensures={"output_dtypes"}, breaks={"meta"})
+    def restore(ctx):
+        return PassResult(ctx.changed)
+
+    assert isinstance(restore, RewritePass)
+    assert restore.name == "restore" and restore.run.__name__ == "restore"
+    assert (restore.requires, restore.ensures, restore.breaks) == (
+        frozenset({"structure"}), frozenset({"output_dtypes"}), frozenset({"meta"}),
+    )  # fmt: skip
+    assert restore(SimpleNamespace(changed=True)) == PassResult(True)
+
+
+def test_rewrite_pass_takes_an_explicit_name_and_an_empty_contract():
+    @rewrite_pass("layout")
+    def lower(ctx):
+        return PassResult(False)
+
+    assert lower.name == "layout"
+    assert lower.requires == lower.ensures == lower.breaks == frozenset()
+
+
+def test_rewrite_pass_refuses_an_unknown_fact_when_the_function_is_declared():
+    with pytest.raises(InvariantError, match="rewrite pass 'cast' requires unknown fact"):
+
+        @rewrite_pass("cast", requires={"casts_inserted"})
+        def cast(ctx):
+            return PassResult(False)
