@@ -41,7 +41,7 @@ from .call_signature import flat_user_inputs
 
 
 class Observer:
-    """Hooks of a run; override the ones you need (the others cost nothing)."""
+    """Hooks of a run: subclass it and override the hooks you need (the others cost nothing)."""
 
     def before(self, node: torch.fx.Node, args: tuple, kwargs: dict) -> None:
         """``node`` is about to run on these values (not called for placeholders and the output node)."""
@@ -87,7 +87,7 @@ class GraphRunner:
     """Runs one program (a ``WorkProgram`` or an ``ExportedProgram``) as often as asked, node by node.
 
     What does not depend on the inputs (the order of nodes, when each value dies, the specs) is worked
-    out once, so a runner can run many batches (calibration).
+    out once, so a runner can run many batches (calibration), one run at a time.
     """
 
     def __init__(self, program, *, observers: Sequence[Observer] = ()):
