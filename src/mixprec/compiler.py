@@ -15,17 +15,17 @@ import torch.utils._pytree as pytree
 
 from .backends import get_backend
 from .calibrate.batch_graphs import OtherShapes
-from .calibrate.int8_ranges import calibration_batches, collect_ranges
-from .calibrate.statistics import Call, collect
+from .calibrate.batches import Call, calibration_batches
+from .calibrate.int8_ranges import collect_ranges
+from .calibrate.statistics import collect
 from .dtypes import dtype_name
 from .errors import ConfigError, InvariantError, UnsupportedModelError
-from .ir.call_signature import CallSignature
+from .ir.call_signature import CallSignature, flat_user_inputs
 from .ir.capture import as_input_kwargs, as_input_tuple, capture
-from .ir.diagnose import describe, failing_node, flat_user_inputs
-from .ir.graph_info import GraphInfo, analyze
+from .ir.graph_info import GraphInfo, analyze, describe
 from .ir.input_check import input_specs_of
 from .ir.normalize import normalize
-from .ir.runner import run_user_outputs
+from .ir.runner import failing_node, run_user_outputs
 from .ir.work_program import WorkProgram, stored_bytes
 from .ir.written_state import preserved, written_tensors
 from .output.module import MixedPrecisionModule
@@ -270,7 +270,7 @@ def _run_or_explain(program_of, run, args, model, what):
         return run()
     except Exception as e:  # a kernel's error: find the layer and tell the user whose problem it is
         program = program_of()
-        node, error = failing_node(program.module(), program, *args)
+        node, error = failing_node(program, *args)
         where = describe(node)
         eager_error = _eager_error(model, *args)
         if eager_error is not None:

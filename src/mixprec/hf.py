@@ -35,7 +35,8 @@ import copy
 
 import torch
 
-from .errors import ConfigError, InputMismatchError
+from .calibrate.batches import as_call
+from .errors import CalibrationError, ConfigError, InputMismatchError
 
 try:  # transformers is optional for mixprec; this module needs it
     from transformers import GenerationConfig, GenerationMixin, PretrainedConfig, PreTrainedModel
@@ -151,13 +152,12 @@ class _StaticCacheBatches:
         self.batch_size = batch_size
 
     def __iter__(self):
-        for batch in self.loader:
-            if isinstance(batch, torch.Tensor):
-                ids, mask = batch, None
-            elif hasattr(batch, "keys"):
-                ids, mask = batch["input_ids"], batch.get("attention_mask")
+        for index, batch in enumerate(self.loader):
+            args, kwargs = as_call(batch, f"calibration batch {index}", error=CalibrationError)
+            if kwargs:
+                ids, mask = kwargs["input_ids"], kwargs.get("attention_mask")
             else:
-                ids, mask = batch[0], (batch[1] if len(batch) > 1 else None)
+                ids, mask = args[0], (args[1] if len(args) > 1 else None)
             if self.batch_size == 1:
                 for row in range(ids.shape[0]):
                     tokens = ids[row] if mask is None else ids[row][mask[row].bool()]

@@ -1,4 +1,4 @@
-"""Progress of long work, on a terminal only: the one helper of the CLI and the search.
+"""Progress of long work: the one helper of the CLI, the search and calibration.
 
 On an interactive stream (stderr by default) progress is one line redrawn in place: a step
 (``with progress.step("compiling"):``) shows a spinner with the seconds elapsed and ends with a
@@ -8,7 +8,10 @@ stays readable: steps print one plain line each only when asked for (``enabled=T
 CLI's ``--progress``), and status lines go to ``logging`` at INFO (``log``), at most every
 ``every`` seconds. A closed or broken stream never fails the work it reports on.
 
-(Calibration has its own line in calibrate/statistics.py, which shows nothing for short calibrations.)
+Work that is usually short (calibration on a few batches) passes ``delay``: its status line shows
+nothing until the work has run that long, and ``done`` shows nothing if nothing was shown, so quick
+compiles stay quiet. ``redraw_every`` limits how often a terminal line is redrawn for updates that
+come many times a second.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ class Progress:
         prefix: str = "",
         log: logging.Logger | None = None,
         every: float = 10.0,
+        delay: float = 0.0,
+        redraw_every: float = 0.0,
         clock=time.monotonic,
     ):
         self.stream = stream if stream is not None else sys.stderr
@@ -41,9 +46,13 @@ class Progress:
         self.prefix = prefix
         self.log = log
         self.every = every
+        self.delay = delay
+        self.redraw_every = redraw_every
         self.clock = clock
         self.start = clock()
         self._last_log = None
+        self._last_redraw = None
+        self._shown = False
 
     # ---- steps: a spinner, or one plain line when asked for ------------------------------------
     @contextlib.contextmanager
@@ -84,17 +93,24 @@ class Progress:
 
     # ---- a status line: redrawn on a terminal, else logged now and then --------------------------
     def update(self, text: str) -> None:
-        line = f"{self.prefix}{text} ({self.clock() - self.start:.0f} s)"
+        now = self.clock()
+        if now - self.start < self.delay:
+            return
+        line = f"{self.prefix}{text} ({now - self.start:.0f} s)"
         if self.interactive:
-            if self.enabled:
+            if self.enabled and (self._last_redraw is None or now - self._last_redraw >= self.redraw_every):
+                self._last_redraw = now
+                self._shown = True
                 self._write(_REDRAW + line)
             return
-        now = self.clock()
         if self.log is not None and (self._last_log is None or now - self._last_log >= self.every):
             self._last_log = now
+            self._shown = True
             self.log.info(line)
 
     def done(self, text: str) -> None:
+        if self.delay and not self._shown:  # short work stays quiet
+            return
         line = f"{self.prefix}{text} ({self.clock() - self.start:.1f} s)"
         if self.interactive:
             if self.enabled:

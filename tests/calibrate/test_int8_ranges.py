@@ -6,7 +6,8 @@ from helpers import captured
 from models import ConvNet, TRTorchSeed
 
 import mixprec
-from mixprec.calibrate.int8_ranges import calibration_batches, collect_ranges
+from mixprec.calibrate.batches import calibration_batches
+from mixprec.calibrate.int8_ranges import collect_ranges
 
 
 def _work(model, inputs):

@@ -8,7 +8,7 @@ import weakref
 import pytest
 import torch
 
-from mixprec.calibrate.statistics import TensorStats, _Progress, collect
+from mixprec.calibrate.statistics import TensorStats, collect, progress_line
 from mixprec.errors import CalibrationError
 from mixprec.ir.capture import capture
 from mixprec.ir.normalize import normalize
@@ -142,31 +142,43 @@ class Terminal(io.StringIO):
 
 def test_progress_on_a_terminal_after_the_delay():
     clock, stream = FakeClock(), Terminal()
-    progress = _Progress(5, stream=stream, delay=2.0, clock=clock)
-    progress.update(1)
+    progress = progress_line(stream, delay=2.0, clock=clock)
+    progress.update("batch 1/5")
     assert stream.getvalue() == ""  # short calibrations stay quiet
     clock.now = 3.0
-    progress.update(3)
+    progress.update("batch 3/5")
     clock.now = 3.1
-    progress.update(4)  # too soon after the last line
+    progress.update("batch 4/5")  # too soon after the last line
     clock.now = 4.0
-    progress.finish(5)
+    progress.done("batch 5/5, done")
     text = stream.getvalue()
-    assert "\rmixprec: calibrating, batch 3/5" in text and "batch 4/5" not in text
-    assert text.endswith("batch 5/5 (4 s)\n")
+    assert "\r\033[Kmixprec: calibrating, batch 3/5 (3 s)" in text and "batch 4/5" not in text
+    assert text.endswith("\r\033[Kmixprec: calibrating, batch 5/5, done (4.0 s)\n")
+
+
+def test_a_short_calibration_shows_nothing_at_all():
+    clock, stream = FakeClock(), Terminal()
+    progress = progress_line(stream, delay=2.0, clock=clock)
+    progress.update("batch 1/2")
+    clock.now = 1.0
+    progress.update("batch 2/2")
+    progress.done("batch 2/2, done")
+    assert stream.getvalue() == ""
 
 
 def test_progress_without_a_terminal_logs(caplog):
     clock, stream = FakeClock(), io.StringIO()
-    progress = _Progress(None, stream=stream, delay=1.0, every=10.0, clock=clock)
+    progress = progress_line(stream, delay=1.0, clock=clock)
     with caplog.at_level(logging.INFO, logger="mixprec.calibrate.statistics"):
         clock.now = 1.5
-        progress.update(7)
-        progress.finish(8)
+        progress.update("batch 7")
+        clock.now = 5.0
+        progress.update("batch 8")  # logged at most every ten seconds
+        progress.done("batch 9, done")
     assert stream.getvalue() == ""
     assert [r.getMessage() for r in caplog.records] == [
         "mixprec: calibrating, batch 7 (2 s)",
-        "mixprec: calibrating, batch 8 (2 s), done",
+        "mixprec: calibrating, batch 9, done (5.0 s)",
     ]
 
 

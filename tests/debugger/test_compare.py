@@ -9,7 +9,7 @@ from models import ConvNet
 import mixprec
 from mixprec.debugger import compare_programs, fp32_reference
 from mixprec.debugger.compare import _stats
-from mixprec.ir.diagnose import flat_user_inputs
+from mixprec.ir.call_signature import flat_user_inputs
 
 
 class _InPlace(torch.nn.Module):

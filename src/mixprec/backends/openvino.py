@@ -136,7 +136,7 @@ class OpenVINORunner(torch.nn.Module):
         self._idle.put(self._compiled.create_infer_request())
 
     def forward(self, *args, **kwargs):
-        from ..ir.diagnose import flat_user_inputs
+        from ..ir.call_signature import flat_user_inputs
 
         leaves = flat_user_inputs(self._program, args, kwargs)
         tensors = [t for t in leaves if isinstance(t, torch.Tensor)]

@@ -13,16 +13,10 @@ from collections.abc import Collection, Iterable
 
 from ..errors import CalibrationError
 from ..ir.work_program import WorkProgram
+from .batches import calibration_batches  # noqa: F401  (int8 ranges are calibrated on these batches)
 from .statistics import Calibration, collect
 
 Range = tuple[float, float]
-
-
-def calibration_batches(loader, example_inputs: tuple) -> Iterable[tuple]:
-    """The batches to calibrate on: the loader's (a batch may be a tuple, a list or one tensor), else the example."""
-    if loader is None:
-        return [tuple(example_inputs)]
-    return (tuple(b) if isinstance(b, (tuple, list)) else (b,) for b in loader)
 
 
 def collect_ranges(

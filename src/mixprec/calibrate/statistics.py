@@ -10,7 +10,7 @@ of batches. Intermediate tensors are freed as soon as their last consumer has ru
 The graph that runs is the normalised captured graph, so calibration sees exactly the
 values eager PyTorch computes (``torch.autocast`` regions included, their casts made
 explicit). Batches are calls of the model's forward — tuples of positional inputs, single
-tensors, or dicts keyed by parameter names (HF collators) — with the dtypes and ranks of
+tensors, or dicts keyed by parameter names (HF collators; ``batches.as_call``) — with the dtypes and ranks of
 the example inputs; their batch and sequence sizes may differ from the example inputs and
 between batches: such a batch runs on a graph captured for its sizes
 (``batch_graphs.py``), for statistics only, and the program keeps the shapes it was
@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import sys
 import time
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
@@ -35,7 +34,12 @@ from torch.export.graph_signature import InputKind
 
 from ..dtypes import is_float
 from ..errors import CalibrationError
-from ..ir.work_program import STORED_KINDS, WorkProgram
+from ..ir.runner import GraphRunner, Observer
+from ..ir.work_program import WorkProgram
+from ..progress import Progress
+from .batches import Call, as_call
+
+__all__ = ["Calibration", "Call", "TensorStats", "collect", "progress_line"]
 
 log = logging.getLogger(__name__)
 
@@ -111,14 +115,6 @@ class Calibration:
     first_outputs: tuple | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class Call:
-    """A batch already in the captured call's structure (the example inputs)."""
-
-    args: tuple
-    kwargs: dict = dataclasses.field(default_factory=dict)
-
-
 def collect(
     work: WorkProgram,
     batches: Iterable,
@@ -138,29 +134,30 @@ def collect(
     Every batch starts from the captured state of buffers the graph writes.
     """
     user_nodes = work.user_input_nodes()
-    fixed = _fixed_inputs(work)
-    interpreter = _StatsInterpreter(work.graph_module, skip=set(fixed))
-    runners: dict[int, tuple] = {}  # id(CalibrationGraph) -> (graph, its interpreter, its fixed inputs)
+    statistics = _Statistics(work)
+    runner = GraphRunner(work, observers=[statistics])
+    runners: dict[int, tuple] = {}  # id(CalibrationGraph) -> (graph, its runner, its statistics)
     total = _length(batches)
-    progress = _Progress(total, stream=progress_stream)
+    of = f"/{total}" if total else ""
+    progress = progress_line(progress_stream)
     count = 0
     first_outputs = None
     with torch.no_grad():
         for index, batch in enumerate(batches):
             args, kwargs = _as_call(batch, index, signature)
             tensors = _fit(args, kwargs, user_nodes, index, resizable=other_shapes is not None)
-            target, run, inputs = work, interpreter, fixed
+            target, run = work, runner
             if tensors is None:  # sizes the captured graph does not take: a graph captured for them
                 graph = _other_graph(other_shapes, args, kwargs, index, user_nodes)
                 if id(graph) not in runners:
-                    graph_fixed = _fixed_inputs(graph.work)
-                    runners[id(graph)] = (graph, _StatsInterpreter(graph.work.graph_module, skip=set(graph_fixed)), graph_fixed)
-                graph, run, inputs = runners[id(graph)]
+                    graph_statistics = _Statistics(graph.work)
+                    runners[id(graph)] = (graph, GraphRunner(graph.work, observers=[graph_statistics]), graph_statistics)
+                graph, run, _ = runners[id(graph)]
                 target = graph.work
                 tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
             target.reset_state()
             try:
-                outputs = run.run(*_arguments(target, inputs, tensors), enable_io_processing=False)
+                outputs = run.run(tensors)
             except Exception as e:  # a kernel rejected the data: say which batch, keep torch's reason
                 raise CalibrationError(
                     f"calibration batch {index} fits the captured input shapes but the model fails on it: "
@@ -169,19 +166,19 @@ def collect(
             finally:
                 target.reset_state()
             if keep_first_outputs and index == 0 and target is work:
-                first_outputs = tuple(_user_outputs(work, outputs))
+                first_outputs = tuple(outputs)
             count += 1
-            progress.update(count)
+            progress.update(f"batch {count}{of}")
             del tensors, batch, outputs, args, kwargs
-    progress.finish(count)
+    progress.done(f"batch {count}{of}, done")
     if count == 0:
         raise CalibrationError(
             "the calibration dataloader yielded no batches; pass an iterable with at least one batch of model "
             "inputs, or leave autocast_calibration_dataloader=None to calibrate on the example inputs."
         )
-    stats = dict(interpreter.stats)
-    for graph, run, _ in runners.values():
-        _merge_mapped(stats, run.stats, graph.names, work)
+    stats = dict(statistics.stats)
+    for graph, _, graph_statistics in runners.values():
+        _merge_mapped(stats, graph_statistics.stats, graph.names, work)
     return Calibration(MappingProxyType(stats), count, first_outputs)
 
 
@@ -229,23 +226,12 @@ def _as_call(batch, index: int, signature) -> tuple[tuple, dict]:
     """A batch as (args, kwargs) in the captured call's structure."""
     if isinstance(batch, Call):
         return tuple(batch.args), dict(batch.kwargs)
-    if isinstance(batch, torch.Tensor):
-        args, kwargs = (batch,), {}
-    elif isinstance(batch, (tuple, list)):
-        args, kwargs = tuple(batch), {}
-    elif isinstance(batch, Mapping) and all(isinstance(k, str) for k in batch):
-        if signature is None:
-            raise CalibrationError(
-                f"calibration batch {index} is a dict, and the names of this program's inputs are not known; pass "
-                "tuples of the model's positional inputs instead."
-            )
-        args, kwargs = (), dict(batch)
-    else:
+    if signature is None and isinstance(batch, Mapping) and all(isinstance(k, str) for k in batch):
         raise CalibrationError(
-            f"calibration batch {index} is a {type(batch).__name__}; each batch must be a tuple or list of the "
-            "model's positional inputs, a single tensor for a one-input model, or a dict keyed by forward's "
-            "parameter names (what transformers' collators yield)."
+            f"calibration batch {index} is a dict, and the names of this program's inputs are not known; pass "
+            "tuples of the model's positional inputs instead."
         )
+    args, kwargs = as_call(batch, f"calibration batch {index}", error=CalibrationError)
     if signature is None:
         return args, kwargs
     if isinstance(batch, (tuple, list)) and len(args) > len(signature.positional) and not signature.keywords:
@@ -253,48 +239,29 @@ def _as_call(batch, index: int, signature) -> tuple[tuple, dict]:
     return signature.arrange(args, kwargs, error=CalibrationError, where=f"calibration batch {index}")
 
 
-def _user_outputs(work: WorkProgram, outputs) -> list:
-    from torch.export.graph_signature import OutputKind
+class _Statistics(Observer):
+    """Folds every float value of the graph (inputs included) into per-node statistics, batch after batch."""
 
-    return [value for spec, value in zip(work.output_specs, outputs) if spec.kind == OutputKind.USER_OUTPUT]
-
-
-def _fixed_inputs(work: WorkProgram) -> dict[str, object]:
-    """Values of the placeholders that are not user inputs (parameters, buffers, constants, objects)."""
-    fixed = {}
-    for node in work.placeholders():
-        spec = work.input_spec_of(node)
-        if spec is None:
-            spec = next((s for s in work.input_specs if getattr(s.arg, "name", None) == node.name), None)
-        if spec is None or spec.kind == InputKind.USER_INPUT:
-            continue
-        fixed[node.name] = work.stored_tensor(spec) if spec.kind in STORED_KINDS else work.constants.get(spec.target)
-    return fixed
-
-
-def _arguments(work: WorkProgram, fixed: dict, user_tensors: list) -> list:
-    """One value per placeholder, in graph order."""
-    users = iter(user_tensors)
-    return [fixed[n.name] if n.name in fixed else next(users) for n in work.placeholders()]
-
-
-class _StatsInterpreter(torch.fx.Interpreter):
-    """Runs the graph node by node and folds every float result into per-node statistics."""
-
-    def __init__(self, gm: torch.fx.GraphModule, skip: set[str]):
-        super().__init__(gm, garbage_collect_values=True)
+    def __init__(self, work: WorkProgram):
         self.stats: dict[str, TensorStats] = {}
-        self.skip = skip  # stored tensors: their range is known without data (the constant-range rule reads them)
+        # stored tensors: their range is known without data (the constant-range rule reads them)
+        self.skip = {n.name for n in work.placeholders() if _is_stored(work, n)}
 
-    def run_node(self, n: torch.fx.Node):
-        result = super().run_node(n)
-        if n.op in ("placeholder", "call_function") and n.name not in self.skip:
-            floats = [t for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor) and is_float(t.dtype)]
-            if floats:
-                new = TensorStats.of(floats)
-                old = self.stats.get(n.name)
-                self.stats[n.name] = new if old is None else old.merge(new)
-        return result
+    def after(self, node: torch.fx.Node, value) -> None:
+        if node.op not in ("placeholder", "call_function") or node.name in self.skip:
+            return
+        floats = [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor) and is_float(t.dtype)]
+        if floats:
+            new = TensorStats.of(floats)
+            old = self.stats.get(node.name)
+            self.stats[node.name] = new if old is None else old.merge(new)
+
+
+def _is_stored(work: WorkProgram, node: torch.fx.Node) -> bool:
+    spec = work.input_spec_of(node)
+    if spec is None:
+        spec = next((s for s in work.input_specs if getattr(s.arg, "name", None) == node.name), None)
+    return spec is not None and spec.kind != InputKind.USER_INPUT
 
 
 def _fit(args, kwargs, user_nodes: list[torch.fx.Node], index: int, *, resizable: bool = False) -> list[torch.Tensor] | None:
@@ -363,50 +330,9 @@ def _length(batches) -> int | None:
         return None
 
 
-class _Progress:
-    """Progress of a long calibration: a self-updating line on a terminal, else log lines.
-
-    Nothing is shown for calibrations shorter than ``delay`` seconds, so quick compiles stay quiet.
-    """
-
-    def __init__(self, total: int | None, *, stream=None, delay: float = 2.0, every: float = 10.0, clock=time.monotonic):
-        self.total = total
-        self.stream = stream if stream is not None else sys.stderr
-        self.delay = delay
-        self.every = every
-        self.clock = clock
-        self.start = clock()
-        self.last = None
-        self.shown = False
-
-    def _tty(self) -> bool:
-        isatty = getattr(self.stream, "isatty", None)
-        return bool(isatty and isatty())
-
-    def _text(self, count: int) -> str:
-        of = f"/{self.total}" if self.total else ""
-        return f"mixprec: calibrating, batch {count}{of} ({self.clock() - self.start:.0f} s)"
-
-    def update(self, count: int) -> None:
-        now = self.clock()
-        if now - self.start < self.delay:
-            return
-        tty = self._tty()
-        if self.last is not None and now - self.last < (0.5 if tty else self.every):
-            return
-        self.last = now
-        self.shown = True
-        if tty:
-            self.stream.write("\r" + self._text(count))
-            self.stream.flush()
-        else:
-            log.info(self._text(count))
-
-    def finish(self, count: int) -> None:
-        if not self.shown:
-            return
-        if self._tty():
-            self.stream.write("\r" + self._text(count) + "\n")
-            self.stream.flush()
-        else:
-            log.info(self._text(count) + ", done")
+def progress_line(stream=None, *, delay: float = 2.0, clock=time.monotonic) -> Progress:
+    """The progress of a long calibration: a self-updating line on a terminal, else log lines every ten
+    seconds; nothing for calibrations shorter than ``delay`` seconds, so quick compiles stay quiet."""
+    return Progress(
+        stream=stream, prefix="mixprec: calibrating, ", log=log, every=10.0, delay=delay, redraw_every=0.5, clock=clock
+    )

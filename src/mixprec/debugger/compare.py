@@ -2,11 +2,12 @@
 
 Both programs are rewrites of the same normalised capture, so their layers appear in the same
 order and keep their names; the rewrite only adds casts (and fp32-accumulation wrappers)
-around them. The mixed program runs node by node (``interpret.GraphRunner``); when it
-produces a layer's value, the reference is advanced just until it produced the same layer, the
-two values are compared in fp64 (``numerics.ErrorStats``), and only the statistics are kept. Each runner drops values
-after their last use, so the memory held is two live sets and one pair of layer outputs —
-never every intermediate of both programs.
+around them. The mixed program runs on the graph runner (``ir/runner.py``) with a lockstep
+observer: when it produces a layer's value, the reference (stepped by its own runner) is advanced
+just until it produced the same layer, the two values are compared in fp64
+(``numerics.ErrorStats``), and only the statistics are kept. Each runner drops values after their
+last use, so the memory held is two live sets and one pair of layer outputs — never every
+intermediate of both programs.
 
 This is the machinery ``mixprec.debug`` builds on; a precision search can reuse it to measure
 per-layer sensitivity of many candidate programs against one reference.
@@ -20,13 +21,11 @@ from collections.abc import Iterable
 import torch
 import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
-from torch.export.graph_signature import OutputKind
 
 from ..dtypes import is_float
 from ..errors import InvariantError
-from ..ir.diagnose import describe
-from ..ir.graph_info import META_ACC, META_ROLE, GraphInfo
-from ..ir.runner import GraphRunner, lifted_inputs
+from ..ir.graph_info import META_ACC, META_ROLE, GraphInfo, describe
+from ..ir.runner import GraphRunner, Observer
 from ..output.numerics import ErrorStats, float_leaves, output_errors
 from ..plan.precision_plan import PrecisionPlan
 from ..rewrite.casting import is_mixprec_cast, origin_name
@@ -49,10 +48,8 @@ def compare_programs(
     ``layers`` restricts the comparison (default: every compute layer and cast of ``info`` that is
     in both programs). ``user_values`` are the flat user inputs; each program gets its own clone.
     """
-    ref_runner = _runner(reference, user_values)
-    mix_runner = _runner(mixed, user_values)
-    ref_nodes = {n.name for n in ref_runner.nodes}
-    mix_nodes = {n.name: n for n in mix_runner.nodes}
+    ref_nodes = {n.name for n in reference.graph.nodes}
+    mix_nodes = {n.name: n for n in mixed.graph.nodes}
     wanted = set(layers) if layers is not None else {n for n, node in info.items() if node.kind in _COMPARED_KINDS}
     wanted &= ref_nodes & set(mix_nodes)
     # the value a layer's consumers see: after its rounding cast when it accumulates in fp32
@@ -64,90 +61,92 @@ def compare_programs(
             node = rounding[0] if rounding else node
         target[node.name] = name
 
-    reference_values = _Reference(ref_runner, reference, wanted)
-    overflowed: dict[str, str] = {}  # mixprec cast node -> origin of the value that overflowed in it
-    errors: dict[str, float] = {}
-    records: list[LayerComparison] = []
-    mixed_out = None
-    for node in mix_runner.nodes:
-        if node.op == "output":
-            mixed_out = _user_outputs(mixed, mix_runner.inputs(node)[0][0])
-        source = mix_runner.inputs(node)[0][0] if is_mixprec_cast(node) else None
-        value = _run(mix_runner, node, "the mixed program")
-        if source is not None and _overflows(source, value):
-            overflowed[node.name] = origin_name(node)
-        name = target.get(node.name)
-        if name is None:
-            continue
-        expected = reference_values.get(name)
-        stats = _stats(name, value, expected)
-        if stats is None:
-            continue
-        input_error = _input_error(name, info, errors)
-        errors[name] = stats["rel_l2_error"]
-        records.append(
-            _record(name, info[name], plan.get(name), stats, input_error, _overflowed_inputs(mix_nodes[name], overflowed))
-        )
+    reference_values = _Reference(reference, _clones(user_values), wanted)
+    lockstep = _Lockstep(reference_values, target, info, plan, mix_nodes)
+    mixed_out = GraphRunner(mixed, observers=[_NamesLayer("the mixed program"), lockstep]).run(_clones(user_values))
     ref_out = reference_values.finish()
-    outputs = output_errors(mixed_out, ref_out) if mixed_out is not None and ref_out is not None else {}
-    return records, outputs
+    return lockstep.records, output_errors(mixed_out, ref_out)
+
+
+class _Lockstep(Observer):
+    """Observes the mixed program: each layer it produces is compared with the reference's value of it."""
+
+    def __init__(self, reference: "_Reference", target: dict, info: GraphInfo, plan: PrecisionPlan, mix_nodes: dict):
+        self._reference = reference
+        self._target = target  # mixed node whose value is compared -> layer name
+        self._info = info
+        self._plan = plan
+        self._mix_nodes = mix_nodes
+        self._source = None  # the value a mixprec cast is about to convert
+        self._overflowed: dict[str, str] = {}  # mixprec cast node -> origin of the value that overflowed in it
+        self._errors: dict[str, float] = {}
+        self.records: list[LayerComparison] = []
+
+    def before(self, node, args, kwargs) -> None:
+        self._source = args[0] if is_mixprec_cast(node) else None
+
+    def after(self, node, value) -> None:
+        source, self._source = self._source, None
+        if source is not None and _overflows(source, value):
+            self._overflowed[node.name] = origin_name(node)
+        name = self._target.get(node.name)
+        if name is None:
+            return
+        stats = _stats(name, value, self._reference.get(name))
+        if stats is None:
+            return
+        input_error = _input_error(name, self._info, self._errors)
+        self._errors[name] = stats["rel_l2_error"]
+        overflowed = _overflowed_inputs(self._mix_nodes[name], self._overflowed)
+        self.records.append(_record(name, self._info[name], self._plan.get(name), stats, input_error, overflowed))
 
 
 class _Reference:
     """The reference program, advanced only as far as the mixed program needs."""
 
-    def __init__(self, runner: GraphRunner, program: ExportedProgram, wanted: set[str]):
-        self._runner = runner
-        self._program = program
-        self._nodes = iter(runner.nodes)
+    def __init__(self, program: ExportedProgram, user_values: list, wanted: set[str]):
+        self._steps = GraphRunner(program, observers=[_NamesLayer("the fp32 reference")]).steps(user_values)
         self._wanted = wanted
         self._pending: dict[str, object] = {}
         self.outputs = None
 
     def get(self, name: str):
         while name not in self._pending:
-            node = next(self._nodes, None)
-            if node is None:
+            step = next(self._steps, None)
+            if step is None:
                 raise InvariantError(f"layer '{name}' of the mixed program never ran in the fp32 reference")
-            self._step(node, keep=name)
+            self._keep(*step, keep=name)
         return self._pending.pop(name)
 
     def finish(self):
-        for node in self._nodes:
-            self._step(node, keep=None)
+        for node, value in self._steps:
+            self._keep(node, value, keep=None)
         return self.outputs
 
-    def _step(self, node, keep):
+    def _keep(self, node, value, keep):
         if node.op == "output":
-            self.outputs = _user_outputs(self._program, self._runner.inputs(node)[0][0])
-        value = _run(self._runner, node, "the fp32 reference")
-        if node.name in self._wanted:
+            self.outputs = value
+        elif node.name in self._wanted:
             # a value held while the reference runs on may be overwritten by an in-place op: copy it
             self._pending[node.name] = value if node.name == keep else pytree.tree_map(_clone, value)
 
 
-def _runner(program: ExportedProgram, user_values) -> GraphRunner:
-    values = [_clone(v) for v in user_values]  # a program that writes into its inputs must not touch the other's
-    return GraphRunner(
-        program.graph_module,
-        lifted_inputs(program.graph_signature.input_specs, program.state_dict, program.constants, values),
-    )
+class _NamesLayer(Observer):
+    """A kernel's error while a program runs, as an InvariantError naming the layer."""
+
+    def __init__(self, what: str):
+        self._what = what
+
+    def failed(self, node, error) -> None:
+        raise InvariantError(f"{self._what} fails at {describe(node)}: {error}") from error
+
+
+def _clones(user_values) -> list:
+    return [_clone(v) for v in user_values]  # a program that writes into its inputs must not touch the other's
 
 
 def _clone(value):
     return value.clone() if isinstance(value, torch.Tensor) else value
-
-
-def _run(runner: GraphRunner, node, what: str):
-    try:
-        return runner.run(node)
-    except Exception as e:  # a kernel's error: say which layer
-        raise InvariantError(f"{what} fails at {describe(node)}: {e}") from e
-
-
-def _user_outputs(program: ExportedProgram, values) -> list:
-    specs = program.graph_signature.output_specs
-    return [v for spec, v in zip(specs, values) if spec.kind == OutputKind.USER_OUTPUT]
 
 
 def _stats(name: str, value, expected) -> dict | None:

@@ -23,6 +23,7 @@ import inspect
 from collections.abc import Mapping
 
 import torch
+import torch.utils._pytree as pytree
 
 from ..errors import InputMismatchError
 
@@ -158,3 +159,14 @@ def arrange_or_pass(signature: CallSignature | None, args: tuple, kwargs: Mappin
     if signature is None:
         return tuple(args), dict(kwargs)
     return signature.arrange(args, kwargs, **options)
+
+
+def flat_user_inputs(program, args: tuple, kwargs: dict) -> list:
+    """The user inputs of an ExportedProgram as its placeholders take them (keyword order of the capture)."""
+    in_spec = program.call_spec.in_spec
+    if in_spec is not None and kwargs and in_spec.num_children == 2:
+        kwargs_spec = in_spec.child(1) if hasattr(in_spec, "child") else in_spec.children_specs[1]
+        keys = kwargs_spec.context
+        if set(keys) == set(kwargs):
+            kwargs = {k: kwargs[k] for k in keys}
+    return pytree.tree_leaves((args, kwargs))

@@ -127,6 +127,14 @@ def module_of(node: torch.fx.Node) -> tuple[str, str]:
     return _clean_path(path), str(mtype)
 
 
+def describe(node: torch.fx.Node | None) -> str:
+    """A node named for an error message: its name, op and module path."""
+    if node is None:
+        return "an unknown layer"
+    module, _ = module_of(node)
+    return f"layer '{node.name}' ({node.target}, module '{module or '(top level)'}')"
+
+
 def _clean_path(path: str) -> str:
     # torch may spell paths as "L['self'].encoder.layers[0]" in some versions; normalise to "encoder.layers.0"
     path = path.replace("L['self'].", "").replace("L['self']", "")

@@ -15,7 +15,7 @@ import torch
 from torch.export.graph_signature import InputKind
 
 from ..errors import InputMismatchError
-from .diagnose import flat_user_inputs
+from .call_signature import flat_user_inputs
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,28 +1,62 @@
-"""Running a lifted program one node at a time: the engine of the debugger and of weak-typing timing.
+"""The one graph runner: runs a lifted program node by node and tells its observers what happens.
 
-``torch.fx.Interpreter.run`` runs a whole graph and hands back its outputs. mixprec needs to stop at
-every node: the debugger compares each layer of two programs while they run, weak typing times each
-layer on its real inputs. :class:`GraphRunner` feeds the placeholders of a lifted graph from the
-program's signature (parameters, buffers, constants, user inputs), runs one node per call and drops
-every value after its last use. The memory it holds is the program's live set, as in eager
-execution — never every intermediate tensor of a big model.
+mixprec runs graphs for several reasons: calibration folds every node's value into statistics,
+weak typing times each layer on its real inputs, the debugger compares each layer of two programs
+while they run, the compiler names the layer where a program fails, and the report needs the user
+outputs of the fp32 reference. All of them need the same three things, written once here:
+
+* **feeding** a lifted graph's placeholders from the program's signature (parameters, buffers,
+  constants, custom objects from the program's state; user inputs from the call), for a
+  ``WorkProgram`` and an ``ExportedProgram`` alike;
+* **freeing** each value after the last node that reads it, so the memory held is the program's
+  live set, as in eager execution — never every intermediate tensor of a big model;
+* **user outputs**: the output node's values whose spec is ``USER_OUTPUT`` (not the buffer
+  mutations a functional graph also returns).
+
+What differs between the uses is an :class:`Observer`: ``before(node, args, kwargs)`` sees the
+values a node is about to read, ``after(node, value)`` the value it produced (for the output node:
+the flat user outputs), ``failed(node, error)`` the node whose kernel raised (it may raise an error
+of its own, e.g. one that names the layer). An observer that needs a value later keeps a reference
+to it, or a clone when a later in-place op could overwrite it; the runner keeps nothing for it.
+
+Use::
+
+    outputs = GraphRunner(program, observers=[stats]).run(user_values)   # flat user outputs
+    for node, value in GraphRunner(program).steps(user_values): ...      # one node at a time
+
+The runner never changes the program's state itself; resetting buffers a graph writes
+(``WorkProgram.reset_state``) is the caller's business.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
-from torch.export.graph_signature import InputKind
+from torch.export.graph_signature import InputKind, OutputKind
 
 from ..errors import UnsupportedModelError
+from .call_signature import flat_user_inputs
+
+
+class Observer:
+    """Hooks of a run: subclass it and override the hooks you need (the others cost nothing)."""
+
+    def before(self, node: torch.fx.Node, args: tuple, kwargs: dict) -> None:
+        """``node`` is about to run on these values (not called for placeholders and the output node)."""
+
+    def after(self, node: torch.fx.Node, value: Any) -> None:
+        """``node`` produced ``value`` (a placeholder: its input; the output node: the flat user outputs)."""
+
+    def failed(self, node: torch.fx.Node, error: BaseException) -> None:
+        """``node``'s kernel raised ``error``; the runner re-raises it unless this raises first."""
 
 
 def lifted_inputs(input_specs, state_dict: Mapping, constants: Mapping, user_values: Iterable) -> dict[str, Any]:
     """Placeholder name -> value for a lifted graph, from its input specs and state.
 
-    ``user_values`` are the flat user inputs in placeholder order (``diagnose.flat_user_inputs``).
+    ``user_values`` are the flat user inputs in placeholder order (``call_signature.flat_user_inputs``).
     Works for an ExportedProgram (``graph_signature.input_specs``) and a WorkProgram alike.
     """
     users = iter(user_values)
@@ -44,41 +78,32 @@ def lifted_inputs(input_specs, state_dict: Mapping, constants: Mapping, user_val
         else:
             raise UnsupportedModelError(
                 f"mixprec cannot run a program input of kind {spec.kind.name} ('{name}') node by node; "
-                "the debugger and weak typing support parameters, buffers, constants and user inputs."
+                "it runs programs whose inputs are parameters, buffers, constants and user inputs."
             )
     return values
 
 
-def run_user_outputs(work, user_values: Iterable) -> list:
-    """Run a WorkProgram's graph once on flat user inputs; its user outputs, flat, in order.
-
-    For programs mixprec runs only once (the fp32 reference of the report's error): no
-    ExportedProgram, unlifted module or generated code is made for them.
-    """
-    from torch.export.graph_signature import OutputKind
-
-    values = lifted_inputs(work.input_specs, work.state_dict, work.constants, user_values)
-    placeholders = [values[n.name] for n in work.graph.nodes if n.op == "placeholder"]
-    outputs = torch.fx.Interpreter(work.root, graph=work.graph).run(*placeholders)
-    return [value for spec, value in zip(work.output_specs, outputs) if spec.kind == OutputKind.USER_OUTPUT]
-
-
 class GraphRunner:
-    """Run a lifted graph node by node; a value lives until the last node that reads it has run.
+    """Runs one program (a ``WorkProgram`` or an ``ExportedProgram``) as often as asked, node by node.
 
-    Use::
-
-        runner = GraphRunner(graph_module, lifted_inputs(...))
-        for node in runner.nodes:
-            args, kwargs = runner.inputs(node)   # optional: the values the node is about to read
-            value = runner.run(node)
+    What does not depend on the inputs (the order of nodes, when each value dies, the specs) is worked
+    out once, so a runner can run many batches (calibration), one run at a time.
     """
 
-    def __init__(self, graph_module: torch.fx.GraphModule, placeholder_values: Mapping[str, Any]):
-        self._interpreter = torch.fx.Interpreter(graph_module, garbage_collect_values=False)
-        self._interpreter.env = {}
-        self._placeholders = placeholder_values
-        self.nodes = list(graph_module.graph.nodes)
+    def __init__(self, program, *, observers: Sequence[Observer] = ()):
+        if isinstance(program, torch.export.ExportedProgram):
+            root, graph = program.graph_module, program.graph
+            self._input_specs = program.graph_signature.input_specs
+            self._output_specs = program.graph_signature.output_specs
+        else:  # a WorkProgram: its root and graph, without generating a GraphModule's code
+            root, graph = program.root, program.graph
+            self._input_specs, self._output_specs = program.input_specs, program.output_specs
+        self._program = program
+        self._interpreter = torch.fx.Interpreter(root, garbage_collect_values=False, graph=graph)
+        self.nodes: list[torch.fx.Node] = list(graph.nodes)
+        self.observers = tuple(observers)
+        self._watch_before = [o for o in self.observers if type(o).before is not Observer.before]
+        self._watch_failed = [o for o in self.observers if type(o).failed is not Observer.failed]
         last_user: dict[torch.fx.Node, torch.fx.Node] = {}
         for node in reversed(self.nodes):
             for inp in node.all_input_nodes:
@@ -86,26 +111,83 @@ class GraphRunner:
         self._frees_after: dict[torch.fx.Node, list[torch.fx.Node]] = {}
         for value, user in last_user.items():
             self._frees_after.setdefault(user, []).append(value)
+        self.env: dict[torch.fx.Node, Any] = {}  # the live values of the run in progress
 
-    @property
-    def env(self) -> dict:
-        return self._interpreter.env
+    def run(self, user_values: Iterable) -> list:
+        """Run the whole program on flat user inputs; its user outputs, flat, in order."""
+        outputs: list = []
+        for node, value in self.steps(user_values):
+            if node.op == "output":
+                outputs = value
+        return outputs
 
-    def inputs(self, node: torch.fx.Node) -> tuple[tuple, dict]:
-        """The concrete args and kwargs ``node`` will be called with."""
-        return self._interpreter.fetch_args_kwargs_from_env(node)
+    def steps(self, user_values: Iterable) -> Iterator[tuple[torch.fx.Node, Any]]:
+        """Run node by node, yielding each node and its value once the observers have seen it.
 
-    def run(self, node: torch.fx.Node) -> Any:
-        """Run one node (in graph order), keep its value for its users, drop values nothing reads any more."""
-        env = self._interpreter.env
-        if node.op == "placeholder":
-            value = self._placeholders[node.name]
-        elif node.op == "output":
-            value = None
-        else:
-            value = self._interpreter.run_node(node)
-        if node.users:
-            env[node] = value
-        for dead in self._frees_after.get(node, ()):
-            env.pop(dead, None)
-        return value
+        The output node's value is the list of user outputs. A value stays alive until the last node
+        that reads it has run (or for as long as the caller or an observer holds it)."""
+        state = self._program
+        placeholders = lifted_inputs(self._input_specs, state.state_dict, state.constants, user_values)
+        env = self.env = {}
+        self._interpreter.env = env
+        try:
+            for node in self.nodes:
+                if node.op == "placeholder":
+                    value = placeholders.pop(node.name)
+                elif node.op == "output":
+                    values = self._interpreter.fetch_args_kwargs_from_env(node)[0][0]
+                    value = [v for spec, v in zip(self._output_specs, values) if spec.kind == OutputKind.USER_OUTPUT]
+                else:
+                    value = self._run_node(node)
+                if node.users:
+                    env[node] = value
+                for dead in self._frees_after.get(node, ()):
+                    env.pop(dead, None)
+                for observer in self.observers:
+                    observer.after(node, value)
+                yield node, value
+                del value
+        finally:
+            env.clear()
+
+    def _run_node(self, node: torch.fx.Node) -> Any:
+        if self._watch_before:
+            args, kwargs = self._interpreter.fetch_args_kwargs_from_env(node)
+            for observer in self._watch_before:
+                observer.before(node, args, kwargs)
+            del args, kwargs
+        try:
+            return self._interpreter.run_node(node)
+        except Exception as error:
+            for observer in self._watch_failed:
+                observer.failed(node, error)
+            raise
+
+
+def run_user_outputs(program, user_values: Iterable) -> list:
+    """Run a program once on flat user inputs; its user outputs, flat, in order.
+
+    For programs mixprec runs only once (the fp32 reference of the report's error): no
+    ExportedProgram, unlifted module or generated code is made for a WorkProgram.
+    """
+    return GraphRunner(program).run(user_values)
+
+
+class _Locating(Observer):
+    node: torch.fx.Node | None = None
+    error: BaseException | None = None
+
+    def failed(self, node, error):
+        self.node, self.error = node, error
+
+
+def failing_node(program, args: tuple, kwargs: dict) -> tuple[torch.fx.Node | None, BaseException | None]:
+    """Run ``program`` (an ExportedProgram) on a call's inputs; the first node whose kernel raises, and its
+    error. ``(None, error)`` when it fails before any node runs (inputs that do not fit), ``(None, None)``
+    when it runs."""
+    locating = _Locating()
+    try:
+        GraphRunner(program, observers=[locating]).run(flat_user_inputs(program, args, kwargs))
+    except Exception as e:  # any error a kernel raises is what we are looking for
+        return locating.node, locating.error if locating.node is not None else e
+    return None, None

@@ -18,6 +18,13 @@ the pass that just ran.
 6. (``meta``, ``deep=True``) the dtypes in node meta are the dtypes the ops really produce:
    the graph is re-run on fake tensors and every tensor's dtype compared.
 
+The fake-tensor re-run is its own loop, not an observer of the graph runner (``ir/runner.py``):
+it is propagation of meta values, not a run of the program. It feeds placeholders from their
+``meta["val"]`` inside the capture's fake mode (the runner feeds real state from the signature),
+calls only ``call_function`` targets (a real ``get_attr`` tensor must not enter the fake mode),
+needs no freeing (fake tensors hold no memory) and no user outputs. None of the runner's three
+services would be used; only its ten-line node loop would be shared.
+
 Raises :class:`InvariantError` (a mixprec bug, not a user error) naming the node.
 """
 

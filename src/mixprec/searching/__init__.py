@@ -23,6 +23,7 @@ import warnings
 import torch
 import torch.utils._pytree as pytree
 
+from ..calibrate.batches import batch_list
 from ..dtypes import dtype_name
 from ..errors import ConfigError, MixedPrecisionWarning
 from ..ir.capture import as_input_tuple
@@ -33,7 +34,7 @@ from .budget import Choice, choose
 from .cache import DEFAULT_CACHE, SearchCache, study_key
 from .groups import low_flops_fraction
 from .metrics import Accuracy
-from .options import SearchOptions, batches_of
+from .options import SearchOptions
 from .result import GroupSensitivity, ParetoPoint, SearchResult
 from .sensitivity import Study, build_study
 
@@ -108,8 +109,8 @@ def search(
             MixedPrecisionWarning,
             stacklevel=2,
         )
-    eval_batches = batches_of(eval_dataloader, "eval_dataloader") if eval_dataloader is not None else [args]
-    calibration = batches_of(calibration_dataloader, "calibration_dataloader") if calibration_dataloader is not None else None
+    eval_batches = batch_list(eval_dataloader, "eval_dataloader") if eval_dataloader is not None else [args]
+    calibration = batch_list(calibration_dataloader, "calibration_dataloader") if calibration_dataloader is not None else None
     store = _store(cache)
     progress = Progress(stream=progress_stream, prefix="mixprec search: ", log=logging.getLogger("mixprec.search"))
 

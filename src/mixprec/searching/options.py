@@ -5,9 +5,9 @@ Budgets: exactly one of ``tolerance`` (the largest metric value the chosen plan 
 With neither, the default metric gets ``DEFAULT_TOLERANCE``; a user metric has units only the
 user knows, so it must come with one of them.
 
-Data: the eval and calibration loaders are read once into lists of input tuples, because
-every trial runs on the same eval batches (a generator could be read only once) and the
-cache fingerprints them.
+Data: the eval and calibration loaders are read once into lists of input tuples
+(``calibrate.batches.batch_list``), because every trial runs on the same eval batches (a
+generator could be read only once) and the cache fingerprints them.
 """
 
 from __future__ import annotations
@@ -91,32 +91,3 @@ def _number(value, name: str, example: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ConfigError(f"{name} must be a finite number ({example}), got {value!r}.")
     return float(value)
-
-
-def batches_of(loader, what: str) -> list[tuple]:
-    """Every batch of ``loader`` as the tuple of forward's positional arguments."""
-    if isinstance(loader, torch.Tensor) or isinstance(loader, (str, bytes)):
-        raise ConfigError(
-            f"{what} must be an iterable of input tuples (a list of tuples or a torch DataLoader), got "
-            f"{type(loader).__name__}; wrap one batch as [(x,)]."
-        )
-    try:
-        items = list(loader)
-    except TypeError as e:
-        raise ConfigError(
-            f"{what} must be an iterable of input tuples (a list of tuples or a torch DataLoader), got "
-            f"{type(loader).__name__}."
-        ) from e
-    if not items:
-        raise ConfigError(f"{what} yielded no batches; give at least one tuple of model inputs.")
-    out = []
-    for index, batch in enumerate(items):
-        if isinstance(batch, torch.Tensor):
-            batch = (batch,)
-        if not isinstance(batch, (tuple, list)):
-            raise ConfigError(
-                f"{what} batch {index} is a {type(batch).__name__}; each batch must be a tuple or list of the "
-                "model's positional inputs, or one tensor for a one-input model."
-            )
-        out.append(tuple(batch))
-    return out

@@ -38,7 +38,7 @@ import torch.utils._pytree as pytree
 
 from ..dtypes import dtype_name, is_float
 from ..ir.graph_info import GraphInfo
-from ..ir.runner import GraphRunner, lifted_inputs
+from ..ir.runner import GraphRunner, Observer
 from ..ir.work_program import STORED_KINDS, WorkProgram
 from ..ops.names import op_name, packet_name
 from ..ops.table import CONV_2D_OPS, MATMUL_OPS
@@ -108,7 +108,7 @@ def measure_layers(
 ) -> Timings:
     """Run ``work`` on the example inputs node by node and time ``layers`` in every dtype of ``precisions``.
 
-    ``user_values`` are the flat user inputs (``diagnose.flat_user_inputs``); they are cloned, so a
+    ``user_values`` are the flat user inputs (``call_signature.flat_user_inputs``); they are cloned, so a
     program that writes into its inputs leaves the caller's tensors alone. The global RNG state is
     restored afterwards (re-running random ops must not change what the user's program draws).
     """
@@ -120,33 +120,45 @@ def measure_layers(
     )
     device = _device_of(user_values, work)
     timer = timer or median_timer(warmup=warmup, repeats=repeats, device=device)
-    runner = GraphRunner(work.graph_module, lifted_inputs(work.input_specs, work.state_dict, work.constants, user_values))
-    layer_timings: dict[str, LayerTiming] = {}
-    casts: dict[str, dict] = {}
-    cast_cache: dict[tuple, float] = {}
     # lowered 2-D convolutions make the network channels_last (rewrite/memory_format.py): time it that way
     channels_last = any(info[n].packet in CONV_2D_OPS for n in wanted if n in info)
+    timing = _Timing(info, wanted, stored, precisions, device, timer, channels_last)
     with torch.no_grad(), _restored_rng(device):
-        for node in runner.nodes:
-            if node.name in wanted:
-                args, kwargs = runner.inputs(node)
-                layer_timings[node.name] = _time_layer(
-                    node, args, kwargs, info[node.name].precision, precisions, device, timer, channels_last
-                )
-            value = runner.run(node)
-            if node.name not in stored and isinstance(value, torch.Tensor) and is_float(value.dtype) and node.users:
-                casts[node.name] = _time_casts(value, precisions, timer, cast_cache)
+        GraphRunner(work, observers=[timing]).run(user_values)
     return Timings(
         device=str(device),
         precisions=precisions,
-        layers=MappingProxyType(layer_timings),
-        casts=MappingProxyType(casts),
+        layers=MappingProxyType(timing.layers),
+        casts=MappingProxyType(timing.casts),
         stored=stored,
         user_inputs=tuple(n.name for n in work.user_input_nodes() if isinstance(n.meta.get("val"), torch.Tensor)),
         outputs=tuple(v.name if isinstance(v, torch.fx.Node) else None for _, v in work.user_output_nodes()),
         warmup=warmup,
         repeats=repeats,
     )
+
+
+class _Timing(Observer):
+    """Times each wanted layer right where it runs, on the values it is about to read, and the casts
+    every float value between layers may need."""
+
+    def __init__(self, info: GraphInfo, wanted: set, stored: frozenset, precisions, device, timer, channels_last: bool):
+        self._info, self._wanted, self._stored = info, wanted, stored
+        self._precisions, self._device, self._timer, self._channels_last = precisions, device, timer, channels_last
+        self._cast_cache: dict[tuple, float] = {}
+        self.layers: dict[str, LayerTiming] = {}
+        self.casts: dict[str, Mapping] = {}
+
+    def before(self, node, args, kwargs) -> None:
+        if node.name in self._wanted:
+            self.layers[node.name] = _time_layer(
+                node, args, kwargs, self._info[node.name].precision, self._precisions, self._device, self._timer,
+                self._channels_last,
+            )
+
+    def after(self, node, value) -> None:
+        if node.name not in self._stored and isinstance(value, torch.Tensor) and is_float(value.dtype) and node.users:
+            self.casts[node.name] = _time_casts(value, self._precisions, self._timer, self._cast_cache)
 
 
 def _call(target, args, kwargs, lowered_packet):

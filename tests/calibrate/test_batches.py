@@ -1,0 +1,71 @@
+"""The one batch normaliser: a loader's item as a call of forward, with each boundary's error type."""
+
+import pytest
+import torch
+
+from mixprec.calibrate.batches import Call, as_call, batch_list, calibration_batches
+from mixprec.errors import CalibrationError, ConfigError
+
+X, Y = torch.randn(2, 3), torch.randn(2, 3)
+
+
+@pytest.mark.parametrize(
+    "batch, expected",
+    [
+        (X, ((X,), {})),
+        ((X, Y), ((X, Y), {})),
+        ([X, Y], ((X, Y), {})),
+        ({"x": X, "y": Y}, ((), {"x": X, "y": Y})),
+        (Call((X,), {"y": Y}), ((X,), {"y": Y})),
+    ],
+    ids=["tensor", "tuple", "list", "dict", "call"],
+)
+def test_every_form_becomes_args_and_kwargs(batch, expected):
+    args, kwargs = as_call(batch, "batch 0", error=CalibrationError)
+    assert len(args) == len(expected[0]) and all(a is b for a, b in zip(args, expected[0]))
+    assert kwargs.keys() == expected[1].keys() and all(kwargs[k] is v for k, v in expected[1].items())
+    assert isinstance(args, tuple) and isinstance(kwargs, dict)
+
+
+def test_what_the_user_passed_is_not_changed():
+    batch = [X]
+    mapping = {"x": X}
+    args, _ = as_call(batch, "batch 0", error=CalibrationError)
+    _, kwargs = as_call(mapping, "batch 0", error=CalibrationError)
+    kwargs["y"] = Y
+    assert batch == [X] and mapping == {"x": X}
+
+
+def test_other_forms_raise_the_callers_error_naming_the_batch():
+    with pytest.raises(CalibrationError, match="calibration batch 2 is a int; .*tuple or list.*a dict keyed by"):
+        as_call(3, "calibration batch 2", error=CalibrationError)
+    with pytest.raises(ConfigError, match="eval_dataloader batch 0 is a dict; .*or one tensor for a one-input model"):
+        as_call({"x": X}, "eval_dataloader batch 0", error=ConfigError, keywords=False)
+
+
+def test_calibration_batches_default_to_the_example_inputs():
+    assert calibration_batches(None, (X,)) == [(X,)]
+    batches = list(calibration_batches([X, (X, Y), [Y]], ()))
+    assert [len(b) for b in batches] == [1, 2, 1] and batches[0][0] is X and batches[2][0] is Y
+    with pytest.raises(CalibrationError, match="calibration batch 1 is a dict"):
+        list(calibration_batches([X, {"x": X}], ()))
+
+
+def test_batch_list_reads_the_loader_once_into_tuples():
+    loader = iter([X, (X, Y)])  # a generator can be read only once
+    assert [len(b) for b in batch_list(loader, "eval_dataloader")] == [1, 2]
+
+
+@pytest.mark.parametrize(
+    "loader, message",
+    [
+        (X, "eval_dataloader must be an iterable of input tuples.*got Tensor; wrap one batch"),
+        ("abc", "got str"),
+        (5, "got int"),
+        ([], "yielded no batches"),
+        ([(X,), "x"], "eval_dataloader batch 1 is a str"),
+    ],
+)
+def test_batch_list_refuses_what_is_not_batches(loader, message):
+    with pytest.raises(ConfigError, match=message):
+        batch_list(loader, "eval_dataloader")
