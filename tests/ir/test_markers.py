@@ -117,14 +117,14 @@ class Crossing(nn.Module):
 
 def test_a_start_without_stop_names_its_line():
     line = _line_of(NoStop.forward, "# lone start")
-    with pytest.raises(mixprec.ConfigError, match=rf"start_setting_precision\(float16\) at test_strip_markers.py:{line} "
+    with pytest.raises(mixprec.ConfigError, match=rf"start_setting_precision\(float16\) at test_markers.py:{line} "
                        r"has no stop"):
         _info(NoStop(), (torch.randn(2, 8),))
 
 
 def test_a_stop_without_start_names_its_line():
     line = _line_of(NoStart.forward, "# lone stop")
-    with pytest.raises(mixprec.ConfigError, match=rf"stop_setting_precision at test_strip_markers.py:{line} has no start"):
+    with pytest.raises(mixprec.ConfigError, match=rf"stop_setting_precision at test_markers.py:{line} has no start"):
         _info(NoStart(), (torch.randn(2, 8),))
 
 
@@ -167,4 +167,4 @@ def test_bad_marker_arguments_are_config_errors(start, message):
 def test_marker_positions_name_the_file_and_line_for_compile_too():
     with pytest.raises(mixprec.ConfigError) as caught:
         mixprec.compile(NoStop().eval(), (torch.randn(2, 8),))
-    assert re.search(r"test_strip_markers\.py:\d+", str(caught.value))
+    assert re.search(r"test_markers\.py:\d+", str(caught.value))
