@@ -27,6 +27,7 @@ from collections.abc import Callable
 from types import MappingProxyType
 
 from ..errors import InvariantError
+from ..ir.pass_result import PassResult  # the one result type of graph passes (normalisation's too)
 
 # fact -> what it means; the verifier checks these on the graph
 CHECKED = MappingProxyType(
@@ -51,11 +52,6 @@ ORDERING = MappingProxyType(
 FACTS = frozenset(CHECKED) | frozenset(ORDERING)
 # what holds on a normalised capture before any rewrite pass
 INITIAL_FACTS = frozenset({"structure", "meta"})
-
-
-@dataclasses.dataclass(frozen=True)
-class PassResult:
-    changed: bool
 
 
 @dataclasses.dataclass(frozen=True)
