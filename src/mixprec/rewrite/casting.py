@@ -1,7 +1,8 @@
 """Shared helpers of the rewrite passes: making cast nodes, re-typing meta, the input contract.
 
-``required_input_dtype`` is the one statement of what a layer must receive; the
-cast-insertion pass realises it and the verifier checks it.
+``required_input_dtype`` (plan/input_contract.py, imported here for the passes) is the one
+statement of what a layer must receive; the cast-insertion pass realises it and the verifier
+checks it.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from torch._guards import detect_fake_mode
 
 from .. import dtypes
 from ..dtypes import is_float
-from ..ir.graph_info import META_ORIGIN, META_ROLE, NodeInfo
-from ..plan.precision_plan import NodePrecision
+from ..ir.graph_info import META_ORIGIN, META_ROLE
+from ..plan.input_contract import required_input_dtype  # noqa: F401 (the passes' contract, stated by the plan)
 
 MIXPREC_CAST_ROLES = frozenset({"cast", "param_cast", "acc_cast", "io_cast"})
 
@@ -81,27 +82,6 @@ def origin_name(node: torch.fx.Node) -> str:
     while is_mixprec_cast(node) or node.meta.get(META_ROLE) == "layout":
         node = node.args[0]
     return node.meta.get(META_ORIGIN, node.name)
-
-
-def required_input_dtype(
-    info: NodeInfo | None, decision: NodePrecision | None, input_name: str, current: torch.dtype
-) -> torch.dtype:
-    """The dtype a layer must receive on the input whose captured value is ``input_name``.
-
-    * integer/bool inputs are never cast;
-    * explicit casts accept anything (converting is their job);
-    * a layer whose precision the plan leaves as captured receives exactly what it received when
-      captured (so strong typing reproduces eager PyTorch, mixed-dtype ops included);
-    * a layer whose precision the plan changed receives every float input in its new precision
-      (an int8 layer in float32, the dtype it computes in on dequantized values; which of those
-      inputs are dequantized int8 is the quantize pass's contract, checked by the verifier).
-    """
-    if not is_float(current) or info is None or info.kind == "cast":
-        return current
-    if decision is None or decision.precision == info.precision:
-        captured = info.input_dtypes.get(input_name)
-        return captured if is_float(captured) else current
-    return decision.compute_dtype
 
 
 def cast_target_arg(node: torch.fx.Node) -> torch.dtype | None:
