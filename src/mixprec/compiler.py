@@ -97,7 +97,8 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
         _check_calibration_used(config, info)
         calibration = None
         if config.enable_autocast or calibration_targets(info):
-            reuse = config.enable_autocast and config.autocast_calibration_dataloader is None and captured.computes_in_fp32
+            reuse = config.enable_autocast and config.autocast_calibration_dataloader is None
+            reuse = reuse and captured.computes_in_fp32  # calibration's outputs are then the fp32 reference's
             calibration, recaptures = _calibrate(captured, config, keep_first_outputs=reuse)
         if config.enable_autocast:
             example = tuple(captured.flat_inputs())  # a fresh copy: the model may write into its inputs
@@ -117,7 +118,9 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
         if timings is None:
             plan = planner.build_plan(info, config, rule_context, int8_ranges=ranges)
         else:  # weak typing: the per-layer choice against the uniform plans, measured end to end
-            plan, weak_summary = weak_check.choose(captured, config, timings, rule_context=rule_context, int8_ranges=ranges)
+            plan, weak_summary = weak_check.choose(
+                captured, config, timings, rule_context=rule_context, int8_ranges=ranges
+            )
             captured.reset_state()
     with timer.phase("rewrite"):
         work = realise(captured, plan, keep_io_types=config.keep_io_types)

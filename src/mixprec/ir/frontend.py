@@ -59,7 +59,9 @@ class CapturedModel:
         self.args: tuple = as_input_tuple(args)
         self.kwargs: dict = as_input_kwargs(kwargs)
         with phase("capture"):
-            self.exported: ExportedProgram = capture(model, self.args, dynamic_shapes=dynamic_shapes, kwargs=self.kwargs)
+            self.exported: ExportedProgram = capture(
+                model, self.args, dynamic_shapes=dynamic_shapes, kwargs=self.kwargs
+            )
             self.signature: CallSignature | None = CallSignature.of(self.exported, model)
         with phase("normalize"):
             # the tensors the graph writes (a counter, a KV cache) get private copies here: nothing below

@@ -137,7 +137,8 @@ def realise(
 
 def reference(captured: CapturedModel, *, verify_each: bool | None = None) -> WorkProgram:
     """The fp32 reference: the same normalised graph with every floating layer in fp32 (fp64 stays
-    fp64) and the code's casts made no-ops — the fp32 model. Outputs leave as their layers compute them
-    (``keep_io_types=False``: an output the model returns in bf16 is compared in fp32). Every node keeps its name, so a mixed
-    program realised from the same capture pairs with it layer by layer (the debugger)."""
+    fp64) and the code's casts made no-ops — the fp32 model. Outputs leave as their layers compute
+    them (``keep_io_types=False``: an output the model returns in bf16 is compared in fp32). Every
+    node keeps its name, so a mixed program realised from the same capture pairs with it layer by
+    layer (the debugger)."""
     return realise(captured, reference_plan(captured.info), keep_io_types=False, verify_each=verify_each)
