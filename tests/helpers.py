@@ -57,15 +57,12 @@ def plan_lowering(model, inputs, dtype, *, select=lambda record: True, accumulat
 
 
 def captured(model, inputs):
-    """(WorkProgram, GraphInfo) of a model as the compiler sees it: captured, normalised, analysed."""
-    from mixprec.ir.capture import capture
-    from mixprec.ir.graph_info import analyze
-    from mixprec.ir.normalize import normalize
-    from mixprec.ir.work_program import WorkProgram
+    """(WorkProgram, GraphInfo) of a model as the compiler sees it: captured, normalised, analysed
+    (ir/frontend.py's CapturedModel; the tests may change the WorkProgram, it is theirs)."""
+    from mixprec.ir.frontend import CapturedModel
 
-    work = WorkProgram.from_exported(capture(model, inputs))
-    normalize(work)
-    return work, analyze(work.graph)
+    model = CapturedModel(model, inputs)
+    return model.base, model.info
 
 
 # ---- issue 5b: inductor backend and ONNX export -------------------------------------------------

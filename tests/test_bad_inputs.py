@@ -8,7 +8,6 @@ import warnings
 import pytest
 import torch
 from models import DataDependent, SeedExplicit, ThreeLinears
-from torch import nn
 
 import mixprec
 from mixprec import CalibrationError, ConfigError, InputMismatchError, UnsupportedModelError

@@ -20,7 +20,7 @@ from .output.serialize import OutputRecord, load, save
 from .plan.precision_plan import NodePrecision, PrecisionPlan
 from .searching import Accuracy, SearchResult, search
 
-from ._version import __version__  # noqa: E402
+from ._version import __version__  # noqa: F401  (mixprec.__version__)
 
 __all__ = [
     "compile",

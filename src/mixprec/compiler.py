@@ -15,26 +15,26 @@ import torch.utils._pytree as pytree
 
 from .backends import get_backend
 from .calibrate.batch_graphs import OtherShapes
-from .calibrate.batches import Call, calibration_batches
-from .calibrate.int8_ranges import collect_ranges
+from .calibrate.batches import Call
+from .calibrate.int8_ranges import marker_ranges
 from .calibrate.statistics import collect
 from .dtypes import dtype_name
 from .errors import ConfigError, InvariantError, UnsupportedModelError
-from .ir.call_signature import CallSignature, flat_user_inputs
-from .ir.capture import as_input_kwargs, as_input_tuple, capture
-from .ir.graph_info import GraphInfo, analyze, describe
+from .ir.call_signature import flat_user_inputs
+from .ir.capture import as_input_kwargs, as_input_tuple
+from .ir.frontend import CapturedModel
+from .ir.graph_info import describe
 from .ir.input_check import input_specs_of
-from .ir.normalize import normalize
+from .ir.markers import calibration_targets
 from .ir.runner import failing_node, run_user_outputs
-from .ir.work_program import WorkProgram, stored_bytes
+from .ir.work_program import stored_bytes
 from .ir.written_state import preserved, written_tensors
 from .output.module import MixedPrecisionModule
 from .output.report import Report, build_graph, build_records, build_summary, output_errors
 from .plan import autocast, planner
 from .plan.precision_plan import PrecisionPlan
-from .plan.sources import markers
 from .rewrite.casting import is_mixprec_cast
-from .rewrite.pipeline import rewrite
+from .rewrite.pipeline import realise, reference
 from .settings import CompileSettings
 from .weak_typing import check as weak_check
 from .weak_typing import source as weak_typing
@@ -91,35 +91,29 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
     _refuse_meta_tensors(model, args, kwargs)
     timer = _Timer()
     recaptures = 0
-    with timer.phase("capture"):
-        ep = capture(model, args, dynamic_shapes=config.dynamic_shapes, kwargs=kwargs)
-        signature = CallSignature.of(ep, model)
-    with timer.phase("normalize"):
-        # the tensors the graph writes (a counter, a KV cache) get private copies here: nothing below
-        # writes the user's model, and base.reset_state() starts each run from the captured state
-        base = WorkProgram.from_exported(ep)
-        normalize(base)
-        info = analyze(base.graph)
+    # times "capture" and "normalize"; the base's written tensors are private copies from here on
+    captured = CapturedModel(model, args, kwargs, dynamic_shapes=config.dynamic_shapes, phase=timer.phase)
+    base, info = captured.base, captured.info
     prepared = None
     with timer.phase("calibrate"):
         _check_calibration_used(config, info)
-        targets = markers.calibration_targets(info)
         calibration = None
-        if config.enable_autocast or targets:
-            reuse = config.enable_autocast and config.autocast_calibration_dataloader is None and _captured_is_fp32(info)
-            calibration, recaptures = _calibrate(model, base, config, signature, args, kwargs, keep_first_outputs=reuse)
+        if config.enable_autocast or calibration_targets(info):
+            reuse = config.enable_autocast and config.autocast_calibration_dataloader is None
+            reuse = reuse and captured.computes_in_fp32  # calibration's outputs are then the fp32 reference's
+            calibration, recaptures = _calibrate(captured, config, keep_first_outputs=reuse)
         if config.enable_autocast:
-            example = tuple(flat_user_inputs(ep, *_fresh(args, kwargs)))  # the model may write into its inputs
+            example = tuple(captured.flat_inputs())  # a fresh copy: the model may write into its inputs
             prepared = autocast.prepare(base, info, config, example, calibration=calibration)
-        ranges = collect_ranges(base, targets, (), calibration=calibration) if targets else {}
+        ranges = marker_ranges(captured, config.autocast_calibration_dataloader, calibration=calibration)
     timings = None
     if not config.use_explicit_typing:  # weak typing: time the free layers on this device first
         with timer.phase("measure"):
             timings = measure_layers(
-                base, info, planner.weak_typing_layers(info, config), flat_user_inputs(ep, args, kwargs),
+                base, info, weak_typing.weak_typing_layers(info, config), captured.flat_inputs(fresh=False),
                 config.enabled_precisions,
             )
-        base.reset_state()
+        captured.reset_state()
     weak_summary = {}
     with timer.phase("plan"):
         rule_context = prepared.context if prepared is not None else None
@@ -127,13 +121,11 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
             plan = planner.build_plan(info, config, rule_context, int8_ranges=ranges)
         else:  # weak typing: the per-layer choice against the uniform plans, measured end to end
             plan, weak_summary = weak_check.choose(
-                base, info, config, timings, _fresh(args, kwargs), base.user_output_dtypes(),
-                rule_context=rule_context, int8_ranges=ranges,
+                captured, config, timings, rule_context=rule_context, int8_ranges=ranges
             )
-            base.reset_state()
+            captured.reset_state()
     with timer.phase("rewrite"):
-        captured_outputs = base.user_output_dtypes()
-        work = rewrite(base.copy(), info, plan, keep_io_types=config.keep_io_types, captured_output_dtypes=captured_outputs)
+        work = realise(captured, plan, keep_io_types=config.keep_io_types)
         casts = sum(1 for n in work.graph.nodes if is_mixprec_cast(n))
         program = work.to_exported()
         # the program's state as captured: the backend's warm-up and the report's runs must leave it so
@@ -143,20 +135,18 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
         with torch.no_grad():
             for tensor, value in state:
                 tensor.copy_(value)
-        base.reset_state()
+        captured.reset_state()
 
     with timer.phase("backend"):
         runner = get_backend(config.backend)(program, config)
         reset_state()
     prog = MixedPrecisionModule(
         program, plan, None, config.explicit(), runner, input_specs_of(program), example_inputs=args,
-        captured_program=ep, call_signature=signature,
+        captured_program=captured.exported, call_signature=captured.signature,
     )
     with timer.phase("report"):
         known = calibration.first_outputs if calibration is not None and prepared is not None else None
-        errors = _errors_against_fp32(
-            prog, base, info, captured_outputs, args, kwargs, model, reference_outputs=known, reset_state=reset_state
-        )
+        errors = _errors_against_fp32(prog, captured, reference_outputs=known, reset_state=reset_state)
         reset_state()
         layer_timings, extra = None, {}
         if timings is not None:
@@ -166,7 +156,7 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
         summary = build_summary(
             records,
             casts_inserted=casts,
-            param_bytes_before=stored_bytes(ep.state_dict, ep.constants),
+            param_bytes_before=stored_bytes(captured.exported.state_dict, captured.exported.constants),
             param_bytes_after=work.stored_bytes(),
             errors=errors,
             extra={**_autocast_summary(prepared), **extra, **({"calibration_recaptures": recaptures} if recaptures else {})},
@@ -187,81 +177,58 @@ def _autocast_summary(prepared) -> dict:
     }
 
 
-def _calibrate(model, base: WorkProgram, config: CompileSettings, signature, args, kwargs, *, keep_first_outputs: bool):
+def _calibrate(captured: CapturedModel, config: CompileSettings, *, keep_first_outputs: bool):
     """Statistics of every node on the calibration batches (the example inputs when there is no loader).
 
     Batches of other batch/sequence sizes than the example run on a graph captured for them (an
     nn.Module only): calibrate/batch_graphs.py. Returns the Calibration and how many extra captures it took."""
     loader = config.autocast_calibration_dataloader
-    batches = [Call(*_fresh(args, kwargs))] if loader is None else loader
-    other = OtherShapes(model, base, *_fresh(args, kwargs)) if isinstance(model, torch.nn.Module) else None
-    calibration = collect(base, batches, signature=signature, other_shapes=other, keep_first_outputs=keep_first_outputs)
+    batches = [Call(*captured.fresh())] if loader is None else loader
+    model = captured.model
+    other = OtherShapes(model, captured.base, *captured.fresh()) if isinstance(model, torch.nn.Module) else None
+    calibration = collect(
+        captured.base, batches, signature=captured.signature, other_shapes=other, keep_first_outputs=keep_first_outputs
+    )
     return calibration, (other.captures if other is not None else 0)
 
 
-def marker_ranges(base: WorkProgram, info: GraphInfo, calibration_dataloader, args: tuple, *, calibration=None) -> dict:
-    """Calibrated ranges of the boundaries of int8 marker regions that were given no dynamic range."""
-    targets = markers.calibration_targets(info)
-    if not targets:
-        return {}
-    return collect_ranges(base, targets, calibration_batches(calibration_dataloader, args), calibration=calibration)
-
-
-def _check_calibration_used(config: CompileSettings, info: GraphInfo) -> None:
+def _check_calibration_used(config: CompileSettings, info) -> None:
     if config.autocast_calibration_dataloader is None or config.enable_autocast:
         return
-    if not markers.calibration_targets(info):
+    if not calibration_targets(info):
         raise ConfigError(
             "autocast_calibration_dataloader only takes effect with enable_autocast=True or for int8 precision "
             "regions without dynamic ranges, and this model has none; add enable_autocast=True or drop it."
         )
 
 
-def _errors_against_fp32(
-    prog, base: WorkProgram, info: GraphInfo, captured_outputs, args, kwargs, model, *, reference_outputs=None,
-    reset_state=None,
-) -> dict:
-    """Run the fp32 version of the same graph and the compiled program on the example inputs.
+def _errors_against_fp32(prog, captured: CapturedModel, *, reference_outputs=None, reset_state=None) -> dict:
+    """Run the fp32 reference of the same capture (``rewrite.pipeline.reference``) and the compiled program
+    on the example inputs.
 
     ``reference_outputs``: the fp32 outputs when already computed (calibration ran the captured graph,
     which is the fp32 model itself when every layer was captured in fp32); ``reset_state`` puts the
     buffers the graph writes back to their captured values: both runs start from the model's state."""
     reset_state = reset_state or (lambda: None)
+    model = captured.model
     # each run gets its own copy of the inputs: a model that writes into its inputs must not change the
     # caller's tensors, nor feed the reference what the compiled program already modified
     with torch.no_grad():
-        a, k = _fresh(args, kwargs)
+        a, k = captured.fresh()
         reset_state()
         got = _run_or_explain(
-            lambda: prog.exported_program, lambda: prog(*a, **k), _fresh(args, kwargs), model, "the compiled program"
+            lambda: prog.exported_program, lambda: prog(*a, **k), captured.fresh(), model, "the compiled program"
         )
         expected = reference_outputs
         if expected is None:
-            reference = rewrite(
-                base.copy(),
-                info,
-                planner.reference_plan(info),
-                keep_io_types=False,
-                captured_output_dtypes=captured_outputs,
-            )
-            a, k = _fresh(args, kwargs)
+            fp32 = reference(captured)
+            a, k = captured.fresh()
             flat = flat_user_inputs(prog.exported_program, a, k)
             reset_state()
             expected = _run_or_explain(
-                reference.to_exported, lambda: run_user_outputs(reference, flat), _fresh(args, kwargs), model,
-                "the fp32 reference",
+                fp32.to_exported, lambda: run_user_outputs(fp32, flat), captured.fresh(), model, "the fp32 reference"
             )
     return output_errors(got, expected)
-
-
-def _fresh(args, kwargs):
-    """A copy of the inputs' tensors (a model may write into its inputs)."""
-    return pytree.tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, (args, kwargs))
-
-
-def _captured_is_fp32(info: GraphInfo) -> bool:
-    """True when the captured graph is its own fp32 reference (no layer or cast in another dtype)."""
-    return all(node.precision in (torch.float32, torch.float64) for node in info.values())
 
 
 def _run_or_explain(program_of, run, args, model, what):

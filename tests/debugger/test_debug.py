@@ -10,7 +10,6 @@ from models import Cancellation, Overflow, ThreeLinears
 
 import mixprec
 from mixprec.errors import ConfigError, InputMismatchError
-from mixprec.output.module import MixedPrecisionModule
 
 
 def _rel_l2(got, ref) -> float:

@@ -8,10 +8,10 @@ import math
 
 import pytest
 import torch
-from helpers import captured
 from torch import nn
 
 import mixprec
+from mixprec.ir.frontend import CapturedModel
 from mixprec.output.numerics import CHUNK, ErrorStats, output_errors
 from mixprec.searching.metrics import RelL2
 from mixprec.searching.trials import Trials
@@ -166,10 +166,10 @@ def test_report_debugger_and_search_give_the_same_error(case):
     make, low, scale = _CASES[case]
     model = make().eval()
     x = torch.randn(3, 6) * scale
-    work, info = captured(model, (x,))
-    lowered = [n for n, node in info.items() if node.kind == "compute" and node.module == "a"]
+    frontend = CapturedModel(model, (x,))
+    lowered = [n for n, node in frontend.info.items() if node.kind == "compute" and node.module == "a"]
     assert lowered
-    trials = Trials(work, info, low, RelL2())
+    trials = Trials(frontend, low, RelL2())
     trials.metric.prepare(trials.reference(), [(x,)])
     searched = trials.measure(lowered).value
 

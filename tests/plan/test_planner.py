@@ -1,22 +1,21 @@
-"""The planner: source precedence, data movement following producers, fp32 accumulation marks."""
+"""The planner: source precedence, data movement following producers, fp32 accumulation marks,
+weak typing as a source passed in."""
 
+
+import pytest
 import torch
 from helpers import plan_lowering
-from models import Attention, AutocastRegions, SeedExplicit
+from models import Attention, AutocastRegions, SeedExplicit, ThreeLinears
 
-from mixprec.ir.capture import capture
-from mixprec.ir.graph_info import analyze
-from mixprec.ir.normalize import normalize
-from mixprec.ir.work_program import WorkProgram
+from mixprec.errors import InvariantError
+from mixprec.ir.frontend import CapturedModel
 from mixprec.plan import planner
 from mixprec.plan.precision_plan import NodePrecision, PrecisionPlan
 from mixprec.settings import CompileSettings
 
 
 def _info(model, inputs):
-    work = WorkProgram.from_exported(capture(model, inputs))
-    normalize(work)
-    return analyze(work.graph)
+    return CapturedModel(model, inputs).info
 
 
 def test_plan_requests_beat_the_codes_typing():
@@ -65,3 +64,24 @@ def test_reference_plan_is_all_fp32():
     model, inputs = SeedExplicit().eval(), SeedExplicit.example_inputs()
     info = _info(model, inputs)
     assert {d.precision for d in planner.reference_plan(info).values()} == {torch.float32}
+
+
+def test_weak_typing_decides_only_the_free_layers_through_the_source_passed_in():
+    info = _info(ThreeLinears().eval(), ThreeLinears.example_inputs())
+    weak_typing = {"use_explicit_typing": False, "enabled_precisions": {torch.float32, torch.bfloat16}}
+    with pytest.raises(InvariantError, match="weak typing needs"):
+        planner.build_plan(info, CompileSettings.from_kwargs(weak_typing))
+    linear1 = next(n for n, i in info.items() if i.module == "linear1")
+    requests = PrecisionPlan({linear1: NodePrecision(torch.float32, None, "plan", "keep")})
+    settings = CompileSettings.from_kwargs({**weak_typing, "plan": requests})
+    seen = []
+
+    def weak(info, decided):
+        seen.append(set(decided))
+        return {n: NodePrecision(torch.bfloat16, None, "weak_typing", "test") for n, i in info.items()
+                if i.kind == "compute" and n not in decided}  # fmt: skip
+
+    plan = planner.build_plan(info, settings, weak=weak)
+    assert seen == [set(planner.strong_decisions(info, settings))] and linear1 in seen[0]
+    assert plan[linear1].source == "plan"
+    assert {plan[n].source for n, i in info.items() if i.kind == "compute" and n != linear1} == {"weak_typing"}

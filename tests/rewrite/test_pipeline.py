@@ -1,11 +1,15 @@
-"""The pipeline: every pass listed with its contract, contracts checked, a failing pass named."""
+"""The pipeline: every pass listed with its contract, contracts checked, a failing pass named;
+realise() and the one fp32 reference of a captured model."""
+
+import copy
 
 import pytest
 import torch
 from helpers import captured
-from models import ThreeLinears
+from models import Attention, AutocastRegions, ConvNet, SeedExplicit, ThreeLinears
 
 from mixprec.errors import InvariantError
+from mixprec.ir.frontend import CapturedModel
 from mixprec.ir.graph_info import META_ROLE
 from mixprec.ir.runner import run_user_outputs
 from mixprec.plan import planner
@@ -15,7 +19,7 @@ from mixprec.rewrite.casting import is_mixprec_cast
 from mixprec.rewrite.context import RewriteContext
 from mixprec.rewrite.insert_casts import insert_casts
 from mixprec.rewrite.io_types import round_inputs
-from mixprec.rewrite.pipeline import PIPELINE, QUANTIZE, Pipeline, rewrite
+from mixprec.rewrite.pipeline import PIPELINE, QUANTIZE, Pipeline, realise, reference, rewrite
 from mixprec.settings import CompileSettings
 
 
@@ -123,3 +127,74 @@ def test_input_rounding_is_checked_by_the_verifier():
 
 def test_every_checked_fact_holds_at_the_end():
     assert set(CHECKED) - {"meta"} <= PIPELINE.facts_after[-1]
+
+
+# ---- realise and the fp32 reference of a captured model -------------------------------------------
+
+
+def _lowered(captured, module, dtype=torch.bfloat16):
+    requests = PrecisionPlan(
+        {n: NodePrecision(dtype, None, "plan", "test") for n, i in captured.info.items() if i.module == module}
+    )
+    return planner.build_plan(captured.info, CompileSettings.from_kwargs({"plan": requests}))
+
+
+def test_realise_rewrites_a_copy_and_leaves_the_captured_base_as_it_was():
+    model, inputs = ThreeLinears().eval(), ThreeLinears.example_inputs()
+    captured = CapturedModel(model, inputs)
+    before = [(n.name, n.target, n.meta["val"].dtype if "val" in n.meta else None) for n in captured.base.graph.nodes]
+    plan = _lowered(captured, "linear2")
+    work = realise(captured, plan, keep_io_types=True)
+    assert any(is_mixprec_cast(n) for n in work.graph.nodes)
+    assert [(n.name, n.target, n.meta["val"].dtype if "val" in n.meta else None)
+            for n in captured.base.graph.nodes] == before  # fmt: skip
+    (x,) = inputs
+    with torch.no_grad():  # eager PyTorch with linear2 in bf16
+        h = model.linear1(x)
+        h = torch.nn.functional.linear(h.bfloat16(), model.linear2.weight.bfloat16(), model.linear2.bias.bfloat16())
+        expected = model.linear3(h.float())
+    torch.testing.assert_close(run_user_outputs(work, captured.flat_inputs())[0], expected)
+
+
+def test_realise_keeps_or_releases_the_output_dtype():
+    captured = CapturedModel(ThreeLinears().eval(), ThreeLinears.example_inputs())
+    plan = _lowered(captured, "linear3")
+    kept = realise(captured, plan, keep_io_types=True)
+    released = realise(captured, plan, keep_io_types=False)
+    assert run_user_outputs(kept, captured.flat_inputs())[0].dtype == torch.float32
+    assert run_user_outputs(released, captured.flat_inputs())[0].dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("cls", [ThreeLinears, ConvNet, Attention])
+def test_the_reference_of_an_fp32_model_is_the_model(cls):
+    model, inputs = cls().eval(), cls.example_inputs()
+    with torch.no_grad():
+        expected = model(*inputs)
+    captured = CapturedModel(model, inputs)
+    got = run_user_outputs(reference(captured), captured.flat_inputs())
+    torch.testing.assert_close(got[0], expected, atol=1e-6, rtol=1e-6)
+
+
+def test_the_reference_computes_every_layer_of_a_mixed_model_in_fp32():
+    """.half() modules, casts in the code and torch.autocast regions are all fp32 in the reference:
+    compared with the same computation written out in eager fp32."""
+    model, inputs = SeedExplicit().eval(), SeedExplicit.example_inputs()
+    (x,) = inputs
+    with torch.no_grad():
+        fp32 = copy.deepcopy(model).float()
+        expected = fp32.linear3(fp32.linear2(fp32.linear1(x)))
+    captured = CapturedModel(model, inputs)
+    got = run_user_outputs(reference(captured), captured.flat_inputs())[0]
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
+
+    model, inputs = AutocastRegions().eval(), AutocastRegions.example_inputs()
+    (x,) = inputs
+    with torch.no_grad():
+        h = model.norm(model.linear2(model.linear1(x)))
+        expected = torch.relu(model.linear3(h)).softmax(-1)
+    captured = CapturedModel(model, inputs)
+    assert captured.output_dtypes == (torch.bfloat16,)
+    got = run_user_outputs(reference(captured), captured.flat_inputs())[0]
+    assert got.dtype == torch.float32  # the model returns bf16; its reference leaves in fp32
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)

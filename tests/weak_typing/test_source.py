@@ -57,7 +57,7 @@ def _random_timings(work, info, free, precisions, rng, *, op=None, cast=None):
 def _model(model_cls, precisions, seed, **kw):
     work, info = _work(model_cls)
     settings = CompileSettings.from_kwargs({"use_explicit_typing": False, "enabled_precisions": set(precisions)})
-    fixed = planner._strong_decisions(info, settings)
+    fixed = planner.strong_decisions(info, settings)
     free = weak_typing.candidates(info, fixed)
     timings = _random_timings(work, info, free, precisions, random.Random(seed), **kw)
     return CostModel(info, fixed, timings), work, info

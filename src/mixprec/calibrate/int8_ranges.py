@@ -3,6 +3,8 @@
 int8 regions without dynamic ranges (``start_setting_precision(x, torch.int8)``) and int8
 requests of the configurator quantize with the range each value takes on calibration data
 — the compile's ``autocast_calibration_dataloader`` or, without one, the example inputs.
+:func:`marker_ranges` is that calibration for a captured model's int8 marker regions (compile,
+the configurator and the search calibrate them the same way: through it).
 The graph is run as captured (the model's own dtypes) by ``calibrate.collect``, which keeps
 only streaming statistics per node (min/max among them), never the tensors.
 """
@@ -12,11 +14,25 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 
 from ..errors import CalibrationError
+from ..ir.frontend import CapturedModel
+from ..ir.markers import calibration_targets
 from ..ir.work_program import WorkProgram
-from .batches import calibration_batches  # noqa: F401  (int8 ranges are calibrated on these batches)
+from .batches import calibration_batches
 from .statistics import Calibration, collect
 
 Range = tuple[float, float]
+
+
+def marker_ranges(captured: CapturedModel, calibration_dataloader, *, calibration: Calibration | None = None) -> dict:
+    """Calibrated ranges of the boundaries of int8 marker regions that were given no dynamic range:
+    on the loader's batches, else on the example inputs (or read from ``calibration`` when the compile
+    already ran it on the same data). Empty when the model has no such region."""
+    targets = calibration_targets(captured.info)
+    if not targets:
+        return {}
+    # with a calibration at hand the loader is not touched (iterating a DataLoader starts its workers)
+    batches = calibration_batches(calibration_dataloader, captured.args) if calibration is None else ()
+    return collect_ranges(captured.base, targets, batches, calibration=calibration)
 
 
 def collect_ranges(

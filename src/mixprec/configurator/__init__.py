@@ -29,17 +29,15 @@ from typing import Any
 
 import torch
 
-from ..calibrate.int8_ranges import collect_ranges
-from ..compiler import marker_ranges
+from ..calibrate.int8_ranges import collect_ranges, marker_ranges
 from ..dtypes import parse_dtype, short_name
 from ..errors import ConfigError
-from ..ir.capture import as_input_tuple, capture
-from ..ir.graph_info import analyze
-from ..ir.normalize import normalize
+from ..ir.capture import as_input_tuple
+from ..ir.frontend import CapturedModel
 from ..ir.work_program import STORED_KINDS, WorkProgram
 from ..plan import planner
 from ..plan.precision_plan import Int8Spec, NodePrecision, PrecisionPlan
-from ..rewrite.pipeline import rewrite
+from ..rewrite.pipeline import realise
 from ..settings import CompileSettings
 from .log import render_log
 
@@ -124,19 +122,16 @@ class MixedPrecisionConfigurator:
         if not isinstance(strict, bool):
             raise ConfigError(f"strict must be True or False, got {strict!r}.")
         args = as_input_tuple(inputs)
-        base = WorkProgram.from_exported(capture(self._model, args))
-        normalize(base)
-        info = analyze(base.graph)
+        captured = CapturedModel(self._model, args)
+        base, info = captured.base, captured.info
         resolver = _Resolver(self._model, base, info, strict)
         decisions = resolver.decide(self._requests, args)
         plan = PrecisionPlan(
             decisions, inputs=resolver.io_positions(self._requests, "input"),
             outputs=resolver.io_positions(self._requests, "output"),
         )
-        full = planner.build_plan(
-            info, CompileSettings(plan=plan), int8_ranges=marker_ranges(base, info, None, args)
-        )
-        realised = rewrite(base.copy(), info, full, keep_io_types=True, captured_output_dtypes=base.user_output_dtypes())
+        full = planner.build_plan(info, CompileSettings(plan=plan), int8_ranges=marker_ranges(captured, None))
+        realised = realise(captured, full, keep_io_types=True)
         text = render_log(self._requests, resolver, info, full, realised)
         if log_file is not None:
             with open(os.fspath(log_file), "w", encoding="utf-8") as fh:

@@ -42,8 +42,8 @@ import torch
 from ..dtypes import dtype_name, is_float
 from ..errors import ConfigError
 from ..ops.custom import START_MARKERS, STOP_MARKERS
+from .graph_info import META_MARKER, META_ROLE, GraphInfo, MarkerRegion, module_of, tensor_metas
 from .passes import PassResult
-from .graph_info import META_MARKER, META_ROLE, MarkerRegion, module_of, tensor_metas
 from .work_program import WorkProgram
 
 MARKER_PRECISIONS = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.int8})
@@ -185,6 +185,21 @@ def _check_outputs(output: torch.fx.Node, regions: _Regions) -> None:
                 "without passing stop_setting_precision. Add torch.ops.mixprec.stop_setting_precision(x) "
                 "where the region ends."
             )
+
+
+
+def calibration_targets(info: GraphInfo) -> frozenset[str]:
+    """Values whose (min, max) must come from calibration: the boundaries of int8 regions without ranges.
+
+    A fact of the captured graph (which values cross an int8 region's boundary), known right after
+    normalisation: compile, the configurator and the search ask it before calibrating."""
+    names = set()
+    for node in info.values():
+        region = node.marker
+        if region is not None and region.dtype == torch.int8 and region.ranges is None:
+            names.add(region.entry)
+            names.update(region.exits)
+    return frozenset(names)
 
 
 def _checked_ranges(ranges, dtype, position) -> tuple[float, float, float, float]:

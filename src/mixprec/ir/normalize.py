@@ -41,9 +41,9 @@ from torch._guards import detect_fake_mode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..dtypes import is_float
-from .passes import PassResult
 from .graph_info import META_AUTOCAST, META_ROLE
 from .markers import strip_markers
+from .passes import PassResult
 from .work_program import WorkProgram
 
 log = logging.getLogger(__name__)

@@ -32,6 +32,14 @@ from types import MappingProxyType
 
 from ..errors import InvariantError
 
+
+@dataclasses.dataclass(frozen=True)
+class PassResult:
+    """What a graph pass returns: whether it changed the graph (torch.fx's ``PassResult``)."""
+
+    changed: bool
+
+
 # fact -> what it means; the verifier checks these on the graph
 CHECKED = MappingProxyType(
     {
@@ -55,11 +63,6 @@ ORDERING = MappingProxyType(
 FACTS = frozenset(CHECKED) | frozenset(ORDERING)
 # what holds on a normalised capture before any rewrite pass
 INITIAL_FACTS = frozenset({"structure", "meta"})
-
-
-@dataclasses.dataclass(frozen=True)
-class PassResult:
-    changed: bool
 
 
 @dataclasses.dataclass(frozen=True)

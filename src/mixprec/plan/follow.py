@@ -36,7 +36,7 @@ import torch
 
 from ..dtypes import dtype_name, is_float
 from ..ir.graph_info import GraphInfo, NodeInfo
-from .precision_plan import required_input_dtype
+from .input_contract import required_input_dtype
 from .precision_plan import NodePrecision
 
 _FOLLOW_SOURCES = ("default",)

@@ -10,12 +10,17 @@
 A node decided by a stronger source is never touched by a weaker one. Afterwards the
 dtype-transparent nodes the default source decided follow the dtypes around them (see
 ``follow.py``), and ``use_fp32_acc`` marks low-precision matmul-class layers.
+
+Weak typing measures programs (it rewrites and runs them), so it is a later stage than planning:
+the planner does not import it. Its source is passed in as ``weak``, a callable that decides
+the free layers (``weak_typing.source.chooser``); :func:`strong_decisions` tells it which
+layers are free.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -24,12 +29,13 @@ from ..errors import InvariantError
 from ..ir.graph_info import GraphInfo
 from ..ops.table import FP32_ACC_OPS
 from ..settings import CompileSettings
-from ..weak_typing import source as weak_typing
-from ..weak_typing.timing import Timings
 from .follow import follow
 from .precision_plan import NodePrecision, PrecisionPlan
 from .sources import autocast_rules as rules
 from .sources import default, markers, requests, typing
+
+# weak typing's source: (info, decisions so far) -> decisions of the layers it chooses for
+WeakSource = Callable[[GraphInfo, Mapping[str, NodePrecision]], Mapping[str, NodePrecision]]
 
 
 def build_plan(
@@ -38,23 +44,19 @@ def build_plan(
     rule_context=None,
     *,
     int8_ranges: Mapping[str, tuple] | None = None,
-    timings: Timings | None = None,
-    weak_uniform: torch.dtype | None = None,
-    weak_note: str = "",
+    weak: WeakSource | None = None,
 ) -> PrecisionPlan:
     """``rule_context`` (a ``rules.RuleContext``) turns on the autocast rules; None leaves them off.
-    ``int8_ranges``: calibrated (min, max) of the values ``markers.calibration_targets`` names.
-    ``timings``: under weak typing, the measurements (``timing.measure_layers`` over the layers
-    :func:`weak_typing_layers` names) its choices come from; ``weak_uniform`` puts every free
-    layer in one dtype instead (the alternatives weak_typing/check.py measures), ``weak_note`` is added
-    to the weak-typing reasons."""
-    decided = _strong_decisions(info, settings, int8_ranges)
+    ``int8_ranges``: calibrated (min, max) of the values ``ir.markers.calibration_targets`` names.
+    ``weak``: under weak typing, the source of the free layers' dtypes (``weak_typing.source.chooser``:
+    the measured timings, or one uniform dtype for the alternatives weak_typing/check.py measures)."""
+    decided = strong_decisions(info, settings, int8_ranges)
     if rule_context is not None:
         decided.update(rules.decide(info, decided, rule_context))
     if not settings.use_explicit_typing:
-        if timings is None:
-            raise InvariantError("weak typing needs the measured layer timings (timing.measure_layers)")
-        decided.update(weak_typing.decide(info, decided, timings, settings, uniform=weak_uniform, note=weak_note))
+        if weak is None:
+            raise InvariantError("weak typing needs the measured layer timings (weak_typing.source.chooser)")
+        decided.update(weak(info, decided))
     decided.update(default.decide(info, decided))
     follow(info, decided)
     if settings.use_fp32_acc:
@@ -69,13 +71,8 @@ def build_plan(
     )
 
 
-def weak_typing_layers(info: GraphInfo, settings: CompileSettings) -> list[str]:
-    """The layers weak typing chooses a dtype for (and so must time): those no stronger source decides."""
-    return weak_typing.candidates(info, _strong_decisions(info, settings))
-
-
-def _strong_decisions(info: GraphInfo, settings: CompileSettings, int8_ranges=None) -> dict[str, NodePrecision]:
-    """Decisions of every source stronger than autocast rules and weak typing."""
+def strong_decisions(info: GraphInfo, settings: CompileSettings, int8_ranges=None) -> dict[str, NodePrecision]:
+    """Decisions of every source stronger than autocast rules and weak typing (the layers left are free)."""
     decided: dict[str, NodePrecision] = {}
     decided.update(requests.decide(info, settings.plan))
     decided.update(markers.decide(info, decided, int8_ranges))

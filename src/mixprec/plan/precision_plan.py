@@ -5,9 +5,6 @@ dtype, who decided and why; for int8 layers the dynamic ranges of the values qua
 (the configurator's ``set_model_input_precision``/``set_model_output_precision``).
 Plans are immutable; ``with_nodes`` returns an updated copy. The JSON form is stable
 and hand-editable, so a plan can be saved, edited and passed back to ``compile``.
-
-:func:`required_input_dtype` states what a decision asks of a layer's inputs; planning
-(``follow.py``), cast insertion and the verifier all read that one statement.
 """
 
 from __future__ import annotations
@@ -21,9 +18,8 @@ from types import MappingProxyType
 import torch
 
 from .. import jsondoc
-from ..dtypes import PLAN_PRECISIONS, dtype_from_name, dtype_name, is_float
+from ..dtypes import PLAN_PRECISIONS, dtype_from_name, dtype_name
 from ..errors import ConfigError
-from ..ir.graph_info import NodeInfo
 
 SOURCES = ("explicit", "torch_autocast", "marker", "plan", "autocast_rule", "default", "weak_typing")
 
@@ -233,24 +229,3 @@ class PrecisionPlan(Mapping):
             outputs=positions("outputs"),
             log=str(data.get("log", "")),
         )
-
-
-def required_input_dtype(
-    info: NodeInfo | None, decision: NodePrecision | None, input_name: str, current: torch.dtype
-) -> torch.dtype:
-    """The dtype a layer must receive on the input whose captured value is ``input_name``.
-
-    * integer/bool inputs are never cast;
-    * explicit casts accept anything (converting is their job);
-    * a layer whose precision the plan leaves as captured receives exactly what it received when
-      captured (so strong typing reproduces eager PyTorch, mixed-dtype ops included);
-    * a layer whose precision the plan changed receives every float input in its new precision
-      (an int8 layer in float32, the dtype it computes in on dequantized values; which of those
-      inputs are dequantized int8 is the quantize pass's contract, checked by the verifier).
-    """
-    if not is_float(current) or info is None or info.kind == "cast":
-        return current
-    if decision is None or decision.precision == info.precision:
-        captured = info.input_dtypes.get(input_name)
-        return captured if is_float(captured) else current
-    return decision.compute_dtype

@@ -26,8 +26,8 @@ from torch.export.graph_signature import OutputKind
 
 from ..dtypes import is_float
 from ..ir.graph_info import META_ORIGIN, META_ROLE
-from ..ir.work_program import STORED_KINDS
 from ..ir.passes import PassResult, rewrite_pass
+from ..ir.work_program import STORED_KINDS
 from .casting import cast_of, is_mixprec_cast, retype_val, short_name, tensor_dtype
 from .context import RewriteContext
 

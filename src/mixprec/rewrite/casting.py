@@ -1,7 +1,7 @@
 """Shared helpers of the rewrite passes: making cast nodes, re-typing meta, reading casts.
 
-What a layer must receive is a planning fact (``plan.precision_plan.required_input_dtype``):
-the cast-insertion pass realises it, the verifier checks it, and ``plan/follow.py`` reads it.
+What a layer must receive is a planning fact (``plan/input_contract.py``): the cast-insertion
+pass realises it, the verifier checks it, and ``plan/follow.py`` reads it.
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from torch._guards import detect_fake_mode
 
 from .. import dtypes
 from ..dtypes import is_float
-from ..ir.graph_info import META_ORIGIN, META_ROLE, NodeInfo
-from ..plan.precision_plan import NodePrecision
+from ..ir.graph_info import META_ORIGIN, META_ROLE
 
 MIXPREC_CAST_ROLES = frozenset({"cast", "param_cast", "acc_cast", "io_cast"})
 

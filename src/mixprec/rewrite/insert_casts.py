@@ -1,5 +1,5 @@
 """Insert the casts the plan needs: one per (tensor, dtype), only where a float input's dtype
-differs from what its consumer must receive (see ``plan.precision_plan.required_input_dtype``).
+differs from what its consumer must receive (see ``plan.input_contract.required_input_dtype``).
 
 Before (plan: linear -> bf16)::
 
@@ -21,7 +21,7 @@ consumers are cast from the rounded value.
 from __future__ import annotations
 
 from ..ir.passes import PassResult, rewrite_pass
-from ..plan.precision_plan import required_input_dtype
+from ..plan.input_contract import required_input_dtype
 from .casting import (
     cast_of,
     cast_target_arg,

@@ -34,9 +34,9 @@ import torch
 from torch._guards import detect_fake_mode
 
 from ..ir.graph_info import META_ROLE, size_hint
+from ..ir.passes import PassResult, rewrite_pass
 from ..ir.work_program import STORED_KINDS
 from ..ops.table import CONV_2D_OPS, MATMUL_OPS
-from ..ir.passes import PassResult, rewrite_pass
 from .casting import is_mixprec_cast
 from .context import RewriteContext
 

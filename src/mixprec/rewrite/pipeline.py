@@ -10,6 +10,10 @@ With ``verify_each`` (the tests turn it on through ``MIXPREC_VERIFY_EACH=1``) th
 checks, after every pass, every fact that holds at that point — including a fake-tensor re-run
 that proves the meta dtypes are true — and its error names the pass after which the graph went
 wrong, as torch.fx's PassManager does. Otherwise the cheap checks run once at the end.
+
+Every tool realises plans through :func:`realise` (a rewritten copy of a ``CapturedModel``'s
+normalised base) and builds the fp32 reference through :func:`reference` — compile's error
+against fp32, the debugger's layer-by-layer reference and the search's baseline are one program.
 """
 
 from __future__ import annotations
@@ -19,10 +23,12 @@ import os
 from collections.abc import Sequence
 
 from ..errors import InvariantError
+from ..ir.frontend import CapturedModel
 from ..ir.graph_info import GraphInfo
-from ..ir.work_program import WorkProgram
-from ..plan.precision_plan import PrecisionPlan
 from ..ir.passes import CHECKED, INITIAL_FACTS, RewritePass
+from ..ir.work_program import WorkProgram
+from ..plan.planner import reference_plan
+from ..plan.precision_plan import PrecisionPlan
 from .cast_params import cast_params
 from .context import RewriteContext
 from .fold_casts import fold_casts
@@ -113,3 +119,26 @@ def rewrite(
     ctx = RewriteContext(work, info, plan, keep_io_types, captured_output_dtypes)
     pipeline.run(ctx, verify_each=verify_each)
     return work
+
+
+def realise(
+    captured: CapturedModel, plan: PrecisionPlan, *, keep_io_types: bool, verify_each: bool | None = None
+) -> WorkProgram:
+    """``plan`` realised on a copy of the captured model's normalised base (the base is left as it is)."""
+    return rewrite(
+        captured.base.copy(),
+        captured.info,
+        plan,
+        keep_io_types=keep_io_types,
+        captured_output_dtypes=captured.output_dtypes,
+        verify_each=verify_each,
+    )
+
+
+def reference(captured: CapturedModel, *, verify_each: bool | None = None) -> WorkProgram:
+    """The fp32 reference: the same normalised graph with every floating layer in fp32 (fp64 stays
+    fp64) and the code's casts made no-ops — the fp32 model. Outputs leave as their layers compute
+    them (``keep_io_types=False``: an output the model returns in bf16 is compared in fp32). Every
+    node keeps its name, so a mixed program realised from the same capture pairs with it layer by
+    layer (the debugger)."""
+    return realise(captured, reference_plan(captured.info), keep_io_types=False, verify_each=verify_each)

@@ -34,11 +34,11 @@ import torch
 from torch._guards import detect_fake_mode
 
 from ..ir.graph_info import META_ORIGIN, META_ROLE
+from ..ir.passes import PassResult
 from ..ir.work_program import STORED_KINDS
 from ..ops.custom import DEQUANTIZE_OPS, INT8_MAX, QUANTIZE_OPS
 from ..ops.names import op_name, packet_name
 from ..ops.table import INT8_WEIGHT_OPS
-from ..ir.passes import PassResult
 from .casting import first_compute_node, is_mixprec_cast, short_name, tensor_dtype
 from .context import RewriteContext
 

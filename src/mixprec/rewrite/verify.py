@@ -35,9 +35,9 @@ import torch
 from ..dtypes import is_float
 from ..errors import InvariantError
 from ..ir.graph_info import META_ACC, META_ROLE
-from ..ops.names import op_name, packet_name
 from ..ir.passes import CHECKED, PassResult
-from ..plan.precision_plan import required_input_dtype
+from ..ops.names import op_name, packet_name
+from ..plan.input_contract import required_input_dtype
 from .casting import is_mixprec_cast, origin_name, tensor_dtype
 from .context import RewriteContext
 from .quantize import (

@@ -20,12 +20,10 @@ from types import MappingProxyType
 
 import torch
 
-from ..compiler import marker_ranges
+from ..calibrate.int8_ranges import marker_ranges
 from ..errors import CalibrationError, MixedPrecisionWarning
-from ..ir.capture import capture
-from ..ir.graph_info import GraphInfo, analyze
-from ..ir.normalize import normalize
-from ..ir.work_program import WorkProgram
+from ..ir.frontend import CapturedModel
+from ..ir.graph_info import GraphInfo
 from ..plan import autocast, planner
 from ..progress import Progress
 from ..settings import CompileSettings
@@ -55,13 +53,12 @@ def build_study(
     model, args: tuple, options, eval_batches: list[tuple], calibration_batches: list[tuple] | None, progress: Progress
 ) -> Study:
     progress.update("capturing the model")
-    base = WorkProgram.from_exported(capture(model, args))
-    normalize(base)
-    info = analyze(base.graph)
+    captured = CapturedModel(model, args)
+    base, info = captured.base, captured.info
 
     # int8 marker regions without ranges calibrate as compile(model, inputs, plan=...) will: on the same data
-    ranges = marker_ranges(base, info, calibration_batches, args)
-    trials = Trials(base, info, options.low, options.metric, ranges)
+    ranges = marker_ranges(captured, calibration_batches)
+    trials = Trials(captured, options.low, options.metric, ranges)
     progress.update("running the fp32 reference")
     reference = trials.reference()
     if options.metric.uses_eval_data:

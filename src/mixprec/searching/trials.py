@@ -5,8 +5,9 @@ is captured, normalised and analysed once and each trial only
 
 1. plans: the lowered layers become plan requests and ``planner.build_plan`` fills in the rest
    exactly as ``compile(model, inputs, plan=...)`` will (code typing, defaults, followers);
-2. rewrites a copy of the captured program with that plan (``passes.pipeline.rewrite``, the
-   cheap structural verifier only);
+2. realises that plan on a copy of the captured program (``rewrite.pipeline.realise``, the
+   cheap structural verifier only); the fp32 reference is the one every tool compares against
+   (``rewrite.pipeline.reference``);
 3. builds its module (``ExportedProgram.module()``, what the eager backend runs) and measures it.
 
 Results are memoised by the set of lowered layers, so phase 2 reuses phase 1's single-group
@@ -23,11 +24,10 @@ from collections.abc import Iterable, Mapping
 import torch
 
 from ..dtypes import dtype_name
-from ..ir.graph_info import GraphInfo
-from ..ir.work_program import WorkProgram
+from ..ir.frontend import CapturedModel
 from ..plan import planner
 from ..plan.precision_plan import NodePrecision, PrecisionPlan
-from ..rewrite.pipeline import rewrite
+from ..rewrite.pipeline import realise, reference
 from ..settings import CompileSettings
 
 log = logging.getLogger(__name__)
@@ -63,13 +63,12 @@ class Outcome:
 class Trials:
     """Plans, programs and memoised measurements over one captured program."""
 
-    def __init__(self, base: WorkProgram, info: GraphInfo, low: torch.dtype, metric, int8_ranges: Mapping | None = None):
-        self.base = base
-        self.info = info
+    def __init__(self, captured: CapturedModel, low: torch.dtype, metric, int8_ranges: Mapping | None = None):
+        self.captured = captured
+        self.info = captured.info
         self.low = low
         self.metric = metric
         self.int8_ranges = int8_ranges  # calibrated ranges of int8 marker regions, as compile calibrates them
-        self.captured_outputs = base.user_output_dtypes()
         self.count = 0  # trials run (memo misses)
         self._memo: dict[frozenset, Outcome] = {}
 
@@ -92,19 +91,14 @@ class Trials:
         return self.build(self.plan(lowered), keep_io_types=True)
 
     def reference(self) -> torch.nn.Module:
-        """The fp32 program (every layer fp32, as compile's report compares against)."""
-        return self.build(planner.reference_plan(self.info), keep_io_types=False)
+        """The fp32 program (every layer fp32: the reference compile's report and the debugger compare against)."""
+        return self._guarded(reference(self.captured, verify_each=False))
 
     def build(self, plan: PrecisionPlan, *, keep_io_types: bool) -> torch.nn.Module:
-        work = rewrite(
-            self.base.copy(),
-            self.info,
-            plan,
-            keep_io_types=keep_io_types,
-            captured_output_dtypes=self.captured_outputs,
-            verify_each=False,
-        )
-        return Guarded(work.to_exported().module(), self.base.reset_state)
+        return self._guarded(realise(self.captured, plan, keep_io_types=keep_io_types, verify_each=False))
+
+    def _guarded(self, work) -> Guarded:
+        return Guarded(work.to_exported().module(), self.captured.reset_state)
 
     # ---- measurements --------------------------------------------------------------------------
     def measure(self, lowered: Iterable[str]) -> Outcome:

@@ -21,32 +21,31 @@ import torch
 from ..backends import get_backend
 from ..dtypes import dtype_name
 from ..plan import planner
-from ..rewrite.pipeline import rewrite
+from ..rewrite.pipeline import realise
 from . import timing
+from .source import chooser
 
 ROUNDS = 9
 WARMUP = 2
 
 
-def choose(base, info, config, timings, example, captured_outputs, *, rule_context=None, int8_ranges=None):
-    """(plan, measurements): the fastest of the per-layer choice and the uniform plans, measured.
-
-    ``example``: (args, kwargs) to call the programs with (a copy: a model may write into its inputs)."""
+def choose(captured, config, timings, *, rule_context=None, int8_ranges=None):
+    """(plan, measurements): the fastest of the per-layer choice and the uniform plans, measured on
+    ``captured``'s example inputs (a fresh copy: a model may write into its inputs)."""
 
     def plan_for(uniform=None, note=""):
-        return planner.build_plan(
-            info, config, rule_context, int8_ranges=int8_ranges, timings=timings, weak_uniform=uniform, weak_note=note
-        )
+        weak = chooser(timings, config, uniform=uniform, note=note)
+        return planner.build_plan(captured.info, config, rule_context, int8_ranges=int8_ranges, weak=weak)
 
     candidates = {"per-layer choice": None}
     for dtype in sorted(config.enabled_precisions - {torch.float32}, key=str):
         candidates[f"all {dtype_name(dtype)}"] = dtype
     runs = {}
     for label, uniform in candidates.items():
-        work = rewrite(base.copy(), info, plan_for(uniform), keep_io_types=config.keep_io_types,
-                       captured_output_dtypes=captured_outputs)
+        work = realise(captured, plan_for(uniform), keep_io_types=config.keep_io_types)
         runs[label] = get_backend(config.backend)(work.to_exported(), config)
-    seconds = _interleaved(runs, example, timing.median_timer(warmup=0, repeats=1, device=torch.device(timings.device)))
+    timer = timing.median_timer(warmup=0, repeats=1, device=torch.device(timings.device))
+    seconds = _interleaved(runs, captured.fresh(), timer)
     # a tie goes to the uniform plan: as fast, and fewer casts
     best = min(seconds, key=lambda label: (seconds[label], label == "per-layer choice"))
     ms = {label: round(s * 1e3, 4) for label, s in seconds.items()}

@@ -206,7 +206,7 @@ class CostModel:
         return captured
 
     def _needed(self, consumer: str, inp: str, dtypes) -> torch.dtype | None:
-        """dtype ``consumer`` must receive on input ``inp`` (plan.precision_plan.required_input_dtype)."""
+        """dtype ``consumer`` must receive on input ``inp`` (plan.input_contract.required_input_dtype)."""
         node = self.info[consumer]
         captured = node.input_dtypes.get(inp)
         if node.kind == "cast" or not is_float(captured):

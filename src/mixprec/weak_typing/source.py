@@ -10,6 +10,9 @@ Free layers are those autocast would be free to lower: fp32 compute layers that 
 source decided (plan requests, precision markers, the code's own typing — ``torch.autocast``
 regions, ``.half()`` modules, ``.to()`` casts) and that read at least one float tensor. Every
 decision's reason carries the measured numbers; :func:`explain` gives them to the report.
+
+The planner calls this source through the callable :func:`chooser` makes (``build_plan(weak=...)``):
+planning is an earlier stage than weak typing and does not import it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import torch
 
 from ..dtypes import dtype_name, is_float
 from ..ir.graph_info import GraphInfo
+from ..plan import planner
 from ..plan.precision_plan import NodePrecision, PrecisionPlan
 from .cost import CostModel
 from .timing import Timings
@@ -37,6 +41,16 @@ def candidates(info: GraphInfo, decided: dict) -> list[str]:
         and not node.autocast
         and any(is_float(d) for d in node.input_dtypes.values())
     ]
+
+
+def weak_typing_layers(info: GraphInfo, settings) -> list[str]:
+    """The layers weak typing chooses a dtype for (and so must time): those no stronger source decides."""
+    return candidates(info, planner.strong_decisions(info, settings))
+
+
+def chooser(timings: Timings, settings, *, uniform: torch.dtype | None = None, note: str = "") -> planner.WeakSource:
+    """The source ``planner.build_plan(weak=...)`` asks for the free layers' dtypes (see :func:`decide`)."""
+    return lambda info, decided: decide(info, decided, timings, settings, uniform=uniform, note=note)
 
 
 def decide(

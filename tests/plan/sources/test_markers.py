@@ -8,6 +8,7 @@ from models import NestedRegions, ResidualRegion, TRTorchSeed
 from torch import nn
 
 import mixprec
+from mixprec.ir.markers import calibration_targets
 from mixprec.plan.sources import markers
 
 M = torch.ops.mixprec
@@ -133,13 +134,13 @@ def test_int8_decisions_carry_the_dynamic_ranges_of_the_region_boundary():
     assert decision.precision == torch.int8 and decision.compute_dtype == torch.float32
     assert decision.int8.inputs == ((conv1.name, (-2.0, 3.0)),)
     assert decision.int8.output == (-4.0, 1.0)
-    assert markers.calibration_targets(info) == frozenset()
+    assert calibration_targets(info) == frozenset()
 
 
 def test_int8_regions_without_ranges_ask_for_calibration_of_their_boundary():
     info = _info(TRTorchSeed(torch.int8))
     conv1, conv2 = (next(n.name for n in info.values() if n.module == m) for m in ("conv1", "conv2"))
-    assert markers.calibration_targets(info) == {conv1, conv2}
+    assert calibration_targets(info) == {conv1, conv2}
     decided = markers.decide(info, {}, {conv1: (-1.0, 2.0), conv2: (-3.0, 0.5)})
     assert decided[conv2].int8.inputs == ((conv1, (-1.0, 2.0)),)
     assert decided[conv2].int8.output == (-3.0, 0.5)

@@ -49,6 +49,7 @@ import zipfile
 import torch
 
 from ...errors import ConfigError, FileFormatError
+from ...ir.frontend import program_parts
 from . import outputs, safety, tensors
 
 FORMAT = "mixprec.program"
@@ -206,17 +207,7 @@ def _for_saving(ep, out_spec):
         else entry
         for entry in ep.module_call_graph
     ]
-    program = torch.export.ExportedProgram(
-        root=ep.graph_module,
-        graph=ep.graph,
-        graph_signature=ep.graph_signature,
-        state_dict=ep.state_dict,
-        range_constraints=ep.range_constraints,
-        module_call_graph=graph,
-        example_inputs=None,
-        constants=ep.constants,
-        verifiers=ep.verifiers,
-    )
+    program = torch.export.ExportedProgram(**program_parts(ep, module_call_graph=graph))
     program._guards_code = []  # mixprec checks inputs itself; load ignores guards (safety.strip_guards)
     return program
 

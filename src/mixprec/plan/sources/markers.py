@@ -46,17 +46,6 @@ def decide(
     return out
 
 
-def calibration_targets(info: GraphInfo) -> frozenset[str]:
-    """Values whose (min, max) must come from calibration: the boundaries of int8 regions without ranges."""
-    names = set()
-    for node in info.values():
-        region = node.marker
-        if region is not None and region.dtype == torch.int8 and region.ranges is None:
-            names.add(region.entry)
-            names.update(region.exits)
-    return frozenset(names)
-
-
 def _ranges(region: MarkerRegion, layer: str, int8_ranges) -> tuple:
     if region.ranges is not None:
         in_min, in_max, out_min, out_max = region.ranges
