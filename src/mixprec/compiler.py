@@ -11,7 +11,6 @@ import logging
 import time
 
 import torch
-import torch.utils._pytree as pytree
 
 from .backends import get_backend
 from .calibrate.batch_graphs import OtherShapes
@@ -21,7 +20,7 @@ from .calibrate.statistics import collect
 from .dtypes import dtype_name
 from .errors import ConfigError, InvariantError, UnsupportedModelError
 from .ir.call_signature import flat_user_inputs
-from .ir.capture import as_input_kwargs, as_input_tuple
+from .ir.capture import as_input_kwargs, as_input_tuple, refuse_meta_tensors
 from .ir.frontend import CapturedModel
 from .ir.graph_info import describe
 from .ir.input_check import input_specs_of
@@ -56,29 +55,6 @@ class _Timer:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
 
-def _refuse_meta_tensors(model, args, kwargs) -> None:
-    """A model or inputs on the meta device have shapes but no values: compile runs the program (report,
-    calibration, weak typing's timings) and stores the weights, so it needs them (issue 11, item 11)."""
-    where = None
-    if isinstance(model, torch.nn.Module):
-        for kind, named in (("parameter", model.named_parameters()), ("buffer", model.named_buffers())):
-            name = next((n for n, t in named if t.is_meta), None)
-            if name is not None:
-                where = f"the model's {kind} {name!r}"
-                break
-    if where is None:
-        leaves = pytree.tree_leaves((args, kwargs))
-        index = next((i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor) and t.is_meta), None)
-        if index is not None:
-            where = f"example input tensor {index}"
-    if where is not None:
-        raise UnsupportedModelError(
-            f"{where} is on the meta device (a shape without values). mixprec runs the compiled program to "
-            "measure its error and stores its weights, so it needs real tensors: materialise the model first "
-            "(e.g. model.to_empty(device='cpu') then load_state_dict(...)) and pass CPU inputs."
-        )
-
-
 def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModule:  # noqa: A001 (API.md's name)
     """Compile ``model`` into a mixed-precision program; see API.md §1 for the settings.
 
@@ -88,7 +64,7 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
     config = CompileSettings.from_kwargs(settings)
     args = as_input_tuple(inputs)
     kwargs = as_input_kwargs(kwargs)
-    _refuse_meta_tensors(model, args, kwargs)
+    refuse_meta_tensors(model, args, kwargs)
     timer = _Timer()
     recaptures = 0
     # times "capture" and "normalize"; the base's written tensors are private copies from here on

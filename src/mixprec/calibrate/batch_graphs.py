@@ -36,7 +36,7 @@ import torch.utils._pytree as pytree
 from torch.export import Dim, ShapesCollection
 
 from ..ir.graph_info import module_of
-from ..ir.input_check import _size_misfit, input_specs_of
+from ..ir.input_check import size_misfit, input_specs_of
 from ..ir.work_program import WorkProgram
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ class CalibrationGraph:
         if len(tensors) != len(self.specs):
             return False
         return all(
-            t.dim() == s.rank and t.dtype == s.dtype and _size_misfit(t.shape, s.dims) is None
+            t.dim() == s.rank and t.dtype == s.dtype and size_misfit(t.shape, s.dims) is None
             for t, s in zip(tensors, self.specs)
         )
 

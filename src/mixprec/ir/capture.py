@@ -19,6 +19,7 @@ import logging
 import threading
 
 import torch
+import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
 
 from ..errors import ConfigError, UnsupportedModelError
@@ -134,3 +135,26 @@ def _first_lines(text: str, limit: int = 6) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     short = "\n".join(lines[:limit])
     return short + ("\n..." if len(lines) > limit else "")
+
+
+def refuse_meta_tensors(model, args, kwargs) -> None:
+    """A model or inputs on the meta device have shapes but no values: compile runs the program (report,
+    calibration, weak typing's timings) and stores the weights, so it needs them (issue 11, item 11)."""
+    where = None
+    if isinstance(model, torch.nn.Module):
+        for kind, named in (("parameter", model.named_parameters()), ("buffer", model.named_buffers())):
+            name = next((n for n, t in named if t.is_meta), None)
+            if name is not None:
+                where = f"the model's {kind} {name!r}"
+                break
+    if where is None:
+        leaves = pytree.tree_leaves((args, kwargs))
+        index = next((i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor) and t.is_meta), None)
+        if index is not None:
+            where = f"example input tensor {index}"
+    if where is not None:
+        raise UnsupportedModelError(
+            f"{where} is on the meta device (a shape without values). mixprec runs the compiled program to "
+            "measure its error and stores its weights, so it needs real tensors: materialise the model first "
+            "(e.g. model.to_empty(device='cpu') then load_state_dict(...)) and pass CPU inputs."
+        )

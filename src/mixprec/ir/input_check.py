@@ -93,7 +93,7 @@ def check_inputs(specs: tuple[InputSpec, ...], program, args: tuple, kwargs: dic
         if tensor.dim() != spec.rank:
             problems.append(f"rank {tensor.dim()} (compiled for rank {spec.rank})")
         else:
-            misfit = _size_misfit(tensor.shape, spec.dims)
+            misfit = size_misfit(tensor.shape, spec.dims)
             if misfit:
                 problems.append(misfit)
         if tensor.device.type != spec.device_type:
@@ -105,7 +105,7 @@ def check_inputs(specs: tuple[InputSpec, ...], program, args: tuple, kwargs: dic
             )
 
 
-def _size_misfit(shape, dims) -> str | None:
+def size_misfit(shape, dims) -> str | None:
     for axis, (size, dim) in enumerate(zip(shape, dims)):
         if isinstance(dim, int):
             if size != dim:

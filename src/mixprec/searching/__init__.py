@@ -26,7 +26,7 @@ import torch.utils._pytree as pytree
 from ..calibrate.batches import batch_list
 from ..dtypes import dtype_name
 from ..errors import ConfigError, MixedPrecisionWarning
-from ..ir.capture import as_input_tuple
+from ..ir.capture import as_input_tuple, refuse_meta_tensors
 from ..plan.precision_plan import NodePrecision, PrecisionPlan
 from ..progress import Progress
 from . import latency
@@ -87,9 +87,7 @@ def search(
     """
     start = time.perf_counter()
     args = as_input_tuple(inputs)
-    from ..compiler import _refuse_meta_tensors
-
-    _refuse_meta_tensors(model, args, {})
+    refuse_meta_tensors(model, args, {})
     device = _device(model, args)
     options = SearchOptions.from_arguments(
         device=device,
