@@ -36,7 +36,7 @@ import torch.utils._pytree as pytree
 from torch.export import Dim, ShapesCollection
 
 from ..ir.graph_info import module_of
-from ..ir.input_check import size_misfit, input_specs_of
+from ..ir.input_check import input_specs_of, size_misfit
 from ..ir.work_program import WorkProgram
 
 log = logging.getLogger(__name__)
