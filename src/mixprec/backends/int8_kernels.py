@@ -285,7 +285,9 @@ def decompose_fake_quant(module: torch.fx.GraphModule) -> int:
 
 def _quantize_nodes(graph, value, scale: float, low: int, high: int, dtype: torch.dtype):
     """clamp(round(value.float() / scale), low, high).to(dtype) as ATen nodes (the quantize op's own arithmetic)."""
-    x = graph.call_function(_aten._to_copy.default, (value,), {"dtype": torch.float32})
+    x = value
+    if _fake_dtype(value) != torch.float32:  # (a float32 value is divided as it is: no copy)
+        x = graph.call_function(_aten._to_copy.default, (value,), {"dtype": torch.float32})
     x = graph.call_function(_aten.div.Tensor, (x, scale))
     x = graph.call_function(_aten.round.default, (x,))
     x = graph.call_function(_aten.clamp.default, (x, low, high))
