@@ -14,7 +14,10 @@ before this lowering) for reference:
   relu-net:       x -> [Linear(1024) + ReLU] x 4      (layer 1 reads the signed input: stays fake quant)
   relu-in:        x -> ReLU -> [Linear(1024) + ReLU] x 4   (every layer's input is non-negative)
   plain:          x -> Linear(1024) x 4               (signed inputs everywhere: nothing lowered)
-Also the error of each program vs fp32 eager and vs today's fake quantization.
+Also the error of each program vs fp32 eager, vs today's fake quantization, and vs "exact sums": today's
+program with every linear summed in fp64 and rounded once (the int8 grid, the same scales, exact sums).
+A float32 rounding difference moves an element to the neighbouring grid point when the next quantization
+meets it near a rounding boundary, so the comparisons count the elements that differ.
 
 Run: PYTHONPATH=src python bench/int8_kernels.py [--rows 1024] [--rounds 15] [--threads 2]
 """
@@ -95,6 +98,23 @@ def kernel_part(m: int, k: int, n: int, rounds: int) -> None:
           f"(a) as two 7-bit GEMMs: {err_two:.3g}")
 
 
+class _ExactSums(torch.fx.Interpreter):
+    """Runs today's fake-quant program with every linear summed in fp64 and rounded once to float32:
+    the program on the int8 grid with exact integer sums (the reference an int8 kernel should meet)."""
+
+    def call_function(self, target, args, kwargs):
+        if target is torch.ops.aten.linear.default:
+            x, w, *rest = args
+            b = rest[0] if rest else None
+            return torch.nn.functional.linear(x.double(), w.double(), None if b is None else b.double()).float()
+        return super().call_function(target, args, kwargs)
+
+
+def grid_steps_off(out: torch.Tensor, ref: torch.Tensor) -> str:
+    """Share of output elements that differ from the fp64-sum reference (each by one grid step at most)."""
+    return f"{float((out != ref).double().mean()):.2%}"
+
+
 class ReluNet(torch.nn.Module):
     def __init__(self, width: int, layers: int, relu_in: bool = False, relu: bool = True):
         super().__init__()
@@ -135,6 +155,7 @@ def program_part(rows_: int, width: int, layers: int, rounds: int) -> None:
             ref32 = model(x)
             ref_fake = fake(x)
             outs = {"eager": eager(x), "inductor": inductor(x)}
+            exact = _ExactSums(fake).run(x)
         times = interleaved(
             {
                 "fp32 eager": lambda: model(x),
@@ -151,11 +172,16 @@ def program_part(rows_: int, width: int, layers: int, rounds: int) -> None:
             key = variant.rsplit(" ", 1)[-1]
             if key in outs:
                 row["rel-L2 vs fake quant"] = f"{rel_l2(outs[key], ref_fake):.2g}"
+                row["rel-L2 vs exact sums"] = f"{rel_l2(outs[key], exact):.2g}"
+                row["elements off exact"] = grid_steps_off(outs[key], exact)
                 row["rel-L2 vs fp32"] = f"{rel_l2(outs[key], ref32):.2g}"
             elif variant.startswith("int8 fake"):
+                row["rel-L2 vs exact sums"] = f"{rel_l2(ref_fake, exact):.2g}"
+                row["elements off exact"] = grid_steps_off(ref_fake, exact)
                 row["rel-L2 vs fp32"] = f"{rel_l2(ref_fake, ref32):.2g}"
             out_rows.append(row)
-    print(table(out_rows, ["model", "lowered", "variant", "ms", "vs fp32 eager", "rel-L2 vs fake quant", "rel-L2 vs fp32"]))
+    print(table(out_rows, ["model", "lowered", "variant", "ms", "vs fp32 eager", "rel-L2 vs fake quant",
+                           "rel-L2 vs exact sums", "elements off exact", "rel-L2 vs fp32"]))
 
 
 def main() -> None:
