@@ -169,7 +169,7 @@ def program_part(rows_: int, width: int, layers: int, rounds: int) -> None:
         for variant, t in times.items():
             row = {"model": name, "lowered": f"{lowered}/{layers}", "variant": variant, "ms": t * 1e3,
                    "vs fp32 eager": f"{base / t:.2f}x"}
-            key = variant.rsplit(" ", 1)[-1]
+            key = variant.rsplit(" ", 1)[-1] if variant.startswith("int8 mixprec") else None
             if key in outs:
                 row["rel-L2 vs fake quant"] = f"{rel_l2(outs[key], ref_fake):.2g}"
                 row["rel-L2 vs exact sums"] = f"{rel_l2(outs[key], exact):.2g}"

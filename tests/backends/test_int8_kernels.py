@@ -94,7 +94,10 @@ aten = torch.ops.aten
         (lambda g, x: _call(g, aten.gelu.default, x), False),  # gelu dips below zero
         (lambda g, x: _call(g, aten.view.default, _call(g, aten.relu.default, x), [4, -1]), True),
         (lambda g, x: _call(g, aten.to.dtype, _call(g, aten.relu.default, x), torch.bfloat16), True),
-        (lambda g, x: _call(g, aten.add.Tensor, _call(g, aten.relu.default, x), _call(g, aten.sigmoid.default, x)), True),
+        (
+            lambda g, x: _call(g, aten.add.Tensor, _call(g, aten.relu.default, x), _call(g, aten.sigmoid.default, x)),
+            True,
+        ),
         (lambda g, x: _call(g, aten.add.Tensor, _call(g, aten.relu.default, x), x), False),
         (lambda g, x: _call(g, aten.mul.Tensor, _call(g, aten.relu.default, x), -1.0), False),
         (lambda g, x: _call(g, aten.linear.default, _call(g, aten.relu.default, x), x), False),
@@ -208,7 +211,9 @@ def test_lowered_program_agrees_with_fake_quantization_within_fp32_rounding(back
     x2 = torch.randn(16, 256) * 1.5  # call-time data beyond the calibrated range: clamped alike
     with torch.inference_mode():
         fake, out = prog.exported_program.module()(x2), prog(x2)
-    out_scale = [n.args[1] for n in prog.exported_program.graph.nodes if n.target is torch.ops.mixprec.quantize_per_tensor.default][-1]
+    quantize = torch.ops.mixprec.quantize_per_tensor.default
+    quantizes = [n for n in prog.exported_program.graph.nodes if n.target is quantize]
+    out_scale = quantizes[-1].args[1]
     diff = (out - fake).abs()
     assert float(diff.max()) <= out_scale * 1.0001  # at most one grid step of the last quantization
     assert float((diff > 0).float().mean()) <= 0.01  # and only where float32 rounding met a boundary
@@ -236,7 +241,8 @@ def test_decomposed_quantize_is_bit_identical_under_inductor():
     scale = 0.0148547765776867
     k = torch.arange(-130, 130).double()
     halfway = ((k + 0.5) * scale).float()
-    x = torch.cat([halfway, torch.nextafter(halfway, halfway + 1), torch.nextafter(halfway, halfway - 1), torch.randn(4096)])
+    up, down = torch.nextafter(halfway, halfway + 1), torch.nextafter(halfway, halfway - 1)
+    x = torch.cat([halfway, up, down, torch.randn(4096)])
 
     class FakeQuant(torch.nn.Module):
         def forward(self, v):

@@ -27,13 +27,16 @@ scales and int8 weights the program stores. What differs: the sum over K is int3
 instead of float32, and the scales are applied to it in float32 — outputs agree with the fake
 quantization within float32 rounding of a K-term sum (tests/backends/test_int8_kernels.py).
 
-Before::                                           After::
+Before::                                               After::
 
-    r = aten.relu(h)                                   r = aten.relu(h)
-    r_q = mixprec.quantize_per_tensor(r, 0.013)        y = mixprec_kernels.int8_linear_u7(r, 0.013, w_scale, b, 3)
-    r_dq = mixprec.dequantize_per_tensor(r_q, 0.013, float32)
-    w_dq = mixprec.dequantize_per_channel(w_int8, w_scale, 0, float32)
+    r = aten.relu(h)                                       r = aten.relu(h)
+    r_q = mixprec.quantize_per_tensor(r, 0.013)            d = aten.div(r, 0.013)
+    r_dq = mixprec.dequantize_per_tensor(r_q, 0.013, f32)  u = aten._to_copy(aten.clamp(aten.round(d), 0, 127), uint8)
+    w_dq = mixprec.dequantize_per_channel(w_int8, ...)     y = mixprec_kernels.int8_linear_u7(u, 0.013, w_scale, b, 3)
     y = aten.linear(r_dq, w_dq, b)
+
+(the quantization as ATen ops, so that inductor fuses it with the relu; the last argument is the
+packed weight's handle).
 
 The weights are packed (``qlinear_prepack``) when the backend is built — also after
 ``mixprec.load``, which builds the backend again — and live only in the built module: the saved
