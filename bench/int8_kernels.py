@@ -8,7 +8,8 @@ error against exact integer arithmetic (fp64 of the same int8 grid values):
 Without VNNI the kernel adds pairs of u8*s8 products in int16 (vpmaddubsw) and saturates in (a).
 
 Part 2, whole programs through ``mixprec.compile`` (configurator: every Linear at activation int8,
-today's int8 numerics) on the eager and inductor backends vs the fp32 model in eager PyTorch, plus
+today's int8 numerics) on the eager and inductor backends vs the fp32 model in eager PyTorch (and
+the fp32 model compiled by mixprec on inductor), plus
 today's fake quantization (the rewritten ExportedProgram's own module, as the eager backend ran it
 before this lowering) for reference:
   relu-net:       x -> [Linear(1024) + ReLU] x 4      (layer 1 reads the signed input: stays fake quant)
@@ -147,6 +148,7 @@ def program_part(rows_: int, width: int, layers: int, rounds: int) -> None:
         plan = cfg.apply((x,))
         eager = mixprec.compile(model, (x,), plan=plan, backend="eager")
         inductor = mixprec.compile(model, (x,), plan=plan, backend="inductor")
+        fp32_inductor = mixprec.compile(model, (x,), backend="inductor")  # the same layers in fp32, fused
         fake = eager.exported_program.module()  # today's fake quantization, op by op
         lowered = sum(
             1 for node in eager.runner.graph.nodes if node.target is torch.ops.mixprec_kernels.int8_linear_u7.default
@@ -159,6 +161,7 @@ def program_part(rows_: int, width: int, layers: int, rounds: int) -> None:
         times = interleaved(
             {
                 "fp32 eager": lambda: model(x),
+                "fp32 mixprec inductor": lambda: fp32_inductor(x),
                 "int8 fake quant (today)": lambda: fake(x),
                 "int8 mixprec eager": lambda: eager(x),
                 "int8 mixprec inductor": lambda: inductor(x),
