@@ -26,6 +26,7 @@ Run: PYTHONPATH=src python bench/int8_kernels.py [--rows 1024] [--rounds 15] [--
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import sys
 from pathlib import Path
@@ -37,6 +38,12 @@ from harness import interleaved, machine, stamp, table  # noqa: E402
 
 import mixprec  # noqa: E402
 from mixprec.backends import int8_kernels  # noqa: E402
+
+# the test models (tests/models.py; bench/models.py has the same module name)
+_spec = importlib.util.spec_from_file_location("test_models", Path(__file__).resolve().parents[1] / "tests" / "models.py")
+_test_models = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_test_models)
+ReluNet = _test_models.ReluNet
 
 
 def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -116,31 +123,15 @@ def grid_steps_off(out: torch.Tensor, ref: torch.Tensor) -> str:
     return f"{float((out != ref).double().mean()):.2%}"
 
 
-class ReluNet(torch.nn.Module):
-    def __init__(self, width: int, layers: int, relu_in: bool = False, relu: bool = True):
-        super().__init__()
-        self.relu_in, self.relu = relu_in, relu
-        self.fcs = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(layers))
-
-    def forward(self, x):
-        if self.relu_in:
-            x = torch.relu(x)
-        for fc in self.fcs:
-            x = fc(x)
-            if self.relu:
-                x = torch.relu(x)
-        return x
-
-
 def program_part(rows_: int, width: int, layers: int, rounds: int) -> None:
     print(f"\n### Whole programs: {layers} x Linear({width}), input {rows_}x{width}, configurator activation=int8")
     torch.manual_seed(0)
     x = torch.randn(rows_, width)
     out_rows = []
     for name, model in (
-        ("relu-net", ReluNet(width, layers)),
+        ("relu-net", ReluNet(width, layers, relu_in=False)),
         ("relu-in", ReluNet(width, layers, relu_in=True)),
-        ("plain", ReluNet(width, layers, relu=False)),
+        ("plain", ReluNet(width, layers, relu_in=False, relu=False)),
     ):
         model.eval()
         cfg = mixprec.MixedPrecisionConfigurator(model)

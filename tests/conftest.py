@@ -1,5 +1,5 @@
-"""Test-wide set-up: the verifier runs after every rewrite pass (with a fake-tensor re-run), and
-every test starts from the same random state."""
+"""Test-wide set-up: the verifier runs after every rewrite pass (with a fake-tensor re-run), every test
+starts from the same random state, and `exports` counts the captures a test makes."""
 
 import os
 
@@ -13,3 +13,19 @@ import torch  # noqa: E402
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture
+def exports(monkeypatch):
+    """How many times torch.export ran (every capture goes through ir/capture.py's export)."""
+    import mixprec.ir.capture as capture_module
+
+    calls = []
+    real = capture_module.export
+
+    def counting(*args, **kwargs):
+        calls.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(capture_module, "export", counting)
+    return calls

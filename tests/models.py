@@ -619,3 +619,34 @@ class LogOfRelu(nn.Module):
 
     def forward(self, x):
         return torch.log(torch.relu(self.fc(x))).clamp(min=-20.0)
+
+
+class Counter(nn.Module):
+    """A forward that writes its buffer in place: its output depends on how often it ran."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("steps", torch.zeros(()))
+
+    def forward(self, x):
+        self.steps.add_(1)
+        return self.lin(x) * self.steps
+
+
+class ReluNet(torch.nn.Module):
+    """x -> [ReLU] -> (Linear + ReLU) x layers."""
+
+    def __init__(self, width=256, layers=3, relu_in=True, relu=True):
+        super().__init__()
+        self.relu_in, self.relu = relu_in, relu
+        self.fcs = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(layers))
+
+    def forward(self, x):
+        if self.relu_in:
+            x = torch.relu(x)
+        for fc in self.fcs:
+            x = fc(x)
+            if self.relu:
+                x = torch.relu(x)
+        return x

@@ -13,23 +13,9 @@ import torch
 from models import SeedExplicit, ThreeLinears
 
 import mixprec
-import mixprec.ir.capture as capture_module
 from mixprec.ir.frontend import CapturedModel
 from mixprec.output.numerics import output_errors
 from mixprec.searching.trials import Trials
-
-
-@pytest.fixture
-def exports(monkeypatch):
-    calls = []
-    real = capture_module.export
-
-    def counting(*args, **kwargs):
-        calls.append(args[0])
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(capture_module, "export", counting)
-    return calls
 
 
 def _eager_fp32(model, x):

@@ -9,23 +9,10 @@ mixprec serialises capture; an input that requires grad is refused at call time.
 import pytest
 import torch
 from helpers import assert_same_outputs, assert_unchanged, run_in_threads, snapshot
-from models import ConvNet, DataDependent, SeedExplicit, ThreeLinears
+from models import ConvNet, Counter, DataDependent, SeedExplicit, ThreeLinears
 from torch import nn
 
 import mixprec
-
-
-class Counter(nn.Module):
-    """A forward that writes its buffer in place: its output depends on how often it ran."""
-
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(4, 4)
-        self.register_buffer("steps", torch.zeros(()))
-
-    def forward(self, x):
-        self.steps.add_(1)
-        return self.lin(x) * self.steps
 
 
 def test_compile_leaves_a_buffer_writing_model_as_it_was_and_reports_zero_error():

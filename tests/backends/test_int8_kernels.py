@@ -22,6 +22,7 @@ import logging
 
 import pytest
 import torch
+from models import ReluNet
 
 import mixprec
 from mixprec.backends import int8_kernels
@@ -32,24 +33,6 @@ pytestmark = pytest.mark.skipif(not int8_kernels.is_available(), reason="torch w
 
 KERNEL = torch.ops.mixprec_kernels.int8_linear_u7.default
 EPS32 = 2.0**-24
-
-
-class ReluNet(torch.nn.Module):
-    """x -> [ReLU] -> (Linear + ReLU) x layers."""
-
-    def __init__(self, width=256, layers=3, relu_in=True, relu=True):
-        super().__init__()
-        self.relu_in, self.relu = relu_in, relu
-        self.fcs = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(layers))
-
-    def forward(self, x):
-        if self.relu_in:
-            x = torch.relu(x)
-        for fc in self.fcs:
-            x = fc(x)
-            if self.relu:
-                x = torch.relu(x)
-        return x
 
 
 def int8_plan(model, x):

@@ -2,30 +2,15 @@
 
 import copy
 
-import pytest
 import torch
-from models import AutocastRegions, SeedExplicit, ThreeLinears, TRTorchSeed
+from models import AutocastRegions, Counter, SeedExplicit, ThreeLinears, TRTorchSeed
 from torch import nn
 
-import mixprec.ir.capture as capture_module
 from mixprec.ir.frontend import CapturedModel
 from mixprec.ir.graph_info import analyze
 from mixprec.ir.normalize import normalize
 from mixprec.ir.runner import run_user_outputs
 from mixprec.ir.work_program import WorkProgram
-
-
-class Counter(nn.Module):
-    """Writes its buffer in place: its output depends on how often it ran."""
-
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(4, 4)
-        self.register_buffer("steps", torch.zeros(()))
-
-    def forward(self, x):
-        self.steps.add_(1)
-        return self.lin(x) * self.steps
 
 
 class Scale(nn.Module):
@@ -34,20 +19,6 @@ class Scale(nn.Module):
     def forward(self, x):
         x.mul_(2)
         return x + 1
-
-
-@pytest.fixture
-def exports(monkeypatch):
-    """How many times torch.export ran (every capture goes through ir/capture.py's export)."""
-    calls = []
-    real = capture_module.export
-
-    def counting(*args, **kwargs):
-        calls.append(args[0])
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(capture_module, "export", counting)
-    return calls
 
 
 def test_captures_once_and_holds_the_normalised_analysed_base(exports):
