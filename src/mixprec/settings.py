@@ -31,12 +31,12 @@ class CompileSettings:
     autocast_max_output_threshold: float = 512.0
     autocast_max_depth_of_reduction: int | None = None
     autocast_calibration_dataloader: Any = None
-    autocast_keep_residual_stream: bool = True  # mixprec extension: see mixprec/stream.py
+    autocast_keep_residual_stream: bool = True  # mixprec extension: see plan/rules/stream.py
     autocast_low_precision_embeddings: bool = False  # mixprec extension: store embedding tables in the low type
     autocast_included_nodes: tuple[re.Pattern, ...] = ()  # mixprec extension: force into the low type
     autocast_included_ops: frozenset[str] = frozenset()  # mixprec extension: force into the low type
     use_fp32_acc: bool = False
-    runtime_guard: str | None = None  # mixprec extension: "warn" | "raise" (mixprec/guard.py)
+    runtime_guard: str | None = None  # mixprec extension: "warn" | "raise" (backends/guard.py)
     enabled_precisions: frozenset[torch.dtype] = frozenset({torch.float32})
     keep_io_types: bool = True
     plan: Any = None

@@ -11,5 +11,5 @@ from .int8_kernels import lower_int8_linears
 def build(exported_program, settings):
     module = exported_program.module()
     lower_int8_linears(module)  # int8 layers with non-negative inputs on the int8 GEMM, same numerics
-    install(module, getattr(settings, "runtime_guard", None))  # runtime_guard="warn"|"raise": mixprec/guard.py
+    install(module, getattr(settings, "runtime_guard", None))  # runtime_guard="warn"|"raise": guard.py
     return module

@@ -129,7 +129,7 @@ def collect(
     ``batches`` yields calls of forward: tuples or lists of positional inputs, single tensors,
     dicts keyed by forward's parameter names (what HF collators yield), or :class:`Call`.
     ``signature`` (a ``CallSignature``) maps keywords onto the captured call (without it a dict
-    batch is refused). ``other_shapes`` (``calibration_graphs.OtherShapes``) runs batches whose
+    batch is refused). ``other_shapes`` (``batch_graphs.OtherShapes``) runs batches whose
     sizes the captured graph does not take; without it they are refused.
     Every batch starts from the captured state of buffers the graph writes.
     """
