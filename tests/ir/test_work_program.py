@@ -67,6 +67,19 @@ def test_edits_never_reach_the_users_program():
     torch.testing.assert_close(ep.module()(x), _eager(model, x), rtol=0, atol=0)
 
 
+def test_renaming_a_spec_argument_in_place_never_renames_the_users_program():
+    """Specs are copied with their arguments: even an in-place edit stays in the copy (and in a copy of it)."""
+    _, _, ep = _three()
+    names = [s.arg.name for s in ep.graph_signature.input_specs + ep.graph_signature.output_specs]
+    work = WorkProgram.from_exported(ep)
+    other = work.copy()
+    for program in (work, other):
+        for spec in program.input_specs + program.output_specs:
+            spec.arg.name = "renamed"
+    assert [s.arg.name for s in ep.graph_signature.input_specs + ep.graph_signature.output_specs] == names
+    assert other.input_specs[0].arg is not work.input_specs[0].arg
+
+
 def test_a_copy_is_independent_but_shares_the_tensors():
     model, x, ep = _three()
     work = WorkProgram.from_exported(ep)

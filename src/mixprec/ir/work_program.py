@@ -67,8 +67,8 @@ class WorkProgram:
         work = cls(
             root=ep.graph_module,
             fx_graph=_copy_graph(ep.graph),
-            input_specs=[copy.copy(s) for s in sig.input_specs],
-            output_specs=[copy.copy(s) for s in sig.output_specs],
+            input_specs=[_spec_copy(s) for s in sig.input_specs],
+            output_specs=[_spec_copy(s) for s in sig.output_specs],
             state_dict=dict(ep.state_dict),
             constants=dict(ep.constants),
             range_constraints=dict(ep.range_constraints),
@@ -94,8 +94,8 @@ class WorkProgram:
             fx_graph=_copy_graph(self.fx_graph),
             _graph_module=None,
             _spec_index=None,
-            input_specs=[copy.copy(s) for s in self.input_specs],
-            output_specs=[copy.copy(s) for s in self.output_specs],
+            input_specs=[_spec_copy(s) for s in self.input_specs],
+            output_specs=[_spec_copy(s) for s in self.output_specs],
             state_dict=dict(self.state_dict),
             constants=dict(self.constants),
             module_call_graph=list(self.module_call_graph),
@@ -291,3 +291,11 @@ def _is_impure(node: torch.fx.Node) -> bool:
     if node.op in ("placeholder", "output"):
         return True
     return node.is_impure()
+
+
+def _spec_copy(spec):
+    """A copy of an input/output spec that shares nothing a pass may edit: its argument (the placeholder or
+    output name) is copied too, so renaming it here never renames the program it came from."""
+    spec = copy.copy(spec)
+    spec.arg = copy.copy(spec.arg)
+    return spec
