@@ -1,6 +1,7 @@
 """mixprec: compile PyTorch models into mixed-precision programs (see API.md)."""
 
 from . import ops  # noqa: F401  (registers torch.ops.mixprec.*: the precision markers and int8 Q/DQ)
+from ._version import __version__  # noqa: F401  (mixprec.__version__)
 from .compiler import compile
 from .configurator import MixedPrecisionConfigurator
 from .debugger import DebugReport, debug
@@ -19,8 +20,6 @@ from .output.report import LayerRecord, Report
 from .output.serialize import OutputRecord, load, save
 from .plan.precision_plan import NodePrecision, PrecisionPlan
 from .searching import Accuracy, SearchResult, search
-
-from ._version import __version__  # noqa: F401  (mixprec.__version__)
 
 __all__ = [
     "compile",

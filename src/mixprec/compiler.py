@@ -24,7 +24,7 @@ from .ir.capture import as_input_kwargs, as_input_tuple, refuse_meta_tensors
 from .ir.frontend import CapturedModel
 from .ir.graph_info import describe
 from .ir.input_check import input_specs_of
-from .ir.markers import calibration_targets
+from .ir.marker_regions import calibration_targets
 from .ir.runner import failing_node, run_user_outputs
 from .ir.work_program import stored_bytes
 from .ir.written_state import preserved, written_tensors

@@ -98,6 +98,34 @@ def test_nonnegative_is_decided_from_the_graph(build, expected):
     assert is_nonnegative(_graph(build)) is expected
 
 
+def _doubling(levels, start):
+    def build(g, x):
+        h = start(g, x)
+        for _ in range(levels):
+            h = _call(g, aten.add.Tensor, h, h)  # every level reaches the start along twice as many paths
+        return h
+
+    return build
+
+
+@pytest.mark.parametrize(
+    "start, expected", [(lambda g, x: _call(g, aten.relu.default, x), True), (lambda g, x: x, False)]
+)
+def test_a_value_reached_along_many_paths_is_judged_once(start, expected):
+    """2**40 paths to the start: judging each node once answers at once (path by path it never would)."""
+    import time
+
+    graph_output = _graph(_doubling(40, start))
+    began = time.perf_counter()
+    assert is_nonnegative(graph_output) is expected
+    assert time.perf_counter() - began < 1.0
+
+
+def test_past_64_producers_the_answer_is_unsure():
+    assert is_nonnegative(_graph(_doubling(40, lambda g, x: _call(g, aten.relu.default, x)))) is True
+    assert is_nonnegative(_graph(_doubling(80, lambda g, x: _call(g, aten.relu.default, x)))) is False
+
+
 # ---- the kernel -----------------------------------------------------------------------------------------
 def test_kernel_is_exact_integer_arithmetic_on_7bit_activations():
     gen = torch.Generator().manual_seed(0)

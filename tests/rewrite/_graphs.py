@@ -4,9 +4,9 @@ import torch
 from helpers import captured
 from torch import nn
 
+from mixprec.ir.passes import CHECKED
 from mixprec.plan import planner
 from mixprec.plan.precision_plan import NodePrecision, PrecisionPlan
-from mixprec.ir.passes import CHECKED
 from mixprec.rewrite.context import RewriteContext
 from mixprec.rewrite.pipeline import PIPELINE
 from mixprec.rewrite.verify import verify

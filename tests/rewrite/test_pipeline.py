@@ -11,10 +11,10 @@ from models import Attention, AutocastRegions, ConvNet, SeedExplicit, ThreeLinea
 from mixprec.errors import InvariantError
 from mixprec.ir.frontend import CapturedModel
 from mixprec.ir.graph_info import META_ROLE
+from mixprec.ir.passes import CHECKED, PassResult, RewritePass, rewrite_pass
 from mixprec.ir.runner import run_user_outputs
 from mixprec.plan import planner
 from mixprec.plan.precision_plan import NodePrecision, PrecisionPlan
-from mixprec.ir.passes import CHECKED, PassResult, RewritePass, rewrite_pass
 from mixprec.rewrite.casting import is_mixprec_cast
 from mixprec.rewrite.context import RewriteContext
 from mixprec.rewrite.insert_casts import insert_casts

@@ -133,9 +133,22 @@ def is_available() -> bool:
     )
 
 
-def is_nonnegative(node, _depth: int = 0) -> bool:
-    """Whether every value ``node`` produces is >= 0, from the graph alone (conservative: False when unsure)."""
-    if _depth > 64 or not isinstance(node, torch.fx.Node) or node.op != "call_function":
+def is_nonnegative(node, _known: dict | None = None, _depth: int = 0) -> bool:
+    """Whether every value ``node`` produces is >= 0, from the graph alone (conservative: False when unsure).
+
+    Each node is judged once (``_known``): a value that reaches a layer along many paths, as a residual
+    stream does through ``add(h, h)``, costs one visit, not one per path. Deeper than 64 producers it
+    answers "unsure" (False), which keeps the recursion bounded on any graph."""
+    known = {} if _known is None else _known
+    if not isinstance(node, torch.fx.Node) or _depth > 64:
+        return False
+    if node not in known:
+        known[node] = _judge(node, known, _depth + 1)
+    return known[node]
+
+
+def _judge(node: torch.fx.Node, known: dict, depth: int) -> bool:
+    if node.op != "call_function":
         return False
     target = node.target
     if target in _NONNEGATIVE_OPS:
@@ -146,20 +159,20 @@ def is_nonnegative(node, _depth: int = 0) -> bool:
         bound = node.args[index] if len(node.args) > index else node.kwargs.get(keyword, default)
         return isinstance(bound, (int, float)) and not isinstance(bound, bool) and bound >= 0
     if target in _VALUE_PRESERVING_OPS:
-        return is_nonnegative(node.args[0], _depth + 1)
+        return is_nonnegative(node.args[0], known, depth)
     if target in _CLOSED_BINARY_OPS:
-        return all(_nonnegative_operand(a, _depth + 1) for a in node.args[:2]) and not node.kwargs.get("alpha")
+        return all(_nonnegative_operand(a, known, depth) for a in node.args[:2]) and not node.kwargs.get("alpha")
     if target in (_aten.cat.default, _aten.stack.default):
-        return all(is_nonnegative(a, _depth + 1) for a in node.args[0])
+        return all(is_nonnegative(a, known, depth) for a in node.args[0])
     if target in (torch.ops.mixprec.quantize_per_tensor.default, torch.ops.mixprec.dequantize_per_tensor.default):
-        return is_nonnegative(node.args[0], _depth + 1)  # round and clamp keep the sign
+        return is_nonnegative(node.args[0], known, depth)  # round and clamp keep the sign
     return False
 
 
-def _nonnegative_operand(arg, depth: int) -> bool:
+def _nonnegative_operand(arg, known: dict, depth: int) -> bool:
     if isinstance(arg, (int, float)) and not isinstance(arg, bool):
         return arg >= 0
-    return is_nonnegative(arg, depth)
+    return is_nonnegative(arg, known, depth)
 
 
 # ---- the kernel op ---------------------------------------------------------------------------------------
@@ -220,17 +233,23 @@ def lower_int8_linears(module: torch.fx.GraphModule) -> list[str]:
         return []
     graph = module.graph
     lowered, kept = [], []
-    owned = []
+    owned = module.__dict__.setdefault("_mixprec_int8_packed", [])  # strong references: as long as the module
+    known: dict = {}
     for node in list(graph.nodes):
         match = _match(module, node)
         if match is None:
             continue
         value, scale, weight_int8, w_scales_node, bias = match
-        if not is_nonnegative(value):
+        if not is_nonnegative(value, known):
             kept.append(node.name)
             continue
-        handle, packed = pack_weight(weight_int8)
-        owned.append(packed)
+        try:
+            handle, packed = pack_weight(weight_int8)
+        except RuntimeError as e:  # oneDNN refused this weight: the layer keeps its fake quantization
+            logger.info("int8 layer %s kept as fake quantization: oneDNN could not pack its weight (%s)", node.name, e)
+            kept.append(node.name)
+            continue
+        owned.append(packed)  # before the graph refers to its handle
         with graph.inserting_before(node):
             u = _quantize_nodes(graph, value, scale, 0, U7_MAX, torch.uint8)
             new = graph.call_function(_KERNEL, (u, scale, w_scales_node, bias, handle), name=f"{node.name}_int8")
@@ -241,8 +260,6 @@ def lower_int8_linears(module: torch.fx.GraphModule) -> list[str]:
     if lowered:
         graph.eliminate_dead_code()
         module.recompile()
-        # the strong references to the packed weights: they live as long as the module that calls them
-        module.__dict__.setdefault("_mixprec_int8_packed", []).extend(owned)
     if lowered or kept:
         logger.info(
             "int8 linear layers on oneDNN's int8 kernel: %s; kept as fake quantization (input may be negative: "

@@ -5,7 +5,7 @@ requests of the configurator quantize with the range each value takes on calibra
 — the compile's ``autocast_calibration_dataloader`` or, without one, the example inputs.
 :func:`marker_ranges` is that calibration for a captured model's int8 marker regions (compile,
 the configurator and the search calibrate them the same way: through it).
-The graph is run as captured (the model's own dtypes) by ``calibrate.collect``, which keeps
+The graph is run as captured (the model's own dtypes) by ``calibrate.statistics.collect``, which keeps
 only streaming statistics per node (min/max among them), never the tensors.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Collection, Iterable
 
 from ..errors import CalibrationError
 from ..ir.frontend import CapturedModel
-from ..ir.markers import calibration_targets
+from ..ir.marker_regions import calibration_targets
 from ..ir.work_program import WorkProgram
 from .batches import calibration_batches
 from .statistics import Calibration, collect
@@ -38,7 +38,7 @@ def marker_ranges(captured: CapturedModel, calibration_dataloader, *, calibratio
 def collect_ranges(
     work: WorkProgram, names: Collection[str], batches: Iterable[tuple], *, calibration: Calibration | None = None
 ) -> dict[str, Range]:
-    """Running (min, max) of the named nodes' finite values over every batch (calibrate.collect's
+    """Running (min, max) of the named nodes' finite values over every batch (calibrate.statistics.collect's
     statistics; pass ``calibration`` when the compile already ran it on the same data)."""
     wanted = set(names)
     if not wanted:

@@ -19,8 +19,8 @@ import torch
 
 from ..compiler import compile as _compile
 from ..errors import ConfigError
-from ..ir.capture import as_input_kwargs, as_input_tuple
 from ..ir.call_signature import flat_user_inputs
+from ..ir.capture import as_input_kwargs, as_input_tuple
 from ..ir.input_check import check_inputs, input_specs_of
 from ..ir.written_state import preserved, written_tensors
 from ..output.module import MixedPrecisionModule

@@ -42,7 +42,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..dtypes import is_float
 from .graph_info import META_AUTOCAST, META_ROLE
-from .markers import strip_markers
+from .marker_regions import strip_markers
 from .passes import PassResult
 from .work_program import WorkProgram
 

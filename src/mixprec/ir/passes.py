@@ -1,7 +1,7 @@
 """The pass contract (modelled on torch.fx's PassBase/PassResult and its PassManager's checks).
 
 It lives with the graph because both stages that change graphs use it: normalisation
-(``normalize.py``, ``markers.py`` here) returns :class:`PassResult`, and every rewrite pass
+(``normalize.py``, ``marker_regions.py`` here) returns :class:`PassResult`, and every rewrite pass
 (``rewrite/``) declares its contract with :func:`rewrite_pass`.
 
 A rewrite pass takes the rewrite context (the WorkProgram, the GraphInfo of the captured graph, the

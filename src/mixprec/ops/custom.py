@@ -12,7 +12,7 @@ In eager PyTorch (and whenever mixprec is not compiling) the markers are identit
 model runs unchanged, gradients pass straight through. They are registered with
 ``torch.library.custom_op`` so that ``torch.export`` keeps them as nodes (with fake-tensor
 kernels, so dynamic shapes trace); mixprec reads the regions they delimit and removes them
-(``ir/markers.py``). A custom op may not return its input itself, so the eager
+(``ir/marker_regions.py``). A custom op may not return its input itself, so the eager
 kernels return a copy — the same values, the same dtype.
 
 Quantize/dequantize (the int8 realisation, ``rewrite/quantize.py``): symmetric int8 with the

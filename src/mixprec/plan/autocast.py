@@ -3,7 +3,7 @@
 ``prepare`` turns the settings and the captured graph into a :class:`~mixprec.plan.rules.RuleContext`:
 
 * the low type (``autocast_low_precision_type``, or bf16 on CPU / fp16 on CUDA);
-* calibration statistics of every node (``calibrate.collect``) on the calibration
+* calibration statistics of every node (``calibrate.statistics.collect``) on the calibration
   dataloader or, when there is none, on the example inputs: they are real-scale data
   the user already has, unlike the random [-1, 1] data ModelOpt calibrates on by default,
   which misses the overflows real inputs cause;
@@ -58,11 +58,10 @@ class Prepared:
 
 
 def prepare(
-    work: WorkProgram, info: GraphInfo, config: CompileSettings, example_args: tuple, *, keep_first_outputs: bool = False,
+    work: WorkProgram, info: GraphInfo, config: CompileSettings, example_args: tuple, *,
     calibration: Calibration | None = None,
 ) -> Prepared:
     """``example_args``: the flat user inputs of the example (calibration data when no loader is given);
-    ``keep_first_outputs``: also keep the first calibration batch's outputs (see calibrate.collect);
     ``calibration``: statistics the caller already collected (the compiler does, on batches of any shape)."""
     device = _device(work, example_args)
     low = config.autocast_low_precision_type or default_low_precision(device)
@@ -71,7 +70,7 @@ def prepare(
     _warn_unmatched(info, config)
     loader = config.autocast_calibration_dataloader
     if calibration is None:
-        calibration = collect(work, loader if loader is not None else [example_args], keep_first_outputs=keep_first_outputs)
+        calibration = collect(work, loader if loader is not None else [example_args])
     nodes = {n.name: n for n in work.graph.nodes}
     constants = _constants(work, info)
     context = RuleContext(

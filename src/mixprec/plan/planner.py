@@ -47,7 +47,7 @@ def build_plan(
     weak: WeakSource | None = None,
 ) -> PrecisionPlan:
     """``rule_context`` (a ``rules.RuleContext``) turns on the autocast rules; None leaves them off.
-    ``int8_ranges``: calibrated (min, max) of the values ``ir.markers.calibration_targets`` names.
+    ``int8_ranges``: calibrated (min, max) of the values ``ir.marker_regions.calibration_targets`` names.
     ``weak``: under weak typing, the source of the free layers' dtypes (``weak_typing.source.chooser``:
     the measured timings, or one uniform dtype for the alternatives weak_typing/check.py measures)."""
     decided = strong_decisions(info, settings, int8_ranges)

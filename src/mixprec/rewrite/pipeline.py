@@ -2,7 +2,7 @@
 
 Every rewrite pass is listed here, in its fixed order: input rounding, cast insertion, int8
 quantize/dequantize, parameter storage, fp32 accumulation, matmul input layout, channels_last
-convolutions, output dtypes, cast folding. Each declares its contract (``base.RewritePass``:
+convolutions, output dtypes, cast folding. Each declares its contract (``ir.passes.RewritePass``:
 requires / ensures / breaks); :class:`Pipeline` checks when it is built that each pass's
 requirements are met by the passes before it and that every checked fact holds at the end.
 

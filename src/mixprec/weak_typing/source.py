@@ -3,7 +3,7 @@
 ``use_explicit_typing=False, enabled_precisions={torch.float32, <low>}`` recovers TensorRT's
 deprecated weak typing ("pick the fastest precision per layer") without its table of guesses:
 ``timing.measure_layers`` times every free layer in every enabled dtype and every cast between
-them on the example inputs, and the cost model (``weak_typing_cost``) chooses the assignment
+them on the example inputs, and the cost model (``cost.py``) chooses the assignment
 with the smallest total of op and cast times.
 
 Free layers are those autocast would be free to lower: fp32 compute layers that no stronger

@@ -8,7 +8,7 @@ from models import NestedRegions, ResidualRegion, TRTorchSeed
 from torch import nn
 
 import mixprec
-from mixprec.ir.markers import calibration_targets
+from mixprec.ir.marker_regions import calibration_targets
 from mixprec.plan.sources import markers
 
 M = torch.ops.mixprec

@@ -6,7 +6,7 @@ Sections, in the order a reader asks their questions:
    casts inserted, parameter bytes, compile time;
 2. the error against fp32 on the example inputs;
 3. the graph, coloured by precision, with casts and layers kept in fp32 by an autocast
-   rule marked (layout.py); clicking a node shows its row in the table;
+   rule marked (drawing.py); clicking a node shows its row in the table;
 4. the per-layer table with the reason for every decision, sortable by any column and
    filterable by text, precision, kind and source.
 

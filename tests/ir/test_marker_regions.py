@@ -1,4 +1,4 @@
-"""ir/markers.py: precision-marker regions become node meta, the markers leave the graph, misuse is named."""
+"""ir/marker_regions.py: precision-marker regions become node meta, the markers leave the graph, misuse is named."""
 
 import inspect
 import re
