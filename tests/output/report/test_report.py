@@ -4,6 +4,7 @@ import json
 import re
 import types
 
+import pytest
 import torch
 from models import AutocastRegions, SeedExplicit, ThreeLinears
 
@@ -113,6 +114,9 @@ def test_runs_as_round_trips_and_old_reports_still_load():
     assert "runs_as" not in data["layers"][1]  # written only when set: older mixprec reads the rest
     del data["layers"][0]["runs_as"]  # a report written before the field
     assert Report.from_dict(data).layer("linear").runs_as is None
+    data["layers"][0]["runs_as"] = 5
+    with pytest.raises(mixprec.ConfigError, match="runs_as"):
+        Report.from_dict(data)
 
 
 def test_table_marks_layers_run_otherwise_and_says_so_under_it():

@@ -90,6 +90,8 @@ class LayerRecord:
         d["output_dtypes"] = tuple(dtype_from_name(v) for v in d["output_dtypes"])
         d["inputs"] = tuple(TensorRecord.from_dict(t) for t in d.get("inputs", ()))
         d["outputs"] = tuple(TensorRecord.from_dict(t) for t in d.get("outputs", ()))
+        if d.get("runs_as") is not None and not isinstance(d["runs_as"], str):
+            raise TypeError(f"'runs_as' must be a string or null, not {type(d['runs_as']).__name__}")
         return cls(**d)
 
 
