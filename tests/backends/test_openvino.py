@@ -181,8 +181,11 @@ def _as_on_a_bf16_cpu(real_runtime_layers):
         out = []
         for layer in copy.deepcopy(real_runtime_layers(compiled)):
             types = [declared[o] for o in layer["originals"] if o in declared]
-            if types and layer["precision"] in ("f32", "bf16"):  # a layer computes in its first operation's
-                layer["precision"], layer["output"] = types[0], types[-1]  # type, writes its last one's
+            if types:  # a layer computes in its first operation's type and writes its last one's
+                if layer["precision"] in ("f32", "bf16"):
+                    layer["precision"] = types[0]
+                if layer["output"] in ("f32", "bf16"):
+                    layer["output"] = types[-1]
             if layer["type"] == "Reduce":
                 layer["output"] = "f32"
             out.append(layer)

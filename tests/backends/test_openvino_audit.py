@@ -193,3 +193,10 @@ def test_tables_are_read_from_openvino_objects():
     (layer,) = audit_module.runtime_layers(Compiled())
     pool = next(l for l in FIXTURE["models"]["resnet_tiny"]["runtime_layers"] if l["name"] == layer["name"])
     assert layer == pool
+
+
+def test_nothing_is_assumed_when_openvino_does_not_say_what_the_cpu_computes():
+    declared, _ = _tables("structured")
+    result = audit(declared, [], capabilities=[], node_types={"sum_1": frozenset({"bf16"})})
+    assert dict(result.computes_in) == {}
+    assert "sum_1" in audit(declared, [], capabilities=AVX2_CPU).computes_in

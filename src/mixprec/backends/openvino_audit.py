@@ -262,13 +262,14 @@ def audit(
         nodes = tuple(dict.fromkeys(n for o in originals for n in names.nodes(o)))
         narrower.append(Mismatch(layer["name"], nodes, "/".join(sorted(set(wanted.values()))), got))
 
-    native = set(capabilities)
-    lacking = {t for t, capability in NATIVE_CAPABILITY.items() if capability not in native}
+    native = set(capabilities)  # empty when OpenVINO did not say: then nothing is assumed
+    lacking = {t for t, capability in NATIVE_CAPABILITY.items() if native and capability not in native}
     if lacking:  # what the runtime model shows comes first; the rest runs as the plugin converts it
         seen = {n for o in listed for n in names.nodes(o)}
         claim([o for o, d in declared.items() if d in lacking and o not in listed], "f32")
         for node, types in (node_types or {}).items():
-            if node not in seen and types & lacking and FLOAT_RANK.get(computes_in.get(node), 0) < FLOAT_RANK["f32"]:
+            narrower_than_f32 = FLOAT_RANK.get(computes_in.get(node), 0) < FLOAT_RANK["f32"]
+            if node not in seen and types & lacking and narrower_than_f32:
                 computes_in[node] = "f32"
 
     for node in int8_nodes:
