@@ -29,7 +29,9 @@ from .ir.runner import failing_node, run_user_outputs
 from .ir.work_program import stored_bytes
 from .ir.written_state import preserved, written_tensors
 from .output.module import MixedPrecisionModule
-from .output.report import Report, build_graph, build_records, build_summary, output_errors
+from .output.report import (
+    Report, build_graph, build_records, build_summary, computes_in_of, output_errors, with_runs_as,
+)
 from .plan import autocast, planner
 from .plan.precision_plan import PrecisionPlan
 from .rewrite.casting import is_mixprec_cast
@@ -129,6 +131,8 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
             layer_timings, extra["weak_typing"] = weak_typing.explain(info, plan, timings, config)
             extra["weak_typing"].update(weak_summary)
         records = build_records(info, plan, program.graph, timings=layer_timings)
+        # what the backend computes otherwise than planned (OpenVINO keeps some layers wider): API.md §2
+        records = with_runs_as(records, computes_in_of(runner), config.backend)
         summary = build_summary(
             records,
             casts_inserted=casts,

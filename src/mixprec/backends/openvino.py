@@ -4,19 +4,16 @@
 strongly typed ExportedProgram with ``openvino.convert_model`` and compiles it for
 OpenVINO's ``"CPU"`` device. What it does to the program on the way:
 
-* **the plan's dtypes, exactly.** OpenVINO's CPU plugin picks an *inference precision*
+* **the plan's dtypes, or wider.** OpenVINO's CPU plugin picks an *inference precision*
   (bf16 by default on CPUs with bf16 instructions) and lowers f32 layers to it; we compile
   with ``INFERENCE_PRECISION_HINT=f32``, under which it keeps the element types the program
-  states (the bf16 layers bf16, the fp32 islands f32). Then we check: every compute layer
-  of the runtime model (``compiled_model.get_runtime_model()``) must run in the float type
-  the converted model declares for it: matmul-class layers compute in it
-  (``runtimePrecision``), other layers round their output to it (elementwise and
-  normalisation kernels may compute inside in f32, as PyTorch's CPU kernels do). On a CPU without native
-  bf16/fp16 (AVX2 only, such as this project's test machine) the plugin computes bf16 and
-  fp16 layers in f32 — not the program the plan describes, nor what the report measured —
-  and compiling raises UnsupportedModelError naming the layers, rather than silently
-  running other numerics. Integer runtime precisions (int8 kernels, index arithmetic) are
-  accepted: they are how int8 layers run.
+  states (the bf16 layers bf16, the fp32 islands f32). Then ``openvino_audit`` reads the runtime
+  model back: a layer the plugin computes in a *wider* float type than planned (f32 for bf16: global
+  pooling and sums on a CPU with native bf16, every bf16/fp16 layer on a CPU without it) is accepted
+  and reported as it runs (the runner's ``computes_in``, the records' ``runs_as``); a narrower one is
+  refused with UnsupportedModelError naming the report's nodes and modules, rather than silently
+  running other numerics than the plan. Integer runtime precisions (int8 kernels, index
+  arithmetic) are how int8 layers run.
 * **int8 regions on int8 kernels.** mixprec's symmetric quantize/dequantize pairs
   (``ops/custom.py``) become ``quantized_decomposed`` quantize/dequantize pairs with the same
   scale, zero point 0 and range [-127, 127] (OpenVINO makes a FakeQuantize of them), and
@@ -48,6 +45,8 @@ the CPU it was compiled on).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
 import queue
 import re
 
@@ -60,6 +59,9 @@ from ..errors import ConfigError, UnsupportedModelError
 from ..ir.input_check import input_specs_of
 from ..ops.custom import INT8_MAX, INT8_MIN
 from . import register_backend
+from .openvino_audit import (
+    NATIVE_CAPABILITY, NodeNames, audit, declared_precisions, int8_nodes, node_types, refusal, runtime_layers,
+)
 
 DEVICE = "CPU"
 # Compile settings of every mixprec program (see the module docstring).
@@ -67,8 +69,10 @@ DEVICE = "CPU"
 # with int8 weights (weight-only int8 computes in float32 activations, as planned).
 COMPILE_CONFIG = {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
 
-_FLOAT_PRECISIONS = frozenset({"f32", "bf16", "f16", "f64"})
-_SKIPPED_LAYER_TYPES = frozenset({"Input", "Parameter", "Output", "Result", "Const", "Constant"})
+# OpenVINO's element type names -> torch dtypes (what the runner's computes_in holds)
+_TORCH_TYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "f64": torch.float64}
+
+log = logging.getLogger(__name__)
 
 
 @register_backend("openvino")
@@ -89,7 +93,11 @@ def import_openvino():
 
 
 class OpenVINORunner(torch.nn.Module):
-    """The compiled program: callable like the model, safe to call from several threads."""
+    """The compiled program: callable like the model, safe to call from several threads.
+
+    ``computes_in``: program node name -> the torch dtype OpenVINO computes it in, for the nodes it runs
+    otherwise than the program states (wider float types; int8 layers in float32 without int8 kernels).
+    The report reads it into ``LayerRecord.runs_as``."""
 
     def __init__(self, exported_program):
         super().__init__()
@@ -100,9 +108,10 @@ class OpenVINORunner(torch.nn.Module):
         self._user_inputs = _user_input_names(exported_program)
         self._outputs = _user_outputs(exported_program)
         self._out_spec = exported_program.call_spec.out_spec
-        model, prepared = convert(exported_program)
+        converted = convert_program(exported_program)
+        model = converted.model
         # OpenVINO's constants point into the prepared program's tensors: they must outlive the compiled model
-        self.__dict__["_prepared"] = prepared
+        self.__dict__["_prepared"] = converted.prepared
         self._input_ports = _bind_inputs(model, self._user_inputs)
         _set_input_shapes(ov, model, self._input_ports, self._specs)
         n_tensors = sum(1 for kind, _ in self._outputs if kind == "tensor")
@@ -120,17 +129,7 @@ class OpenVINORunner(torch.nn.Module):
                 "Run it with backend='eager' or 'inductor'.",
                 reason=str(e),
             ) from e
-        mismatches = precision_mismatches(model, self._compiled)
-        if mismatches:
-            listed = ", ".join(f"{name} ({want} planned, runs {got})" for name, want, got in mismatches[:8])
-            more = f" and {len(mismatches) - 8} more" if len(mismatches) > 8 else ""
-            raise UnsupportedModelError(
-                f"OpenVINO's CPU plugin would not run this program's layers in the planned precisions: {listed}{more}. "
-                f"OpenVINO {_version(ov)} on this CPU supports {_capabilities(core)} (a CPU without native bf16/fp16 "
-                "computes such layers in f32); that is neither the plan nor what the report measured. "
-                "Run the program with backend='inductor' or 'eager', or plan these layers in float32 (or int8).",
-                reason="; ".join(f"{n}: {w} -> {g}" for n, w, g in mismatches),
-            )
+        self.computes_in = _audit(ov, core, exported_program, converted, self._compiled)
         self.__dict__["_model"] = model
         self._idle: queue.SimpleQueue = queue.SimpleQueue()
         self._idle.put(self._compiled.create_infer_request())
@@ -162,8 +161,25 @@ class OpenVINORunner(torch.nn.Module):
         """The ``openvino.CompiledModel`` (its ``get_runtime_model()`` shows what runs in which precision)."""
         return self._compiled
 
+    @property
+    def converted_model(self):
+        """The ``openvino.Model`` it was compiled from (the element types the program states)."""
+        return self._model
+
 
 # ---- conversion -----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Converted:
+    """A program converted for OpenVINO: the ``openvino.Model``, the prepared program whose tensors its
+    constants share (keep it alive as long as the model or anything compiled from it), how OpenVINO's
+    names map back to the program's nodes, and whether int8 layers were handed over for int8 kernels."""
+
+    model: object
+    prepared: object
+    names: NodeNames
+    int8_kernels: bool
 
 
 def convert(exported_program, *, int8_kernels: bool | None = None):
@@ -171,11 +187,21 @@ def convert(exported_program, *, int8_kernels: bool | None = None):
     :func:`for_openvino`. The model's constants share memory with the prepared program's tensors:
     keep it alive as long as the model or anything compiled from it. UnsupportedModelError names
     the operators OpenVINO cannot convert."""
+    converted = convert_program(exported_program, int8_kernels=int8_kernels)
+    return converted.model, converted.prepared
+
+
+def convert_program(exported_program, *, int8_kernels: bool | None = None) -> Converted:
+    """:func:`convert`, with the names that map OpenVINO's layers back to the program's nodes."""
     ov = import_openvino()
-    prepared = for_openvino(exported_program, int8_kernels=int8_kernels)
+    kernels = int8_kernels_exact() if int8_kernels is None else int8_kernels
+    prepared = for_openvino(exported_program, int8_kernels=kernels)
     try:
         with _quiet():
-            return ov.convert_model(prepared), prepared
+            # the decoder convert_model would make of the program, made here to keep the graph it reads
+            # (the decomposed program, whose nodes name OpenVINO's operations): openvino_audit.NodeNames
+            decoder = _decoder(prepared)
+            model = ov.convert_model(decoder if decoder is not None else prepared)
     except Exception as e:  # OpConversionFailure, and whatever its decoder raises on odd graphs
         text = str(e)
         ops = _failed_ops(text)
@@ -185,6 +211,20 @@ def convert(exported_program, *, int8_kernels: bool | None = None):
             "Run the program with backend='inductor' or 'eager', or keep these operators out of the model.",
             reason=text,
         ) from e
+    graph = getattr(getattr(decoder, "pt_module", None), "graph", None)
+    names = NodeNames.of(graph, prepared, exported_program) if graph is not None else NodeNames()
+    return Converted(model, prepared, names, kernels)
+
+
+def _decoder(prepared):
+    """OpenVINO's FX decoder of ``prepared`` (what ``convert_model`` builds for an ExportedProgram), or None
+    where this OpenVINO has no such class (then the names are read as the program's own)."""
+    try:
+        from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
+    except ImportError:
+        return None
+    make = getattr(TorchFXPythonDecoder, "from_exported_program", None)
+    return make(prepared) if make is not None else None
 
 
 def for_openvino(exported_program, *, int8_kernels: bool | None = None):
@@ -434,86 +474,59 @@ def _to_torch(ov_tensor) -> torch.Tensor:
 # ---- precisions -----------------------------------------------------------------------------
 
 
-# Layers whose arithmetic runs in their runtime precision (matmul class): checked on it. Other layers
-# (elementwise, normalisation, pooling) may compute internally in f32 as PyTorch's CPU kernels do; what
-# matters for them is the precision they round their output to.
-_COMPUTE_LAYER_TYPES = frozenset({
-    "FullyConnected", "MatMul", "Convolution", "GroupConvolution", "Deconvolution", "ScaledDotProductAttention",
-})
-
-
-def runtime_layers(compiled_model) -> list[dict]:
-    """The runtime model's layers: {"name", "type", "precision", "output", "originals"} each (precision:
-    OpenVINO's runtimePrecision; output: the precision of its first output)."""
-    out = []
-    for op in compiled_model.get_runtime_model().get_ordered_ops():
-        info = op.get_rt_info()
-
-        def get(key, default=""):
-            return info[key].astype(str) if key in info else default
-
-        originals = [n for n in get("originalLayersNames").split(",") if n]
-        outputs = [p for p in get("outputPrecisions").replace(",", " ").split() if p]
-        out.append({
-            "name": op.get_friendly_name(), "type": get("layerType"), "precision": get("runtimePrecision"),
-            "output": outputs[0] if outputs else "", "originals": originals,
-        })
-    return out
-
-
-def declared_precisions(model) -> dict[str, str]:
-    """Float element type each layer of the converted model declares for its output (OpenVINO's short names)."""
-    out = {}
-    for op in model.get_ordered_ops():
-        if op.get_output_size() == 0:
-            continue
-        name = op.get_output_element_type(0).get_type_name()
-        if name in _FLOAT_PRECISIONS:
-            out[op.get_friendly_name()] = name
-    return out
-
-
-def precision_mismatches(model, compiled_model) -> list[tuple[str, str, str]]:
-    """(layer, declared precision, runtime precision) of every layer that runs in another float type than
-    the converted model declares: matmul-class layers by the precision they compute in, others by the
-    precision of their output. Integer precisions (int8 kernels, index arithmetic) are accepted."""
-    declared = declared_precisions(model)
-    found = []
-    for layer in runtime_layers(compiled_model):
-        if layer["type"] in _SKIPPED_LAYER_TYPES:
-            continue
-        got = layer["precision"] if layer["type"] in _COMPUTE_LAYER_TYPES else (layer["output"] or layer["precision"])
-        if got not in _FLOAT_PRECISIONS:
-            continue
-        wanted = {declared[n] for n in layer["originals"] if n in declared}
-        if wanted and got not in wanted:
-            found.append((layer_name(layer["originals"][0]), "/".join(sorted(wanted)), got))
-    return list(dict.fromkeys(found))
-
-
-def layer_name(openvino_name: str) -> str:
-    """The program's node name in an OpenVINO layer name ("linear_1/aten.linear.default/MatMul" -> "linear_1")."""
-    return openvino_name.split("/", 1)[0]
+def _audit(ov, core, exported_program, converted: Converted, compiled) -> dict:
+    """What the runtime model computes in which type (openvino_audit): program node -> torch dtype for the
+    nodes that run otherwise than the program states; refuses layers the plugin would run narrower."""
+    capabilities = _capabilities(core)
+    result = audit(
+        declared_precisions(converted.model), runtime_layers(compiled), names=converted.names,
+        capabilities=capabilities, node_types=node_types(exported_program), int8_nodes=int8_nodes(exported_program),
+        int8_kernels=converted.int8_kernels,
+    )
+    if result.narrower:
+        raise UnsupportedModelError(
+            refusal(result.narrower, converted.names, capabilities=capabilities, version=_version(ov)),
+            reason="; ".join(f"{m.layer}: {m.planned} -> {m.runs}" for m in result.narrower),
+        )
+    computes_in = {node: _TORCH_TYPES[t] for node, t in result.computes_in.items()}
+    if computes_in:
+        lacking = [t for t in ("bf16", "f16") if NATIVE_CAPABILITY[t] not in capabilities]
+        why = (f"this CPU computes no {'/'.join(lacking)} natively (OpenVINO's capabilities: {'/'.join(capabilities)})"
+               if lacking else "OpenVINO has no low-precision kernel or output for them on this CPU")
+        log.info("OpenVINO computes %d node(s) in a wider type than the program states (%s): %s", len(computes_in),
+                 why, ", ".join(f"{n} in {t}" for n, t in list(result.computes_in.items())[:20]))
+    return computes_in
 
 
 def _version(ov) -> str:
     return str(getattr(ov, "__version__", "?")).split("-")[0]
 
 
-def _capabilities(core) -> str:
+def _capabilities(core) -> list[str]:
+    """The CPU's OPTIMIZATION_CAPABILITIES (BF16, FP16, FP32, INT8, ...): which types it computes natively."""
     try:
-        return "/".join(core.get_property(DEVICE, "OPTIMIZATION_CAPABILITIES"))
-    except Exception:  # informative only
-        return "unknown precisions"
+        return [str(c) for c in core.get_property(DEVICE, "OPTIMIZATION_CAPABILITIES")]
+    except Exception:  # an OpenVINO that does not say: nothing is known to be native
+        return []
 
 
 @contextlib.contextmanager
 def _quiet():
+    """Conversion without OpenVINO's chatter: FutureWarnings, and the warnings (with tracebacks) its decoder
+    logs on the root logger about its decomposition table, which ``convert_model`` silences itself."""
     import warnings
 
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=FutureWarning)
-        yield
+    def keep(record) -> bool:
+        return not (record.levelno < logging.ERROR and "openvino" in record.pathname.replace("\\", "/").split("/"))
+
+    root = logging.getLogger()
+    root.addFilter(keep)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=FutureWarning)
+            yield
+    finally:
+        root.removeFilter(keep)
 
 
 def _first_line(error: Exception) -> str:

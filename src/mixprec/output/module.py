@@ -32,8 +32,9 @@ class MixedPrecisionModule(torch.nn.Module):
         self.runner = runner
         self._exported_program = exported_program
         self._plan = plan
-        self._report = report
         self._settings = dict(settings)
+        # the report says what this runner computes (runs_as): a loaded program may run on another backend or CPU
+        self._report = report.on_backend(runner, self._settings.get("backend", "eager")) if report is not None else None
         self._input_specs = tuple(input_specs)  # input_check.InputSpec per user input tensor
         self._example_inputs = tuple(example_inputs) if example_inputs is not None else None
 

@@ -113,3 +113,18 @@ def _summary():
         "total_flops": 10, "casts_inserted": 1, "param_bytes_before": 100, "param_bytes_after": 60,
         "max_abs_error": 0.01, "rel_l2_error": 0.001,
     }  # fmt: skip
+
+
+def test_layers_the_backend_runs_otherwise_are_shown():
+    layers = [
+        LayerRecord("pool", "aten.adaptive_avg_pool2d.default", "pooler", "M", torch.bfloat16, None, (), (),
+                    "autocast_rule", "r", runs_as="f32 on openvino"),
+        LayerRecord("conv", "aten.conv2d.default", "c", "M", torch.bfloat16, None, (), (), "autocast_rule", "r"),
+    ]
+    summary = {**_summary(), "runs_as": {"f32 on openvino": 1}}
+    page = Report(layers, summary, None).to_html()
+    row = re.search(r'<tr id="row-pool"[^>]*>.*?</tr>', page).group(0)
+    assert 'data-runs-as="f32 on openvino"' in row and "runs f32 on openvino</span>" in row
+    assert "runs-as" not in re.search(r'<tr id="row-conv"[^>]*>.*?</tr>', page).group(0)
+    assert "as the backend runs them: 1 f32 on openvino layers" in page
+    assert "as the backend runs them" not in Report(layers[1:], _summary(), None).to_html()

@@ -2,9 +2,11 @@
 
 import json
 import re
+import types
 
+import pytest
 import torch
-from models import AutocastRegions, SeedExplicit
+from models import AutocastRegions, SeedExplicit, ThreeLinears
 
 import mixprec
 from mixprec.output.report import Report
@@ -82,3 +84,63 @@ def test_save_html_is_self_contained(tmp_path):
     assert "linear2" in page
     for external in ('src="http', "src='http", 'href="http', "<link", "@import", "url(http"):
         assert external not in page  # self-contained: nothing is fetched
+
+
+def _ran_wider(report: Report, names, backend="openvino") -> Report:
+    """The report as a backend that computes ``names`` in float32 would give it."""
+    from mixprec.output.report import with_runs_as
+
+    layers = with_runs_as(report.layers, {n: torch.float32 for n in names}, backend)
+    return Report(layers, report.summary, report.graph)
+
+
+def test_runs_as_is_filled_only_where_the_backend_computes_otherwise():
+    from mixprec.output.report import with_runs_as
+
+    report = mixprec.compile(ThreeLinears().eval(), ThreeLinears.example_inputs(), enable_autocast=True).report
+    low = [r.name for r in report.layers if r.precision == torch.bfloat16]
+    fp32 = [r.name for r in report.layers if r.precision == torch.float32]
+    assert low and all(r.runs_as is None for r in report.layers)  # the eager backend runs what was planned
+    layers = with_runs_as(report.layers, {n: torch.float32 for n in low + fp32}, "openvino")
+    assert {r.name: r.runs_as for r in layers if r.runs_as} == {n: "f32 on openvino" for n in low}
+    assert with_runs_as(layers, {}, "eager") == report.layers  # another backend: cleared
+
+
+def test_runs_as_round_trips_and_old_reports_still_load():
+    report = _ran_wider(_prog(enable_autocast=True).report, ["linear"])
+    again = Report.from_json(report.to_json())
+    assert again == report and again.layer("linear").runs_as == "f32 on openvino"
+    data = json.loads(report.to_json())
+    assert "runs_as" not in data["layers"][1]  # written only when set: older mixprec reads the rest
+    del data["layers"][0]["runs_as"]  # a report written before the field
+    assert Report.from_dict(data).layer("linear").runs_as is None
+    data["layers"][0]["runs_as"] = 5
+    with pytest.raises(mixprec.ConfigError, match="runs_as"):
+        Report.from_dict(data)
+
+
+def test_table_marks_layers_run_otherwise_and_says_so_under_it():
+    report = _ran_wider(_prog(enable_autocast=True).report, ["linear"])
+    lines = str(report).splitlines()
+    assert re.search(r"^linear\s+linear1\s+linear\s+bf16\*\s", next(l for l in lines if l.startswith("linear ")))
+    assert not any(re.search(r"bf16\*", l) for l in lines if l.startswith("linear_2 "))
+    assert "* computed by the backend in another type than planned (runs_as): 1 f32 on openvino" in lines
+    assert "runs_as" not in str(_prog(enable_autocast=True).report)
+
+
+def test_a_loaded_report_says_what_its_runner_computes():
+    """A report follows the runner of its module: a program loaded on another backend or CPU runs otherwise
+    than where it was compiled, so runs_as and the FLOP share are recomputed; the errors stay as measured."""
+    from mixprec.output.module import MixedPrecisionModule
+
+    prog = _prog(enable_autocast=True)
+    wider = _ran_wider(prog.report, [r.name for r in prog.report.layers])
+    runner = types.SimpleNamespace(computes_in={"linear": torch.float32})
+    module = MixedPrecisionModule(prog.exported_program, prog.plan, wider, {"backend": "openvino"}, runner)
+    assert {r.name for r in module.report.layers if r.runs_as} == {"linear"}
+    assert module.report.summary["rel_l2_error"] == prog.report.summary["rel_l2_error"]
+    assert module.report.summary["runs_as"] == {"f32 on openvino": 1}
+    share = module.report.summary["low_precision_flops_fraction"]
+    assert 0 < share < prog.report.summary["low_precision_flops_fraction"]
+    plain = MixedPrecisionModule(prog.exported_program, prog.plan, wider, {}, prog.runner)  # the eager backend
+    assert plain.report == prog.report

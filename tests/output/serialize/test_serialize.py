@@ -370,3 +370,55 @@ def test_damaged_plan(saved):
     _edit_meta(saved, lambda meta: meta["plan"].update(nodes={"linear": {"precision": "float99"}}))
     with pytest.raises(mixprec.FileFormatError, match="plan, report or settings"):
         mixprec.load(saved)
+
+
+# ---- the report's runs_as (what the backend computes otherwise than planned) --------------------------
+
+
+def _as_on_a_cpu_without_bf16(monkeypatch):
+    """OpenVINO as on an AVX2 CPU, whatever this one is: no native bf16, every bf16 layer run in f32."""
+    from mixprec.backends import openvino as ov_backend
+
+    real = ov_backend.runtime_layers
+
+    def runtime_layers(compiled):
+        layers = real(compiled)
+        for layer in layers:
+            for key in ("precision", "output"):
+                layer[key] = "f32" if layer[key] in ("bf16", "f16") else layer[key]
+        return layers
+
+    monkeypatch.setattr(ov_backend, "runtime_layers", runtime_layers)
+    monkeypatch.setattr(ov_backend, "_capabilities", lambda core: ["FP32", "INT8", "BIN", "EXPORT_IMPORT"])
+
+
+def test_runs_as_is_saved_and_follows_the_backend_a_program_is_loaded_on(tmp_path, monkeypatch):
+    """An OpenVINO program on which layers run wider than planned keeps saying so after a round trip on
+    OpenVINO; loaded on the eager backend it runs as planned, and its report says that instead."""
+    pytest.importorskip("openvino")
+    _as_on_a_cpu_without_bf16(monkeypatch)
+    model, inputs, prog = _compiled(ThreeLinears, enable_autocast=True, backend="openvino",
+                                    autocast_excluded_nodes={"^linear_2$"})
+    assert {r.name for r in prog.report.layers if r.runs_as} == {"linear", "linear_1"}
+    path = tmp_path / "ov.mixprec.pt2"
+    mixprec.save(prog, path)
+    meta = json.loads(_members(path)["mixprec.json"])
+    written = {d["name"]: d.get("runs_as") for d in meta["report"]["layers"]}
+    assert written == {r.name: r.runs_as for r in prog.report.layers}
+    loaded = mixprec.load(path)
+    assert loaded.report == prog.report
+    eager = mixprec.load(path, backend="eager")
+    assert all(r.runs_as is None for r in eager.report.layers)
+    planned = sum(r.flops for r in eager.report.layers if r.kind == "compute" and r.precision == torch.bfloat16)
+    total = sum(r.flops for r in eager.report.layers if r.kind == "compute")
+    assert eager.report.summary["low_precision_flops_fraction"] == pytest.approx(planned / total)
+    assert eager.report.summary["rel_l2_error"] == prog.report.summary["rel_l2_error"]  # measured at compile
+
+
+def test_files_without_runs_as_load_and_a_damaged_one_is_refused(saved):
+    meta = json.loads(_members(saved)["mixprec.json"])
+    assert all("runs_as" not in d for d in meta["report"]["layers"])  # as files written before the field
+    assert all(r.runs_as is None for r in mixprec.load(saved).report.layers)
+    _edit_meta(saved, lambda meta: meta["report"]["layers"][0].update(runs_as=["f32"]))
+    with pytest.raises(mixprec.FileFormatError, match="plan, report or settings"):
+        mixprec.load(saved)

@@ -11,13 +11,16 @@ from ...errors import ConfigError
 from ..numerics import output_errors  # re-exported for compiler.py, which builds the summary
 from . import render
 from .graph_shape import build_graph
-from .records import LayerRecord, LayerTable, TensorRecord, build_records
-from .summary import build_summary
+from .records import LayerRecord, LayerTable, TensorRecord, build_records, computes_in_of, with_runs_as
+from .summary import build_summary, for_records
 
 _FORMAT = "mixprec.report"
 _VERSION = 1
 
-__all__ = ["Report", "LayerRecord", "TensorRecord", "build_graph", "build_records", "build_summary", "output_errors"]
+__all__ = [
+    "Report", "LayerRecord", "TensorRecord", "build_graph", "build_records", "build_summary", "computes_in_of",
+    "output_errors", "with_runs_as",
+]
 
 
 @dataclasses.dataclass
@@ -33,6 +36,15 @@ class Report(LayerTable):
         if not isinstance(other, Report):
             return NotImplemented
         return self.layers == other.layers and jsondoc.same(self.summary, other.summary) and self.graph == other.graph
+
+    def on_backend(self, runner, backend: str) -> "Report":
+        """The report of this program as ``runner`` (built by ``backend``) runs it: ``runs_as`` and the FLOP
+        share follow what the runner computes (a program loaded on another backend or CPU runs otherwise
+        than where it was compiled); the errors stay those measured when it was compiled."""
+        layers = with_runs_as(self.layers, computes_in_of(runner), backend)
+        if all(a is b for a, b in zip(layers, self.layers)):
+            return self
+        return Report(layers, for_records(self.summary, layers), self.graph)
 
     def layer_info(self) -> str:
         return render.layer_info(self.layers)

@@ -129,7 +129,7 @@ def _summary_section(summary: dict) -> str:
             "Low-precision FLOPs",
             f"<b>{frac:.1%}</b> of matmul/conv FLOPs"
             f'<div class="bar"><span class="seg low" style="width:{100 * frac:.2f}%"></span></div>'
-            f'<div class="bar-labels">{_num(summary.get("total_flops", 0), ",")} FLOPs in all</div>',
+            f'<div class="bar-labels">{_num(summary.get("total_flops", 0), ",")} FLOPs in all{_runs_as(summary)}</div>',
         ),
         ("Casts inserted", f"<b>{summary.get('casts_inserted', 0)}</b> casts in the rewritten graph"),
         (
@@ -142,6 +142,15 @@ def _summary_section(summary: dict) -> str:
         cards.append(("Compile time", f"<b>{compile_time:.2f} s</b><div class='bar-labels'>{phases}</div>"))
     body = "".join(f'<div class="card"><h3>{t}</h3>{c}</div>' for t, c in cards)
     return f'<section id="summary"><h2>Summary</h2><div class="cards">{body}</div></section>'
+
+
+def _runs_as(summary: dict) -> str:
+    """The layers the backend computes in another type than planned (they count as it runs them)."""
+    counts = summary.get("runs_as")
+    if not isinstance(counts, dict) or not counts:
+        return ""
+    listed = ", ".join(f"{_num(n)} {html.escape(str(what))}" for what, n in counts.items())
+    return f'<br><span class="runs-as">as the backend runs them: {listed} layers</span>'
 
 
 def _error_section(summary: dict) -> str:
@@ -194,16 +203,19 @@ def _table_section(report) -> str:
         kept = r.kind == "compute" and precision in ("float32", "float64") and r.source in KEPT_SOURCES
         cells = (str(i), name, r.kind, module, op, prec, acc, ins, outs, source, f"{r.flops:,}", reason)
         values = (str(i), name, r.kind, module, op, precision, acc, ins, outs, source, str(r.flops), reason)
+        runs_as = (f' <span class="runs-as" title="the backend computes this layer in another type than planned">'
+                   f"runs {html.escape(r.runs_as)}</span>" if r.runs_as else "")
         tds = "".join(
             f'<td data-v="{html.escape(v)}">'
-            + (f'<span class="chip p-{precision}">{html.escape(c)}</span>' if k == 5 else html.escape(c))
+            + (f'<span class="chip p-{precision}">{html.escape(c)}</span>{runs_as}' if k == 5 else html.escape(c))
             + "</td>"
             for k, (c, v) in enumerate(zip(cells, values))
         )
         classes = f"p-{precision} k-{r.kind}" + (" kept" if kept else "") + ("" if r.in_graph else " removed")
         rows.append(
             f'<tr id="row-{html.escape(name)}" class="{classes}" data-name="{html.escape(name)}" '
-            f'data-precision="{precision}" data-kind="{r.kind}" data-source="{html.escape(r.source)}">{tds}</tr>'
+            f'data-precision="{precision}" data-kind="{r.kind}" data-source="{html.escape(r.source)}"'
+            + (f' data-runs-as="{html.escape(r.runs_as)}"' if r.runs_as else "") + f">{tds}</tr>"
         )
 
     def options(values):

@@ -1,8 +1,11 @@
-"""LayerRecord: what happened to one layer, read from the plan and the rewritten graph."""
+"""LayerRecord: what happened to one layer, read from the plan and the rewritten graph (and, in
+``runs_as``, from the backend that runs it)."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from types import MappingProxyType
 
 import torch
 
@@ -60,6 +63,8 @@ class LayerRecord:
     in_graph: bool = True  # False when the rewrite removed the node (a cast made redundant)
     # weak typing: the measurements behind the choice, per dtype name {"op_ms": .., "cast_ms": ..} or {"note": ..}
     timings: dict | None = None
+    # what the backend computes the layer in where that differs from `precision` ("f32 on openvino"); API.md §2
+    runs_as: str | None = None
 
     def to_dict(self) -> dict:
         d = {}
@@ -71,6 +76,8 @@ class LayerRecord:
                 value = [dtype_name(v) for v in value]
             elif f.name in ("inputs", "outputs"):
                 value = [t.to_dict() for t in value]
+            elif f.name == "runs_as" and value is None:
+                continue  # written only when set: reports and saved programs stay readable by mixprec before it
             d[f.name] = value
         return d
 
@@ -83,7 +90,46 @@ class LayerRecord:
         d["output_dtypes"] = tuple(dtype_from_name(v) for v in d["output_dtypes"])
         d["inputs"] = tuple(TensorRecord.from_dict(t) for t in d.get("inputs", ()))
         d["outputs"] = tuple(TensorRecord.from_dict(t) for t in d.get("outputs", ()))
+        if d.get("runs_as") is not None and not isinstance(d["runs_as"], str):
+            raise TypeError(f"'runs_as' must be a string or null, not {type(d['runs_as']).__name__}")
         return cls(**d)
+
+
+# The type names of ``runs_as`` ("f32 on openvino", API.md §2): OpenVINO's short element type names.
+_RUNS_AS_NAMES = MappingProxyType({
+    torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.float64: "f64", torch.int8: "i8",
+})
+_RUNS_AS_DTYPES = MappingProxyType({name: dtype for dtype, name in _RUNS_AS_NAMES.items()})
+
+
+def runs_in(record: LayerRecord) -> torch.dtype:
+    """The dtype a layer computes in as its backend runs it: ``runs_as``'s type, else its precision."""
+    if record.runs_as:
+        dtype = _RUNS_AS_DTYPES.get(record.runs_as.split(" ", 1)[0])
+        if dtype is not None:
+            return dtype
+    return record.precision
+
+
+def computes_in_of(runner) -> Mapping[str, torch.dtype]:
+    """What a backend's runner says it computes nodes in, where that may differ from the program's types
+    (``computes_in``: node name -> dtype; OpenVINO's runner has one, the eager and inductor runners compute
+    what the program states)."""
+    value = getattr(runner, "computes_in", None)
+    return value if isinstance(value, Mapping) else {}
+
+
+def with_runs_as(records: list[LayerRecord], computes_in: Mapping[str, torch.dtype], backend: str) -> list[LayerRecord]:
+    """The records with ``runs_as`` filled from a runner's ``computes_in`` (and cleared where it says nothing:
+    records loaded from a file may have been written for another backend or CPU)."""
+    out = []
+    for record in records:
+        dtype = computes_in.get(record.name)
+        runs_as = None
+        if dtype is not None and dtype != record.precision:
+            runs_as = f"{_RUNS_AS_NAMES.get(dtype, dtype)} on {backend}"
+        out.append(record if runs_as == record.runs_as else dataclasses.replace(record, runs_as=runs_as))
+    return out
 
 
 def build_records(

@@ -6,6 +6,7 @@ from ...dtypes import short_name, trt_name
 from .records import LayerRecord
 
 _COLUMNS = ("layer", "module", "op", "precision", "acc", "inputs", "outputs", "source", "reason")
+RUNS_AS_MARK = "*"  # after the precision of a layer the backend computes in another type (footnote under the table)
 
 
 def row_cells(r: LayerRecord) -> tuple[str, ...]:
@@ -13,7 +14,7 @@ def row_cells(r: LayerRecord) -> tuple[str, ...]:
         r.name,
         r.module or "(top)",
         r.op.removeprefix("aten.").removesuffix(".default"),
-        short_name(r.precision),
+        short_name(r.precision) + (RUNS_AS_MARK if r.runs_as else ""),
         short_name(r.accumulate) if r.accumulate else "",
         ",".join(short_name(d) for d in r.input_dtypes),
         ",".join(short_name(d) for d in r.output_dtypes),
@@ -45,6 +46,13 @@ def table(records: list[LayerRecord], summary: dict, *, kinds=("compute", "cast"
     hidden = sum(1 for r in records if r.kind not in kinds)
     if hidden:
         lines.append(f"({hidden} data-movement nodes not shown; see report.layers)")
+    runs_as = {}
+    for r in records:
+        if r.kind in kinds and r.runs_as:
+            runs_as[r.runs_as] = runs_as.get(r.runs_as, 0) + 1
+    if runs_as:
+        counts = ", ".join(f"{n} {what}" for what, n in sorted(runs_as.items()))
+        lines.append(f"{RUNS_AS_MARK} computed by the backend in another type than planned (runs_as): {counts}")
     lines.append("")
     lines.append(summary_text(summary))
     return "\n".join(lines)
