@@ -120,7 +120,8 @@ def first_suggestion(model, inputs, prog):
                 exec(fix.code, namespace)  # noqa: S102 (the point: does the printed code run)
         except Exception as e:  # noqa: BLE001 (reported)
             return found, seconds, f"{type(e).__name__}: {e}", None, culprit.layer
-        return found, seconds, "runs", namespace["prog"].report.summary["rel_l2_error"], ",".join(fix.compute or fix.layers)
+        after = namespace["prog"].report.summary["rel_l2_error"]
+        return found, seconds, "runs", after, ",".join(fix.compute or fix.layers)
     # an older debugger: a sentence holding a plan entry; paste its expression, then do what it says
     text = next((s for s in culprit.suggestions if "with_nodes" in s), "")
     expression = re.search(r"prog\.plan\.with_nodes\(\{.*?\}\)", text)
@@ -149,7 +150,8 @@ def main() -> None:
     debug_widths = []
     for name, build, settings in (
         ("Qwen2 2 layers, bf16 autocast", qwen2, {"enable_autocast": True}),
-        ("planted cancellation, bf16 autocast", planted, {"enable_autocast": True, "autocast_included_nodes": ["^shift$"]}),
+        ("planted cancellation, bf16 autocast", planted,
+         {"enable_autocast": True, "autocast_included_nodes": ["^shift$"]}),  # fmt: skip
         (f"Llama {args.layers} layers, bf16 autocast", lambda: llama(args.layers), {"enable_autocast": True}),
     ):
         model, inputs = build()

@@ -99,7 +99,8 @@ def test_debug_writes_the_fixed_plan_that_compile_takes(tmp_path, capsys):
     spec.write_text(textwrap.dedent(OVERFLOW_SPEC))
     names = [r.name for r in mixprec.compile(*_build(spec)).report.layers if r.kind == "compute"]
     plan = tmp_path / "plan.json"
-    plan.write_text(mixprec.PrecisionPlan({n: mixprec.NodePrecision(__import__("torch").float16) for n in names}).to_json())
+    fp16 = mixprec.NodePrecision(__import__("torch").float16)
+    plan.write_text(mixprec.PrecisionPlan({n: fp16 for n in names}).to_json())
     fixed, found = tmp_path / "fixed.json", tmp_path / "found.json"
     code, out, err = _run(capsys, "debug", f"{spec}:build", "--plan", plan, "--fix-plan", fixed, "--json", found,
                           "--fixes", "3")  # fmt: skip

@@ -203,7 +203,8 @@ def test_the_first_fix_pasted_as_printed_lowers_a_decoders_output_error():
     namespace = {"prog": prog, "model": model, "inputs": inputs}  # the names the text says the code uses
     exec(_printed_code(printed), namespace)  # noqa: S102 (the point: the printed code runs as pasted)
     fixed = namespace["prog"]
-    assert fixed is not prog and fixed.report.summary["rel_l2_error"] == pytest.approx(culprit.fix.rel_l2_error, rel=1e-6)
+    assert fixed is not prog
+    assert fixed.report.summary["rel_l2_error"] == pytest.approx(culprit.fix.rel_l2_error, rel=1e-6)
     assert all(fixed.plan[n].precision == torch.float32 for n in culprit.fix.layers)
     changed = [n for n in prog.plan if prog.plan[n].precision != fixed.plan[n].precision]
     assert sorted(changed) == sorted(culprit.fix.layers)

@@ -16,7 +16,8 @@ F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 def _info():
     def node(name, inputs, kind="compute", module="enc.layers.0.fc"):
         outputs = (TensorMeta((16,), F32),)
-        return NodeInfo(name, "aten.linear.default", kind, module, "Linear", F32, dict.fromkeys(inputs, F32), outputs, 0)
+        inputs = dict.fromkeys(inputs, F32)
+        return NodeInfo(name, "aten.linear.default", kind, module, "Linear", F32, inputs, outputs, 0)
 
     nodes = {
         "a": node("a", ["x"]),
@@ -85,4 +86,5 @@ def test_fp32_culprit_points_at_low_precision_producers_through_data_movement():
     assert "made in low precision by 'b' (module 'enc.layers.0.fc')." in finding.message
     assert "'a'" not in finding.message and finding.fix.layers == ("b",)
     (suggestion,) = finding.suggestions
-    assert suggestion == "under enable_autocast=True: autocast_excluded_nodes={'^enc\\\\.layers\\\\.0\\\\.fc$'} keeps its producers in fp32"
+    pattern = "{'^enc\\\\.layers\\\\.0\\\\.fc$'}"
+    assert suggestion == f"under enable_autocast=True: autocast_excluded_nodes={pattern} keeps its producers in fp32"

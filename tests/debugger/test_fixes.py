@@ -24,8 +24,9 @@ def _graph():
         return NodeInfo(name, f"aten.{name}.default", kind, module, "M", F32, dict.fromkeys(inputs, F32),
                         (TensorMeta((4,), F32),), 10 if kind == "compute" else 0)  # fmt: skip
 
-    nodes = {n.name: n for n in (node("a", ["x"]), node("add", ["a"]), node("sub", ["add"]),
-                                  node("view", ["sub"], kind="movement"), node("out", ["view"]), node("b", ["a"]))}  # fmt: skip
+    nodes = [node("a", ["x"]), node("add", ["a"]), node("sub", ["add"]), node("view", ["sub"], kind="movement"),
+             node("out", ["view"]), node("b", ["a"])]  # fmt: skip
+    nodes = {n.name: n for n in nodes}
     return GraphInfo(nodes, {}, outputs=frozenset({"out", "b"}))
 
 

@@ -94,7 +94,9 @@ def debug(prog_or_model, inputs=(), *, kwargs=None, fixes: int = 10, progress_st
     # both programs start from, and are left in, the state they have (a graph that writes its buffers)
     state = written_tensors(reference.program) + written_tensors(prog.exported_program)
     with torch.no_grad(), preserved(state):
-        layers, outputs = compare_programs(reference.program, prog.exported_program, reference.info, prog.plan, user_values)
+        layers, outputs = compare_programs(
+            reference.program, prog.exported_program, reference.info, prog.plan, user_values
+        )
         before = outputs.get("rel_l2_error", math.nan)
         measure = None
         if fixes and captured is not None:

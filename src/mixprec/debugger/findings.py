@@ -62,7 +62,9 @@ def find(
             best.setdefault(key, (c, Fix(c.layers, code(c.layers, None), compute=_compute(c.layers, info))))
             continue
         if progress is not None:
-            progress.update(f"measuring fix {i + 1}/{len(candidates)}: {c.record.name} ({len(c.layers)} layers in fp32)")
+            progress.update(
+                f"measuring fix {i + 1}/{len(candidates)}: {c.record.name} ({len(c.layers)} layers in fp32)"
+            )
         fix = measured_fix(c.layers, measure, before, code, info)
         if key not in best or _better(fix, best[key][1]):
             best[key] = (c, fix)
@@ -122,8 +124,12 @@ def _message(c: fixes.Candidate, info: GraphInfo, plan: PrecisionPlan, largest: 
     else:
         text = _jump_message(r, r.error_jump >= largest)
     if not fixes.is_low(plan, r.name):
-        names = ", ".join(f"'{p}' (module '{info[p].module or '(top level)'}')" for p in fixes.low_producers(r.name, info, plan))
-        text += f" It computes in {dtype_name(r.precision)}: the error comes with its inputs, made in low precision by {names}."
+        producers = fixes.low_producers(r.name, info, plan)
+        names = ", ".join(f"'{p}' (module '{info[p].module or '(top level)'}')" for p in producers)
+        text += (
+            f" It computes in {dtype_name(r.precision)}: the error comes with its inputs, made in low precision by "
+            f"{names}."
+        )
     return text
 
 

@@ -70,7 +70,8 @@ def candidates(
         own = roots_of(first, info, plan)
         ordered.append(("nonfinite", first, own))
         if variants:
-            ordered.append(("nonfinite", first, own + [r.name for r in layers if _out_of_range(r, info, plan, by_name)]))
+            out_of_range = [r.name for r in layers if _out_of_range(r, info, plan, by_name)]
+            ordered.append(("nonfinite", first, own + out_of_range))
     ordered += [("output", by_name[n], [n]) for n in output_producers(info, plan) if n in by_name]
     jumps = sorted((r for r in layers if math.isfinite(r.error_jump) and r.error_jump > 0), key=lambda r: -r.error_jump)
     for r in jumps:
@@ -195,7 +196,8 @@ class Measurer:
         work = realise(self.captured, plan, keep_io_types=self.keep_io_types, verify_each=False)
         self.captured.reset_state()  # every run starts from the captured state (ir/written_state.py)
         with torch.no_grad():
-            outputs = run_user_outputs(work, [v.clone() if isinstance(v, torch.Tensor) else v for v in self.user_values])
+            values = [v.clone() if isinstance(v, torch.Tensor) else v for v in self.user_values]
+            outputs = run_user_outputs(work, values)
         errors = output_errors(outputs, self.reference_outputs)
         return errors["rel_l2_error"], errors["max_abs_error"], low_flops_fraction(self.captured.info, plan)
 

@@ -120,7 +120,9 @@ class Finding:
 
 
 def _fix_dict(fix: Fix | None) -> dict | None:
-    return None if fix is None else {**dataclasses.asdict(fix), "layers": list(fix.layers), "compute": list(fix.compute)}
+    if fix is None:
+        return None
+    return {**dataclasses.asdict(fix), "layers": list(fix.layers), "compute": list(fix.compute)}
 
 
 def _to_dict(record, listed: str) -> dict:

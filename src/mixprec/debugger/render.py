@@ -84,14 +84,18 @@ def _kept(fix: Fix) -> str:
     compute = fix.compute or fix.layers
     names = ", ".join(compute) if len(compute) <= 4 else f"{len(compute)} layers ({', '.join(compute[:3])}, ...)"
     moved = len(fix.layers) - len(compute)
-    return names + (f" (and {moved} data-movement node{'s' if moved > 1 else ''} after {'it' if len(compute) == 1 else 'them'})" if moved else "")
+    if not moved:
+        return names
+    nodes = f"{moved} data-movement node{'s' if moved > 1 else ''}"
+    return names + f" (and {nodes} after {'it' if len(compute) == 1 else 'them'})"
 
 
 def _effect(fix: Fix, before: float, low_before: float | None) -> str:
     what = f"keeping {_kept(fix)} in fp32"
     if not fix.measured:
         return f"fix: {what}; not measured"
-    text = f"fix: {what} -> output rel L2 {_num(before)} -> {_num(fix.rel_l2_error)}{_percent(before, fix.rel_l2_error)}"
+    after = fix.rel_l2_error
+    text = f"fix: {what} -> output rel L2 {_num(before)} -> {_num(after)}{_percent(before, after)}"
     if fix.low_precision_flops_fraction is not None and low_before is not None:
         text += f", low-precision FLOPs {low_before:.1%} -> {fix.low_precision_flops_fraction:.1%}"
     return text
@@ -131,10 +135,11 @@ def findings_text(report: DebugReport) -> str:
         lines += _finding_lines(i, f, before, low_before, where)
     if report.combined is not None:
         helpful = [f"#{i}" for i, f in enumerate(report.findings, 1) if f.helps]
-        lines += _wrapped(_effect(report.combined, before, low_before)[5:], "     ", f"together ({', '.join(helpful)}): ")
+        effect = _effect(report.combined, before, low_before).removeprefix("fix: ")
+        lines += _wrapped(effect, "     ", f"together ({', '.join(helpful)}): ")
         lines += _code_lines(report.combined, where)
     if idle:
-        lines.append(f"measured without effect (the output error drops by less than 1% or rises):")
+        lines.append("measured without effect (the output error drops by less than 1% or rises):")
         for i, f in idle:
             fix = f.fix
             lines += _wrapped(

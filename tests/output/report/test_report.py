@@ -107,7 +107,8 @@ def test_details_show_every_field_of_one_layer_in_full():
     record = next(r for r in report.layers if r.accumulate is not None)
     text = report.details(record.name)
     assert text.startswith(f"layer {record.name}\n")
-    assert f"op:         {record.op}" in text and "accumulate: float32" in text and f"source:     {record.source}" in text
+    assert f"op:         {record.op}" in text and "accumulate: float32" in text
+    assert f"source:     {record.source}" in text
     assert all(f"{t.name} [{', '.join(map(str, t.shape))}]" in text for t in record.inputs)
     assert max(len(line) for line in text.splitlines()) <= 120
     with pytest.raises(KeyError, match=f"no layer '{record.name}x' \\(did you mean '{record.name}'"):
@@ -125,8 +126,11 @@ def test_a_layer_the_backend_runs_in_another_type_is_marked():
         runs_as: str | None = None
 
     report = _prog().report
-    layers = [Record(**{f.name: getattr(r, f.name) for f in dataclasses.fields(r)},
-                     runs_as="f32 on openvino" if r.precision == torch.float16 else None) for r in report.layers]  # fmt: skip
+    layers = [
+        Record(**{f.name: getattr(r, f.name) for f in dataclasses.fields(r)},
+               runs_as="f32 on openvino" if r.precision == torch.float16 else None)
+        for r in report.layers
+    ]  # fmt: skip
     text = render.table(layers, report.summary)
     row = next(line for line in text.splitlines() if line.lstrip().startswith("linear_1 "))
     assert "fp16*" in row and "runs as f32 on openvino; planned: " in text

@@ -26,6 +26,7 @@ def test_a_long_identifier_wraps_instead_of_being_cut():
 
 
 def test_headings_span_the_table_and_rows_under_them_are_indented():
-    lines = text_table([Column("a"), Column("b", right=True)], [Heading("module.path (Linear)"), ("x", "1"), ("yy", "22")])
+    rows = [Heading("module.path (Linear)"), ("x", "1"), ("yy", "22")]
+    lines = text_table([Column("a"), Column("b", right=True)], rows)
     assert lines[2] == "module.path (Linear)"
     assert lines[0].startswith("  a ") and lines[3] == "  x    1" and lines[4] == "  yy  22"

@@ -87,7 +87,11 @@ def repeated_runs(boxes, edges, blocks: list[str | None], signature) -> list[Run
         numbered.sort()
         start = 0
         for k in range(1, len(numbered) + 1):
-            same = k < len(numbered) and numbered[k][0] == numbered[k - 1][0] + 1 and sig[numbered[k][1]] == sig[numbered[start][1]]
+            same = (
+                k < len(numbered)
+                and numbered[k][0] == numbered[k - 1][0] + 1
+                and sig[numbered[k][1]] == sig[numbered[start][1]]
+            )
             if not same:
                 if k - start >= 2:
                     runs.append(Run(family, numbered[start][1], tuple(p for _, p in numbered[start + 1 : k])))

@@ -147,7 +147,8 @@ def layout(graph: dict, records: list, *, repeats: bool = True) -> Layout:
                 first = boxes[members[0]]
                 count = sum(1 for i in members if boxes[i].kind == "compute")
                 why = (f"{len(run.blocks)} block{'s' if len(run.blocks) > 1 else ''} with the same ops, wiring and "
-                       f"precisions as {run.like} (drawn in full): {', '.join(run.blocks)}; {count} compute layers in all, "
+                       f"precisions as {run.like} (drawn in full): {', '.join(run.blocks)}; {count} compute layers "
+                       "in all, "
                        "listed in the table")  # fmt: skip
                 return Box(first.index, first.name, "blocks", run.label, None, run.family, "", why,
                            run=run, strip=tuple(strips.get(run.like, ())))  # fmt: skip
@@ -327,7 +328,9 @@ def _node(box: Box, cx: float, cy: float) -> str:
         f"<title>{html.escape(chr(10).join(tip))}</title>",
     ]
     if box.kind == "blocks":  # a stack of cards: the blocks it stands for
-        out.append(f'<rect class="behind" x="{cx - w / 2 + 6:.1f}" y="{cy - h / 2 - 6:.1f}" width="{w}" height="{h}" rx="5"/>')
+        out.append(
+            f'<rect class="behind" x="{cx - w / 2 + 6:.1f}" y="{cy - h / 2 - 6:.1f}" width="{w}" height="{h}" rx="5"/>'
+        )
     out.append(f'<rect x="{cx - w / 2:.1f}" y="{cy - h / 2:.1f}" width="{w}" height="{h}" rx="{rx:.0f}"/>')
     out.append(f'<text x="{cx:.1f}" y="{text_y:.1f}">{html.escape(_fit(label, w, 12))}</text>')
     if sub:
