@@ -11,6 +11,9 @@ does not derive from :class:`MixedPrecisionError`.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class MixedPrecisionError(Exception):
     """Base class of every error a user of mixprec can cause."""
@@ -53,3 +56,12 @@ class FileFormatError(MixedPrecisionError):
 
 class InvariantError(RuntimeError):
     """A rewritten graph breaks mixprec's own invariants: a bug in mixprec, please report it."""
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` naming the known name closest to a misspelt ``name``, or "" when none is close.
+
+    The one spelling of the hint for every message that names something the user misspelt: settings
+    (``settings.py``) and the argument names of a call or a calibration batch (``ir/call_signature.py``)."""
+    close = difflib.get_close_matches(name, sorted(set(known)), n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""

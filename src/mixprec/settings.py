@@ -9,7 +9,6 @@ mixprec never re-validates or re-parses a setting.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import re
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import torch
 
 from .dtypes import FLOAT_DTYPES, LOW_PRECISION_FLOATS, dtype_name, parse_dtype
-from .errors import ConfigError
+from .errors import ConfigError, did_you_mean
 from .ops.names import resolve_op_name
 
 
@@ -52,8 +51,7 @@ class CompileSettings:
         if unknown:
             hints = []
             for name in unknown:
-                close = difflib.get_close_matches(name, sorted(known), n=1)
-                hints.append(f"'{name}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
+                hints.append(f"'{name}'" + did_you_mean(name, known))
             raise ConfigError(
                 f"mixprec.compile got unknown setting(s) {', '.join(hints)}; "
                 f"the settings are: {', '.join(sorted(known))}."

@@ -69,3 +69,26 @@ def test_batch_list_reads_the_loader_once_into_tuples():
 def test_batch_list_refuses_what_is_not_batches(loader, message):
     with pytest.raises(ConfigError, match=message):
         batch_list(loader, "eval_dataloader")
+
+
+class _Collated(torch.nn.Module):
+    """A transformers-style forward: optional named inputs and ``**kwargs``."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(16, 8)
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, input_ids=None, attention_mask=None, **kwargs):
+        return self.lin(self.emb(input_ids))
+
+
+def test_a_misspelt_key_of_a_dict_batch_is_an_error_with_the_name_meant():
+    """compile's calibration data: a dict batch's 'input_id' is not handed to ``**kwargs`` as an argument."""
+    import mixprec
+
+    ids = torch.randint(0, 16, (2, 5))
+    with pytest.raises(CalibrationError, match=r"calibration batch 1 gives argument 'input_id', which is not a "
+                       r"parameter of the model's forward \(did you mean 'input_ids'\?\)"):  # fmt: skip
+        mixprec.compile(_Collated().eval(), (ids,), enable_autocast=True,
+                        autocast_calibration_dataloader=[{"input_ids": ids}, {"input_id": ids}])  # fmt: skip

@@ -46,8 +46,9 @@ def test_debug_a_spec_with_compile_options_names_the_overflowing_layer(tmp_path,
     code, out, err = _run(capsys, "debug", f"{spec}:build", "--plan", plan, "--json", tmp_path / "d.json",
                           "--html", tmp_path / "d.html")  # fmt: skip
     assert code == 0, err
-    first = out.splitlines()[1]
-    assert first.startswith("!! first inf/NaN") and "module 'fc1'" in first
+    first = _first_finding(out)
+    assert first.startswith("#1 first inf/NaN") and "module 'fc1'" in first
+    assert max(len(line) for line in out.splitlines()) <= 120
     data = json.loads((tmp_path / "d.json").read_text())
     assert data["summary"]["layers_with_new_nonfinite"] >= 1
     page = (tmp_path / "d.html").read_text()
@@ -68,6 +69,10 @@ def test_debug_a_saved_program_and_bad_usage(tmp_path, capsys):
     assert code == 2 and "already compiled" in err and "Traceback" not in err
 
 
+def _first_finding(out: str) -> str:
+    return next(line for line in out.splitlines() if line.startswith("#1 "))
+
+
 def _build(spec):
     import importlib.util
 
@@ -85,5 +90,26 @@ def test_debug_respects_include_nodes(tmp_path, capsys):
     assert "first inf/NaN" not in out  # the IO-range rule keeps fc1 (and what reads it) in fp32
     code, out, err = _run(capsys, "debug", f"{spec}:build", "--autocast", "fp16", "--include-nodes", "^fc1$")
     assert code == 0, err
-    first = out.splitlines()[1]
-    assert first.startswith("!! first inf/NaN") and "module 'fc1'" in first
+    first = _first_finding(out)
+    assert first.startswith("#1 first inf/NaN") and "module 'fc1'" in first
+
+
+def test_debug_writes_the_fixed_plan_that_compile_takes(tmp_path, capsys):
+    spec = tmp_path / "overflow.py"
+    spec.write_text(textwrap.dedent(OVERFLOW_SPEC))
+    names = [r.name for r in mixprec.compile(*_build(spec)).report.layers if r.kind == "compute"]
+    plan = tmp_path / "plan.json"
+    fp16 = mixprec.NodePrecision(__import__("torch").float16)
+    plan.write_text(mixprec.PrecisionPlan({n: fp16 for n in names}).to_json())
+    fixed, found = tmp_path / "fixed.json", tmp_path / "found.json"
+    code, out, err = _run(capsys, "debug", f"{spec}:build", "--plan", plan, "--fix-plan", fixed, "--json", found,
+                          "--fixes", "3")  # fmt: skip
+    assert code == 0, err
+    assert f"wrote {fixed}: the plan with fix #1 applied; compile it with --plan {fixed}" in out
+    measured = json.loads(found.read_text())["findings"][0]["fix"]["rel_l2_error"]
+    assert measured is not None and measured < 1e-2  # fc1's overflow (inf before) gone
+    code, out, err = _run(capsys, "compile", f"{spec}:build", "--plan", fixed, "-o", tmp_path / "p.mixprec.pt2",
+                          "--json", tmp_path / "report.json")  # fmt: skip
+    assert code == 0, err
+    report = mixprec.Report.from_json((tmp_path / "report.json").read_text())
+    assert report.summary["rel_l2_error"] == measured

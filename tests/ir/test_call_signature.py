@@ -40,6 +40,14 @@ class Extra(nn.Module):
         return x + extra["a"] * extra["b"]
 
 
+class Collated(nn.Module):
+    """forward(input_ids, attention_mask=None, **kwargs): the shape of a transformers model's forward."""
+
+    def forward(self, input_ids, attention_mask=None, **kwargs):
+        y = input_ids * 2.0
+        return y if attention_mask is None else y * attention_mask
+
+
 class Batch(nn.Module):
     """One nested input (an HF-collator-like dict holding a list)."""
 
@@ -204,6 +212,33 @@ def test_a_misspelt_keyword_is_named_with_the_models_forward():
     sig = CallSignature.of(ep, model)
     with pytest.raises(InputMismatchError, match=r"gives argument 'maks', which the model's forward\(x, mask=None"):
         sig.arrange((x,), {"maks": mask})
+
+
+def test_a_misspelt_keyword_gets_a_did_you_mean_answer():
+    model, ep, x, mask = _masked_program(keyword_mask=True)
+    with pytest.raises(InputMismatchError, match=r"'maks', which the model's forward.* \(did you mean 'mask'\?\)"):
+        CallSignature.of(ep, model).arrange((x,), {"maks": mask})
+    with pytest.raises(InputMismatchError, match=r"'maks', which the program does not take \(did you mean 'mask'\?\)"):
+        CallSignature.of(ep).arrange((x,), {"maks": mask})  # no forward: matched against the captured names
+
+
+def test_a_misspelt_key_that_var_keyword_would_swallow_is_not_taken_as_an_argument():
+    """A dict batch's misspelt key ('input_id') reaches ``**kwargs`` of a transformers-style forward: it is
+    named as no parameter of forward, with the name meant, not as an argument the program was compiled without."""
+    model = Collated().eval()
+    ids = torch.randn(2, 4)
+    sig = CallSignature.of(capture(model, (ids,)), model)
+    with pytest.raises(
+        CalibrationError,
+        match=r"^calibration batch 0 gives argument 'input_id', which is not a parameter of the model's forward "
+        r"\(did you mean 'input_ids'\?\); the program takes \(input_ids\)",
+    ):
+        sig.arrange((), {"input_id": ids}, error=CalibrationError, where="calibration batch 0")
+    with pytest.raises(CalibrationError, match=r"'atention_mask', .*\(did you mean 'attention_mask'\?\)"):
+        sig.arrange((), {"input_ids": ids, "atention_mask": ids}, error=CalibrationError, where="batch 1")
+    # a real parameter the program was captured without keeps its own answer
+    with pytest.raises(CalibrationError, match="'attention_mask', which the program was compiled without"):
+        sig.arrange((), {"input_ids": ids, "attention_mask": ids}, error=CalibrationError, where="batch 2")
 
 
 def test_a_missing_captured_argument_is_named():

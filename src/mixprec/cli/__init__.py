@@ -100,9 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
         "debug",
         help="compare every layer with fp32 and name the layer that breaks the numerics",
         description="Run the mixed-precision program and its fp32 reference side by side and report, per layer, "
-        "the error against the fp32 value of the same tensor; name the first layer that produced inf/NaN and the "
-        "largest error jump, with what would keep it in fp32. TARGET is a SPEC (compiled first, with the options "
-        "given) or a file written by mixprec.save (compared with its own fp32 recomputation)." + _PT2_TRUST,
+        "the error against the fp32 value of the same tensor; pick the layers worth fixing (the first that produced "
+        "inf/NaN, those that produce an output in low precision, those that added the most error), measure what "
+        "keeping each in fp32 does to the output error, and rank them by it. TARGET is a SPEC (compiled first, "
+        "with the options given) or a file written by mixprec.save (compared with its own fp32 recomputation; "
+        "fixes are not measured there)." + _PT2_TRUST,
     )
     p.add_argument(
         "target", metavar="SPEC|FILE", help="file.py:function, a torch.export .pt2 (unpickled: yours only) or a mixprec file"
@@ -111,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="JSON", help="also write the comparison as JSON")
     p.add_argument("--html", metavar="HTML", help="also write the report page with the comparison included")
     p.add_argument("--rows", type=_positive_int, default=40, metavar="N", help="table rows to print (default 40)")
+    p.add_argument("--fixes", type=_non_negative_int, default=10, metavar="N",
+                   help="candidate fixes to measure, one run of the program each (default 10; 0: rank by heuristic)")
+    p.add_argument("--fix-plan", metavar="JSON",
+                   help="write the plan with the first finding's fix applied (compile it with --plan JSON)")
     add_compile_options(p)
     _common(p)
 

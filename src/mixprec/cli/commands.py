@@ -173,12 +173,13 @@ def debug_command(args) -> int:
     a saved program is compared with its own fp32 recomputation."""
     import mixprec
 
+    from ..debugger.fixes import fixed_plan
     from ..debugger.render import text
     from .options import compile_kwargs
     from .spec import is_mixprec_file
 
     progress = Progress(args.progress)
-    check_writable(args.json, args.html)
+    check_writable(args.json, args.html, args.fix_plan)
     kwargs = compile_kwargs(args)
     kwargs.pop("debug", None)  # --debug shows tracebacks here; it does not change the compile
     if ":" not in args.target and is_mixprec_file(args.target):
@@ -202,8 +203,16 @@ def debug_command(args) -> int:
         with progress.step(f"compiling {label}"), held_back("mixprec debug", args.debug):
             prog = mixprec.compile(model, inputs, **kwargs)
     with progress.step(f"comparing {label} with fp32 layer by layer"), held_back("mixprec debug", args.debug):
-        found = mixprec.debug(prog, inputs)
+        found = mixprec.debug(prog, inputs, fixes=args.fixes)
     print(text(found, max_rows=args.rows))
+    fix = found.culprit.fix if found.culprit is not None else None
+    if args.fix_plan and fix is not None:
+        write_text(args.fix_plan, fixed_plan(found.plan, fix.layers).to_json())
+        print(f"wrote {args.fix_plan}: the plan with fix #1 applied; compile it with --plan {args.fix_plan}")
+    elif args.fix_plan:
+        print(f"nothing to fix: {args.fix_plan} not written")
+    elif fix is not None:
+        print("on the command line: --fix-plan PLAN.json writes the plan with fix #1 applied, for --plan PLAN.json")
     if args.json:
         write_text(args.json, found.to_json())
     if args.html:

@@ -1,49 +1,136 @@
-"""Naming the culprit: the first layer that produced inf/NaN, and the layer with the largest error jump.
+"""Findings: the layers worth fixing, each with its fix as code, ranked by what the fix does to the output.
 
-The first inf/NaN producer is the first layer in graph order with inf/NaN where the fp32
-value of the same tensor is finite: every layer before it had none, so it made them (not a
-layer downstream that merely propagated them). The error jump of a layer is the relative
-error of its output minus the largest relative error of its inputs: the error it added itself,
-so a catastrophic cancellation (``x - x_shifted`` in bf16) stands out even when every layer
-after it shows the same large error.
+Which layers are candidates, and how a fix is measured, is ``fixes.py``. This module words them:
+what happened at the layer (the first inf/NaN it made, the error it added — its output's relative
+error minus its inputs', so a catastrophic cancellation stands out even when every layer after it
+shows the same error — or that it produces a program output in low precision), the fix as code
+(a plan edit for ``mixprec.compile``, exactly what was measured), and the other ways to keep the
+layer in fp32 in the terms of whoever decided its dtype: an autocast exclusion or rule for layers
+the compiler lowered, a configurator call for plan requests, a change of code for the model's own
+typing.
 
-Each finding says what would keep the layer in fp32, in the terms of whoever decided its dtype:
-an autocast exclusion or rule for layers the compiler lowered, a plan entry or configurator
-call for plan requests, a change of code for the model's own typing.
+Ranking: with measurements, the findings whose fix lowers the output error come first, by the
+error left (fewer layers first on a tie); the rest follow in the heuristic's order. Without them
+(a program loaded from a file, ``fixes=0``) the heuristic's order stands.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 
 import torch
 
 from ..dtypes import LOW_PRECISION_FLOATS, dtype_name
 from ..ir.graph_info import GraphInfo
 from ..plan.precision_plan import PrecisionPlan
-from .records import Finding, LayerComparison
+from . import fixes
+from .records import Finding, Fix, LayerComparison
 
 IO_RANGE_DEFAULT = 512.0  # autocast_max_output_threshold's default (API.md)
 
+# (layers to keep in fp32) -> (output rel-L2, max abs, low-precision FLOP share) of the program so fixed
+Measure = Callable[[tuple[str, ...]], tuple[float, float, float]]
+# (layers, measured rel-L2 or None) -> the code that applies the fix (fixes.fix_code with the caller's names)
+Code = Callable[[tuple[str, ...], "float | None"], str]
 
-def find(layers: list[LayerComparison], info: GraphInfo, plan: PrecisionPlan) -> list[Finding]:
-    """Findings, the culprit first: the first inf/NaN producer if any, then the largest error jump."""
-    findings = []
-    first = next((r for r in layers if r.new_nonfinite > 0), None)
-    if first is not None:
-        findings.append(Finding("nonfinite", first.name, first.module, first.op, first.precision,
-                                _nonfinite_message(first), _suggestions(first, info, plan, layers)))  # fmt: skip
-    jumps = [r for r in layers if math.isfinite(r.error_jump) and r.error_jump > 0]
-    if jumps:
-        worst = max(jumps, key=lambda r: r.error_jump)
-        findings.append(Finding("error_jump", worst.name, worst.module, worst.op, worst.precision,
-                                _jump_message(worst), _suggestions(worst, info, plan, layers)))  # fmt: skip
-    return findings
+
+def find(
+    layers: list[LayerComparison],
+    info: GraphInfo,
+    plan: PrecisionPlan,
+    *,
+    limit: int = 3,
+    measure: Measure | None = None,
+    before: float = math.nan,
+    code: Code | None = None,
+    progress=None,
+    candidates: list[fixes.Candidate] | None = None,
+) -> list[Finding]:
+    """Findings for ``candidates`` (default: up to ``limit`` of ``fixes.candidates``); each fix measured when
+    ``measure`` is given (``before``: the output error without any fix), and ranked by it."""
+    code = code or (lambda names, measured: fixes.fix_code(names, plan_of="prog.plan", call="model, inputs",
+                                                           settings={}, measured=measured))  # fmt: skip
+    if candidates is None:
+        candidates = fixes.candidates(layers, info, plan, limit, variants=measure is not None)
+    largest = max((c.record.error_jump for c in candidates if math.isfinite(c.record.error_jump)), default=0.0)
+    best: dict[tuple[str, str], tuple[fixes.Candidate, Fix]] = {}  # one finding a layer: its best fix measured
+    for i, c in enumerate(candidates):
+        key = (c.kind, c.record.name)
+        if measure is None:
+            best.setdefault(key, (c, Fix(c.layers, code(c.layers, None), compute=_compute(c.layers, info))))
+            continue
+        if progress is not None:
+            progress.update(
+                f"measuring fix {i + 1}/{len(candidates)}: {c.record.name} ({len(c.layers)} layers in fp32)"
+            )
+        fix = measured_fix(c.layers, measure, before, code, info)
+        if key not in best or _better(fix, best[key][1]):
+            best[key] = (c, fix)
+    findings = [
+        Finding(c.kind, c.record.name, c.record.module, c.record.op, c.record.precision,
+                _message(c, info, plan, largest), _suggestions(c.record, info, plan, layers), fix)  # fmt: skip
+        for c, fix in best.values()
+    ]
+    return rank(findings)
+
+
+def _better(fix: Fix, other: Fix) -> bool:
+    """A larger fix is worth it only when it lowers the error by at least ``fixes.HELPS`` more."""
+    if len(fix.layers) <= len(other.layers):
+        return fix.rel_l2_error <= other.rel_l2_error
+    return fixes.helps(other.rel_l2_error, fix.rel_l2_error)
+
+
+def measured_fix(layers: tuple[str, ...], measure: Measure, before: float, code: Code, info: GraphInfo) -> Fix:
+    rel, max_abs, low = measure(layers)
+    return Fix(layers, code(layers, rel), rel, max_abs, low, fixes.helps(before, rel), _compute(layers, info))
+
+
+def _compute(layers: tuple[str, ...], info: GraphInfo) -> tuple[str, ...]:
+    return tuple(n for n in layers if info[n].kind != "movement")
+
+
+def rank(findings: list[Finding]) -> list[Finding]:
+    """Helpful fixes first, by the output error they leave; the others after, in the heuristic's order."""
+    helpful = [f for f in findings if f.helps]
+    helpful.sort(key=lambda f: (f.fix.rel_l2_error, len(f.fix.layers)))
+    return helpful + [f for f in findings if not f.helps]
+
+
+def combined(findings: list[Finding], info: GraphInfo, measure: Measure, before: float, code: Code) -> Fix | None:
+    """The helpful fixes together (when there are two or more), measured."""
+    helpful = [f for f in findings if f.helps]
+    if len(helpful) < 2:
+        return None
+    layers = tuple(sorted({n for f in helpful for n in f.fix.layers}, key=list(info).index))
+    return measured_fix(layers, measure, before, code, info)
 
 
 def _where(r: LayerComparison) -> str:
     return f"layer '{r.name}' ({r.op}, module '{r.module or '(top level)'}', computes in {dtype_name(r.precision)})"
+
+
+def _message(c: fixes.Candidate, info: GraphInfo, plan: PrecisionPlan, largest: float) -> str:
+    r = c.record
+    if c.kind == "nonfinite":
+        text = _nonfinite_message(r)
+    elif c.kind == "output":
+        text = (
+            f"{_where(r)} produces a program output: its rounding reaches the output as it is (relative error "
+            f"{r.input_error:.3g} on its inputs -> {r.rel_l2_error:.3g} on its output)."
+        )
+    else:
+        text = _jump_message(r, r.error_jump >= largest)
+    if not fixes.is_low(plan, r.name):
+        producers = fixes.low_producers(r.name, info, plan)
+        names = ", ".join(f"'{p}' (module '{info[p].module or '(top level)'}')" for p in producers)
+        text += (
+            f" It computes in {dtype_name(r.precision)}: the error comes with its inputs, made in low precision by "
+            f"{names}."
+        )
+    return text
 
 
 def _nonfinite_message(r: LayerComparison) -> str:
@@ -67,87 +154,59 @@ def _nonfinite_message(r: LayerComparison) -> str:
     )
 
 
-def _jump_message(r: LayerComparison) -> str:
+def _jump_message(r: LayerComparison, largest: bool) -> str:
+    what = "largest error jump" if largest else "error jump"
     return (
-        f"largest error jump: {_where(r)}: relative error {r.input_error:.3g} on its inputs -> {r.rel_l2_error:.3g} "
-        f"on its output (+{r.error_jump:.3g}); max abs error {r.max_abs_error:.3g}, fp32 absmax {r.ref_absmax:.3g}."
+        f"{what}: {_where(r)}: relative error {r.input_error:.3g} on its inputs -> {r.rel_l2_error:.3g} on its output "
+        f"(+{r.error_jump:.3g}); max abs error {r.max_abs_error:.3g}, fp32 absmax {r.ref_absmax:.3g}."
     )
 
 
 def _suggestions(r: LayerComparison, info: GraphInfo, plan: PrecisionPlan, layers) -> tuple[str, ...]:
-    """What would keep ``r`` in fp32, first in the terms of whoever decided its dtype."""
+    """Other ways than the fix's plan edit to keep the layer in fp32, in the terms of whoever decided its dtype."""
     if r.precision not in LOW_PRECISION_FLOATS:
-        return _from_inputs(r, info, plan)
+        producers = fixes.low_producers(r.name, info, plan)
+        if not producers:
+            return ()
+        patterns = ", ".join(repr(p) for p in sorted({_pattern_of(info[p].module, p) for p in producers}))
+        return (f"under enable_autocast=True: autocast_excluded_nodes={{{patterns}}} keeps its producers in fp32",)
     decision = plan.get(r.name)
     source = decision.source if decision is not None else r.source
-    exclude = f"autocast_excluded_nodes={{{_pattern(r)!r}}}"
-    plan_entry = (
-        f"a plan entry: plan = prog.plan.with_nodes({{'{r.name}': NodePrecision(torch.float32, source='plan', "
-        f"reason='keep fp32')}}), then mixprec.compile(model, inputs, plan=plan)"
-    )
     absmax = _finite_max([r.ref_absmax, _input_absmax(r, info, layers)])
     io_rule = (
         f"the IO range rule keeps a layer in fp32 when |value| on its inputs/outputs exceeds "
         f"autocast_max_output_threshold (default {IO_RANGE_DEFAULT:g}); this one reaches {absmax:.3g}"
     )
     where = f"module '{r.module or '(top level)'}'"
+    out = []
     if source in ("autocast_rule", "default"):
-        out = [f"{exclude} keeps it in fp32 under enable_autocast=True"]
+        out.append(f"under enable_autocast=True: autocast_excluded_nodes={{{_pattern(r)!r}}} keeps it in fp32")
         if absmax > IO_RANGE_DEFAULT:
             out.append(io_rule + " (lower the threshold if you raised it)")
-        return (*out, plan_entry)
+        return tuple(out)
     if source == "weak_typing":
-        out = [f"weak typing chose its dtype for speed; {plan_entry}"]
+        out.append("weak typing chose its dtype for speed; the plan edit above overrides it")
     elif source == "plan":
-        out = [f"the plan puts it in {dtype_name(r.precision)}; {plan_entry}"]
+        out.append(f"the plan puts it in {dtype_name(r.precision)}")
         if r.module:
-            out.append(f"or with the configurator: cfg.set_precision({r.module!r}, activation='fp32')")
+            out.append(f"with the configurator: cfg.set_precision({r.module!r}, activation='fp32')")
     elif source == "marker":
-        out = [f"it is inside a start_setting_precision region: end the region before {where}, or {plan_entry}"]
+        out.append(f"it is inside a start_setting_precision region: end the region before {where}")
     elif source == "torch_autocast":
-        out = [
+        out.append(
             f"torch.autocast runs it in {dtype_name(r.precision)}: run {where} under torch.autocast(device_type, "
-            f"enabled=False) with .float() inputs, or {plan_entry}"
-        ]
+            "enabled=False) with .float() inputs"
+        )
     else:  # "explicit": the model's code
         reason = f" ({decision.reason})" if decision is not None and decision.reason else ""
-        out = [f"the model's code runs it in {dtype_name(r.precision)}{reason}; change the code, or {plan_entry}"]
+        out.append(f"the model's code runs it in {dtype_name(r.precision)}{reason}; change the code")
     if absmax > IO_RANGE_DEFAULT:
         out.append(f"with enable_autocast=True deciding it instead, {io_rule}, so autocast would keep it in fp32")
     return tuple(out)
 
 
-def _from_inputs(r: LayerComparison, info: GraphInfo, plan: PrecisionPlan) -> tuple[str, ...]:
-    """A layer computing in fp32 whose result is bad: the error came in with its inputs."""
-    producers = _low_producers(r.name, info, plan)
-    if not producers:
-        return (f"it computes in {dtype_name(r.precision)}; its inputs come from the model's inputs or parameters",)
-    names = ", ".join(f"'{p}' (module '{info[p].module or '(top level)'}')" for p in producers)
-    patterns = {_pattern_of(info[p].module, p) for p in producers}
-    return (
-        f"it computes in {dtype_name(r.precision)}: the error comes with its inputs, produced in low precision by "
-        f"{names}; keep them in fp32: autocast_excluded_nodes={sorted(patterns)!r}, or plan entries in float32",
-    )
-
-
-def _low_producers(name: str, info: GraphInfo, plan: PrecisionPlan) -> list[str]:
-    found, seen, stack = [], set(), list(info[name].input_dtypes)
-    while stack:
-        p = stack.pop()
-        if p in seen or p not in info:
-            continue
-        seen.add(p)
-        decision = plan.get(p)
-        if info[p].kind == "movement" or decision is None:
-            stack.extend(info[p].input_dtypes)
-        elif decision.precision in LOW_PRECISION_FLOATS:
-            found.append(p)
-    return sorted(found, key=list(info).index)
-
-
 def _input_absmax(r: LayerComparison, info: GraphInfo, layers) -> float:
-    by_name = {x.name: x for x in layers}
-    return _finite_max(by_name[p].ref_absmax for p in info[r.name].input_dtypes if p in by_name)
+    return fixes.input_absmax(r.name, info, {x.name: x for x in layers})
 
 
 def _finite_max(values) -> float:

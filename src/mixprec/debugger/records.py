@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import torch
 
 from .. import jsondoc
 from ..dtypes import dtype_from_name, dtype_name
 from ..output.report.records import LayerTable
+from ..plan.precision_plan import PrecisionPlan
 
 _FORMAT = "mixprec.debug"
 _VERSION = 1
@@ -58,23 +60,69 @@ class LayerComparison:
 
 
 @dataclasses.dataclass(frozen=True)
-class Finding:
-    """A culprit: the first layer that produced inf/NaN, or the layer with the largest error jump."""
+class Fix:
+    """Layers to keep in fp32, the code that does it, and what it did to the output error when measured.
 
-    kind: str  # "nonfinite" | "error_jump"
+    ``rel_l2_error``/``max_abs_error``: the program's output error against fp32 on the debugger's
+    inputs with the fix applied (None when not measured: a program loaded from a file, or ``fixes=0``);
+    ``low_precision_flops_fraction``: its share of matmul/conv FLOPs in low precision."""
+
+    layers: tuple[str, ...]
+    code: str  # Python that runs as pasted (fixes.fix_code)
+    rel_l2_error: float | None = None
+    max_abs_error: float | None = None
+    low_precision_flops_fraction: float | None = None
+    helps: bool | None = None  # lowers the output error by at least 1% (fixes.helps); None when not measured
+    compute: tuple[str, ...] = ()  # the compute layers among ``layers`` (the others are data movement after them)
+
+    @property
+    def measured(self) -> bool:
+        return self.rel_l2_error is not None
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Fix":
+        return cls(**{**d, "layers": tuple(d["layers"]), "compute": tuple(d.get("compute", ()))})
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """A layer worth fixing, and the fix.
+
+    ``kind``: "nonfinite" (the first layer that produced inf/NaN), "output" (a layer that produces a
+    program output in low precision), "error_jump" (a layer that added error, or an fp32 layer whose
+    low-precision inputs carry it), "combined" (the helpful fixes together). Findings come ranked by
+    the output error their fix leaves, when measured (``DebugReport.findings``)."""
+
+    kind: str
     layer: str
     module: str
     op: str
     precision: torch.dtype
     message: str  # what happened, with the numbers
-    suggestions: tuple[str, ...]  # what would keep it in fp32 (a setting, a rule, a plan entry)
+    suggestions: tuple[str, ...]  # other ways to keep it in fp32 (a setting, a rule, a configurator call)
+    fix: Fix | None = None
+
+    @property
+    def helps(self) -> bool | None:
+        """Whether the measured fix lowers the output error (None: not measured)."""
+        return self.fix.helps if self.fix is not None else None
 
     def to_dict(self) -> dict:
-        return _to_dict(self, "suggestions")
+        d = _to_dict(self, "suggestions")
+        d["fix"] = _fix_dict(self.fix)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Finding":
-        return _from_dict(cls, d, "suggestions")
+        d = dict(d)
+        fix = d.pop("fix", None)
+        return dataclasses.replace(_from_dict(cls, d, "suggestions"), fix=Fix.from_dict(fix) if fix else None)
+
+
+def _fix_dict(fix: Fix | None) -> dict | None:
+    if fix is None:
+        return None
+    return {**dataclasses.asdict(fix), "layers": list(fix.layers), "compute": list(fix.compute)}
 
 
 def _to_dict(record, listed: str) -> dict:
@@ -94,30 +142,31 @@ def _from_dict(cls, d: dict, listed: str):
 
 @dataclasses.dataclass
 class DebugReport(LayerTable):
-    """``mixprec.debug``'s answer: per-layer comparisons, findings (the culprit first), a summary."""
+    """``mixprec.debug``'s answer: per-layer comparisons, findings (best fix first), a summary, and the plan
+    of the program compared (the plan the findings' code edits)."""
 
     layers: list[LayerComparison]
     findings: list[Finding]
     summary: dict
+    plan: PrecisionPlan | None = None
+    combined: Fix | None = None  # the helpful fixes together, measured (when two or more help)
 
     @property
     def culprit(self) -> Finding | None:
-        """The first inf/NaN producer if there is one, else the layer with the largest error jump."""
+        """The first finding: the fix that lowers the output error most when measured, else the first inf/NaN
+        producer, else the heuristic's first candidate."""
         return self.findings[0] if self.findings else None
 
     @property
     def first_nonfinite(self) -> LayerComparison | None:
-        return self._of_kind("nonfinite")
+        """The first layer in graph order with inf/NaN where fp32 has finite values."""
+        return next((r for r in self.layers if r.new_nonfinite > 0), None)
 
     @property
     def largest_jump(self) -> LayerComparison | None:
-        return self._of_kind("error_jump")
-
-    def _of_kind(self, kind: str) -> LayerComparison | None:
-        for finding in self.findings:
-            if finding.kind == kind:
-                return self.layer(finding.layer)
-        return None
+        """The layer that added the most error (its output's minus its inputs' relative error)."""
+        jumps = [r for r in self.layers if math.isfinite(r.error_jump) and r.error_jump > 0]
+        return max(jumps, key=lambda r: r.error_jump) if jumps else None
 
     def __str__(self) -> str:
         from .render import text
@@ -138,6 +187,8 @@ class DebugReport(LayerTable):
                 "summary": self.summary,
                 "findings": [f.to_dict() for f in self.findings],
                 "layers": [r.to_dict() for r in self.layers],
+                "plan": json.loads(self.plan.to_json()) if self.plan is not None else None,
+                "combined": _fix_dict(self.combined),
             },
             indent=indent,
         )
@@ -149,6 +200,8 @@ class DebugReport(LayerTable):
             [LayerComparison.from_dict(d) for d in data["layers"]],
             [Finding.from_dict(d) for d in data["findings"]],
             data["summary"],
+            PrecisionPlan.from_json(json.dumps(data["plan"])) if data.get("plan") is not None else None,
+            Fix.from_dict(data["combined"]) if data.get("combined") else None,
         )
 
     def __eq__(self, other) -> bool:
@@ -159,5 +212,7 @@ class DebugReport(LayerTable):
             and all(jsondoc.same(a.to_dict(), b.to_dict()) for a, b in zip(self.layers, other.layers))
             and self.findings == other.findings
             and jsondoc.same(self.summary, other.summary)
+            and self.plan == other.plan
+            and self.combined == other.combined
         )
 

@@ -23,9 +23,10 @@ from ..rewrite.pipeline import reference
 class Fp32Reference:
     program: ExportedProgram  # every floating layer in fp32 (fp64 stays fp64), casts in the code made no-ops
     info: GraphInfo  # the layers of the normalised capture, by node name (shared with the mixed program)
+    captured: CapturedModel | None = None  # the capture, to realise other plans on (the debugger's fixes)
 
 
 def fp32_reference(captured: ExportedProgram) -> Fp32Reference:
     """Build the reference once; compare any number of mixed programs of the same capture against it."""
     model = CapturedModel(captured)
-    return Fp32Reference(reference(model).to_exported(), model.info)
+    return Fp32Reference(reference(model).to_exported(), model.info, model)

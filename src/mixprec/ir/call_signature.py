@@ -25,7 +25,7 @@ from collections.abc import Mapping
 import torch
 import torch.utils._pytree as pytree
 
-from ..errors import InputMismatchError
+from ..errors import InputMismatchError, did_you_mean
 
 _SIMPLE = (bool, int, float, str, type(None), torch.dtype, torch.device)
 
@@ -88,13 +88,18 @@ class CallSignature:
     def _bind(self, args, kwargs, error, where) -> dict:
         if self.forward is not None and not _has_var_positional(self.forward):
             parameters = self.forward.parameters
-            if not any(p.kind == inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-                for name in kwargs:  # name an unknown (often misspelt) keyword before anything else
-                    if name not in parameters:
-                        raise error(
-                            f"{where} gives argument '{name}', which the model's forward{self.forward} does not take; "
-                            f"the program takes {self._describe()}."
-                        )
+            var_keyword = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+            for name in kwargs:  # name an unknown (often misspelt) keyword before anything else
+                if name in parameters or var_keyword and name in self.keywords:
+                    continue
+                # a name **kwargs would swallow ('input_id' in a dict batch) is no argument either
+                what = "is not a parameter of the model's forward" if var_keyword else (
+                    f"the model's forward{self.forward} does not take"
+                )
+                raise error(
+                    f"{where} gives argument '{name}', which {what}{did_you_mean(name, self._names())}; the program "
+                    f"takes {self._describe()}."
+                )
             try:
                 bound = self.forward.bind(*args, **kwargs)
             except TypeError as e:
@@ -118,9 +123,20 @@ class CallSignature:
             if name in named:
                 raise error(f"{where} gives argument '{name}' twice (positionally and by keyword).")
             if name not in known:
-                raise error(f"{where} gives argument '{name}', which the program does not take; it takes {self._describe()}.")
+                raise error(
+                    f"{where} gives argument '{name}', which the program does not take{did_you_mean(name, known)}; "
+                    f"it takes {self._describe()}."
+                )
             named[name] = value
         return named
+
+    def _names(self) -> list[str]:
+        """The names a misspelt argument is matched against: the captured ones and forward's own."""
+        names = list(self.parameter_names())
+        if self.forward is not None:
+            kinds = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+            names += [n for n, p in self.forward.parameters.items() if p.kind not in kinds and n not in names]
+        return names
 
     def _is_default(self, name: str, value) -> bool:
         if self.forward is None:

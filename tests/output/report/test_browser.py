@@ -16,6 +16,7 @@ import html.parser
 import os
 import shutil
 import subprocess
+import warnings
 
 import pytest
 import torch
@@ -73,6 +74,8 @@ class _Dom(html.parser.HTMLParser):
         self.count = ""
         self._in_count = False
         self._row = None
+        self._node = None  # the graph node being read: its <title> and <text> labels are collected
+        self._text = None
 
     def handle_starttag(self, tag, attrs):
         attrs = dict(attrs)
@@ -84,7 +87,12 @@ class _Dom(html.parser.HTMLParser):
         elif tag == "td" and self._row is not None:
             self._row["cells"].append(attrs.get("data-v"))
         elif tag == "g" and "node" in attrs.get("class", "").split():
-            self.nodes.append(attrs)
+            self._node = {**attrs, "title": "", "labels": []}
+            self.nodes.append(self._node)
+        elif tag in ("title", "text") and self._node is not None:
+            self._text = tag
+            if tag == "text":
+                self._node["labels"].append("")
         elif tag == "span" and attrs.get("id") == "count":
             self._in_count = True
 
@@ -93,10 +101,18 @@ class _Dom(html.parser.HTMLParser):
             self._row = None
         if tag == "span":
             self._in_count = False
+        if tag in ("title", "text"):
+            self._text = None
+        if tag == "g":
+            self._node = None
 
     def handle_data(self, data):
         if self._in_count:
             self.count += data
+        if self._text == "title":
+            self._node["title"] += data
+        elif self._text == "text":
+            self._node["labels"][-1] += data
 
 
 @pytest.fixture(scope="module")
@@ -175,3 +191,74 @@ def test_screenshot_shows_the_coloured_graph(page, tmp_path):
     assert colours.get(KEPT, 0) > 50, "no kept-in-fp32 outline visible"
     header = image.crop((0, 0, image.width, 40)).getcolors(maxcolors=1 << 20)
     assert max(header)[1] == (0x1D, 0x23, 0x30), "the page header is not drawn"
+
+
+# ---- a 30-layer decoder: repeated blocks drawn once, every label readable ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def decoder_page(tmp_path_factory):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=30,
+                                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
+                                      use_cache=False)  # fmt: skip
+    model = transformers.LlamaForCausalLM(config).eval()
+    verify = os.environ.get("MIXPREC_VERIFY_EACH")
+    os.environ["MIXPREC_VERIFY_EACH"] = "0"  # this test is about the page: the passes are verified elsewhere
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", mixprec.MixedPrecisionWarning)  # bf16 on a CPU without bf16 kernels
+            prog = mixprec.compile(model, (torch.randint(0, 32, (1, 8)),), enable_autocast=True)
+    finally:
+        if verify is None:
+            os.environ.pop("MIXPREC_VERIFY_EACH")
+        else:
+            os.environ["MIXPREC_VERIFY_EACH"] = verify
+    path = tmp_path_factory.mktemp("decoder") / "report.html"
+    prog.report.save_html(path)
+    return prog.report, path
+
+
+def test_a_30_layer_decoder_graph_fits_about_two_screens_and_every_label_is_readable(decoder_page, tmp_path):
+    """Issue 23: the graph was a 3000-pixel scroll for two layers (53780 for thirty) and cut long op names."""
+    report, path = decoder_page
+    dom = _dom(tmp_path, path, "")
+    left, top, width, height = (int(v) for v in dom.body["data-graph-rect"].split(","))
+    assert height <= 2600 and width <= 1280 - 2 * 28, (width, height)  # the section's padding is 28 px a side
+    # layers 1-29 repeat layer 0: one stacked box, which names them; layer 0 is drawn in full
+    (blocks,) = [n for n in dom.nodes if n["data-kind"] == "blocks"]
+    assert blocks["labels"][0].startswith("model.layers.1\u201329") and "\u00d729" in blocks["labels"][0]
+    assert "model.layers.29" in blocks["title"]
+    assert "same ops, wiring and precisions as model.layers.0" in blocks["title"]
+    drawn_layers = {n["data-name"] for n in dom.nodes if n["data-kind"] == "compute"}
+    layer0 = [r for r in report.layers if r.kind == "compute" and r.module.startswith("model.layers.0.") and r.in_graph]
+    assert layer0 and all(r.name in drawn_layers for r in layer0)
+    assert dom.body.get("data-drawn-nodes") == str(len(dom.nodes)), "nodes without a rendered box"
+    # no label wider than its box (measured by the browser), none shortened without its full text in a tooltip
+    assert dom.body.get("data-overflowing-labels") == "0"
+    for node in dom.nodes:
+        assert node["title"].strip(), f"node {node['data-name']} has no tooltip"
+        for label in node["labels"]:
+            if label.endswith("\u2026"):
+                assert label[:-1] in node["title"], f"{label!r} is cut and its tooltip does not hold it"
+    sdpa = [n for n in dom.nodes if n["labels"] and n["labels"][0].startswith("scaled_dot_product_attention")]
+    assert sdpa and sdpa[0]["labels"][0] == "scaled_dot_product_attention \u00b7 bf16"  # no longer cut
+
+    # the screenshot: the coloured graph, and the stacked box's strip of layer 0's precisions
+    from PIL import Image
+
+    shot = tmp_path / "decoder.png"
+    _browse(tmp_path, "--window-size=1280,3400", f"--screenshot={shot}", url=path.as_uri())
+    image = Image.open(shot).convert("RGB")
+    left, top, width, height = (int(v) for v in dom.body["data-graph-rect"].split(","))
+    assert top + height <= image.height, "the graph is below the screenshot; enlarge --window-size"
+    colours = {rgb: n for n, rgb in image.crop((left, top, left + width, top + height)).getcolors(maxcolors=1 << 20)}
+    assert colours.get(FP32_FILL, 0) > 1500 and colours.get(BF16_FILL, 0) > 1500
+    # the stacked box: one strip segment per compute layer of layer 0, filled in its precision's colour
+    left, top, width, height = (int(v) for v in dom.body["data-blocks-rect"].split(","))
+    box = {rgb: n for n, rgb in image.crop((left, top, left + width, top + height)).getcolors(maxcolors=1 << 20)}
+    layer0 = [r for r in report.layers if r.kind == "compute" and r.module.startswith("model.layers.0.") and r.in_graph]
+    for dtype, colour in ((torch.float32, (0x3B, 0x6F, 0xB0)), (torch.bfloat16, (0x3D, 0x8A, 0x32))):
+        segments = sum(1 for r in layer0 if r.precision == dtype)
+        assert segments and box.get(colour, 0) >= 4 * segments, f"{dtype} strip segments not drawn"

@@ -6,7 +6,7 @@ import types
 
 import pytest
 import torch
-from models import AutocastRegions, SeedExplicit, ThreeLinears
+from models import AutocastRegions, ConvNet, SeedExplicit, ThreeLinears, bert_small
 
 import mixprec
 from mixprec.output.report import Report
@@ -59,10 +59,80 @@ def test_json_round_trip():
     assert again.layers[0].precision == report.layers[0].precision
 
 
-def test_table_lists_layers_and_summary():
+def test_table_lists_layers_under_their_module_and_summary():
     text = str(_prog().report)
-    assert re.search(r"linear_1\s+linear2\s+linear\s+fp16", text)
+    assert re.search(r"^linear2 \(Linear\)\n  linear_1\s+fp16\s+fp16 \u2192 fp16\s+explicit ", text, re.M)
     assert "error vs fp32" in text and "casts inserted: 0" in text
+
+
+def _decoder():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.Qwen2Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      use_cache=False)  # fmt: skip
+    return transformers.Qwen2ForCausalLM(config).eval(), (torch.randint(0, 256, (2, 16)),)
+
+
+@pytest.mark.filterwarnings("ignore::mixprec.MixedPrecisionWarning")
+@pytest.mark.parametrize("build", [_decoder, bert_small, lambda: (ConvNet().eval(), ConvNet.example_inputs())],
+                         ids=["qwen2", "bert", "convnet"])  # fmt: skip
+def test_table_fits_120_columns_and_every_reason_is_there_in_full(build):
+    """Issue 23: a 2-layer decoder's table was ~240 characters wide with its reasons cut."""
+    model, inputs = build()
+    report = mixprec.compile(model, inputs, enable_autocast=True).report
+    text = str(report)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 120
+    flat = " ".join(" ".join(text.split("\n")).split())  # wrapped lines joined again
+    for r in report.layers:
+        if r.kind != "movement":
+            assert " ".join(r.reason.split()) in flat, f"reason of {r.name} not in the text in full"
+            assert r.name in text
+    # a reason too long for its column appears once, in full, under the table, referred to as [n] in its rows
+    notes = {}
+    for line in lines[lines.index("reasons in full ([n] in the table):") + 1 :] if "[1] " in text else []:
+        if not line:
+            break
+        if line.startswith("["):
+            number, rest = line.split("] ", 1)
+            notes[number + "]"] = rest
+        else:
+            notes[number + "]"] += " " + line.strip()
+    assert len(set(notes.values())) == len(notes)
+    assert all(any(line.split("  ")[-1].startswith(n + " ") for line in lines) for n in notes)
+
+
+def test_details_show_every_field_of_one_layer_in_full():
+    report = mixprec.compile(AutocastRegions().eval(), AutocastRegions.example_inputs(), use_fp32_acc=True).report
+    record = next(r for r in report.layers if r.accumulate is not None)
+    text = report.details(record.name)
+    assert text.startswith(f"layer {record.name}\n")
+    assert f"op:         {record.op}" in text and "accumulate: float32" in text
+    assert f"source:     {record.source}" in text
+    assert all(f"{t.name} [{', '.join(map(str, t.shape))}]" in text for t in record.inputs)
+    assert max(len(line) for line in text.splitlines()) <= 120
+    with pytest.raises(KeyError, match=f"no layer '{record.name}x' \\(did you mean '{record.name}'"):
+        report.details(record.name + "x")
+
+
+def test_a_layer_the_backend_runs_in_another_type_is_marked():
+    """``LayerRecord.runs_as`` (what the backend really computes a layer in): a mark in the table, the reason leads."""
+    import dataclasses
+
+    from mixprec.output.report import render
+
+    report = _prog().report
+    layers = [
+        dataclasses.replace(r, runs_as="f32 on openvino" if r.precision == torch.float16 else None)
+        for r in report.layers
+    ]
+    text = render.table(layers, report.summary)
+    row = next(line for line in text.splitlines() if line.lstrip().startswith("linear_1 "))
+    assert "fp16*" in row and "runs as f32 on openvino; planned: " in text
+    assert "* computed by the backend in another type than planned (runs_as): " in text
+    assert "RunsAs: f32 on openvino" in render.layer_info(layers)
+    assert "runs as:    f32 on openvino" in render.details(next(r for r in layers if r.runs_as))
 
 
 def test_layer_info_in_tensorrt_style():
@@ -122,8 +192,8 @@ def test_runs_as_round_trips_and_old_reports_still_load():
 def test_table_marks_layers_run_otherwise_and_says_so_under_it():
     report = _ran_wider(_prog(enable_autocast=True).report, ["linear"])
     lines = str(report).splitlines()
-    assert re.search(r"^linear\s+linear1\s+linear\s+bf16\*\s", next(l for l in lines if l.startswith("linear ")))
-    assert not any(re.search(r"bf16\*", l) for l in lines if l.startswith("linear_2 "))
+    assert re.search(r"^ *linear\s+bf16\*\s", next(l for l in lines if l.lstrip().startswith("linear ")))
+    assert not any(re.search(r"bf16\*", l) for l in lines if l.lstrip().startswith("linear_2 "))
     assert "* computed by the backend in another type than planned (runs_as): 1 f32 on openvino" in lines
     assert "runs_as" not in str(_prog(enable_autocast=True).report)
 

@@ -7,7 +7,7 @@ import json
 import os
 
 from ... import jsondoc
-from ...errors import ConfigError
+from ...errors import ConfigError, did_you_mean
 from ..numerics import output_errors  # re-exported for compiler.py, which builds the summary
 from . import render
 from .graph_shape import build_graph
@@ -48,6 +48,15 @@ class Report(LayerTable):
 
     def layer_info(self) -> str:
         return render.layer_info(self.layers)
+
+    def details(self, name: str) -> str:
+        """Every field of one layer (by node name) in full: the table shortens some to fit 120 columns."""
+        try:
+            return render.details(self.layer(name))
+        except KeyError:
+            raise KeyError(
+                f"the report has no layer '{name}'{did_you_mean(name, (r.name for r in self.layers))}"
+            ) from None
 
     def to_dict(self) -> dict:
         """The JSON-friendly form (what :meth:`to_json` writes)."""

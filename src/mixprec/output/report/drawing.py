@@ -15,6 +15,12 @@ Layout (a small Sugiyama-style layered drawing, enough for a few hundred nodes):
    nodes of a rank are pushed apart to a minimum gap and the rank is re-centred.
 
 Edges that skip ranks bend sideways so that they do not run through the nodes between.
+
+Repeated blocks (the layers of a decoder) are drawn once in full and once as a box for the rest
+(``blocks.py``), and a rank is only as tall as its tallest node (a rank of casts is short), so a
+30-layer decoder fits a screen's height about twice. Boxes are as wide as their labels (up to
+``MAX_W``); a label longer than that is shortened with an ellipsis, and every node carries its full
+name, op and decision as a tooltip (``<title>``).
 """
 
 from __future__ import annotations
@@ -23,11 +29,15 @@ import dataclasses
 import html
 
 from ...dtypes import short_name
+from .blocks import Run, assign_blocks, collapse, repeated_runs
 
-NODE_W, NODE_H = 168, 32
-CAST_W, CAST_H = 112, 22
-GAP_X, GAP_Y = 18, 20
+NODE_W, NODE_H = 150, 32
+CAST_W, CAST_H = 84, 20
+RUN_W, RUN_H = 300, 46
+MAX_W = 320
+GAP_X, GAP_Y = 18, 14
 MARGIN = 16
+CHAR_W = 0.6  # average width of a character of the page's sans-serif font, per pixel of font size
 SHOWN_KINDS = frozenset({"input", "output", "compute", "cast"})
 KEPT_SOURCES = frozenset({"autocast_rule", "torch_autocast"})
 INSERTED_CASTS = frozenset({"cast", "param_cast", "acc_cast", "io_cast"})  # roles of casts mixprec inserts
@@ -47,14 +57,21 @@ class Box:
     role: str | None = None
     rank: int = 0
     x: float = 0.0
+    run: Run | None = None  # kind "blocks": the blocks this box stands for
+    strip: tuple[str, ...] = ()  # kind "blocks": the precisions of the compute layers of one such block
 
     @property
     def width(self) -> int:
-        return CAST_W if self.kind == "cast" else NODE_W
+        if self.kind == "blocks":
+            return RUN_W
+        label, sub = labels(self)
+        base = CAST_W if self.kind == "cast" else NODE_W
+        need = max(_text_width(label, 12), _text_width(sub, 10)) + 16
+        return int(min(max(base, need), MAX_W))
 
     @property
     def height(self) -> int:
-        return CAST_H if self.kind == "cast" else NODE_H
+        return {"cast": CAST_H, "blocks": RUN_H}.get(self.kind, NODE_H)
 
     @property
     def kept(self) -> bool:
@@ -68,6 +85,7 @@ class Layout:
     edges: list[tuple[int, int]]  # positions in boxes
     ranks: int
     collapsed: int  # nodes not drawn
+    runs: tuple[Run, ...] = ()  # repeated blocks drawn as one box each
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -76,7 +94,8 @@ class Layout:
         return out
 
 
-def layout(graph: dict, records: list) -> Layout:
+def layout(graph: dict, records: list, *, repeats: bool = True) -> Layout:
+    """``repeats=False``: draw every block in full."""
     nodes = graph.get("nodes", [])
     by_name = {r.name: r for r in records}
     preds: list[list[int]] = [[] for _ in nodes]
@@ -113,11 +132,38 @@ def layout(graph: dict, records: list) -> Layout:
             )
         )
     edges = sorted({(position[p], position[i]) for i in position for p in reach[i]})
+    drawn = len(boxes)
+    runs: list[Run] = []
+    if repeats:
+        blocks = assign_blocks(boxes, edges)
+        runs = repeated_runs(boxes, edges, blocks, _signature)
+        if runs:
+            strips = {}
+            for box, block in zip(boxes, blocks):
+                if box.kind == "compute" and block is not None:
+                    strips.setdefault(block, []).append(box.dtype or "none")
+
+            def run_box(run: Run, members: list[int]) -> Box:
+                first = boxes[members[0]]
+                count = sum(1 for i in members if boxes[i].kind == "compute")
+                why = (f"{len(run.blocks)} block{'s' if len(run.blocks) > 1 else ''} with the same ops, wiring and "
+                       f"precisions as {run.like} (drawn in full): {', '.join(run.blocks)}; {count} compute layers "
+                       "in all, "
+                       "listed in the table")  # fmt: skip
+                return Box(first.index, first.name, "blocks", run.label, None, run.family, "", why,
+                           run=run, strip=tuple(strips.get(run.like, ())))  # fmt: skip
+
+            boxes, edges, runs = collapse(boxes, edges, blocks, runs, run_box)
     _assign_ranks(boxes, edges)
     order = _order(boxes, edges)
     _assign_x(boxes, edges, order)
     ranks = 1 + max((b.rank for b in boxes), default=0)
-    return Layout(boxes, edges, ranks, collapsed=len(nodes) - len(boxes))
+    return Layout(boxes, edges, ranks, collapsed=len(nodes) - drawn, runs=tuple(runs))
+
+
+def _signature(box: Box, block: str) -> tuple:
+    """What must be equal for two blocks' boxes to be drawn as one (blocks.py)."""
+    return (box.kind, box.op, box.dtype, box.role, box.module.removeprefix(block), box.kept)
 
 
 def _assign_ranks(boxes: list[Box], edges) -> None:
@@ -196,11 +242,16 @@ def render_svg(lay: Layout) -> str:
         return '<p class="empty">The report holds no graph to draw.</p>'
     left = min(b.x - b.width / 2 for b in lay.boxes) - MARGIN
     right = max(b.x + b.width / 2 for b in lay.boxes) + MARGIN
-    row_h = NODE_H + GAP_Y
-    width, height = right - left, lay.ranks * row_h + 2 * MARGIN - GAP_Y
+    tallest = [0] * lay.ranks  # a rank is as tall as its tallest node
+    for box in lay.boxes:
+        tallest[box.rank] = max(tallest[box.rank], box.height)
+    top = [MARGIN]
+    for h in tallest:
+        top.append(top[-1] + h + GAP_Y)
+    width, height = right - left, top[-1] - GAP_Y + MARGIN
 
     def centre(box: Box) -> tuple[float, float]:
-        return box.x - left, MARGIN + box.rank * row_h + NODE_H / 2
+        return box.x - left, top[box.rank] + tallest[box.rank] / 2
 
     parts = [
         f'<svg id="graph" xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
@@ -217,7 +268,7 @@ def render_svg(lay: Layout) -> str:
         span = dst.rank - src.rank
         bend = 0.0
         if span > 1:  # route around the nodes in between
-            bend = (NODE_W * 0.62) * (1 if x2 >= x1 else -1) + (x2 - x1) * 0.1
+            bend = (NODE_W * 0.7) * (1 if x2 >= x1 else -1) + (x2 - x1) * 0.1
         dy = (y2 - y1) / 3
         parts.append(
             f'<path d="M{x1:.1f},{y1:.1f} C{x1 + bend:.1f},{y1 + dy:.1f} {x2 + bend:.1f},{y2 - dy:.1f} '
@@ -231,8 +282,21 @@ def render_svg(lay: Layout) -> str:
     return "\n".join(parts)
 
 
+def labels(box: Box) -> tuple[str, str]:
+    """The node's label and the smaller line under it (both shown in full in its tooltip)."""
+    short = short_name(box.dtype) if box.dtype else box.dtype
+    if box.kind == "blocks":
+        n = len(box.run.blocks)
+        return f"{box.run.label}  \u00d7{n}", f"same ops and precisions as {box.run.like}"
+    if box.kind == "cast":
+        return f"{_CAST_LABEL.get(box.role or '', chr(0x2192) + ' ')}{short}", ""
+    if box.kind in ("input", "output"):
+        return f"{box.kind} {box.name if box.kind == 'input' else ''}".strip(), short if box.dtype else ""
+    return f"{box.op} \u00b7 {short}", _tail(box.module)
+
+
 def _node(box: Box, cx: float, cy: float) -> str:
-    dtype = box.dtype or "none"
+    dtype = box.dtype or ("mixed" if box.kind == "blocks" else "none")
     classes = ["node", f"k-{box.kind}", f"p-{dtype}"]
     if box.kept:
         classes.append("kept")
@@ -241,14 +305,8 @@ def _node(box: Box, cx: float, cy: float) -> str:
         classes.append("inserted")
     w, h = box.width, box.height
     rx = h / 2 if box.kind in ("cast", "input", "output") else 5
-    short = short_name(dtype) if dtype else dtype
-    if box.kind == "cast":
-        label, sub = f"{_CAST_LABEL.get(box.role or '', chr(0x2192) + ' ')}{short}", ""
-    elif box.kind in ("input", "output"):
-        label, sub = f"{box.kind} {box.name if box.kind == 'input' else ''}".strip(), short if box.dtype else ""
-    else:
-        label, sub = f"{box.op} \u00b7 {short}", _tail(box.module)
-    tip = [box.name, f"op: {box.op}", f"precision: {dtype}"]
+    label, sub = labels(box)
+    tip = [box.name, f"op: {box.op}", f"precision: {dtype}"] if box.kind != "blocks" else [label, sub]
     if box.module:
         tip.append(f"module: {box.module}")
     if box.source:
@@ -263,24 +321,44 @@ def _node(box: Box, cx: float, cy: float) -> str:
             if inserted
             else "a cast of the model's own (.to() or torch.autocast)"
         )
-    text_y = cy + (4 if not sub else -2)
+    text_y = cy + (4 if not sub else -2) - (6 if box.kind == "blocks" else 0)
     out = [
         f'<g class="{" ".join(classes)}" data-name="{html.escape(box.name)}" data-precision="{html.escape(dtype)}" '
         f'data-kind="{html.escape(box.kind)}" tabindex="0">',
         f"<title>{html.escape(chr(10).join(tip))}</title>",
-        f'<rect x="{cx - w / 2:.1f}" y="{cy - h / 2:.1f}" width="{w}" height="{h}" rx="{rx:.0f}"/>',
-        f'<text x="{cx:.1f}" y="{text_y:.1f}">{html.escape(_clip(label, 26 if box.kind != "cast" else 12))}</text>',
     ]
+    if box.kind == "blocks":  # a stack of cards: the blocks it stands for
+        out.append(
+            f'<rect class="behind" x="{cx - w / 2 + 6:.1f}" y="{cy - h / 2 - 6:.1f}" width="{w}" height="{h}" rx="5"/>'
+        )
+    out.append(f'<rect x="{cx - w / 2:.1f}" y="{cy - h / 2:.1f}" width="{w}" height="{h}" rx="{rx:.0f}"/>')
+    out.append(f'<text x="{cx:.1f}" y="{text_y:.1f}">{html.escape(_fit(label, w, 12))}</text>')
     if sub:
-        out.append(f'<text class="sub" x="{cx:.1f}" y="{cy + 11:.1f}">{html.escape(_clip(sub, 27))}</text>')
+        out.append(f'<text class="sub" x="{cx:.1f}" y="{text_y + 13:.1f}">{html.escape(_fit(sub, w, 10))}</text>')
+    if box.strip:  # the precisions of one block's compute layers, in order
+        step = (w - 20) / len(box.strip)
+        y = cy + h / 2 - 12
+        out += [
+            f'<rect class="strip p-{html.escape(d)}" x="{cx - w / 2 + 10 + k * step:.1f}" y="{y:.1f}" '
+            f'width="{max(step - 1, 1):.1f}" height="6"/>'
+            for k, d in enumerate(box.strip)
+        ]
     out.append("</g>")
     return "".join(out)
 
 
 def _tail(module: str) -> str:
+    """The end of a module path: 'self_attn.q_proj', 'layers.0.input_layernorm' (a number alone says little)."""
     parts = [p for p in module.split(".") if p]
-    return ".".join(parts[-2:]) if parts else "(top)"
+    keep = 3 if len(parts) >= 3 and parts[-2].isdigit() else 2
+    return ".".join(parts[-keep:]) if parts else "(top)"
 
 
-def _clip(text: str, limit: int) -> str:
+def _text_width(text: str, size: int) -> float:
+    return len(text) * size * CHAR_W
+
+
+def _fit(text: str, width: float, size: int) -> str:
+    """The text, shortened with an ellipsis only if it cannot fit a box of ``width`` (the tooltip has it all)."""
+    limit = max(int((width - 12) / (size * CHAR_W)), 4)
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"

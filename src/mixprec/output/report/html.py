@@ -72,7 +72,7 @@ def render_page(report, title: str = "mixprec report", extra_sections=()) -> str
         _legend(report, lay),
         f'<p class="note">{len(lay.boxes)} nodes drawn ({counts.get("compute", 0)} compute layers, '
         f"{counts.get('cast', 0)} casts); {lay.collapsed} data-movement and size nodes are collapsed into the "
-        "edges. Hover a node for its decision, click it to find its row in the table. Casts labelled "
+        f"edges.{_runs_note(lay)} Hover a node for its decision, click it to find its row in the table. Casts labelled "
         "\u201cacc\u201d widen operands for fp32 accumulation, \u201cparam\u201d convert stored parameters, "
         "\u201cout\u201d restore output dtypes.</p>",
         '<div class="zoom"><button type="button" data-zoom="-1" title="smaller">\u2212</button>'
@@ -85,6 +85,19 @@ def render_page(report, title: str = "mixprec report", extra_sections=()) -> str
         "</body></html>",
     ]
     return "\n".join(parts)
+
+
+def _runs_note(lay) -> str:
+    if not lay.runs:
+        return ""
+    runs = "; ".join(
+        f"{html.escape(run.label)} ({len(run.blocks)} block{'s' if len(run.blocks) > 1 else ''}) repeat "
+        f"{html.escape(run.like)}" for run in lay.runs
+    )
+    return (
+        f" Repeated blocks are drawn once: {runs} \u2014 the same ops, wiring and precisions, shown as one stacked box "
+        "whose strip gives the precision of each compute layer of one block (every layer is in the table)."
+    )
 
 
 def _fmt_bytes(n) -> str:
@@ -184,6 +197,8 @@ def _legend(report, lay) -> str:
     items.append('<span class="key"><span class="swatch model-cast"></span>cast in the model (.to, autocast)</span>')
     items.append('<span class="key"><span class="swatch kept"></span>kept in fp32 by an autocast rule</span>')
     items.append('<span class="key"><span class="swatch io"></span>input / output</span>')
+    if lay.runs:
+        items.append('<span class="key"><span class="swatch blocks"></span>repeated blocks, drawn once</span>')
     kept = sum(1 for b in lay.boxes if b.kept)
     return f'<div class="legend">{"".join(items)}<span class="key">({kept} kept)</span></div>'
 

@@ -1,58 +1,140 @@
-"""Rendering a report as text: the table and TensorRT-style layer information (the page is in html.py)."""
+"""Rendering a report as text: the table, one layer's details and TensorRT-style layer information
+(the page is in html.py).
+
+The table fits 120 columns (``text_table.py``): layers are grouped under their module path (a
+heading line, not a column), the op is shown only where the node name does not say it
+(``linear_3`` is a linear), and the reason takes the room the other columns leave. A reason
+longer than that room is not cut silently: the row shows ``[n]`` and its beginning, and the
+reasons so referred to are printed in full, once each, under the table (transformers models
+repeat a few long reasons on many layers). ``Report.details(name)`` shows every field of one
+layer in full.
+
+A layer whose backend computes it in another type than planned (``LayerRecord.runs_as``, e.g.
+"f32 on openvino" for a bf16 layer OpenVINO keeps in f32) is marked ``*`` after its precision,
+and its reason begins with what it runs as.
+"""
 
 from __future__ import annotations
 
-from ...dtypes import short_name, trt_name
-from .records import LayerRecord
+import textwrap
 
-_COLUMNS = ("layer", "module", "op", "precision", "acc", "inputs", "outputs", "source", "reason")
-RUNS_AS_MARK = "*"  # after the precision of a layer the backend computes in another type (footnote under the table)
+from ...dtypes import dtype_name, short_name, trt_name
+from .records import LayerRecord
+from .text_table import WIDTH, Column, Heading, layout, render
+
+RUNS_AS_MARK = "*"
+_COLUMNS = (
+    Column("layer"),
+    Column("prec"),
+    Column("acc"),
+    Column("in \u2192 out"),
+    Column("source"),
+    Column("reason", flex=True),
+)
+
+
+def op_name(op: str) -> str:
+    """'aten.linear.default' -> 'linear' (the table's spelling; the record keeps the full name)."""
+    return op.removeprefix("aten.").removesuffix(".default")
+
+
+def layer_cell(name: str, op: str) -> str:
+    """The node name, with its op when the name does not say it ('to_2' is a to.*, 'alias_bf16' is not an alias)."""
+    packet = op_name(op).split(".")[0]
+    stem = name.rstrip("0123456789").removesuffix("_") if name[-1:].isdigit() else name
+    return name if stem == packet else f"{name} ({op_name(op)})"
+
+
+def runs_as(r) -> str | None:
+    """What the backend really computes the layer in, when that differs from its precision (None otherwise)."""
+    return getattr(r, "runs_as", None) or None
+
+
+def precision_cell(r) -> str:
+    return short_name(r.precision) + (RUNS_AS_MARK if runs_as(r) else "")
+
+
+def reason_text(r) -> str:
+    """The layer's reason, led by what it runs as when the backend computes it in another type."""
+    where = runs_as(r)
+    return f"runs as {where}; planned: {r.reason}" if where else r.reason
+
+
+def _dtypes(dtypes) -> str:
+    """Distinct dtypes in order: 'bf16,int64' (every input and its dtype is in ``details``)."""
+    return ",".join(dict.fromkeys(short_name(d) for d in dtypes))
 
 
 def row_cells(r: LayerRecord) -> tuple[str, ...]:
     return (
         r.name,
         r.module or "(top)",
-        r.op.removeprefix("aten.").removesuffix(".default"),
-        short_name(r.precision) + (RUNS_AS_MARK if r.runs_as else ""),
+        op_name(r.op),
+        precision_cell(r),
         short_name(r.accumulate) if r.accumulate else "",
         ",".join(short_name(d) for d in r.input_dtypes),
         ",".join(short_name(d) for d in r.output_dtypes),
         r.source,
-        r.reason,
+        reason_text(r),
     )
 
 
-def text_table(columns, rows, caps) -> list[str]:
-    """Aligned text rows under a header: each column as wide as its widest cell, up to its cap
-    (longer cells end in an ellipsis)."""
-    widths = [len(c) for c in columns]
-    for row in rows:
-        widths = [min(max(w, len(cell)), cap) for w, cell, cap in zip(widths, row, caps)]
-
-    def fmt(cells):
-        out = []
-        for cell, width in zip(cells, widths):
-            cell = cell if len(cell) <= width else cell[: width - 1] + "…"
-            out.append(cell.ljust(width))
-        return "  ".join(out).rstrip()
-
-    return [fmt(columns), fmt(["-" * w for w in widths])] + [fmt(row) for row in rows]
+def module_heading(module: str, module_type: str) -> Heading:
+    kind = module_type.rsplit(".", 1)[-1]
+    return Heading(f"{module or '(top level)'}" + (f" ({kind})" if kind else ""))
 
 
-def table(records: list[LayerRecord], summary: dict, *, kinds=("compute", "cast")) -> str:
-    rows = [row_cells(r) for r in records if r.kind in kinds]
-    lines = text_table(_COLUMNS, rows, (28, 32, 28, 9, 4, 24, 12, 14, 80))
-    hidden = sum(1 for r in records if r.kind not in kinds)
+def grouped(records, cells) -> list:
+    """Rows with a heading line wherever the module changes (rows of one module in a run share one)."""
+    rows, last = [], None
+    for r in records:
+        if r.module != last:
+            rows.append(module_heading(r.module, r.module_type))
+            last = r.module
+        rows.append(cells(r))
+    return rows
+
+
+def table(records: list[LayerRecord], summary: dict, *, kinds=("compute", "cast"), width: int = WIDTH) -> str:
+    shown = [r for r in records if r.kind in kinds]
+    columns = list(_COLUMNS)
+    with_acc = any(r.accumulate for r in shown)
+    if not with_acc:
+        del columns[2]
+
+    def cells(r, reason):
+        out = [layer_cell(r.name, r.op), precision_cell(r)]
+        if with_acc:
+            out.append(short_name(r.accumulate) if r.accumulate else "")
+        return (*out, f"{_dtypes(r.input_dtypes)} \u2192 {_dtypes(r.output_dtypes)}", r.source, reason)
+
+    widths = layout(columns, grouped(shown, lambda r: cells(r, reason_text(r))), width=width)
+    room = widths[-1]
+    notes: dict[str, int] = {}
+
+    def reason_cell(r) -> str:
+        text = reason_text(r)
+        if len(text) <= room:
+            return text
+        n = notes.setdefault(text, len(notes) + 1)
+        head = f"[{n}] {text}"
+        return head if len(head) <= room else head[: room - 1] + "\u2026"
+
+    lines = render(columns, grouped(shown, lambda r: cells(r, reason_cell(r))), widths, width=width)
+    hidden = len(records) - len(shown)
     if hidden:
         lines.append(f"({hidden} data-movement nodes not shown; see report.layers)")
-    runs_as = {}
-    for r in records:
-        if r.kind in kinds and r.runs_as:
-            runs_as[r.runs_as] = runs_as.get(r.runs_as, 0) + 1
-    if runs_as:
-        counts = ", ".join(f"{n} {what}" for what, n in sorted(runs_as.items()))
+    kept = {}
+    for r in shown:
+        if runs_as(r):
+            kept[runs_as(r)] = kept.get(runs_as(r), 0) + 1
+    if kept:
+        counts = ", ".join(f"{n} {what}" for what, n in sorted(kept.items()))
         lines.append(f"{RUNS_AS_MARK} computed by the backend in another type than planned (runs_as): {counts}")
+    if notes:
+        lines += ["", "reasons in full ([n] in the table):"]
+        for text, n in notes.items():
+            lines += textwrap.wrap(f"[{n}] {text}", width, subsequent_indent="    ", break_on_hyphens=False)
     lines.append("")
     lines.append(summary_text(summary))
     return "\n".join(lines)
@@ -71,6 +153,40 @@ def summary_text(summary: dict) -> str:
     return "\n".join(parts)
 
 
+def details(r: LayerRecord, *, width: int = WIDTH) -> str:
+    """Every field of one layer, in full, wrapped at ``width``."""
+
+    def tensors(items) -> str:
+        return "; ".join(f"{t.name} [{', '.join(map(str, t.shape))}] {dtype_name(t.dtype)}" for t in items) or "-"
+
+    fields = [
+        ("op", r.op),
+        ("kind", r.kind + ("" if r.in_graph else " (removed by the rewrite)")),
+        ("module", f"{r.module or '(top level)'} ({r.module_type or '-'})"),
+        ("precision", dtype_name(r.precision)),
+    ]
+    if runs_as(r):
+        fields.append(("runs as", runs_as(r)))
+    fields += [
+        ("accumulate", dtype_name(r.accumulate) or "-"),
+        ("source", r.source),
+        ("reason", r.reason),
+        ("inputs", tensors(r.inputs) if r.inputs else ", ".join(dtype_name(d) for d in r.input_dtypes) or "-"),
+        ("outputs", tensors(r.outputs) if r.outputs else ", ".join(dtype_name(d) for d in r.output_dtypes) or "-"),
+        ("FLOPs", f"{r.flops:,}"),
+    ]
+    for dtype, measured in (r.timings or {}).items():
+        fields.append((f"timing {dtype}", ", ".join(f"{k} {v}" for k, v in measured.items())))
+    label = max(len(k) for k, _ in fields) + 2
+    lines = [f"layer {r.name}"]
+    for key, value in fields:
+        lines += textwrap.wrap(
+            f"{key + ':':<{label}}{value}", width, initial_indent="  ", subsequent_indent=" " * (label + 2),
+            break_on_hyphens=False,
+        ) or [f"  {key}:"]
+    return "\n".join(lines)
+
+
 def _tensors(tensors) -> str:
     items = [
         f"{{ Name: {t.name}, Dimensions: [{','.join(str(d) for d in t.shape)}], Format/Datatype: {trt_name(t.dtype)} }}"
@@ -80,7 +196,9 @@ def _tensors(tensors) -> str:
 
 
 def layer_info(records: list[LayerRecord]) -> str:
-    """One line per layer in TensorRT's layer-information style (as Torch-TensorRT's debug log shows)."""
+    """One line per layer in TensorRT's layer-information style (as Torch-TensorRT's debug log shows).
+
+    Lines are as long as TensorRT's: one layer per line is the format's point (grep, diff, parsers)."""
     lines = ["Layers:"]
     for r in records:
         if r.kind == "movement" or not r.in_graph:
@@ -89,6 +207,8 @@ def layer_info(records: list[LayerRecord]) -> str:
             f"Name: {r.name}, LayerType: {r.op}, Module: {r.module or '(top)'}, Inputs: {_tensors(r.inputs)}, "
             f"Outputs: {_tensors(r.outputs)}, Precision: {trt_name(r.precision)}"
         )
+        if runs_as(r):
+            line += f", RunsAs: {runs_as(r)}"
         if r.accumulate is not None:
             line += f", Accumulation: {trt_name(r.accumulate)}"
         line += f", Source: {r.source}"

@@ -522,7 +522,7 @@ def _with_outputs(ep, recorded: dict, where: str):
     except Exception as e:  # parsing text from the file: any failure means a damaged record
         raise FileFormatError(f"{where}: the recorded output structure is damaged ({type(e).__name__}: {e}).") from e
     if note is not None:
-        warnings.warn(f"mixprec.load: {note}", stacklevel=3)
+        warnings.warn(f"mixprec.load: {note}", outputs.OutputTypeWarning, stacklevel=3)
         log.info(note)
     if spec is not ep.call_spec.out_spec:
         for entry in ep.module_call_graph:

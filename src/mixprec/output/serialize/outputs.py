@@ -25,7 +25,15 @@ import json
 
 import torch.utils._pytree as pytree
 
+from ...errors import MixedPrecisionWarning
+
 _BUILTIN = (tuple, list, dict, collections.OrderedDict)
+
+
+class OutputTypeWarning(MixedPrecisionWarning):
+    """Outputs come back as :class:`OutputRecord`: their type is not registered in this process.
+
+    A class of its own so that a caller whose user cannot import the type (the CLI) can leave it out."""
 
 
 class OutputRecord(dict):

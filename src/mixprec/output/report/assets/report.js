@@ -137,9 +137,21 @@
   // What the browser actually drew: nodes with a non-empty box (read by the page's browser test).
   var drawn = nodes.filter(function (n) { var b = n.getBBox(); return b.width > 0 && b.height > 0; }).length;
   document.body.dataset.drawnNodes = String(drawn);
-  if (svg) {
-    var r = svg.getBoundingClientRect();
-    document.body.dataset.graphRect = [r.left + scrollX, r.top + scrollY, r.width, r.height].map(Math.round).join(",");
+  // Labels wider than their box (none should be: boxes grow with their labels, long ones end in an ellipsis)
+  var overflowing = 0;
+  nodes.forEach(function (n) {
+    var box = n.querySelector("rect:not(.behind):not(.strip)");
+    n.querySelectorAll("text").forEach(function (t) {
+      if (box && t.getComputedTextLength() > box.width.baseVal.value - 4) overflowing++;
+    });
+  });
+  document.body.dataset.overflowingLabels = String(overflowing);
+  function rect(el) {
+    var r = el.getBoundingClientRect();
+    return [r.left + scrollX, r.top + scrollY, r.width, r.height].map(Math.round).join(",");
   }
+  if (svg) document.body.dataset.graphRect = rect(svg);
+  var blocks = document.querySelector("#graph g.k-blocks");  // the first box of repeated blocks
+  if (blocks) document.body.dataset.blocksRect = rect(blocks);
   document.body.dataset.ready = "1";
 })();
