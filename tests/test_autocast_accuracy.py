@@ -187,10 +187,12 @@ def test_include_lowers_an_lm_head_the_io_range_rule_keeps_and_the_report_shows_
     with torch.no_grad():
         model.lm.lm_head.weight.mul_(20000.0)  # logits in the thousands, on purpose
     inputs = _inputs(0)
-    kept = mixprec.compile(model, inputs, enable_autocast=True)
+    # a user threshold of 512 (bf16's own default guard would not keep logits in the thousands)
+    kept = mixprec.compile(model, inputs, enable_autocast=True, autocast_max_output_threshold=512)
     head = [r for r in kept.report.layers if r.module == "lm.lm_head" and r.op == "aten.linear.default"][0]
-    assert head.precision == F32 and "output absmax" in head.reason and "> 512" in head.reason
-    lowered = mixprec.compile(model, inputs, enable_autocast=True, autocast_included_nodes=r"^lm\.lm_head$")
+    assert head.precision == F32 and "output absmax" in head.reason and "> user threshold 512" in head.reason
+    lowered = mixprec.compile(model, inputs, enable_autocast=True, autocast_included_nodes=r"^lm\.lm_head$",
+                              autocast_max_output_threshold=512)
     head = lowered.report.layer(head.name)
     assert head.precision == BF16
     assert head.reason.startswith(r"included by '^lm\.lm_head$' although output absmax") and "[io_range]" in head.reason

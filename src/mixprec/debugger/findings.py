@@ -22,9 +22,9 @@ import torch
 from ..dtypes import LOW_PRECISION_FLOATS, dtype_name
 from ..ir.graph_info import GraphInfo
 from ..plan.precision_plan import PrecisionPlan
+from ..plan.rules.ranges import DEFAULT, io_bound
 from .records import Finding, LayerComparison
 
-IO_RANGE_DEFAULT = 512.0  # autocast_max_output_threshold's default (API.md)
 
 
 def find(layers: list[LayerComparison], info: GraphInfo, plan: PrecisionPlan) -> list[Finding]:
@@ -86,14 +86,16 @@ def _suggestions(r: LayerComparison, info: GraphInfo, plan: PrecisionPlan, layer
         f"reason='keep fp32')}}), then mixprec.compile(model, inputs, plan=plan)"
     )
     absmax = _finite_max([r.ref_absmax, _input_absmax(r, info, layers)])
+    default = io_bound(DEFAULT, r.precision)  # autocast_max_output_threshold's default for this low type
     io_rule = (
         f"the IO range rule keeps a layer in fp32 when |value| on its inputs/outputs exceeds "
-        f"autocast_max_output_threshold (default {IO_RANGE_DEFAULT:g}); this one reaches {absmax:.3g}"
+        f"autocast_max_output_threshold (default for {dtype_name(r.precision)}: {default.label}); this one reaches "
+        f"{absmax:.3g}"
     )
     where = f"module '{r.module or '(top level)'}'"
     if source in ("autocast_rule", "default"):
         out = [f"{exclude} keeps it in fp32 under enable_autocast=True"]
-        if absmax > IO_RANGE_DEFAULT:
+        if absmax > default.limit:
             out.append(io_rule + " (lower the threshold if you raised it)")
         return (*out, plan_entry)
     if source == "weak_typing":
@@ -112,7 +114,7 @@ def _suggestions(r: LayerComparison, info: GraphInfo, plan: PrecisionPlan, layer
     else:  # "explicit": the model's code
         reason = f" ({decision.reason})" if decision is not None and decision.reason else ""
         out = [f"the model's code runs it in {dtype_name(r.precision)}{reason}; change the code, or {plan_entry}"]
-    if absmax > IO_RANGE_DEFAULT:
+    if absmax > default.limit:
         out.append(f"with enable_autocast=True deciding it instead, {io_rule}, so autocast would keep it in fp32")
     return tuple(out)
 

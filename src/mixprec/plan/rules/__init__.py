@@ -54,7 +54,7 @@ class RuleContext:
 
     low: torch.dtype
     high: torch.dtype = torch.float32
-    max_output_threshold: float = 512.0
+    max_output_threshold: object = "default"  # "default" | a number | math.inf | ranges.IOBound (ranges.io_bound)
     max_depth_of_reduction: int | None = None
     excluded_nodes: tuple[re.Pattern, ...] = ()
     excluded_ops: frozenset[str] = frozenset()
