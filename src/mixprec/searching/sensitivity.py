@@ -80,11 +80,12 @@ def build_study(
     with warnings.catch_warnings():  # search warns about fp16 on a CPU itself, in its own words
         warnings.filterwarnings("ignore", category=MixedPrecisionWarning, message="autocast_low_precision_type=float16")
         prepared = autocast.prepare(base, info, settings, args)
-    # the code's fp32 intent is, like the residual stream, a judgement about accuracy: measured instead; rounding
-    # error is measured too, so the IO-range rule only guards against values the low type cannot hold
+    # the code's fp32 intent and values computed from stored tensors are, like the residual stream, judgements about
+    # accuracy: measured instead; rounding error is measured too, so the IO-range rule only guards against values
+    # the low type cannot hold
     top = float(torch.finfo(options.low).max)
     context = dataclasses.replace(
-        prepared.context, fp32_intent=MappingProxyType({}),
+        prepared.context, fp32_intent=MappingProxyType({}), stored_values=MappingProxyType({}),
         max_output_threshold=IOBound(top, f"{dtype_name(options.low)}'s largest value {top:.6g}"),
     )
     safe = planner.build_plan(info, settings, context, int8_ranges=ranges)

@@ -45,6 +45,8 @@ AUTOMATIC = {
     "residual_stream": (dict(residual_stream={"linear": "residual addition read by layer_norm"}),
                         "residual addition read by layer_norm [residual_stream]"),
     "fp32_intent": (dict(fp32_intent={"linear": "the code's fp32 intent: x"}), "the code's fp32 intent: x [fp32_intent]"),
+    "stored_values": (dict(stored_values={"linear": "a value computed from p only"}),
+                      "a value computed from p only [stored_values]"),
 }
 
 
