@@ -113,4 +113,5 @@ def rules_for(kind: str) -> tuple:
     return tuple(r for r in _REGISTRY.values() if r.scope == "all" or kind == "compute")
 
 
-from . import exclude, fixed, ranges, reduction, stream, intent, stored  # noqa: E402,F401,I001  (register themselves, in this order)
+# the rule modules register themselves, in this order
+from . import exclude, fixed, ranges, reduction, stream, intent, stored  # noqa: E402,F401,I001
