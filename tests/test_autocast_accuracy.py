@@ -187,10 +187,12 @@ def test_include_lowers_an_lm_head_the_io_range_rule_keeps_and_the_report_shows_
     with torch.no_grad():
         model.lm.lm_head.weight.mul_(20000.0)  # logits in the thousands, on purpose
     inputs = _inputs(0)
-    kept = mixprec.compile(model, inputs, enable_autocast=True)
+    # a user threshold of 512 (bf16's own default guard would not keep logits in the thousands)
+    kept = mixprec.compile(model, inputs, enable_autocast=True, autocast_max_output_threshold=512)
     head = [r for r in kept.report.layers if r.module == "lm.lm_head" and r.op == "aten.linear.default"][0]
-    assert head.precision == F32 and "output absmax" in head.reason and "> 512" in head.reason
-    lowered = mixprec.compile(model, inputs, enable_autocast=True, autocast_included_nodes=r"^lm\.lm_head$")
+    assert head.precision == F32 and "output absmax" in head.reason and "> user threshold 512" in head.reason
+    lowered = mixprec.compile(model, inputs, enable_autocast=True, autocast_included_nodes=r"^lm\.lm_head$",
+                              autocast_max_output_threshold=512)
     head = lowered.report.layer(head.name)
     assert head.precision == BF16
     assert head.reason.startswith(r"included by '^lm\.lm_head$' although output absmax") and "[io_range]" in head.reason
@@ -216,3 +218,49 @@ def test_runtime_guard_flags_saturation_before_inf():
     prog(torch.full((1, 4), 8000.0))  # outputs 32000: finite, below half of fp16's 65504
     with pytest.raises(mixprec.RuntimeGuardError, match=r"values up to 4\.8e\+04, near its type's largest finite value"):
         prog(torch.full((1, 4), 12000.0))  # 48000: still finite in fp16, one doubling from inf
+
+
+# ---- issue 20: CLIP's logit scale ----------------------------------------------------------------------
+
+
+class _ClipLogits(nn.Module):
+    def __init__(self, clip):
+        super().__init__()
+        self.clip = clip
+
+    def forward(self, ids, pixels):
+        return self.clip(input_ids=ids, pixel_values=pixels).logits_per_image
+
+
+def _clip_draw(seed, batch=16):
+    g = torch.Generator().manual_seed(100 + seed)
+    return torch.randint(0, 512, (batch, 16), generator=g), torch.randn(batch, 3, 32, 32, generator=g)
+
+
+@pytest.mark.parametrize("low", [F16, BF16])
+def test_clip_logit_scale_stays_fp32_and_the_error_is_torch_autocasts(low):
+    """exp(logit_scale) lowered rounded the parameter first: a systematic error on every logit, 1.8x torch.autocast's
+    error in fp16 (median of the draws below). torch.autocast computes it in fp32: it reads a parameter only."""
+    torch.manual_seed(0)
+    text = dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                max_position_embeddings=32)
+    vision = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32,
+                  patch_size=8)
+    model = _ClipLogits(transformers.CLIPModel(transformers.CLIPConfig(
+        text_config=text, vision_config=vision, projection_dim=32))).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mixprec.MixedPrecisionWarning)
+        prog = mixprec.compile(model, _clip_draw(0), enable_autocast=True, autocast_low_precision_type=low)
+    (exp,) = [r for r in prog.report.layers if r.op == "aten.exp.default"]
+    assert exp.precision == F32 and exp.source == "autocast_rule"
+    assert exp.reason.startswith("a value computed from parameter 'clip.logit_scale' only (exp at modeling_clip.py:")
+    assert prog.report.summary["low_precision_flops_fraction"] == 1.0
+    ratios = []
+    for seed in range(5):
+        inputs = _clip_draw(seed)
+        with torch.no_grad():
+            expected = model(*inputs)
+            with torch.autocast("cpu", dtype=low):
+                theirs = model(*inputs).float()
+            ratios.append(_rel(prog(*inputs), expected) / _rel(theirs, expected))
+    assert sorted(ratios)[2] <= 1.1, ratios

@@ -145,11 +145,13 @@ def test_a_value_only_the_ragged_last_batch_holds_is_seen():
     data = torch.randn(7, 4)
     data[6] = 5000.0  # past the IO-range threshold; the loader's last batch holds only this row
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data), batch_size=3)
-    prog = mixprec.compile(model, (torch.randn(2, 4),), enable_autocast=True, autocast_calibration_dataloader=loader)
+    prog = mixprec.compile(model, (torch.randn(2, 4),), enable_autocast=True, autocast_calibration_dataloader=loader,
+                           autocast_max_output_threshold=512)
     first = prog.report.by_module("first")[0]
-    assert first.precision == torch.float32 and "input absmax 5.0e+03 > 512" in first.reason
+    assert first.precision == torch.float32 and "input absmax 5.0e+03 > user threshold 512" in first.reason
     # and without that batch, the same layer is lowered
-    prog = mixprec.compile(model, (torch.randn(2, 4),), enable_autocast=True, autocast_calibration_dataloader=[(data[:6],)])
+    prog = mixprec.compile(model, (torch.randn(2, 4),), enable_autocast=True,
+                           autocast_calibration_dataloader=[(data[:6],)], autocast_max_output_threshold=512)
     assert prog.report.by_module("first")[0].precision == torch.bfloat16
 
 
@@ -164,6 +166,8 @@ def test_an_unknown_key_in_a_dict_batch_is_named():
 def test_infinite_or_no_threshold_switches_the_io_range_rule_off():
     model = Scale().eval()
     x = torch.full((2, 4), 5000.0)
+    kept = mixprec.compile(model, (x,), enable_autocast=True, autocast_max_output_threshold=512)
+    assert kept.report.by_module("first")[0].precision == torch.float32
     for threshold in (float("inf"), None):
         prog = mixprec.compile(model, (x,), enable_autocast=True, autocast_max_output_threshold=threshold)
         assert {r.precision for r in prog.report.layers if r.op == "aten.linear.default"} == {torch.bfloat16}

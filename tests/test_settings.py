@@ -1,5 +1,6 @@
 """Every keyword of API.md §1 is accepted, validated once, and bad values say what to change."""
 
+import math
 import re
 
 import pytest
@@ -14,11 +15,30 @@ def test_defaults_match_the_api():
     s = CompileSettings.from_kwargs({})
     assert s.use_explicit_typing is True and s.enable_autocast is False
     assert s.autocast_low_precision_type is None
-    assert s.autocast_max_output_threshold == 512.0
+    assert s.autocast_max_output_threshold == "default"  # 512 for fp16, bf16's own overflow guard for bf16
     assert s.autocast_max_depth_of_reduction is None
     assert s.use_fp32_acc is False and s.keep_io_types is True
     assert s.enabled_precisions == frozenset({torch.float32})
     assert s.backend == "eager" and s.debug is False
+
+
+@pytest.mark.parametrize(
+    "given, stored",
+    [("default", "default"), (512, 512.0), (1e4, 1e4), (None, math.inf), (math.inf, math.inf)],
+)
+def test_max_output_threshold_values(given, stored):
+    s = CompileSettings.from_kwargs({"enable_autocast": True, "autocast_max_output_threshold": given})
+    assert s.autocast_max_output_threshold == stored and type(s.autocast_max_output_threshold) is type(stored)
+    # what a saved file records: the default is not recorded, a number as written, no rule as None (JSON has no inf)
+    recorded = s.explicit().get("autocast_max_output_threshold", "default")
+    assert recorded == {"default": "default", math.inf: None}.get(stored, stored)
+    assert CompileSettings.from_kwargs({"enable_autocast": True, "autocast_max_output_threshold": recorded}) == s
+
+
+def test_the_default_threshold_needs_no_enable_autocast():
+    assert CompileSettings.from_kwargs({"autocast_max_output_threshold": "default"}) == CompileSettings()
+    with pytest.raises(ConfigError, match="autocast_max_output_threshold only take"):
+        CompileSettings.from_kwargs({"autocast_max_output_threshold": 512})
 
 
 def test_settings_are_frozen():
@@ -57,6 +77,8 @@ def test_excluded_ops_every_spelling_parses_to_one_name():
         ({"autocast_max_output_threshold": -1.0}, "positive number"),
         ({"autocast_max_output_threshold": float("nan")}, "positive number"),
         ({"autocast_max_output_threshold": "big"}, "positive number"),
+        ({"autocast_max_output_threshold": "Default"}, 'must be "default"'),
+        ({"autocast_max_output_threshold": True}, "positive number"),
         ({"autocast_max_depth_of_reduction": 0}, "positive integer"),
         ({"autocast_max_depth_of_reduction": 2.5}, "positive integer"),
         ({"autocast_calibration_dataloader": 5}, "iterable of input tuples"),

@@ -27,7 +27,7 @@ class CompileSettings:
     autocast_low_precision_type: torch.dtype | None = None
     autocast_excluded_nodes: tuple[re.Pattern, ...] = ()
     autocast_excluded_ops: frozenset[str] = frozenset()
-    autocast_max_output_threshold: float = 512.0
+    autocast_max_output_threshold: float | str = "default"  # "default": per low type (plan/rules/ranges.py)
     autocast_max_depth_of_reduction: int | None = None
     autocast_calibration_dataloader: Any = None
     autocast_keep_residual_stream: bool = True  # mixprec extension: see plan/rules/stream.py
@@ -122,15 +122,7 @@ def _validated(kwargs: dict[str, Any]) -> dict[str, Any]:
             out[name] = frozenset(resolve_op_name(op, what=name) for op in ops)
 
     if "autocast_max_output_threshold" in kwargs:
-        value = kwargs["autocast_max_output_threshold"]
-        if value is None:  # no IO-range rule (as math.inf; Torch-TensorRT accepts both)
-            value = math.inf
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value <= 0:
-            raise ConfigError(
-                "autocast_max_output_threshold must be a positive number (default 512.0), or math.inf or None for "
-                f"no IO-range rule; got {value!r}."
-            )
-        out["autocast_max_output_threshold"] = float(value)
+        out["autocast_max_output_threshold"] = _threshold(kwargs["autocast_max_output_threshold"])
 
     if kwargs.get("autocast_max_depth_of_reduction") is not None:
         value = kwargs["autocast_max_depth_of_reduction"]
@@ -236,13 +228,29 @@ def _check_combinations(merged: dict[str, Any], given: dict[str, Any]) -> None:
                 "autocast_included_nodes",
                 "autocast_included_ops",
             )
-            if given.get(name) not in (None, (), [], set(), frozenset())
+            if given.get(name) not in (None, (), [], set(), frozenset(), "default")  # "default": the threshold's
         ]
         if autocast_only:
             raise ConfigError(
                 f"{', '.join(autocast_only)} only take effect with enable_autocast=True; add enable_autocast=True "
                 "or drop them."
             )
+
+
+def _threshold(value) -> float | str:
+    """autocast_max_output_threshold: "default" (the low type's own bound), a positive number applied as written
+    to either low type, or math.inf / None (no IO-range rule)."""
+    if isinstance(value, str) and value == "default":
+        return value
+    if value is None:  # no IO-range rule (as math.inf; Torch-TensorRT accepts both)
+        return math.inf
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value <= 0:
+        raise ConfigError(
+            'autocast_max_output_threshold must be "default" (512 for fp16, a guard of bf16\'s own overflow for '
+            "bf16), a positive number (applied as written to either low type), or math.inf or None for no "
+            f"IO-range rule; got {value!r}."
+        )
+    return float(value)
 
 
 def _patterns(value, name: str = "autocast_excluded_nodes") -> tuple[re.Pattern, ...]:

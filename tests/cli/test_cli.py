@@ -157,7 +157,7 @@ def _main(capsys, *args) -> tuple[int, str, str]:
         (("compile", "{spec}:good", "-o", "{tmp}/x", "--autocast", "fp8"), "fp8"),
         (("compile", "{spec}:good", "-o", "{tmp}/x", "--exclude-ops", "flatten"), "--exclude-ops sets"),
         (("compile", "{spec}:good", "-o", "{tmp}/no/dir/x"), "does not exist"),
-        (("compile", "{spec}:good", "-o", "{tmp}/x", "--max-output-threshold", "big"), "invalid float"),
+        (("compile", "{spec}:good", "-o", "{tmp}/x", "--max-output-threshold", "big"), "'big' is not a number"),
         (("compile", "{spec}:good", "-o", "{tmp}/x", "--backend", "tensorrt"), "invalid choice"),
         (("compile", "{spec}:good", "-o", "{tmp}/x", "--plan", "{tmp}/none.json"), "cannot be read"),
         (("run", "{spec}"), "not a mixprec file"),

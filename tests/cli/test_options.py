@@ -8,6 +8,7 @@ import torch
 import mixprec
 from mixprec.cli import build_parser
 from mixprec.cli.options import compile_kwargs, option_hint
+from mixprec.cli.spec import UsageError
 from mixprec.settings import CompileSettings
 
 
@@ -59,6 +60,17 @@ def test_every_option_maps_to_its_keyword(tmp_path):
 
 def test_autocast_without_type_uses_the_default_low_type():
     assert _kwargs("--autocast") == {"enable_autocast": True}
+
+
+def test_max_output_threshold_defaults_to_the_keywords_sentinel():
+    args = build_parser().parse_args(["compile", "m.py:f", "-o", "out.mixprec.pt2", "--autocast"])
+    assert args.max_output_threshold == "default" == CompileSettings().autocast_max_output_threshold
+    assert _kwargs("--autocast", "--max-output-threshold", "default") == {"enable_autocast": True}
+    assert _kwargs("--autocast", "--max-output-threshold", "512")["autocast_max_output_threshold"] == 512.0
+    assert _kwargs("--autocast", "--max-output-threshold", "inf")["autocast_max_output_threshold"] == float("inf")
+    assert _kwargs("--autocast", "--max-output-threshold", "none")["autocast_max_output_threshold"] is None
+    with pytest.raises(UsageError, match="'big' is not a number, 'inf', 'none' or 'default'"):
+        _kwargs("--autocast", "--max-output-threshold", "big")
 
 
 def test_weak_typing_options():

@@ -74,9 +74,17 @@ def test_suggestions_speak_to_whoever_decided(source, expected):
 
 
 def test_io_range_rule_is_named_when_values_exceed_its_threshold():
-    layers = [_record("a", ref_absmax=7.1e4, jump=0.2)]
+    layers = [_record("a", ref_absmax=7.1e4, jump=0.2, precision=F16)]
     (finding,) = find(layers, _info(), _plan("autocast_rule", F16))
-    assert "autocast_max_output_threshold (default 512); this one reaches 7.1e+04" in "\n".join(finding.suggestions)
+    assert ("autocast_max_output_threshold (default for float16: fp16 overflow guard 512); this one reaches 7.1e+04"
+            in "\n".join(finding.suggestions))
+
+
+def test_io_range_rule_is_not_suggested_for_bf16_below_its_overflow_guard():
+    """7.1e4 is beyond fp16's guard but nothing bf16 cannot hold: the rule's default would not keep it fp32."""
+    layers = [_record("a", ref_absmax=7.1e4, jump=0.2, precision=BF16)]
+    (finding,) = find(layers, _info(), _plan("autocast_rule", BF16))
+    assert "autocast_max_output_threshold" not in "\n".join(finding.suggestions)
 
 
 def test_fp32_culprit_points_at_low_precision_producers_through_data_movement():

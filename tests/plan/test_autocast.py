@@ -152,7 +152,7 @@ def test_overflowing_layers_stay_fp32_on_example_inputs():
     fp32 = {r.name for r in prog.report.layers if r.kind == "compute" and r.precision == F32}
     assert fp32 == {"mul", "sum_1", "rsqrt", "mul_1"}
     assert {r.precision for r in prog.report.layers if r.op == "aten.linear.default"} == {F16}
-    assert prog.report.layer("mul").reason.startswith("input absmax 1.0e+03 > 512")
+    assert prog.report.layer("mul").reason.startswith("input absmax 1.0e+03 > fp16 overflow guard 512")
     assert rel_l2(prog(*inputs), model(*inputs)) < 2e-3
 
 
@@ -164,6 +164,43 @@ def test_same_model_breaks_without_the_io_range_rule():
                            autocast_max_output_threshold=off)
     assert all(r.precision == F16 for r in prog.report.layers if r.kind == "compute")
     assert rel_l2(prog(*inputs), model(*inputs)) > 0.1
+
+
+class _LargeActivations(torch.nn.Module):
+    """A trained conv's scale: outputs around 2e4, far beyond fp16's guard, nothing bf16 cannot hold."""
+
+    def __init__(self):
+        super().__init__()
+        self.big = torch.nn.Linear(16, 16)
+        self.head = torch.nn.Linear(16, 4)
+        with torch.no_grad():
+            self.big.weight.mul_(5000.0)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.big(x)))
+
+
+@pytest.mark.parametrize(
+    "low, threshold, kept, why",
+    [
+        (F16, "default", True, "fp16 overflow guard 512"),
+        (BF16, "default", False, None),
+        (F16, 512, True, "user threshold 512"),
+        (BF16, 512, True, "user threshold 512"),
+        (BF16, 1e5, False, None),
+        (F16, math.inf, False, None),
+    ],
+)
+def test_the_io_range_bound_is_the_low_types_unless_the_user_gives_one(low, threshold, kept, why):
+    model, x = _LargeActivations().eval(), torch.randn(8, 16)
+    prog = compile_quietly(model, (x,), enable_autocast=True, autocast_low_precision_type=low,
+                           autocast_max_output_threshold=threshold)
+    big = prog.report.by_module("big")[0]
+    assert big.precision == (F32 if kept else low)
+    if kept:
+        assert big.reason.startswith("output absmax ") and big.reason.endswith(f"> {why}")
+    assert prog.report.by_module("head")[0].precision == (F32 if kept else low)  # reads the same values
+    assert prog.report.summary["low_precision_flops_fraction"] == (0.0 if kept else 1.0)
 
 
 def test_a_mask_that_does_not_fit_fp16_keeps_its_layer_fp32():

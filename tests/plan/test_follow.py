@@ -58,6 +58,21 @@ def test_cat_of_disagreeing_producers_takes_what_consumers_use_else_the_widest()
     assert decided["cat"].source == "default"
 
 
+def test_a_stored_tensor_beside_a_lowered_value_counts_with_its_own_dtype():
+    """CLIP's cat(class_embedding, patches): an fp32 consumer keeps the parameter unrounded (torch.autocast promotes)."""
+    nodes = (
+        layer("conv", "aten.conv2d.default", inputs={"x": F32, "p_w": F32}),
+        layer("expand", "aten.expand.default", "movement", {"p_class": F32}),
+        layer("cat", "aten.cat.default", "movement", {"expand": F32, "conv": F32}),
+        layer("add", "aten.add.Tensor", inputs={"cat": F32, "pos": F32}),
+    )
+    dtypes, decided = run(graph(*nodes), {"conv": LOW, "add": KEPT})
+    assert (dtypes["cat"], dtypes["expand"]) == (F32, F32)
+    assert decided["cat"].source == "default"  # it keeps the dtype it was captured in
+    dtypes, _ = run(graph(*nodes), {"conv": LOW, "add": LOW})  # a low consumer: the cat and the parameter go low
+    assert (dtypes["cat"], dtypes["expand"]) == (BF16, BF16)
+
+
 def test_views_of_stored_tensors_take_their_consumers_dtype():
     info = graph(
         layer("t", "aten.t.default", "movement", {"p_w": F32}),

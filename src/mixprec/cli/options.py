@@ -81,9 +81,12 @@ def add_compile_options(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--max-output-threshold",
-        type=float,
+        type=_threshold,
+        default="default",
         metavar="X",
-        help="keep layers with |values| above X on their inputs or outputs in fp32 (default 512)",
+        help="keep layers with |values| above X on their inputs or outputs in fp32; a number applies to either "
+        "low type, 'inf' or 'none' turns the rule off (default: 'default', 512 for fp16 and a guard of bf16's own "
+        "overflow, 1e36, for bf16)",
     )
     g.add_argument(
         "--max-depth-of-reduction",
@@ -148,6 +151,19 @@ def _low_type(text: str) -> str:
     )
 
 
+def _threshold(text: str):
+    """--max-output-threshold: "default", "none" (no IO-range rule, as None) or a number (inf included); mixprec.compile
+    judges the number itself."""
+    if text.strip().lower() == "default":
+        return "default"
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number, 'inf', 'none' or 'default'") from None
+
+
 def compile_kwargs(args: argparse.Namespace) -> dict:
     """The keywords of mixprec.compile that the given options stand for (only those given)."""
     kwargs: dict = {}
@@ -165,7 +181,7 @@ def compile_kwargs(args: argparse.Namespace) -> dict:
         kwargs["autocast_included_ops"] = tuple(args.include_ops)
     if args.low_precision_embeddings:
         kwargs["autocast_low_precision_embeddings"] = True
-    if args.max_output_threshold is not None:
+    if args.max_output_threshold != "default":  # the default is the keyword's own: passed only when changed
         kwargs["autocast_max_output_threshold"] = args.max_output_threshold
     if args.max_depth_of_reduction is not None:
         kwargs["autocast_max_depth_of_reduction"] = args.max_depth_of_reduction

@@ -25,10 +25,10 @@ import torch
 from ..dtypes import LOW_PRECISION_FLOATS, dtype_name
 from ..ir.graph_info import GraphInfo
 from ..plan.precision_plan import PrecisionPlan
+from ..plan.rules.ranges import DEFAULT, io_bound
 from . import fixes
 from .records import Finding, Fix, LayerComparison
 
-IO_RANGE_DEFAULT = 512.0  # autocast_max_output_threshold's default (API.md)
 
 # (layers to keep in fp32) -> (output rel-L2, max abs, low-precision FLOP share) of the program so fixed
 Measure = Callable[[tuple[str, ...]], tuple[float, float, float]]
@@ -173,15 +173,17 @@ def _suggestions(r: LayerComparison, info: GraphInfo, plan: PrecisionPlan, layer
     decision = plan.get(r.name)
     source = decision.source if decision is not None else r.source
     absmax = _finite_max([r.ref_absmax, _input_absmax(r, info, layers)])
+    default = io_bound(DEFAULT, r.precision)  # autocast_max_output_threshold's default for this low type
     io_rule = (
         f"the IO range rule keeps a layer in fp32 when |value| on its inputs/outputs exceeds "
-        f"autocast_max_output_threshold (default {IO_RANGE_DEFAULT:g}); this one reaches {absmax:.3g}"
+        f"autocast_max_output_threshold (default for {dtype_name(r.precision)}: {default.label}); this one reaches "
+        f"{absmax:.3g}"
     )
     where = f"module '{r.module or '(top level)'}'"
     out = []
     if source in ("autocast_rule", "default"):
         out.append(f"under enable_autocast=True: autocast_excluded_nodes={{{_pattern(r)!r}}} keeps it in fp32")
-        if absmax > IO_RANGE_DEFAULT:
+        if absmax > default.limit:
             out.append(io_rule + " (lower the threshold if you raised it)")
         return tuple(out)
     if source == "weak_typing":
@@ -200,7 +202,7 @@ def _suggestions(r: LayerComparison, info: GraphInfo, plan: PrecisionPlan, layer
     else:  # "explicit": the model's code
         reason = f" ({decision.reason})" if decision is not None and decision.reason else ""
         out.append(f"the model's code runs it in {dtype_name(r.precision)}{reason}; change the code")
-    if absmax > IO_RANGE_DEFAULT:
+    if absmax > default.limit:
         out.append(f"with enable_autocast=True deciding it instead, {io_rule}, so autocast would keep it in fp32")
     return tuple(out)
 

@@ -45,6 +45,7 @@ from ..settings import CompileSettings
 from .rules import ConstantValue, RuleContext
 from .rules.intent import angle_layers, fp32_intent
 from .rules.reduction import reduction_depth
+from .rules.stored import stored_values
 from .rules.stream import residual_stream
 from .sources.autocast_rules import lowerable
 
@@ -86,6 +87,7 @@ def prepare(
         unlowerable=MappingProxyType(_unlowerable(nodes, info, low)),
         residual_stream=MappingProxyType(residual_stream(work.graph, info) if config.autocast_keep_residual_stream else {}),
         fp32_intent=MappingProxyType(fp32_intent(work.graph, info, embeddings=not config.autocast_low_precision_embeddings)),
+        stored_values=MappingProxyType(stored_values(work.graph, info, _stored_labels(work, constants))),
         angles=MappingProxyType(angle_layers(work.graph, info)),
         attention_masks=MappingProxyType(_attention_masks(nodes, info)),
         included_nodes=config.autocast_included_nodes,
@@ -216,6 +218,17 @@ def _constants(work: WorkProgram, info: GraphInfo) -> dict[str, ConstantValue]:
         if floats and all(p in out for p in floats):
             biggest = max((out[p] for p in floats), key=lambda c: c.absmax)
             out[name] = biggest
+    return out
+
+
+def _stored_labels(work: WorkProgram, constants: dict[str, ConstantValue]) -> dict[str, str]:
+    """Stored placeholders (float or not: an integer index buffer is stored too) -> how the report names them."""
+    out = {}
+    for node in work.placeholders():
+        spec = work.input_spec_of(node)
+        if spec is not None and spec.kind in STORED_KINDS:
+            out[node.name] = constants[node.name].label if node.name in constants else (
+                f"{_KIND_LABEL[spec.kind]} '{spec.target}'")
     return out
 
 

@@ -16,7 +16,10 @@ when the program is built (``cast_params``). So
 
 * known producers that agree decide (``linear[bf16] -> view`` gives a bf16 view);
 * known producers that disagree (``cat(fp32, bf16)``) give the dtype every consumer wants,
-  when that is one of theirs, else the widest (lossless: no value is rounded);
+  when that is one of theirs, else the widest (lossless: no value is rounded); a flexible producer
+  beside known ones counts with its captured dtype (CLIP's ``cat(class_embedding, patches[bf16])``
+  feeding an fp32 addition stays fp32, as torch.autocast's promotion computes it, instead of
+  rounding the class embedding to bf16);
 * a follower fed only by flexible values waits for the backward pass.
 
 Backward pass, in reverse graph order: a follower fed only by flexible values takes the
@@ -118,7 +121,9 @@ class _Follower:
         planned = {p: output_dtype(self.info, self.decided, p, d) for p, d in known}
         if all(planned[p] == d for p, d in known):
             return  # nothing upstream changed: keep what the model computes
-        dtypes = set(planned.values())
+        # flexible producers beside known ones (cat(class_embedding, patches)) count with their own dtype, as type
+        # promotion counts them under torch.autocast: otherwise the parameter is rounded to the low type on its way in
+        dtypes = set(planned.values()) | {d for p, d in floats if p not in planned}
         if len(dtypes) == 1:
             dtype = dtypes.pop()
             why = "follows its producer" if len(planned) == 1 else "follows its producers"

@@ -21,10 +21,12 @@ from types import MappingProxyType
 import torch
 
 from ..calibrate.int8_ranges import marker_ranges
+from ..dtypes import dtype_name
 from ..errors import CalibrationError, MixedPrecisionWarning
 from ..ir.frontend import CapturedModel
 from ..ir.graph_info import GraphInfo
 from ..plan import autocast, planner
+from ..plan.rules.ranges import IOBound
 from ..progress import Progress
 from ..settings import CompileSettings
 from .groups import LayerGroup, find_groups
@@ -70,8 +72,6 @@ def build_study(
     settings = CompileSettings(
         enable_autocast=True,
         autocast_low_precision_type=options.low,
-        # rounding error is measured; the IO-range rule only guards against values the low type cannot hold
-        autocast_max_output_threshold=float(torch.finfo(options.low).max),
         # the residual-stream rule is a judgement about accuracy, which the search measures instead
         autocast_keep_residual_stream=False,
         autocast_calibration_dataloader=calibration_batches if calibration_batches is not None else eval_batches,
@@ -80,8 +80,14 @@ def build_study(
     with warnings.catch_warnings():  # search warns about fp16 on a CPU itself, in its own words
         warnings.filterwarnings("ignore", category=MixedPrecisionWarning, message="autocast_low_precision_type=float16")
         prepared = autocast.prepare(base, info, settings, args)
-    # the code's fp32 intent is, like the residual stream, a judgement about accuracy: measured instead
-    context = dataclasses.replace(prepared.context, fp32_intent=MappingProxyType({}))
+    # the code's fp32 intent and values computed from stored tensors are, like the residual stream, judgements about
+    # accuracy: measured instead; rounding error is measured too, so the IO-range rule only guards against values
+    # the low type cannot hold
+    top = float(torch.finfo(options.low).max)
+    context = dataclasses.replace(
+        prepared.context, fp32_intent=MappingProxyType({}), stored_values=MappingProxyType({}),
+        max_output_threshold=IOBound(top, f"{dtype_name(options.low)}'s largest value {top:.6g}"),
+    )
     safe = planner.build_plan(info, settings, context, int8_ranges=ranges)
     groups = find_groups(info, strong, safe)
     baseline = trials.measure(()).value

@@ -33,7 +33,8 @@ def _stats(absmax):
 
 
 AUTOMATIC = {
-    "io_range": (dict(stats={"x": _stats(3100.0)}), "input absmax 3.1e+03 > 512 [io_range]"),
+    "io_range": (dict(low=F16, stats={"x": _stats(3100.0)}),
+                 "input absmax 3.1e+03 > fp16 overflow guard 512 [io_range]"),
     "constant_range": (dict(low=F16, constants={"p_w": ConstantValue("parameter 'head.weight'", 1e6)}),
                        "parameter 'head.weight' absmax 1.0e+06 does not fit float16 (max 65504) [constant_range]"),
     "non_finite": (dict(stats={"linear": TensorStats(1.0, -1.0, 1.0, 3, 8, (2, 4))}),
@@ -44,6 +45,8 @@ AUTOMATIC = {
     "residual_stream": (dict(residual_stream={"linear": "residual addition read by layer_norm"}),
                         "residual addition read by layer_norm [residual_stream]"),
     "fp32_intent": (dict(fp32_intent={"linear": "the code's fp32 intent: x"}), "the code's fp32 intent: x [fp32_intent]"),
+    "stored_values": (dict(stored_values={"linear": "a value computed from p only"}),
+                      "a value computed from p only [stored_values]"),
 }
 
 
@@ -94,7 +97,7 @@ class _Typed(nn.Module):
         self.planned = nn.Linear(8, 8)
 
     def forward(self, x):
-        h = self.free(x) * 1000.0  # io_range keeps what reads it in fp32
+        h = self.free(x) * 1000.0  # io_range (threshold 512) keeps what reads it in fp32
         with torch.autocast("cpu", enabled=False):
             h = self.region(h)
         h = torch.ops.mixprec.start_setting_precision(h, torch.float32)
@@ -105,9 +108,10 @@ class _Typed(nn.Module):
 
 def test_include_never_touches_typing_markers_or_plan():
     model, x = _Typed().eval(), torch.randn(2, 8)
-    base = mixprec.compile(model, (x,), enable_autocast=True)
+    base = mixprec.compile(model, (x,), enable_autocast=True, autocast_max_output_threshold=512)
     plan = PrecisionPlan({"linear_3": NodePrecision(F32, None, "plan", "asked")})
-    prog = mixprec.compile(model, (x,), enable_autocast=True, autocast_included_nodes=".*", plan=plan)
+    prog = mixprec.compile(model, (x,), enable_autocast=True, autocast_included_nodes=".*", plan=plan,
+                           autocast_max_output_threshold=512)
     layers = {r.module: r for r in prog.report.layers if r.op == "aten.linear.default"}
     assert layers["free"].precision == BF16
     assert layers["region"].precision == F32 and layers["region"].source == "torch_autocast"
@@ -115,7 +119,7 @@ def test_include_never_touches_typing_markers_or_plan():
     assert layers["planned"].precision == F32 and layers["planned"].source == "plan"
     mul = prog.report.layer("mul")
     assert base.report.layer("mul").precision == F32 and mul.precision == BF16
-    assert mul.reason.startswith("included by '.*' although output absmax")
+    assert mul.reason.startswith("included by '.*' although output absmax") and "> user threshold 512" in mul.reason
 
 
 def test_bad_patterns_and_unknown_ops_are_config_errors():

@@ -34,10 +34,11 @@ def test_lowers_free_fp32_compute_and_says_so():
 
 def test_every_matching_rule_is_in_the_reason():
     info = graph(layer("linear", "aten.linear.default", inputs={"x": F32}, module="head"))
-    ctx = RuleContext(low=BF16, excluded_nodes=(re.compile("head"),), stats={"x": big(600.0)})
+    ctx = RuleContext(low=BF16, excluded_nodes=(re.compile("head"),), stats={"x": big(600.0)},
+                      max_output_threshold=512.0)
     decision = decide(info, {}, ctx)["linear"]
     assert decision.precision == F32
-    assert decision.reason == "excluded by pattern 'head'; input absmax 6.0e+02 > 512"
+    assert decision.reason == "excluded by pattern 'head'; input absmax 6.0e+02 > user threshold 512"
 
 
 def test_leaves_alone_what_it_must_not_decide():

@@ -54,7 +54,7 @@ class RuleContext:
 
     low: torch.dtype
     high: torch.dtype = torch.float32
-    max_output_threshold: float = 512.0
+    max_output_threshold: object = "default"  # "default" | a number | math.inf | ranges.IOBound (ranges.io_bound)
     max_depth_of_reduction: int | None = None
     excluded_nodes: tuple[re.Pattern, ...] = ()
     excluded_ops: frozenset[str] = frozenset()
@@ -65,6 +65,7 @@ class RuleContext:
     unlowerable: Mapping[str, str] = dataclasses.field(default_factory=_empty)  # layer -> why it cannot run low
     residual_stream: Mapping[str, str] = dataclasses.field(default_factory=_empty)  # layer -> why it is in the stream
     fp32_intent: Mapping[str, str] = dataclasses.field(default_factory=_empty)  # layer -> the code's fp32 intent
+    stored_values: Mapping[str, str] = dataclasses.field(default_factory=_empty)  # layer -> computed from stored only
     angles: Mapping[str, str] = dataclasses.field(default_factory=_empty)  # layer -> sin/cos/tan or their argument
     attention_masks: Mapping[str, str] = dataclasses.field(default_factory=_empty)  # attention layer -> its mask input
     included_nodes: tuple[re.Pattern, ...] = ()
@@ -112,4 +113,5 @@ def rules_for(kind: str) -> tuple:
     return tuple(r for r in _REGISTRY.values() if r.scope == "all" or kind == "compute")
 
 
-from . import exclude, fixed, ranges, reduction, stream, intent  # noqa: E402,F401,I001  (register themselves, in this order)
+# the rule modules register themselves, in this order
+from . import exclude, fixed, ranges, reduction, stream, intent, stored  # noqa: E402,F401,I001

@@ -16,10 +16,10 @@ Models state "compute this in fp32" in ways that are no-ops in an fp32 capture:
 Under torch.autocast such a value stays fp32, and so does every op that reads it, except
 the ops on autocast's lower-precision list (matmul, linear, bmm, convolutions, fused
 attention), which cast their inputs down: ``x_fp32.pow(2).mean()`` runs fp32,
-``linear(x_fp32, w)`` runs low. This module follows that flow over the captured graph:
-from each root, forward through every op that is not on that list, until an explicit cast to
-another dtype. Each reached layer gets a reason that names the root's line of code (from the
-node's ``stack_trace``), e.g. ``"modeling_llama.py:71 `hidden_states = hidden_states.to(torch.float32)`"``.
+``linear(x_fp32, w)`` runs low. This module follows that flow over the captured graph
+(:func:`fp32_flow`, shared with ``stored.py``): from each root, forward through every op that is
+not on that list, until an explicit cast to another dtype. Each reached layer gets a reason that
+names the root's line of code (from the node's ``stack_trace``), e.g. ``"modeling_llama.py:71 `hidden_states = hidden_states.to(torch.float32)`"``.
 
 Separately, :func:`angle_layers` keeps periodic functions (sin, cos, tan) and the elementwise
 computation of their argument fp32 whatever calibration saw: their result's error is the
@@ -67,12 +67,25 @@ def source_line(node: torch.fx.Node) -> str:
 
 def fp32_intent(graph: torch.fx.Graph, info: GraphInfo, *, embeddings: bool = True) -> dict[str, str]:
     """Layer name -> why torch.autocast would run it in fp32 by the code's intent (roots and their reach)."""
+    reach = fp32_flow(graph, info, lambda node, layer: _root(node, layer, embeddings))
+    return {name: _phrase(why) for name, why in reach.items()}
+
+
+def fp32_flow(graph: torch.fx.Graph, info: GraphInfo, root_of) -> dict[str, str]:
+    """Where an fp32 value flows under torch.autocast: ``root_of(node, layer)`` names the roots (-> why, or None);
+    from each, forward through every op not on autocast's lower-precision list, up to an explicit cast to another
+    dtype. Layer name -> why (the root's why, or "reads <root's why>"), fp32 layers of ``info`` only.
+
+    Type promotion decides what an op reading an fp32 value computes in: a 0-dim tensor does not promote a
+    dimensioned one of the same kind (bf16 matrix * fp32 scalar tensor is bf16), so an fp32 0-dim value passes
+    its root on only to ops whose dimensioned float inputs carry it too, or that have none.
+    """
     reach: dict[str, str] = {}
     for node in graph.nodes:
         layer = info.get(node.name)
         if node.op != "call_function" or layer is None:
             continue
-        root = _root(node, layer, embeddings)
+        root = root_of(node, layer)
         if root is not None:
             reach[node.name] = root
             continue
@@ -82,13 +95,17 @@ def fp32_intent(graph: torch.fx.Graph, info: GraphInfo, *, embeddings: bool = Tr
             continue  # an explicit cast to another dtype: the code leaves fp32 here
         if not any(is_float(m.dtype) for m in layer.outputs):
             continue
-        inherited = next(
-            (reach[p] for p, d in layer.input_dtypes.items() if p in reach and is_float(d)),
-            None,
-        )
+        floats = [p for p, d in layer.input_dtypes.items() if is_float(d)]
+        promoting = [p for p in floats if not _scalar(info, p)] or floats
+        inherited = next((reach[p] for p in promoting if p in reach), None)
         if inherited is not None:
             reach[node.name] = inherited if inherited.startswith("reads ") else f"reads {inherited}"
-    return {name: _phrase(why) for name, why in reach.items() if info[name].precision == torch.float32}
+    return {name: why for name, why in reach.items() if info[name].precision == torch.float32}
+
+
+def _scalar(info: GraphInfo, name: str) -> bool:
+    metas = info.tensor_meta.get(name, ())
+    return len(metas) == 1 and len(metas[0].shape) == 0
 
 
 def _phrase(why: str) -> str:
