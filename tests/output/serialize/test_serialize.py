@@ -293,8 +293,9 @@ def test_code_in_shape_expressions_is_refused(saved, tmp_path):
     def edit(inner):
         name = _inner_name(inner, "models/model.json")
         model = json.loads(inner[name])
-        model["graph_module"]["graph"]["nodes"][0]["metadata"]["x"] = {
-            "expr_str": f"__import__('os').system('touch {marker}')"
+        values = model["graph_module"]["graph"]["tensor_values"]
+        next(iter(values.values()))["sizes"][0] = {
+            "as_expr": {"expr_str": f"__import__('os').system('touch {marker}')", "hint": {"as_int": 1}}
         }
         inner[name] = json.dumps(model).encode()
 

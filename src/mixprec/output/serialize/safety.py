@@ -51,7 +51,7 @@ import zipfile
 import torch
 
 from ...errors import FileFormatError
-from . import expressions
+from . import expressions, strings
 
 _MODEL = "model"
 # The archive members torch.export.save writes for one program without pickled payloads.
@@ -297,6 +297,7 @@ def check_model_json(model) -> None:
     * every name torch turns into Python source when it builds a module (graph value names, argument names,
       ``forward_arg_names``, parameter/buffer/constant paths) is a plain identifier or dotted path;
     * every shape expression is size arithmetic (:func:`check_expression`);
+    * every string argument and metadata string is one ``strings.py`` reviewed (none can reach generated code);
     * ``guards_code`` is a list of strings (mixprec never compiles it: :func:`strip_guards`).
     """
     _check_structure(model)
@@ -308,6 +309,8 @@ def check_model_json(model) -> None:
     while stack:
         item, key = stack.pop()
         if isinstance(item, dict):
+            if "target" in item and "inputs" in item:
+                strings.check_node_json(item)
             for k, value in item.items():
                 if k == "expr_str":
                     check_expression(value)
@@ -327,8 +330,10 @@ def check_model_json(model) -> None:
                 elif k == "forward_arg_names" and value is not None:
                     if not isinstance(value, list) or not all(_is_identifier(v) for v in value):
                         raise FileFormatError("the program's forward_arg_names are not plain names.")
-                elif k == "metadata" and isinstance(value, dict) and "source_fn_stack" in value:
-                    _check_source_fns(value["source_fn_stack"])
+                elif k == "metadata" and isinstance(value, dict):
+                    strings.check_metadata(value)
+                    if "source_fn_stack" in value:
+                        _check_source_fns(value["source_fn_stack"])
                 else:
                     stack.append((value, k))
         elif isinstance(item, list):
@@ -463,7 +468,8 @@ def allowed_target(target: str) -> bool:
     """Whether a node may call ``target`` (as the model JSON names it) — decided from the op's schema, not its name.
 
     * ``torch.ops.aten.*``: registered in the dispatcher; takes or returns a Tensor; not an ``out=`` overload; no
-      Storage or file-name argument; not in the deny set (files, printing, random sampling). In-place variants
+      Storage or file-name argument; no string argument that ``strings.py`` has not reviewed (a string can reach
+      the C++ inductor generates); not in the deny set (files, printing, random sampling). In-place variants
       (``relu_``, ``add_``, ``fill_``, ``index_put_``) are allowed when they write only their ``self`` and their
       functional twin is allowed: torch.export keeps a model's in-place ops, and writing a tensor the graph
       itself holds has no effect outside the program;
@@ -490,7 +496,9 @@ def _decide(target: str) -> bool:
     if namespace == "mixprec":
         from ...ops import custom as ops  # noqa: F401  (registers torch.ops.mixprec)
 
-        return overload is not None and _registered(f"mixprec::{name}", overload)
+        if overload is None or not _registered(f"mixprec::{name}", overload):
+            return False
+        return strings.reviewed(name, getattr(getattr(torch.ops.mixprec, name), overload)._schema)
     if namespace != "aten" or overload is None:
         return False
     return _aten_allowed(name, overload)
@@ -518,7 +526,10 @@ def _aten_allowed(name: str, overload: str) -> bool:
     types = [str(a.type) for a in arguments] + [str(r.type) for r in schema.returns]
     if not any("Tensor" in t for t in types) and name not in _SIZE_CHECKS:
         return False
-    if any("Storage" in t for t in types) or any(a.name in ("filename", "path", "file") for a in arguments):
+    if any("Storage" in t for t in types) or any(a.name in ("filename", "path", "file") and "str" in str(a.type)
+                                                 for a in arguments):  # fmt: skip
+        return False
+    if not strings.reviewed(name, schema):  # a string argument no review says is safe in generated code
         return False
     written = [a for a in arguments if a.alias_info is not None and a.alias_info.is_write]
     if any(getattr(a, "is_out", False) for a in arguments):
@@ -559,6 +570,7 @@ def check_graphs(exported_program) -> None:
                     f"the program's node {node.name!r} calls {target!r} ({node.op}), which is not an operator a "
                     "mixprec compile produces; mixprec refuses to run it. Load files only from mixprec.save."
                 )
+            strings.check_fx_node(node)
 
 
 def _hashable(value) -> bool:
