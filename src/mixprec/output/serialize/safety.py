@@ -323,6 +323,8 @@ def check_model_json(model) -> None:
                             "programs call side-effect-free torch operators, casts and mixprec's own operators); "
                             "refusing to build it."
                         )
+                elif k == "name" and value == "" and key == "inputs":
+                    pass  # a higher-order operator's positional argument: torch writes no name, and reads none
                 elif k in _IDENTIFIER_KEYS and value is not None and not _is_identifier(value):
                     raise FileFormatError(f"the program holds a {k} {str(value)[:80]!r} that is not a plain name.")
                 elif k in _PATH_KEYS and value is not None and not (isinstance(value, str) and _DOTTED.match(value)):
