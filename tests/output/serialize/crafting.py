@@ -163,3 +163,42 @@ def set_backend(outer: dict[str, bytes], backend: str) -> dict[str, bytes]:
     meta["backend"] = backend
     meta["settings"]["backend"] = backend
     return {**outer, _META: json.dumps(meta).encode()}
+
+
+def tensor_meta(sizes, dtype: int = 7, strides=None) -> dict:
+    """A TensorMeta record (dtype 7: float32) of a contiguous (or ``strides``) CPU tensor."""
+    if strides is None:
+        strides, step = [], 1
+        for size in reversed(sizes):
+            strides.insert(0, step)
+            step *= max(size, 1)
+    return {
+        "dtype": dtype, "sizes": [{"as_int": s} for s in sizes], "requires_grad": False,
+        "device": {"type": "cpu", "index": None}, "strides": [{"as_int": s} for s in strides],
+        "storage_offset": {"as_int": 0}, "layout": 7,
+    }  # fmt: skip
+
+
+def prepend_node(model: dict, name: str, target: str, inputs: list, meta: dict | None) -> None:
+    """Put ``name = target(*inputs)`` first in the graph (``inputs``: (argument name, Argument, kind) triples);
+    ``meta``: the TensorMeta of its one tensor output, or None for no output."""
+    graph = model["graph_module"]["graph"]
+    if meta is not None:
+        graph["tensor_values"][name] = meta
+    graph["nodes"].insert(0, {
+        "target": target,
+        "inputs": [{"name": n, "arg": a, "kind": k} for n, a, k in inputs],
+        "outputs": [{"as_tensor": {"name": name}}] if meta is not None else [],
+        "metadata": {}, "is_hop_single_tensor_return": None, "name": name,
+    })  # fmt: skip
+
+
+def first_parameter(model: dict) -> str:
+    """The graph's name of the program's first parameter (``p_linear1_weight``)."""
+    specs = model["graph_module"]["signature"]["input_specs"]
+    return next(s["parameter"]["arg"]["name"] for s in specs if "parameter" in s)
+
+
+def user_input(model: dict) -> str:
+    specs = model["graph_module"]["signature"]["input_specs"]
+    return next(s["user_input"]["arg"]["as_tensor"]["name"] for s in specs if "user_input" in s)

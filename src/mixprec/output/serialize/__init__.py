@@ -50,7 +50,7 @@ import torch
 
 from ...errors import ConfigError, FileFormatError, InvariantError
 from ...ir.frontend import program_parts
-from . import outputs, safety, tensors, trust
+from . import outputs, propagation, safety, tensors, trust
 
 FORMAT = "mixprec.program"
 FORMAT_VERSION = 1
@@ -154,6 +154,13 @@ def load(path, *, backend: str | None = None):
     if meta.get("example_inputs") is not None:
         example_inputs = tensors.unpack(meta["example_inputs"], blob)
     # The program keeps no example_inputs: with them, ExportedProgram.module() generates and exec()s guard code.
+    stored = None
+    if example_inputs is not None:
+        stored = sum(t.nbytes for t in torch.utils._pytree.tree_leaves(example_inputs) if isinstance(t, torch.Tensor))
+    try:
+        propagation.check(ep, stored)  # shapes, views and memory on fake tensors, before anything real runs
+    except FileFormatError as e:
+        raise FileFormatError(f"{where}: {e}") from None
 
     name = trust.backend_for_load(backend, meta.get("backend"), path)  # eager unless the caller chose one
     if name not in known_backends():
