@@ -30,7 +30,9 @@ counted by their outputs.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import math
 import operator
 
@@ -70,7 +72,7 @@ def check(exported_program, stored_input_bytes: int | None) -> Footprint:
 
     mode = FakeTensorMode(allow_fallback_kernels=False, allow_non_fake_inputs=False)
     run = _Run(mode, exported_program)
-    with mode:
+    with mode, _quiet_fake_tensors():
         inputs = run.placeholders()
         limit = max(2 * (stored_input_bytes or 0), MAX_UNSTORED_INPUT_BYTES)
         if run.input_bytes > limit:
@@ -306,6 +308,18 @@ class _Run:
                 f"the program's node {node.name!r} views {needed} bytes of a storage that holds "
                 f"{self.storage_bytes[key]}; torch would refuse it at the first call, so mixprec refuses the file."
             )
+
+
+@contextlib.contextmanager
+def _quiet_fake_tensors():
+    """FakeTensorMode logs an operator's refusal with a traceback before raising; the FileFormatError says it."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _value_of(symbol, shape_env) -> int:
