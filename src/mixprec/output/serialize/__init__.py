@@ -456,6 +456,7 @@ def _stored_view(fh, info: zipfile.ZipInfo, path: str) -> _Window:
 
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_TYPE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.<>]{0,300}$")  # a qualified name, local classes' "<locals>" too
 
 
 def check_metadata(meta: dict, path: str) -> None:
@@ -487,6 +488,8 @@ def check_metadata(meta: dict, path: str) -> None:
     replaced = recorded.get("replaced_types", [])
     if not isinstance(replaced, list) or not all(isinstance(t, str) for t in replaced):
         bad("outputs.replaced_types", "a list of strings")
+    if not all(_TYPE_NAME.match(t) for t in replaced):  # repeated in a warning: no control characters
+        raise FileFormatError(f"{path} is damaged: {_META} names an output type that is not a type name.")
     for name in (_PROGRAM, _INPUTS):
         entry = meta["members"].get(name)
         if not isinstance(entry, dict):
