@@ -169,3 +169,27 @@ def test_size_arithmetic_of_real_sizes_passes():
     assert _run_with_one_node(operator.mul, 128, 768) == 98304
     assert _run_with_one_node(operator.pow, 64, 2) == 4096
     assert _run_with_one_node(operator.floordiv, 7, 2) == 3
+
+
+class Selected(torch.nn.Module):
+    """A data-dependent size: nonzero's row count is known only at run time (at most the input's 6 rows)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x, y):
+        rows = torch.nonzero(y > 0).squeeze(1)
+        return self.linear(x)[rows].sum(0)
+
+
+def test_data_dependent_sizes_are_counted_at_their_upper_bound(tmp_path):
+    model = Selected().eval()
+    x, y = torch.randn(6, 8), torch.randn(6)
+    prog = mixprec.compile(model, (x, y))
+    mixprec.save(prog, tmp_path / "selected.mixprec.pt2")
+    loaded = mixprec.load(tmp_path / "selected.mixprec.pt2")
+    torch.testing.assert_close(loaded(x, y), model(x, y))
+    footprint = propagation.check(loaded.exported_program, stored_input_bytes=6 * 8 * 4 + 6 * 4)
+    # linear's [6, 8] float32 result and the selected rows' [6, 8] (at the bound 6) alive together, plus indices
+    assert footprint.peak_bytes >= 2 * 6 * 8 * 4

@@ -137,11 +137,11 @@ class _Run:
             if nbytes > MAX_SIZE:
                 raise FileFormatError(f"the program's value {node.name!r} is recorded with sizes beyond torch's.")
             fake = torch.empty_strided(sizes, strides, dtype=value.dtype, device=value.device)
-            key = _storage(fake)
-            self.storage_bytes[key] = fake.untyped_storage().nbytes()
-            if counts_as_input:
-                self.input_bytes += self.storage_bytes[key]
             self._keep.append(fake)
+            if counts_as_input:  # a node's result is registered (and counted) by the graph run as a fresh storage
+                key = _storage(fake)
+                self.storage_bytes[key] = fake.untyped_storage().nbytes()
+                self.input_bytes += self.storage_bytes[key]
             return fake
         if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             return self.concrete(value, node)
