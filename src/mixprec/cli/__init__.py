@@ -93,7 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inputs", metavar="PT", help="inputs (.pt: a tensor or a tuple of them)")
     p.add_argument("--repeat", type=_positive_int, default=10, metavar="N", help="timed runs (default 10)")
     p.add_argument("--warmup", type=_non_negative_int, default=1, metavar="N", help="untimed runs first (default 1)")
-    p.add_argument("--backend", metavar="NAME", help="run on another registered backend than the recorded one")
+    p.add_argument(
+        "--backend",
+        metavar="NAME",
+        help="the backend to run on (default eager: a file never chooses one; inductor or openvino compile the "
+        "file's graph to native code, so name them only for files you trust)",
+    )
     _common(p)
 
     p = sub.add_parser(

@@ -68,10 +68,11 @@ def report_command(args) -> int:
         meta, report = read_metadata(args.file)
         if report is None:
             raise UsageError(f"{args.file} holds no report.")
+        settings = ", ".join(f"{_printable(k)}={_printable(v)}" for k, v in sorted(meta.get("settings", {}).items()))
         header = [
-            f"program: {args.file} (mixprec {meta.get('mixprec_version')}, torch {meta.get('torch_version')}, "
-            f"backend {meta.get('backend', 'eager')})",
-            "settings: " + (", ".join(f"{k}={v}" for k, v in sorted(meta.get("settings", {}).items())) or "defaults"),
+            f"program: {args.file} (mixprec {_printable(meta.get('mixprec_version'))}, torch "
+            f"{_printable(meta.get('torch_version'))}, compiled for backend {_printable(meta.get('backend', 'eager'))})",
+            "settings: " + (settings or "defaults"),
         ]
     if args.layer_info:
         print(layer_info(report.layers))
@@ -126,6 +127,13 @@ def run_command(args) -> int:
         f"({args.repeat} timed call(s) after {args.warmup} warm-up, {torch.get_num_threads()} thread(s))"
     )
     return 0
+
+
+def _printable(value, limit: int = 200) -> str:
+    """Text from a file as the terminal should show it: no control characters (escape sequences), bounded."""
+    text = str(value)
+    shown = "".join(c if c.isprintable() else "?" for c in text[:limit])
+    return shown + ("..." if len(text) > limit else "")
 
 
 def _call(prog, inputs):

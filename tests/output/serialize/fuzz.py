@@ -11,10 +11,14 @@ autocast) it builds, deterministically:
   removed or replaced by a wrong type (null, bool, numbers, strings, list, object), 100 000-deep nesting,
   a Python payload and a quote-breaking name (again with the outer checksums recomputed);
 
-then samples the JSON part down to a fixed budget with a seeded generator and loads every case with
-``mixprec.load``. A case passes when the load raises ``FileFormatError`` or gives a program that runs; in
-either case no payload may have run (the sentinel file must not exist) and no file may have been written
-(the sandbox directory holds only the case file, the victim file keeps its bytes). Prints a JSON summary.
+then samples the JSON part down to a fixed budget with a seeded generator; adds the families of issue 25
+(``fuzz_mutations.py``: unbounded size expressions, hints and ranges of a program with a dynamic batch; string
+arguments and metadata that would be code if pasted unescaped, loaded with ``backend="inductor"`` too; every
+value of the backend field); and loads every case with ``mixprec.load``. A case passes when the load raises
+``FileFormatError`` or gives a program that runs (a plain load within ``CASE_SECONDS``); in either case no payload may have run
+(the sentinel file must not exist), no file may have been written (the sandbox directory holds only the case file,
+the victim file keeps its bytes), a plain load never runs on a backend the file names, and no warning repeats the
+file's control characters. Prints a JSON summary.
 
     python tests/output/serialize/fuzz.py SANDBOX_DIR [JSON_BUDGET]     # FUZZ_SEED=N samples another part
 """
@@ -36,11 +40,14 @@ sys.path.insert(0, str(HERE.parents[1]))
 sys.path.insert(0, str(HERE))
 
 import crafting  # noqa: E402
+import fuzz_mutations  # noqa: E402
 import torch  # noqa: E402
 
 import mixprec  # noqa: E402
 
 _DEEP = "[" * 100_000 + "]" * 100_000
+CASE_SECONDS = 20  # the bar of issue 25: no plain load takes longer
+SYMBOLIC_BUDGET = 60
 _DEEP_TOKEN = "\u0000deep\u0000"
 
 
@@ -185,6 +192,35 @@ def _with_inner(original, inner_entries) -> bytes:
     return crafting.zip_bytes(crafting.with_digests({**original, "program.pt2": program}))
 
 
+def _load_and_run(path, backend, inputs, label, failures, run_errors) -> str:
+    """Load ``path`` (with ``backend=``), call the program, and say what happened; failures are recorded."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            loaded = mixprec.load(path, backend=backend)
+        except mixprec.FileFormatError:
+            return "FileFormatError"
+        except Exception as e:  # noqa: BLE001
+            failures.append((label, "".join(traceback.format_exception_only(e)).strip()[:300]))
+            return f"raw {type(e).__name__}"
+    for w in caught:
+        if any(not c.isprintable() and c not in "\n\t" for c in str(w.message)):
+            failures.append((label, f"a warning repeats the file's control characters: {str(w.message)[:100]!r}"))
+    runner = type(loaded.runner).__name__
+    if backend is None and runner in ("InductorRunner", "OpenVINORunner"):
+        failures.append((label, f"the file chose the {runner}"))
+    try:
+        loaded(*inputs)
+    except mixprec.MixedPrecisionError as e:
+        return f"loaded, run raised {type(e).__name__}"
+    except Exception as e:  # noqa: BLE001 - a well-formed graph of allowed operators that torch refuses
+        run_errors.append((label, "".join(traceback.format_exception_only(e)).strip()[:300]))
+        return f"loaded, run raised torch's {type(e).__name__}"
+    return "loaded and ran"
+
+
 def _rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -203,8 +239,17 @@ def main(sandbox: Path, budget: int, seed: int) -> dict:
     saved = sandbox / "original.mixprec.pt2"
     mixprec.save(prog, saved)
     original = crafting.members(saved)
+    batch = torch.export.Dim("batch", min=1, max=64)
+    mixprec.save(mixprec.compile(model, inputs, dynamic_shapes=({0: batch},)), saved)
+    dynamic = crafting.members(saved)
     saved.unlink()
     fixed, sampled, full_json = build_cases(original, marker, budget, seed)
+    families = {
+        "symbolic": fuzz_mutations.symbolic_cases(dynamic, random.Random(seed), SYMBOLIC_BUDGET),
+        "strings": fuzz_mutations.string_cases(original, marker),
+        "backend": fuzz_mutations.backend_cases(original),
+    }
+    round_two = [case for cases in families.values() for case in cases]
 
     case_path = sandbox / "case.mixprec.pt2"
     expected_files = {case_path.name, victim.name}
@@ -212,46 +257,41 @@ def main(sandbox: Path, budget: int, seed: int) -> dict:
     failures, run_errors = [], []
     baseline = None
     start = time.perf_counter()
-    for label, make in fixed + sampled:
+    slowest = 0.0
+    everything = [(label, make, (None,)) for label, make in fixed + sampled] + round_two
+    for label, make, backends in everything:
         case_path.write_bytes(make())
         if baseline is None:
             baseline = _rss_mib()
-        outcome = None
-        try:
-            loaded = mixprec.load(case_path)
-            outcome = "loaded"
-            try:
-                loaded(*inputs)
-                outcome = "loaded and ran"
-            except mixprec.MixedPrecisionError as e:
-                outcome = f"loaded, run raised {type(e).__name__}"
-            except Exception as e:  # noqa: BLE001 - a well-formed graph of allowed operators that torch refuses
-                outcome = f"loaded, run raised torch's {type(e).__name__}"
-                run_errors.append((label, "".join(traceback.format_exception_only(e)).strip()[:300]))
-        except mixprec.FileFormatError:
-            outcome = "FileFormatError"
-        except Exception as e:  # noqa: BLE001
-            outcome = f"raw {type(e).__name__}"
-            failures.append((label, "".join(traceback.format_exception_only(e)).strip()[:300]))
-        outcomes[outcome] = outcomes.get(outcome, 0) + 1
-        if marker.exists():
-            failures.append((label, "the payload ran"))
-            marker.unlink()
-        extra = {p.name for p in sandbox.iterdir()} - expected_files
-        if extra or victim.read_bytes() != b"untouched":
-            failures.append((label, f"files written: {sorted(extra)}"))
-            for name in extra:
-                (sandbox / name).unlink()
-            victim.write_bytes(b"untouched")
+        for backend in backends:
+            start_case = time.perf_counter()
+            outcome = _load_and_run(case_path, backend, inputs, label, failures, run_errors)
+            seconds = time.perf_counter() - start_case
+            slowest = max(slowest, seconds)
+            if seconds > CASE_SECONDS and backend is None:  # a caller's inductor compile is its own
+                failures.append((label, f"took {seconds:.1f} s"))
+            outcomes[outcome] = outcomes.get(outcome, 0) + 1
+            if marker.exists():
+                failures.append((label, "the payload ran"))
+                marker.unlink()
+            extra = {p.name for p in sandbox.iterdir()} - expected_files
+            if extra or victim.read_bytes() != b"untouched":
+                failures.append((label, f"files written: {sorted(extra)}"))
+                for name in extra:
+                    (sandbox / name).unlink()
+                victim.write_bytes(b"untouched")
     return {
-        "cases": len(fixed) + len(sampled),
+        "cases": len(everything),
+        "loads": sum(outcomes.values()),
         "fixed_cases": len(fixed),
+        "round_two_cases": {name: len(cases) for name, cases in families.items()},
+        "slowest_load_s": round(slowest, 1),
         "json_cases_run": len(sampled),
         "json_matrix_size": full_json,
         "outcomes": outcomes,
         "failures": failures,
         "run_errors": run_errors,
-        "passing": len(fixed) + len(sampled) - len({label for label, _ in failures}),
+        "passing": len(everything) - len({label for label, _ in failures}),
         "seconds": round(time.perf_counter() - start, 1),
         "rss_growth_mib": round(_rss_mib() - (baseline or 0), 1),
     }

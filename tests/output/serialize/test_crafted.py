@@ -214,8 +214,10 @@ def _deep(depth: int) -> str:
         (lambda text: text.replace('"mixprec_version": ', '"mixprec_version": [], "x": ', 1), "mixprec_version"),
         (lambda text: text.replace('"settings": {', '"settings": [], "x": {', 1), "settings"),
         (lambda text: text.replace('"sha256": "', '"sha256": 1, "x": "', 1), "sha256"),
+        (lambda text: text.replace('"replaced_types": []', '"replaced_types": ["a\\u001b]0;x\\u0007"]', 1),
+         "output type"),
     ],
-    ids=["deep", "outputs-list", "version-list", "settings-list", "sha-number"],
+    ids=["deep", "outputs-list", "version-list", "settings-list", "sha-number", "escape-in-type-name"],
 )
 def test_damaged_metadata_gives_file_format_error_and_exit_2(original, tmp_path, edit, match):
     text = edit(original["mixprec.json"].decode())

@@ -89,15 +89,43 @@ def test_dynamic_batch_round_trip(tmp_path):
         assert_same_outputs(loaded(x), model(x))
 
 
+class Branches(torch.nn.Module):
+    """Data-dependent control flow: torch.export keeps it as higher_order.cond with two subgraphs."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda x: self.linear(x), lambda x: x * 2, (x,))
+
+
+def test_control_flow_round_trip(tmp_path, monkeypatch):
+    """A higher-order operator's arguments have empty names in torch's JSON (positional): they are not names."""
+    # the verifier's fake-tensor re-run does not follow cond's subgraphs yet (rewrite/verify.py); the compile does
+    monkeypatch.setenv("MIXPREC_VERIFY_EACH", "0")
+    model = Branches().eval()
+    x = torch.randn(2, 4)
+    prog = mixprec.compile(model, (x,))
+    mixprec.save(prog, tmp_path / "cond.mixprec.pt2")
+    loaded = mixprec.load(tmp_path / "cond.mixprec.pt2")
+    with torch.no_grad():
+        for inputs in (x.abs(), -x.abs()):
+            assert_same_outputs(loaded(inputs), model(inputs))
+
+
 def test_other_backend_on_load(tmp_path):
+    """A backend the file names but this mixprec lacks is no reason to refuse it: it runs on eager anyway."""
     _, inputs, prog = _compiled(ThreeLinears)
     path = tmp_path / "m.mixprec.pt2"
     mixprec.save(prog, path)
     _edit_meta(path, lambda meta: meta.update(backend="no-such-backend"))
-    with pytest.raises(mixprec.FileFormatError, match="backend='eager'"):
-        mixprec.load(path)
-    loaded = mixprec.load(path, backend="eager")
+    with pytest.warns(UserWarning, match="names a backend this mixprec does not have"):
+        loaded = mixprec.load(path)
+    assert loaded.settings.get("backend", "eager") == "eager"
     assert_same_outputs(loaded(*inputs), prog(*inputs))
+    with pytest.raises(mixprec.ConfigError, match="no such backend"):
+        mixprec.load(path, backend="no-such-backend")
 
 
 def test_save_takes_only_compiled_programs(tmp_path):
@@ -293,8 +321,9 @@ def test_code_in_shape_expressions_is_refused(saved, tmp_path):
     def edit(inner):
         name = _inner_name(inner, "models/model.json")
         model = json.loads(inner[name])
-        model["graph_module"]["graph"]["nodes"][0]["metadata"]["x"] = {
-            "expr_str": f"__import__('os').system('touch {marker}')"
+        values = model["graph_module"]["graph"]["tensor_values"]
+        next(iter(values.values()))["sizes"][0] = {
+            "as_expr": {"expr_str": f"__import__('os').system('touch {marker}')", "hint": {"as_int": 1}}
         }
         inner[name] = json.dumps(model).encode()
 

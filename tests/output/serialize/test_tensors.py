@@ -76,3 +76,12 @@ def test_damaged_index_is_an_error_not_a_bad_read():
         tensors.unpack({**index, "leaves": []}, blob)
     with pytest.raises(FileFormatError, match="endian"):
         tensors.unpack({**index, "byteorder": "big" if index["byteorder"] == "little" else "little"}, blob)
+
+
+@pytest.mark.parametrize("shape", [[0, 2**63], [0, -1, 1], [2.0, 8], ["2", 8], [True, 16], [1] * 65])
+def test_shapes_that_are_not_torch_sizes_are_damaged(shape):
+    """[0, 2**63] holds no bytes, yet torch.empty raised TypeError for it (issue 25)."""
+    index, blob = tensors.pack((torch.randn(2, 8),))
+    crafted = {**index, "leaves": [{"tensor": {**index["leaves"][0]["tensor"], "shape": shape}}]}
+    with pytest.raises(FileFormatError, match="damaged"):
+        tensors.unpack(crafted, blob)

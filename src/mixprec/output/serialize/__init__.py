@@ -26,8 +26,8 @@ each CPU weight from its storage (:func:`_raw_tensors_written_in_place`), hashed
 view of ``program.pt2`` in place (:class:`_Window`), so no second copy of the weights is made.
 
 The model's source code is not needed: the program is a graph of torch
-operators. Its backend is rebuilt from the backend registry by the name recorded in
-the settings (``load(path, backend=...)`` picks another one).
+operators. It runs on eager unless the caller names a backend (``load(path, backend=...)``):
+the backend recorded in the file is only a suggestion (``trust.py``).
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ import zipfile
 
 import torch
 
-from ...errors import ConfigError, FileFormatError
+from ...errors import ConfigError, FileFormatError, InvariantError
 from ...ir.frontend import program_parts
-from . import outputs, safety, tensors
+from . import outputs, propagation, safety, tensors, trust
 
 FORMAT = "mixprec.program"
 FORMAT_VERSION = 1
@@ -111,8 +111,9 @@ def save(prog, path) -> None:
 def load(path, *, backend: str | None = None):
     """Read a file written by :func:`save`; returns a ``MixedPrecisionModule``.
 
-    ``backend`` runs the program on another registered backend than the one it was
-    compiled for (e.g. ``"eager"`` where the recorded one is not available).
+    The program runs on ``eager`` unless ``backend`` names another registered backend: the file records the
+    backend it was compiled for, but a file never chooses one (``trust.py``: inductor and openvino compile the
+    graph into native code while loading). ``backend="inductor"`` means the caller trusts the file for that.
     """
     from ...backends import get_backend, known_backends
     from ...ir.input_check import input_specs_of
@@ -153,18 +154,30 @@ def load(path, *, backend: str | None = None):
     if meta.get("example_inputs") is not None:
         example_inputs = tensors.unpack(meta["example_inputs"], blob)
     # The program keeps no example_inputs: with them, ExportedProgram.module() generates and exec()s guard code.
+    stored = None
+    if example_inputs is not None:
+        stored = sum(t.nbytes for t in torch.utils._pytree.tree_leaves(example_inputs) if isinstance(t, torch.Tensor))
+    try:
+        propagation.check(ep, stored)  # shapes, views and memory on fake tensors, before anything real runs
+    except FileFormatError as e:
+        raise FileFormatError(f"{where}: {e}") from None
 
-    name = backend or meta.get("backend") or settings.get("backend", "eager")
+    name = trust.backend_for_load(backend, meta.get("backend"), path)  # eager unless the caller chose one
     if name not in known_backends():
-        raise FileFormatError(
-            f"{where}: the program runs on backend {name!r}, which this mixprec does not have (it has "
-            f"{', '.join(sorted(known_backends()))}); pass mixprec.load(path, backend='eager') to run it op by op."
+        raise ConfigError(
+            f"mixprec.load(..., backend={name!r}): there is no such backend (this mixprec has "
+            f"{', '.join(sorted(known_backends()))})."
         )
     config = _settings_for_backend(settings, name, where)
     try:
         runner = get_backend(name)(ep, config)
-    except (ConfigError, TypeError, ValueError, KeyError) as e:  # recorded settings this backend cannot use
-        raise FileFormatError(f"{where}: the program cannot run on backend {name!r} ({type(e).__name__}: {e}).") from e
+    except InvariantError:
+        raise
+    except Exception as e:  # recorded settings this backend cannot use, a graph its compiler refuses: the file's
+        raise FileFormatError(
+            f"{where}: the program cannot run on backend {name!r} ({type(e).__name__}: {_first_line(e)})"
+            + ("" if name == "eager" else "; mixprec.load(path) runs it on eager.")
+        ) from e
     kept = dict(settings)
     if name != kept.get("backend", "eager"):
         kept["backend"] = name
@@ -443,6 +456,7 @@ def _stored_view(fh, info: zipfile.ZipInfo, path: str) -> _Window:
 
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_TYPE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.<>]{0,300}$")  # a qualified name, local classes' "<locals>" too
 
 
 def check_metadata(meta: dict, path: str) -> None:
@@ -474,6 +488,8 @@ def check_metadata(meta: dict, path: str) -> None:
     replaced = recorded.get("replaced_types", [])
     if not isinstance(replaced, list) or not all(isinstance(t, str) for t in replaced):
         bad("outputs.replaced_types", "a list of strings")
+    if not all(_TYPE_NAME.match(t) for t in replaced):  # repeated in a warning: no control characters
+        raise FileFormatError(f"{path} is damaged: {_META} names an output type that is not a type name.")
     for name in (_PROGRAM, _INPUTS):
         entry = meta["members"].get(name)
         if not isinstance(entry, dict):

@@ -28,8 +28,8 @@ zip reader and torch's must see the same members), every member stored uncompres
 size (:data:`MAX_JSON_BYTES`) and nesting, raw weights whose sizes fit their records and match what the graph
 reads, and a model JSON (:func:`check_model_json`) whose every node target passes :func:`allowed_target` (an
 allow-list decided from operator schemas: see there), whose names are plain identifiers or dotted paths, and
-whose shape expressions are size arithmetic from a fixed vocabulary (numbers, operators, quoted symbol names,
-assumption keywords, a fixed list of sympy constructors and functions: no attribute access, no builtins).
+whose shape expressions are size arithmetic from a fixed vocabulary whose every value is bounded, so that
+evaluating them cannot hang (``expressions.py``).
 After torch has read it, :func:`strip_guards` drops ``guards_code`` (mixprec checks inputs itself) and the
 loaded program is given no example inputs, so torch generates no guard code; :func:`check_graphs` runs the
 operator check again on the graphs torch built, control-flow bodies included. Anything else is refused with
@@ -51,6 +51,7 @@ import zipfile
 import torch
 
 from ...errors import FileFormatError
+from . import expressions, strings
 
 _MODEL = "model"
 # The archive members torch.export.save writes for one program without pickled payloads.
@@ -73,33 +74,6 @@ _ROOT = re.compile(r"^[A-Za-z0-9_.\-]+$")
 MAX_JSON_BYTES = 64 << 20  # a JSON member (program graph, weight index, mixprec.json) larger than this is refused
 _MAX_SMALL = 1 << 20  # archive_format, byteorder, ...: a few bytes each
 _MAX_DEPTH = 200  # JSON nesting: torch.export writes < 30 levels for nested control flow
-
-# Shape expressions as torch writes them (sympy's srepr: "Mul(Integer(32), Symbol('s27', positive=True))"):
-# numbers, operators, parentheses, commas, keyword "=", quoted symbol names, and names from the lists below.
-_TOKEN = re.compile(
-    r"\s*(?:(?P<num>\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)|(?P<name>[A-Za-z_][A-Za-z0-9_]*)"
-    r"|(?P<str>'(?:[A-Za-z_][A-Za-z0-9_]*|[-+]?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)')"
-    r"|(?P<op>\*\*|//|<=|>=|==|!=|[-+*/%(),<>&|~=]))"
-)
-_SYMBOL = re.compile(r"^[a-z]{1,4}\d+$")  # torch's shape symbols: s0, s17, u3, zuf0, ...
-_SYMPY_NAMES = frozenset(
-    {
-        # torch.utils._sympy.functions, as torch's deserializer lists them
-        "FloorDiv", "ModularIndexing", "Where", "PythonMod", "Mod", "CleanDiv", "CeilToInt", "FloorToInt",
-        "CeilDiv", "LShift", "RShift", "PowByNatural", "FloatPow", "FloatTrueDiv", "IntTrueDiv",
-        "IsNonOverlappingAndDenseIndicator", "TruncToFloat", "TruncToInt", "RoundToInt", "RoundDecimal",
-        "ToFloat", "Identity",
-        # sympy names its printers (str and srepr) write for size expressions
-        "Symbol", "Dummy", "Integer", "Rational", "Float", "Add", "Mul", "Pow", "Max", "Min", "Abs", "floor",
-        "ceiling", "sqrt", "Eq", "Ne", "Lt", "Le", "Gt", "Ge", "Equality", "Unequality", "StrictLessThan",
-        "LessThan", "StrictGreaterThan", "GreaterThan", "And", "Or", "Not", "Piecewise", "ExprCondPair", "Tuple",
-        "true", "false", "BooleanTrue", "BooleanFalse", "oo", "zoo", "nan", "Infinity", "NegativeInfinity",
-        "NaN", "ComplexInfinity", "Half", "One", "Zero", "NegativeOne",
-        # Python constants and the keyword arguments of Symbol/Float (assumptions, precision)
-        "True", "False", "None", "positive", "negative", "nonnegative", "nonpositive", "integer", "real",
-        "finite", "infinite", "even", "odd", "zero", "nonzero", "commutative", "rational", "precision",
-    }
-)  # fmt: skip
 
 # Python functions a program may call besides torch.ops operators: arithmetic on sizes.
 _OPERATOR_NAMES = (
@@ -323,19 +297,25 @@ def check_model_json(model) -> None:
     * every name torch turns into Python source when it builds a module (graph value names, argument names,
       ``forward_arg_names``, parameter/buffer/constant paths) is a plain identifier or dotted path;
     * every shape expression is size arithmetic (:func:`check_expression`);
+    * every string argument and metadata string is one ``strings.py`` reviewed (none can reach generated code);
     * ``guards_code`` is a list of strings (mixprec never compiles it: :func:`strip_guards`).
     """
     _check_structure(model)
     guards = model.get("guards_code", [])
     if not isinstance(guards, list) or not all(isinstance(g, str) for g in guards):
         raise FileFormatError("the program's models/model.json is damaged (guards_code is not a list of strings).")
+    expressions.check_range_constraints(model.get("range_constraints", {}))
     stack = [(model["graph_module"], "")]
     while stack:
         item, key = stack.pop()
         if isinstance(item, dict):
+            if "target" in item and "inputs" in item:
+                strings.check_node_json(item)
             for k, value in item.items():
                 if k == "expr_str":
                     check_expression(value)
+                elif k == "hint" and "expr_str" in item:
+                    _check_hint(value)
                 elif k == "target" and isinstance(value, str) and "inputs" in item:
                     if not allowed_target(value):
                         raise FileFormatError(
@@ -343,6 +323,8 @@ def check_model_json(model) -> None:
                             "programs call side-effect-free torch operators, casts and mixprec's own operators); "
                             "refusing to build it."
                         )
+                elif k == "name" and value == "" and key == "inputs":
+                    pass  # a higher-order operator's positional argument: torch writes no name, and reads none
                 elif k in _IDENTIFIER_KEYS and value is not None and not _is_identifier(value):
                     raise FileFormatError(f"the program holds a {k} {str(value)[:80]!r} that is not a plain name.")
                 elif k in _PATH_KEYS and value is not None and not (isinstance(value, str) and _DOTTED.match(value)):
@@ -350,8 +332,10 @@ def check_model_json(model) -> None:
                 elif k == "forward_arg_names" and value is not None:
                     if not isinstance(value, list) or not all(_is_identifier(v) for v in value):
                         raise FileFormatError("the program's forward_arg_names are not plain names.")
-                elif k == "metadata" and isinstance(value, dict) and "source_fn_stack" in value:
-                    _check_source_fns(value["source_fn_stack"])
+                elif k == "metadata" and isinstance(value, dict):
+                    strings.check_metadata(value)
+                    if "source_fn_stack" in value:
+                        _check_source_fns(value["source_fn_stack"])
                 else:
                     stack.append((value, k))
         elif isinstance(item, list):
@@ -363,6 +347,14 @@ _IDENTIFIER_KEYS = frozenset({"name", "as_name", "user_input_name"})
 _PATH_KEYS = frozenset({"parameter_name", "buffer_name", "tensor_constant_name", "custom_obj_name", "fqn"})
 _DOTTED = re.compile(r"^(?:[A-Za-z_][A-Za-z0-9_]*|[0-9]+)(?:\.(?:[A-Za-z_][A-Za-z0-9_]*|[0-9]+))*(?:@\d+)?$|^$")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _check_hint(hint) -> None:
+    if hint is None:
+        return
+    if not isinstance(hint, dict) or len(hint) != 1:
+        raise FileFormatError("the program's models/model.json is damaged (a size hint is not a tagged value).")
+    expressions.check_hint(next(iter(hint.values())))
 
 
 def _is_identifier(value) -> bool:
@@ -445,41 +437,9 @@ def strip_guards(exported_program) -> None:
     """
     exported_program._guards_code = []
     exported_program._example_inputs = None
-def _check_expressions(node) -> None:
-    """Every 'expr_str' in the model JSON must be plain size arithmetic."""
-    stack = [node]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            for key, value in item.items():
-                if key == "expr_str":
-                    check_expression(value)
-                else:
-                    stack.append(value)
-        elif isinstance(item, list):
-            stack.extend(item)
-
-
 def check_expression(text) -> None:
-    if not isinstance(text, str) or len(text) > 10_000:
-        raise FileFormatError("a shape expression in the program is not a string of reasonable length.")
-    position = 0
-    while position < len(text):
-        match = _TOKEN.match(text, position)
-        if match is None or match.end() == position:
-            if text[position:].strip() == "":
-                break
-            raise FileFormatError(
-                f"the program holds a shape expression mixprec will not evaluate: {text[:80]!r} "
-                f"(at {text[position : position + 10]!r})."
-            )
-        name = match.group("name")
-        if name is not None and name not in _SYMPY_NAMES and not _SYMBOL.match(name):
-            raise FileFormatError(
-                f"the program holds a shape expression with the name {name!r}, which is neither a shape symbol nor "
-                "a size function; mixprec will not evaluate it."
-            )
-        position = match.end()
+    """A shape expression: bounded size arithmetic (``expressions.py``)."""
+    expressions.check(text)
 
 
 # ---- the operators a loaded program may call ----------------------------------------------------------------------
@@ -510,7 +470,8 @@ def allowed_target(target: str) -> bool:
     """Whether a node may call ``target`` (as the model JSON names it) — decided from the op's schema, not its name.
 
     * ``torch.ops.aten.*``: registered in the dispatcher; takes or returns a Tensor; not an ``out=`` overload; no
-      Storage or file-name argument; not in the deny set (files, printing, random sampling). In-place variants
+      Storage or file-name argument; no string argument that ``strings.py`` has not reviewed (a string can reach
+      the C++ inductor generates); not in the deny set (files, printing, random sampling). In-place variants
       (``relu_``, ``add_``, ``fill_``, ``index_put_``) are allowed when they write only their ``self`` and their
       functional twin is allowed: torch.export keeps a model's in-place ops, and writing a tensor the graph
       itself holds has no effect outside the program;
@@ -537,7 +498,9 @@ def _decide(target: str) -> bool:
     if namespace == "mixprec":
         from ...ops import custom as ops  # noqa: F401  (registers torch.ops.mixprec)
 
-        return overload is not None and _registered(f"mixprec::{name}", overload)
+        if overload is None or not _registered(f"mixprec::{name}", overload):
+            return False
+        return strings.reviewed(name, getattr(getattr(torch.ops.mixprec, name), overload)._schema)
     if namespace != "aten" or overload is None:
         return False
     return _aten_allowed(name, overload)
@@ -565,7 +528,10 @@ def _aten_allowed(name: str, overload: str) -> bool:
     types = [str(a.type) for a in arguments] + [str(r.type) for r in schema.returns]
     if not any("Tensor" in t for t in types) and name not in _SIZE_CHECKS:
         return False
-    if any("Storage" in t for t in types) or any(a.name in ("filename", "path", "file") for a in arguments):
+    if any("Storage" in t for t in types) or any(a.name in ("filename", "path", "file") and "str" in str(a.type)
+                                                 for a in arguments):  # fmt: skip
+        return False
+    if not strings.reviewed(name, schema):  # a string argument no review says is safe in generated code
         return False
     written = [a for a in arguments if a.alias_info is not None and a.alias_info.is_write]
     if any(getattr(a, "is_out", False) for a in arguments):
@@ -606,6 +572,7 @@ def check_graphs(exported_program) -> None:
                     f"the program's node {node.name!r} calls {target!r} ({node.op}), which is not an operator a "
                     "mixprec compile produces; mixprec refuses to run it. Load files only from mixprec.save."
                 )
+            strings.check_fx_node(node)
 
 
 def _hashable(value) -> bool:

@@ -26,6 +26,7 @@ from .outputs import children
 # Containers whose pytree spec torch serialises by itself (no registered type needed).
 _CONTAINERS = (tuple, list, dict)
 _SCALARS = (bool, int, float, str, type(None))
+_MAX_SIZE = 1 << 62  # a size torch.empty accepts (it raises TypeError from 2**63: issue 25)
 
 
 class Unstorable(ValueError):
@@ -103,14 +104,16 @@ def _leaf(entry, blob: bytes, i: int):
         if not isinstance(meta, dict) or not isinstance(meta.get("dtype"), str) or not meta["dtype"].isidentifier():
             raise TypeError("no tensor description")
         dtype = getattr(torch, meta["dtype"], None)
-        shape = [int(s) for s in meta["shape"]]
-        offset, nbytes = int(meta["offset"]), int(meta["nbytes"])
+        shape, offset, nbytes = list(meta["shape"]), meta["offset"], meta["nbytes"]
         if not isinstance(dtype, torch.dtype):
             raise TypeError(f"{meta['dtype']!r} is not a dtype")
+        numbers = [*shape, offset, nbytes]
+        if len(shape) > 64 or not all(type(n) is int and 0 <= n < _MAX_SIZE for n in numbers):
+            raise ValueError("its shape, offset and size must be whole numbers below 2**62 (torch's sizes)")
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise FileFormatError(f"stored example input {i} is damaged ({type(e).__name__}: {e}).") from e
     itemsize = torch.empty((), dtype=dtype).element_size()
-    if any(s < 0 for s in shape) or nbytes != math.prod(shape) * itemsize or offset < 0 or offset + nbytes > len(blob):
+    if nbytes != math.prod(shape) * itemsize or offset < 0 or offset + nbytes > len(blob):
         raise FileFormatError(f"stored example input {i} is damaged (its size does not match its bytes).")
     if nbytes == 0:
         return torch.empty(shape, dtype=dtype)

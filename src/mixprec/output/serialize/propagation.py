@@ -1,0 +1,387 @@
+"""Shapes and memory of a loaded program, checked by running it on fake tensors before anything real runs.
+
+A program that passes ``safety.py`` is a graph of allowed operators, but its sizes are the file's: a graph can ask
+for ``zeros([2**20, 2**20])`` (4 TiB), take an ``as_strided`` view past a weight's storage, or record a shape its
+operator does not compute; torch finds out only at the first call (a RuntimeError), and a backend that runs the
+program while loading (inductor's warm-up on inputs made from the recorded sizes: a [2**15, 2**15] placeholder
+took 4.5 GB) finds out during ``load``. So ``load`` runs the whole graph once on fake tensors (torch's
+``FakeTensorMode``: shapes, dtypes and storages, no data, fallback kernels off so nothing real is ever allocated),
+at the example sizes, and refuses the file (FileFormatError) when
+
+* an operator refuses its fake inputs, or computes another shape or dtype than the file records for that node;
+* a tensor views bytes outside the storage it shares (``as_strided`` past a weight: torch would refuse the view at
+  the call, and no data would be read, but the file is not one mixprec writes);
+* size arithmetic (``operator.mul`` on sizes, ...) leaves torch's sizes (2**63), or raises to a power or shifts by
+  more than 64 (a chain of squarings reaches 2**(2**40) in forty nodes);
+* the memory of one call exceeds :data:`MULTIPLE` x (weights + inputs) + :data:`FLOOR`. The memory of a call is
+  counted as eager PyTorch spends it: each tensor an operator returns lives from that operator to its last use
+  (views share their base's storage), plus, while an operator runs, the bytes of broadcast inputs it may copy to
+  make them contiguous and, for attention, its L x S score matrix (the math kernel's scratch);
+* the user inputs, at the recorded sizes, exceed the bytes the file stores for its example inputs or
+  :data:`MAX_UNSTORED_INPUT_BYTES` when it stores none: a backend that warms up on inputs made from these sizes
+  (inductor) never materialises more than that.
+
+Dynamic dimensions are checked at the example sizes (each symbol at its recorded hint): a call with larger inputs
+allocates what the graph computes for them, as any model does. A data-dependent size (``nonzero``, ``item``) takes
+the upper bound of its recorded range (2**31 when unbounded, so an allocation sized by it fails the budget).
+Bodies of ``cond`` and autocast/grad regions are run like the graph; loops (``map``, ``scan``, ``while_loop``) are
+counted by their outputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import operator
+
+import torch
+import torch.utils._pytree as pytree
+
+from ...errors import FileFormatError
+
+MULTIPLE = 16  # one call may use this many times the bytes of the weights and inputs ...
+FLOOR = 1 << 30  # ... plus this much (small models on large inputs: see bench/RESULTS.md, "Security round two")
+MAX_UNSTORED_INPUT_BYTES = 256 << 20  # inputs a program without stored example inputs may declare
+MAX_SIZE = 1 << 63
+UNBOUNDED_DATA_DEPENDENT = 1 << 31
+
+_SIZE_FUNCTIONS_CHECKED_BEFORE = {operator.pow: 64, operator.lshift: 64}
+_ATTENTION = ("scaled_dot_product_attention", "_scaled_dot_product_flash_attention_for_cpu")
+
+
+@dataclasses.dataclass(frozen=True)
+class Footprint:
+    """What one call of the program costs, as the fake run counted it (bytes)."""
+
+    weight_bytes: int
+    input_bytes: int
+    peak_bytes: int
+
+    @property
+    def budget(self) -> int:
+        return MULTIPLE * (self.weight_bytes + self.input_bytes) + FLOOR
+
+
+def check(exported_program, stored_input_bytes: int | None) -> Footprint:
+    """Run ``exported_program`` on fake tensors at its example sizes; FileFormatError when it is not what it says.
+
+    ``stored_input_bytes``: the bytes of the example inputs the file stores (None when it stores none)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode(allow_fallback_kernels=False, allow_non_fake_inputs=False)
+    run = _Run(mode, exported_program)
+    with mode, _quiet_fake_tensors():
+        inputs = run.placeholders()
+        limit = max(2 * (stored_input_bytes or 0), MAX_UNSTORED_INPUT_BYTES)
+        if run.input_bytes > limit:
+            raise FileFormatError(
+                f"the program's inputs take {run.input_bytes} bytes at their recorded sizes, more than the "
+                f"{limit} mixprec makes for a program storing {stored_input_bytes or 0} bytes of example inputs."
+            )
+        _, peak = run.graph(exported_program.graph_module, inputs)
+    footprint = Footprint(run.weight_bytes, run.input_bytes, peak)
+    if footprint.peak_bytes > footprint.budget:
+        raise FileFormatError(
+            f"one call of the program would use {footprint.peak_bytes / 2**30:.3g} GiB for tensors, more than "
+            f"{MULTIPLE} x its weights and inputs ({(footprint.weight_bytes + footprint.input_bytes) / 2**30:.3g} GiB) "
+            f"+ {FLOOR >> 20} MiB; mixprec does not load a program whose memory is out of proportion to what it "
+            "holds."
+        )
+    return footprint
+
+
+class _Run:
+    def __init__(self, mode, exported_program):
+        self.mode, self.program = mode, exported_program
+        self.storage_bytes: dict[int, int] = {}  # storage -> its size when it was created (a view may not grow it)
+        self.symbols: dict = {}  # sympy symbol -> the value the run gives it
+        self.weight_bytes = self.input_bytes = 0
+        self._keep: list = []  # every fake tensor made, so no storage address is reused during the run
+
+    # ---- inputs ---------------------------------------------------------------------------------------------
+
+    def placeholders(self) -> list:
+        from torch.export.graph_signature import InputKind
+
+        program = self.program
+        specs = program.graph_signature.input_specs
+        nodes = [n for n in program.graph.nodes if n.op == "placeholder"]
+        values = []
+        for spec, node in zip(specs, nodes):
+            if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+                store = program.state_dict if spec.target in program.state_dict else program.constants
+                values.append(self._stored(store[spec.target]))
+            else:
+                values.append(self._from_recorded(node, node.meta.get("val"), counts_as_input=True))
+        return values
+
+    def _stored(self, tensor):
+        if not isinstance(tensor, torch.Tensor):
+            return tensor
+        fake = self.mode.from_tensor(tensor)
+        key = _storage(fake)
+        if key not in self.storage_bytes:
+            self.storage_bytes[key] = fake.untyped_storage().nbytes()
+            self.weight_bytes += self.storage_bytes[key]
+        self._keep.append(fake)
+        return fake
+
+    def _from_recorded(self, node, value, counts_as_input=False):
+        """A fake value shaped like the file's record of ``node``, every symbol at its value in this run."""
+        if isinstance(value, torch.Tensor):
+            sizes = [self.concrete(s, node) for s in value.shape]
+            strides = [self.concrete(s, node) for s in value.stride()]
+            nbytes = _extent(sizes, strides, 0) * value.element_size()
+            if nbytes > MAX_SIZE:
+                raise FileFormatError(f"the program's value {node.name!r} is recorded with sizes beyond torch's.")
+            fake = torch.empty_strided(sizes, strides, dtype=value.dtype, device=value.device)
+            self._keep.append(fake)
+            if counts_as_input:  # a node's result is registered (and counted) by the graph run as a fresh storage
+                key = _storage(fake)
+                self.storage_bytes[key] = fake.untyped_storage().nbytes()
+                self.input_bytes += self.storage_bytes[key]
+            return fake
+        if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return self.concrete(value, node)
+        if isinstance(value, (list, tuple)):
+            return type(value)(self._from_recorded(node, v, counts_as_input) for v in value)
+        return value
+
+    def concrete(self, value, node):
+        """A recorded size or scalar as a number: symbols at their hints (data-dependent ones at their upper bound)."""
+        if not isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return value
+        import sympy
+
+        expr = value.node.expr
+        shape_env = value.node.shape_env
+        for symbol in sorted(expr.free_symbols, key=str):
+            if symbol not in self.symbols:
+                self.symbols[symbol] = _value_of(symbol, shape_env)
+        result = expr.xreplace({s: sympy.sympify(self.symbols[s]) for s in expr.free_symbols})
+        if isinstance(value, torch.SymBool):
+            return bool(result)
+        if isinstance(value, torch.SymFloat):
+            return float(result)
+        if not isinstance(result, sympy.Integer) or abs(int(result)) > MAX_SIZE:
+            raise FileFormatError(f"the program's node {node.name!r} is recorded with a size that is not a size.")
+        return int(result)
+
+    # ---- the graph --------------------------------------------------------------------------------------------
+
+    def graph(self, module, inputs) -> tuple[list, int]:
+        """(outputs, peak bytes of fresh storages) of running ``module``'s graph on ``inputs``."""
+        nodes = list(module.graph.nodes)
+        last = {}
+        for index, node in enumerate(nodes):
+            for used in node.all_input_nodes:
+                last[used] = len(nodes) if node.op == "output" else index
+        env, fresh = {}, {}
+        current = peak = 0
+        placeholders = iter(inputs)
+        outputs = []
+        for index, node in enumerate(nodes):
+            nested = transient = 0
+            if node.op == "placeholder":
+                result = next(placeholders)
+            elif node.op == "get_attr":
+                result = _attribute(module, node.target)
+                if isinstance(result, torch.Tensor):
+                    result = self._stored(result)
+            elif node.op == "output":
+                outputs = pytree.tree_map_only(torch.fx.Node, lambda n: env[n], node.args[0])
+                break
+            else:
+                args = pytree.tree_map_only(torch.fx.Node, lambda n: env[n], node.args)
+                kwargs = pytree.tree_map_only(torch.fx.Node, lambda n: env[n], node.kwargs)
+                result, nested, transient = self._call(node, args, kwargs)
+                self._compare(node, result)
+            env[node] = result
+            for tensor in _tensors(result):
+                key = _storage(tensor)
+                self._keep.append(tensor)
+                if key not in self.storage_bytes:
+                    self.storage_bytes[key] = tensor.untyped_storage().nbytes()
+                    fresh[key] = [self.storage_bytes[key], last.get(node, index)]
+                    current += self.storage_bytes[key]
+                else:
+                    self._check_view(node, tensor, key)
+                    if key in fresh:
+                        fresh[key][1] = max(fresh[key][1], last.get(node, index))
+            peak = max(peak, current + nested + transient)
+            for key in [k for k, (_, end) in fresh.items() if end <= index]:
+                current -= fresh.pop(key)[0]
+        return outputs, peak
+
+    def _call(self, node, args, kwargs):
+        """(result, peak of a nested graph, transient bytes) of one call_function node on fake values."""
+        from torch._subclasses.fake_tensor import (
+            DataDependentOutputException,
+            DynamicOutputShapeException,
+            UnsupportedOperatorException,
+        )
+
+        target = node.target
+        if isinstance(target, torch._ops.HigherOrderOperator):
+            return self._higher_order(node, args, kwargs)
+        if not isinstance(target, torch._ops.OpOverload):
+            return self._size_arithmetic(node, target, args, kwargs), 0, 0
+        try:
+            result = target(*args, **kwargs)
+        except (DynamicOutputShapeException, DataDependentOutputException, UnsupportedOperatorException):
+            result = self._from_recorded(node, node.meta.get("val"))  # data-dependent: sizes at their bounds
+        except FileFormatError:
+            raise
+        except Exception as e:  # torch's own refusal of the shapes or arguments the file gives this operator
+            raise FileFormatError(
+                f"the program's node {node.name!r} ({target}) cannot run on the sizes the file gives it "
+                f"({type(e).__name__}: {_first_line(e)})."
+            ) from None
+        return result, 0, _transient(target, args, kwargs)
+
+    def _higher_order(self, node, args, kwargs):
+        name = node.target.name()
+        if name == "cond":
+            _, true_branch, false_branch, operands = args
+            (outputs, first), (_, second) = (self.graph(b, list(operands)) for b in (true_branch, false_branch))
+            return _as_recorded(node, outputs), max(first, second), 0
+        if name in ("wrap_with_set_grad_enabled", "wrap_with_autocast"):
+            position = 1 if name == "wrap_with_set_grad_enabled" else 4
+            outputs, nested = self.graph(args[position], list(args[position + 1 :]))
+            return _as_recorded(node, outputs), nested, 0
+        return self._from_recorded(node, node.meta.get("val")), 0, 0  # loops: counted by their outputs
+
+    def _size_arithmetic(self, node, target, args, kwargs):
+        """``operator``/``math``/``torch.sym_*`` on plain numbers, kept inside torch's sizes."""
+        bound = _SIZE_FUNCTIONS_CHECKED_BEFORE.get(target)
+        if bound is not None and len(args) == 2 and isinstance(args[1], (int, float)):
+            base, amount = args
+            if abs(amount) > bound and not (target is operator.pow and isinstance(base, (int, float))
+                                            and abs(base) <= 1):  # fmt: skip
+                raise FileFormatError(
+                    f"the program's node {node.name!r} raises to a power or shifts by {str(amount)[:20]}; sizes stay "
+                    "below 2**63."
+                )
+        try:
+            result = target(*args, **kwargs)
+        except (ArithmeticError, ValueError, TypeError) as e:
+            raise FileFormatError(
+                f"the program's size arithmetic at node {node.name!r} fails ({type(e).__name__}: {e})."
+            ) from None
+        for value in pytree.tree_leaves(result):
+            if isinstance(value, int) and abs(value) > MAX_SIZE:
+                raise FileFormatError(
+                    f"the program's size arithmetic at node {node.name!r} leaves torch's sizes (2**63)."
+                )
+        return result
+
+    def _compare(self, node, result) -> None:
+        """The node computes what the file records for it: same dtypes, same shapes (symbols at this run's values)."""
+        recorded = node.meta.get("val")
+        if recorded is None:
+            return
+        got, want = pytree.tree_leaves(result), pytree.tree_leaves(recorded)
+        if len(got) != len(want):
+            raise self._mismatch(node, f"{len(got)} values", f"{len(want)}")
+        for have, record in zip(got, want):
+            if isinstance(record, torch.Tensor):
+                if not isinstance(have, torch.Tensor):
+                    raise self._mismatch(node, type(have).__name__, "a tensor")
+                shape = [self.concrete(s, node) for s in record.shape]
+                if have.dtype != record.dtype or list(have.shape) != shape:
+                    raise self._mismatch(node, f"{have.dtype} {list(have.shape)}", f"{record.dtype} {shape}")
+
+    def _mismatch(self, node, got, recorded) -> FileFormatError:
+        return FileFormatError(
+            f"the program's node {node.name!r} computes {got}, but the file records {recorded} for it; the file was "
+            "changed after mixprec.save wrote it."
+        )
+
+    def _check_view(self, node, tensor, key) -> None:
+        if tensor.numel() == 0:
+            return
+        needed = _extent(list(tensor.shape), list(tensor.stride()), tensor.storage_offset()) * tensor.element_size()
+        if needed > self.storage_bytes[key]:
+            raise FileFormatError(
+                f"the program's node {node.name!r} views {needed} bytes of a storage that holds "
+                f"{self.storage_bytes[key]}; torch would refuse it at the first call, so mixprec refuses the file."
+            )
+
+
+@contextlib.contextmanager
+def _quiet_fake_tensors():
+    """FakeTensorMode logs an operator's refusal with a traceback before raising; the FileFormatError says it."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _value_of(symbol, shape_env) -> int:
+    """A symbol's value in the run: its hint, else (data-dependent) the upper bound of its range."""
+    hint = shape_env.backed_var_to_val.get(symbol) if hasattr(shape_env, "backed_var_to_val") else None
+    if hint is None:
+        hint = getattr(shape_env, "var_to_val", {}).get(symbol)
+    if hint is not None:
+        return int(hint) if getattr(hint, "is_integer", True) else hint
+    bounds = shape_env.var_to_range.get(symbol)
+    upper = getattr(bounds, "upper", None)
+    try:
+        value = int(upper)
+    except (TypeError, ValueError, OverflowError):
+        return UNBOUNDED_DATA_DEPENDENT
+    return min(value, UNBOUNDED_DATA_DEPENDENT) if value >= 0 else value
+
+
+def _as_recorded(node, outputs):
+    """A control-flow body's outputs in the form the node returns (a tuple, or its one tensor)."""
+    recorded = node.meta.get("val")
+    if isinstance(recorded, (list, tuple)) or len(outputs) != 1:
+        return tuple(outputs)
+    return outputs[0]
+
+
+def _transient(target, args, kwargs) -> int:
+    """Bytes an operator may use while it runs beyond what it returns (see the module docstring)."""
+    tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    total = 0
+    for tensor in tensors:  # a broadcast (expanded) input a kernel may copy to make contiguous
+        logical = tensor.numel() * tensor.element_size()
+        if logical > tensor.untyped_storage().nbytes():
+            total += logical
+    if any(word in target._schema.name for word in _ATTENTION) and len(tensors) >= 2:
+        query, key = tensors[0], tensors[1]
+        if query.dim() >= 2 and key.dim() >= 2:
+            total += math.prod(query.shape[:-1]) * key.shape[-2] * 4  # the L x S scores, in float32
+    return total
+
+
+def _extent(sizes, strides, offset) -> int:
+    """Elements a strided tensor reaches in its storage (0 for an empty one)."""
+    if any(s == 0 for s in sizes):
+        return 0
+    return offset + sum((n - 1) * abs(st) for n, st in zip(sizes, strides)) + 1
+
+
+def _storage(tensor) -> int:
+    return tensor.untyped_storage()._cdata
+
+
+def _tensors(value):
+    return [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
+
+
+def _attribute(module, target: str):
+    for part in target.split("."):
+        module = getattr(module, part)
+    return module
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:300] if text else "no message"
