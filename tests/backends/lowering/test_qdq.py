@@ -1,19 +1,17 @@
-"""int8 linear layers on oneDNN's int8 GEMM (backends/int8_kernels.py): same grid, same scales, fp32 rounding.
+"""Quantize/dequantize lowering (backends/lowering/qdq.py): every table's spelling computes the custom ops' values,
+the oneDNN table runs int8 linears on the int8 GEMM within float32 rounding, and the passes keep their contracts.
 
 Tolerances, and why:
-* the kernel against exact integer arithmetic (fp64 of the same grid values): the int32 sum is
-  exact, the two scales and the bias are applied in float32 — a few float32 roundings of the
-  output: |out - exact| <= 4 * 2^-24 * (|sum| * x_scale * w_scale + |bias|);
-* a lowered layer against the fake quantization (a float32 GEMM of the dequantized values):
-  float32 rounding of a K-term sum, |diff| <= K * 2^-24 * (|x_dq| @ |w_dq|^T + |bias|) (the
-  classical bound of recursive summation);
-* a whole program: after the next quantization such a difference moves an element to the
-  neighbouring grid point only when it lies within float32 rounding of a rounding boundary —
-  at most one grid step, on a small fraction of the elements;
-* with power-of-two scales and few enough terms every value is exact in float32, and the lowered
-  program equals the fake quantization and the fp64 reference bit for bit — on inputs exactly
-  halfway between grid points, where round-half-to-even and round-half-away differ, and above
-  the clamp bound.
+* a spelling in ATen ops against the custom ops: bit for bit (the same ATen ops in the same order), on
+  values halfway between grid points (where round-half-to-even and round-half-away differ), one float32 step
+  either side, and beyond the clamp bound — also compiled by inductor;
+* a lowered layer against the fake quantization (a float32 GEMM of the dequantized values): float32 rounding
+  of a K-term sum (tests/backends/lowering/test_onednn.py bounds one layer);
+* a whole program: after the next quantization such a difference moves an element to the neighbouring grid
+  point only when it lies within float32 rounding of a rounding boundary — at most one grid step, on a small
+  fraction of the elements;
+* with power-of-two scales and few enough terms every value is exact in float32, and the lowered program
+  equals the fake quantization and the fp64 reference bit for bit.
 """
 
 from __future__ import annotations
@@ -25,19 +23,20 @@ import torch
 from models import ReluNet
 
 import mixprec
-from mixprec.backends import int8_kernels
-from mixprec.backends.int8_kernels import decompose_fake_quant, is_nonnegative, lower_int8_linears
-from mixprec.rewrite.quantize import quantize_weight
+from mixprec.backends.lowering import cpu, onednn, qdq, run_passes
+from mixprec.errors import InvariantError
+from mixprec.ir.passes import GraphPass, PassResult
+from mixprec.ops.quant import quantize_weight
 
-pytestmark = pytest.mark.skipif(not int8_kernels.is_available(), reason="torch without oneDNN int8 kernels")
+needs_onednn = pytest.mark.skipif(not onednn.is_available(), reason="torch without oneDNN int8 kernels")
 
 KERNEL = torch.ops.mixprec_kernels.int8_linear_u7.default
-EPS32 = 2.0**-24
+MIXPREC_QDQ = ("mixprec.quantize_per_tensor", "mixprec.dequantize_per_tensor", "mixprec.dequantize_per_channel")
 
 
-def int8_plan(model, x):
+def int8_plan(model, x, **kwargs):
     cfg = mixprec.MixedPrecisionConfigurator(model)
-    cfg.set_precision(torch.nn.Linear, activation="int8")
+    cfg.set_precision(torch.nn.Linear, activation="int8", **kwargs)
     return cfg.apply((x,))
 
 
@@ -45,125 +44,107 @@ def lowered_count(module) -> int:
     return sum(1 for n in module.graph.nodes if n.target is KERNEL)
 
 
-# ---- the static sign analysis -----------------------------------------------------------------------------
-def _graph(build):
-    graph = torch.fx.Graph()
-    x = graph.placeholder("x")
-    out = build(graph, x)
-    graph.output(out)
-    return out
+# ---- the spellings ------------------------------------------------------------------------------------------
+SCALE = 0.0148547765776867
 
 
-def _call(graph, target, *args, **kwargs):
-    return graph.call_function(target, args, kwargs)
+def _boundary_values() -> torch.Tensor:
+    """Halfway between grid points, one float32 step either side, beyond the clamp bound, and noise."""
+    k = torch.arange(-130, 130).double()
+    halfway = ((k + 0.5) * SCALE).float()
+    up, down = torch.nextafter(halfway, halfway + 1), torch.nextafter(halfway, halfway - 1)
+    return torch.cat([halfway, up, down, torch.randn(4096)])
 
 
-aten = torch.ops.aten
+class FakeQuant(torch.nn.Module):
+    """All three mixprec ops: a quantized activation, dequantized to bf16, and a per-channel int8 weight."""
+
+    def __init__(self):
+        super().__init__()
+        w, scales = quantize_weight(torch.randn(6, 5))
+        self.register_buffer("w", w)
+        self.register_buffer("w_scales", scales)
+
+    def forward(self, v):
+        q = torch.ops.mixprec.quantize_per_tensor(v, SCALE)
+        w = torch.ops.mixprec.dequantize_per_channel(self.w, self.w_scales, 0, torch.float32)
+        w16 = torch.ops.mixprec.dequantize_per_channel(self.w, self.w_scales, 0, torch.bfloat16)
+        return q, torch.ops.mixprec.dequantize_per_tensor(q, SCALE, torch.bfloat16), w, w16
 
 
-@pytest.mark.parametrize(
-    "build, expected",
-    [
-        (lambda g, x: x, False),  # a graph input can be anything
-        (lambda g, x: _call(g, aten.relu.default, x), True),
-        (lambda g, x: _call(g, aten.relu6.default, x), True),
-        (lambda g, x: _call(g, aten.sigmoid.default, x), True),
-        (lambda g, x: _call(g, aten.softmax.int, x, -1), True),
-        (lambda g, x: _call(g, aten.hardtanh.default, x, 0.0, 6.0), True),
-        (lambda g, x: _call(g, aten.hardtanh.default, x), False),  # min_val defaults to -1
-        (lambda g, x: _call(g, aten.hardtanh.default, x, -1.0, 1.0), False),
-        (lambda g, x: _call(g, aten.clamp.default, x, 0), True),
-        (lambda g, x: _call(g, aten.clamp.default, x, None, 1.0), False),
-        (lambda g, x: _call(g, aten.gelu.default, x), False),  # gelu dips below zero
-        (lambda g, x: _call(g, aten.view.default, _call(g, aten.relu.default, x), [4, -1]), True),
-        (lambda g, x: _call(g, aten.to.dtype, _call(g, aten.relu.default, x), torch.bfloat16), True),
-        (
-            lambda g, x: _call(g, aten.add.Tensor, _call(g, aten.relu.default, x), _call(g, aten.sigmoid.default, x)),
-            True,
-        ),
-        (lambda g, x: _call(g, aten.add.Tensor, _call(g, aten.relu.default, x), x), False),
-        (lambda g, x: _call(g, aten.mul.Tensor, _call(g, aten.relu.default, x), -1.0), False),
-        (lambda g, x: _call(g, aten.linear.default, _call(g, aten.relu.default, x), x), False),
-        (
-            lambda g, x: _call(
-                g, torch.ops.mixprec.dequantize_per_tensor.default,
-                _call(g, torch.ops.mixprec.quantize_per_tensor.default, _call(g, aten.relu.default, x), 0.1),
-                0.1, torch.float32,
-            ),
-            True,
-        ),
-    ],
-)
-def test_nonnegative_is_decided_from_the_graph(build, expected):
-    assert is_nonnegative(_graph(build)) is expected
+def _ops(graph) -> set[str]:
+    return {str(n.target).rsplit(".", 1)[0] for n in graph.nodes if n.op == "call_function"}
 
 
-def _doubling(levels, start):
-    def build(g, x):
-        h = start(g, x)
-        for _ in range(levels):
-            h = _call(g, aten.add.Tensor, h, h)  # every level reaches the start along twice as many paths
-        return h
-
-    return build
-
-
-@pytest.mark.parametrize(
-    "start, expected", [(lambda g, x: _call(g, aten.relu.default, x), True), (lambda g, x: x, False)]
-)
-def test_a_value_reached_along_many_paths_is_judged_once(start, expected):
-    """2**40 paths to the start: judging each node once answers at once (path by path it never would)."""
-    import time
-
-    graph_output = _graph(_doubling(40, start))
-    began = time.perf_counter()
-    assert is_nonnegative(graph_output) is expected
-    assert time.perf_counter() - began < 1.0
+@pytest.mark.parametrize("table", [qdq.ATEN, qdq.OPENVINO_FLOAT])
+def test_a_spelling_in_aten_ops_is_the_custom_ops_bit_for_bit(table):
+    x, fake_quant = _boundary_values(), FakeQuant()
+    expected = fake_quant(x)
+    module = torch.export.export(fake_quant, (x,)).module()
+    assert qdq.lower(module, table).lowered
+    assert not _ops(module.graph) & set(MIXPREC_QDQ)
+    got = module(x)
+    for g, e in zip(got, expected):
+        assert g.dtype == e.dtype and torch.equal(g, e)
 
 
-def test_past_64_producers_the_answer_is_unsure():
-    assert is_nonnegative(_graph(_doubling(40, lambda g, x: _call(g, aten.relu.default, x)))) is True
-    assert is_nonnegative(_graph(_doubling(80, lambda g, x: _call(g, aten.relu.default, x)))) is False
+def test_the_aten_spelling_is_bit_identical_under_inductor():
+    x, fake_quant = _boundary_values(), FakeQuant()
+    module = torch.export.export(fake_quant, (x,)).module()
+    assert run_passes(module, (qdq.QDQ_ATEN,)) == ["qdq_aten"]
+    compiled = torch.compile(module, backend="inductor", fullgraph=True)
+    expected = fake_quant(x)
+    for got in (module(x), compiled(x)):
+        assert all(g.dtype == e.dtype and torch.equal(g, e) for g, e in zip(got, expected))
 
 
-# ---- the kernel -----------------------------------------------------------------------------------------
-def test_kernel_is_exact_integer_arithmetic_on_7bit_activations():
-    gen = torch.Generator().manual_seed(0)
-    m, k, n = 32, 512, 64
-    u = torch.randint(0, 128, (m, k), generator=gen)
-    w = torch.randint(-127, 128, (n, k), generator=gen).to(torch.int8)
-    w_scales = torch.rand(n, generator=gen) * 0.01 + 1e-3
-    bias = torch.randn(n, generator=gen)
-    x_scale = 0.0123
-    handle, packed = int8_kernels.pack_weight(w)
-    out = KERNEL(u.to(torch.uint8), x_scale, w_scales, bias, handle)
-    sums = u.double() @ w.double().t()  # exact in fp64: |sum| < 2^53
-    exact = sums * x_scale * w_scales.double() + bias.double()
-    bound = 4 * EPS32 * (sums.abs() * x_scale * w_scales.double() + bias.double().abs())
-    assert out.dtype == torch.float32 and out.shape == (m, n)
-    assert ((out.double() - exact).abs() <= bound).all()
-    del packed
+def test_the_openvino_int8_spelling_is_quantized_decomposed_with_the_grid():
+    """Pairs OpenVINO makes FakeQuantize of: scale, zero point 0, [-127, 127] as int8; weights Convert * scale.
+    A node respelled as one op keeps its name (OpenVINO names its layers after it)."""
+    module = torch.export.export(FakeQuant(), (torch.randn(8),)).module()
+    names = [n.name for n in module.graph.nodes if str(n.target).startswith("mixprec.") and "tensor" in str(n.target)]
+    qdq.lower(module, qdq.OPENVINO_INT8)
+    qd = torch.ops.quantized_decomposed
+    quant = [n for n in module.graph.nodes if n.target is qd.quantize_per_tensor.default]
+    dequant = [n for n in module.graph.nodes if n.target is qd.dequantize_per_tensor.default]
+    assert [n.args[1:] for n in quant] == [(SCALE, 0, -127, 127, torch.int8)]
+    grid = (SCALE, 0, -127, 127, torch.int8)
+    assert [(n.args[1:], n.kwargs) for n in dequant] == [(grid, {"out_dtype": torch.bfloat16})]
+    assert [n.name for n in quant + dequant] == names
+    assert not _ops(module.graph) & set(MIXPREC_QDQ)
+    assert {"aten.view", "aten.mul", "aten._to_copy"} <= _ops(module.graph)  # the weights: Convert * scale
 
 
-def test_kernel_keeps_leading_dimensions():
-    w = torch.randint(-127, 128, (8, 16)).to(torch.int8)
-    handle, packed = int8_kernels.pack_weight(w)
-    u = torch.randint(0, 128, (2, 3, 16)).to(torch.uint8)
-    out = KERNEL(u, 0.5, torch.ones(8), None, handle)
-    assert out.shape == (2, 3, 8)
-    torch.testing.assert_close(out, (u.float() * 0.5) @ w.float().t(), rtol=0, atol=0)
-    del packed
+# ---- the contracts ------------------------------------------------------------------------------------------
+def test_the_oneDNN_lowering_must_come_before_the_quantize_dequantize_lowering():
+    """It reads the fake-quantization pattern (``int8``) that the lowering to ATen ops breaks."""
+    with pytest.raises(InvariantError, match=r"backend pass 'int8_linears' requires \['int8'\].*qdq_aten"):
+        run_passes(torch.nn.Module(), (qdq.QDQ_ATEN, qdq.INT8_LINEARS))
 
 
-def test_a_freed_packed_weight_is_an_error_not_garbage():
-    w = torch.randint(-127, 128, (8, 16)).to(torch.int8)
-    handle, packed = int8_kernels.pack_weight(w)
-    del packed
-    with pytest.raises(RuntimeError, match="freed"):
-        KERNEL(torch.zeros(1, 16, dtype=torch.uint8), 1.0, torch.ones(8), None, handle)
+def test_the_verifier_names_a_lowering_that_leaves_a_mixprec_op():
+    incomplete = qdq.Table("incomplete", {k: v for k, v in qdq.ATEN.rules.items() if "channel" not in str(k)})
+    broken = GraphPass("qdq_incomplete", lambda m: PassResult(bool(qdq.lower(m, incomplete).lowered)),
+                       ensures=qdq.QDQ_ATEN.ensures, breaks=qdq.QDQ_ATEN.breaks, stage="backend")
+    module = torch.export.export(FakeQuant(), (torch.randn(8),)).module()
+    with pytest.raises(InvariantError, match="mixprec quantize/dequantize left after backend pass 'qdq_incomplete'"):
+        run_passes(module, (broken,), verify_each=True)
 
 
-# ---- the lowering: numerics --------------------------------------------------------------------------
+def test_the_verifier_names_a_lowering_whose_meta_is_untrue():
+    def wrong_dtype(node, ops, site):
+        new = qdq._aten_quantize(node, ops, site)
+        new.meta["val"] = new.meta["val"].to(torch.uint8)  # says uint8, computes int8
+        return new
+
+    table = qdq.Table("wrong", {torch.ops.mixprec.quantize_per_tensor.default: wrong_dtype})
+    broken = GraphPass("qdq_wrong", lambda m: PassResult(bool(qdq.lower(m, table).lowered)), stage="backend")
+    module = torch.export.export(FakeQuant(), (torch.randn(8),)).module()
+    with pytest.raises(InvariantError, match="after backend pass 'qdq_wrong'.*meta says"):
+        run_passes(module, (broken,), verify_each=True)
+
+
+# ---- the oneDNN table: numerics -----------------------------------------------------------------------------
 def _exact_model(width=256):
     """ReLU -> Linear -> ReLU whose weights quantize with the power-of-two scale 2^-7 per channel."""
     torch.manual_seed(0)
@@ -176,6 +157,7 @@ def _exact_model(width=256):
     return model
 
 
+@needs_onednn
 @pytest.mark.parametrize("backend", ["eager", "inductor"])
 def test_lowered_layer_keeps_the_grid_round_half_even_and_the_clamp(backend):
     width = 256
@@ -211,6 +193,7 @@ def test_lowered_layer_keeps_the_grid_round_half_even_and_the_clamp(backend):
     assert not torch.equal(torch.clamp(torch.round(torch.relu(x).double() * 16), 0, 255), q)
 
 
+@needs_onednn
 @pytest.mark.parametrize("backend", ["eager", "inductor"])
 def test_lowered_program_agrees_with_fake_quantization_within_fp32_rounding(backend):
     torch.manual_seed(1)
@@ -230,53 +213,30 @@ def test_lowered_program_agrees_with_fake_quantization_within_fp32_rounding(back
     assert float((diff > 0).float().mean()) <= 0.01  # and only where float32 rounding met a boundary
 
 
-def test_one_lowered_layer_within_the_fp32_summation_bound():
-    torch.manual_seed(2)
-    k = n = 256
-    x = torch.relu(torch.randn(64, k))
-    s = float(x.max()) / 127
-    w_q, w_scales = quantize_weight(torch.randn(n, k) * 0.05)
-    bias = torch.randn(n)
-    x_dq = torch.ops.mixprec.dequantize_per_tensor(torch.ops.mixprec.quantize_per_tensor(x, s), s, torch.float32)
-    w_dq = torch.ops.mixprec.dequantize_per_channel(w_q, w_scales, 0, torch.float32)
-    fake = torch.nn.functional.linear(x_dq, w_dq, bias)
-    handle, packed = int8_kernels.pack_weight(w_q)
-    u = torch.clamp(torch.round(x / s), 0, 127).to(torch.uint8)
-    out = KERNEL(u, s, w_scales, bias, handle)
-    bound = k * EPS32 * (x_dq.abs() @ w_dq.abs().t() + bias.abs())
-    assert ((out - fake).abs() <= bound).all()
-    del packed
+@needs_onednn
+@pytest.mark.parametrize("kind", ["vnni", "avx2"])
+def test_both_kinds_of_cpu_lower_the_same_layers(monkeypatch, kind):
+    """The 7-bit grid is exact on every CPU's kernel (cpu.py): with or without VNNI the same layers run on it,
+    with the same values; only OpenVINO's choice depends on the kind (tests/backends/openvino)."""
+    torch.manual_seed(1)
+    model = ReluNet(64, layers=3, relu_in=False).eval()
+    x = torch.randn(8, 64)
+    plan = int8_plan(model, x)
+    before = mixprec.compile(model, (x,), plan=plan)
+    monkeypatch.setattr(cpu, "has_int8_dot_product", lambda: kind == "vnni")
+    prog = mixprec.compile(model, (x,), plan=plan)
+    assert [n.name for n in prog.runner.graph.nodes if n.target is KERNEL] == ["linear_1_int8", "linear_2_int8"]
+    with torch.inference_mode():
+        assert torch.equal(prog(x), before(x))
 
 
-def test_decomposed_quantize_is_bit_identical_under_inductor():
-    scale = 0.0148547765776867
-    k = torch.arange(-130, 130).double()
-    halfway = ((k + 0.5) * scale).float()
-    up, down = torch.nextafter(halfway, halfway + 1), torch.nextafter(halfway, halfway - 1)
-    x = torch.cat([halfway, up, down, torch.randn(4096)])
-
-    class FakeQuant(torch.nn.Module):
-        def forward(self, v):
-            q = torch.ops.mixprec.quantize_per_tensor(v, scale)
-            return q, torch.ops.mixprec.dequantize_per_tensor(q, scale, torch.bfloat16)
-
-    ep = torch.export.export(FakeQuant(), (x,))
-    module = ep.module()
-    assert decompose_fake_quant(module) == 2
-    assert not any(str(n.target).startswith("mixprec.") for n in module.graph.nodes)
-    compiled = torch.compile(module, backend="inductor", fullgraph=True)
-    expected = FakeQuant()(x)
-    for got in (module(x), compiled(x)):
-        assert got[0].dtype == torch.int8 and got[1].dtype == torch.bfloat16
-        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
-
-
-# ---- what is lowered, what is not, and where the packed weights live -----------------------------------
+# ---- the oneDNN table: what is lowered, what is not, and where the packed weights live ------------------------
+@needs_onednn
 def test_signed_inputs_stay_fake_quantization_and_are_logged(caplog):
     torch.manual_seed(3)
     model = ReluNet(64, layers=2, relu_in=False, relu=False).eval()  # plain Linear layers: inputs may be negative
     x = torch.randn(4, 64)
-    with caplog.at_level(logging.INFO, logger="mixprec.backends.int8_kernels"):
+    with caplog.at_level(logging.INFO, logger="mixprec.backends.lowering.qdq"):
         prog = mixprec.compile(model, (x,), plan=int8_plan(model, x), backend="eager")
     assert lowered_count(prog.runner) == 0
     assert "kept as fake quantization" in caplog.text and "linear, linear_1" in caplog.text
@@ -284,6 +244,7 @@ def test_signed_inputs_stay_fake_quantization_and_are_logged(caplog):
         assert torch.equal(prog(x), prog.exported_program.module()(x))
 
 
+@needs_onednn
 def test_first_layer_of_a_relu_net_reads_the_signed_input_and_stays():
     model = ReluNet(64, layers=3, relu_in=False).eval()
     x = torch.randn(4, 64)
@@ -293,13 +254,14 @@ def test_first_layer_of_a_relu_net_reads_the_signed_input_and_stays():
 
 
 def test_nothing_is_lowered_where_the_kernels_are_missing(monkeypatch):
-    monkeypatch.setattr(int8_kernels, "is_available", lambda: False)
+    monkeypatch.setattr(onednn, "is_available", lambda: False)
     model = ReluNet(64, layers=2).eval()
     x = torch.randn(4, 64)
     prog = mixprec.compile(model, (x,), plan=int8_plan(model, x), backend="eager")
     assert lowered_count(prog.runner) == 0
 
 
+@needs_onednn
 def test_packing_is_not_saved_and_happens_again_on_load(tmp_path):
     model = ReluNet(64, layers=2).eval()
     x = torch.randn(4, 64)
@@ -318,5 +280,5 @@ def test_lowering_a_module_without_int8_layers_changes_nothing():
     ep = torch.export.export(ReluNet(16, layers=1).eval(), (torch.randn(2, 16),))
     module = ep.module()
     before = str(module.graph)
-    assert lower_int8_linears(module) == []
+    assert qdq.INT8_LINEARS(module) == PassResult(False)
     assert str(module.graph) == before
