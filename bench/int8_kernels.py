@@ -37,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import interleaved, machine, stamp, table  # noqa: E402
 
 import mixprec  # noqa: E402
-from mixprec.backends import int8_kernels  # noqa: E402
+from mixprec.backends.lowering import onednn  # noqa: E402
+from mixprec.ops.quant import UINT8_7BIT, quantize  # noqa: E402
 
 # the test models (tests/models.py; bench/models.py has the same module name)
 _spec = importlib.util.spec_from_file_location("test_models", Path(__file__).resolve().parents[1] / "tests" / "models.py")
@@ -93,7 +94,7 @@ def kernel_part(m: int, k: int, n: int, rounds: int) -> None:
         {
             "fp32 F.linear": lambda: torch.nn.functional.linear(x_f, w_f, bias),
             "int8 qlinear (7-bit act)": lambda: qlinear(u8_seven, 0),
-            "int8 quantize + qlinear": lambda: qlinear(int8_kernels.quantize_u7(x_f, x_scale), 0),
+            "int8 quantize + qlinear": lambda: qlinear(quantize(x_f, x_scale, UINT8_7BIT), 0),
             "int8 signed as two 7-bit GEMMs": two_gemms,
         },
         rounds=rounds,
@@ -189,8 +190,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.WARNING)
-    print(f"{stamp()}\n{machine()}\nint8 kernels available: {int8_kernels.is_available()}")
-    if not int8_kernels.is_available():
+    print(f"{stamp()}\n{machine()}\nint8 kernels available: {onednn.is_available()}")
+    if not onednn.is_available():
         print("this torch build has no oneDNN int8 linear kernels: nothing to measure")
         return
     if not args.skip_kernel:

@@ -45,7 +45,8 @@ from harness import interleaved, machine, stamp, table  # noqa: E402
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE.resolve()]
 
 import mixprec  # noqa: E402
-from mixprec.backends import openvino as ov_backend  # noqa: E402
+from mixprec.backends.openvino import convert as ov_convert  # noqa: E402
+from mixprec.backends.openvino import runner as ov_runner  # noqa: E402
 
 
 # ---- models: (model, inputs, main output of a call) --------------------------------------------
@@ -232,8 +233,8 @@ def run_int8(rounds: int) -> tuple[list[dict], list[str]]:
 
     import openvino as ov
 
-    forced_model, keep_alive = ov_backend.convert(int8_eager.exported_program, int8_kernels=True)
-    forced = ov.Core().compile_model(forced_model, "CPU", dict(ov_backend.COMPILE_CONFIG))
+    forced_model, keep_alive = ov_convert.convert(int8_eager.exported_program, int8_kernels=True)
+    forced = ov.Core().compile_model(forced_model, "CPU", dict(ov_runner.COMPILE_CONFIG))
     request = forced.create_infer_request()
 
     def run_forced():
@@ -262,10 +263,10 @@ def run_int8(rounds: int) -> tuple[list[dict], list[str]]:
          "rel-L2 vs int8 eager": rel_l2(outputs[k], want)}
         for k, v in medians.items()
     ]
-    kinds = sorted({(l["type"], l["precision"]) for l in ov_backend.runtime_layers(forced)
+    kinds = sorted({(l["type"], l["precision"]) for l in ov_runner.runtime_layers(forced)
                     if l["type"] in ("FullyConnected", "FakeQuantize")})
     notes = [
-        f"int8 kernels exact on this CPU (VNNI/AMX): {ov_backend.int8_kernels_exact()}",
+        f"int8 kernels exact on this CPU (VNNI/AMX): {ov_convert.int8_kernels_default()}",
         f"forced int8 kernels, runtime layers: {kinds}",
         f"int8 plan eager vs fp32: rel-L2 {rel_l2(want, fp32):.3g}",
     ]
@@ -276,13 +277,13 @@ def simulate_bf16_cpu(names: list[str]) -> None:
     """Compile each model's enable_autocast program on OpenVINO as a CPU with native bf16 would run it,
     on any CPU: the runtime table this CPU's plugin makes, rewritten so that every layer computes in the
     types its operations declare and reductions write f32 (what OpenVINO 2026.4 does on an avx512_bf16 CPU:
-    tests/backends/fixtures/openvino-bf16-cpu), with that CPU's capabilities. Shows that the audit accepts
+    tests/backends/openvino/fixtures/openvino-bf16-cpu), with that CPU's capabilities. Shows that the audit accepts
     what such a CPU keeps wider and names it as the report does (the numerics are this CPU's)."""
     import copy
 
-    from mixprec.backends import openvino_audit
+    from mixprec.backends.openvino import audit as openvino_audit
 
-    real_layers, real_declared = ov_backend.runtime_layers, ov_backend.declared_precisions
+    real_layers, real_declared = ov_runner.runtime_layers, ov_runner.declared_precisions
     seen = {}
 
     def declared_precisions(model):
@@ -303,8 +304,8 @@ def simulate_bf16_cpu(names: list[str]) -> None:
             out.append(layer)
         return out
 
-    ov_backend.declared_precisions, ov_backend.runtime_layers = declared_precisions, runtime_layers
-    ov_backend._capabilities = lambda core: ["BF16", "WINOGRAD", "FP32", "INT8", "BIN", "EXPORT_IMPORT"]
+    ov_runner.declared_precisions, ov_runner.runtime_layers = declared_precisions, runtime_layers
+    ov_runner.optimization_capabilities = lambda core: ["BF16", "WINOGRAD", "FP32", "INT8", "BIN", "EXPORT_IMPORT"]
     print("\n### enable_autocast on backend='openvino', as a CPU with native bf16 would run it (simulated)")
     rows = []
     for name in names:

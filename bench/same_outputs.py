@@ -12,7 +12,9 @@ outputs identical after the re-layout.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -83,6 +85,28 @@ def digests() -> None:
     loader = [M.TRTorchSeed.example_inputs() for _ in range(2)]
     case("compile TRTorchSeed int8 loader", lambda: [report_data(mixprec.compile(m, M.TRTorchSeed.example_inputs(), autocast_calibration_dataloader=loader))])
 
+    # int8 layers on every backend (issue 21: one quantize/dequantize lowering per target): outputs bit for bit.
+    # A ReLU net whose first layer reads the signed input (fake quantization) and the others non-negative ones
+    # (oneDNN's int8 kernel on eager/inductor); weight-only int8 (per-channel dequantize, bf16 compute).
+    def int8_outputs(backend, activation, kernels=None):
+        torch.manual_seed(0)
+        model = M.ReluNet(64, layers=3, relu_in=False).eval()
+        x = torch.randn(8, 64)
+        c = mixprec.MixedPrecisionConfigurator(model)
+        c.set_precision(torch.nn.Linear, activation=activation, param=torch.int8)
+        plan = c.apply((x,))
+        with cpu_with_int8_kernels(kernels):
+            prog = mixprec.compile(model, (x,), plan=plan, backend=backend)
+        return [report_data(prog), outputs(prog, (x * 1.5,))]
+
+    backends = ["eager", "inductor"] + (["openvino"] if importlib.util.find_spec("openvino") else [])
+    for backend in backends:
+        for activation in (torch.int8, torch.bfloat16):
+            case(f"int8 {backend} activation={activation}", lambda b=backend, a=activation: int8_outputs(b, a))
+    if "openvino" in backends:  # OpenVINO's FakeQuantize spelling, whatever this CPU is (saturated sums on AVX2)
+        case("int8 openvino int8 kernels", lambda: int8_outputs("openvino", torch.int8, kernels=True))
+        case("int8 openvino float", lambda: int8_outputs("openvino", torch.int8, kernels=False))
+
     # configurator
     def conf():
         model = M.ThreeLinears().eval()
@@ -116,6 +140,27 @@ def digests() -> None:
             return o
         return strip(d)
     case("search", srch)
+
+
+@contextlib.contextmanager
+def cpu_with_int8_kernels(kernels):
+    """OpenVINO's int8 kernels on (True) or off (False) whatever this CPU is, in either tree: the one CPU
+    answer since issue 21 (backends/lowering/cpu.py), ``openvino.int8_kernels_exact`` before it."""
+    if kernels is None:
+        yield
+        return
+    try:
+        from mixprec.backends.lowering import cpu as module
+        name = "has_int8_dot_product"
+    except ImportError:
+        from mixprec.backends import openvino as module
+        name = "int8_kernels_exact"
+    real = getattr(module, name)
+    setattr(module, name, lambda: kernels)
+    try:
+        yield
+    finally:
+        setattr(module, name, real)
 
 
 def run_tree(src: Path, tests: Path) -> dict[str, str]:

@@ -11,7 +11,7 @@ from models import Attention, AutocastRegions, ConvNet, SeedExplicit, ThreeLinea
 from mixprec.errors import InvariantError
 from mixprec.ir.frontend import CapturedModel
 from mixprec.ir.graph_info import META_ROLE
-from mixprec.ir.passes import CHECKED, PassResult, RewritePass, rewrite_pass
+from mixprec.ir.passes import CHECKED, PassResult, GraphPass, rewrite_pass
 from mixprec.ir.runner import run_user_outputs
 from mixprec.plan import planner
 from mixprec.plan.precision_plan import NodePrecision, PrecisionPlan
@@ -51,7 +51,7 @@ def drop_a_cast(ctx):
 def test_every_pass_is_listed_with_the_formerly_hidden_input_rounding_first():
     assert PIPELINE.names == ("round_inputs", "insert_casts", "quantize", "cast_params", "fp32_acc", "layout",
                               "channels_last", "restore_outputs", "fold_casts")  # fmt: skip
-    assert all(isinstance(p, RewritePass) for p in PIPELINE.passes)
+    assert all(isinstance(p, GraphPass) for p in PIPELINE.passes)
 
 
 def test_a_broken_pass_is_named_by_the_verifier():
@@ -103,8 +103,8 @@ def test_a_pipeline_that_leaves_a_checked_fact_unestablished_is_refused():
 
 def test_unknown_facts_and_wrong_results_are_refused():
     with pytest.raises(InvariantError, match="unknown fact"):
-        RewritePass("typo", lambda ctx: PassResult(False), ensures=frozenset({"layer_dtype"}))
-    silent = RewritePass("silent", lambda ctx: None)
+        GraphPass("typo", lambda ctx: PassResult(False), ensures=frozenset({"layer_dtype"}))
+    silent = GraphPass("silent", lambda ctx: None)
     with pytest.raises(InvariantError, match="'silent' returned NoneType"):
         silent(None)
 

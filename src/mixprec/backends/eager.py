@@ -1,15 +1,21 @@
-"""The eager backend: run the rewritten graph op by op with PyTorch's own kernels."""
+"""The eager backend: run the rewritten graph op by op with PyTorch's own kernels.
+
+Its graph passes (``backends/lowering``): int8 linear layers with non-negative inputs on oneDNN's int8 GEMM
+(same numerics), then the run-time guard when ``runtime_guard`` asks for it (``guard.py``). The fake
+quantization of the other int8 layers runs as mixprec's custom ops, whose kernels compute the arithmetic
+of ``ops/quant.py``.
+"""
 
 from __future__ import annotations
 
 from . import register_backend
-from .guard import install
-from .int8_kernels import lower_int8_linears
+from .guard import guard_pass
+from .lowering import run_passes
+from .lowering.qdq import INT8_LINEARS
 
 
 @register_backend("eager")
 def build(exported_program, settings):
     module = exported_program.module()
-    lower_int8_linears(module)  # int8 layers with non-negative inputs on the int8 GEMM, same numerics
-    install(module, getattr(settings, "runtime_guard", None))  # runtime_guard="warn"|"raise": guard.py
+    run_passes(module, (INT8_LINEARS, guard_pass(getattr(settings, "runtime_guard", None))))
     return module

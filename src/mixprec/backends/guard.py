@@ -13,8 +13,9 @@ reduction per lowered layer and one host synchronisation per call (bench/guard.p
 The first failing layer is named with its module path, op and what was seen; "warn" issues a
 :class:`~mixprec.MixedPrecisionWarning`, "raise" raises :class:`~mixprec.RuntimeGuardError`.
 
-Works on the eager backend's ``GraphModule``: nodes are added after the checked layers, the
-model's own nodes are not changed. Before::
+Works on the eager backend's ``GraphModule`` as a backend pass (:func:`guard_pass`, ``backends/lowering``):
+nodes are added after the checked layers, the model's own nodes are not changed; the check node's role is
+"guard" (the verifier's fake-tensor re-run skips it: it reads values, it has no dtype). Before::
 
     linear = aten.linear(x_fp16, w_fp16)
     ...
@@ -31,14 +32,17 @@ After::
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 
 import torch
+from torch._guards import detect_fake_mode
 
 from ..dtypes import LOW_PRECISION_FLOATS, dtype_name
 from ..errors import MixedPrecisionWarning, RuntimeGuardError
-from ..ir.graph_info import analyze
+from ..ir.graph_info import META_ROLE, analyze
+from ..ir.passes import GraphPass, PassResult
 
 MODES = ("warn", "raise")
 
@@ -98,6 +102,7 @@ def install(module: torch.fx.GraphModule, mode: str | None) -> int:
             continue
         with graph.inserting_after(node):
             maximum = graph.call_function(torch.ops.aten.aminmax.default, (node,))
+        maximum.meta["val"] = _fake_aminmax(node.meta["val"])
         details = ([f"module {layer.module}"] if layer.module else []) + [layer.op, dtype_name(dtype)]
         checked.append((maximum, f"{node.name} ({', '.join(details)})", torch.finfo(dtype).max / 2))
     if not checked:
@@ -105,6 +110,18 @@ def install(module: torch.fx.GraphModule, mode: str | None) -> int:
     output = next(n for n in graph.nodes if n.op == "output")
     check = _Check(tuple(c[1] for c in checked), tuple(c[2] for c in checked), mode)
     with graph.inserting_before(output):
-        graph.call_function(check, (tuple(c[0] for c in checked),))
+        node = graph.call_function(check, (tuple(c[0] for c in checked),))
+    node.meta.update({"val": None, META_ROLE: "guard"})
     module.recompile()
     return len(checked)
+
+
+def _fake_aminmax(val):
+    fake_mode = detect_fake_mode((val,))
+    with fake_mode if fake_mode is not None else contextlib.nullcontext():
+        return torch.ops.aten.aminmax.default(val)
+
+
+def guard_pass(mode: str | None) -> GraphPass:
+    """:func:`install` as a backend pass (``backends/lowering.run_passes``)."""
+    return GraphPass("runtime_guard", lambda module: PassResult(install(module, mode) > 0), stage="backend")

@@ -46,7 +46,8 @@ from ..errors import InputMismatchError, UnsupportedModelError
 from ..ir.graph_info import size_hint
 from ..ir.input_check import check_inputs, input_specs_of
 from . import register_backend
-from .int8_kernels import decompose_fake_quant, lower_int8_linears
+from .lowering import run_passes
+from .lowering.qdq import INT8_LINEARS, QDQ_ATEN
 
 # Inductor settings every mixprec program is compiled with (see the module docstring).
 INDUCTOR_OPTIONS = MappingProxyType({"emulate_precision_casts": True})
@@ -67,8 +68,9 @@ class InductorRunner(torch.nn.Module):
     def __init__(self, exported_program):
         super().__init__()
         self.module = exported_program.module()
-        lower_int8_linears(self.module)  # int8 layers with non-negative inputs on the int8 GEMM, same numerics
-        decompose_fake_quant(self.module)  # the other quantize/dequantize as ATen ops, which inductor fuses
+        # int8 layers with non-negative inputs on the int8 GEMM (same numerics), then the other quantize/dequantize
+        # as ATen ops, which inductor fuses (backends/lowering/qdq.py)
+        run_passes(self.module, (INT8_LINEARS, QDQ_ATEN))
         self._inputs = _user_input_metas(exported_program)
         self._specs = input_specs_of(exported_program)
         self.__dict__["_program"] = exported_program  # not a submodule: its state is self.module's

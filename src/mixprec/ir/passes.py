@@ -1,8 +1,10 @@
 """The pass contract (modelled on torch.fx's PassBase/PassResult and its PassManager's checks).
 
-It lives with the graph because both stages that change graphs use it: normalisation
-(``normalize.py``, ``marker_regions.py`` here) returns :class:`PassResult`, and every rewrite pass
-(``rewrite/``) declares its contract with :func:`rewrite_pass`.
+It lives with the graph because every stage that changes graphs uses it: normalisation
+(``normalize.py``, ``marker_regions.py`` here) returns :class:`PassResult`, every rewrite pass
+(``rewrite/``) declares its contract with :func:`rewrite_pass`, and every graph pass a backend runs
+before its compiler (``backends/lowering/``: quantize/dequantize lowering, the oneDNN int8 linears,
+the run-time guard, OpenVINO's preparation) with :func:`backend_pass`.
 
 A rewrite pass takes the rewrite context (the WorkProgram, the GraphInfo of the captured graph, the
 plan, the settings), changes the graph to realise part of the plan, and returns whether it
@@ -22,6 +24,11 @@ fact that holds after each pass — an :class:`~mixprec.errors.InvariantError` n
 after which a fact stopped holding. Facts in :data:`CHECKED` have a check in ``rewrite/verify.py``;
 the others record an order that a pass's docstring explains (they cannot be checked on the
 graph alone, or checking them would mean running the pass again).
+
+A backend has no plan: its passes start from what the rewrite leaves (every rewrite fact), and its
+verifier checks the facts the graph alone shows (:data:`GRAPH_CHECKED`: ``structure``, ``meta`` and
+:data:`BACKEND_CHECKED`); the rewrite facts that need the plan become an order there (the oneDNN
+lowering requires ``int8``, the fake-quantization pattern, which the quantize/dequantize lowering breaks).
 """
 
 from __future__ import annotations
@@ -60,20 +67,35 @@ ORDERING = MappingProxyType(
         "channels_last": "lowered 2-D convolutions read and store channels_last tensors",
     }
 )
-FACTS = frozenset(CHECKED) | frozenset(ORDERING)
+# facts of the backends' graph passes, checked on the graph alone (rewrite/verify.py: verify_lowered)
+BACKEND_CHECKED = MappingProxyType(
+    {
+        "qdq_lowered": "no mixprec quantize/dequantize op is left: the runtime sees their arithmetic or its own "
+        "quantization ops (OpenVINO converts no mixprec op; inductor fuses ATen ops, not custom ones)",
+        "tensor_outputs": "the graph returns a flat tuple of tensors (OpenVINO's decoder takes nothing else)",
+        "contiguous_state": "every stored tensor is contiguous (OpenVINO reads freed memory behind a strided one)",
+    }
+)
+# what a backend's verifier can check: it has the graph and its state, not the plan
+GRAPH_CHECKED = frozenset({"structure", "meta"}) | frozenset(BACKEND_CHECKED)
+FACTS = frozenset(CHECKED) | frozenset(ORDERING) | frozenset(BACKEND_CHECKED)
 # what holds on a normalised capture before any rewrite pass
 INITIAL_FACTS = frozenset({"structure", "meta"})
 
 
 @dataclasses.dataclass(frozen=True)
-class RewritePass:
-    """A rewrite pass with its contract; calling it runs the pass (``pass_(ctx) -> PassResult``)."""
+class GraphPass:
+    """A graph pass with its contract; calling it runs the pass (``pass_(subject) -> PassResult``).
+
+    ``stage`` says whose pass it is ("rewrite": it takes the rewrite context; "backend": the backend's
+    module or program) and names it in errors."""
 
     name: str
     run: Callable
     requires: frozenset = frozenset()
     ensures: frozenset = frozenset()
     breaks: frozenset = frozenset()
+    stage: str = "rewrite"
 
     def __post_init__(self):
         for field in ("requires", "ensures", "breaks"):
@@ -81,14 +103,16 @@ class RewritePass:
             unknown = value - FACTS
             if unknown:
                 raise InvariantError(
-                    f"rewrite pass '{self.name}' {field} unknown fact(s) {sorted(unknown)}; known: {sorted(FACTS)}"
+                    f"{self.stage} pass '{self.name}' {field} unknown fact(s) {sorted(unknown)}; known: {sorted(FACTS)}"
                 )
             object.__setattr__(self, field, value)
 
-    def __call__(self, ctx) -> PassResult:
-        result = self.run(ctx)
+    def __call__(self, subject) -> PassResult:
+        result = self.run(subject)
         if not isinstance(result, PassResult):
-            raise InvariantError(f"rewrite pass '{self.name}' returned {type(result).__name__}, not a PassResult")
+            raise InvariantError(
+                f"{self.stage} pass '{self.name}' returned {type(result).__name__}, not a PassResult"
+            )
         return result
 
     def after(self, facts: frozenset) -> frozenset:
@@ -96,10 +120,40 @@ class RewritePass:
         return (facts - self.breaks) | self.ensures
 
 
+def facts_after(passes, initial: frozenset, *, stage: str = "rewrite") -> list[frozenset]:
+    """The facts that hold after each of ``passes`` run in order from ``initial``; InvariantError names the
+    first pass whose requirements no pass before it ensures."""
+    facts = frozenset(initial)
+    out = []
+    for i, p in enumerate(passes):
+        missing = p.requires - facts
+        if missing:
+            before = ", ".join(q.name for q in passes[:i]) or "none"
+            raise InvariantError(
+                f"{stage} pass '{p.name}' requires {sorted(missing)}, which no pass before it ensures "
+                f"(passes before it: {before})"
+            )
+        facts = p.after(facts)
+        out.append(facts)
+    return out
+
+
 def rewrite_pass(name: str | None = None, *, requires=(), ensures=(), breaks=()):
     """Declare a function ``fn(ctx) -> PassResult`` as a rewrite pass with its contract."""
 
-    def declare(fn: Callable) -> RewritePass:
-        return RewritePass(name or fn.__name__, fn, frozenset(requires), frozenset(ensures), frozenset(breaks))
+    def declare(fn: Callable) -> GraphPass:
+        return GraphPass(name or fn.__name__, fn, frozenset(requires), frozenset(ensures), frozenset(breaks))
+
+    return declare
+
+
+def backend_pass(name: str | None = None, *, requires=(), ensures=(), breaks=()):
+    """Declare a function ``fn(subject) -> PassResult`` (subject: a backend's GraphModule or WorkProgram) as a
+    backend graph pass with its contract."""
+
+    def declare(fn: Callable) -> GraphPass:
+        return GraphPass(
+            name or fn.__name__, fn, frozenset(requires), frozenset(ensures), frozenset(breaks), stage="backend"
+        )
 
     return declare

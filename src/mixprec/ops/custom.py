@@ -22,16 +22,19 @@ symmetric about zero)::
     q = clamp(round(x / scale), -127, 127)   as int8     (round half to even)
     x' = q * scale                           in float32, then converted to the output dtype
 
-They are operators rather than a handful of ATen nodes so that the rewritten graph says
-what it does (one quantize, one dequantize) and a backend or an exporter can map them to
-QuantizeLinear/DequantizeLinear.
+The arithmetic itself lives in ``ops/quant.py`` (the kernels below run it; every backend's
+lowering spells the same ops). They are operators rather than a handful of ATen nodes so that
+the rewritten graph says what it does (one quantize, one dequantize) and a backend or an exporter
+can map them to its own quantize/dequantize (``backends/lowering/qdq.py``).
 """
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import torch
 
-INT8_MIN, INT8_MAX = -127, 127
+from .quant import INT8_SYMMETRIC, dequantize, quantize
 
 MARKER_NAMESPACE = "mixprec"
 
@@ -97,22 +100,20 @@ STOP_MARKERS = frozenset({torch.ops.mixprec.stop_setting_precision.default})
 # ---- int8 quantize / dequantize ---------------------------------------------------------------
 @torch.library.custom_op("mixprec::quantize_per_tensor", mutates_args=())
 def quantize_per_tensor(x: torch.Tensor, scale: float) -> torch.Tensor:
-    """Symmetric int8: clamp(round(x / scale), -127, 127), computed in float32."""
-    return torch.clamp(torch.round(x.float() / scale), INT8_MIN, INT8_MAX).to(torch.int8)
+    """Symmetric int8: clamp(round(x / scale), -127, 127), computed in float32 (``ops/quant.py``)."""
+    return quantize(x, scale, INT8_SYMMETRIC)
 
 
 @torch.library.custom_op("mixprec::dequantize_per_tensor", mutates_args=())
 def dequantize_per_tensor(q: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
     """q * scale in float32, converted to ``dtype``."""
-    return (q.float() * scale).to(dtype)
+    return dequantize(q, scale, dtype, INT8_SYMMETRIC)
 
 
 @torch.library.custom_op("mixprec::dequantize_per_channel", mutates_args=())
 def dequantize_per_channel(q: torch.Tensor, scales: torch.Tensor, axis: int, dtype: torch.dtype) -> torch.Tensor:
     """q * scales[c] along ``axis`` in float32, converted to ``dtype`` (int8 weights at use)."""
-    shape = [1] * q.dim()
-    shape[axis] = -1
-    return (q.float() * scales.float().reshape(shape)).to(dtype)
+    return dequantize(q, scales, dtype, INT8_SYMMETRIC, axis=axis)
 
 
 @quantize_per_tensor.register_fake
@@ -134,3 +135,5 @@ QUANTIZE_OPS = frozenset({torch.ops.mixprec.quantize_per_tensor.default})
 DEQUANTIZE_OPS = frozenset(
     {torch.ops.mixprec.dequantize_per_tensor.default, torch.ops.mixprec.dequantize_per_channel.default}
 )
+# the grid each of them computes on (every one: symmetric int8); a backend's lowering reads it here
+GRID = MappingProxyType({op: INT8_SYMMETRIC for op in QUANTIZE_OPS | DEQUANTIZE_OPS})

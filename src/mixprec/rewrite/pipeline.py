@@ -2,7 +2,7 @@
 
 Every rewrite pass is listed here, in its fixed order: input rounding, cast insertion, int8
 quantize/dequantize, parameter storage, fp32 accumulation, matmul input layout, channels_last
-convolutions, output dtypes, cast folding. Each declares its contract (``ir.passes.RewritePass``:
+convolutions, output dtypes, cast folding. Each declares its contract (``ir.passes.GraphPass``:
 requires / ensures / breaks); :class:`Pipeline` checks when it is built that each pass's
 requirements are met by the passes before it and that every checked fact holds at the end.
 
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from ..errors import InvariantError
 from ..ir.frontend import CapturedModel
 from ..ir.graph_info import GraphInfo
-from ..ir.passes import CHECKED, INITIAL_FACTS, RewritePass
+from ..ir.passes import CHECKED, INITIAL_FACTS, GraphPass, facts_after
 from ..ir.work_program import WorkProgram
 from ..plan.planner import reference_plan
 from ..plan.precision_plan import PrecisionPlan
@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 # quantize.py keeps its plain function; its contract is declared here (see its docstring: after
 # cast insertion, so every float input of an int8 layer is float32; before parameter storage)
-QUANTIZE = RewritePass("quantize", quantize, requires=frozenset({"layer_dtypes"}), ensures=frozenset({"int8"}))
+QUANTIZE = GraphPass("quantize", quantize, requires=frozenset({"layer_dtypes"}), ensures=frozenset({"int8"}))
 
 # checked at the end of every rewrite (the fake-tensor re-run only with verify_each)
 _FINAL = frozenset(CHECKED) - {"meta"}
@@ -52,20 +52,10 @@ _FINAL = frozenset(CHECKED) - {"meta"}
 class Pipeline:
     """An ordered list of rewrite passes whose contracts fit together."""
 
-    def __init__(self, passes: Sequence[RewritePass]):
+    def __init__(self, passes: Sequence[GraphPass]):
         self.passes = tuple(passes)
-        facts = INITIAL_FACTS
-        self.facts_after: list[frozenset] = []  # the facts that hold after each pass
-        for i, p in enumerate(self.passes):
-            missing = p.requires - facts
-            if missing:
-                before = ", ".join(q.name for q in self.passes[:i]) or "none"
-                raise InvariantError(
-                    f"rewrite pass '{p.name}' requires {sorted(missing)}, which no pass before it ensures "
-                    f"(passes before it: {before})"
-                )
-            facts = p.after(facts)
-            self.facts_after.append(facts)
+        self.facts_after: list[frozenset] = facts_after(self.passes, INITIAL_FACTS)  # the facts after each pass
+        facts = self.facts_after[-1] if self.facts_after else INITIAL_FACTS
         missing = _FINAL - facts
         if missing:
             raise InvariantError(f"the rewrite pipeline leaves {sorted(missing)} unestablished")

@@ -4,7 +4,8 @@ What the program computes for an int8 layer (fake quantization, on any device):
 
 * each input named in ``NodePrecision.int8.inputs`` is quantized with the symmetric
   per-tensor scale of its range (scale = max(|min|, |max|) / 127; q = clamp(round(x / scale),
-  -127, 127) as int8) and dequantized to float32 — the layer sees exactly int8 grid values;
+  -127, 127) as int8: the arithmetic of ``ops/quant.py``) and dequantized to float32 — the layer
+  sees exactly int8 grid values;
 * with ``int8.output`` the layer's result is quantized and dequantized the same way before
   anything reads it;
 * convolution and linear weights of layers whose parameters are stored in int8 (int8
@@ -36,8 +37,9 @@ from torch._guards import detect_fake_mode
 from ..ir.graph_info import META_ORIGIN, META_ROLE
 from ..ir.passes import PassResult
 from ..ir.work_program import STORED_KINDS
-from ..ops.custom import DEQUANTIZE_OPS, INT8_MAX, QUANTIZE_OPS
+from ..ops.custom import DEQUANTIZE_OPS, QUANTIZE_OPS
 from ..ops.names import op_name, packet_name
+from ..ops.quant import INT8_SYMMETRIC, quantize_weight, symmetric_scale
 from ..ops.table import INT8_WEIGHT_OPS
 from .casting import first_compute_node, is_mixprec_cast, short_name, tensor_dtype
 from .context import RewriteContext
@@ -47,22 +49,8 @@ WEIGHT_AXIS = 0  # their output channels
 
 
 def per_tensor_scale(value_range: tuple[float, float]) -> float:
-    """Symmetric int8 scale of a (min, max) range; an all-zero range gets scale 1/127 (any scale fits it)."""
-    absmax = max(abs(value_range[0]), abs(value_range[1]))
-    return absmax / INT8_MAX if absmax > 0 else 1.0 / INT8_MAX
-
-
-def quantize_weight(weight: torch.Tensor, axis: int = WEIGHT_AXIS) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int8 values, float32 scale per channel along ``axis``) of a weight, symmetric per channel."""
-    with torch.no_grad():
-        w = weight.detach().float()
-        dims = [d for d in range(w.dim()) if d != axis]
-        scales = w.abs().amax(dim=dims) / INT8_MAX if dims else w.abs() / INT8_MAX
-        scales = torch.where(scales > 0, scales, torch.ones_like(scales))  # an all-zero channel stays zero
-        shape = [1] * w.dim()
-        shape[axis] = -1
-        q = torch.clamp(torch.round(w / scales.reshape(shape)), -INT8_MAX, INT8_MAX).to(torch.int8)
-    return q, scales
+    """Symmetric int8 scale of a (min, max) range (``ops/quant.py``); an all-zero range gets scale 1/127."""
+    return symmetric_scale(value_range, INT8_SYMMETRIC)
 
 
 def is_quant_node(node) -> bool:
@@ -170,7 +158,7 @@ def _store_int8_weight(work, layer, dtype, done) -> bool:
         tensor = work.stored_tensor(spec)
         for cast_dtype in chain:  # the weight as the layer reads it (e.g. rounded by the model's .half())
             tensor = tensor.detach().to(cast_dtype)
-        q, scales = quantize_weight(tensor)
+        q, scales = quantize_weight(tensor, WEIGHT_AXIS, INT8_SYMMETRIC)
         suffix = "".join(f"_{short_name(d)}" for d in chain)
         nodes = []
         for kind, value in (("int8", q), ("scale", scales)):

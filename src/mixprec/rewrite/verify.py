@@ -18,6 +18,11 @@ the pass that just ran.
 6. (``meta``, ``deep=True``) the dtypes in node meta are the dtypes the ops really produce:
    the graph is re-run on fake tensors and every tensor's dtype compared.
 
+A backend's graph passes (``backends/lowering/``) are checked by :func:`verify_lowered`: it has the
+backend's module or program but no plan, so it checks the facts the graph alone shows — ``structure``,
+``meta`` and ``ir.passes.BACKEND_CHECKED`` (no mixprec quantize/dequantize left, a flat tuple of tensor
+outputs, contiguous stored tensors).
+
 The fake-tensor re-run is its own loop, not an observer of the graph runner (``ir/runner.py``):
 it is propagation of meta values, not a run of the program. It feeds placeholders from their
 ``meta["val"]`` inside the capture's fake mode (the runner feeds real state from the signature),
@@ -35,7 +40,8 @@ import torch
 from ..dtypes import is_float
 from ..errors import InvariantError
 from ..ir.graph_info import META_ACC, META_ROLE
-from ..ir.passes import CHECKED, PassResult
+from ..ir.passes import CHECKED, GRAPH_CHECKED, PassResult
+from ..ops.custom import DEQUANTIZE_OPS, QUANTIZE_OPS
 from ..ops.names import op_name, packet_name
 from ..plan.input_contract import required_input_dtype
 from .casting import is_mixprec_cast, origin_name, tensor_dtype
@@ -59,11 +65,7 @@ def verify(ctx: RewriteContext, *, stage: str = "", facts=None, deep: bool = Fal
     graph = ctx.work.graph
     where = f" after {stage}" if stage else ""
     if "structure" in facts:
-        try:
-            graph.lint()
-        except RuntimeError as e:
-            raise InvariantError(f"graph does not lint{where}: {e}") from e
-        _check_casts(graph, where)
+        _check_structure(graph, where)
     if "inputs_rounded" in facts:
         _check_inputs(ctx, where)
     if "layer_dtypes" in facts:
@@ -75,6 +77,46 @@ def verify(ctx: RewriteContext, *, stage: str = "", facts=None, deep: bool = Fal
     if "meta" in facts:
         _check_meta_truthful(graph, where)
     return PassResult(False)
+
+
+def verify_lowered(subject, *, stage: str, facts) -> PassResult:
+    """Check ``facts`` (those of ``ir.passes.GRAPH_CHECKED`` among them) on a backend's ``subject``: the
+    GraphModule it runs or the WorkProgram it converts. ``stage`` names the pass that just ran."""
+    facts = frozenset(facts) & GRAPH_CHECKED
+    graph = subject.graph
+    where = f" after {stage}"
+    if "structure" in facts:
+        _check_structure(graph, where)
+    if "qdq_lowered" in facts:
+        left = [n.name for n in graph.nodes if n.op == "call_function" and n.target in QUANTIZE_OPS | DEQUANTIZE_OPS]
+        if left:
+            raise InvariantError(f"mixprec quantize/dequantize left{where}: {', '.join(left)}")
+    if "tensor_outputs" in facts:
+        outputs = graph.output_node().args[0]
+        if not isinstance(outputs, tuple) or not all(isinstance(tensor_dtype(v), torch.dtype) for v in outputs):
+            raise InvariantError(f"the graph's outputs{where} are not a flat tuple of tensors: {outputs}")
+    if "contiguous_state" in facts:
+        strided = [name for name, t in _state(subject) if isinstance(t, torch.Tensor) and not t.is_contiguous()]
+        if strided:
+            raise InvariantError(f"stored tensors{where} are not contiguous: {', '.join(strided)}")
+    if "meta" in facts:
+        _check_meta_truthful(graph, where)
+    return PassResult(False)
+
+
+def _state(subject):
+    """(name, tensor) of everything ``subject`` stores: a WorkProgram's state and constants, a module's."""
+    if isinstance(subject, torch.nn.Module):
+        return list(subject.state_dict(keep_vars=True).items())
+    return list(subject.state_dict.items()) + list(subject.constants.items())
+
+
+def _check_structure(graph, where):
+    try:
+        graph.lint()
+    except RuntimeError as e:
+        raise InvariantError(f"graph does not lint{where}: {e}") from e
+    _check_casts(graph, where)
 
 
 def _check_casts(graph, where):
@@ -215,11 +257,11 @@ def _check_meta_truthful(graph, where):
     # (a KV cache lifted from a module) would be refused by autograd, not by the op
     with fake_mode, torch.no_grad():
         for node in graph.nodes:
-            if node.op == "placeholder":
+            if node.op in ("placeholder", "get_attr"):  # a backend's module reads its state through get_attr
                 env[node] = node.meta.get("val")
                 continue
-            if node.op != "call_function":
-                continue
+            if node.op != "call_function" or node.meta.get(META_ROLE) == "guard":
+                continue  # the run-time guard reads values (backends/guard.py): it has no dtype to check
             args = torch.fx.node.map_arg(node.args, lambda n: env[n])
             kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
             try:

@@ -1,8 +1,8 @@
-"""openvino_audit: what OpenVINO's CPU plugin computes each layer in, judged on runtime tables.
+"""backends/openvino/audit.py: what OpenVINO's CPU plugin computes each layer in, judged on runtime tables.
 
 The tables of a CPU with native bf16 (avx512_bf16/VNNI) are recorded in fixtures/openvino-bf16-cpu/ (its
 README says how); tables of an AVX2-only CPU are what this project's test machine makes, and are checked
-for real in test_openvino.py. Nothing here needs OpenVINO: the audit reads plain tables.
+for real in test_runner.py. Nothing here needs OpenVINO: the audit reads plain tables.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from mixprec.backends import openvino_audit as audit_module
-from mixprec.backends.openvino_audit import Mismatch, NodeNames, audit, refusal
+from mixprec.backends.openvino import audit as audit_module
+from mixprec.backends.openvino.audit import Mismatch, NodeNames, audit, refusal
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "openvino-bf16-cpu" / "runtime_layers.json").read_text())
 BF16_CPU = FIXTURE["capabilities"]  # ['BF16', 'WINOGRAD', 'FP32', 'INT8', 'BIN', 'EXPORT_IMPORT']
@@ -40,7 +40,7 @@ def test_a_bf16_cpu_runs_wider_where_the_old_audit_refused_and_nowhere_narrower(
     if model == "resnet_tiny":
         # the view after the pooling, fused with the cast to f32 that follows it, writes f32 (the old audit
         # let it pass because the cast's f32 was among the fused types); both are the program's
-        # adaptive_avg_pool2d (test_openvino.py maps them)
+        # adaptive_avg_pool2d (test_runner.py maps them)
         expected["as_strided"] = "f32"
     assert dict(result.computes_in) == expected
 

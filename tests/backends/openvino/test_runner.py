@@ -3,44 +3,25 @@
 from __future__ import annotations
 
 import copy
-import json
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 from helpers import run_in_threads
 from models import ThreeLinears
-from torch import nn
 
 import mixprec
 
 ov = pytest.importorskip("openvino")  # installed in CI (requirements-dev.txt); optional for users
 
-from mixprec.backends import openvino as ov_backend  # noqa: E402
+from mixprec.backends.openvino import runner as ov_runner  # noqa: E402
 from mixprec.output.numerics import output_errors  # noqa: E402
 
-
-def _rel(a, b) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+from ._shared import RECORDED, Structured, rel, resnet_tiny, runs_as  # noqa: E402
 
 
 def _cpu_has(precision: str) -> bool:
     return precision in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
-
-
-class Structured(nn.Module):
-    """Outputs a dict holding a tensor, a (tensor, int) tuple: the structure must come back."""
-
-    def __init__(self):
-        super().__init__()
-        self.linear1 = nn.Linear(16, 32)
-        self.norm = nn.LayerNorm(32)
-        self.linear2 = nn.Linear(32, 8)
-
-    def forward(self, x):
-        h = self.norm(torch.relu(self.linear1(x)))
-        return {"logits": self.linear2(h), "extra": (h.sum(dim=-1), 3)}
 
 
 def test_fp32_program_matches_eager_with_the_output_structure():
@@ -48,43 +29,22 @@ def test_fp32_program_matches_eager_with_the_output_structure():
     model = Structured().eval()
     x = torch.randn(4, 16)
     prog = mixprec.compile(model, (x,), backend="openvino")
-    assert isinstance(prog.runner, ov_backend.OpenVINORunner)
+    assert isinstance(prog.runner, ov_runner.OpenVINORunner)
     got, want = prog(x), model(x)
     assert set(got) == {"logits", "extra"} and got["extra"][1] == 3
     torch.testing.assert_close(got["logits"], want["logits"], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got["extra"][0], want["extra"][0], rtol=1e-5, atol=1e-4)
     # nothing ran in another float type than the program states (f32 here)
-    layers = ov_backend.runtime_layers(prog.runner.compiled_model)
+    layers = ov_runner.runtime_layers(prog.runner.compiled_model)
     assert {l["precision"] for l in layers if l["type"] == "FullyConnected"} == {"f32"}
-
-
-def test_channels_last_weights_are_read_correctly():
-    """OpenVINO made a bf16 constant from a temporary contiguous copy of a non-contiguous tensor and read
-    it after it was freed: the channels_last bf16 convolution weights mixprec stores came back as garbage
-    (ResNet-50 rel-L2 1.0, a tiny ResNet NaN through this route); the backend hands it contiguous copies.
-    Within a few bf16 steps of the eager program on either CPU (without native bf16 OpenVINO computes the
-    bf16 layers in f32)."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 3)).eval()
-    x = torch.randn(2, 3, 12, 12)
-    eager = mixprec.compile(model, (x,), enable_autocast=True)
-    program = eager.exported_program
-    assert any(not t.is_contiguous() and t.dtype == torch.bfloat16 for t in program.state_dict.values())
-    prog = mixprec.compile(model, (x,), enable_autocast=True, backend="openvino")
-    assert any(not t.is_contiguous() for t in prog.exported_program.state_dict.values())  # left as it was
-    assert _rel(prog(x), eager(x)) < 2e-2
 
 
 # ---- the two kinds of CPU ------------------------------------------------------------------------
 # What the plugin runs depends on the CPU: with native bf16 (avx512_bf16) it keeps some reductions in f32, without
 # it (AVX2 only) it computes every bf16 layer in f32. Each test below runs on this machine's CPU for real
 # (`on_this_cpu`) and on both kinds simulated (`cpu`): the runner then reads a recorded runtime table and the
-# recorded CPU capabilities (fixtures/openvino-<kind>-cpu/, README there) instead of this CPU's, so both
-# branches are checked on any machine.
-
-FIXTURES = Path(__file__).parent / "fixtures"
-RECORDED = {kind: json.loads((FIXTURES / f"openvino-{kind}-cpu" / "runtime_layers.json").read_text())
-            for kind in ("bf16", "avx2")}
+# recorded CPU capabilities (fixtures/openvino-<kind>-cpu/, README there: _shared.RECORDED) instead of this CPU's,
+# so both branches are checked on any machine.
 
 
 def _this_cpu() -> str:
@@ -99,16 +59,12 @@ def cpu(request, monkeypatch):
         if request.param == "this":
             return _this_cpu()
         tables = RECORDED[request.param]
-        monkeypatch.setattr(ov_backend, "runtime_layers", lambda compiled: copy.deepcopy(
+        monkeypatch.setattr(ov_runner, "runtime_layers", lambda compiled: copy.deepcopy(
             tables["models"][model]["runtime_layers"]))
-        monkeypatch.setattr(ov_backend, "_capabilities", lambda core: list(tables["capabilities"]))
+        monkeypatch.setattr(ov_runner, "optimization_capabilities", lambda core: list(tables["capabilities"]))
         return request.param
 
     return as_recorded
-
-
-def _runs_as(prog) -> dict[str, str]:
-    return {r.name: r.runs_as for r in prog.report.layers if r.runs_as is not None}
 
 
 def _low(prog) -> set[str]:
@@ -129,7 +85,7 @@ def test_planned_precisions_are_kept_or_run_wider(cpu):
     prog = mixprec.compile(model, (x,), backend="openvino", **settings)
     assert eager.plan["linear_1"].compute_dtype == torch.float32 and _low(prog) == {"linear", "relu", "sum_1"}
     wider = {"sum_1"} if kind == "bf16" else _low(prog)
-    assert _runs_as(prog) == {name: "f32 on openvino" for name in wider}
+    assert runs_as(prog) == {name: "f32 on openvino" for name in wider}
     assert all(r.runs_as is None for r in eager.report.layers)  # the eager backend runs what the plan says
     summary = prog.report.summary
     assert summary["runs_as"] == {"f32 on openvino": len(wider)}
@@ -152,25 +108,18 @@ def test_resnet_compiles_with_its_global_pooling_kept_wider(cpu):
     tiny ResNet now compiles, and the report names it as the report does everywhere else: the program's
     adaptive_avg_pool2d (OpenVINO's frontend calls it mean), in module `pooler`."""
     transformers = pytest.importorskip("transformers")
-    model, x = _resnet_tiny(transformers)
+    model, x = resnet_tiny(transformers)
     kind = cpu("resnet_tiny")
     prog = mixprec.compile(model, (x,), enable_autocast=True, backend="openvino")
     low = _low(prog)
     assert "adaptive_avg_pool2d" in low and sum(r.kind == "compute" and "conv" in r.op for r in prog.report.layers) == 8
     wider = {"adaptive_avg_pool2d"} if kind == "bf16" else low
-    assert _runs_as(prog) == {name: "f32 on openvino" for name in wider}
+    assert runs_as(prog) == {name: "f32 on openvino" for name in wider}
     assert prog.report.layer("adaptive_avg_pool2d").module == "pooler"
     share = prog.report.summary["low_precision_flops_fraction"]
     assert share == (pytest.approx(1.0) if kind == "bf16" else 0.0)  # every conv bf16, or every conv f32
     line = next(l for l in str(prog.report).splitlines() if l.lstrip().startswith("adaptive_avg_pool2d"))
     assert "bf16*" in line
-
-
-def _resnet_tiny(transformers):
-    """The `resnet_tiny` of fixtures/openvino-bf16-cpu."""
-    torch.manual_seed(0)
-    config = transformers.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], layer_type="bottleneck")
-    return transformers.ResNetModel(config).eval(), torch.randn(2, 3, 64, 64)
 
 
 def _as_on_a_bf16_cpu(real_runtime_layers):
@@ -198,24 +147,24 @@ def test_a_simulated_bf16_cpu_compiles_a_resnet(monkeypatch):
     """The bar of issue 20 without a bf16 CPU: this CPU's runtime table of the tiny ResNet rewritten as a
     bf16 CPU runs it (bf16 where declared, reductions' outputs f32) compiles, and only the pooling runs wider."""
     transformers = pytest.importorskip("transformers")
-    model, x = _resnet_tiny(transformers)
-    simulate = _as_on_a_bf16_cpu(ov_backend.runtime_layers)
+    model, x = resnet_tiny(transformers)
+    simulate = _as_on_a_bf16_cpu(ov_runner.runtime_layers)
     seen = {}
 
     def runtime_layers(compiled):
         return simulate(compiled, seen["declared"])
 
-    real_declared = ov_backend.declared_precisions
+    real_declared = ov_runner.declared_precisions
 
     def declared_precisions(model_ov):
         seen["declared"] = real_declared(model_ov)
         return seen["declared"]
 
-    monkeypatch.setattr(ov_backend, "declared_precisions", declared_precisions)
-    monkeypatch.setattr(ov_backend, "runtime_layers", runtime_layers)
-    monkeypatch.setattr(ov_backend, "_capabilities", lambda core: list(RECORDED["bf16"]["capabilities"]))
+    monkeypatch.setattr(ov_runner, "declared_precisions", declared_precisions)
+    monkeypatch.setattr(ov_runner, "runtime_layers", runtime_layers)
+    monkeypatch.setattr(ov_runner, "optimization_capabilities", lambda core: list(RECORDED["bf16"]["capabilities"]))
     prog = mixprec.compile(model, (x,), enable_autocast=True, backend="openvino")
-    assert _runs_as(prog) == {"adaptive_avg_pool2d": "f32 on openvino"}
+    assert runs_as(prog) == {"adaptive_avg_pool2d": "f32 on openvino"}
     assert prog.report.summary["low_precision_flops_fraction"] == pytest.approx(1.0)
 
 
@@ -227,31 +176,13 @@ def test_a_layer_run_narrower_is_refused_naming_the_reports_node(monkeypatch):
     tables = copy.deepcopy(RECORDED["bf16"]["models"]["structured"]["runtime_layers"])
     fc = next(l for l in tables if l["name"] == "linear_1/aten.linear.default/Add")
     fc["precision"] = fc["output"] = "bf16"
-    monkeypatch.setattr(ov_backend, "runtime_layers", lambda compiled: tables)
-    monkeypatch.setattr(ov_backend, "_capabilities", lambda core: list(RECORDED["bf16"]["capabilities"]))
+    monkeypatch.setattr(ov_runner, "runtime_layers", lambda compiled: tables)
+    monkeypatch.setattr(ov_runner, "optimization_capabilities", lambda core: list(RECORDED["bf16"]["capabilities"]))
     with pytest.raises(mixprec.UnsupportedModelError) as caught:
         mixprec.compile(model, (x,), backend="openvino", enable_autocast=True, autocast_excluded_nodes={"^linear2$"})
     text = str(caught.value)
     assert "linear_1 (module 'linear2') (f32 planned, runs bf16)" in text
     assert "BF16/" in text and "without native" not in text
-
-
-def test_openvino_names_map_to_the_programs_nodes():
-    """OpenVINO's frontend decomposes the program before naming its operations: the names map back through
-    the decomposition (the pooling is `mean` and `as_strided` there), to the report's nodes and modules."""
-    transformers = pytest.importorskip("transformers")
-    model, x = _resnet_tiny(transformers)
-    program = mixprec.compile(model, (x,), enable_autocast=True).exported_program
-    names = ov_backend.convert_program(program).names
-    assert names.nodes("mean/aten.mean.dim/ReduceMean") == ("adaptive_avg_pool2d",)
-    assert names.nodes("as_strided/aten.as_strided.default/Gather") == ("adaptive_avg_pool2d",)
-    assert names.nodes("convolution_7/aten.convolution.default/Convolution") == ("conv2d_7",)
-    assert names.nodes("_native_batch_norm_legit_no_training/aten._native_batch_norm_legit_no_training.default/"
-                       "BatchNormInference") == ("batch_norm",)
-    assert names.where("adaptive_avg_pool2d") == "adaptive_avg_pool2d (module 'pooler')"
-    # and the recorded bf16 CPU's names are these: every name made from a graph node is known
-    recorded = RECORDED["bf16"]["models"]["resnet_tiny"]["declared"]
-    assert all(names.nodes(n) for n in recorded if "/" in n)
 
 
 def test_dynamic_batch_and_threads():
@@ -286,7 +217,7 @@ def test_save_and_load_recompile(tmp_path):
     path = tmp_path / "p.mixprec"
     mixprec.save(prog, path)
     loaded = mixprec.load(path, backend="openvino")  # a file never chooses it (serialize/trust.py)
-    assert isinstance(loaded.runner, ov_backend.OpenVINORunner)
+    assert isinstance(loaded.runner, ov_runner.OpenVINORunner)
     assert loaded.settings["backend"] == "openvino"
     torch.testing.assert_close(loaded(x), prog(x), rtol=0, atol=0)
 
@@ -297,85 +228,3 @@ def test_missing_openvino_is_a_config_error(monkeypatch):
         mixprec.compile(ThreeLinears().eval(), ThreeLinears.example_inputs(), backend="openvino")
 
 
-@torch.library.custom_op("mixprec_test::ov_unknown", mutates_args=())
-def _unknown(x: torch.Tensor) -> torch.Tensor:
-    return x * 2
-
-
-@_unknown.register_fake
-def _(x):
-    return torch.empty_like(x)
-
-
-class _WithUnknownOp(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.linear = nn.Linear(4, 4)
-
-    def forward(self, x):
-        return torch.ops.mixprec_test.ov_unknown(self.linear(x))
-
-
-def test_unconvertible_op_is_named():
-    with pytest.raises(mixprec.UnsupportedModelError, match="mixprec_test.ov_unknown"):
-        mixprec.compile(_WithUnknownOp().eval(), (torch.randn(2, 4),), backend="openvino")
-
-
-def _int8_mlp():
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 16)).eval()
-    x = torch.randn(8, 64)
-    configurator = mixprec.MixedPrecisionConfigurator(model)
-    configurator.set_precision(nn.Linear, activation=torch.int8, param=torch.int8)
-    return model, x, configurator.apply((x,))
-
-
-def test_int8_layers_keep_todays_numerics():
-    """int8 layers on OpenVINO compute what the eager backend's fake quantization computes: the same grid
-    and scales. On int8 kernels (CPUs with VNNI/AMX) the sums are int32's, so an output may land one grid
-    step away after its requantization; on CPUs without VNNI the int8 kernels saturate (rel-L2 0.12 on
-    this model), and the backend runs the quantized layers in float32 instead: equal to eager."""
-    model, x, plan = _int8_mlp()
-    eager = mixprec.compile(model, (x,), plan=plan)
-    prog = mixprec.compile(model, (x,), plan=plan, backend="openvino")
-    got, want = prog(x), eager(x)
-    if ov_backend.int8_kernels_exact():
-        step = plan[next(n for n in plan if plan[n].int8 is not None and plan[n].int8.output)].int8.output
-        assert (got - want).abs().max() <= max(abs(v) for v in step) / 127 * 1.01
-        assert _rel(got, want) < 1e-2
-    else:
-        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
-    assert _rel(want, model(x)) < 0.1  # and the plan is int8 (not a copy of the fp32 model)
-    assert _rel(want, model(x)) > 1e-4
-
-
-@pytest.mark.parametrize("kernels", [False, True])
-def test_int8_layers_say_what_they_compute_in(monkeypatch, kernels):
-    """Without VNNI the backend hands int8 layers to OpenVINO as float arithmetic: they compute in float32
-    with int8-stored weights, and the report says so (runs_as "f32 on openvino"; no low-precision FLOPs).
-    On int8 kernels (VNNI) they run as planned. Both ways on any CPU: the choice is int8_kernels_exact's
-    (here forced; the numerics of OpenVINO's int8 kernels without VNNI are not checked, they saturate)."""
-    model, x, plan = _int8_mlp()
-    monkeypatch.setattr(ov_backend, "int8_kernels_exact", lambda: kernels)
-    prog = mixprec.compile(model, (x,), plan=plan, backend="openvino")
-    int8 = {r.name for r in prog.report.layers if r.precision == torch.int8}
-    assert int8 == {"linear", "linear_1", "linear_2"}
-    assert _runs_as(prog) == ({} if kernels else {name: "f32 on openvino" for name in int8})
-    assert prog.report.summary["low_precision_flops_fraction"] == (1.0 if kernels else 0.0)
-    eager = mixprec.compile(model, (x,), plan=plan)
-    assert eager.report.summary["low_precision_flops_fraction"] == 1.0 and not _runs_as(eager)
-
-
-def test_int8_kernel_lowering_uses_fake_quantize_patterns():
-    """The program handed to OpenVINO for int8 kernels holds quantized_decomposed quantize/dequantize pairs
-    with mixprec's scale, zero point 0 and range [-127, 127]; the float32 lowering holds none."""
-    model, x, plan = _int8_mlp()
-    program = mixprec.compile(model, (x,), plan=plan).exported_program
-    scales = sorted(n.args[1] for n in program.graph.nodes if n.target is torch.ops.mixprec.quantize_per_tensor.default)
-    lowered = ov_backend.for_openvino(program, int8_kernels=True)
-    quants = [n for n in lowered.graph.nodes if n.target is torch.ops.quantized_decomposed.quantize_per_tensor.default]
-    assert sorted(n.args[1] for n in quants) == scales and scales
-    assert {tuple(n.args[2:]) for n in quants} == {(0, -127, 127, torch.int8)}
-    plain = ov_backend.for_openvino(program, int8_kernels=False)
-    assert not any("quantize" in str(n.target) for n in plain.graph.nodes)
-    assert any(n.target is torch.ops.mixprec.quantize_per_tensor.default for n in program.graph.nodes)  # unchanged

@@ -9,12 +9,12 @@ then reads the runtime model back (:func:`audit`) to know what runs:
 * **a wider float type** (f32 for a bf16 or fp16 layer): accepted, and said: the layer's report record
   gets ``runs_as="f32 on openvino"`` (API.md §2). The plugin does this for layers it has no
   low-precision kernel or output for: on a CPU with native bf16 (avx512_bf16), global average pooling
-  and sums (ResNet's ``mean``, the ``sum`` of ``Structured`` in tests/backends/fixtures); on a CPU
+  and sums (ResNet's ``mean``, the ``sum`` of ``Structured`` in tests/backends/openvino/fixtures); on a CPU
   without it (AVX2 only), every bf16/fp16 layer, since the plugin then converts the whole model to f32;
 * **a narrower or unrelated type** (bf16 for an f32 layer, fp16 for bf16): neither the plan nor what
   the report measured: refused (:func:`refusal`, raised by the backend as UnsupportedModelError);
 * **int8 layers** compute in float32 where the backend lowers them to float arithmetic (CPUs without
-  VNNI: ``openvino.int8_kernels_exact``), and on OpenVINO's int8 kernels otherwise.
+  VNNI: ``backends/lowering/cpu.py``), and on OpenVINO's int8 kernels otherwise.
 
 Which layer is which node. The runtime model names layers after the *converted* model's operations,
 and the converted model after the nodes of the graph OpenVINO's PyTorch frontend read — not the
@@ -28,7 +28,7 @@ no node name; where it runs otherwise than declared, the nodes fused with it sti
 
 Everything here reads plain tables (``declared``: converted-model operation -> element type;
 ``layers``: :func:`runtime_layers`), so the audit is tested on tables recorded on other CPUs
-(tests/backends/fixtures/openvino-bf16-cpu/).
+(tests/backends/openvino/fixtures/openvino-bf16-cpu/).
 """
 
 from __future__ import annotations
@@ -145,9 +145,9 @@ class NodeNames:
 
     @classmethod
     def of(cls, frontend_graph, prepared_program, program) -> "NodeNames":
-        """Names for a program converted through ``prepared_program`` (what ``openvino.for_openvino`` made of
+        """Names for a program converted through ``prepared_program`` (what ``convert.for_openvino`` made of
         ``program``), whose FX graph as the frontend read it (decomposed) is ``frontend_graph``."""
-        from ..ir.graph_info import module_of
+        from ...ir.graph_info import module_of
 
         target = id(prepared_program.graph)
         prepared = {n.name for n in prepared_program.graph.nodes}
@@ -276,7 +276,7 @@ def audit(
         floats = [p for p in int8_compute.get(node, ()) if p in FLOAT_RANK]
         if floats:  # a matmul-class layer OpenVINO computes in a float type
             computes_in[node] = max(floats, key=FLOAT_RANK.__getitem__)
-        elif not int8_kernels:  # float arithmetic by construction (openvino.for_openvino)
+        elif not int8_kernels:  # float arithmetic by construction (convert.for_openvino)
             types = sorted((node_types or {}).get(node, ()), key=FLOAT_RANK.__getitem__)
             computes_in.setdefault(node, types[-1] if types else "f32")
     return Audit(MappingProxyType(computes_in), tuple(dict.fromkeys(narrower)))

@@ -1,0 +1,59 @@
+"""Is this int8 kernel exact on this CPU? One answer, asked by every backend that hands int8 layers to a kernel.
+
+A CPU's int8 matmul multiplies u8 activations by s8 weights (oneDNN's ``qlinear_pointwise``, OpenVINO's
+int8 FullyConnected/Convolution; signed activations are shifted by 128 into u8 first). How it sums the
+products decides whether the result is the exact integer sum mixprec's fake quantization stands for:
+
+* **with VNNI or AMX** (``avx512_vnni``, ``avx_vnni``, ``amx_int8``): ``vpdpbusd`` adds four u8*s8 products
+  straight into int32 — exact for every grid;
+* **without (AVX2 only)**: ``vpmaddubsw`` adds *pairs* of u8*s8 products in int16 and saturates at 32767.
+  A pair is at most ``2 * u8_max * 127``: exact for u8 activations up to 129 (7-bit activations: 2 * 127 *
+  127 = 32258), wrong beyond — a full-range u8 or a shifted signed activation reaches 2 * 255 * 127 =
+  64770. Measured: four int8 Linear(1024) layers on OpenVINO's int8 kernels, rel-L2 0.24 against the same
+  quantized layers in float32; oneDNN's kernel on signed activations, rel-L2 0.19 against exact integer
+  arithmetic (bench/RESULTS.md, "OpenVINO backend" and "int8 linear layers on oneDNN's int8 kernels").
+
+So the question is asked with a grid (``ops/quant.py``): :func:`int8_kernel_exact` answers it from the grid
+and :func:`has_int8_dot_product`, the one place that reads the CPU. Tests monkeypatch that function to run
+either kind of CPU on any machine.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...ops.quant import INT8_SYMMETRIC, Grid
+
+INT16_MAX = 32767
+# /proc/cpuinfo flags of an int8 dot product into int32 (older torch has no probe of its own)
+_DOT_PRODUCT_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+
+
+def has_int8_dot_product() -> bool:
+    """Whether this CPU sums u8*s8 products in int32 (VNNI or AMX), with no int16 pair sums on the way."""
+    try:
+        if torch.cpu._is_vnni_supported() or torch.cpu._is_amx_tile_supported():
+            return True
+    except AttributeError:  # older torch: read the flags
+        pass
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return bool(_DOT_PRODUCT_FLAGS & set(flags))
+
+
+def kernel_u8_max(grid: Grid) -> int:
+    """The largest u8 value the kernel reads for activations on ``grid``: an unsigned grid as it is, a signed
+    one shifted by 128 (what oneDNN and OpenVINO do with s8 activations)."""
+    return grid.qmax - torch.iinfo(grid.dtype).min
+
+
+def int8_kernel_exact(activations: Grid, weights: Grid = INT8_SYMMETRIC) -> bool:
+    """Whether this CPU's u8*s8 kernel computes activations on ``activations`` times weights on ``weights``
+    with exact integer sums (see the module docstring)."""
+    if has_int8_dot_product():
+        return True
+    weight_max = max(-weights.qmin, weights.qmax)
+    return 2 * kernel_u8_max(activations) * weight_max <= INT16_MAX

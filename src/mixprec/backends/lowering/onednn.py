@@ -1,0 +1,77 @@
+"""oneDNN's int8 linear kernel as an operator a graph can call: ``mixprec_kernels::int8_linear_u7``.
+
+The lowering (``qdq.py``, its ONEDNN table) replaces a fake-quantized int8 linear layer whose input is
+never negative by this op; here is what the op runs and how it finds its weight.
+
+The weights are packed (``qlinear_prepack``) when the backend is built — also after ``mixprec.load``,
+which builds the backend again — and live only in the built module: the saved ExportedProgram keeps the
+plain int8 weights and the fake-quant nodes. The packed weight is an opaque oneDNN tensor that neither
+TorchDynamo nor FakeTensor can trace, so the graph refers to it by an integer handle into a registry of
+weak references; the module that uses it holds the strong reference, and the packed weight is freed with it.
+
+Only on CPU tensors and only where this torch build has oneDNN's quantized ops
+(``torch.ops.onednn.qlinear_pointwise`` and mkldnn): :func:`is_available`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+
+import torch
+
+_PACKED: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
+_HANDLES = itertools.count(1)
+_PACK_LOCK = threading.Lock()
+_OWNED = "_mixprec_int8_packed"  # the attribute of a module that holds its packed weights
+
+
+def is_available() -> bool:
+    """Whether this torch build has oneDNN's int8 linear kernels."""
+    return (
+        torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops, "onednn")
+        and hasattr(torch.ops.onednn, "qlinear_pointwise")
+        and hasattr(torch.ops.onednn, "qlinear_prepack")
+    )
+
+
+def pack_weight(weight_int8: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """(handle, packed weight) of an int8 weight [N, K]; the caller keeps the packed tensor alive."""
+    packed = torch.ops.onednn.qlinear_prepack(weight_int8.contiguous(), None)
+    with _PACK_LOCK:
+        handle = next(_HANDLES)
+        _PACKED[handle] = packed
+    return handle, packed
+
+
+def pack_for(module: torch.nn.Module, weight_int8: torch.Tensor) -> int:
+    """Pack ``weight_int8`` for a graph of ``module``, which keeps it alive as long as itself; the handle."""
+    handle, packed = pack_weight(weight_int8)
+    module.__dict__.setdefault(_OWNED, []).append(packed)  # before the graph refers to its handle
+    return handle
+
+
+@torch.library.custom_op("mixprec_kernels::int8_linear_u7", mutates_args=())
+def int8_linear_u7(
+    u: torch.Tensor, x_scale: float, w_scales: torch.Tensor, bias: torch.Tensor | None, handle: int
+) -> torch.Tensor:
+    """(u * x_scale) @ (w * w_scales).T + bias for a uint8 ``u`` in [0, 127], on the int8 GEMM (float32 out)."""
+    packed = _PACKED.get(handle)
+    if packed is None:
+        raise RuntimeError(f"mixprec: the packed int8 weight {handle} was freed with the module that owned it")
+    k = u.shape[-1]
+    zero_points = torch.zeros(w_scales.shape[0], dtype=torch.int64)
+    out = torch.ops.onednn.qlinear_pointwise(
+        u.reshape(-1, k), x_scale, 0, packed, w_scales, zero_points, bias, 1.0, 0, torch.float32, "none", [], ""
+    )
+    return out.reshape(*u.shape[:-1], w_scales.shape[0])
+
+
+@int8_linear_u7.register_fake
+def _(u, x_scale, w_scales, bias, handle):
+    return u.new_empty((*u.shape[:-1], w_scales.shape[0]), dtype=torch.float32)
+
+
+KERNEL = torch.ops.mixprec_kernels.int8_linear_u7.default

@@ -1,0 +1,338 @@
+"""Quantize/dequantize lowering: one table per target, each entry the one arithmetic of ``ops/quant.py`` spelled
+for that target.
+
+The rewritten program states an int8 layer with mixprec's own ops (``ops/custom.py``): quantize and
+dequantize around its inputs and output, a per-channel dequantize of its int8 weight. A custom op is opaque to
+a compiler (inductor runs its eager kernels one by one, OpenVINO has no conversion rule for it), so each
+backend hands its compiler the same values spelled in ops the compiler knows. A table maps the op a rule is
+anchored at to the rule; a rule builds the replacement through an interpreter of ``ops/quant.py``'s
+arithmetic that adds ATen nodes (:class:`GraphOps`) — the eager kernels run the very same ATen ops, which is
+why every spelling below gives the custom ops' values bit for bit (tests/backends/lowering/test_qdq.py)::
+
+    target           quantize_per_tensor          dequantize_per_tensor          dequantize_per_channel
+    ATEN             div, round, clamp, _to_copy  _to_copy, mul (, _to_copy)    _to_copy, view, mul (, _to_copy)
+    OPENVINO_FLOAT   as ATEN                      as ATEN                        as ATEN
+    OPENVINO_INT8    quantized_decomposed.        quantized_decomposed.          as ATEN (Convert * scale)
+                     quantize_per_tensor          dequantize_per_tensor
+    ONEDNN           linear(dq(q(x, s)), dq_channel(w), b)  ->  int8_linear_u7(quantize(x, s, UINT8_7BIT), s, ...)
+
+* **ATEN** (inductor): ATen ops fuse with their neighbours into one loop; inductor keeps the true division and
+  rounds half to even (``std::nearbyint`` / ``_mm256_round_ps``), so its values are the custom ops'.
+* **OPENVINO_INT8** (OpenVINO where its int8 kernels are exact, ``cpu.py``): quantize -> dequantize pairs
+  become ``quantized_decomposed`` pairs with the grid's scale, zero point and range, which OpenVINO turns into
+  FakeQuantize and its low-precision transformations into int8 kernels; an int8 weight with its per-channel
+  scales is Convert(int8) * scale, the dequantization pattern those transformations fold into int8
+  convolution/matmul. Same grid, same scales; the sums are int32's. **OPENVINO_FLOAT** (elsewhere): the ATen
+  arithmetic — fake quantization in float32, as on the eager backend.
+* **ONEDNN** (eager and inductor): an int8 linear layer whose input is never negative (``sign.py``) runs on
+  oneDNN's int8 GEMM (``onednn.py``). For ``x >= 0`` the symmetric quantization equals the 7-bit u8 grid
+  ``UINT8_7BIT`` (same scale, same rounding), on which every CPU's u8*s8 kernel is exact (``cpu.py``), and
+  the kernel gets the program's per-channel int8 weights and scales. What differs from the fake quantization:
+  the sum over K is int32 (exact) instead of float32, so outputs agree within float32 rounding of a K-term sum.
+  Other int8 layers keep their fake quantization (logged at INFO with the reason)::
+
+      r = aten.relu(h)                                       r = aten.relu(h)
+      r_q = mixprec.quantize_per_tensor(r, 0.013)            d = aten.div(r, 0.013)
+      r_dq = mixprec.dequantize_per_tensor(r_q, 0.013, f32)  u = aten._to_copy(aten.clamp(aten.round(d), 0, 127), uint8)
+      w_dq = mixprec.dequantize_per_channel(w_int8, ...)     y = mixprec_kernels.int8_linear_u7(u, 0.013, w_scale, b, 3)
+      y = aten.linear(r_dq, w_dq, b)
+
+A new grid (unsigned or zero-point activations) is a parameter of the same rules (``ops.custom.GRID``), a
+new target a new table. Each lowering is a backend pass with a contract (``ir/passes.py``), checked by the
+verifier in tests (``__init__.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import logging
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+
+import torch
+from torch._guards import detect_fake_mode
+
+from ...ir.passes import GraphPass, PassResult
+from ...ops.custom import GRID
+from ...ops.quant import UINT8_7BIT, dequantize, quantize
+from . import cpu, onednn
+from .sign import is_nonnegative
+
+logger = logging.getLogger(__name__)
+
+aten = torch.ops.aten
+_QUANT = torch.ops.mixprec.quantize_per_tensor.default
+_DEQUANT = torch.ops.mixprec.dequantize_per_tensor.default
+_DEQUANT_CHANNEL = torch.ops.mixprec.dequantize_per_channel.default
+
+
+# ---- the interpreter that writes the arithmetic into a graph ------------------------------------------------
+class GraphOps:
+    """Runs ``ops/quant.py``'s arithmetic by adding each op to ``graph`` at its insertion point, with the fake
+    value the op really produces in its meta (the verifier re-runs it). ``made``: the nodes added."""
+
+    def __init__(self, graph: torch.fx.Graph, like: torch.fx.Node):
+        self.graph = graph
+        self.like = like  # the node being replaced: its stack trace and module path go to the new nodes
+        self.made: list[torch.fx.Node] = []
+
+    def __call__(self, op, *args, **kwargs) -> torch.fx.Node:
+        return self.call(op, args, kwargs)
+
+    def call(self, op, args, kwargs=None, *, name: str | None = None) -> torch.fx.Node:
+        node = self.graph.call_function(op, tuple(args), dict(kwargs or {}), name=name)
+        node.meta["val"] = _fake_result(op, node.args, node.kwargs)
+        for key in ("nn_module_stack", "stack_trace"):
+            if key in self.like.meta:
+                node.meta[key] = self.like.meta[key]
+        self.made.append(node)
+        return node
+
+    def dtype(self, value: torch.fx.Node) -> torch.dtype:
+        return value.meta["val"].dtype
+
+    def ndim(self, value: torch.fx.Node) -> int:
+        return value.meta["val"].dim()
+
+
+def _fake_result(op, args, kwargs):
+    vals = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta["val"])
+    fake_mode = detect_fake_mode(tuple(v for v in torch.utils._pytree.tree_leaves(vals) if isinstance(v, torch.Tensor)))
+    with fake_mode if fake_mode is not None else contextlib.nullcontext(), torch.no_grad():
+        return op(*vals[0], **vals[1])
+
+
+# ---- tables and the engine that applies one -----------------------------------------------------------------
+@dataclasses.dataclass
+class Site:
+    """What a rule sees besides its node: the module whose state the graph reads (a backend's GraphModule;
+    None for a program), per-run memory for the rules, and the nodes a rule left as they were, with why."""
+
+    module: torch.nn.Module | None
+    memo: dict = dataclasses.field(default_factory=dict)
+    kept: dict[str, str] = dataclasses.field(default_factory=dict)
+    lowered: list[str] = dataclasses.field(default_factory=list)
+
+
+# rule(node, ops, site) -> the node that takes ``node``'s place, or None to leave it
+Rule = Callable[[torch.fx.Node, GraphOps, Site], "torch.fx.Node | None"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+    """A target's lowering: the op each rule is anchored at -> the rule. ``dead_code``: afterwards remove what
+    only the replaced nodes read (the oneDNN pattern leaves the layer's fake quantization unread)."""
+
+    target: str
+    rules: Mapping
+    dead_code: bool = False
+
+
+def lower(subject, table: Table) -> Site:
+    """Apply ``table`` to ``subject`` (a GraphModule or a WorkProgram) in place; the Site says what happened."""
+    graph = subject.graph
+    site = Site(subject if isinstance(subject, torch.nn.Module) else None)
+    for node in list(graph.nodes):
+        rule = table.rules.get(node.target) if node.op == "call_function" else None
+        if rule is None:
+            continue
+        with graph.inserting_before(node):
+            ops = GraphOps(graph, node)
+            new = rule(node, ops, site)
+        if new is None:
+            for made in reversed(ops.made):  # a rule that declines late leaves nothing behind
+                graph.erase_node(made)
+            continue
+        _take_place(graph, node, new, ops.made)
+        site.lowered.append(node.name)
+    if site.lowered:
+        if table.dead_code:
+            graph.eliminate_dead_code()
+        if isinstance(subject, torch.fx.GraphModule):
+            subject.recompile()
+        else:
+            subject.sync_output_specs()
+    return site
+
+
+def _take_place(graph, node, new, made) -> None:
+    if made == [new]:  # respelled as one op: the node keeps its name (OpenVINO names its layers after it)
+        node.target, node.args, node.kwargs = new.target, new.args, new.kwargs
+        node.meta["val"] = new.meta["val"]
+        graph.erase_node(new)
+        return
+    new.meta = {**node.meta, "val": new.meta["val"]}  # the role, stack and module path of what it replaces
+    node.replace_all_uses_with(new)
+    graph.erase_node(node)
+
+
+# ---- the rules ----------------------------------------------------------------------------------------------
+def _scale(value):
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _aten_quantize(node, ops, site):
+    x, scale = node.args
+    if node.kwargs or _scale(scale) is None:
+        return None
+    return quantize(x, _scale(scale), GRID[node.target], ops)
+
+
+def _aten_dequantize(node, ops, site):
+    q, scale, dtype = node.args
+    if node.kwargs or _scale(scale) is None:
+        return None
+    return dequantize(q, _scale(scale), dtype, GRID[node.target], ops)
+
+
+def _aten_dequantize_channel(node, ops, site):
+    q, scales, axis, dtype = node.args
+    return dequantize(q, scales, dtype, GRID[node.target], ops, axis=axis)
+
+
+def _decomposed_quantize(node, ops, site):
+    x, scale = node.args
+    grid = GRID[node.target]
+    qd = _quantized_decomposed()
+    return ops(qd.quantize_per_tensor.default, x, float(scale), grid.zero_point, grid.qmin, grid.qmax, grid.dtype)
+
+
+def _decomposed_dequantize(node, ops, site):
+    q, scale, dtype = node.args
+    grid = GRID[node.target]
+    qd = _quantized_decomposed()
+    return ops(
+        qd.dequantize_per_tensor.default, q, float(scale), grid.zero_point, grid.qmin, grid.qmax, grid.dtype,
+        out_dtype=dtype,
+    )
+
+
+@functools.cache
+def _quantized_decomposed():
+    import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers torch.ops.quantized_decomposed)
+
+    return torch.ops.quantized_decomposed
+
+
+_WEIGHT_AXIS = 0  # output channels of aten.linear's weight
+
+
+def _onednn_linear(node, ops, site):
+    """A fake-quantized int8 linear layer on ``int8_linear_u7`` (see the module docstring), else None."""
+    match = _match_int8_linear(site.module, node)
+    if match is None:
+        return None
+    value, scale, weight_int8, w_scales, bias = match
+    grid = UINT8_7BIT  # zero point 0: a value x >= 0 quantizes onto it exactly as onto the symmetric int8 grid
+    if not is_nonnegative(value, site.memo.setdefault("nonnegative", {})):
+        site.kept[node.name] = (
+            "input may be negative: a signed activation is exact only on CPUs with VNNI, this lowering spells the "
+            "7-bit grid, exact on every CPU"
+        )
+        return None
+    if not cpu.int8_kernel_exact(grid):
+        site.kept[node.name] = "this CPU's int8 kernel is not exact on 7-bit activations"
+        return None
+    try:
+        handle = onednn.pack_for(site.module, weight_int8)
+    except RuntimeError as e:  # oneDNN refused this weight: the layer keeps its fake quantization
+        site.kept[node.name] = f"oneDNN could not pack its weight ({e})"
+        return None
+    u = quantize(value, scale, grid, ops)
+    return ops.call(onednn.KERNEL, (u, scale, w_scales, bias, handle), name=f"{node.name}_int8")
+
+
+def _match_int8_linear(module, node):
+    """(quantized value, scale, int8 weight tensor, weight-scale node, bias) of a fake-quant int8 linear, else None."""
+    if module is None or node.kwargs:
+        return None
+    x_dq, w_dq = node.args[0], node.args[1]
+    bias = node.args[2] if len(node.args) > 2 else None
+    if not (_is(x_dq, _DEQUANT) and x_dq.args[2] == torch.float32 and _is(x_dq.args[0], _QUANT)):
+        return None
+    x_q = x_dq.args[0]
+    scale = x_q.args[1]
+    if x_dq.args[1] != scale or not isinstance(scale, float):
+        return None
+    if not (_is(w_dq, _DEQUANT_CHANNEL) and w_dq.args[2] == _WEIGHT_AXIS and w_dq.args[3] == torch.float32):
+        return None
+    weight, w_scales = (_attr(module, a) for a in w_dq.args[:2])
+    if weight is None or w_scales is None or weight.dtype != torch.int8 or weight.dim() != 2:
+        return None
+    if weight.device.type != "cpu" or w_scales.dtype != torch.float32:
+        return None
+    if bias is not None and (_attr(module, bias) is None or _attr(module, bias).dtype != torch.float32):
+        return None
+    val = x_q.args[0].meta.get("val") if isinstance(x_q.args[0], torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor) or not val.dtype.is_floating_point:
+        return None
+    return x_q.args[0], scale, weight, w_dq.args[1], bias
+
+
+def _is(node, target) -> bool:
+    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is target
+
+
+def _attr(module, node):
+    """The tensor behind a get_attr node (a parameter or buffer of the module), else None."""
+    if not isinstance(node, torch.fx.Node) or node.op != "get_attr":
+        return None
+    value = module
+    for part in node.target.split("."):
+        value = getattr(value, part, None)
+    return value if isinstance(value, torch.Tensor) else None
+
+
+# ---- the tables ---------------------------------------------------------------------------------------------
+ATEN = Table(
+    "aten",
+    MappingProxyType({_QUANT: _aten_quantize, _DEQUANT: _aten_dequantize, _DEQUANT_CHANNEL: _aten_dequantize_channel}),
+)
+OPENVINO_FLOAT = Table(
+    "openvino_float",
+    MappingProxyType({_QUANT: _aten_quantize, _DEQUANT: _aten_dequantize, _DEQUANT_CHANNEL: _aten_dequantize_channel}),
+)
+OPENVINO_INT8 = Table(
+    "openvino_int8",
+    MappingProxyType(
+        {_QUANT: _decomposed_quantize, _DEQUANT: _decomposed_dequantize, _DEQUANT_CHANNEL: _aten_dequantize_channel}
+    ),
+)
+ONEDNN = Table("onednn", MappingProxyType({aten.linear.default: _onednn_linear}), dead_code=True)
+
+
+# ---- the passes ---------------------------------------------------------------------------------------------
+def _qdq_pass(table: Table) -> GraphPass:
+    def run(subject) -> PassResult:
+        return PassResult(bool(lower(subject, table).lowered))
+
+    return GraphPass(f"qdq_{table.target}", run, ensures=frozenset({"qdq_lowered"}), breaks=frozenset({"int8"}),
+                     stage="backend")
+
+
+QDQ_ATEN = _qdq_pass(ATEN)
+QDQ_OPENVINO_FLOAT = _qdq_pass(OPENVINO_FLOAT)
+QDQ_OPENVINO_INT8 = _qdq_pass(OPENVINO_INT8)
+
+
+def _int8_linears(module) -> PassResult:
+    """Run the int8 linear layers of ``module`` (a backend's GraphModule) whose input is provably non-negative
+    on ``int8_linear_u7``. Changes ``module`` in place (the backend's own, never the user's nor the saved one)."""
+    if not onednn.is_available() or not isinstance(module, torch.fx.GraphModule):
+        return PassResult(False)
+    site = lower(module, ONEDNN)
+    if site.lowered or site.kept:
+        reasons: dict[str, list[str]] = {}
+        for name, why in site.kept.items():
+            reasons.setdefault(why, []).append(name)
+        kept = "; ".join(f"{', '.join(names)} ({why})" for why, names in reasons.items())
+        logger.info("int8 linear layers on oneDNN's int8 kernel: %s; kept as fake quantization: %s",
+                    ", ".join(site.lowered) or "none", kept or "none")
+    return PassResult(bool(site.lowered))
+
+
+# reads the fake-quantization pattern the rewrite made (``int8``), which the quantize/dequantize lowering breaks
+INT8_LINEARS = GraphPass("int8_linears", _int8_linears, requires=frozenset({"int8"}), breaks=frozenset({"int8"}),
+                         stage="backend")

@@ -1,0 +1,33 @@
+"""The OpenVINO backend: run the rewritten program on OpenVINO's CPU runtime.
+
+``backend="openvino"`` (``pip install 'mixprec[openvino]'``) converts the rewritten, strongly typed
+ExportedProgram with ``openvino.convert_model`` and compiles it for OpenVINO's ``"CPU"`` device. One
+concern per module:
+
+* ``convert.py`` — the program prepared the way OpenVINO must read it (contiguous stored tensors; int8
+  regions as FakeQuantize patterns for OpenVINO's int8 kernels where they are exact on this CPU, as float32
+  fake quantization elsewhere; a flat tuple of output tensors), then converted;
+* ``runner.py`` — the compiled program: :class:`~.runner.OpenVINORunner`, callable like the model, a pool of
+  infer requests so that calls from several threads run concurrently;
+* ``audit.py`` — what OpenVINO's CPU plugin really computes each layer in. We compile with
+  ``INFERENCE_PRECISION_HINT=f32``, under which the plugin keeps the element types the program states (the
+  bf16 layers bf16, the fp32 islands f32) instead of lowering f32 layers to its default bf16; a layer it
+  computes in a *wider* float type than planned (f32 for bf16: global pooling and sums on a CPU with native
+  bf16, every bf16/fp16 layer on a CPU without it) is accepted and reported (``runs_as``), a narrower one is
+  refused with UnsupportedModelError naming the report's nodes and modules;
+* ``io.py`` — a call's tensors to OpenVINO's ports and back, the output structure put back.
+
+Save/load: a saved program is the ExportedProgram; loading with this backend converts and compiles it
+again (no OpenVINO blob is stored: it is tied to the OpenVINO version and the CPU it was compiled on).
+"""
+
+from __future__ import annotations
+
+from .. import register_backend
+from .runner import OpenVINORunner
+
+
+@register_backend("openvino")
+def build(exported_program, settings=None):
+    """Convert ``exported_program`` with OpenVINO and compile it for the CPU."""
+    return OpenVINORunner(exported_program)

@@ -1,0 +1,152 @@
+"""The compiled OpenVINO program: a callable like the model, a pool of infer requests, and what it computes in.
+
+``OpenVINORunner`` converts the program (``convert.py``), reshapes the model to the program's input specs,
+compiles it for OpenVINO's ``"CPU"`` device with :data:`COMPILE_CONFIG`, and audits the runtime model
+(``audit.py``): a layer the plugin computes in a *wider* float type than planned is accepted and reported
+(``computes_in``, the records' ``runs_as``), a narrower one refused with UnsupportedModelError.
+
+Dynamic dimensions: OpenVINO's frontend makes every dimension dynamic; the converted model is reshaped to
+the program's input specs — static sizes static, dimensions captured as dynamic bounded by their ranges
+(``range_constraints``).
+
+Threads: an OpenVINO infer request runs one inference at a time; the runner keeps a pool of requests, takes
+one per call (creating one when all are busy) and gives it back after copying the outputs out, so calls
+from several threads run concurrently on one compiled model (which OpenVINO documents as thread-safe).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+
+import torch
+import torch.utils._pytree as pytree
+
+from ...errors import UnsupportedModelError
+from ...ir.input_check import input_specs_of
+from .audit import NATIVE_CAPABILITY, audit, declared_precisions, int8_nodes, node_types, refusal, runtime_layers
+from .convert import Converted, convert_program, first_line, import_openvino, version_of
+from .io import (
+    bind_inputs, check_no_mutations, set_input_shapes, to_ov_tensor, to_torch, user_input_names, user_outputs,
+)
+
+DEVICE = "CPU"
+# Compile settings of every mixprec program (see the package docstring).
+# f32: keep the element types the program states; no dynamic quantization of the activations of layers
+# with int8 weights (weight-only int8 computes in float32 activations, as planned).
+COMPILE_CONFIG = {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
+
+# OpenVINO's element type names -> torch dtypes (what the runner's computes_in holds)
+_TORCH_TYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "f64": torch.float64}
+
+log = logging.getLogger(__name__)
+
+
+class OpenVINORunner(torch.nn.Module):
+    """The compiled program: callable like the model, safe to call from several threads.
+
+    ``computes_in``: program node name -> the torch dtype OpenVINO computes it in, for the nodes it runs
+    otherwise than the program states (wider float types; int8 layers in float32 without int8 kernels).
+    The report reads it into ``LayerRecord.runs_as``."""
+
+    def __init__(self, exported_program):
+        super().__init__()
+        ov = import_openvino()
+        self.__dict__["_program"] = exported_program  # not a submodule: the runner holds no torch state
+        self._specs = input_specs_of(exported_program)
+        check_no_mutations(exported_program)
+        self._user_inputs = user_input_names(exported_program)
+        self._outputs = user_outputs(exported_program)
+        self._out_spec = exported_program.call_spec.out_spec
+        converted = convert_program(exported_program)
+        model = converted.model
+        # OpenVINO's constants point into the prepared program's tensors: they must outlive the compiled model
+        self.__dict__["_prepared"] = converted.prepared
+        self._input_ports = bind_inputs(model, self._user_inputs)
+        set_input_shapes(ov, model, self._input_ports, self._specs)
+        n_tensors = sum(1 for kind, _ in self._outputs if kind == "tensor")
+        if len(model.outputs) != n_tensors:
+            raise UnsupportedModelError(
+                f"OpenVINO made {len(model.outputs)} outputs of this program's {n_tensors} output tensors "
+                "(it merges outputs that are the same value); run it with backend='eager' or 'inductor'."
+            )
+        core = ov.Core()
+        try:
+            self.__dict__["_compiled"] = core.compile_model(model, DEVICE, dict(COMPILE_CONFIG))
+        except RuntimeError as e:
+            raise UnsupportedModelError(
+                f"OpenVINO could not compile this program for its CPU device: {first_line(e)}\n"
+                "Run it with backend='eager' or 'inductor'.",
+                reason=str(e),
+            ) from e
+        self.computes_in = _audit(ov, core, exported_program, converted, self._compiled)
+        self.__dict__["_model"] = model
+        self._idle: queue.SimpleQueue = queue.SimpleQueue()
+        self._idle.put(self._compiled.create_infer_request())
+
+    def forward(self, *args, **kwargs):
+        from ...ir.call_signature import flat_user_inputs
+
+        leaves = flat_user_inputs(self._program, args, kwargs)
+        tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+        feed = {}
+        for port, position in self._input_ports:
+            feed[port] = to_ov_tensor(tensors[position])
+        try:
+            request = self._idle.get_nowait()
+        except queue.Empty:
+            request = self._compiled.create_infer_request()
+        try:
+            request.infer(feed, share_inputs=True)
+            results = [to_torch(request.get_output_tensor(i)) for i in range(len(self._compiled.outputs))]
+        finally:
+            self._idle.put(request)
+        flat, it = [], iter(results)
+        for kind, value in self._outputs:
+            flat.append(next(it) if kind == "tensor" else value)
+        return pytree.tree_unflatten(flat, self._out_spec)
+
+    @property
+    def compiled_model(self):
+        """The ``openvino.CompiledModel`` (its ``get_runtime_model()`` shows what runs in which precision)."""
+        return self._compiled
+
+    @property
+    def converted_model(self):
+        """The ``openvino.Model`` it was compiled from (the element types the program states)."""
+        return self._model
+
+
+# ---- precisions -----------------------------------------------------------------------------
+
+
+def _audit(ov, core, exported_program, converted: Converted, compiled) -> dict:
+    """What the runtime model computes in which type (audit.py): program node -> torch dtype for the
+    nodes that run otherwise than the program states; refuses layers the plugin would run narrower."""
+    capabilities = optimization_capabilities(core)
+    result = audit(
+        declared_precisions(converted.model), runtime_layers(compiled), names=converted.names,
+        capabilities=capabilities, node_types=node_types(exported_program), int8_nodes=int8_nodes(exported_program),
+        int8_kernels=converted.int8_kernels,
+    )
+    if result.narrower:
+        raise UnsupportedModelError(
+            refusal(result.narrower, converted.names, capabilities=capabilities, version=version_of(ov)),
+            reason="; ".join(f"{m.layer}: {m.planned} -> {m.runs}" for m in result.narrower),
+        )
+    computes_in = {node: _TORCH_TYPES[t] for node, t in result.computes_in.items()}
+    if computes_in:
+        lacking = [t for t in ("bf16", "f16") if NATIVE_CAPABILITY[t] not in capabilities]
+        why = (f"this CPU computes no {'/'.join(lacking)} natively (OpenVINO's capabilities: {'/'.join(capabilities)})"
+               if lacking else "OpenVINO has no low-precision kernel or output for them on this CPU")
+        log.info("OpenVINO computes %d node(s) in a wider type than the program states (%s): %s", len(computes_in),
+                 why, ", ".join(f"{n} in {t}" for n, t in list(result.computes_in.items())[:20]))
+    return computes_in
+
+
+def optimization_capabilities(core) -> list[str]:
+    """The CPU's OPTIMIZATION_CAPABILITIES (BF16, FP16, FP32, INT8, ...): which types it computes natively."""
+    try:
+        return [str(c) for c in core.get_property(DEVICE, "OPTIMIZATION_CAPABILITIES")]
+    except Exception:  # an OpenVINO that does not say: nothing is known to be native
+        return []

@@ -1,0 +1,284 @@
+"""Quantize/dequantize lowering (backends/lowering/qdq.py): every table's spelling computes the custom ops' values,
+the oneDNN table runs int8 linears on the int8 GEMM within float32 rounding, and the passes keep their contracts.
+
+Tolerances, and why:
+* a spelling in ATen ops against the custom ops: bit for bit (the same ATen ops in the same order), on
+  values halfway between grid points (where round-half-to-even and round-half-away differ), one float32 step
+  either side, and beyond the clamp bound — also compiled by inductor;
+* a lowered layer against the fake quantization (a float32 GEMM of the dequantized values): float32 rounding
+  of a K-term sum (tests/backends/lowering/test_onednn.py bounds one layer);
+* a whole program: after the next quantization such a difference moves an element to the neighbouring grid
+  point only when it lies within float32 rounding of a rounding boundary — at most one grid step, on a small
+  fraction of the elements;
+* with power-of-two scales and few enough terms every value is exact in float32, and the lowered program
+  equals the fake quantization and the fp64 reference bit for bit.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from models import ReluNet
+
+import mixprec
+from mixprec.backends.lowering import cpu, onednn, qdq, run_passes
+from mixprec.errors import InvariantError
+from mixprec.ir.passes import GraphPass, PassResult
+from mixprec.ops.quant import quantize_weight
+
+needs_onednn = pytest.mark.skipif(not onednn.is_available(), reason="torch without oneDNN int8 kernels")
+
+KERNEL = torch.ops.mixprec_kernels.int8_linear_u7.default
+MIXPREC_QDQ = ("mixprec.quantize_per_tensor", "mixprec.dequantize_per_tensor", "mixprec.dequantize_per_channel")
+
+
+def int8_plan(model, x, **kwargs):
+    cfg = mixprec.MixedPrecisionConfigurator(model)
+    cfg.set_precision(torch.nn.Linear, activation="int8", **kwargs)
+    return cfg.apply((x,))
+
+
+def lowered_count(module) -> int:
+    return sum(1 for n in module.graph.nodes if n.target is KERNEL)
+
+
+# ---- the spellings ------------------------------------------------------------------------------------------
+SCALE = 0.0148547765776867
+
+
+def _boundary_values() -> torch.Tensor:
+    """Halfway between grid points, one float32 step either side, beyond the clamp bound, and noise."""
+    k = torch.arange(-130, 130).double()
+    halfway = ((k + 0.5) * SCALE).float()
+    up, down = torch.nextafter(halfway, halfway + 1), torch.nextafter(halfway, halfway - 1)
+    return torch.cat([halfway, up, down, torch.randn(4096)])
+
+
+class FakeQuant(torch.nn.Module):
+    """All three mixprec ops: a quantized activation, dequantized to bf16, and a per-channel int8 weight."""
+
+    def __init__(self):
+        super().__init__()
+        w, scales = quantize_weight(torch.randn(6, 5))
+        self.register_buffer("w", w)
+        self.register_buffer("w_scales", scales)
+
+    def forward(self, v):
+        q = torch.ops.mixprec.quantize_per_tensor(v, SCALE)
+        w = torch.ops.mixprec.dequantize_per_channel(self.w, self.w_scales, 0, torch.float32)
+        w16 = torch.ops.mixprec.dequantize_per_channel(self.w, self.w_scales, 0, torch.bfloat16)
+        return q, torch.ops.mixprec.dequantize_per_tensor(q, SCALE, torch.bfloat16), w, w16
+
+
+def _ops(graph) -> set[str]:
+    return {str(n.target).rsplit(".", 1)[0] for n in graph.nodes if n.op == "call_function"}
+
+
+@pytest.mark.parametrize("table", [qdq.ATEN, qdq.OPENVINO_FLOAT])
+def test_a_spelling_in_aten_ops_is_the_custom_ops_bit_for_bit(table):
+    x, fake_quant = _boundary_values(), FakeQuant()
+    expected = fake_quant(x)
+    module = torch.export.export(fake_quant, (x,)).module()
+    assert qdq.lower(module, table).lowered
+    assert not _ops(module.graph) & set(MIXPREC_QDQ)
+    got = module(x)
+    for g, e in zip(got, expected):
+        assert g.dtype == e.dtype and torch.equal(g, e)
+
+
+def test_the_aten_spelling_is_bit_identical_under_inductor():
+    x, fake_quant = _boundary_values(), FakeQuant()
+    module = torch.export.export(fake_quant, (x,)).module()
+    assert run_passes(module, (qdq.QDQ_ATEN,)) == ["qdq_aten"]
+    compiled = torch.compile(module, backend="inductor", fullgraph=True)
+    expected = fake_quant(x)
+    for got in (module(x), compiled(x)):
+        assert all(g.dtype == e.dtype and torch.equal(g, e) for g, e in zip(got, expected))
+
+
+def test_the_openvino_int8_spelling_is_quantized_decomposed_with_the_grid():
+    """Pairs OpenVINO makes FakeQuantize of: scale, zero point 0, [-127, 127] as int8; weights Convert * scale.
+    A node respelled as one op keeps its name (OpenVINO names its layers after it)."""
+    module = torch.export.export(FakeQuant(), (torch.randn(8),)).module()
+    names = [n.name for n in module.graph.nodes if str(n.target).startswith("mixprec.") and "tensor" in str(n.target)]
+    qdq.lower(module, qdq.OPENVINO_INT8)
+    qd = torch.ops.quantized_decomposed
+    quant = [n for n in module.graph.nodes if n.target is qd.quantize_per_tensor.default]
+    dequant = [n for n in module.graph.nodes if n.target is qd.dequantize_per_tensor.default]
+    assert [n.args[1:] for n in quant] == [(SCALE, 0, -127, 127, torch.int8)]
+    grid = (SCALE, 0, -127, 127, torch.int8)
+    assert [(n.args[1:], n.kwargs) for n in dequant] == [(grid, {"out_dtype": torch.bfloat16})]
+    assert [n.name for n in quant + dequant] == names
+    assert not _ops(module.graph) & set(MIXPREC_QDQ)
+    assert {"aten.view", "aten.mul", "aten._to_copy"} <= _ops(module.graph)  # the weights: Convert * scale
+
+
+# ---- the contracts ------------------------------------------------------------------------------------------
+def test_the_oneDNN_lowering_must_come_before_the_quantize_dequantize_lowering():
+    """It reads the fake-quantization pattern (``int8``) that the lowering to ATen ops breaks."""
+    with pytest.raises(InvariantError, match=r"backend pass 'int8_linears' requires \['int8'\].*qdq_aten"):
+        run_passes(torch.nn.Module(), (qdq.QDQ_ATEN, qdq.INT8_LINEARS))
+
+
+def test_the_verifier_names_a_lowering_that_leaves_a_mixprec_op():
+    incomplete = qdq.Table("incomplete", {k: v for k, v in qdq.ATEN.rules.items() if "channel" not in str(k)})
+    broken = GraphPass("qdq_incomplete", lambda m: PassResult(bool(qdq.lower(m, incomplete).lowered)),
+                       ensures=qdq.QDQ_ATEN.ensures, breaks=qdq.QDQ_ATEN.breaks, stage="backend")
+    module = torch.export.export(FakeQuant(), (torch.randn(8),)).module()
+    with pytest.raises(InvariantError, match="mixprec quantize/dequantize left after backend pass 'qdq_incomplete'"):
+        run_passes(module, (broken,), verify_each=True)
+
+
+def test_the_verifier_names_a_lowering_whose_meta_is_untrue():
+    def wrong_dtype(node, ops, site):
+        new = qdq._aten_quantize(node, ops, site)
+        new.meta["val"] = new.meta["val"].to(torch.uint8)  # says uint8, computes int8
+        return new
+
+    table = qdq.Table("wrong", {torch.ops.mixprec.quantize_per_tensor.default: wrong_dtype})
+    broken = GraphPass("qdq_wrong", lambda m: PassResult(bool(qdq.lower(m, table).lowered)), stage="backend")
+    module = torch.export.export(FakeQuant(), (torch.randn(8),)).module()
+    with pytest.raises(InvariantError, match="after backend pass 'qdq_wrong'.*meta says"):
+        run_passes(module, (broken,), verify_each=True)
+
+
+# ---- the oneDNN table: numerics -----------------------------------------------------------------------------
+def _exact_model(width=256):
+    """ReLU -> Linear -> ReLU whose weights quantize with the power-of-two scale 2^-7 per channel."""
+    torch.manual_seed(0)
+    model = ReluNet(width, layers=1).eval()
+    with torch.no_grad():
+        w = torch.randint(-127, 128, (width, width)).float()
+        w[:, 0] = 127  # every channel's absmax is 127 * 2^-7: scale exactly 2^-7
+        model.fcs[0].weight.copy_(w / 128)
+        model.fcs[0].bias.copy_(torch.randint(-64, 64, (width,)).float() / 2048)
+    return model
+
+
+@needs_onednn
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_lowered_layer_keeps_the_grid_round_half_even_and_the_clamp(backend):
+    width = 256
+    model = _exact_model(width)
+    calib = torch.rand(8, width) * 7
+    calib[0, 0] = 127 / 16  # the input's absmax: scale exactly 1/16
+    prog = mixprec.compile(model, (calib,), plan=int8_plan(model, calib), backend=backend)
+    module = prog.runner.module if backend == "inductor" else prog.runner
+    assert lowered_count(module) == 1
+    # halfway between grid points (k + 0.5) / 16, where round-half-even and round-half-away disagree,
+    # negative values (relu'd to 0) and values above the clamp bound 127/16
+    k = torch.arange(width * 8) % 140
+    x = ((k.float() + 0.5) / 16).reshape(8, width)
+    x[0, ::3] = -x[0, ::3]
+    with torch.inference_mode():
+        fake = prog.exported_program.module()(x)  # today's fake quantization
+        out = prog(x)
+    # the fp64 reference on the int8 grid, rounding half to even (torch.round), clamped to 127
+    q = torch.clamp(torch.round(torch.relu(x).double() * 16), -127, 127)
+    w_q, w_scales = quantize_weight(model.fcs[0].weight)
+    assert torch.equal(w_scales, torch.full((width,), 2.0**-7))
+    y = (q @ w_q.double().t()) / 16 / 128 + model.fcs[0].bias.double()
+    out_scale = next(
+        n.args[1] for n in prog.exported_program.graph.nodes
+        if n.target is torch.ops.mixprec.quantize_per_tensor.default and "linear" in n.name
+    )
+    reference = torch.relu(torch.clamp(torch.round(y.float() / out_scale), -127, 127) * out_scale)
+    assert torch.equal(fake, reference)  # the reference is today's program, exactly
+    assert torch.equal(out, reference)
+    # what this test guards: the other rounding or the full u8 range would give other values
+    away = torch.clamp(torch.floor(torch.relu(x).double() * 16 + 0.5), -127, 127)
+    assert not torch.equal(away, q)
+    assert not torch.equal(torch.clamp(torch.round(torch.relu(x).double() * 16), 0, 255), q)
+
+
+@needs_onednn
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_lowered_program_agrees_with_fake_quantization_within_fp32_rounding(backend):
+    torch.manual_seed(1)
+    model = ReluNet(256, layers=3).eval()
+    x = torch.randn(16, 256)
+    prog = mixprec.compile(model, (x,), plan=int8_plan(model, x), backend=backend)
+    module = prog.runner.module if backend == "inductor" else prog.runner
+    assert lowered_count(module) == 3
+    x2 = torch.randn(16, 256) * 1.5  # call-time data beyond the calibrated range: clamped alike
+    with torch.inference_mode():
+        fake, out = prog.exported_program.module()(x2), prog(x2)
+    quantize = torch.ops.mixprec.quantize_per_tensor.default
+    quantizes = [n for n in prog.exported_program.graph.nodes if n.target is quantize]
+    out_scale = quantizes[-1].args[1]
+    diff = (out - fake).abs()
+    assert float(diff.max()) <= out_scale * 1.0001  # at most one grid step of the last quantization
+    assert float((diff > 0).float().mean()) <= 0.01  # and only where float32 rounding met a boundary
+
+
+@needs_onednn
+@pytest.mark.parametrize("kind", ["vnni", "avx2"])
+def test_both_kinds_of_cpu_lower_the_same_layers(monkeypatch, kind):
+    """The 7-bit grid is exact on every CPU's kernel (cpu.py): with or without VNNI the same layers run on it,
+    with the same values; only OpenVINO's choice depends on the kind (tests/backends/openvino)."""
+    torch.manual_seed(1)
+    model = ReluNet(64, layers=3, relu_in=False).eval()
+    x = torch.randn(8, 64)
+    plan = int8_plan(model, x)
+    before = mixprec.compile(model, (x,), plan=plan)
+    monkeypatch.setattr(cpu, "has_int8_dot_product", lambda: kind == "vnni")
+    prog = mixprec.compile(model, (x,), plan=plan)
+    assert [n.name for n in prog.runner.graph.nodes if n.target is KERNEL] == ["linear_1_int8", "linear_2_int8"]
+    with torch.inference_mode():
+        assert torch.equal(prog(x), before(x))
+
+
+# ---- the oneDNN table: what is lowered, what is not, and where the packed weights live ------------------------
+@needs_onednn
+def test_signed_inputs_stay_fake_quantization_and_are_logged(caplog):
+    torch.manual_seed(3)
+    model = ReluNet(64, layers=2, relu_in=False, relu=False).eval()  # plain Linear layers: inputs may be negative
+    x = torch.randn(4, 64)
+    with caplog.at_level(logging.INFO, logger="mixprec.backends.lowering.qdq"):
+        prog = mixprec.compile(model, (x,), plan=int8_plan(model, x), backend="eager")
+    assert lowered_count(prog.runner) == 0
+    assert "kept as fake quantization" in caplog.text and "linear, linear_1" in caplog.text
+    with torch.inference_mode():
+        assert torch.equal(prog(x), prog.exported_program.module()(x))
+
+
+@needs_onednn
+def test_first_layer_of_a_relu_net_reads_the_signed_input_and_stays():
+    model = ReluNet(64, layers=3, relu_in=False).eval()
+    x = torch.randn(4, 64)
+    prog = mixprec.compile(model, (x,), plan=int8_plan(model, x), backend="eager")
+    lowered = [n.name for n in prog.runner.graph.nodes if n.target is KERNEL]
+    assert lowered == ["linear_1_int8", "linear_2_int8"]
+
+
+def test_nothing_is_lowered_where_the_kernels_are_missing(monkeypatch):
+    monkeypatch.setattr(onednn, "is_available", lambda: False)
+    model = ReluNet(64, layers=2).eval()
+    x = torch.randn(4, 64)
+    prog = mixprec.compile(model, (x,), plan=int8_plan(model, x), backend="eager")
+    assert lowered_count(prog.runner) == 0
+
+
+@needs_onednn
+def test_packing_is_not_saved_and_happens_again_on_load(tmp_path):
+    model = ReluNet(64, layers=2).eval()
+    x = torch.randn(4, 64)
+    prog = mixprec.compile(model, (x,), plan=int8_plan(model, x), backend="eager")
+    assert lowered_count(prog.runner) == 2
+    assert not any(n.target is KERNEL for n in prog.exported_program.graph.nodes)  # the program is today's
+    path = tmp_path / "prog.pt2"
+    mixprec.save(prog, path)
+    loaded = mixprec.load(path)
+    assert lowered_count(loaded.runner) == 2
+    with torch.inference_mode():
+        assert torch.equal(loaded(x), prog(x))
+
+
+def test_lowering_a_module_without_int8_layers_changes_nothing():
+    ep = torch.export.export(ReluNet(16, layers=1).eval(), (torch.randn(2, 16),))
+    module = ep.module()
+    before = str(module.graph)
+    assert qdq.INT8_LINEARS(module) == PassResult(False)
+    assert str(module.graph) == before

@@ -1,0 +1,89 @@
+"""The static sign analysis (backends/lowering/sign.py): which values are never negative, from the graph alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mixprec.backends.lowering.sign import is_nonnegative
+
+def _graph(build):
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    out = build(graph, x)
+    graph.output(out)
+    return out
+
+
+def _call(graph, target, *args, **kwargs):
+    return graph.call_function(target, args, kwargs)
+
+
+aten = torch.ops.aten
+
+
+@pytest.mark.parametrize(
+    "build, expected",
+    [
+        (lambda g, x: x, False),  # a graph input can be anything
+        (lambda g, x: _call(g, aten.relu.default, x), True),
+        (lambda g, x: _call(g, aten.relu6.default, x), True),
+        (lambda g, x: _call(g, aten.sigmoid.default, x), True),
+        (lambda g, x: _call(g, aten.softmax.int, x, -1), True),
+        (lambda g, x: _call(g, aten.hardtanh.default, x, 0.0, 6.0), True),
+        (lambda g, x: _call(g, aten.hardtanh.default, x), False),  # min_val defaults to -1
+        (lambda g, x: _call(g, aten.hardtanh.default, x, -1.0, 1.0), False),
+        (lambda g, x: _call(g, aten.clamp.default, x, 0), True),
+        (lambda g, x: _call(g, aten.clamp.default, x, None, 1.0), False),
+        (lambda g, x: _call(g, aten.gelu.default, x), False),  # gelu dips below zero
+        (lambda g, x: _call(g, aten.view.default, _call(g, aten.relu.default, x), [4, -1]), True),
+        (lambda g, x: _call(g, aten.to.dtype, _call(g, aten.relu.default, x), torch.bfloat16), True),
+        (
+            lambda g, x: _call(g, aten.add.Tensor, _call(g, aten.relu.default, x), _call(g, aten.sigmoid.default, x)),
+            True,
+        ),
+        (lambda g, x: _call(g, aten.add.Tensor, _call(g, aten.relu.default, x), x), False),
+        (lambda g, x: _call(g, aten.mul.Tensor, _call(g, aten.relu.default, x), -1.0), False),
+        (lambda g, x: _call(g, aten.linear.default, _call(g, aten.relu.default, x), x), False),
+        (
+            lambda g, x: _call(
+                g, torch.ops.mixprec.dequantize_per_tensor.default,
+                _call(g, torch.ops.mixprec.quantize_per_tensor.default, _call(g, aten.relu.default, x), 0.1),
+                0.1, torch.float32,
+            ),
+            True,
+        ),
+    ],
+)
+def test_nonnegative_is_decided_from_the_graph(build, expected):
+    assert is_nonnegative(_graph(build)) is expected
+
+
+def _doubling(levels, start):
+    def build(g, x):
+        h = start(g, x)
+        for _ in range(levels):
+            h = _call(g, aten.add.Tensor, h, h)  # every level reaches the start along twice as many paths
+        return h
+
+    return build
+
+
+@pytest.mark.parametrize(
+    "start, expected", [(lambda g, x: _call(g, aten.relu.default, x), True), (lambda g, x: x, False)]
+)
+def test_a_value_reached_along_many_paths_is_judged_once(start, expected):
+    """2**40 paths to the start: judging each node once answers at once (path by path it never would)."""
+    import time
+
+    graph_output = _graph(_doubling(40, start))
+    began = time.perf_counter()
+    assert is_nonnegative(graph_output) is expected
+    assert time.perf_counter() - began < 1.0
+
+
+def test_past_64_producers_the_answer_is_unsure():
+    assert is_nonnegative(_graph(_doubling(40, lambda g, x: _call(g, aten.relu.default, x)))) is True
+    assert is_nonnegative(_graph(_doubling(80, lambda g, x: _call(g, aten.relu.default, x)))) is False
+
+

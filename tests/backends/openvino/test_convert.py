@@ -1,0 +1,138 @@
+"""Converting a program for OpenVINO (backends/openvino/convert.py): contiguous stored tensors, int8 regions as
+OpenVINO should read them on either kind of CPU, names mapped back to the program's nodes, and what it cannot
+convert named."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import mixprec
+
+ov = pytest.importorskip("openvino")  # installed in CI (requirements-dev.txt); optional for users
+
+from mixprec.backends.lowering import cpu  # noqa: E402
+from mixprec.backends.openvino import convert as ov_convert  # noqa: E402
+
+from ._shared import RECORDED, rel, resnet_tiny, runs_as  # noqa: E402
+
+
+def test_channels_last_weights_are_read_correctly():
+    """OpenVINO made a bf16 constant from a temporary contiguous copy of a non-contiguous tensor and read
+    it after it was freed: the channels_last bf16 convolution weights mixprec stores came back as garbage
+    (ResNet-50 rel-L2 1.0, a tiny ResNet NaN through this route); the backend hands it contiguous copies.
+    Within a few bf16 steps of the eager program on either CPU (without native bf16 OpenVINO computes the
+    bf16 layers in f32)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 3)).eval()
+    x = torch.randn(2, 3, 12, 12)
+    eager = mixprec.compile(model, (x,), enable_autocast=True)
+    program = eager.exported_program
+    assert any(not t.is_contiguous() and t.dtype == torch.bfloat16 for t in program.state_dict.values())
+    prog = mixprec.compile(model, (x,), enable_autocast=True, backend="openvino")
+    assert any(not t.is_contiguous() for t in prog.exported_program.state_dict.values())  # left as it was
+    assert rel(prog(x), eager(x)) < 2e-2
+
+
+def test_openvino_names_map_to_the_programs_nodes():
+    """OpenVINO's frontend decomposes the program before naming its operations: the names map back through
+    the decomposition (the pooling is `mean` and `as_strided` there), to the report's nodes and modules."""
+    transformers = pytest.importorskip("transformers")
+    model, x = resnet_tiny(transformers)
+    program = mixprec.compile(model, (x,), enable_autocast=True).exported_program
+    names = ov_convert.convert_program(program).names
+    assert names.nodes("mean/aten.mean.dim/ReduceMean") == ("adaptive_avg_pool2d",)
+    assert names.nodes("as_strided/aten.as_strided.default/Gather") == ("adaptive_avg_pool2d",)
+    assert names.nodes("convolution_7/aten.convolution.default/Convolution") == ("conv2d_7",)
+    assert names.nodes("_native_batch_norm_legit_no_training/aten._native_batch_norm_legit_no_training.default/"
+                       "BatchNormInference") == ("batch_norm",)
+    assert names.where("adaptive_avg_pool2d") == "adaptive_avg_pool2d (module 'pooler')"
+    # and the recorded bf16 CPU's names are these: every name made from a graph node is known
+    recorded = RECORDED["bf16"]["models"]["resnet_tiny"]["declared"]
+    assert all(names.nodes(n) for n in recorded if "/" in n)
+
+
+@torch.library.custom_op("mixprec_test::ov_unknown", mutates_args=())
+def _unknown(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@_unknown.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+class _WithUnknownOp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.ops.mixprec_test.ov_unknown(self.linear(x))
+
+
+def test_unconvertible_op_is_named():
+    with pytest.raises(mixprec.UnsupportedModelError, match="mixprec_test.ov_unknown"):
+        mixprec.compile(_WithUnknownOp().eval(), (torch.randn(2, 4),), backend="openvino")
+
+
+def _int8_mlp():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 16)).eval()
+    x = torch.randn(8, 64)
+    configurator = mixprec.MixedPrecisionConfigurator(model)
+    configurator.set_precision(nn.Linear, activation=torch.int8, param=torch.int8)
+    return model, x, configurator.apply((x,))
+
+
+def test_int8_layers_keep_todays_numerics():
+    """int8 layers on OpenVINO compute what the eager backend's fake quantization computes: the same grid
+    and scales. On int8 kernels (CPUs with VNNI/AMX) the sums are int32's, so an output may land one grid
+    step away after its requantization; on CPUs without VNNI the int8 kernels saturate (rel-L2 0.12 on
+    this model), and the backend runs the quantized layers in float32 instead: equal to eager."""
+    model, x, plan = _int8_mlp()
+    eager = mixprec.compile(model, (x,), plan=plan)
+    prog = mixprec.compile(model, (x,), plan=plan, backend="openvino")
+    got, want = prog(x), eager(x)
+    if ov_convert.int8_kernels_default():
+        step = plan[next(n for n in plan if plan[n].int8 is not None and plan[n].int8.output)].int8.output
+        assert (got - want).abs().max() <= max(abs(v) for v in step) / 127 * 1.01
+        assert rel(got, want) < 1e-2
+    else:
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert rel(want, model(x)) < 0.1  # and the plan is int8 (not a copy of the fp32 model)
+    assert rel(want, model(x)) > 1e-4
+
+
+@pytest.mark.parametrize("kernels", [False, True])
+def test_int8_layers_say_what_they_compute_in(monkeypatch, kernels):
+    """Without VNNI the backend hands int8 layers to OpenVINO as float arithmetic: they compute in float32
+    with int8-stored weights, and the report says so (runs_as "f32 on openvino"; no low-precision FLOPs).
+    On int8 kernels (VNNI) they run as planned. Both ways on any CPU: the choice is the one answer of
+    backends/lowering/cpu.py (here the CPU kind is forced; the numerics of OpenVINO's int8 kernels without VNNI
+    are not checked, they saturate)."""
+    model, x, plan = _int8_mlp()
+    monkeypatch.setattr(cpu, "has_int8_dot_product", lambda: kernels)
+    prog = mixprec.compile(model, (x,), plan=plan, backend="openvino")
+    int8 = {r.name for r in prog.report.layers if r.precision == torch.int8}
+    assert int8 == {"linear", "linear_1", "linear_2"}
+    assert runs_as(prog) == ({} if kernels else {name: "f32 on openvino" for name in int8})
+    assert prog.report.summary["low_precision_flops_fraction"] == (1.0 if kernels else 0.0)
+    eager = mixprec.compile(model, (x,), plan=plan)
+    assert eager.report.summary["low_precision_flops_fraction"] == 1.0 and not runs_as(eager)
+
+
+def test_int8_kernel_lowering_uses_fake_quantize_patterns():
+    """The program handed to OpenVINO for int8 kernels holds quantized_decomposed quantize/dequantize pairs
+    with mixprec's scale, zero point 0 and range [-127, 127]; the float32 lowering holds none."""
+    model, x, plan = _int8_mlp()
+    program = mixprec.compile(model, (x,), plan=plan).exported_program
+    scales = sorted(n.args[1] for n in program.graph.nodes if n.target is torch.ops.mixprec.quantize_per_tensor.default)
+    lowered = ov_convert.for_openvino(program, int8_kernels=True)
+    quants = [n for n in lowered.graph.nodes if n.target is torch.ops.quantized_decomposed.quantize_per_tensor.default]
+    assert sorted(n.args[1] for n in quants) == scales and scales
+    assert {tuple(n.args[2:]) for n in quants} == {(0, -127, 127, torch.int8)}
+    plain = ov_convert.for_openvino(program, int8_kernels=False)
+    assert not any("quantize" in str(n.target) for n in plain.graph.nodes)
+    assert any(n.target is torch.ops.mixprec.quantize_per_tensor.default for n in program.graph.nodes)  # unchanged
