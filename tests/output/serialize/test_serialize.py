@@ -406,9 +406,9 @@ def test_damaged_plan(saved):
 
 def _as_on_a_cpu_without_bf16(monkeypatch):
     """OpenVINO as on an AVX2 CPU, whatever this one is: no native bf16, every bf16 layer run in f32."""
-    from mixprec.backends import openvino as ov_backend
+    from mixprec.backends.openvino import runner as ov_runner
 
-    real = ov_backend.runtime_layers
+    real = ov_runner.runtime_layers
 
     def runtime_layers(compiled):
         layers = real(compiled)
@@ -417,8 +417,8 @@ def _as_on_a_cpu_without_bf16(monkeypatch):
                 layer[key] = "f32" if layer[key] in ("bf16", "f16") else layer[key]
         return layers
 
-    monkeypatch.setattr(ov_backend, "runtime_layers", runtime_layers)
-    monkeypatch.setattr(ov_backend, "_capabilities", lambda core: ["FP32", "INT8", "BIN", "EXPORT_IMPORT"])
+    monkeypatch.setattr(ov_runner, "runtime_layers", runtime_layers)
+    monkeypatch.setattr(ov_runner, "optimization_capabilities", lambda core: ["FP32", "INT8", "BIN", "EXPORT_IMPORT"])
 
 
 def test_runs_as_is_saved_and_follows_the_backend_a_program_is_loaded_on(tmp_path, monkeypatch):
@@ -434,9 +434,9 @@ def test_runs_as_is_saved_and_follows_the_backend_a_program_is_loaded_on(tmp_pat
     meta = json.loads(_members(path)["mixprec.json"])
     written = {d["name"]: d.get("runs_as") for d in meta["report"]["layers"]}
     assert written == {r.name: r.runs_as for r in prog.report.layers}
-    loaded = mixprec.load(path)
+    loaded = mixprec.load(path, backend="openvino")  # the caller names it: a file never chooses its backend
     assert loaded.report == prog.report
-    eager = mixprec.load(path, backend="eager")
+    eager = mixprec.load(path)  # eager, the default
     assert all(r.runs_as is None for r in eager.report.layers)
     planned = sum(r.flops for r in eager.report.layers if r.kind == "compute" and r.precision == torch.bfloat16)
     total = sum(r.flops for r in eager.report.layers if r.kind == "compute")
