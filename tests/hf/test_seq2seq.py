@@ -88,3 +88,17 @@ def test_the_cache_length_bounds_the_generated_length():
     model, lm = compiled("bart", True)
     with pytest.raises(mixprec.InputMismatchError, match="KV cache holds 24"):
         lm.generate(**encoder_inputs("bart", 1), num_beams=BEAMS, max_new_tokens=30, min_new_tokens=30)
+
+
+def test_example_script_runs(tmp_path):
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "examples" / "hf_seq2seq.py"
+    spec = importlib.util.spec_from_file_location("hf_seq2seq", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    result = module.main(tmp_path)
+    assert result["loaded_tokens_equal"]  # mixprec.hf.save + load + beam search gives the same tokens
+    assert result["calibration_batches"] == {"encoder": 2, "decoder": 2}  # the collator's two batches, both programs
+    assert result["agreement_with_fp32"] >= 0.5  # bf16 autocast: close to the fp32 model's beams
