@@ -62,6 +62,15 @@ def test_generate_gives_the_models_own_tokens(name, static, mode):
         assert len(set(expected.flatten().tolist())) > 3  # varied tokens, not one repeated id
 
 
+@pytest.mark.parametrize("static", [False, True], ids=["no-cache", "static-cache"])
+def test_padded_sources_give_the_models_tokens(static):
+    model, lm = compiled("t5", static)
+    prompts = encoder_inputs("t5", BEAMS, generator_seed=2)
+    prompts["attention_mask"][1, 4:] = 0  # a shorter source, padded: the cross-attention must not see the padding
+    prompts["input_ids"][1, 4:] = model.config.pad_token_id
+    assert torch.equal(generate(lm, prompts, "greedy", "t5"), generate(model, prompts, "greedy", "t5"))
+
+
 def test_both_programs_have_reports_with_the_models_module_paths():
     model, lm = compiled("t5", True)
     encoder, decoder = lm.reports["encoder"], lm.reports["decoder"]
