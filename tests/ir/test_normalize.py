@@ -94,3 +94,24 @@ def test_input_program_untouched():
     normalize(WorkProgram.from_exported(ep))
     assert [(n.name, n.target, dict(n.meta).keys()) for n in ep.graph.nodes] == before
     assert _hops(ep.graph)
+
+
+class DeadBranch(nn.Module):
+    """A branch no output needs, ending in an eval-mode dropout (which torch.fx counts as impure: random)."""
+
+    def __init__(self):
+        super().__init__()
+        self.used = nn.Linear(4, 4)
+        self.unused = nn.Linear(4, 4)
+
+    def forward(self, x):
+        torch.nn.functional.dropout(self.unused(x), p=0.1, training=self.training)
+        return torch.nn.functional.scaled_dot_product_attention(self.used(x)[None], x[None], x[None])[0]
+
+
+def test_computation_no_output_needs_is_dropped():
+    work = _normalized(DeadBranch().eval(), (torch.randn(3, 4),))
+    modules = {n.module for n in analyze(work.graph).values()}
+    assert "unused" not in modules and "used" in modules  # the eval dropout no longer keeps its input alive
+    assert not any(s.target.startswith("unused.") for s in work.input_specs if s.target)
+    assert any(n.target is torch.ops.aten.scaled_dot_product_attention.default for n in work.graph.nodes)

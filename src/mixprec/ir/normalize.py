@@ -25,7 +25,9 @@ After::
     y = aten.linear(x_bf16, w_bf16, b_bf16)   # meta: inside autocast(cpu, bfloat16)
 
 It also drops ``aten._assert_tensor_metadata`` nodes: they assert the captured dtypes,
-which mixed precision changes on purpose, and reads precision-marker regions into node meta
+which mixed precision changes on purpose — and then the computation no output needs, which
+those asserts (and eval-mode dropouts) kept alive, so that calibration, the plan and the
+report see only what the program computes — and reads precision-marker regions into node meta
 before removing the markers (``strip_markers``).
 """
 
@@ -55,6 +57,7 @@ _ASSERTS = ("aten._assert_tensor_metadata",)
 
 def normalize(work: WorkProgram) -> PassResult:
     changed = _strip_dtype_asserts(work.graph)
+    changed |= work.drop_dead_code()  # without the asserts, what no output needs (work_program._is_impure)
     changed |= _inline_regions(work)
     changed |= strip_markers(work).changed
     if changed:

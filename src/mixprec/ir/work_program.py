@@ -105,9 +105,13 @@ class WorkProgram:
         """Bytes of parameters, buffers and constant tensors (a tensor shared under two names counted once)."""
         return stored_bytes(self.state_dict, self.constants)
 
+    def drop_dead_code(self) -> bool:
+        """Erase the nodes no output needs, and the stored tensors then unread; returns whether any went."""
+        changed = self.fx_graph.eliminate_dead_code(is_impure_node=_is_impure)
+        return self._drop_unused_stored_inputs() or changed
+
     def to_exported(self) -> ExportedProgram:
-        self.fx_graph.eliminate_dead_code(is_impure_node=_is_impure)
-        self._drop_unused_stored_inputs()
+        self.drop_dead_code()
         gm = torch.fx.GraphModule(self.root, self.fx_graph)  # copies only the submodules the graph uses
         return ExportedProgram(
             root=gm,
@@ -139,7 +143,7 @@ class WorkProgram:
         self.sync_input_specs()
         self.sync_output_specs()
 
-    def _drop_unused_stored_inputs(self) -> None:
+    def _drop_unused_stored_inputs(self) -> bool:
         """Stored tensors nothing reads (export keeps one placeholder per name of a tied weight, and a
         weight whose consumers all read a converted copy) are dropped: the program should not hold them."""
         mutated = {s.target for s in self.output_specs if s.kind in (OutputKind.BUFFER_MUTATION, OutputKind.PARAMETER_MUTATION)}
@@ -151,7 +155,7 @@ class WorkProgram:
             self.graph.erase_node(node)
             dropped.append(spec)
         if not dropped:
-            return
+            return False
         gone = {id(s) for s in dropped}
         self.input_specs[:] = [s for s in self.input_specs if id(s) not in gone]
         self._spec_index = None
@@ -159,6 +163,7 @@ class WorkProgram:
         for spec in dropped:
             if spec.target not in kept:
                 (self.state_dict if spec.target in self.state_dict else self.constants).pop(spec.target, None)
+        return True
 
     # ---- signature access ---------------------------------------------------------------------
     def placeholders(self) -> list[torch.fx.Node]:
@@ -290,7 +295,25 @@ def stored_bytes(state_dict, constants) -> int:
 def _is_impure(node: torch.fx.Node) -> bool:
     if node.op in ("placeholder", "output"):
         return True
+    rule = _DETERMINISTIC_WHEN.get(node.target) if node.op == "call_function" else None
+    if rule is not None and rule(node):
+        return False
     return node.is_impure()
+
+
+def _argument(node: torch.fx.Node, index: int, name: str, default):
+    return node.args[index] if len(node.args) > index else node.kwargs.get(name, default)
+
+
+# Ops torch.fx keeps as impure because they *may* draw random numbers, with the arguments under which they
+# do not: an inference graph's dropout (train=False) and attention without dropout are pure, and kept alive
+# they keep whatever computes their inputs (a whole unused decoder behind its last eval-mode dropout).
+# ``detach_`` writes only autograd metadata (transformers' caches detach the tensors they create lazily).
+_DETERMINISTIC_WHEN = {
+    torch.ops.aten.detach_.default: lambda n: True,
+    torch.ops.aten.dropout.default: lambda n: not _argument(n, 2, "train", True) or _argument(n, 1, "p", 1.0) == 0,
+    torch.ops.aten.scaled_dot_product_attention.default: lambda n: _argument(n, 4, "dropout_p", 0.0) == 0,
+}
 
 
 def _spec_copy(spec):

@@ -1,0 +1,166 @@
+"""Causal LMs (Llama, Qwen2, Mistral, GPT-2, ...): one program, and transformers' ``generate()`` on it.
+
+:func:`compile_causal` compiles the model for one of two ways of decoding (``modules.py``):
+
+* ``static_cache=False``: the program maps ``(input_ids, attention_mask)`` to logits, with a dynamic
+  batch and sequence length; every step reruns the whole sequence (no KV cache: simple, one program,
+  padded batches work, cost grows with the length);
+* ``static_cache=True``: transformers' static-cache export recipe: the program keeps a KV cache of
+  ``max_cache_len`` positions in its own buffers and maps ``(input_ids, cache_position)`` to logits;
+  prefill takes any prompt length in one call, then one token per step. The number of sequences is
+  fixed: the example's batch times ``num_beams``.
+
+:class:`CausalLMProgram` is a ``PreTrainedModel`` + ``GenerationMixin`` around the program and the
+model's config: ``lm.generate(input_ids, max_new_tokens=..., do_sample=..., num_beams=...)`` is
+transformers' ``generate()``, and ``lm(input_ids=...)`` returns ``CausalLMOutputWithPast``.
+
+The program owns its KV cache: the model is never written (``ir/written_state.py``). Numerics: under
+strong typing (the default) the logits are eager PyTorch's; with ``enable_autocast=True`` the usual
+rules decide.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from ..errors import ConfigError, InputMismatchError
+from .cache import ProgramCache
+from .calibration import StaticCacheBatches
+from .modules import CausalLMLogits, CausalLMStaticCache
+from .parts import MAX_BATCH, cache_length, cache_rows, compile_part, default_length, generation_config_for
+from .parts import program_inputs, static_cache_length
+
+
+def compile_causal(model, input_ids, attention_mask, *, static_cache: bool, max_cache_len, max_length,
+                   num_beams: int, settings: dict) -> "CausalLMProgram":
+    """Compile a causal LM for ``generate()`` (module docstring)."""
+    if static_cache:
+        length = static_cache_length(model.config, max_cache_len, max_length, input_ids.shape[1])
+        prog = _compile_static(model, input_ids.repeat_interleave(num_beams, dim=0), length, settings)
+    else:
+        prog = _compile_full(model, input_ids, attention_mask, max_length or default_length(model.config), settings)
+    return CausalLMProgram(prog, model.config, generation_config=model.generation_config)
+
+
+def _compile_full(model, input_ids, attention_mask, longest: int, settings):
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    # torch.export specialises a dimension whose example size is 1: capture a batch/sequence of 2 then
+    if input_ids.shape[0] == 1:
+        input_ids, attention_mask = input_ids.repeat(2, 1), attention_mask.repeat(2, 1)
+    if input_ids.shape[1] == 1:
+        input_ids, attention_mask = input_ids.repeat(1, 2), attention_mask.repeat(1, 2)
+    batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
+    seq = torch.export.Dim("seq", min=1, max=int(longest))
+    shapes = ({0: batch, 1: seq}, {0: batch, 1: seq})
+    return compile_part(CausalLMLogits(model), (input_ids, attention_mask), shapes, settings, "model")
+
+
+def _compile_static(model, input_ids, max_cache_len: int, settings):
+    settings = dict(settings)
+    loader = settings.pop("autocast_calibration_dataloader", None)
+    if loader is not None:
+        settings["autocast_calibration_dataloader"] = StaticCacheBatches(loader, input_ids.shape[0])
+    if input_ids.shape[1] == 1:  # a prefill of 2 tokens: torch.export specialises a size of 1
+        input_ids = input_ids.repeat(1, 2)
+    seq = torch.export.Dim("seq", min=1, max=max_cache_len - 1)
+    call = {"input_ids": input_ids, "cache_position": torch.arange(input_ids.shape[1], device=input_ids.device)}
+    shapes = {"input_ids": {1: seq}, "cache_position": {0: seq}}
+    return compile_part(CausalLMStaticCache(model, input_ids, max_cache_len), call, shapes, settings, "model")
+
+
+class CausalLMProgram(PreTrainedModel, GenerationMixin):
+    """A compiled causal-LM program that generates like the model: ``lm.generate(...)`` is transformers'.
+
+    ``program``: a ``MixedPrecisionModule`` from :func:`mixprec.hf.compile_for_generation` (or ``mixprec.load`` of
+    one); ``config``: the model's config (``model.config`` or ``AutoConfig.from_pretrained(...)``);
+    ``generation_config``: the model's (default: from the config). Neither is modified.
+    """
+
+    config_class = PretrainedConfig
+    main_input_name = "input_ids"
+    base_model_prefix = "program"
+    _supports_cache_class = True
+    # the attention kernels are baked into the program; transformers checks these flags at construction
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+
+    def __init__(self, program, config, generation_config=None):
+        names = program_inputs(program)
+        if names == {"input_ids", "cache_position"}:
+            static = True
+        elif names in ({"input_ids", "attention_mask"}, {"input_ids"}):
+            static = False
+        else:
+            raise ConfigError(
+                f"CausalLMProgram takes a program compiled by mixprec.hf.compile_for_generation (inputs input_ids with "
+                f"attention_mask or cache_position); this one takes {sorted(names)}."
+            )
+        super().__init__(copy.deepcopy(config))
+        self.program = program
+        self.static_cache = static
+        self._max_cache_len = cache_length(program) if static else None
+        self._sequences = cache_rows(program) if static else None
+        self.generation_config = generation_config_for(config, generation_config, static)
+
+    @property
+    def reports(self) -> dict:
+        """The program's report, as ``{"program": ...}`` (``Seq2SeqLMProgram.reports`` has two)."""
+        return {"program": self.program.report}
+
+    def forward(self, input_ids=None, attention_mask=None, past_key_values=None, use_cache=None, return_dict=None,
+                **kwargs):
+        unused = sorted(k for k, v in kwargs.items() if isinstance(v, torch.Tensor))
+        if unused:
+            raise InputMismatchError(
+                f"this program was compiled for input_ids{' and attention_mask' if not self.static_cache else ''} "
+                f"and does not take {', '.join(unused)}."
+            )
+        if input_ids is None:
+            raise InputMismatchError("input_ids is required (inputs_embeds are not supported by a compiled program).")
+        if not self.static_cache:
+            if attention_mask is None:
+                attention_mask = torch.ones_like(input_ids)
+            logits = self.program(input_ids, attention_mask)
+            return CausalLMOutputWithPast(logits=logits)
+        cache = past_key_values if isinstance(past_key_values, ProgramCache) else None
+        start = cache.filled if cache is not None else 0
+        length = input_ids.shape[1]
+        if input_ids.shape[0] != self._sequences:
+            raise InputMismatchError(
+                f"this static-cache program holds a KV cache for {self._sequences} sequences (prompts x num_beams at "
+                f"compile time) and is asked for {input_ids.shape[0]}; compile_for_generation with that many prompts "
+                "and num_beams=..., or with static_cache=False."
+            )
+        if start + length > self._max_cache_len:
+            raise InputMismatchError(
+                f"the sequence reaches {start + length} positions and the program's KV cache holds "
+                f"{self._max_cache_len}; compile with a larger max_cache_len or generate fewer tokens."
+            )
+        if attention_mask is not None and not bool((attention_mask != 0).all()):
+            raise InputMismatchError(
+                "a static-cache program decodes without an attention mask, so prompts must not be padded; use "
+                "compile_for_generation(static_cache=False) for padded batches."
+            )
+        position = torch.arange(start, start + length, device=input_ids.device)
+        logits = self.program(input_ids=input_ids, cache_position=position)
+        if cache is not None:
+            cache.filled += length
+        return CausalLMOutputWithPast(logits=logits, past_key_values=cache)
+
+    def generate(self, *args, **kwargs):
+        """transformers' ``generate()`` (same arguments); a static-cache program brings its own cache."""
+        if self.static_cache and kwargs.get("past_key_values") is None:
+            kwargs["past_key_values"] = ProgramCache(self.program, self._sequences)
+        return super().generate(*args, **kwargs)
+
+    def get_input_embeddings(self):
+        return None
+
+    def can_generate(self) -> bool:  # noqa: D102
+        return True
