@@ -23,7 +23,7 @@ import warnings
 import torch
 import torch.utils._pytree as pytree
 
-from ..calibrate.batches import batch_list
+from ..calibrate.batches import Call, batch_list
 from ..dtypes import dtype_name
 from ..errors import ConfigError, MixedPrecisionWarning
 from ..ir.capture import as_input_tuple, refuse_meta_tensors
@@ -107,7 +107,7 @@ def search(
             MixedPrecisionWarning,
             stacklevel=2,
         )
-    eval_batches = batch_list(eval_dataloader, "eval_dataloader") if eval_dataloader is not None else [args]
+    eval_batches = batch_list(eval_dataloader, "eval_dataloader") if eval_dataloader is not None else [Call(args)]
     calibration = batch_list(calibration_dataloader, "calibration_dataloader") if calibration_dataloader is not None else None
     store = _store(cache)
     progress = Progress(stream=progress_stream, prefix="mixprec search: ", log=logging.getLogger("mixprec.search"))
@@ -180,7 +180,7 @@ def _eval_data(options, loader, batches) -> str:
     return f"eval_dataloader ({len(batches)} batch{'es' if len(batches) != 1 else ''})"
 
 
-def _pareto(study: Study, choice: Choice, batch: tuple, progress: Progress) -> tuple[ParetoPoint, ...]:
+def _pareto(study: Study, choice: Choice, batch: Call, progress: Progress) -> tuple[ParetoPoint, ...]:
     missing = [lowered for lowered in choice.measured if lowered not in study.latency]
     if missing:
         progress.update(f"timing {len(missing)} plan(s)")
