@@ -1,4 +1,4 @@
-"""Graphs for calibration batches whose sizes the captured graph does not take.
+"""Graphs for batches whose sizes the captured graph does not take.
 
 A captured graph has its sizes baked in (``view(x, [8, 12, 4, 8])``), so it cannot run a
 batch of 3, a ragged last batch or a batch padded to another sequence length. Users have
@@ -22,6 +22,9 @@ graph has extra size nodes, which shifts fx's numbering). A node left unmatched 
 statistics of the batches the captured graph ran.
 
 Only an ``nn.Module`` can be captured again; for an ExportedProgram, batches must fit it.
+
+The search uses the same captures for its eval batches (``searching/shapes.py``): each graph keeps
+its ``CapturedModel``, on which a trial's plan is realised for the batches of those sizes.
 """
 
 from __future__ import annotations

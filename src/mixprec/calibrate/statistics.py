@@ -10,7 +10,7 @@ of batches. Intermediate tensors are freed as soon as their last consumer has ru
 The graph that runs is the normalised captured graph, so calibration sees exactly the
 values eager PyTorch computes (``torch.autocast`` regions included, their casts made
 explicit). Batches are calls of the model's forward — tuples of positional inputs, single
-tensors, or dicts keyed by parameter names (HF collators; ``batches.as_call``) — with the dtypes and ranks of
+tensors, or dicts keyed by parameter names (HF collators; ``batches.arrange``) — with the dtypes and ranks of
 the example inputs; their batch and sequence sizes may differ from the example inputs and
 between batches: such a batch runs on a graph captured for its sizes
 (``batch_graphs.py``), for statistics only, and the program keeps the shapes it was

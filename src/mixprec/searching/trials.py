@@ -9,6 +9,8 @@ is captured, normalised and analysed once and each trial only
    cheap structural verifier only); the fp32 reference is the one every tool compares against
    (``rewrite.pipeline.reference``);
 3. builds its module (``ExportedProgram.module()``, what the eager backend runs) and measures it.
+   Eval batches of other sizes than the example run the same requests carried onto a capture
+   for their sizes (``shapes.py``), realised when a batch first needs it.
 
 Results are memoised by the set of lowered layers, so phase 2 reuses phase 1's single-group
 trials and a second search reuses all of them. A program that fails in low precision (a kernel
