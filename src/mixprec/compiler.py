@@ -77,7 +77,8 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
         if config.enable_autocast or calibration_targets(info):
             reuse = config.enable_autocast and config.autocast_calibration_dataloader is None
             reuse = reuse and captured.computes_in_fp32  # calibration's outputs are then the fp32 reference's
-            calibration, recaptures = calibrate(captured, config.autocast_calibration_dataloader, keep_first_outputs=reuse)
+            loader = config.autocast_calibration_dataloader
+            calibration, recaptures = calibrate(captured, loader, keep_first_outputs=reuse)
         if config.enable_autocast:
             example = tuple(captured.flat_inputs())  # a fresh copy: the model may write into its inputs
             prepared = autocast.prepare(base, info, config, example, calibration=calibration)

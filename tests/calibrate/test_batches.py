@@ -105,5 +105,5 @@ def test_arrange_maps_a_dict_batch_onto_the_captured_call_and_fit_checks_it():
         fit(call, nodes, "eval_dataloader batch 2")  # not resizable: an ExportedProgram's fixed sizes
     with pytest.raises(CalibrationError, match="eval_dataloader batch 1, input 0 .*dtype torch.float32"):
         fit(Call((torch.randn(2, 5),)), nodes, "eval_dataloader batch 1")
-    with pytest.raises(ConfigError, match=r"eval_dataloader batch 4 gives argument 'input_id'.*did you mean 'input_ids'"):
+    with pytest.raises(ConfigError, match=r"batch 4 gives argument 'input_id'.*did you mean 'input_ids'"):
         arrange({"input_id": ids}, "eval_dataloader batch 4", signature, error=ConfigError)

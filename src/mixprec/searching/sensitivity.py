@@ -69,7 +69,8 @@ def build_study(
     # int8 marker regions without ranges: these calibrate as compile(model, inputs, plan=...) will, on the same data
     # (without calibration data compile calibrates them on the example inputs, so the search does)
     calibration, _ = calibrate(captured, calibration_data, other_shapes=sizes.other)
-    ranges = marker_ranges(captured, calibration_batches, calibration=calibration if calibration_batches is not None else None)
+    given = calibration_batches is not None
+    ranges = marker_ranges(captured, calibration_batches, calibration=calibration if given else None)
     trials = Trials(captured, options.low, options.metric, ranges, sizes)
     progress.update("running the fp32 reference")
     reference = trials.reference()

@@ -45,7 +45,8 @@ class BatchSizes:
         self.user_nodes = captured.base.user_input_nodes()
         model = captured.model
         # an ExportedProgram cannot be captured again: batches must fit it (as for compile's calibration)
-        self.other = OtherShapes(model, captured.base, *captured.fresh()) if isinstance(model, torch.nn.Module) else None
+        module = isinstance(model, torch.nn.Module)
+        self.other = OtherShapes(model, captured.base, *captured.fresh()) if module else None
         self._held: dict[int, CalibrationGraph] = {}  # the graphs the eval batches need (OtherShapes may evict)
 
     def calls(self, batches, what: str) -> list[Call]:
