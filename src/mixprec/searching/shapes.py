@@ -72,10 +72,6 @@ class BatchSizes:
         self._held[id(graph)] = graph
         return graph
 
-    @property
-    def captures(self) -> int:
-        return self.other.captures if self.other is not None else 0
-
     def program(self, build: Callable[[CalibrationGraph | None], torch.nn.Module]) -> torch.nn.Module:
         """One trial's program for every size: ``build(graph)`` makes it on a capture (None: the example's)."""
         return _Sized(self, build)
