@@ -13,10 +13,8 @@ import time
 import torch
 
 from .backends import get_backend
-from .calibrate.batch_graphs import OtherShapes
-from .calibrate.batches import Call
 from .calibrate.int8_ranges import marker_ranges
-from .calibrate.statistics import collect
+from .calibrate.statistics import calibrate
 from .dtypes import dtype_name
 from .errors import ConfigError, InvariantError, UnsupportedModelError
 from .ir.call_signature import flat_user_inputs
@@ -79,7 +77,8 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
         if config.enable_autocast or calibration_targets(info):
             reuse = config.enable_autocast and config.autocast_calibration_dataloader is None
             reuse = reuse and captured.computes_in_fp32  # calibration's outputs are then the fp32 reference's
-            calibration, recaptures = _calibrate(captured, config, keep_first_outputs=reuse)
+            loader = config.autocast_calibration_dataloader
+            calibration, recaptures = calibrate(captured, loader, keep_first_outputs=reuse)
         if config.enable_autocast:
             example = tuple(captured.flat_inputs())  # a fresh copy: the model may write into its inputs
             prepared = autocast.prepare(base, info, config, example, calibration=calibration)
@@ -155,21 +154,6 @@ def _autocast_summary(prepared) -> dict:
         "autocast_low_precision_type": dtype_name(prepared.context.low),
         "calibration_batches": prepared.calibration.batches,
     }
-
-
-def _calibrate(captured: CapturedModel, config: CompileSettings, *, keep_first_outputs: bool):
-    """Statistics of every node on the calibration batches (the example inputs when there is no loader).
-
-    Batches of other batch/sequence sizes than the example run on a graph captured for them (an
-    nn.Module only): calibrate/batch_graphs.py. Returns the Calibration and how many extra captures it took."""
-    loader = config.autocast_calibration_dataloader
-    batches = [Call(*captured.fresh())] if loader is None else loader
-    model = captured.model
-    other = OtherShapes(model, captured.base, *captured.fresh()) if isinstance(model, torch.nn.Module) else None
-    calibration = collect(
-        captured.base, batches, signature=captured.signature, other_shapes=other, keep_first_outputs=keep_first_outputs
-    )
-    return calibration, (other.captures if other is not None else 0)
 
 
 def _check_calibration_used(config: CompileSettings, info) -> None:

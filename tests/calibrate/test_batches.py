@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mixprec.calibrate.batches import Call, as_call, batch_list, calibration_batches
+from mixprec.calibrate.batches import Call, arrange, as_call, batch_list, fit
 from mixprec.errors import CalibrationError, ConfigError
 
 X, Y = torch.randn(2, 3), torch.randn(2, 3)
@@ -39,27 +39,20 @@ def test_what_the_user_passed_is_not_changed():
 def test_other_forms_raise_the_callers_error_naming_the_batch():
     with pytest.raises(CalibrationError, match="calibration batch 2 is a int; .*tuple or list.*a dict keyed by"):
         as_call(3, "calibration batch 2", error=CalibrationError)
-    with pytest.raises(ConfigError, match="eval_dataloader batch 0 is a dict; .*or one tensor for a one-input model"):
-        as_call({"x": X}, "eval_dataloader batch 0", error=ConfigError, keywords=False)
+    with pytest.raises(ConfigError, match="eval_dataloader batch 0 is a set; .*a dict keyed by forward's"):
+        as_call({X}, "eval_dataloader batch 0", error=ConfigError)
 
 
-def test_calibration_batches_default_to_the_example_inputs():
-    assert calibration_batches(None, (X,)) == [(X,)]
-    batches = list(calibration_batches([X, (X, Y), [Y]], ()))
-    assert [len(b) for b in batches] == [1, 2, 1] and batches[0][0] is X and batches[2][0] is Y
-    with pytest.raises(CalibrationError, match="calibration batch 1 is a dict"):
-        list(calibration_batches([X, {"x": X}], ()))
-
-
-def test_batch_list_reads_the_loader_once_into_tuples():
-    loader = iter([X, (X, Y)])  # a generator can be read only once
-    assert [len(b) for b in batch_list(loader, "eval_dataloader")] == [1, 2]
+def test_batch_list_reads_the_loader_once_into_calls():
+    loader = iter([X, (X, Y), {"x": X}])  # a generator can be read only once
+    calls = batch_list(loader, "eval_dataloader")
+    assert [(len(c.args), list(c.kwargs)) for c in calls] == [(1, []), (2, []), (0, ["x"])]
 
 
 @pytest.mark.parametrize(
     "loader, message",
     [
-        (X, "eval_dataloader must be an iterable of input tuples.*got Tensor; wrap one batch"),
+        (X, "eval_dataloader must be an iterable of batches.*got Tensor; wrap one batch"),
         ("abc", "got str"),
         (5, "got int"),
         ([], "yielded no batches"),
@@ -92,3 +85,25 @@ def test_a_misspelt_key_of_a_dict_batch_is_an_error_with_the_name_meant():
                        r"parameter of the model's forward \(did you mean 'input_ids'\?\)"):  # fmt: skip
         mixprec.compile(_Collated().eval(), (ids,), enable_autocast=True,
                         autocast_calibration_dataloader=[{"input_ids": ids}, {"input_id": ids}])  # fmt: skip
+
+
+def _signature_and_inputs(model, *example):
+    from mixprec.ir.frontend import CapturedModel
+
+    captured = CapturedModel(model.eval(), example)
+    return captured.signature, captured.base.user_input_nodes()
+
+
+def test_arrange_maps_a_dict_batch_onto_the_captured_call_and_fit_checks_it():
+    ids = torch.randint(0, 16, (2, 5))
+    signature, nodes = _signature_and_inputs(_Collated(), ids)
+    call = arrange({"input_ids": torch.randint(0, 16, (3, 7))}, "eval_dataloader batch 2", signature)
+    assert len(call.args) == 1 and call.kwargs == {} and call.args[0].shape == (3, 7)
+    assert fit(call, nodes, "eval_dataloader batch 2", resizable=True) is None  # only sizes differ: a graph for them
+    assert fit(Call((ids,)), nodes, "eval_dataloader batch 0") == [ids]
+    with pytest.raises(CalibrationError, match=r"eval_dataloader batch 2, input 0 \('input_ids'\): shape \(3, 7\)"):
+        fit(call, nodes, "eval_dataloader batch 2")  # not resizable: an ExportedProgram's fixed sizes
+    with pytest.raises(CalibrationError, match="eval_dataloader batch 1, input 0 .*dtype torch.float32"):
+        fit(Call((torch.randn(2, 5),)), nodes, "eval_dataloader batch 1")
+    with pytest.raises(ConfigError, match=r"batch 4 gives argument 'input_id'.*did you mean 'input_ids'"):
+        arrange({"input_id": ids}, "eval_dataloader batch 4", signature, error=ConfigError)

@@ -218,9 +218,9 @@ def test_progress_on_a_terminal_and_quiet_otherwise():
         (dict(metric=lambda a, b: 0.0), "cannot guess a budget"),
         (dict(metric="rel_l2"), "metric must be None"),
         (dict(metric=mixprec.Accuracy(lambda p: 1.0), tolerance=0.1, eval_dataloader=[]), "eval_dataloader is not used"),
-        (dict(eval_dataloader=torch.zeros(8, 16)), "iterable of input tuples"),
+        (dict(eval_dataloader=torch.zeros(8, 16)), "iterable of batches"),
         (dict(eval_dataloader=[]), "yielded no batches"),
-        (dict(eval_dataloader=[{"x": 1}]), "batch 0 is a dict"),
+        (dict(eval_dataloader=[(torch.zeros(8, 16),), 3]), "eval_dataloader batch 1 is a int"),
         (dict(low_precision_type="int8"), "low_precision_type"),
         (dict(cache="yes"), "cache must be"),
     ],
@@ -233,7 +233,8 @@ def test_bad_arguments_raise_config_errors(kwargs, message):
 
 def test_eval_data_that_does_not_fit_the_model_says_so():
     model = SensitiveByConstruction().eval()
-    with pytest.raises(mixprec.CalibrationError, match="eval data batch 0 does not fit"):
+    with pytest.raises(mixprec.CalibrationError, match=r"eval_dataloader batch 0, input 0 \('x'\): shape \(8, 5\) "
+                       "differs .*the model does not run at these sizes"):  # fmt: skip
         mixprec.search(model, SensitiveByConstruction.example_inputs(), eval_dataloader=[(torch.randn(8, 5),)], cache=False)
 
 

@@ -1,4 +1,4 @@
-"""Graphs for calibration batches whose sizes the captured graph does not take.
+"""Graphs for batches whose sizes the captured graph does not take.
 
 A captured graph has its sizes baked in (``view(x, [8, 12, 4, 8])``), so it cannot run a
 batch of 3, a ragged last batch or a batch padded to another sequence length. Users have
@@ -22,6 +22,9 @@ graph has extra size nodes, which shifts fx's numbering). A node left unmatched 
 statistics of the batches the captured graph ran.
 
 Only an ``nn.Module`` can be captured again; for an ExportedProgram, batches must fit it.
+
+The search uses the same captures for its eval batches (``searching/shapes.py``): each graph keeps
+its ``CapturedModel``, on which a trial's plan is realised for the batches of those sizes.
 """
 
 from __future__ import annotations
@@ -30,14 +33,18 @@ import collections
 import difflib
 import logging
 import types
+import weakref
 
 import torch
 import torch.utils._pytree as pytree
 from torch.export import Dim, ShapesCollection
 
+from ..errors import CalibrationError
+from ..ir.frontend import CapturedModel
 from ..ir.graph_info import module_of
 from ..ir.input_check import input_specs_of, size_misfit
 from ..ir.work_program import WorkProgram
+from .batches import Call, mismatch, shape_text
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +54,11 @@ _MAX_STATIC = 4  # exact-shape captures kept (a dataloader has few distinct shap
 class CalibrationGraph:
     """A normalised capture for other batch shapes, and its node names mapped to the captured graph's."""
 
-    def __init__(self, work: WorkProgram, names: dict[str, str]):
-        self.work = work
+    def __init__(self, captured: CapturedModel, names: dict[str, str]):
+        self.captured = captured  # the search realises its trial plans on it (searching/shapes.py)
+        self.work = captured.base
         self.names = names  # this graph's node name -> captured graph's node name
+        work = self.work
         view = types.SimpleNamespace(
             graph=work.graph,
             graph_signature=types.SimpleNamespace(input_specs=work.input_specs),
@@ -67,10 +76,10 @@ class CalibrationGraph:
 
 
 class OtherShapes:
-    """Makes (and keeps) the calibration graphs of one compile."""
+    """Makes (and keeps) the graphs for other batch shapes of one captured model."""
 
     def __init__(self, model: torch.nn.Module, primary: WorkProgram, example_args: tuple, example_kwargs: dict):
-        self._model = model
+        self._model = weakref.ref(model)  # a cached search study holds this: it must not keep the model alive
         self._primary = primary
         self._example = (example_args, example_kwargs)
         self._dynamic: CalibrationGraph | None | bool = None  # None: not tried; False: torch could not
@@ -95,10 +104,36 @@ class OtherShapes:
             self._static.move_to_end(key)
         return graph
 
+    def graph_for_batch(
+        self, call: Call, where: str, user_nodes: list[torch.fx.Node], *, error: type[Exception] = CalibrationError
+    ) -> CalibrationGraph:
+        """:meth:`graph_for` a batch (``where`` names it) that fits the captured inputs but for its sizes;
+        ``error`` naming the input and torch's reason when the model cannot be captured for them."""
+        tensors = call.tensors()
+        try:
+            return self.graph_for(call.args, call.kwargs, tensors)
+        except Exception as e:  # torch could not capture the model for these sizes
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            shape = ""
+            for position, (tensor, node) in enumerate(zip(tensors, user_nodes)):
+                expected = node.meta.get("val")
+                problem = mismatch(tensor, expected) if isinstance(expected, torch.Tensor) else None
+                if problem:
+                    where = f"{where}, input {position} ('{node.name}'): {problem}"
+                    shape = f" The model was captured for shape {shape_text(expected)}."
+                    break
+            raise error(
+                f"{where}; the model does not run at these sizes (torch.export could not capture it for them: "
+                f"{reason}).{shape} Make the batches like the example inputs (batch and sequence sizes may differ; "
+                "sizes the model's weights fix may not)."
+            ) from e
+
     def _capture(self, args, kwargs, *, dynamic: bool) -> CalibrationGraph | None:
         from ..ir.capture import export
-        from ..ir.normalize import normalize
 
+        model = self._model()
+        if model is None:
+            raise RuntimeError("the model was freed; it cannot be captured for other batch sizes")
         shapes = None
         if dynamic:
             shapes = ShapesCollection()
@@ -107,16 +142,15 @@ class OtherShapes:
                     # sizes 0 and 1 torch would specialise anyway (and warn): leave them static
                     shapes[leaf] = {axis: Dim.AUTO for axis in range(leaf.dim()) if leaf.shape[axis] > 1}
         try:
-            ep = export(self._model, tuple(args), dict(kwargs), dynamic_shapes=shapes)
+            ep = export(model, tuple(args), dict(kwargs), dynamic_shapes=shapes)
         except Exception as e:  # torch could not capture these shapes: the caller decides what to do
             if not dynamic:
                 raise
             log.info("no dynamic calibration graph (%s); capturing per batch shape", str(e).splitlines()[0] if str(e) else e)
             return None
         self.captures += 1
-        work = WorkProgram.from_exported(ep)
-        normalize(work)
-        return CalibrationGraph(work, align(work, self._primary))
+        captured = CapturedModel(ep)  # normalised and analysed as the primary capture was
+        return CalibrationGraph(captured, align(captured.base, self._primary))
 
 
 def align(work: WorkProgram, primary: WorkProgram) -> dict[str, str]:

@@ -17,22 +17,23 @@ from ..errors import CalibrationError
 from ..ir.frontend import CapturedModel
 from ..ir.marker_regions import calibration_targets
 from ..ir.work_program import WorkProgram
-from .batches import calibration_batches
-from .statistics import Calibration, collect
+from .statistics import Calibration, calibrate, collect
 
 Range = tuple[float, float]
 
 
 def marker_ranges(captured: CapturedModel, calibration_dataloader, *, calibration: Calibration | None = None) -> dict:
     """Calibrated ranges of the boundaries of int8 marker regions that were given no dynamic range:
-    on the loader's batches, else on the example inputs (or read from ``calibration`` when the compile
+    on the loader's batches (``statistics.calibrate``: any batch form and size compile's calibration takes),
+    else on the example inputs (or read from ``calibration`` when the compile
     already ran it on the same data). Empty when the model has no such region."""
     targets = calibration_targets(captured.info)
     if not targets:
         return {}
     # with a calibration at hand the loader is not touched (iterating a DataLoader starts its workers)
-    batches = calibration_batches(calibration_dataloader, captured.args) if calibration is None else ()
-    return collect_ranges(captured.base, targets, batches, calibration=calibration)
+    if calibration is None:  # batches in every form compile's calibration takes, of any sizes: the same path
+        calibration, _ = calibrate(captured, calibration_dataloader)
+    return collect_ranges(captured.base, targets, (), calibration=calibration)
 
 
 def collect_ranges(

@@ -10,7 +10,7 @@ of batches. Intermediate tensors are freed as soon as their last consumer has ru
 The graph that runs is the normalised captured graph, so calibration sees exactly the
 values eager PyTorch computes (``torch.autocast`` regions included, their casts made
 explicit). Batches are calls of the model's forward — tuples of positional inputs, single
-tensors, or dicts keyed by parameter names (HF collators; ``batches.as_call``) — with the dtypes and ranks of
+tensors, or dicts keyed by parameter names (HF collators; ``batches.arrange``) — with the dtypes and ranks of
 the example inputs; their batch and sequence sizes may differ from the example inputs and
 between batches: such a batch runs on a graph captured for its sizes
 (``batch_graphs.py``), for statistics only, and the program keeps the shapes it was
@@ -37,9 +37,9 @@ from ..errors import CalibrationError
 from ..ir.runner import GraphRunner, Observer
 from ..ir.work_program import WorkProgram
 from ..progress import Progress
-from .batches import Call, as_call
+from .batches import Call, arrange, fit
 
-__all__ = ["Calibration", "Call", "TensorStats", "collect", "progress_line"]
+__all__ = ["Calibration", "Call", "TensorStats", "calibrate", "collect", "progress_line"]
 
 log = logging.getLogger(__name__)
 
@@ -144,17 +144,18 @@ def collect(
     first_outputs = None
     with torch.no_grad():
         for index, batch in enumerate(batches):
-            args, kwargs = _as_call(batch, index, signature)
-            tensors = _fit(args, kwargs, user_nodes, index, resizable=other_shapes is not None)
+            where = f"calibration batch {index}"
+            call = arrange(batch, where, signature)
+            tensors = fit(call, user_nodes, where, resizable=other_shapes is not None)
             target, run = work, runner
             if tensors is None:  # sizes the captured graph does not take: a graph captured for them
-                graph = _other_graph(other_shapes, args, kwargs, index, user_nodes)
+                graph = other_shapes.graph_for_batch(call, where, user_nodes)
                 if id(graph) not in runners:
                     graph_statistics = _Statistics(graph.work)
                     runners[id(graph)] = (graph, GraphRunner(graph.work, observers=[graph_statistics]), graph_statistics)
                 graph, run, _ = runners[id(graph)]
                 target = graph.work
-                tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+                tensors = call.tensors()
             target.reset_state()
             try:
                 outputs = run.run(tensors)
@@ -169,7 +170,7 @@ def collect(
                 first_outputs = tuple(outputs)
             count += 1
             progress.update(f"batch {count}{of}")
-            del tensors, batch, outputs, args, kwargs
+            del tensors, batch, outputs, call
     progress.done(f"batch {count}{of}, done")
     if count == 0:
         raise CalibrationError(
@@ -180,6 +181,27 @@ def collect(
     for graph, _, graph_statistics in runners.values():
         _merge_mapped(stats, graph_statistics.stats, graph.names, work)
     return Calibration(MappingProxyType(stats), count, first_outputs)
+
+
+def calibrate(captured, loader, *, other_shapes=None, keep_first_outputs: bool = False) -> tuple[Calibration, int]:
+    """Statistics of every node of a captured model (``ir.frontend.CapturedModel``) on ``loader``'s batches,
+    or on the example inputs when it is None: how compile, the configurator and the search calibrate.
+
+    Batches in any accepted form (``batches.py``, mapped onto the captured call by its signature); batches of
+    other batch/sequence sizes than the example run on a graph captured for them (an nn.Module only:
+    ``other_shapes``, a ``batch_graphs.OtherShapes``, made here when not given). Returns the Calibration and
+    how many extra captures it took."""
+    from .batch_graphs import OtherShapes
+
+    batches = [Call(*captured.fresh())] if loader is None else loader
+    if other_shapes is None and isinstance(captured.model, torch.nn.Module):
+        other_shapes = OtherShapes(captured.model, captured.base, *captured.fresh())
+    before = other_shapes.captures if other_shapes is not None else 0
+    calibration = collect(
+        captured.base, batches, signature=captured.signature, other_shapes=other_shapes,
+        keep_first_outputs=keep_first_outputs,
+    )
+    return calibration, (other_shapes.captures - before if other_shapes is not None else 0)
 
 
 def _merge_mapped(stats: dict, other: dict, names: dict, work: WorkProgram) -> None:
@@ -199,44 +221,6 @@ def _merge_mapped(stats: dict, other: dict, names: dict, work: WorkProgram) -> N
             stats[primary] = dataclasses.replace(value, shape=shapes.get(primary, value.shape))
         else:
             stats[primary] = old.merge(value)
-
-
-def _other_graph(other_shapes, args, kwargs, index, user_nodes):
-    tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-    try:
-        return other_shapes.graph_for(args, kwargs, tensors)
-    except Exception as e:  # torch could not capture the model for these sizes
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        where, shape = f"calibration batch {index}", ""
-        for position, (tensor, node) in enumerate(zip(tensors, user_nodes)):
-            expected = node.meta.get("val")
-            problem = _mismatch(tensor, expected) if isinstance(expected, torch.Tensor) else None
-            if problem:
-                where = f"calibration batch {index}, input {position} ('{node.name}'): {problem}"
-                shape = f" The model was captured for shape {_shape_text(expected)}."
-                break
-        raise CalibrationError(
-            f"{where}; the model does not run at these sizes (torch.export could not capture it for them: "
-            f"{reason}).{shape} Make the batches like the example inputs (batch and sequence sizes may differ; "
-            "sizes the model's weights fix may not)."
-        ) from e
-
-
-def _as_call(batch, index: int, signature) -> tuple[tuple, dict]:
-    """A batch as (args, kwargs) in the captured call's structure."""
-    if isinstance(batch, Call):
-        return tuple(batch.args), dict(batch.kwargs)
-    if signature is None and isinstance(batch, Mapping) and all(isinstance(k, str) for k in batch):
-        raise CalibrationError(
-            f"calibration batch {index} is a dict, and the names of this program's inputs are not known; pass "
-            "tuples of the model's positional inputs instead."
-        )
-    args, kwargs = as_call(batch, f"calibration batch {index}", error=CalibrationError)
-    if signature is None:
-        return args, kwargs
-    if isinstance(batch, (tuple, list)) and len(args) > len(signature.positional) and not signature.keywords:
-        return args, kwargs  # a tuple carrying labels too: _fit says so in the terms of the data
-    return signature.arrange(args, kwargs, error=CalibrationError, where=f"calibration batch {index}")
 
 
 class _Statistics(Observer):
@@ -262,65 +246,6 @@ def _is_stored(work: WorkProgram, node: torch.fx.Node) -> bool:
     if spec is None:
         spec = next((s for s in work.input_specs if getattr(s.arg, "name", None) == node.name), None)
     return spec is not None and spec.kind != InputKind.USER_INPUT
-
-
-def _fit(args, kwargs, user_nodes: list[torch.fx.Node], index: int, *, resizable: bool = False) -> list[torch.Tensor] | None:
-    """The batch as the flat list of user-input tensors, or CalibrationError saying what does not fit.
-
-    None when only sizes differ and ``resizable``: the batch needs a graph captured for its sizes."""
-    leaves = [leaf for leaf in pytree.tree_leaves((tuple(args), dict(kwargs))) if isinstance(leaf, torch.Tensor)]
-    names = [n.name for n in user_nodes]
-    if len(leaves) != len(user_nodes):
-        raise CalibrationError(
-            f"calibration batch {index} holds {len(leaves)} tensor(s), the model takes {len(user_nodes)} "
-            f"({', '.join(names) or 'none'}). If the batches also carry labels, pass only the inputs, "
-            "e.g. (batch[:n] for batch in loader)."
-        )
-    resized = False
-    for position, (tensor, node) in enumerate(zip(leaves, user_nodes)):
-        expected = node.meta.get("val")
-        if not isinstance(expected, torch.Tensor):
-            continue
-        problem = _mismatch(tensor, expected)
-        if problem and resizable and problem.startswith("shape") and tensor.dim() == expected.dim():
-            resized = True
-            continue
-        if problem:
-            raise CalibrationError(
-                f"calibration batch {index}, input {position} ('{node.name}'): {problem}. The model was captured "
-                f"for shape {_shape_text(expected)} and dtype {expected.dtype}; make the batches like the example "
-                "inputs"
-                + (
-                    " (batch and sequence sizes may differ when compiling an nn.Module; an ExportedProgram must be "
-                    "captured with dynamic_shapes= for them)."
-                    if problem.startswith("shape") and tensor.dim() == expected.dim()
-                    else "."
-                )
-            )
-    return None if resized else leaves
-
-
-def _mismatch(tensor: torch.Tensor, expected: torch.Tensor) -> str | None:
-    if tensor.dtype != expected.dtype:
-        return f"dtype {tensor.dtype} where {expected.dtype} is expected"
-    if tensor.device.type != expected.device.type:
-        return f"device {tensor.device} where {expected.device.type} is expected"
-    if tensor.dim() != expected.dim():
-        return f"shape {tuple(tensor.shape)} has rank {tensor.dim()}, expected rank {expected.dim()}"
-    for axis, (got, want) in enumerate(zip(tensor.shape, expected.shape)):
-        if isinstance(want, torch.SymInt) and not _is_constant(want):
-            continue
-        if int(got) != int(want):
-            return f"shape {tuple(tensor.shape)} differs from {_shape_text(expected)} in dimension {axis}"
-    return None
-
-
-def _is_constant(size: torch.SymInt) -> bool:
-    return size.node.is_constant() if hasattr(size.node, "is_constant") else False
-
-
-def _shape_text(t: torch.Tensor) -> str:
-    return "(" + ", ".join(str(s) if not isinstance(s, torch.SymInt) or _is_constant(s) else "*" for s in t.shape) + ")"
 
 
 def _length(batches) -> int | None:

@@ -10,6 +10,9 @@ Two phases (AIMET's automatic mixed precision, with the budgets its users ask fo
    exactly that share of the most sensitive groups in fp32.
 
 Trials never re-capture the model (``trials.py``): the captured program is rewritten per plan.
+Eval and calibration batches take every form and size compile's calibration takes, through the same
+normaliser (``calibrate/batches.py``); batches of other sizes run each trial's plan on a capture for
+their sizes (``shapes.py``).
 The result (``result.py``) holds the plan for ``compile(..., plan=...)``, the measured pareto
 points with their latency (``latency.py``), every group's sensitivity, JSON and a plot.
 """
@@ -23,7 +26,7 @@ import warnings
 import torch
 import torch.utils._pytree as pytree
 
-from ..calibrate.batches import batch_list
+from ..calibrate.batches import Call, batch_list
 from ..dtypes import dtype_name
 from ..errors import ConfigError, MixedPrecisionWarning
 from ..ir.capture import as_input_tuple, refuse_meta_tensors
@@ -69,11 +72,15 @@ def search(
         a callable ``metric(outputs, reference) -> float``, higher is worse, averaged over the eval
         batches; or ``mixprec.Accuracy(evaluate)`` with ``evaluate(program) -> float``, higher is
         better, whose tolerance is the accepted drop from fp32 accuracy. A user metric needs a budget.
-    calibration_dataloader: iterable of input tuples for the safety checks (values the low type
-        cannot hold, inf/NaN); None = the eval data.
-    eval_dataloader: iterable of input tuples (example-input shapes) every trial is measured on;
-        None = the example inputs, so the tolerance is then only guaranteed on them. Kept in memory
-        with its fp32 outputs: a few batches are enough.
+    calibration_dataloader: batches for the safety checks (values the low type cannot hold, inf/NaN),
+        in every form compile's ``autocast_calibration_dataloader`` takes: tuples/lists of positional
+        inputs, single tensors, or dicts keyed by forward's parameter names (what collators yield);
+        batch and sequence sizes may differ from `inputs` and between batches. None = the eval data.
+    eval_dataloader: the batches every trial is measured on, in the same forms and sizes as
+        calibration_dataloader; a batch of other sizes than `inputs` runs the trial's plan on a capture
+        for its sizes (``searching/shapes.py``), so the metric is what the plan's program gives on each
+        batch. None = the example inputs, so the tolerance is then only guaranteed on them. Kept in
+        memory with its fp32 outputs: a few batches are enough.
     cache: None = the process-wide cache, False = none, or a ``SearchCache``.
     progress_stream: where progress goes when it is a terminal (default stderr); otherwise
         progress is logged to "mixprec.search" at INFO.
@@ -107,7 +114,7 @@ def search(
             MixedPrecisionWarning,
             stacklevel=2,
         )
-    eval_batches = batch_list(eval_dataloader, "eval_dataloader") if eval_dataloader is not None else [args]
+    eval_batches = batch_list(eval_dataloader, "eval_dataloader") if eval_dataloader is not None else [Call(args)]
     calibration = batch_list(calibration_dataloader, "calibration_dataloader") if calibration_dataloader is not None else None
     store = _store(cache)
     progress = Progress(stream=progress_stream, prefix="mixprec search: ", log=logging.getLogger("mixprec.search"))
@@ -180,7 +187,7 @@ def _eval_data(options, loader, batches) -> str:
     return f"eval_dataloader ({len(batches)} batch{'es' if len(batches) != 1 else ''})"
 
 
-def _pareto(study: Study, choice: Choice, batch: tuple, progress: Progress) -> tuple[ParetoPoint, ...]:
+def _pareto(study: Study, choice: Choice, batch: Call, progress: Progress) -> tuple[ParetoPoint, ...]:
     missing = [lowered for lowered in choice.measured if lowered not in study.latency]
     if missing:
         progress.update(f"timing {len(missing)} plan(s)")

@@ -9,7 +9,8 @@ cache keeps studies by what they depend on:
   a freed model's ``id`` never matches, plus the identity, dtype, shape and in-place version
   counter of every parameter and buffer, so training steps and ``load_state_dict`` invalidate;
 * the example inputs, the eval batches and the calibration batches: by content (a BLAKE2 digest
-  of every tensor's bytes, dtype and shape), since DataLoaders yield new tensors on every pass;
+  of every tensor's bytes, dtype and shape, and of the batch's structure: a dict batch by its keys),
+  since DataLoaders yield new tensors on every pass;
 * the low-precision type and the metric (the user's callable by identity; the cache entry holds
   it, so its ``id`` cannot be reused while the entry lives).
 
@@ -27,6 +28,8 @@ from collections.abc import Hashable
 import torch
 import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
+
+from ..calibrate.batches import Call
 
 
 class SearchCache:
@@ -90,7 +93,10 @@ def _state_signature(model) -> tuple:
 
 
 def digest(data) -> str:
-    """A content digest of nested inputs: tensors by dtype, shape and bytes, everything else by repr."""
+    """A content digest of nested inputs: tensors by dtype, shape and bytes, everything else by repr.
+    A list of batches may hold ``Call`` s (dict batches become keyword calls): their arguments are digested."""
+    if isinstance(data, list):
+        data = [("call", b.args, b.kwargs) if isinstance(b, Call) else b for b in data]
     leaves, spec = pytree.tree_flatten(data)
     h = hashlib.blake2b(digest_size=16)
     h.update(str(spec).encode())

@@ -13,19 +13,23 @@ from collections.abc import Callable, Mapping
 
 import torch
 
+from ..calibrate.batches import Call
+
 ROUNDS = 3
 
 
-def measure(programs: Mapping[object, Callable[[], torch.nn.Module]], batch: tuple, *, rounds: int = ROUNDS) -> dict:
-    """Seconds per call of every program (built by the given factories) on ``batch``."""
+def measure(programs: Mapping[object, Callable[[], torch.nn.Module]], batch, *, rounds: int = ROUNDS) -> dict:
+    """Seconds per call of every program (built by the given factories) on ``batch`` (a tuple of positional
+    inputs or a ``calibrate.batches.Call``)."""
     built = {key: factory() for key, factory in programs.items()}
+    args, kwargs = (batch.args, batch.kwargs) if isinstance(batch, Call) else (tuple(batch), {})
     times: dict[object, list[float]] = {key: [] for key in built}
     with torch.no_grad():
         for program in built.values():
-            program(*batch)
+            program(*args, **kwargs)
         for _ in range(rounds):
             for key, program in built.items():
                 start = time.perf_counter()
-                program(*batch)
+                program(*args, **kwargs)
                 times[key].append(time.perf_counter() - start)
     return {key: min(values) for key, values in times.items()}

@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..calibrate.batches import Call
 from ..errors import ConfigError
 from ..output.numerics import ErrorStats
 
@@ -65,9 +66,11 @@ def finite_or_inf(value: float) -> float:
     return math.inf if math.isnan(value) else value
 
 
-def run_batch(program, batch: tuple):
+def run_batch(program, batch):
+    """``program`` called on one batch: a ``calibrate.batches.Call`` (the search's batches) or a tuple."""
+    args, kwargs = (batch.args, batch.kwargs) if isinstance(batch, Call) else (tuple(batch), {})
     with torch.no_grad():
-        return program(*batch)
+        return program(*args, **kwargs)
 
 
 class RelL2:
@@ -79,7 +82,7 @@ class RelL2:
     def __init__(self):
         self.user = None  # the object the user passed (None): part of the cache key
 
-    def prepare(self, reference, batches: list[tuple]) -> None:
+    def prepare(self, reference, batches: list) -> None:
         self.batches = batches
         self.references = [run_batch(reference, b) for b in batches]
 
@@ -99,7 +102,7 @@ class OutputMetric:
         self.user = fn
         self.name = f"metric {_qualname(fn)}"
 
-    def prepare(self, reference, batches: list[tuple]) -> None:
+    def prepare(self, reference, batches: list) -> None:
         self.batches = batches
         self.references = [run_batch(reference, b) for b in batches]
 
@@ -117,7 +120,7 @@ class AccuracyDrop:
         self.user = accuracy
         self.name = f"accuracy drop {_qualname(accuracy.evaluate)}"
 
-    def prepare(self, reference, batches: list[tuple]) -> None:
+    def prepare(self, reference, batches: list) -> None:
         self.fp32_accuracy = self._accuracy(reference)
 
     def _accuracy(self, program) -> float:

@@ -5,9 +5,9 @@ Budgets: exactly one of ``tolerance`` (the largest metric value the chosen plan 
 With neither, the default metric gets ``DEFAULT_TOLERANCE``; a user metric has units only the
 user knows, so it must come with one of them.
 
-Data: the eval and calibration loaders are read once into lists of input tuples
-(``calibrate.batches.batch_list``), because every trial runs on the same eval batches (a
-generator could be read only once) and the cache fingerprints them.
+Data: the eval and calibration loaders are read once into lists of calls of forward
+(``calibrate.batches.batch_list``: tuples, tensors, dicts by forward's names), because every trial
+runs on the same eval batches (a generator could be read only once) and the cache fingerprints them.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from types import MappingProxyType
 import torch
 
 from ..calibrate.int8_ranges import marker_ranges
+from ..calibrate.statistics import calibrate
 from ..dtypes import dtype_name
 from ..errors import CalibrationError, MixedPrecisionWarning
 from ..ir.frontend import CapturedModel
@@ -31,6 +32,7 @@ from ..progress import Progress
 from ..settings import CompileSettings
 from .groups import LayerGroup, find_groups
 from .metrics import run_batch
+from .shapes import BatchSizes
 from .trials import ProgramFailed, Trials
 
 
@@ -52,34 +54,42 @@ class Study:
 
 
 def build_study(
-    model, args: tuple, options, eval_batches: list[tuple], calibration_batches: list[tuple] | None, progress: Progress
+    model, args: tuple, options, eval_batches: list, calibration_batches: list | None, progress: Progress
 ) -> Study:
+    """``eval_batches``, ``calibration_batches``: ``calibrate.batches.Call`` s (or any batch form compile's
+    calibration takes), of any batch and sequence sizes (``shapes.py``)."""
     progress.update("capturing the model")
     captured = CapturedModel(model, args)
     base, info = captured.base, captured.info
-
-    # int8 marker regions without ranges calibrate as compile(model, inputs, plan=...) will: on the same data
-    ranges = marker_ranges(captured, calibration_batches)
-    trials = Trials(captured, options.low, options.metric, ranges)
+    sizes = BatchSizes(captured)
+    eval_batches = sizes.calls(eval_batches, "eval_dataloader")  # checked and captured for their sizes here
+    calibration_data = calibration_batches if calibration_batches is not None else eval_batches
+    progress.update("calibrating for the safety rules")
+    # one calibration, as compile's (same batch forms and sizes, same recaptures), for the safety rules and the
+    # int8 marker regions without ranges: these calibrate as compile(model, inputs, plan=...) will, on the same data
+    # (without calibration data compile calibrates them on the example inputs, so the search does)
+    calibration, _ = calibrate(captured, calibration_data, other_shapes=sizes.other)
+    given = calibration_batches is not None
+    ranges = marker_ranges(captured, calibration_batches, calibration=calibration if given else None)
+    trials = Trials(captured, options.low, options.metric, ranges, sizes)
     progress.update("running the fp32 reference")
     reference = trials.reference()
     if options.metric.uses_eval_data:
         _check_batches(reference, eval_batches)
     _prepare_metric(options.metric, reference, eval_batches)
 
-    progress.update("calibrating for the safety rules")
     strong = trials.plan(())
     settings = CompileSettings(
         enable_autocast=True,
         autocast_low_precision_type=options.low,
         # the residual-stream rule is a judgement about accuracy, which the search measures instead
         autocast_keep_residual_stream=False,
-        autocast_calibration_dataloader=calibration_batches if calibration_batches is not None else eval_batches,
+        autocast_calibration_dataloader=calibration_data,
         **dict(options.includes),  # included layers: the user vouches for them; measured like the others
     )
     with warnings.catch_warnings():  # search warns about fp16 on a CPU itself, in its own words
         warnings.filterwarnings("ignore", category=MixedPrecisionWarning, message="autocast_low_precision_type=float16")
-        prepared = autocast.prepare(base, info, settings, args)
+        prepared = autocast.prepare(base, info, settings, args, calibration=calibration)
     # the code's fp32 intent and values computed from stored tensors are, like the residual stream, judgements about
     # accuracy: measured instead; rounding error is measured too, so the IO-range rule only guards against values
     # the low type cannot hold
@@ -96,18 +106,18 @@ def build_study(
     return study
 
 
-def _check_batches(reference, batches: list[tuple]) -> None:
+def _check_batches(reference, batches: list) -> None:
     for index, batch in enumerate(batches):
         try:
             run_batch(reference, batch)
         except ProgramFailed as e:
             raise CalibrationError(
-                f"eval data batch {index} does not fit the model: {e}. Each eval batch must be a tuple of forward's "
-                "positional arguments with the example inputs' shapes and dtypes."
+                f"eval_dataloader batch {index} fits the captured inputs but the model fails on it: {e}. Check the "
+                "batch's values and sizes."
             ) from e
 
 
-def _prepare_metric(metric, reference, batches: list[tuple]) -> None:
+def _prepare_metric(metric, reference, batches: list) -> None:
     try:
         metric.prepare(reference, batches)
     except ProgramFailed as e:

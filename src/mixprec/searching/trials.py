@@ -9,6 +9,8 @@ is captured, normalised and analysed once and each trial only
    cheap structural verifier only); the fp32 reference is the one every tool compares against
    (``rewrite.pipeline.reference``);
 3. builds its module (``ExportedProgram.module()``, what the eager backend runs) and measures it.
+   Eval batches of other sizes than the example run the same requests carried onto a capture
+   for their sizes (``shapes.py``), realised when a batch first needs it.
 
 Results are memoised by the set of lowered layers, so phase 2 reuses phase 1's single-group
 trials and a second search reuses all of them. A program that fails in low precision (a kernel
@@ -29,6 +31,7 @@ from ..plan import planner
 from ..plan.precision_plan import NodePrecision, PrecisionPlan
 from ..rewrite.pipeline import realise, reference
 from ..settings import CompileSettings
+from .shapes import carried_plan
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +66,11 @@ class Outcome:
 class Trials:
     """Plans, programs and memoised measurements over one captured program."""
 
-    def __init__(self, captured: CapturedModel, low: torch.dtype, metric, int8_ranges: Mapping | None = None):
+    def __init__(
+        self, captured: CapturedModel, low: torch.dtype, metric, int8_ranges: Mapping | None = None, sizes=None
+    ):
         self.captured = captured
+        self.sizes = sizes  # shapes.BatchSizes: batches of other sizes run the same plan on captures for them
         self.info = captured.info
         self.low = low
         self.metric = metric
@@ -88,17 +94,32 @@ class Trials:
 
     # ---- programs ------------------------------------------------------------------------------
     def program(self, lowered: Iterable[str]) -> torch.nn.Module:
-        return self.build(self.plan(lowered), keep_io_types=True)
+        lowered = frozenset(lowered)
+        if self.sizes is None:
+            return self.build(self.plan(lowered), keep_io_types=True)
+
+        def build(graph):  # None: the example-shape capture; else the same requests carried onto another
+            if graph is None:
+                return self.build(self.plan(lowered), keep_io_types=True)
+            plan = carried_plan(graph, self.requests(lowered), self.int8_ranges)
+            return self._guarded(realise(graph.captured, plan, keep_io_types=True, verify_each=False), graph.captured)
+
+        return self.sizes.program(build)
 
     def reference(self) -> torch.nn.Module:
         """The fp32 program (every layer fp32: the reference compile's report and the debugger compare against)."""
-        return self._guarded(reference(self.captured, verify_each=False))
+        if self.sizes is None:
+            return self._guarded(reference(self.captured, verify_each=False))
+        return self.sizes.program(
+            lambda graph: self._guarded(reference(graph.captured if graph else self.captured, verify_each=False),
+                                        graph.captured if graph else None)
+        )
 
     def build(self, plan: PrecisionPlan, *, keep_io_types: bool) -> torch.nn.Module:
         return self._guarded(realise(self.captured, plan, keep_io_types=keep_io_types, verify_each=False))
 
-    def _guarded(self, work) -> Guarded:
-        return Guarded(work.to_exported().module(), self.captured.reset_state)
+    def _guarded(self, work, captured: CapturedModel | None = None) -> Guarded:
+        return Guarded(work.to_exported().module(), (captured or self.captured).reset_state)
 
     # ---- measurements --------------------------------------------------------------------------
     def measure(self, lowered: Iterable[str]) -> Outcome:

@@ -1,0 +1,138 @@
+"""Search on the data compile's calibration takes: dict batches by forward's names, of mixed batch and sequence
+sizes; its metric is what running the model and the plan's program on each batch gives."""
+
+import warnings
+
+import pytest
+import torch
+
+import mixprec
+from mixprec.output.numerics import ErrorStats
+from mixprec.plan.precision_plan import NodePrecision, PrecisionPlan
+
+transformers = pytest.importorskip("transformers")
+
+SIZES = [(2, 8), (3, 12), (1, 5)]  # the example's, one the dynamic capture takes, one it does not (batch of 1)
+
+
+def _bert():
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=100,
+        max_position_embeddings=64,
+    )
+    return transformers.BertModel(config).eval()
+
+
+def _batch(rows, length, seed):
+    generator = torch.Generator().manual_seed(seed)
+    mask = torch.ones(rows, length, dtype=torch.long)
+    mask[0, length // 2:] = 0  # a padded row, as a collator pads to the longest sequence
+    return {"input_ids": torch.randint(0, 100, (rows, length), generator=generator), "attention_mask": mask}
+
+
+BATCHES = [_batch(rows, length, seed) for seed, (rows, length) in enumerate(SIZES)]
+EXAMPLE = (BATCHES[0]["input_ids"], BATCHES[0]["attention_mask"])
+
+
+def _search(model, eval_dataloader, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mixprec.MixedPrecisionWarning)  # bf16 is emulated on AVX2-only CPUs
+        return mixprec.search(model, EXAMPLE, eval_dataloader=eval_dataloader, cache=False, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def searched():
+    model = _bert()
+    return model, _search(model, BATCHES, keep_fp32_fraction=0.5)
+
+
+def _rel_l2_per_batch(model, plan) -> float:
+    """Pooled rel-L2 of ``compile(model, batch, plan=plan)`` against the model, compiled for each batch's own sizes."""
+    stats = ErrorStats()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore", mixprec.MixedPrecisionWarning)
+        for batch in BATCHES:
+            inputs = (batch["input_ids"], batch["attention_mask"])
+            program = mixprec.compile(model, inputs, plan=plan)
+            stats.add(program(*inputs), model(*inputs))
+    return stats.rel_l2_error
+
+
+def test_search_runs_on_dict_batches_of_mixed_sizes_and_measures_every_batch(searched):
+    model, result = searched
+    assert result.eval_data == "eval_dataloader (3 batches)"
+    assert result.baseline == 0.0 == _rel_l2_per_batch(model, PrecisionPlan({}))  # the fp32 model is its reference
+    # the chosen plan's metric: what its program gives on every batch, each at its own sizes
+    assert result.chosen.lowered > 0
+    assert result.chosen.metric == pytest.approx(_rel_l2_per_batch(model, result.plan), rel=1e-4)
+    # a single group's sensitivity: its lowering alone, measured on every batch
+    group = min((g for g in result.groups if g.sensitivity > 0 and g.sensitivity != float("inf")),
+                key=lambda g: -g.flops)  # fmt: skip
+    alone = PrecisionPlan({group.name: NodePrecision(torch.bfloat16, None, "plan", "test")})
+    expected = _rel_l2_per_batch(model, alone)
+    assert group.sensitivity == pytest.approx(expected, rel=1e-4)
+    # and it is not what the example-sized batch alone gives (so the other sizes were measured)
+    first = ErrorStats()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore", mixprec.MixedPrecisionWarning)
+        first.add(mixprec.compile(model, EXAMPLE, plan=alone)(*EXAMPLE), model(*EXAMPLE))
+    assert first.rel_l2_error != pytest.approx(expected, rel=1e-3)
+
+
+def test_the_same_batches_as_tuples_give_the_same_search(searched):
+    model, from_dicts = searched
+    tuples = [(b["input_ids"], b["attention_mask"]) for b in BATCHES]
+    from_tuples = _search(model, tuples, keep_fp32_fraction=0.5)
+    assert [(g.name, g.sensitivity) for g in from_tuples.groups] == [(g.name, g.sensitivity) for g in from_dicts.groups]
+    assert from_tuples.plan == from_dicts.plan
+    assert [(p.lowered, p.metric) for p in from_tuples.pareto] == [(p.lowered, p.metric) for p in from_dicts.pareto]
+
+
+def test_a_misspelt_key_names_the_batch_and_the_name_meant():
+    bad = dict(BATCHES[1])
+    bad["input_id"] = bad.pop("input_ids")
+    with pytest.raises(mixprec.CalibrationError, match=r"eval_dataloader batch 1 gives argument 'input_id', which "
+                       r"is not a parameter of the model's forward \(did you mean 'input_ids'\?\)"):  # fmt: skip
+        _search(_bert(), [BATCHES[0], bad])
+
+
+def test_a_batch_with_a_missing_input_of_another_dtype_or_rank_names_the_batch():
+    model = _bert()
+    with pytest.raises(mixprec.CalibrationError, match=r"eval_dataloader batch 2, input 1 \('attention_mask'\): "
+                       r"dtype torch.float32"):  # fmt: skip
+        _search(model, [BATCHES[0], BATCHES[1], {**BATCHES[2], "attention_mask": torch.ones(1, 5)}])
+    with pytest.raises(mixprec.CalibrationError, match=r"eval_dataloader batch 0, input 0 \('input_ids'\): shape "
+                       r"\(2, 8, 1\) has rank 3"):  # fmt: skip
+        _search(model, [(EXAMPLE[0].unsqueeze(-1), EXAMPLE[1])])
+
+
+def test_an_exported_program_takes_only_the_sizes_it_was_captured_for():
+    model = _bert()
+    exported = torch.export.export(model, EXAMPLE, strict=False)
+    with pytest.raises(mixprec.CalibrationError, match=r"eval_dataloader batch 1, input 0 \('input_ids'\): shape "
+                       r"\(3, 12\) differs .*captured with dynamic_shapes= for them"):  # fmt: skip
+        _search(exported, BATCHES)
+
+
+def test_the_plan_carried_onto_another_capture_lowers_the_same_layers():
+    from mixprec.ir.frontend import CapturedModel
+    from mixprec.searching.metrics import RelL2
+    from mixprec.searching.shapes import BatchSizes, carried_plan
+    from mixprec.searching.trials import Trials
+
+    captured = CapturedModel(_bert(), EXAMPLE)
+    sizes = BatchSizes(captured)
+    calls = sizes.calls(BATCHES, "eval_dataloader")
+    trials = Trials(captured, torch.bfloat16, RelL2(), None, sizes)
+    lowered = [n for n, node in captured.info.items() if node.kind == "compute" and node.flops > 0][:3]
+    assert lowered
+    primary = trials.plan(lowered)
+    for call in calls[1:]:
+        graph = sizes.graph(call)
+        assert graph is not None  # another capture runs it
+        carried = carried_plan(graph, trials.requests(lowered), None)
+        mapped = {name: graph.names[name] for name in carried if name in graph.names}
+        assert len(mapped) >= len(primary) - 2
+        assert {n: carried[n].precision for n in mapped} == {n: primary[p].precision for n, p in mapped.items()}
+        assert sum(carried[n].precision == torch.bfloat16 for n in carried) >= len(lowered)
