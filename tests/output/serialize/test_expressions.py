@@ -69,10 +69,10 @@ def test_what_torch_writes_passes(text):
 
 @pytest.mark.parametrize("text, match", REFUSED, ids=[t[:30] for t, _ in REFUSED])
 def test_unbounded_arithmetic_is_refused_at_once(text, match):
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: a loaded machine does not stretch it; the old code spent minutes
     with pytest.raises(FileFormatError, match=match):
         expressions.check(text)
-    assert time.perf_counter() - start < 0.5
+    assert time.process_time() - start < 2
 
 
 def test_every_accepted_expression_evaluates_fast_with_any_hints():
@@ -88,9 +88,9 @@ def test_every_accepted_expression_evaluates_fast_with_any_hints():
     for text in worst:
         expressions.check(text)
         expr = sympy.sympify(text)
-        start = time.perf_counter()
+        start = time.process_time()
         value = expr.subs({s: 2**63 - 1 for s in expr.free_symbols})
-        assert time.perf_counter() - start < 1.0
+        assert time.process_time() - start < 2
         assert int(value).bit_length() <= expressions.MAX_BITS
 
 
@@ -161,10 +161,10 @@ def test_a_file_that_would_hang_the_loader_is_refused_at_once(dynamic, tmp_path,
     crafted = crafting.edit_model_json(dynamic, HANGS[attack])
     path = tmp_path / "hang.mixprec.pt2"
     crafting.write(path, crafted)
-    start = time.perf_counter()
+    start = time.process_time()
     with pytest.raises(mixprec.FileFormatError, match="shape expression|not a shape symbol"):
         mixprec.load(path)
-    assert time.perf_counter() - start < 5
+    assert time.process_time() - start < 10
     if attack == "tower":  # the same evaluation as "power" (sympy's exact integer powers); one proof of each kind
         return
     # the payload is live: torch alone is still reading the file after 20 s (a load of this program takes < 2 s)
