@@ -118,6 +118,14 @@ def test_no_pytorch_autocast(calibration):
             ), f"Autocast and Pytorch outputs do not match! autocast_outs[{i}] = {a}, pytorch_outs[{i}] = {w}"
     expected_batches = 1 if calibration is None else -(-2 * BS // calibration)
     assert trt_autocast_mod.report.summary["calibration_batches"] == expected_batches
+    # mixprec's additions: the report says why each layer has its type
+    report = trt_autocast_mod.report
+    assert report.by_module("conv1")[0].reason == "excluded by pattern '^conv1$'"
+    assert report.by_module("relu2")[0].reason == "excluded by pattern 'relu'"
+    flatten = report.by_module("flatten")[0]
+    assert (flatten.precision, flatten.source) == (torch.float32, "autocast_rule")
+    assert flatten.reason == "excluded by op 'aten.flatten.using_ints'"
+    assert report.by_module("fc1")[0].reason == "no rule keeps it in float32: lowered to float16"
 
 
 class WholePytorchAutocastModel(NoPytorchAutocastModel):
@@ -174,6 +182,8 @@ def test_whole_pytorch_autocast():
             assert torch.allclose(
                 a.to(torch.float32), w.to(torch.float32), atol=1e-2, rtol=1e-2
             ), f"Autocast and Pytorch outputs do not match! autocast_outs[{i}] = {a}, pytorch_outs[{i}] = {w}"
+    # mixprec's addition: inside the fp16 region the rules change nothing, and the report says whose choice it was
+    assert all(r.source == "torch_autocast" for r in trt_autocast_mod.report.layers if r.kind == "compute")
 
 
 class MixedPytorchAutocastModel(NoPytorchAutocastModel):
@@ -231,7 +241,8 @@ def test_mixed_pytorch_autocast(calibration):
         for i, (a, w) in enumerate(zip(autocast_outs, pytorch_outs)):
             assert torch.allclose(
                 a.to(torch.float32), w.to(torch.float32), atol=1e-2, rtol=1e-2
-            ), f"Autocast and Pytorch outputs do not match! autocast_outs[{i}] = {a}, pytorch_outs[{i}] = {w}"
+            ), f"Autocast and Pytorch outputs do not match! autocast_outs[{i}] = {a}, pytorch_outs[{i}] = {w}"    # mixprec's addition: fc1 inside the fp16 region is left to torch.autocast, and the report says so
+    assert {r.source for r in trt_autocast_mod.report.layers if r.op == "aten.linear.default"} == {"torch_autocast"}
 
 
 class NestedPytorchAutocastModel(NoPytorchAutocastModel):

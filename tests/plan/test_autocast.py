@@ -15,7 +15,6 @@ from models import (
     SeedExplicit,
     ThreeLinears,
     TrtAutocastNet,
-    TrtNestedAutocastNet,
     bert_small,
     gpt2_small,
     vit_small,
@@ -53,10 +52,6 @@ def rel_l2(got, expected) -> float:
     return diff / math.sqrt(sum(y.double().pow(2).sum().item() for y in b))
 
 
-def loader_of(inputs, batch_size):
-    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*inputs), batch_size=batch_size, shuffle=False)
-
-
 def assert_dtypes(outs, expected: dict):
     for index, dtype in expected.items():
         assert outs[index].dtype == dtype, f"output {index}: {outs[index].dtype}, expected {dtype}"
@@ -65,72 +60,6 @@ def assert_dtypes(outs, expected: dict):
 def assert_close_to_eager(outs, eager):
     for i, (a, w) in enumerate(zip(outs, eager)):
         torch.testing.assert_close(a.float(), w.float(), atol=1e-2, rtol=1e-2, msg=lambda m: f"output {i}: {m}")
-
-
-# ---- Torch-TensorRT's expectations ----------------------------------------------------------------
-
-
-def test_trt_no_pytorch_autocast():
-    """test_no_pytorch_autocast: conv1 and the relus excluded by pattern, flatten by op, the rest fp16."""
-    model = TrtAutocastNet().eval()
-    (x,) = TrtAutocastNet.example_inputs()
-    data = torch.cat([x, torch.randn_like(x)])  # two calibration batches of the captured batch size
-    prog = compile_quietly(
-        model, (x,), autocast_low_precision_type=F16, autocast_calibration_dataloader=loader_of((data,), 8), **TRT_SETTINGS
-    )
-    outs = prog(x)
-    assert_dtypes(outs, {0: F32, 1: F32, 2: F32, 5: F32, 7: F32, 3: F16, 4: F16, 6: F16, 8: F16, 9: F16})
-    assert_close_to_eager(outs, model(x))
-    report = prog.report
-    assert report.by_module("conv1")[0].reason == "excluded by pattern '^conv1$'"
-    assert report.by_module("relu2")[0].reason == "excluded by pattern 'relu'"
-    flatten = report.by_module("flatten")[0]
-    assert (flatten.precision, flatten.source) == (F32, "autocast_rule")
-    assert flatten.reason == "excluded by op 'aten.flatten.using_ints'"
-    assert report.by_module("fc1")[0].reason == "no rule keeps it in float32: lowered to float16"
-    assert report.summary["calibration_batches"] == 2
-
-
-def test_trt_mixed_pytorch_autocast():
-    """test_mixed_pytorch_autocast: fc1 and log inside an fp16 torch.autocast region are left to it.
-
-    On CUDA torch.autocast runs log in fp32; CPU autocast has no fp32 list entry for log and runs
-    it in fp16, so out9 is checked against eager PyTorch on this device.
-    """
-    model = TrtAutocastNet(region=F16).eval()
-    (x,) = TrtAutocastNet.example_inputs()
-    prog = compile_quietly(model, (x,), autocast_low_precision_type=BF16, **TRT_SETTINGS)
-    outs = prog(x)
-    eager = model(x)
-    assert_dtypes(outs, {0: F32, 1: F32, 2: F32, 5: F32, 7: F32, 8: F16, 3: BF16, 4: BF16, 6: BF16, 9: eager[9].dtype})
-    assert_close_to_eager(outs, eager)
-    assert {r.source for r in prog.report.by_module("fc1") if r.kind == "compute"} == {"torch_autocast"}
-
-
-def test_trt_whole_pytorch_autocast():
-    """test_whole_pytorch_autocast: everything inside an fp16 region, rules change nothing."""
-    model = TrtAutocastNet(region="whole").eval()
-    (x,) = TrtAutocastNet.example_inputs()
-    prog = compile_quietly(model, (x,), autocast_low_precision_type=BF16, **TRT_SETTINGS)
-    outs = prog(x)
-    eager = model(x)
-    assert_dtypes(outs, {0: F32, **{i: F16 for i in range(1, 9)}, 9: eager[9].dtype})
-    assert_close_to_eager(outs, eager)
-    assert all(r.source == "torch_autocast" for r in prog.report.layers if r.kind == "compute")
-
-
-def test_trt_nested_pytorch_autocast():
-    """test_nested_pytorch_autocast: an fp32 region, an enabled=False region with .half(), an fp16 region."""
-    model = TrtNestedAutocastNet().eval()
-    inputs = TrtNestedAutocastNet.example_inputs()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="In CPU autocast, but the target dtype is not supported")
-        prog = compile_quietly(model, inputs, autocast_low_precision_type=BF16, **TRT_SETTINGS)
-        eager = model(*inputs)
-    outs = prog(*inputs)
-    expected = {0: F32, 1: F32, 2: F32, 5: F32, 7: F32, 8: F32, 9: F16, 10: F16, 3: BF16, 4: BF16, 6: BF16}
-    assert_dtypes(outs, {**expected, 11: eager[11].dtype})
-    assert_close_to_eager(outs, eager)
 
 
 def test_keep_io_types_keeps_the_models_output_dtypes():

@@ -32,7 +32,7 @@ from ..settings import CompileSettings
 from .follow import follow
 from .precision_plan import NodePrecision, PrecisionPlan
 from .sources import autocast_rules as rules
-from .sources import default, markers, requests, typing
+from .sources import code_typing, default, markers, requests
 
 # weak typing's source: (info, decisions so far) -> decisions of the layers it chooses for
 WeakSource = Callable[[GraphInfo, Mapping[str, NodePrecision]], Mapping[str, NodePrecision]]
@@ -76,7 +76,7 @@ def strong_decisions(info: GraphInfo, settings: CompileSettings, int8_ranges=Non
     decided: dict[str, NodePrecision] = {}
     decided.update(requests.decide(info, settings.plan))
     decided.update(markers.decide(info, decided, int8_ranges))
-    decided.update(typing.decide(info, decided))
+    decided.update(code_typing.decide(info, decided))
     return decided
 
 

@@ -3,7 +3,7 @@
 import torch
 
 from mixprec.ir.graph_info import NodeInfo
-from mixprec.plan.sources import default, typing
+from mixprec.plan.sources import code_typing, default
 
 
 def _node(name="n", kind="compute", precision=torch.float32, autocast=None, role=None):
@@ -11,7 +11,7 @@ def _node(name="n", kind="compute", precision=torch.float32, autocast=None, role
 
 
 def _decide(node):
-    return typing.decide({node.name: node}, {}).get(node.name)
+    return code_typing.decide({node.name: node}, {}).get(node.name)
 
 
 def test_fp32_layer_outside_regions_is_left_free():
@@ -43,7 +43,7 @@ def test_autocast_regions():
 
 def test_stronger_decisions_are_not_touched():
     node = _node(precision=torch.float16)
-    assert typing.decide({"n": node}, {"n": object()}) == {}
+    assert code_typing.decide({"n": node}, {"n": object()}) == {}
     assert default.decide({"n": node}, {"n": object()}) == {}
 
 
