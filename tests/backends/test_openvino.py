@@ -391,13 +391,13 @@ def test_batch_norm_with_fp32_statistics_runs_as_torch_autocast_does(low):
     model, inputs = ConvBatchNorm().eval(), ConvBatchNorm.example_inputs()
     prog = mixprec.compile(model, inputs, enable_autocast=True, autocast_low_precision_type=low, backend="openvino")
     assert [r.precision for r in prog.report.layers if r.module in ("bn", "bn1")] == [low, low]
-    prepared = ov_backend.for_openvino(prog.exported_program)
-    bn = [n for n in prepared.graph.nodes if n.target is torch.ops.aten.batch_norm.default]
-    assert len(bn) == 2 and all(n.meta["val"].dtype == torch.float32 for n in bn)
-    assert all(n.args[0].meta["val"].dtype == torch.float32 and n.args[0].args[0].meta["val"].dtype == low
-               for n in bn)
     with torch.no_grad():
         expected = model(*inputs)
         with torch.autocast("cpu", dtype=low):
             theirs = model(*inputs).float()
     assert _rel(prog(*inputs), expected) <= 1.5 * _rel(theirs, expected)
+    prepared = ov_backend.for_openvino(prog.exported_program)
+    bn = [n for n in prepared.graph.nodes if n.target is torch.ops.aten.batch_norm.default]
+    assert len(bn) == 2 and all(n.meta["val"].dtype == torch.float32 for n in bn)
+    assert all(n.args[0].meta["val"].dtype == torch.float32 and n.args[0].args[0].meta["val"].dtype == low
+               for n in bn)
