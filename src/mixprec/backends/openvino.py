@@ -55,12 +55,9 @@ import torch.utils._pytree as pytree
 from torch._guards import detect_fake_mode
 from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
 
-from ..dtypes import LOW_PRECISION_FLOATS
 from ..errors import ConfigError, UnsupportedModelError
 from ..ir.input_check import input_specs_of
 from ..ops.custom import INT8_MAX, INT8_MIN
-from ..ops.names import op_name, packet_name
-from ..ops.table import FP32_PARAMETER_INPUTS
 from . import register_backend
 from .openvino_audit import (
     NATIVE_CAPABILITY, NodeNames, audit, declared_precisions, int8_nodes, node_types, refusal, runtime_layers,
@@ -247,39 +244,8 @@ def for_openvino(exported_program, *, int8_kernels: bool | None = None):
                 store[name] = torch.nn.Parameter(contiguous, requires_grad=False) if isinstance(
                     value, torch.nn.Parameter) else contiguous
     _lower_int8(work, int8_kernels_exact() if int8_kernels is None else int8_kernels)
-    _fp32_parameter_ops_in_f32(work)
     _drop_constant_outputs(work)
     return work.to_exported()
-
-
-def _fp32_parameter_ops_in_f32(work) -> None:
-    """A low-precision layer with float32 parameter inputs (``ops.table.FP32_PARAMETER_INPUTS``: batch norm)
-    computes in f32 on OpenVINO: its input widened to f32, its output rounded back to the planned type.
-
-    That is the arithmetic of PyTorch's mixed-dtype kernel (bf16/fp16 in and out, float32 inside), which eager
-    and inductor run. OpenVINO's frontend instead converts the parameters to the input's type, and its constant
-    folding then merges them into the convolution before in bf16 steps: on a conv+batch-norm model with
-    running means of +-30 that was 4-8x torch.autocast's error, against 1.0x for eager (bench/RESULTS.md,
-    issue 20). The audit sees the layer run in f32 and reports it (``runs_as``), as any wider layer.
-    """
-    graph = work.graph
-    for node in list(graph.nodes):
-        if node.op != "call_function" or packet_name(op_name(node.target)) not in FP32_PARAMETER_INPUTS:
-            continue
-        x, val = node.args[0], node.meta.get("val")
-        if not isinstance(x, torch.fx.Node) or not isinstance(val, torch.Tensor):
-            continue
-        low = x.meta["val"].dtype
-        params = [a for a in node.all_input_nodes if a is not x]
-        if low not in LOW_PRECISION_FLOATS or not any(p.meta["val"].dtype == torch.float32 for p in params):
-            continue
-        with graph.inserting_before(node):
-            wide = _call(graph, torch.ops.aten.to.dtype, (x, torch.float32), x, torch.float32)
-        node.replace_input_with(x, wide)
-        node.meta["val"] = _fake(node, lambda v: torch.empty_like(v, dtype=torch.float32))
-        with graph.inserting_after(node):
-            back = _call(graph, torch.ops.aten.to.dtype, (node, low), node, low)
-        node.replace_all_uses_with(back, delete_user_cb=lambda user: user is not back)
 
 
 def _drop_constant_outputs(work) -> None:
