@@ -69,6 +69,33 @@ class AutocastRegions(nn.Module):
         return (torch.randn(4, 16),)
 
 
+class ConvBatchNorm(nn.Module):
+    """conv / batch norm / relu / conv / batch norm 1-d, with trained-looking statistics: running means of
+    +-30 and variances of 0.5-4, where rounding the statistics to bf16 moves every normalised value."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3)
+        self.bn = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv1d(8, 6, 3)
+        self.bn1 = nn.BatchNorm1d(6)
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for bn in (self.bn, self.bn1):
+                bn.running_mean.uniform_(-30, 30, generator=g)
+                bn.running_var.uniform_(0.5, 4, generator=g)
+                bn.weight.uniform_(0.5, 2, generator=g)
+                bn.bias.uniform_(-1, 1, generator=g)
+
+    def forward(self, x):
+        x = torch.relu(self.bn(self.conv1(x)))
+        return self.bn1(self.conv2(x.flatten(2)))
+
+    @staticmethod
+    def example_inputs():
+        return (torch.randn(2, 3, 10, 10, generator=torch.Generator().manual_seed(1)),)
+
+
 class ConvNet(nn.Module):
     """conv / batch norm / relu / pool / flatten / linear."""
 

@@ -12,6 +12,7 @@ from helpers import assert_within_rounding, lowered_plan, lowest_precision, run_
 from models import (
     Attention,
     AutocastRegions,
+    ConvBatchNorm,
     ConvNet,
     MixedNorm,
     PointwiseChain,
@@ -171,3 +172,16 @@ def test_tiny_gpt2_bf16_matches_eager_backend():
     plan = lowered_plan(mixprec.compile(model, (ids,)), torch.bfloat16)
     eager, fused = _both(model, (ids,), plan=plan)
     assert_within_rounding(fused(ids), eager(ids), torch.bfloat16)
+
+
+def test_batch_norm_with_fp32_statistics_on_low_precision_input_matches_torch_autocast():
+    """ops.table.FP32_PARAMETER_INPUTS: Inductor takes batch norm's bf16 input with its fp32 parameters."""
+    model, inputs = ConvBatchNorm().eval(), ConvBatchNorm.example_inputs()
+    prog = mixprec.compile(model, inputs, enable_autocast=True, backend="inductor")
+    with torch.no_grad():
+        expected = model(*inputs)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            theirs = model(*inputs).float()
+        mine = prog(*inputs)
+    their_error = (theirs - expected).norm() / expected.norm()
+    assert (mine - theirs).norm() / expected.norm() <= 0.25 * their_error  # bf16 statistics: 2x their error

@@ -58,3 +58,27 @@ def test_module_path_spellings():
     assert _clean_path("L['self'].encoder.layers[0].attn") == "encoder.layers.0.attn"
     assert _clean_path("encoder.layers.0") == "encoder.layers.0"
     assert _clean_path("") == ""
+
+
+def test_batch_norm_parameters_are_its_fp32_inputs():
+    # ops.table.FP32_PARAMETER_INPUTS, bound by the op's schema: weight, bias and running statistics, not the input
+    info = _info(ConvNet)
+    bn = next(n for n in info.values() if n.module == "bn")
+    assert bn.op == "aten.batch_norm.default"
+    assert bn.fp32_inputs == {"p_bn_weight", "p_bn_bias", "b_bn_running_mean", "b_bn_running_var"}
+    assert all(not n.fp32_inputs for n in info.values() if n.module != "bn")
+
+
+def test_fp32_inputs_read_keyword_arguments_and_skip_a_value_bound_twice():
+    graph = torch.fx.Graph()
+    x, w = graph.placeholder("x"), graph.placeholder("w")
+    for node in (x, w):
+        node.meta["val"] = torch.ones(2, 3)
+    bn = graph.call_function(torch.ops.aten.batch_norm.default, (x, w), {
+        "bias": w, "running_mean": x, "running_var": w, "training": False, "momentum": 0.1, "eps": 1e-5,
+        "cudnn_enabled": False,
+    })
+    bn.meta["val"] = torch.ones(2, 3)
+    graph.output(bn)
+    # x is the input and also passed as running_mean: it is not a parameter input
+    assert analyze(graph)[bn.name].fp32_inputs == {"w"}

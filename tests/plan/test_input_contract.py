@@ -4,6 +4,8 @@ Checked on hand-built layers (tests/plan/rules/_nodes.py). On real graphs the ve
 fact checks the same statement after every rewrite pass (tests/rewrite/test_verify.py).
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -55,3 +57,18 @@ def test_an_int8_layer_receives_float32_the_dtype_it_computes_in_on_dequantized_
 def test_unknown_node_info_keeps_the_current_dtype():
     assert required_input_dtype(None, _decision(BF16), "x", F16) == F16
 
+
+
+@pytest.mark.parametrize("low", [BF16, F16])
+def test_a_lowered_batch_norm_receives_its_parameters_in_float32_as_under_torch_autocast(low):
+    params = ("p_bn_weight", "p_bn_bias", "b_bn_running_mean", "b_bn_running_var")
+    node = dataclasses.replace(
+        make_node(name="batch_norm", op="aten.batch_norm.default", inputs=dict.fromkeys(("x", *params), F32)),
+        fp32_inputs=frozenset(params),
+    )
+    assert required_input_dtype(node, _decision(low), "x", F32) == low
+    for name in params:
+        assert required_input_dtype(node, _decision(low), name, F32) == F32
+        assert required_input_dtype(node, _decision(low), name, low) == F32  # a parameter the model stored low
+    # only low precision keeps them apart: a batch norm moved to fp64 receives everything in fp64
+    assert required_input_dtype(node, _decision(torch.float64), "p_bn_weight", F32) == torch.float64

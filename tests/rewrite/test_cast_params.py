@@ -1,8 +1,9 @@
 """Parameters are stored in the dtype their consumers use — copies, never the user's tensors."""
 
+import pytest
 import torch
 from helpers import assert_unchanged, plan_lowering, snapshot
-from models import ConvNet, ThreeLinears, TiedEmbedding
+from models import ConvBatchNorm, ConvNet, ThreeLinears, TiedEmbedding
 
 import mixprec
 from mixprec.plan.precision_plan import NodePrecision, PrecisionPlan
@@ -80,3 +81,34 @@ def test_cast_params_alone_on_a_small_graph():
         stored = ctx.work.stored_tensor(ctx.work.input_spec_of(placeholder))
         assert stored.dtype == torch.bfloat16 and torch.equal(stored, param.detach().bfloat16())
     assert_unchanged(model, before)
+
+
+@pytest.mark.parametrize("low", [torch.bfloat16, torch.float16])
+def test_a_low_precision_batch_norm_keeps_fp32_statistics_and_computes_as_torch_autocast(low, tmp_path):
+    """ops.table.FP32_PARAMETER_INPUTS: torch.autocast casts none of batch norm's parameters; stored low they
+    moved every normalised value (mean 30 rounded to bf16 is off by up to 0.06)."""
+    model, inputs = ConvBatchNorm().eval(), ConvBatchNorm.example_inputs()
+    prog = mixprec.compile(model, inputs, enable_autocast=True, autocast_low_precision_type=low)
+    bns = [r for r in prog.report.layers if r.module in ("bn", "bn1")]
+    assert len(bns) == 2 and all(r.precision == low and r.output_dtypes == (low,) for r in bns)
+    assert all(r.input_dtypes == (low, torch.float32, torch.float32, torch.float32, torch.float32) for r in bns)
+    stored = _stored(prog)
+    for name in ("bn.weight", "bn.bias", "bn.running_mean", "bn.running_var", "bn1.running_var"):
+        assert stored[name].dtype == torch.float32 and torch.equal(stored[name], model.state_dict()[name])
+    assert stored["conv1.weight"].dtype == low
+    conv_values = sum(p.numel() for n, p in model.named_parameters() if n.startswith("conv"))
+    bn_values = sum(t.numel() for n, t in model.state_dict().items() if n.startswith("bn") and t.is_floating_point())
+    assert prog.report.summary["param_bytes_after"] == 2 * conv_values + 4 * bn_values  # bn's 4 vectors in fp32
+    with torch.no_grad():
+        expected = model(*inputs)
+        with torch.autocast("cpu", dtype=low):
+            theirs = model(*inputs).float()
+        mine = prog(*inputs)
+    # the same kernels on the same dtypes: torch.autocast's output up to a small fraction of its own error
+    their_error = (theirs - expected).norm() / expected.norm()
+    assert (mine - theirs).norm() / expected.norm() <= 0.05 * their_error
+    path = tmp_path / "bn.mixprec.pt2"
+    mixprec.save(prog, path)
+    loaded = mixprec.load(path)
+    assert _stored(loaded)["bn.running_var"].dtype == torch.float32
+    assert torch.equal(loaded(*inputs), mine)

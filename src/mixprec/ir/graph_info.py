@@ -18,7 +18,7 @@ import torch
 
 from ..dtypes import is_float
 from ..ops.names import op_name, packet_name
-from ..ops.table import ATTENTION_OPS, CAST_OPS, CONV_OPS, MATMUL_OPS, MOVEMENT_OPS
+from ..ops.table import ATTENTION_OPS, CAST_OPS, CONV_OPS, FP32_PARAMETER_INPUTS, MATMUL_OPS, MOVEMENT_OPS
 
 # meta keys mixprec writes on nodes
 META_AUTOCAST = "mixprec_autocast"  # tuple of (device_type, dtype, enabled) contexts around an inlined node
@@ -70,6 +70,8 @@ class NodeInfo:
     autocast: tuple | None = None
     role: str | None = None
     marker: MarkerRegion | None = None  # innermost precision-marker region around the layer
+    # input node names that stay float32 when the layer computes in bf16/fp16 (ops.table.FP32_PARAMETER_INPUTS)
+    fp32_inputs: frozenset[str] = frozenset()
 
     @property
     def packet(self) -> str:
@@ -206,9 +208,27 @@ def analyze(graph: torch.fx.Graph) -> GraphInfo:
             autocast=node.meta.get(META_AUTOCAST),
             role=node.meta.get(META_ROLE),
             marker=node.meta.get(META_MARKER),
+            fp32_inputs=_fp32_inputs(node, packet),
         )
     returned = next((n.args for n in graph.nodes if n.op == "output"), ())
     return GraphInfo(nodes, tensor_meta, frozenset(n.name for n in _nodes_in(returned)))
+
+
+def _fp32_inputs(node: torch.fx.Node, packet: str) -> frozenset[str]:
+    """Names of the nodes bound to the op's float32 parameter arguments (batch norm's statistics).
+
+    Read from the op's schema, so positional and keyword spellings are the same; a node that is also
+    bound to another argument (the activation passed as its own weight) is not one of them.
+    """
+    wanted = FP32_PARAMETER_INPUTS.get(packet)
+    schema = getattr(node.target, "_schema", None)
+    if not wanted or schema is None:
+        return frozenset()
+    bound: dict[str, object] = dict(zip((a.name for a in schema.arguments), node.args))
+    bound.update(node.kwargs)
+    params = {v.name for k, v in bound.items() if k in wanted and isinstance(v, torch.fx.Node)}
+    others = {v.name for k, v in bound.items() if k not in wanted and isinstance(v, torch.fx.Node)}
+    return frozenset(params - others)
 
 
 def _nodes_in(value) -> list[torch.fx.Node]:

@@ -7,11 +7,15 @@
 * MOVEMENT_OPS: ops that move or select values without arithmetic; their result is
   exact in any dtype, so they follow their producer's dtype instead of forcing casts.
 * CAST_OPS: explicit dtype conversions written in the model's code.
+* FP32_PARAMETER_INPUTS: ops that keep their parameter inputs in float32 when they compute in a
+  low-precision float (batch norm's statistics), by argument name.
 
 Names are packet names ("aten.view") so every overload is covered.
 """
 
 from __future__ import annotations
+
+from types import MappingProxyType
 
 MATMUL_OPS = frozenset(
     {
@@ -102,3 +106,22 @@ CAST_OPS = frozenset({"aten.to", "aten._to_copy", "aten.type_as"})
 
 # Layers whose weight (argument 1, output channels on axis 0) int8 stores per output channel.
 INT8_WEIGHT_OPS = frozenset({"aten.linear", "aten.conv1d", "aten.conv2d", "aten.conv3d"})
+
+# Ops whose parameter inputs stay float32 when the op computes in bf16/fp16, by schema argument name.
+#
+# Batch norm in low precision computes on the bf16/fp16 input with its weight, bias, running_mean and
+# running_var in float32. That is what torch.autocast does: it casts none of them, and the kernels (CPU and
+# CUDA) take a reduced-precision input with float32 parameters and compute in float32. Rounded to bf16
+# instead, each statistic carries a relative error of up to 2^-9, a fixed per-channel error in every
+# normalised value that each later layer inherits: on the trained CREPE audio CNN that made mixprec's error
+# 1.15x torch.autocast's (median over input draws), float32 statistics 1.00x (bench/RESULTS.md, issue 20).
+# Four vectors of one value per channel cost next to nothing to keep wide. The input and the output stay in
+# the layer's low precision, so the layer still is (and shows as) low precision. Read by
+# ``plan/input_contract.required_input_dtype`` (through ``NodeInfo.fp32_inputs``).
+FP32_PARAMETER_INPUTS = MappingProxyType({
+    "aten.batch_norm": ("weight", "bias", "running_mean", "running_var"),
+    "aten.native_batch_norm": ("weight", "bias", "running_mean", "running_var"),
+    "aten._native_batch_norm_legit_no_training": ("weight", "bias", "running_mean", "running_var"),
+    "aten._native_batch_norm_legit": ("weight", "bias", "running_mean", "running_var"),
+    "aten._native_batch_norm_legit_functional": ("weight", "bias", "running_mean", "running_var"),
+})

@@ -27,6 +27,7 @@ import torch
 
 from ..dtypes import is_float
 from ..ir.graph_info import GraphInfo
+from ..plan.input_contract import lowered_input_dtype
 from ..plan.precision_plan import NodePrecision
 from .timing import Timings
 
@@ -212,7 +213,7 @@ class CostModel:
         if node.kind == "cast" or not is_float(captured):
             return None
         precision = dtypes[consumer]
-        return captured if precision == node.precision else precision
+        return captured if precision == node.precision else lowered_input_dtype(node, inp, precision)
 
     def _cast_seconds(self, tensor: str, dtypes) -> float:
         if tensor in self.timings.stored:
