@@ -59,12 +59,15 @@ def test_param_dtype_stores_low_and_casts_at_use():
 
 
 def test_buffers_follow_their_consumer():
+    """A stored tensor is kept in the type its consumer takes: a bf16 conv's weight in bf16, a bf16 batch norm's
+    running statistics in fp32 (ops.table.FP32_PARAMETER_INPUTS, as torch.autocast runs it)."""
     model, inputs = ConvNet().eval(), ConvNet.example_inputs()
     model.bn.running_mean.uniform_(-1, 1)
     plan = plan_lowering(model, inputs, torch.bfloat16, select=lambda r: r.module in ("conv1", "bn"))
     prog = mixprec.compile(model, inputs, plan=plan)
     stored = _stored(prog)
-    assert stored["bn.running_mean"].dtype == torch.bfloat16
+    assert stored["conv1.weight"].dtype == torch.bfloat16
+    assert stored["bn.running_mean"].dtype == torch.float32
     assert model.bn.running_mean.dtype == torch.float32
     err = prog.report.summary["rel_l2_error"]
     assert 0 < err < 2e-2
