@@ -52,7 +52,8 @@ class Study:
 
 
 def build_study(
-    model, args: tuple, options, eval_batches: list[tuple], calibration_batches: list[tuple] | None, progress: Progress
+    model, args: tuple, options, eval_batches: list[tuple], calibration_batches: list[tuple] | None, progress: Progress,
+    cluster=None,
 ) -> Study:
     progress.update("capturing the model")
     captured = CapturedModel(model, args)
@@ -61,6 +62,8 @@ def build_study(
     # int8 marker regions without ranges calibrate as compile(model, inputs, plan=...) will: on the same data
     ranges = marker_ranges(captured, calibration_batches)
     trials = Trials(captured, options.low, options.metric, ranges)
+    if cluster is not None:  # a distributed.Cluster: trials from here on run on its workers
+        cluster.attach(trials)
     progress.update("running the fp32 reference")
     reference = trials.reference()
     if options.metric.uses_eval_data:
@@ -120,6 +123,11 @@ def _measure_groups(study: Study, progress: Progress) -> None:
     trials = study.trials
     before = trials.plan(())
     total = len(study.groups)
+    if trials.pool is not None:  # every trial at once on the cluster; the loop below then reads the memo
+        singles = [(g.name,) for g in study.groups if g.unsafe is None]
+        trials.measure_many(
+            singles, lambda done, count: progress.update(f"sensitivity {done}/{count} trials on the Ray cluster")
+        )
     for done, group in enumerate(study.groups):
         progress.update(f"sensitivity {done}/{total} groups")
         if group.unsafe is not None:
