@@ -22,14 +22,16 @@ from mixprec.searching.distributed import Cluster, TrialWorker
 
 ray = pytest.importorskip("ray")  # requirements-dev.txt pins it: CI has it
 
-CPU_THREADS = torch.get_num_threads()
-
 
 @pytest.fixture(scope="module")
 def cluster():
+    """2 CPUs; this process at 1 torch thread, so 2 workers of 1 thread each fit (a worker takes our thread count)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +58,6 @@ def test_distributed_equals_single_host(cluster, sensitive, budget):
     here = mixprec.search(model, inputs, eval_dataloader=data, cache=False, **budget)
     there = mixprec.search(model, inputs, eval_dataloader=data, cache=False, ray_address="auto", workers=2, **budget)
     same(here, there)
-    assert torch.get_num_threads() == CPU_THREADS  # the workers set their threads, not the caller's process
 
 
 def test_a_user_metric_and_another_model(cluster):
@@ -167,6 +168,44 @@ def test_the_worker_rebuilds_the_drivers_program(cluster, sensitive):
     name = next(n for n, node in trials.info.items() if node.module == "fc1")
     assert worker.trials.measure((name,)) == trials.measure((name,))
     assert worker.trials.count == 1
+
+
+def test_more_workers_than_cpus_runs_as_many_as_there_are_cpus(cluster, sensitive):
+    """An actor takes a CPU: asking for more than the cluster has would leave trials waiting forever."""
+    model, inputs, data = sensitive
+    with pytest.warns(mixprec.MixedPrecisionWarning, match="workers=5 but the Ray cluster has 2 CPUs and each worker "
+                      "takes 1 .*running 2"):
+        there = mixprec.search(model, inputs, eval_dataloader=data, cache=False, ray_address="auto", workers=5)
+    same(mixprec.search(model, inputs, eval_dataloader=data, cache=False), there)
+
+
+def test_workers_run_with_this_processs_threads(cluster, sensitive):
+    """Reductions split across threads round differently: a worker takes this process's thread count (and CPUs)."""
+    from mixprec.searching import distributed
+
+    model, inputs, data = sensitive
+    torch.set_num_threads(2)
+    try:
+        with pytest.warns(mixprec.MixedPrecisionWarning, match="each worker takes 2 .*running 1"):
+            mixprec.search(model, inputs, eval_dataloader=data, cache=False, ray_address="auto", workers=2)
+        (key,) = [k for k in distributed._ACTORS if k[1] == 2]
+        (actor,) = distributed._ACTORS[key]
+        assert ray.get(actor.threads.remote()) == 2
+    finally:
+        torch.set_num_threads(1)
+        distributed.release()
+
+
+def test_release_stops_the_workers(cluster, sensitive):
+    from mixprec.searching import distributed
+
+    model, inputs, data = sensitive
+    mixprec.search(model, inputs, eval_dataloader=data, cache=False, ray_address="auto", workers=1)
+    actors = [a for group in distributed._ACTORS.values() for a in group]
+    assert actors
+    distributed.release()
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(actors[0].pid.remote(), timeout=60)
 
 
 def test_bad_arguments_are_config_errors(sensitive):

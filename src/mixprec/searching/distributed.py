@@ -18,13 +18,17 @@ worker holds the program and the eval data and rebuilds each trial's program loc
   only misses, and writes every outcome into its own ``Trials`` (so ``result.trials`` counts the
   same, and a second search with another budget reuses them as in one process).
 * Same answers: each trial is one program on the same data through the same code; outcomes are
-  merged by their lowered set, never by arrival order, so arrival order cannot matter. What can:
-  a worker runs ``torch.set_num_threads(1)`` (its one CPU) while the driver runs with torch's
-  default, and a CPU kernel that splits a reduction across threads could round differently with
-  another thread count (the kernels of the tests and benches do not: their results are
-  bit-identical). Latencies of the pareto points are timings, measured on the driver.
+  merged by their lowered set, never by arrival order, so arrival order cannot matter. What does
+  matter is the thread count: CPU kernels split reductions across threads (torch's fp64 sums in
+  the rel-L2 metric, matmuls, norms), so 1 and 2 threads round differently in the last bits
+  (measured: a Llama's sensitivities differ at 1e-16 relative). So a worker runs with this
+  process's ``torch.get_num_threads()`` and asks Ray for that many CPUs: ``workers`` defaults to
+  the cluster's CPUs // threads (``torch.set_num_threads(1)`` before the search for one worker per
+  CPU). Latencies of the pareto points are timings, measured on the driver.
 * Workers are actors that outlive a call (a Python process importing torch costs seconds): the
-  next search on the same cluster reuses them; at the end of a call they drop its program.
+  next search on the same cluster reuses them; at the end of a call they drop its program. Each
+  holds one CPU of the cluster until this process disconnects from Ray, a ``"local"`` cluster
+  the call started shuts down, or :func:`release` stops them.
 * Faults: actors restart (``max_restarts``) and re-run the trial they had (``max_task_retries``)
   when their process dies; when the retries are spent, or a trial raises (the user's metric, a
   pickling error), the search raises a mixprec error naming the layer group: never a dropped trial.
@@ -39,6 +43,7 @@ import contextlib
 import io
 import logging
 import os
+import warnings
 from collections.abc import Callable, Sequence
 
 from .. import errors
@@ -81,8 +86,9 @@ class Cluster:
 
     def _connect(self, ray) -> None:
         try:
-            if self.address == "local":
-                ray.init(num_cpus=self.requested, include_dashboard=False, log_to_driver=False)
+            if self.address == "local":  # as many CPUs as the workers asked for take, or the machine's
+                cpus = self.requested * threads() if self.requested is not None else None
+                ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
             else:
                 ray.init(address=self.address, log_to_driver=False)
         except Exception as e:  # ray raises ConnectionError, RuntimeError, ValueError here
@@ -93,10 +99,21 @@ class Cluster:
             ) from e
         self._started = True
 
-    def workers(self) -> int:
-        if self.requested is not None:
-            return self.requested
-        return max(1, int(self.ray().cluster_resources().get("CPU", 1)))
+    def workers(self, threads: int) -> int:
+        cpus = int(self.ray().cluster_resources().get("CPU", 1))
+        room = max(1, cpus // threads)
+        if self.requested is None:
+            return room
+        if self.requested > room:  # an actor takes `threads` CPUs: more actors than fit would wait forever
+            warnings.warn(
+                f"mixprec.search: workers={self.requested} but the Ray cluster has {cpus} CPUs and each worker takes "
+                f"{threads} (this process's torch threads, so that results are bit-identical); running {room}. "
+                "torch.set_num_threads(1) before the search runs one worker per CPU.",
+                errors.MixedPrecisionWarning,
+                stacklevel=5,
+            )
+            return room
+        return self.requested
 
     def close(self) -> None:
         """Detach the trials, let the workers drop the program, shut down a cluster this call started."""
@@ -140,12 +157,17 @@ class TrialWorker:
     def __init__(self, threads: int):
         import torch
 
-        torch.set_num_threads(threads)  # its share of the node's CPUs (the module docstring says why it matters)
+        torch.set_num_threads(threads)  # the driver's: reductions split as in one process (module docstring)
         self.loaded = None  # the payload's object id
         self.trials = None
 
     def pid(self) -> int:
         return os.getpid()
+
+    def threads(self) -> int:
+        import torch
+
+        return torch.get_num_threads()
 
     def forget(self) -> None:
         self.loaded = self.trials = None
@@ -189,7 +211,14 @@ def _mixprec_type(error: Exception) -> str | None:
     return type(error).__name__ if isinstance(error, MixedPrecisionError) else None
 
 
-_ACTORS: dict = {}  # the driver node's id (one per cluster started or joined) -> the TrialWorker actors there
+_ACTORS: dict = {}  # (the driver node's id: one per cluster, threads) -> the TrialWorker actors started there
+
+
+def threads() -> int:
+    """Torch threads of this process: each worker runs with as many (see the module docstring)."""
+    import torch
+
+    return torch.get_num_threads()
 
 
 class RayPool:
@@ -210,12 +239,17 @@ class RayPool:
         payload = self.payload()
         self.transfer_bytes = len(payload)
         self._payload_ref = ray.put(payload)  # once; held while the search runs: a restarted actor reads it again
-        count = self.cluster.workers()
-        log.info("search trials on %d Ray workers; program and eval data put once: %d bytes", count, len(payload))
-        actors = _ACTORS.setdefault(ray.get_runtime_context().get_node_id(), [])
+        n = threads()
+        count = self.cluster.workers(n)
+        log.info("search trials on %d Ray workers x %d threads; program and eval data put once: %d bytes",
+                 count, n, len(payload))
+        node = ray.get_runtime_context().get_node_id()
+        for key in [k for k in _ACTORS if k[0] == node and k[1] != n]:  # workers of another thread count hold CPUs
+            _kill(ray, _ACTORS.pop(key))
+        actors = _ACTORS.setdefault((node, n), [])
         actors[:] = [a for a in actors if _alive(ray, a)]
-        actor = ray.remote(num_cpus=1, max_restarts=MAX_RETRIES, max_task_retries=MAX_RETRIES)(TrialWorker)
-        actors.extend(actor.remote(1) for _ in range(count - len(actors)))
+        actor = ray.remote(num_cpus=n, max_restarts=MAX_RETRIES, max_task_retries=MAX_RETRIES)(TrialWorker)
+        actors.extend(actor.remote(n) for _ in range(count - len(actors)))
         self.actors = actors[:count]
 
     def payload(self) -> bytes:
@@ -269,7 +303,7 @@ class RayPool:
             while waiting and idle:
                 index, actor = waiting.pop(), idle.pop(0)
                 running[actor.measure.remote([self._payload_ref], tuple(sorted(keys[index])))] = (index, actor)
-            ready, _ = ray.wait(list(running), num_returns=1)
+            ready, _ = ray.wait(list(running), num_returns=1, timeout=1.0)  # returns now and then: Ctrl-C works
             for ref in ready:
                 index, actor = running.pop(ref)
                 results[index] = self._get(ray, ref, keys[index])
@@ -309,6 +343,21 @@ class RayPool:
                     actor.forget.remote()
             self.actors = []
             self._payload_ref = None
+
+
+def release() -> None:
+    """Stop the search workers this process started on the cluster it is connected to (they free their CPUs)."""
+    import ray
+
+    node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+    for key in [k for k in _ACTORS if k[0] == node]:
+        _kill(ray, _ACTORS.pop(key))
+
+
+def _kill(ray, actors) -> None:
+    for actor in actors:
+        with contextlib.suppress(Exception):
+            ray.kill(actor)
 
 
 def _alive(ray, actor) -> bool:
