@@ -114,14 +114,43 @@ def trial_cost(model, batches, repeats=3):
             "params": sum(p.numel() for p in model.parameters())}
 
 
+def payload_only(args):
+    from mixprec.ir.frontend import CapturedModel
+    from mixprec.searching.distributed import Cluster, RayPool
+    from mixprec.searching.metrics import RelL2
+    from mixprec.searching.trials import Trials
+
+    print(f"{stamp()}  {machine()}")
+    print(f"command: python bench/{Path(__file__).name} --payload-only --eval-batches {args.eval_batches} "
+          f"--tokens {args.tokens}  (1 torch thread)")
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    name, model, vocab = gpt2()
+    batches = data(vocab, args.eval_batches, args.tokens)
+    start = time.perf_counter()
+    captured = CapturedModel(model, batches[0])
+    capture = time.perf_counter() - start
+    trials = Trials(captured, torch.bfloat16, RelL2())
+    trials.metric.prepare(trials.reference(), batches)
+    start = time.perf_counter()
+    payload = RayPool(Cluster("auto", 1), trials, str).payload()
+    pickling = time.perf_counter() - start
+    params = sum(p.numel() for p in model.parameters())
+    print(f"{name}: {params / 1e6:.1f}M params; payload {len(payload) / 1e6:.1f} MB = {len(payload) / params:.2f} "
+          f"bytes/param; capture {capture:.1f} s, pickling {pickling:.1f} s")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--eval-batches", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--timing-layers", type=int, default=4, help="GPT-2 layers of the timed model")
+    parser.add_argument("--payload-only", action="store_true", help="only step 3's payload size on GPT-2 small")
     args = parser.parse_args()
     warnings.simplefilter("ignore", mixprec.MixedPrecisionWarning)
+    if args.payload_only:
+        return payload_only(args)
     import ray
 
     print(f"{stamp()}  {machine()}")
