@@ -121,7 +121,8 @@ def test_the_plan_carried_onto_another_capture_lowers_the_same_layers():
     from mixprec.searching.shapes import BatchSizes, carried_plan
     from mixprec.searching.trials import Trials
 
-    captured = CapturedModel(_bert(), EXAMPLE)
+    model = _bert()  # held: CapturedModel holds the module weakly, and other sizes are captured from it
+    captured = CapturedModel(model, EXAMPLE)
     sizes = BatchSizes(captured)
     calls = sizes.calls(BATCHES, "eval_dataloader")
     trials = Trials(captured, torch.bfloat16, RelL2(), None, sizes)

@@ -29,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calibration-data", metavar="FILE.py:FUNCTION", default=None, help="function returning batches for the safety checks (default: the eval data)")
     parser.add_argument("--include-nodes", action="append", default=[], metavar="RE", help="layers (module path or node name, re.match) the safety rules must not pin to fp32 (repeatable)")
     parser.add_argument("--include-ops", action="append", default=[], metavar="OP", help="ops the safety rules must not pin to fp32, e.g. aten.linear (repeatable)")
+    parser.add_argument("--ray", metavar="ADDRESS", default=None, help="run the trials on a Ray cluster: local (start one on this machine for the run), auto (join this machine's cluster) or ray://host:port (needs pip install 'mixprec[ray]')")
+    parser.add_argument("--workers", type=int, default=None, metavar="N", help="trials that run at once on the Ray cluster (default: its CPUs); needs --ray")
     parser.add_argument("-o", "--plan", metavar="PLAN.json", default=None, help="write the chosen PrecisionPlan as JSON")
     parser.add_argument("--json", metavar="RESULT.json", default=None, help="write the whole search result as JSON")
     parser.add_argument("--plot", metavar="PARETO.png", default=None, help="write the pareto curve and sensitivities as a PNG (needs matplotlib)")
@@ -60,6 +62,8 @@ def search_command(args) -> int:
         progress_stream=sys.stderr,
         included_nodes=tuple(args.include_nodes),
         included_ops=tuple(args.include_ops),
+        ray_address=args.ray,
+        workers=args.workers,
     )
     if args.plan:
         write_text(args.plan, result.plan.to_json())

@@ -58,6 +58,8 @@ def search(
     progress_stream=None,
     included_nodes=(),
     included_ops=(),
+    ray_address=None,
+    workers=None,
 ) -> SearchResult:
     """Find a mixed-precision plan: as many layers in the low type as the budget allows.
 
@@ -88,6 +90,10 @@ def search(
         (a mixprec extension): layers the user knows are safe. The safety rules (values the low type
         cannot hold, inf/NaN in calibration) do not pin them to fp32; the search measures them like
         any other layer. Layers that cannot run in the low type stay fp32 whatever the include says.
+    ray_address: None = trials run in this process; "local" = start a local Ray cluster for the call
+        (shut down after it); "auto" or "ray://host:port" = an existing cluster (``distributed.py``;
+        ``pip install 'mixprec[ray]'``). Same data -> the same plan, sensitivities and pareto points.
+    workers: how many trials run at once on the cluster (default: its CPUs); only with ray_address.
 
     Returns a :class:`SearchResult`: ``plan`` for ``compile(model, inputs, plan=result.plan)``,
     ``pareto``, ``groups`` (sensitivities), ``save_plot(path)``, ``to_json()``.
@@ -117,18 +123,24 @@ def search(
     eval_batches = batch_list(eval_dataloader, "eval_dataloader") if eval_dataloader is not None else [Call(args)]
     calibration = batch_list(calibration_dataloader, "calibration_dataloader") if calibration_dataloader is not None else None
     store = _store(cache)
+    cluster = _cluster(ray_address, workers)
     progress = Progress(stream=progress_stream, prefix="mixprec search: ", log=logging.getLogger("mixprec.search"))
 
     user_metric = metric.evaluate if isinstance(metric, Accuracy) else metric  # Accuracy(f) made anew: same f
     key = study_key(model, args, options.low, user_metric, eval_batches, calibration) + (options.includes,)
     study = store.get(key, model, user_metric) if store is not None else None
     trials_before = study.trials.count if study is not None else 0
-    if study is None:
-        study = build_study(model, args, options, eval_batches, calibration, progress)
-        if store is not None:
-            store.put(key, model, user_metric, study)
-
-    choice = choose(study, options, progress)
+    try:
+        if study is None:
+            study = build_study(model, args, options, eval_batches, calibration, progress, cluster)
+            if store is not None:
+                store.put(key, model, user_metric, study)
+        elif cluster is not None:
+            cluster.attach(study.trials)
+        choice = choose(study, options, progress)
+    finally:
+        if cluster is not None:
+            cluster.close()  # the cached study forgets the cluster: the next call brings its own
     if not choice.met:
         warnings.warn(
             f"mixprec.search: the model as written already has {options.metric.name} {study.baseline:.3g} on the eval "
@@ -167,6 +179,19 @@ def _device(model, args) -> torch.device:
         for tensor in model.parameters():
             return tensor.device
     return torch.device("cpu")
+
+
+def _cluster(address, workers):
+    if address is None:
+        if workers is not None:
+            raise ConfigError(
+                f"workers={workers!r} needs ray_address= ('local', 'auto' or 'ray://host:port'): without it the "
+                "trials run one after the other in this process."
+            )
+        return None
+    from .distributed import Cluster
+
+    return Cluster(address, workers)
 
 
 def _store(cache) -> SearchCache | None:

@@ -61,7 +61,10 @@ def choose(study: Study, options, progress: Progress) -> Choice:
     if options.keep_fp32_fraction is not None:
         order = [g.name for g in sorted(safe, key=lambda g: (s(g), -g.flops, g.index))]
         k = _lowered_for_fraction(len(study.groups), total, options.keep_fp32_fraction)
-        for point in sorted({k, total // 4, total // 2, 3 * total // 4, total}):
+        points = sorted({k, total // 4, total // 2, 3 * total // 4, total})
+        if getattr(study.trials, "pool", None) is not None:  # the points at once on the cluster's workers
+            study.trials.measure_many(order[:point] for point in points)
+        for point in points:
             metric(order[:point])
         return Choice(frozenset(order[:k]), measured, True)
 

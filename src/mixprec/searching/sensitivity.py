@@ -54,7 +54,8 @@ class Study:
 
 
 def build_study(
-    model, args: tuple, options, eval_batches: list, calibration_batches: list | None, progress: Progress
+    model, args: tuple, options, eval_batches: list, calibration_batches: list | None, progress: Progress,
+    cluster=None,
 ) -> Study:
     """``eval_batches``, ``calibration_batches``: ``calibrate.batches.Call`` s (or any batch form compile's
     calibration takes), of any batch and sequence sizes (``shapes.py``)."""
@@ -72,6 +73,8 @@ def build_study(
     given = calibration_batches is not None
     ranges = marker_ranges(captured, calibration_batches, calibration=calibration if given else None)
     trials = Trials(captured, options.low, options.metric, ranges, sizes)
+    if cluster is not None:  # a distributed.Cluster: trials from here on run on its workers
+        cluster.attach(trials)
     progress.update("running the fp32 reference")
     reference = trials.reference()
     if options.metric.uses_eval_data:
@@ -130,6 +133,11 @@ def _measure_groups(study: Study, progress: Progress) -> None:
     trials = study.trials
     before = trials.plan(())
     total = len(study.groups)
+    if trials.pool is not None:  # every trial at once on the cluster; the loop below then reads the memo
+        singles = [(g.name,) for g in study.groups if g.unsafe is None]
+        trials.measure_many(
+            singles, lambda done, count: progress.update(f"sensitivity {done}/{count} trials on the Ray cluster")
+        )
     for done, group in enumerate(study.groups):
         progress.update(f"sensitivity {done}/{total} groups")
         if group.unsafe is not None:

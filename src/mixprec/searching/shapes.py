@@ -60,6 +60,10 @@ class BatchSizes:
             out.append(call)
         return out
 
+    def other_sizes_used(self) -> bool:
+        """Whether a batch seen so far runs on another capture than the example-shape one."""
+        return bool(self._held)
+
     def graph(self, call: Call, where: str = "this call") -> CalibrationGraph | None:
         """The capture that runs ``call``: None for the example-shape one."""
         if fit(call, self.user_nodes, where, resizable=self.other is not None) is not None:

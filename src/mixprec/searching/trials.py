@@ -77,6 +77,7 @@ class Trials:
         self.int8_ranges = int8_ranges  # calibrated ranges of int8 marker regions, as compile calibrates them
         self.count = 0  # trials run (memo misses)
         self._memo: dict[frozenset, Outcome] = {}
+        self.pool = None  # a distributed.RayPool while a search call runs its trials on a cluster
 
     # ---- plans ---------------------------------------------------------------------------------
     def requests(self, lowered: Iterable[str], reasons: Mapping[str, str] | None = None) -> PrecisionPlan:
@@ -127,6 +128,8 @@ class Trials:
         outcome = self._memo.get(key)
         if outcome is not None:
             return outcome
+        if self.pool is not None:
+            return self.measure_many([key])[0]
         self.count += 1
         try:
             outcome = Outcome(self.metric(self.program(key)))
@@ -135,3 +138,17 @@ class Trials:
             outcome = Outcome(float("inf"), f"fails in {dtype_name(self.low)} ({e})")
         self._memo[key] = outcome
         return outcome
+
+    def measure_many(self, keys: Iterable[Iterable[str]], report=None) -> list[Outcome]:
+        """Measure several plans at once: on the pool's workers when there is one (misses only: the memo
+        is looked up here, and outcomes are written here, by lowered set), else one after the other."""
+        keys = [frozenset(k) for k in keys]
+        if self.pool is None:
+            return [self.measure(k) for k in keys]
+        missing = list(dict.fromkeys(k for k in keys if k not in self._memo))
+        if missing:
+            answers = self.pool.run(missing, report or (lambda done, total: None))
+            for key, (value, failure) in zip(missing, answers):
+                self.count += 1
+                self._memo[key] = Outcome(value, failure)
+        return [self._memo[k] for k in keys]

@@ -1,0 +1,387 @@
+"""Search trials on a Ray cluster: ``mixprec.search(..., ray_address=..., workers=N)``.
+
+A search is dozens to thousands of independent forward passes (one sensitivity trial per layer
+group over the eval data), so it spreads over a cluster the way Ray is built for: one actor per
+worker holds the program and the eval data and rebuilds each trial's program locally.
+
+* What travels: the captured ExportedProgram as ``torch.export.save`` bytes (its weights, the
+  graph, the signature: an ExportedProgram does not pickle itself), the example inputs, the
+  prepared metric (eval batches and the fp32 reference outputs, so no worker re-runs the
+  reference), the calibrated int8 ranges and the low type. They are pickled once into one
+  bytes object and put into Ray's object store once (``ray.put``); each task carries only its
+  object reference, and a worker loads it on its first trial of the search, never per trial.
+* A worker re-builds ``CapturedModel`` from the ExportedProgram (capture returns an
+  ExportedProgram as it is; normalise and analyse are deterministic) and checks that it found
+  the driver's node names, so plans name the same layers; then ``Trials.measure`` runs there
+  exactly as it runs in one process.
+* The driver keeps the memo and the cache: it looks trials up before dispatching, dispatches
+  only misses, and writes every outcome into its own ``Trials`` (so ``result.trials`` counts the
+  same, and a second search with another budget reuses them as in one process).
+* Same answers: each trial is one program on the same data through the same code; outcomes are
+  merged by their lowered set, never by arrival order, so arrival order cannot matter. What does
+  matter is the thread count: CPU kernels split reductions across threads (torch's fp64 sums in
+  the rel-L2 metric, matmuls, norms), so 1 and 2 threads round differently in the last bits
+  (measured: a Llama's sensitivities differ at 1e-16 relative). So a worker runs with this
+  process's ``torch.get_num_threads()`` and asks Ray for that many CPUs: ``workers`` defaults to
+  the cluster's CPUs // threads (``torch.set_num_threads(1)`` before the search for one worker per
+  CPU). Latencies of the pareto points are timings, measured on the driver.
+* Workers are actors that outlive a call (a Python process importing torch costs seconds): the
+  next search on the same cluster reuses them; at the end of a call they drop its program. Each
+  holds one CPU of the cluster until this process disconnects from Ray, a ``"local"`` cluster
+  the call started shuts down, or :func:`release` stops them.
+* Faults: actors restart (``max_restarts``) and re-run the trial they had (``max_task_retries``)
+  when their process dies; when the retries are spent, or a trial raises (the user's metric, a
+  pickling error), the search raises a mixprec error naming the layer group: never a dropped trial.
+
+Ray is an optional extra (``pip install 'mixprec[ray]'``), imported only here and only when a
+search is given ``ray_address``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import warnings
+from collections.abc import Callable, Sequence
+
+from .. import errors
+from ..errors import ConfigError, MixedPrecisionError
+
+log = logging.getLogger("mixprec.search")
+
+MAX_RETRIES = 3  # restarts of a dead worker, and re-runs of the trial it was running
+
+
+class Cluster:
+    """Where trials run: an address and a worker count, validated at the call, connected on first use."""
+
+    def __init__(self, address: str, workers: int | None):
+        if not isinstance(address, str) or not address:
+            raise ConfigError(
+                f"ray_address must be 'local' (start a Ray cluster on this machine for the call), 'auto' (join the "
+                f"cluster this machine belongs to) or 'ray://host:port'; got {address!r}."
+            )
+        if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+            raise ConfigError(f"workers must be a positive integer (trials that run at once), got {workers!r}.")
+        self.address = address
+        self.requested = workers
+        self._started = False
+        self._ray = None
+        self._trials = None
+
+    def attach(self, trials) -> None:
+        """Run ``trials``' measurements on this cluster until :meth:`close` (workers start on the first miss)."""
+        if trials.sizes is not None and trials.sizes.other_sizes_used():
+            # the workers rebuild the program captured at the example inputs' sizes only (the payload)
+            raise ConfigError(
+                "mixprec.search with ray_address runs every eval batch on the workers' copy of the program captured "
+                "at the example inputs' sizes, and some eval batches have other sizes. Give eval batches of the "
+                "example inputs' sizes (pad or bucket them) for a distributed search, or leave ray_address out."
+            )
+        trials.pool = RayPool(self, trials, lambda lowered: describe(trials.info, lowered))
+        self._trials = trials
+
+    def ray(self):
+        if self._ray is None:
+            ray = import_ray(f"ray_address={self.address!r}")
+            if not ray.is_initialized():  # a process already connected (ray.init by the caller) keeps its cluster
+                self._connect(ray)
+            self._ray = ray
+        return self._ray
+
+    def _connect(self, ray) -> None:
+        try:
+            if self.address == "local":  # as many CPUs as the workers asked for take, or the machine's
+                cpus = self.requested * threads() if self.requested is not None else None
+                ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+            else:
+                ray.init(address=self.address, log_to_driver=False)
+        except Exception as e:  # ray raises ConnectionError, RuntimeError, ValueError here
+            raise ConfigError(
+                f"mixprec.search could not connect to the Ray cluster at {self.address!r}: {type(e).__name__}: "
+                f"{_first_line(e)}. Start one with `ray start --head` (then ray_address='auto'), give its "
+                "'ray://host:port', or use ray_address='local'."
+            ) from e
+        self._started = True
+
+    def workers(self, threads: int) -> int:
+        cpus = int(self.ray().cluster_resources().get("CPU", 1))
+        room = max(1, cpus // threads)
+        if self.requested is None:
+            return room
+        if self.requested > room:  # an actor takes `threads` CPUs: more actors than fit would wait forever
+            warnings.warn(
+                f"mixprec.search: workers={self.requested} but the Ray cluster has {cpus} CPUs and each worker takes "
+                f"{threads} (this process's torch threads, so that results are bit-identical); running {room}. "
+                "torch.set_num_threads(1) before the search runs one worker per CPU.",
+                errors.MixedPrecisionWarning,
+                stacklevel=5,
+            )
+            return room
+        return self.requested
+
+    def close(self) -> None:
+        """Detach the trials, let the workers drop the program, shut down a cluster this call started."""
+        if self._trials is not None:
+            self._trials.pool.close()
+            self._trials.pool = None
+            self._trials = None
+        if self._started:
+            _ACTORS.clear()
+            self._ray.shutdown()
+            self._started = False
+
+
+def describe(info, lowered) -> str:
+    """A trial in words, for errors: its layer group (node and module), or how many groups it lowers."""
+    if len(lowered) == 1:
+        (name,) = lowered
+        module = getattr(info.get(name), "module", "")
+        return f"layer group {name!r}" + (f" (module {module!r})" if module else "")
+    return f"the plan with {len(lowered)} layer groups lowered"
+
+
+def import_ray(why: str):
+    try:
+        import ray
+    except ImportError as e:
+        raise ConfigError(
+            f"mixprec.search with {why} runs its trials on a Ray cluster, but Ray is not installed here. "
+            "Install it with `pip install 'mixprec[ray]'`, or leave ray_address out to search in this process."
+        ) from e
+    return ray
+
+
+class TrialWorker:
+    """One Ray actor: a search's program and eval data, loaded once per search; trials rebuilt and measured here.
+
+    Each task names the search's payload by its object reference (inside a list, so Ray passes the reference,
+    not the bytes); the worker loads it on its first task of that search, :meth:`forget` frees it.
+    """
+
+    def __init__(self, threads: int):
+        import torch
+
+        torch.set_num_threads(threads)  # the driver's: reductions split as in one process (module docstring)
+        self.loaded = None  # the payload's object id
+        self.trials = None
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def threads(self) -> int:
+        import torch
+
+        return torch.get_num_threads()
+
+    def forget(self) -> None:
+        self.loaded = self.trials = None
+
+    def load(self, payload: bytes) -> None:
+        import pickle
+
+        import torch
+
+        from ..ir.frontend import CapturedModel
+        from .trials import Trials
+
+        data = pickle.loads(payload)
+        program = torch.export.load(io.BytesIO(data["program"]))
+        captured = CapturedModel(program, data["args"], data["kwargs"])
+        names = tuple(captured.info)
+        if names != data["nodes"]:
+            raise errors.InvariantError(
+                f"a Ray worker rebuilt the captured program with {len(names)} nodes, the driver has "
+                f"{len(data['nodes'])} (or other names): plans would name other layers. A mixprec bug; please report."
+            )
+        self.trials = Trials(captured, data["low"], data["metric"], data["ranges"])
+
+    def measure(self, box: list, lowered: tuple) -> tuple:
+        """("ok", value, failure) or ("raised", type, message, mixprec type): the driver raises it, naming the group."""
+        try:
+            (ref,) = box
+            if self.loaded != ref.hex():
+                import ray
+
+                self.forget()
+                self.load(ray.get(ref))
+                self.loaded = ref.hex()
+            outcome = self.trials.measure(lowered)
+        except Exception as e:  # the user's metric, unpickling, anything else: reported, never dropped
+            return ("raised", type(e).__name__, str(e), _mixprec_type(e))
+        return ("ok", outcome.value, outcome.failure)
+
+
+def _mixprec_type(error: Exception) -> str | None:
+    return type(error).__name__ if isinstance(error, MixedPrecisionError) else None
+
+
+_ACTORS: dict = {}  # (the driver node's id: one per cluster, threads) -> the TrialWorker actors started there
+
+
+def threads() -> int:
+    """Torch threads of this process: each worker runs with as many (see the module docstring)."""
+    import torch
+
+    return torch.get_num_threads()
+
+
+class RayPool:
+    """Trials of one search call on a cluster: the payload is put once; actors start (or are reused) on the first miss."""
+
+    def __init__(self, cluster: Cluster, trials, describe: Callable[[frozenset], str]):
+        self.cluster = cluster
+        self.trials = trials
+        self.describe = describe  # names a trial's layer group(s) in errors
+        self.transfer_bytes: int | None = None
+        self.actors: list = []
+        self._payload_ref = None
+
+    def _start(self) -> None:
+        if self.actors:
+            return
+        ray = self.cluster.ray()
+        payload = self.payload()
+        self.transfer_bytes = len(payload)
+        self._payload_ref = ray.put(payload)  # once; held while the search runs: a restarted actor reads it again
+        n = threads()
+        count = self.cluster.workers(n)
+        log.info("search trials on %d Ray workers x %d threads; program and eval data put once: %d bytes",
+                 count, n, len(payload))
+        node = ray.get_runtime_context().get_node_id()
+        for key in [k for k in _ACTORS if k[0] == node and k[1] != n]:  # workers of another thread count hold CPUs
+            _kill(ray, _ACTORS.pop(key))
+        actors = _ACTORS.setdefault((node, n), [])
+        actors[:] = [a for a in actors if _alive(ray, a)]
+        actor = ray.remote(num_cpus=n, max_restarts=MAX_RETRIES, max_task_retries=MAX_RETRIES)(TrialWorker)
+        actors.extend(actor.remote(n) for _ in range(count - len(actors)))
+        self.actors = actors[:count]
+
+    def payload(self) -> bytes:
+        """Everything a worker needs, pickled once (the ExportedProgram through torch.export.save)."""
+        import torch
+        from ray import cloudpickle
+
+        captured = self.trials.captured
+        buffer = io.BytesIO()
+        try:
+            torch.export.save(captured.exported, buffer)
+        except Exception as e:
+            raise ConfigError(
+                f"mixprec.search cannot send this model to Ray workers: torch.export.save fails on its captured "
+                f"program ({type(e).__name__}: {_first_line(e)}). Search without ray_address."
+            ) from e
+        data = {
+            "program": buffer.getvalue(),
+            "args": captured.args,
+            "kwargs": captured.kwargs,
+            "low": self.trials.low,
+            "metric": self.trials.metric,
+            "ranges": self.trials.int8_ranges,
+            "nodes": tuple(captured.info),
+        }
+        try:
+            return cloudpickle.dumps(data)
+        except Exception as e:
+            raise ConfigError(
+                f"mixprec.search cannot send the search's metric or data to Ray workers: pickling fails "
+                f"({type(e).__name__}: {_first_line(e)}). A metric or Accuracy callback must be picklable (a "
+                "module-level function, or a closure over picklable data)."
+            ) from e
+
+    def pids(self) -> list[int]:
+        """The workers' process ids."""
+        self._start()
+        return self.cluster.ray().get([a.pid.remote() for a in self.actors])
+
+    def run(self, keys: Sequence[frozenset], report: Callable[[int, int], None]) -> list[tuple]:
+        """Measure every key (one trial per worker at a time); (value, failure) pairs in the keys' order."""
+        self._start()
+        ray = self.cluster.ray()
+        results: list = [None] * len(keys)
+        waiting = list(range(len(keys)))[::-1]
+        running: dict = {}  # ObjectRef -> (index, actor)
+        idle = list(self.actors)
+        done = 0
+        report(done, len(keys))
+        while waiting or running:
+            while waiting and idle:
+                index, actor = waiting.pop(), idle.pop(0)
+                running[actor.measure.remote([self._payload_ref], tuple(sorted(keys[index])))] = (index, actor)
+            ready, _ = ray.wait(list(running), num_returns=1, timeout=1.0)  # returns now and then: Ctrl-C works
+            for ref in ready:
+                index, actor = running.pop(ref)
+                results[index] = self._get(ray, ref, keys[index])
+                idle.append(actor)
+                done += 1
+                report(done, len(keys))
+        return results
+
+    def _get(self, ray, ref, key: frozenset) -> tuple:
+        try:
+            answer = ray.get(ref)
+        except ray.exceptions.RayActorError as e:
+            raise MixedPrecisionError(
+                f"a Ray worker died {MAX_RETRIES + 1} times while measuring {self.describe(key)} "
+                f"({_first_line(e)}); the search stops rather than drop the trial. Check the workers' memory "
+                "(each holds the model and the eval data) and the cluster's logs."
+            ) from e
+        except ray.exceptions.RayError as e:  # the actor could not start (a missing module on the node)
+            raise MixedPrecisionError(
+                f"a Ray worker failed while measuring {self.describe(key)}: {_first_line(e)}. Every node needs "
+                "mixprec and the modules the metric uses installed; search without ray_address to see it here."
+            ) from e
+        if answer[0] == "raised":
+            _, kind, message, mixprec_kind = answer
+            cls = _ERROR_TYPES.get(mixprec_kind, ConfigError)
+            raise cls(
+                f"the search trial for {self.describe(key)} raised on a Ray worker: {kind}: {message}. "
+                "(A trial runs the program and your metric; search without ray_address to debug it in this process.)"
+            )
+        return answer[1:]
+
+    def close(self) -> None:
+        """The workers drop this search's program and data (they stay up for the next search)."""
+        if self.actors:
+            for actor in self.actors:
+                with contextlib.suppress(Exception):
+                    actor.forget.remote()
+            self.actors = []
+            self._payload_ref = None
+
+
+def release() -> None:
+    """Stop the search workers this process started on the cluster it is connected to (they free their CPUs)."""
+    import ray
+
+    node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+    for key in [k for k in _ACTORS if k[0] == node]:
+        _kill(ray, _ACTORS.pop(key))
+
+
+def _kill(ray, actors) -> None:
+    for actor in actors:
+        with contextlib.suppress(Exception):
+            ray.kill(actor)
+
+
+def _alive(ray, actor) -> bool:
+    try:
+        ray.get(actor.pid.remote(), timeout=60)
+        return True
+    except Exception:  # dead for good (restarts spent), or its cluster is gone
+        return False
+
+
+_ERROR_TYPES = {
+    cls.__name__: cls
+    for cls in (errors.ConfigError, errors.UnsupportedModelError, errors.CalibrationError, errors.InputMismatchError,
+                errors.RuntimeGuardError, errors.FileFormatError, errors.MixedPrecisionError)
+}
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

@@ -1,0 +1,285 @@
+"""mixprec.search on a Ray cluster: the same result as in one process, faults, errors, progress, the CLI.
+
+One local Ray cluster for the module (loopback only, 2 CPUs, no dashboard), shut down after it; every
+search given ray_address joins it (a process already connected to Ray uses that connection).
+"""
+
+import io
+import os
+import signal
+import sys
+import threading
+
+import pytest
+import torch
+from models import SensitiveByConstruction, TRTorchSeed, zero_sum_rows
+
+import mixprec
+from mixprec.cli import main
+from mixprec.errors import ConfigError
+from mixprec.searching import SearchCache
+from mixprec.searching.distributed import Cluster, TrialWorker
+
+ray = pytest.importorskip("ray")  # requirements-dev.txt pins it: CI has it
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """2 CPUs; this process at 1 torch thread, so 2 workers of 1 thread each fit (a worker takes our thread count)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def sensitive():
+    torch.manual_seed(1)
+    model = SensitiveByConstruction().eval()
+    inputs = SensitiveByConstruction.example_inputs()
+    data = [(zero_sum_rows(8),) for _ in range(3)]
+    return model, inputs, data
+
+
+def same(a, b):
+    """Plan, sensitivities (bit for bit), pareto points (latency aside: a timing), baseline and trial count."""
+    assert a.plan.to_json() == b.plan.to_json()
+    assert a.groups == b.groups  # GroupSensitivity: name, module, flops, sensitivity float, precision, why
+    strip = lambda points: [(p.lowered, p.low_precision_flops_fraction, p.metric, p.chosen) for p in points]  # noqa: E731
+    assert strip(a.pareto) == strip(b.pareto)
+    assert (a.baseline, a.met, a.trials) == (b.baseline, b.met, b.trials)
+
+
+@pytest.mark.parametrize("budget", [{}, {"keep_fp32_fraction": 0.3}])
+def test_distributed_equals_single_host(cluster, sensitive, budget):
+    model, inputs, data = sensitive
+    here = mixprec.search(model, inputs, eval_dataloader=data, cache=False, **budget)
+    there = mixprec.search(model, inputs, eval_dataloader=data, cache=False, ray_address="auto", workers=2, **budget)
+    same(here, there)
+
+
+def test_eval_batches_of_other_sizes_are_refused_on_a_cluster(cluster, sensitive):
+    """The workers hold the program captured at the example sizes only: a batch of another size is a ConfigError
+    saying what to do, before any trial runs (the in-process search takes it: tests/searching/test_shapes.py)."""
+    model, inputs, _ = sensitive
+    data = [(zero_sum_rows(8),), (zero_sum_rows(5),)]
+    with pytest.raises(ConfigError, match="other sizes.*leave ray_address out"):
+        mixprec.search(model, inputs, eval_dataloader=data, cache=False, ray_address="auto", workers=2)
+
+
+def test_a_user_metric_and_another_model(cluster):
+    torch.manual_seed(3)
+    model = TRTorchSeed().eval()
+    inputs = TRTorchSeed.example_inputs()
+
+    def worst(out, ref):  # a closure: pickled by value to the workers
+        return (out - ref).abs().max().item()
+
+    here = mixprec.search(model, inputs, metric=worst, tolerance=0.05, cache=False)
+    there = mixprec.search(model, inputs, metric=worst, tolerance=0.05, cache=False, ray_address="auto")
+    same(here, there)
+    assert len(there.groups) > 1
+
+
+def test_the_cache_is_kept_by_the_driver(cluster, sensitive):
+    """A second search with another budget runs only its new phase-2 trials, as in one process."""
+    model, inputs, data = sensitive
+    counts = []
+    for where in ({}, {"ray_address": "auto"}):
+        cache = SearchCache()
+        first = mixprec.search(model, inputs, eval_dataloader=data, cache=cache, **where)
+        second = mixprec.search(model, inputs, eval_dataloader=data, cache=cache, keep_fp32_fraction=0.5, **where)
+        counts.append((first.trials, second.trials, second.plan.to_json()))
+    assert counts[0] == counts[1]
+    assert counts[1][1] < counts[1][0]
+
+
+def test_a_worker_killed_mid_trial_is_restarted_and_its_trial_rerun(cluster, sensitive, tmp_path):
+    """The first trial that lowers something kills its own worker process (SIGKILL): the result is still complete."""
+    model, inputs, data = sensitive
+    marker = str(tmp_path / "killed")
+
+    def metric(out, ref):
+        if not torch.equal(out, ref) and not os.path.exists(marker):
+            with open(marker, "w") as f:
+                f.write(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        return ((out - ref).norm() / ref.norm()).item()
+
+    there = mixprec.search(model, inputs, eval_dataloader=data, metric=metric, tolerance=1e-2, cache=False,
+                           ray_address="auto", workers=2)
+    with open(marker) as f:
+        killed = int(f.read())
+    assert killed != os.getpid()  # a worker died, not this process
+    here = mixprec.search(model, inputs, eval_dataloader=data, metric=metric, tolerance=1e-2, cache=False)
+    same(here, there)
+    assert all(g.sensitivity == g.sensitivity for g in there.groups)  # every group measured, none dropped
+
+
+def test_a_trial_that_raises_is_reported_with_its_group(cluster, sensitive):
+    model, inputs, data = sensitive
+
+    def metric(out, ref):
+        if not torch.equal(out, ref):
+            raise ValueError("metric broke")
+        return 0.0
+
+    with pytest.raises(ConfigError, match=r"layer group '[^']+'.*ValueError: metric broke") as error:
+        mixprec.search(model, inputs, eval_dataloader=data, metric=metric, tolerance=1e-2, cache=False,
+                       ray_address="auto", workers=2)
+    names = {g.name for g in mixprec.search(model, inputs, eval_dataloader=data, cache=False).groups}
+    assert any(f"layer group '{name}'" in str(error.value) for name in names)
+
+
+def test_a_metric_that_cannot_be_pickled_is_a_config_error(cluster, sensitive):
+    model, inputs, data = sensitive
+    lock = threading.Lock()
+
+    def metric(out, ref):
+        with lock:
+            return 0.0
+
+    with pytest.raises(ConfigError, match="cannot send the search's metric or data to Ray workers"):
+        mixprec.search(model, inputs, eval_dataloader=data, metric=metric, tolerance=1e-2, cache=False,
+                       ray_address="auto")
+
+
+def test_progress_counts_trials_across_the_cluster(cluster, sensitive):
+    model, inputs, data = sensitive
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    stream = Terminal()
+    result = mixprec.search(model, inputs, eval_dataloader=data, cache=False, ray_address="auto", progress_stream=stream)
+    trials = sum(1 for g in result.groups if "safety rule" not in g.reason)
+    text = stream.getvalue()
+    assert f"sensitivity 0/{trials} trials on the Ray cluster" in text
+    assert f"sensitivity {trials}/{trials} trials on the Ray cluster" in text
+
+
+def test_the_worker_rebuilds_the_drivers_program(cluster, sensitive):
+    """The payload is put once; a worker finds the driver's node names (or refuses) and measures as the driver does."""
+    from mixprec.ir.frontend import CapturedModel
+    from mixprec.searching.distributed import RayPool
+    from mixprec.searching.metrics import RelL2
+    from mixprec.searching.trials import Trials
+
+    model, inputs, data = sensitive
+    trials = Trials(CapturedModel(model, inputs), torch.bfloat16, RelL2())
+    trials.metric.prepare(trials.reference(), data)
+    payload = RayPool(Cluster("auto", 1), trials, str).payload()
+    worker = TrialWorker(torch.get_num_threads())
+    worker.load(payload)
+    name = next(n for n, node in trials.info.items() if node.module == "fc1")
+    assert worker.trials.measure((name,)) == trials.measure((name,))
+    assert worker.trials.count == 1
+
+
+def test_more_workers_than_cpus_runs_as_many_as_there_are_cpus(cluster, sensitive):
+    """An actor takes a CPU: asking for more than the cluster has would leave trials waiting forever."""
+    model, inputs, data = sensitive
+    with pytest.warns(mixprec.MixedPrecisionWarning, match="workers=5 but the Ray cluster has 2 CPUs and each worker "
+                      "takes 1 .*running 2"):
+        there = mixprec.search(model, inputs, eval_dataloader=data, cache=False, ray_address="auto", workers=5)
+    same(mixprec.search(model, inputs, eval_dataloader=data, cache=False), there)
+
+
+def test_workers_run_with_this_processs_threads(cluster, sensitive):
+    """Reductions split across threads round differently: a worker takes this process's thread count (and CPUs)."""
+    from mixprec.searching import distributed
+
+    model, inputs, data = sensitive
+    torch.set_num_threads(2)
+    try:
+        with pytest.warns(mixprec.MixedPrecisionWarning, match="each worker takes 2 .*running 1"):
+            mixprec.search(model, inputs, eval_dataloader=data, cache=False, ray_address="auto", workers=2)
+        (key,) = [k for k in distributed._ACTORS if k[1] == 2]
+        (actor,) = distributed._ACTORS[key]
+        assert ray.get(actor.threads.remote()) == 2
+    finally:
+        torch.set_num_threads(1)
+        distributed.release()
+
+
+def test_release_stops_the_workers(cluster, sensitive):
+    from mixprec.searching import distributed
+
+    model, inputs, data = sensitive
+    mixprec.search(model, inputs, eval_dataloader=data, cache=False, ray_address="auto", workers=1)
+    actors = [a for group in distributed._ACTORS.values() for a in group]
+    assert actors
+    distributed.release()
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(actors[0].pid.remote(), timeout=60)
+
+
+def test_bad_arguments_are_config_errors(sensitive):
+    model, inputs, data = sensitive
+    with pytest.raises(ConfigError, match="workers=2 needs ray_address="):
+        mixprec.search(model, inputs, workers=2)
+    with pytest.raises(ConfigError, match="workers must be a positive integer"):
+        mixprec.search(model, inputs, ray_address="local", workers=0)
+    with pytest.raises(ConfigError, match="ray_address must be 'local'"):
+        mixprec.search(model, inputs, ray_address=7)
+
+
+def test_missing_ray_is_a_clear_error(sensitive, monkeypatch):
+    model, inputs, data = sensitive
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    with pytest.raises(ConfigError, match=r"Ray is not installed here.*pip install 'mixprec\[ray\]'"):
+        mixprec.search(model, inputs, cache=False, ray_address="local")
+
+
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPEC = f"""
+import sys
+sys.path.insert(0, {TESTS!r})
+import torch
+from models import SensitiveByConstruction, zero_sum_rows
+
+
+def model():
+    torch.manual_seed(0)
+    m = SensitiveByConstruction().eval()
+    return m, m.example_inputs()
+
+
+def eval_data():
+    torch.manual_seed(1)
+    return [(zero_sum_rows(8),) for _ in range(2)]
+"""
+
+
+def test_cli_runs_on_the_cluster(cluster, tmp_path, capsys):
+    spec = tmp_path / "spec.py"
+    spec.write_text(SPEC)
+    plans = []
+    for extra in ([], ["--ray", "auto", "--workers", "2"]):
+        out = tmp_path / f"plan{len(plans)}.json"
+        assert main(["search", f"{spec}:model", "--eval-data", f"{spec}:eval_data", "-q", "-o", str(out), *extra]) == 0
+        plans.append(out.read_text())
+    assert plans[0] == plans[1]
+
+
+def test_cli_workers_without_ray_exits_2(tmp_path, capsys):
+    spec = tmp_path / "spec.py"
+    spec.write_text(SPEC)
+    assert main(["search", f"{spec}:model", "--workers", "2"]) == 2
+    assert "needs ray_address=" in capsys.readouterr().err
+
+
+def test_a_cluster_that_cannot_be_joined_says_how_to_start_one(sensitive, monkeypatch):
+    model, inputs, data = sensitive
+
+    def init(**kwargs):
+        raise ConnectionError("Could not find any running Ray instance")
+
+    fake = type(sys)("ray")
+    fake.is_initialized, fake.init = (lambda: False), init
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    with pytest.raises(ConfigError, match=r"could not connect to the Ray cluster at 'auto'.*ray start --head"):
+        mixprec.search(model, inputs, cache=False, ray_address="auto")
