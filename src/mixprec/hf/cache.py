@@ -55,3 +55,24 @@ class ProgramCache(DynamicCache):
 def batch_state(program, batch_size: int) -> list[torch.Tensor]:
     """The tensors ``program`` writes that hold one row per sequence (its KV cache)."""
     return [t for t in written_tensors(program.exported_program) if t.dim() > 0 and t.shape[0] == batch_size]
+
+
+class GeneratesWithProgramCache:
+    """What a program wrapper adds to ``PreTrainedModel`` + ``GenerationMixin`` (listed before them): ``generate()``
+    hands a static-cache program its own :class:`ProgramCache`; there is no embedding table to expose."""
+
+    def cached_program(self):
+        """The program that holds the KV cache (the causal LM's program, an encoder-decoder's decoder program)."""
+        raise NotImplementedError
+
+    def generate(self, *args, **kwargs):
+        """transformers' ``generate()`` (same arguments); a static-cache program brings its own cache."""
+        if self.static_cache and kwargs.get("past_key_values") is None:
+            kwargs["past_key_values"] = ProgramCache(self.cached_program(), self._sequences)
+        return super().generate(*args, **kwargs)
+
+    def get_input_embeddings(self):
+        return None
+
+    def can_generate(self) -> bool:  # noqa: D102
+        return True

@@ -28,7 +28,7 @@ from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from ..errors import ConfigError, InputMismatchError
-from .cache import ProgramCache
+from .cache import GeneratesWithProgramCache, ProgramCache
 from .calibration import StaticCacheBatches
 from .modules import CausalLMLogits, CausalLMStaticCache
 from .parts import MAX_BATCH, cache_length, cache_rows, compile_part, default_length, generation_config_for
@@ -73,7 +73,7 @@ def _compile_static(model, input_ids, max_cache_len: int, settings):
     return compile_part(CausalLMStaticCache(model, input_ids, max_cache_len), call, shapes, settings, "model")
 
 
-class CausalLMProgram(PreTrainedModel, GenerationMixin):
+class CausalLMProgram(GeneratesWithProgramCache, PreTrainedModel, GenerationMixin):
     """A compiled causal-LM program that generates like the model: ``lm.generate(...)`` is transformers'.
 
     ``program``: a ``MixedPrecisionModule`` from :func:`mixprec.hf.compile_for_generation` (or ``mixprec.load`` of
@@ -153,14 +153,5 @@ class CausalLMProgram(PreTrainedModel, GenerationMixin):
             cache.filled += length
         return CausalLMOutputWithPast(logits=logits, past_key_values=cache)
 
-    def generate(self, *args, **kwargs):
-        """transformers' ``generate()`` (same arguments); a static-cache program brings its own cache."""
-        if self.static_cache and kwargs.get("past_key_values") is None:
-            kwargs["past_key_values"] = ProgramCache(self.program, self._sequences)
-        return super().generate(*args, **kwargs)
-
-    def get_input_embeddings(self):
-        return None
-
-    def can_generate(self) -> bool:  # noqa: D102
-        return True
+    def cached_program(self):  # noqa: D102
+        return self.program

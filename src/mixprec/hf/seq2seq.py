@@ -32,7 +32,7 @@ from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import ModelOutput, Seq2SeqLMOutput
 
 from ..errors import ConfigError, InputMismatchError
-from .cache import ProgramCache
+from .cache import GeneratesWithProgramCache, ProgramCache
 from .calibration import DecoderBatches, EncoderBatches
 from .modules import SpeechDecoderLogits, SpeechDecoderStaticCache, SpeechEncoderStates
 from .modules import TextDecoderLogits, TextDecoderStaticCache, TextEncoderStates
@@ -194,7 +194,7 @@ class EncoderCall(torch.nn.Module):
         return EncoderProgramOutput(**out)
 
 
-class Seq2SeqLMProgram(PreTrainedModel, GenerationMixin):
+class Seq2SeqLMProgram(GeneratesWithProgramCache, PreTrainedModel, GenerationMixin):
     """Compiled encoder and decoder programs that generate like the model: ``lm.generate(...)`` is transformers'.
 
     ``encoder_program``/``decoder_program``: ``MixedPrecisionModule``\\ s from :func:`mixprec.hf.compile_for_generation`
@@ -284,17 +284,8 @@ class Seq2SeqLMProgram(PreTrainedModel, GenerationMixin):
             cache.filled += length
         return Seq2SeqLMOutput(logits=logits, past_key_values=cache, encoder_last_hidden_state=hidden)
 
-    def generate(self, *args, **kwargs):
-        """transformers' ``generate()`` (same arguments); a static-cache program brings its own cache."""
-        if self.static_cache and kwargs.get("past_key_values") is None:
-            kwargs["past_key_values"] = ProgramCache(self.decoder_program, self._sequences)
-        return super().generate(*args, **kwargs)
-
-    def get_input_embeddings(self):
-        return None
-
-    def can_generate(self) -> bool:  # noqa: D102
-        return True
+    def cached_program(self):  # noqa: D102
+        return self.decoder_program
 
 
 class _WhisperShape:

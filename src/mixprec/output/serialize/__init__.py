@@ -518,16 +518,9 @@ def _check_header(meta, path: str) -> None:
         )
 
 
-@contextlib.contextmanager
 def _quiet_torch_export():
     """torch.export.load logs a warning with a traceback before raising; the error we raise says it all."""
-    logger = logging.getLogger("torch.export")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
+    return propagation.quiet_logger("torch.export", logging.ERROR)
 
 
 def _with_outputs(ep, recorded: dict, where: str):

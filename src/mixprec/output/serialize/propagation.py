@@ -310,16 +310,22 @@ class _Run:
             )
 
 
-@contextlib.contextmanager
 def _quiet_fake_tensors():
     """FakeTensorMode logs an operator's refusal with a traceback before raising; the FileFormatError says it."""
-    logger = logging.getLogger("torch._subclasses.fake_tensor")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
+    return quiet_logger("torch._subclasses.fake_tensor", logging.CRITICAL)
+
+
+@contextlib.contextmanager
+def quiet_logger(name: str, level: int):
+    """Raise logger ``name``'s level to ``level`` for the block: a torch logger that prints a traceback before the
+    exception it raises, when mixprec's own error (raised from that exception) says it all."""
+    logger = logging.getLogger(name)
+    before = logger.level
+    logger.setLevel(level)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        logger.setLevel(before)
 
 
 def _value_of(symbol, shape_env) -> int:
