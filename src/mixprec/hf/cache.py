@@ -59,11 +59,9 @@ def batch_state(program, batch_size: int) -> list[torch.Tensor]:
 
 class GeneratesWithProgramCache:
     """What a program wrapper adds to ``PreTrainedModel`` + ``GenerationMixin`` (listed before them): ``generate()``
-    hands a static-cache program its own :class:`ProgramCache`; there is no embedding table to expose."""
-
-    def cached_program(self):
-        """The program that holds the KV cache (the causal LM's program, an encoder-decoder's decoder program)."""
-        raise NotImplementedError
+    hands a static-cache program its own :class:`ProgramCache`; there is no embedding table to expose. The wrapper
+    defines ``cached_program()``: the program that holds the KV cache (a causal LM's program, an encoder-decoder's
+    decoder program)."""
 
     def generate(self, *args, **kwargs):
         """transformers' ``generate()`` (same arguments); a static-cache program brings its own cache."""
