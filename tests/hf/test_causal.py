@@ -40,6 +40,8 @@ def test_beam_search_on_a_static_cache_program_gives_the_models_tokens():
     assert torch.equal(again, expected)
     with pytest.raises(mixprec.InputMismatchError, match="KV cache for 3 sequences"):
         lm.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=2)  # one beam: 1 sequence
+    with pytest.raises(mixprec.InputMismatchError, match="reaches 25 positions and the program's KV cache holds 24"):
+        lm(input_ids=torch.randint(2, 64, (3, 25)))  # a prefill longer than the cache
 
 
 class DataDependentLlama(transformers.LlamaForCausalLM):

@@ -63,6 +63,25 @@ class GeneratesWithProgramCache:
     defines ``cached_program()``: the program that holds the KV cache (a causal LM's program, an encoder-decoder's
     decoder program)."""
 
+    def cache_step(self, past_key_values, ids: torch.Tensor, what: str = "sequence"):
+        """(the ProgramCache or None, the positions ``ids`` fill in the program's cache): an InputMismatchError
+        when the program's cache does not hold that many sequences or positions."""
+        cache = past_key_values if isinstance(past_key_values, ProgramCache) else None
+        start = cache.filled if cache is not None else 0
+        rows, length = ids.shape[0], ids.shape[1]
+        if rows != self._sequences:
+            raise InputMismatchError(
+                f"this static-cache program holds a KV cache for {self._sequences} sequences (prompts x num_beams at "
+                f"compile time) and is asked for {rows}; compile_for_generation with that many prompts and "
+                "num_beams=..., or with static_cache=False."
+            )
+        if start + length > self._max_cache_len:
+            raise InputMismatchError(
+                f"the {what} reaches {start + length} positions and the program's KV cache holds "
+                f"{self._max_cache_len}; compile with a larger max_cache_len or generate fewer tokens."
+            )
+        return cache, torch.arange(start, start + length, device=ids.device)
+
     def generate(self, *args, **kwargs):
         """transformers' ``generate()`` (same arguments); a static-cache program brings its own cache."""
         if self.static_cache and kwargs.get("past_key_values") is None:

@@ -28,7 +28,7 @@ from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from ..errors import ConfigError, InputMismatchError
-from .cache import GeneratesWithProgramCache, ProgramCache
+from .cache import GeneratesWithProgramCache
 from .calibration import StaticCacheBatches
 from .modules import CausalLMLogits, CausalLMStaticCache
 from .parts import MAX_BATCH, cache_length, cache_rows, compile_part, default_length, generation_config_for
@@ -128,29 +128,15 @@ class CausalLMProgram(GeneratesWithProgramCache, PreTrainedModel, GenerationMixi
                 attention_mask = torch.ones_like(input_ids)
             logits = self.program(input_ids, attention_mask)
             return CausalLMOutputWithPast(logits=logits)
-        cache = past_key_values if isinstance(past_key_values, ProgramCache) else None
-        start = cache.filled if cache is not None else 0
-        length = input_ids.shape[1]
-        if input_ids.shape[0] != self._sequences:
-            raise InputMismatchError(
-                f"this static-cache program holds a KV cache for {self._sequences} sequences (prompts x num_beams at "
-                f"compile time) and is asked for {input_ids.shape[0]}; compile_for_generation with that many prompts "
-                "and num_beams=..., or with static_cache=False."
-            )
-        if start + length > self._max_cache_len:
-            raise InputMismatchError(
-                f"the sequence reaches {start + length} positions and the program's KV cache holds "
-                f"{self._max_cache_len}; compile with a larger max_cache_len or generate fewer tokens."
-            )
+        cache, position = self.cache_step(past_key_values, input_ids)
         if attention_mask is not None and not bool((attention_mask != 0).all()):
             raise InputMismatchError(
                 "a static-cache program decodes without an attention mask, so prompts must not be padded; use "
                 "compile_for_generation(static_cache=False) for padded batches."
             )
-        position = torch.arange(start, start + length, device=input_ids.device)
         logits = self.program(input_ids=input_ids, cache_position=position)
         if cache is not None:
-            cache.filled += length
+            cache.filled += len(position)
         return CausalLMOutputWithPast(logits=logits, past_key_values=cache)
 
     def cached_program(self):  # noqa: D102

@@ -32,7 +32,7 @@ from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import ModelOutput, Seq2SeqLMOutput
 
 from ..errors import ConfigError, InputMismatchError
-from .cache import GeneratesWithProgramCache, ProgramCache
+from .cache import GeneratesWithProgramCache
 from .calibration import DecoderBatches, EncoderBatches
 from .modules import SpeechDecoderLogits, SpeechDecoderStaticCache, SpeechEncoderStates
 from .modules import TextDecoderLogits, TextDecoderStaticCache, TextEncoderStates
@@ -260,28 +260,14 @@ class Seq2SeqLMProgram(GeneratesWithProgramCache, PreTrainedModel, GenerationMix
         if keys is None or values is None:
             raise InputMismatchError("a static-cache decoder program needs the encoder program's cross-attention keys "
                                      "and values: pass encoder_outputs from lm.get_encoder(), or the encoder inputs.")
-        cache = past_key_values if isinstance(past_key_values, ProgramCache) else None
-        start = cache.filled if cache is not None else 0
-        length = decoder_input_ids.shape[1]
-        if decoder_input_ids.shape[0] != self._sequences:
-            raise InputMismatchError(
-                f"this static-cache program holds a KV cache for {self._sequences} sequences (prompts x num_beams at "
-                f"compile time) and is asked for {decoder_input_ids.shape[0]}; compile_for_generation with that many "
-                "prompts and num_beams=..., or with static_cache=False."
-            )
-        if start + length > self._max_cache_len:
-            raise InputMismatchError(
-                f"the target sequence reaches {start + length} positions and the program's KV cache holds "
-                f"{self._max_cache_len}; compile with a larger max_cache_len or generate fewer tokens."
-            )
-        position = torch.arange(start, start + length, device=decoder_input_ids.device)
+        cache, position = self.cache_step(past_key_values, decoder_input_ids, "target sequence")
         args = dict(decoder_input_ids=decoder_input_ids, cache_position=position, encoder_hidden_states=hidden,
                     cross_attention_keys=keys, cross_attention_values=values)
         if not self.speech:
             args["attention_mask"] = mask
         logits = self.decoder_program(**args)
         if cache is not None:
-            cache.filled += length
+            cache.filled += len(position)
         return Seq2SeqLMOutput(logits=logits, past_key_values=cache, encoder_last_hidden_state=hidden)
 
     def cached_program(self):  # noqa: D102
