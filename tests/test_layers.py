@@ -28,13 +28,10 @@ STAGES = (
 )
 RANK = {name: rank for rank, names in enumerate(STAGES) for name in names}
 
-# The only imports against the flow, each with its reason. Settings are validated once, at the boundary
-# (DESIGN.md habit 3), and two keywords name things of later stages: ``backend`` a name in the backend
-# registry, ``plan`` a PrecisionPlan (or its JSON). Both imports are lazy, inside the validation.
-ALLOWED = frozenset({
-    ("settings", "mixprec.backends"),
-    ("settings", "mixprec.plan.precision_plan"),
-})
+# The only imports against the flow, each with its reason. None: settings validate compile's keywords as plain
+# values, and the two keywords that name things of later stages (``plan``, ``backend``) are checked by their
+# stage's option objects (plan/options.py, backends/options.py), which compiler.stage_options builds.
+ALLOWED: frozenset = frozenset()
 
 
 def _stage(module: str) -> str:
@@ -106,6 +103,16 @@ def test_dependencies_point_one_way():
 def test_every_allowed_exception_is_still_needed():
     used = {(_module_name(p).split(".", 1)[-1], target) for p in SRC.rglob("*.py") for _, target in _imports(p)}
     assert ALLOWED <= used, sorted(ALLOWED - used)
+
+
+def test_no_stage_reads_the_compile_keywords():
+    """Each stage gets its own options (plan/options.py, backends/options.py, weak_typing/options.py): only the
+    tools (compile, which validates the keywords, and serialize, which re-validates a file's) import settings."""
+    readers = sorted(
+        _module_name(p) for p in SRC.rglob("*.py") if any(t == "mixprec.settings" for _, t in _imports(p))
+    )
+    assert all(RANK[_stage(name)] >= RANK["compiler"] or name.startswith("mixprec.output.serialize")
+               or name.startswith("mixprec.searching") for name in readers), readers
 
 
 def test_the_checker_sees_a_back_edge():

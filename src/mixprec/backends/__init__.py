@@ -2,7 +2,8 @@
 
 Backends register by name (``@register_backend("eager")``); ``mixprec.compile`` looks
 them up by the ``backend=`` setting. An unknown name raises ConfigError listing the
-known ones.
+known ones. A factory is called as ``factory(exported_program, options)`` with the stage's
+``options.BackendOptions`` (or None: the defaults).
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ _MAX_SIGNATURES = 256
 
 
 @register_backend("inductor")
-def build(exported_program, settings=None):
+def build(exported_program, options=None):  # backends.options.BackendOptions: nothing here reads them
     """Compile ``exported_program`` with TorchInductor and warm it up on its example inputs."""
     return InductorRunner(exported_program)
 

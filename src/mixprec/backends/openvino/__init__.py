@@ -28,6 +28,6 @@ from .runner import OpenVINORunner
 
 
 @register_backend("openvino")
-def build(exported_program, settings=None):
+def build(exported_program, options=None):  # backends.options.BackendOptions: nothing here reads them
     """Convert ``exported_program`` with OpenVINO and compile it for the CPU."""
     return OpenVINORunner(exported_program)
