@@ -36,8 +36,14 @@ import warnings
 
 import torch
 
+from ...backends import get_backend, known_backends
 from ...errors import ConfigError, FileFormatError, InvariantError
 from ...ir.frontend import program_parts
+from ...ir.input_check import input_specs_of
+from ...plan.precision_plan import PrecisionPlan
+from ...settings import CompileSettings
+from ..module import MixedPrecisionModule
+from ..report import Report
 from . import container, metadata, operators, outputs, propagation, raw_weights, safety, tensors, trust
 from .metadata import FORMAT, FORMAT_VERSION
 
@@ -49,8 +55,6 @@ OutputRecord = outputs.OutputRecord
 
 def save(prog, path) -> None:
     """Write ``prog`` (what ``mixprec.compile`` or ``mixprec.load`` returned) to ``path``."""
-    from ..module import MixedPrecisionModule
-
     if not isinstance(prog, MixedPrecisionModule):
         raise ConfigError(
             f"mixprec.save takes the program mixprec.compile returned, got {type(prog).__name__}; "
@@ -88,12 +92,6 @@ def load(path, *, backend: str | None = None):
     backend it was compiled for, but a file never chooses one (``trust.py``: inductor and openvino compile the
     graph into native code while loading). ``backend="inductor"`` means the caller trusts the file for that.
     """
-    from ...backends import get_backend, known_backends
-    from ...ir.input_check import input_specs_of
-    from ...plan.precision_plan import PrecisionPlan
-    from ..module import MixedPrecisionModule
-    from ..report import Report
-
     path = os.fspath(path)
     with open(path, "rb") as fh:  # FileNotFoundError / IsADirectoryError say it best themselves
         meta, program, blob = container.read(fh, path)
@@ -159,8 +157,6 @@ def load(path, *, backend: str | None = None):
 
 def read_metadata(path) -> tuple[dict, object]:
     """(the file's metadata, its Report or None) without loading the program: JSON only."""
-    from ..report import Report
-
     path = os.fspath(path)
     with open(path, "rb") as fh:
         meta, _, _ = container.read(fh, path)
@@ -222,8 +218,6 @@ def _with_outputs(ep, recorded: dict, where: str):
 
 def _settings_for_backend(settings: dict, backend: str, where: str):
     """The CompileSettings a backend factory receives, rebuilt from the recorded values."""
-    from ...settings import CompileSettings
-
     kwargs = {k: v for k, v in settings.items() if v != "<given>" and k not in ("debug",)}
     kwargs["backend"] = backend
     try:

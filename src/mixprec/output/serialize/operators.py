@@ -18,6 +18,7 @@ import re
 import torch
 
 from ...errors import FileFormatError
+from ...ops import custom as _registers_mixprec_ops  # noqa: F401  (torch.ops.mixprec, checked by schema)
 from . import strings
 
 # Python functions a program may call besides torch.ops operators: arithmetic on sizes.
@@ -99,8 +100,6 @@ def _decide(target: str) -> bool:
     if namespace == "higher_order":
         return overload is None and name in _HIGHER_ORDER
     if namespace == "mixprec":
-        from ...ops import custom as ops  # noqa: F401  (registers torch.ops.mixprec)
-
         if overload is None or not _registered(f"mixprec::{name}", overload):
             return False
         return strings.reviewed(name, getattr(getattr(torch.ops.mixprec, name), overload)._schema)
