@@ -1,8 +1,8 @@
 """The DebugReport: ``mixprec.debug``'s answer, its JSON form, and its text and HTML (drawn by ``render.py``).
 
-As in ``output/report/``, the records (``records.py``) and their rendering (``render.py``) do not know each
-other's whole: the records are data, the renderer reads records, and this module, which holds them together,
-is the one place that imports both.
+As in ``output/report/``, records come first and rendering after: the records (``records.py``) are data and know
+nothing of rendering, the renderer (``render.py``) reads records, and this module, which holds them together, is
+the only one that imports both (until issue 21 the records imported the renderer inside methods, a hidden circle).
 """
 
 from __future__ import annotations
