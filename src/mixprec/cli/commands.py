@@ -212,7 +212,7 @@ def debug_command(args) -> int:
             prog = mixprec.compile(model, inputs, **kwargs)
     with progress.step(f"comparing {label} with fp32 layer by layer"), held_back("mixprec debug", args.debug):
         found = mixprec.debug(prog, inputs, fixes=args.fixes)
-    print(text(found, max_rows=args.rows))
+    print(text(found.layers, found.findings, found.summary, found.combined, max_rows=args.rows))
     fix = found.culprit.fix if found.culprit is not None else None
     if args.fix_plan and fix is not None:
         write_text(args.fix_plan, fixed_plan(found.plan, fix.layers).to_json())

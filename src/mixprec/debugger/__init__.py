@@ -10,7 +10,8 @@ ranked by that, each with Python that applies the fix as pasted.
 
 Modules: ``reference`` (the fp32 program), ``compare`` (the lockstep runner, reusable for a
 precision search), ``fixes`` (candidates, measuring a fix, its code), ``findings`` (wording and
-ranking), ``records`` (the data), ``render`` (text and HTML).
+ranking), ``records`` (the data), ``render`` (text and HTML of the records), ``report`` (the DebugReport that holds
+them: JSON, ``str``, HTML).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from ..progress import Progress
 from .compare import compare_programs
 from .findings import combined, find
 from .fixes import Measurer, candidates, fix_code, low_flops_fraction
-from .records import DebugReport, Finding, Fix, LayerComparison
+from .records import Finding, Fix, LayerComparison
+from .report import DebugReport
 from .reference import Fp32Reference, fp32_reference
 
 __all__ = [

@@ -1,24 +1,16 @@
-"""What the debugger found, as data: one LayerComparison per layer, Findings, the DebugReport.
+"""What the debugger found, as data: one LayerComparison per layer, the Findings and their Fixes.
 
-Records first, rendering after (``render.py``): the report can be printed, saved as JSON and
-read back, or rendered as a section of the HTML report.
+Records first, rendering after, as in ``output/report/``: these records know nothing of how they are shown;
+``render.py`` turns them into text and HTML, and ``report.py`` (the DebugReport) holds them together, with JSON.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 
 import torch
 
-from .. import jsondoc
 from ..dtypes import dtype_from_name, dtype_name
-from ..output.report.records import LayerTable
-from ..plan.precision_plan import PrecisionPlan
-
-_FORMAT = "mixprec.debug"
-_VERSION = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +71,9 @@ class Fix:
     def measured(self) -> bool:
         return self.rel_l2_error is not None
 
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "layers": list(self.layers), "compute": list(self.compute)}
+
     @classmethod
     def from_dict(cls, d: dict) -> "Fix":
         return cls(**{**d, "layers": tuple(d["layers"]), "compute": tuple(d.get("compute", ()))})
@@ -109,7 +104,7 @@ class Finding:
 
     def to_dict(self) -> dict:
         d = _to_dict(self, "suggestions")
-        d["fix"] = _fix_dict(self.fix)
+        d["fix"] = self.fix.to_dict() if self.fix is not None else None
         return d
 
     @classmethod
@@ -117,12 +112,6 @@ class Finding:
         d = dict(d)
         fix = d.pop("fix", None)
         return dataclasses.replace(_from_dict(cls, d, "suggestions"), fix=Fix.from_dict(fix) if fix else None)
-
-
-def _fix_dict(fix: Fix | None) -> dict | None:
-    if fix is None:
-        return None
-    return {**dataclasses.asdict(fix), "layers": list(fix.layers), "compute": list(fix.compute)}
 
 
 def _to_dict(record, listed: str) -> dict:
@@ -138,81 +127,3 @@ def _from_dict(cls, d: dict, listed: str):
     d["precision"] = dtype_from_name(d["precision"])
     d[listed] = tuple(d[listed])
     return cls(**d)
-
-
-@dataclasses.dataclass
-class DebugReport(LayerTable):
-    """``mixprec.debug``'s answer: per-layer comparisons, findings (best fix first), a summary, and the plan
-    of the program compared (the plan the findings' code edits)."""
-
-    layers: list[LayerComparison]
-    findings: list[Finding]
-    summary: dict
-    plan: PrecisionPlan | None = None
-    combined: Fix | None = None  # the helpful fixes together, measured (when two or more help)
-
-    @property
-    def culprit(self) -> Finding | None:
-        """The first finding: the fix that lowers the output error most when measured, else the first inf/NaN
-        producer, else the heuristic's first candidate."""
-        return self.findings[0] if self.findings else None
-
-    @property
-    def first_nonfinite(self) -> LayerComparison | None:
-        """The first layer in graph order with inf/NaN where fp32 has finite values."""
-        return next((r for r in self.layers if r.new_nonfinite > 0), None)
-
-    @property
-    def largest_jump(self) -> LayerComparison | None:
-        """The layer that added the most error (its output's minus its inputs' relative error)."""
-        jumps = [r for r in self.layers if math.isfinite(r.error_jump) and r.error_jump > 0]
-        return max(jumps, key=lambda r: r.error_jump) if jumps else None
-
-    def __str__(self) -> str:
-        from .render import text
-
-        return text(self)
-
-    def to_html(self) -> str:
-        """An HTML fragment (a ``<section>``) for the HTML report."""
-        from .render import html_section
-
-        return html_section(self)
-
-    def to_json(self, indent: int | None = 1) -> str:
-        return json.dumps(
-            {
-                "format": _FORMAT,
-                "version": _VERSION,
-                "summary": self.summary,
-                "findings": [f.to_dict() for f in self.findings],
-                "layers": [r.to_dict() for r in self.layers],
-                "plan": json.loads(self.plan.to_json()) if self.plan is not None else None,
-                "combined": _fix_dict(self.combined),
-            },
-            indent=indent,
-        )
-
-    @classmethod
-    def from_json(cls, text: str) -> "DebugReport":
-        data = jsondoc.load(text, fmt=_FORMAT, version=_VERSION, what="debug report")
-        return cls(
-            [LayerComparison.from_dict(d) for d in data["layers"]],
-            [Finding.from_dict(d) for d in data["findings"]],
-            data["summary"],
-            PrecisionPlan.from_json(json.dumps(data["plan"])) if data.get("plan") is not None else None,
-            Fix.from_dict(data["combined"]) if data.get("combined") else None,
-        )
-
-    def __eq__(self, other) -> bool:
-        if not isinstance(other, DebugReport):
-            return NotImplemented
-        return (
-            len(self.layers) == len(other.layers)
-            and all(jsondoc.same(a.to_dict(), b.to_dict()) for a, b in zip(self.layers, other.layers))
-            and self.findings == other.findings
-            and jsondoc.same(self.summary, other.summary)
-            and self.plan == other.plan
-            and self.combined == other.combined
-        )
-

@@ -1,4 +1,4 @@
-"""Rendering a DebugReport: the findings with their fixes on top, then a per-layer table; and an HTML section.
+"""Rendering the debugger's records: findings with their fixes on top, then a per-layer table; and an HTML section.
 
 Text fits 120 columns: messages wrap, each fix's code is printed in full (indented, so it pastes
 after a dedent — or select it: Python accepts the indentation of a pasted block in IPython and
@@ -18,7 +18,7 @@ import textwrap
 from ..dtypes import short_name
 from ..output.report.render import grouped, layer_cell
 from ..output.report.text_table import WIDTH, Column, text_table
-from .records import DebugReport, Finding, Fix, LayerComparison
+from .records import Finding, Fix, LayerComparison
 
 _COLUMNS = (
     Column(""),
@@ -61,9 +61,9 @@ def _html_row(r: LayerComparison, mark: str) -> tuple[str, ...]:
     return (mark, r.name, r.module or "(top)", r.op.removeprefix("aten.").removesuffix(".default"), *row[2:])
 
 
-def _marks(report: DebugReport) -> dict[str, str]:
+def _marks(findings: list[Finding]) -> dict[str, str]:
     marks: dict[str, str] = {}
-    for i, finding in enumerate(report.findings, 1):
+    for i, finding in enumerate(findings, 1):
         marks[finding.layer] = ",".join(filter(None, (marks.get(finding.layer), f"#{i}")))
     return marks
 
@@ -105,8 +105,8 @@ def _code_lines(fix: Fix, where: str) -> list[str]:
     return [f"   code ({where}):"] + [(_CODE_INDENT + line).rstrip() for line in fix.code.splitlines()]
 
 
-def _names_note(report: DebugReport) -> str:
-    code = report.findings[0].fix.code if report.findings and report.findings[0].fix else ""
+def _names_note(findings: list[Finding]) -> str:
+    code = findings[0].fix.code if findings and findings[0].fix else ""
     names = ["prog: the program you debugged" if "prog.plan" in code else "found: this mixprec.debug result"]
     names.append("model, inputs" + (", kwargs" if "kwargs=kwargs" in code else "") + ": what you compiled")
     if "dynamic_shapes=dynamic_shapes" in code:
@@ -114,12 +114,12 @@ def _names_note(report: DebugReport) -> str:
     return "; ".join(names)
 
 
-def findings_text(report: DebugReport) -> str:
-    s = report.summary
+def findings_text(findings: list[Finding], summary: dict, combined: Fix | None = None) -> str:
+    s = summary
     before = s.get("output_rel_l2_error", math.nan)
     low_before = s.get("low_precision_flops_fraction")
-    where = _names_note(report)
-    if not report.findings:
+    where = _names_note(findings)
+    if not findings:
         return "no layer produced inf/NaN and no layer added error against fp32 on these inputs."
     measured = bool(s.get("fixes_measured"))
     if measured:
@@ -128,16 +128,16 @@ def findings_text(report: DebugReport) -> str:
     else:
         lines = _wrapped(f"findings (fixes not measured: {s.get('fixes_not_measured') or 'fixes=0'}):", "")
     idle = []
-    for i, f in enumerate(report.findings, 1):
+    for i, f in enumerate(findings, 1):
         if measured and not f.helps:
             idle.append((i, f))
             continue
         lines += _finding_lines(i, f, before, low_before, where)
-    if report.combined is not None:
-        helpful = [f"#{i}" for i, f in enumerate(report.findings, 1) if f.helps]
-        effect = _effect(report.combined, before, low_before).removeprefix("fix: ")
+    if combined is not None:
+        helpful = [f"#{i}" for i, f in enumerate(findings, 1) if f.helps]
+        effect = _effect(combined, before, low_before).removeprefix("fix: ")
         lines += _wrapped(effect, "     ", f"together ({', '.join(helpful)}): ")
-        lines += _code_lines(report.combined, where)
+        lines += _code_lines(combined, where)
     if idle:
         lines.append("measured without effect (the output error drops by less than 1% or rises):")
         for i, f in idle:
@@ -160,9 +160,13 @@ def _finding_lines(i: int, f: Finding, before: float, low_before, where: str) ->
     return lines
 
 
-def text(report: DebugReport, *, max_rows: int | None = None) -> str:
-    s = report.summary
-    lines = [f"mixprec debug: {s.get('layers_compared', len(report.layers))} layers compared with the fp32 value of "
+def text(
+    layers: list[LayerComparison], findings: list[Finding], summary: dict, combined: Fix | None = None, *,
+    max_rows: int | None = None,
+) -> str:
+    """A DebugReport's text (its ``str``): the findings, then at most ``max_rows`` layers (findings' layers first)."""
+    s = summary
+    lines = [f"mixprec debug: {s.get('layers_compared', len(layers))} layers compared with the fp32 value of "
              "the same tensor"]  # fmt: skip
     if s.get("reference"):
         lines += _wrapped(s["reference"], "  ", "reference: ")
@@ -170,16 +174,16 @@ def text(report: DebugReport, *, max_rows: int | None = None) -> str:
         lines.append(
             f"output error vs fp32: rel L2 {_num(s['output_rel_l2_error'])}, max abs {_num(s['output_max_abs_error'])}"
         )
-    lines += ["", findings_text(report), ""]
-    marks = _marks(report)
-    shown = report.layers
+    lines += ["", findings_text(findings, summary, combined), ""]
+    marks = _marks(findings)
+    shown = layers
     if max_rows is not None and len(shown) > max_rows:
         keep = {i for i, r in enumerate(shown) if r.name in marks}
         keep |= set(range(max(max_rows - len(keep), 0)))
         shown = [r for i, r in enumerate(shown) if i in keep]
     lines += text_table(_COLUMNS, grouped(shown, lambda r: _row(r, marks.get(r.name, ""))))
-    if len(shown) < len(report.layers):
-        lines.append(f"({len(report.layers) - len(shown)} more layers in report.layers)")
+    if len(shown) < len(layers):
+        lines.append(f"({len(layers) - len(shown)} more layers in report.layers)")
     return "\n".join(lines)
 
 
@@ -193,25 +197,23 @@ _STYLE = """<style>
 </style>"""
 
 
-def html_section(report: DebugReport) -> str:
+def html_section(layers: list[LayerComparison], findings: list[Finding], summary: dict) -> str:
     """The debugger's findings and per-layer table as an HTML fragment for the report page."""
     e = html.escape
     parts = [f'<section class="mixprec-debug" id="debug">{_STYLE}', "<h2>Numerics against fp32</h2>"]
-    before, low_before = report.summary.get("output_rel_l2_error", math.nan), report.summary.get(
-        "low_precision_flops_fraction"
-    )
-    for i, finding in enumerate(report.findings, 1):
+    before, low_before = summary.get("output_rel_l2_error", math.nan), summary.get("low_precision_flops_fraction")
+    for i, finding in enumerate(findings, 1):
         items = "".join(f"<li>{e(s)}</li>" for s in finding.suggestions)
         fix = finding.fix
         effect = f"<p><b>{e(_effect(fix, before, low_before))}</b></p>" if fix is not None else ""
         code = f"<pre><code>{e(fix.code)}</code></pre>" if fix is not None and finding.helps is not False else ""
         parts.append(f'<div class="finding"><p>#{i} {e(finding.message)}</p>{effect}<ul>{items}</ul>{code}</div>')
-    if not report.findings:
+    if not findings:
         parts.append("<p>No layer produced inf/NaN and no layer added error against fp32 on these inputs.</p>")
-    marks = _marks(report)
+    marks = _marks(findings)
     head = "".join(f"<th>{e(c)}</th>" for c in _HTML_COLUMNS)
     rows = []
-    for r in report.layers:
+    for r in layers:
         css = ' class="culprit"' if r.name in marks else ""
         rows.append(f"<tr{css}>" + "".join(f"<td>{e(c)}</td>" for c in _html_row(r, marks.get(r.name, ""))) + "</tr>")
     parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></section>")

@@ -191,3 +191,41 @@ def test_the_dynamic_program_itself_loads(dynamic, tmp_path):
     assert model["range_constraints"], "the fixture should have a dynamic dimension"
     x = torch.randn(5, 8)
     assert prog(x).shape == (20,)
+
+
+# The grammar round of these checks (moved from test_safety.py): size arithmetic passes, code does not.
+@pytest.mark.parametrize(
+    "text",
+    [
+        "s0",
+        "2*s0 + 1",
+        "Max(1, s0)",
+        "FloorDiv(s0, 2)",
+        "Symbol('s77', positive=True, integer=True)",
+        "Mul(Integer(96), Symbol('s27', positive=True, integer=True))",
+        "Float('1.5', precision=53)",
+        "Eq(Mod(s0, 8), 0)",
+    ],
+)
+def test_size_expressions_pass(text):
+    expressions.check(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "__import__('os').system('true')",
+        "s0.__class__",
+        "eval(s0)",
+        "().__class__.__bases__",
+        "1.__class__",
+        "Symbol('a b')",
+        "Symbol('x'); import os",
+        "[c for c in ()]",
+        "lambda: 0",
+        "getattr(Max, 'func')",
+    ],
+)
+def test_code_does_not_pass(text):
+    with pytest.raises(FileFormatError):
+        expressions.check(text)

@@ -7,14 +7,11 @@ call): tensors live outside Python's allocator, so tracemalloc would not see a c
 from __future__ import annotations
 
 import gc
-import io
-import zipfile
 
 import pytest
 import torch
 
 import mixprec
-from mixprec.output import serialize
 
 
 def _status(key: str) -> int:
@@ -60,26 +57,3 @@ def test_save_and_load_hold_no_second_copy(tmp_path):
     # before streaming: save held the archive twice (BytesIO + getvalue) and load held the file's bytes
     assert save_extra < 0.1 * size, f"save took {save_extra / 2**20:.1f} MiB extra for a {size / 2**20:.1f} MiB file"
     assert load_extra < 0.1 * size, f"load took {load_extra / 2**20:.1f} MiB extra for a {size / 2**20:.1f} MiB file"
-
-
-@pytest.mark.filterwarnings("ignore:No complete tensor found")  # torch's note on a view of a larger storage
-def test_weights_written_in_place_give_the_same_archive():
-    class Model(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.linear = torch.nn.Linear(16, 16)
-            self.register_buffer("transposed", torch.randn(3, 5).t())  # a non-contiguous view of its storage
-
-        def forward(self, x):
-            return self.linear(x) + self.transposed.sum()
-
-    ep = torch.export.export(Model(), (torch.randn(2, 16),))
-    plain, in_place = io.BytesIO(), io.BytesIO()
-    torch.export.save(ep, plain)
-    with serialize._raw_tensors_written_in_place():
-        torch.export.save(ep, in_place)
-    a, b = zipfile.ZipFile(plain), zipfile.ZipFile(in_place)
-    assert a.namelist() == b.namelist()
-    for name in a.namelist():
-        if not name.endswith("serialization_id"):
-            assert a.read(name) == b.read(name), name

@@ -13,7 +13,7 @@ from models import ThreeLinears
 
 import mixprec
 from mixprec.errors import FileFormatError
-from mixprec.output.serialize import safety, strings
+from mixprec.output.serialize import operators, strings
 
 from . import crafting
 
@@ -26,7 +26,7 @@ def _all_allowed_string_operators():
             continue
         name, overload = schema.name[6:], schema.overload_name or "default"
         text = [a.name for a in schema.arguments if any(w in str(a.type) for w in ("str", "Dimname", "Any"))]
-        if text and safety.allowed_target(f"torch.ops.aten.{name}.{overload}"):
+        if text and operators.allowed_target(f"torch.ops.aten.{name}.{overload}"):
             found.append((f"{name}.{overload}", text))
     return found
 
@@ -44,11 +44,11 @@ def test_every_allowed_operator_with_a_string_argument_is_reviewed():
     "target", ["_mixed_dtypes_linear.default", "_sparse_semi_structured_tile.default", "_test_string_default.default"]
 )
 def test_operators_with_unreviewed_strings_are_refused(target):
-    assert not safety.allowed_target(f"torch.ops.aten.{target}")
+    assert not operators.allowed_target(f"torch.ops.aten.{target}")
 
 
 def test_einsum_is_allowed_now_that_path_is_not_a_file_name():
-    assert safety.allowed_target("torch.ops.aten.einsum.default")
+    assert operators.allowed_target("torch.ops.aten.einsum.default")
     strings.check_value("einsum", "equation", "bij,bjk->bik")
     with pytest.raises(FileFormatError):
         strings.check_value("einsum", "equation", 'ij"); system("x')

@@ -20,9 +20,10 @@ Where a program's strings go (read in torch 2.13's source):
   metadata, not the file's. Still, a ``\\r`` in a stack trace ends a Python comment line (Python's tokenizer treats
   a lone carriage return as a line break), so every metadata string is refused when it holds a line break other
   than ``\\n`` in a stack trace, or any other control character (:func:`check_metadata`).
-* **names** (graph values, parameters, constants, arguments) become Python identifiers and attribute paths: checked
-  as plain identifiers and dotted paths by ``safety.py``; kernel and buffer names inductor derives from them are
-  identifiers too.
+* **names** (graph values, parameters, constants, arguments) become Python identifiers and attribute paths: each
+  must be a plain identifier (:func:`is_identifier`) or dotted path (:func:`is_dotted_path`), checked where they
+  are read (``model_json.py``, ``payloads.py``); kernel and buffer names inductor derives from them are identifiers
+  too.
 """
 
 from __future__ import annotations
@@ -180,6 +181,21 @@ def check_fx_node(node) -> None:
             _check_higher_order(target.name(), position, value)
         else:
             raise FileFormatError(f"the program's node {node.name!r} passes a string to {target!r}; refusing it.")
+
+
+# Names: FX pastes them unescaped into the Python source it generates (attribute paths may hold list indices).
+_DOTTED = re.compile(r"^(?:[A-Za-z_][A-Za-z0-9_]*|[0-9]+)(?:\.(?:[A-Za-z_][A-Za-z0-9_]*|[0-9]+))*(?:@\d+)?$|^$")
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def is_identifier(value) -> bool:
+    """A plain Python name (graph values, arguments, ``forward_arg_names``)."""
+    return isinstance(value, str) and len(value) < 1000 and bool(_IDENTIFIER.match(value))
+
+
+def is_dotted_path(value) -> bool:
+    """A parameter, buffer, constant or submodule path: identifiers and indices joined by dots (or empty)."""
+    return isinstance(value, str) and bool(_DOTTED.match(value))
 
 
 # Characters no metadata string may hold: control characters (a lone \r ends a Python comment line), Unicode line

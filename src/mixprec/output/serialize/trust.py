@@ -27,6 +27,8 @@ from __future__ import annotations
 import logging
 import warnings
 
+from ...backends import known_backends
+
 DEFAULT = "eager"
 # Backends that compile the program's graph into native code while loading (see the module docstring).
 CODE_GENERATING = frozenset({"inductor", "openvino"})
@@ -48,8 +50,6 @@ def backend_for_load(requested: str | None, recorded, path: str) -> str:
 
 def suggestion(recorded, path: str) -> str | None:
     """The sentence that names the recorded backend (only a registered name is repeated: the rest is file text)."""
-    from ...backends import known_backends
-
     if recorded == DEFAULT:
         return None
     if recorded not in known_backends():

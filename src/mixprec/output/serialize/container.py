@@ -1,0 +1,204 @@
+"""The file itself: a zip archive of three members, written in one pass and read in place.
+
+Why a zip: the standard library reads it, members are found by name without reading the rest, and its central
+directory sits at the end, so a truncated file is detected before anything is parsed; the SHA-256 of each member
+(recorded in ``mixprec.json``) catches the rest of the damage.
+
+Both directions stream, so no second copy of the weights is ever made: :func:`write` has the program archive written
+straight into its stored member, hashed on the way (``mixprec.json``, which records the hashes, is written last),
+into a temporary file renamed into place only once the program passes the check load applies; :func:`read` checks
+each stored member's SHA-256 in chunks and returns a view of ``program.pt2`` in the file (:class:`_Window`), located
+from the member's local header (Python's zip reader would give a decompressing stream, not a seekable view).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import struct
+import tempfile
+import zipfile
+
+from ...errors import FileFormatError
+from . import metadata, safety
+from .bounded_json import MAX_JSON_BYTES, parse_json, read_bounded
+from .metadata import FORMAT, FORMAT_VERSION, INPUTS, META, PROGRAM
+
+_ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed member times: the same program gives the same metadata
+
+
+def _digest(data: bytes) -> dict:
+    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+_CHUNK = 1 << 20
+
+
+class _HashingSink(io.RawIOBase):
+    """Where torch.export.save writes the program: straight into the zip member, hashed on the way.
+
+    torch writes its archive front to back and seeks to 0 when done (for buffers it returns); that last seek
+    is the only one this sink accepts."""
+
+    def __init__(self, member):
+        super().__init__()
+        self._member, self.sha256, self.size = member, hashlib.sha256(), 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        self.sha256.update(view)
+        self._member.write(view)
+        self.size += len(view)
+        return len(view)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if (offset, whence) != (0, io.SEEK_SET):
+            raise io.UnsupportedOperation("mixprec writes the program archive front to back")
+        return 0
+
+    def tell(self) -> int:
+        return self.size
+
+
+def write(path: str, meta: dict, write_program, blob: bytes) -> None:
+    """Write to a temporary file beside ``path`` and rename it: a crash never leaves half a file.
+
+    ``write_program(sink)`` writes the program archive into its stored member as it goes (hashed on the way);
+    mixprec.json, which records the sizes and SHA-256 of the other members, is written last. Before the rename
+    the program is checked as load would check it: save never writes what load refuses.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".mixprec-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh, zipfile.ZipFile(fh, "w") as archive:
+            archive.comment = f"{FORMAT} {FORMAT_VERSION}".encode()
+            info = zipfile.ZipInfo(PROGRAM, date_time=_ZIP_TIME)
+            info.compress_type = zipfile.ZIP_STORED
+            with archive.open(info, "w", force_zip64=True) as member:  # size unknown until written
+                sink = _HashingSink(member)
+                write_program(sink)
+            members = {PROGRAM: {"size": sink.size, "sha256": sink.sha256.hexdigest()}, INPUTS: _digest(blob)}
+            text = json.dumps({**meta, "members": members}, indent=1).encode("utf-8")
+            for name, data, method in ((INPUTS, blob, zipfile.ZIP_STORED), (META, text, zipfile.ZIP_DEFLATED)):
+                info = zipfile.ZipInfo(name, date_time=_ZIP_TIME)
+                info.compress_type = method
+                archive.writestr(info, data)
+        with open(tmp, "rb") as fh, zipfile.ZipFile(fh) as archive:
+            safety.check_archive(_stored_view(fh, archive.getinfo(PROGRAM), tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+# ---- reading ----------------------------------------------------------------------------------
+
+
+class _Window(io.RawIOBase):
+    """A read-only, seekable view of ``size`` bytes at ``start`` in an open file: a stored member read in place."""
+
+    def __init__(self, fh, start: int, size: int):
+        super().__init__()
+        self._fd, self._start, self._size, self._pos = fh.fileno(), start, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def readinto(self, buffer) -> int:
+        view = memoryview(buffer).cast("B")
+        n = max(0, min(len(view), self._size - self._pos))
+        done = 0
+        while done < n:  # into the caller's buffer directly: no intermediate copy of a weight
+            got = os.preadv(self._fd, [view[done:n]], self._start + self._pos + done)
+            if got == 0:
+                break
+            done += got
+        self._pos += done
+        return done
+
+
+_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, (version .. sizes), name length, extra length
+
+
+def read(fh, path: str) -> tuple[dict, _Window, bytes]:
+    """(checked metadata, a view of program.pt2 in the file, the bytes of inputs.bin); members are checked
+    against their recorded size and SHA-256 by reading them in chunks."""
+    head = fh.read(4)
+    try:
+        archive = zipfile.ZipFile(fh)
+        infos = archive.infolist()
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError) as e:
+        if head == b"PK\x03\x04":
+            raise FileFormatError(f"{path} is truncated or damaged: its zip directory cannot be read ({e}).") from e
+        raise FileFormatError(
+            f"{path} is not a mixprec file (mixprec.save writes zip archives; this file starts with {head!r})."
+        ) from e
+    names = [info.filename for info in infos]
+    if len(set(names)) != len(names):
+        raise FileFormatError(f"{path} is damaged: a member is listed twice.")
+    by_name = dict(zip(names, infos))
+    if META not in by_name:
+        hint = ""
+        if any(n.endswith("/archive_format") for n in names):
+            hint = (
+                " It looks like a torch.export .pt2 file. Compiling it (`mixprec compile FILE.pt2`) unpickles it: "
+                "do that only with a file you made yourself."
+            )
+        raise FileFormatError(f"{path} is not a mixprec file (it has no {META}).{hint}")
+    try:
+        text = read_bounded(archive, by_name[META], MAX_JSON_BYTES, f"{path}: its {META}")
+        meta = parse_json(text, f"{path}: its {META}")
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as e:
+        raise FileFormatError(f"{path} is damaged: its {META} cannot be read ({e}).") from e
+    metadata.check(meta, path)
+    views = {}
+    for name in (PROGRAM, INPUTS):
+        info = by_name.get(name)
+        if info is None:
+            raise FileFormatError(f"{path} is incomplete: the member {name} is missing.")
+        recorded = meta["members"][name]
+        view = _stored_view(fh, info, path)
+        if info.file_size != recorded["size"]:
+            raise FileFormatError(f"{path} is damaged: {name} does not match its recorded size and checksum.")
+        sha = hashlib.sha256()
+        while chunk := view.read(_CHUNK):
+            sha.update(chunk)
+        if sha.hexdigest() != recorded["sha256"]:
+            raise FileFormatError(f"{path} is damaged: {name} does not match its recorded size and checksum.")
+        view.seek(0)
+        views[name] = view
+    return meta, views[PROGRAM], views[INPUTS].read()
+
+
+def _stored_view(fh, info: zipfile.ZipInfo, path: str) -> _Window:
+    """A view of a stored (uncompressed) member's bytes in the open file."""
+    name = info.filename
+    if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size or info.flag_bits & 1:
+        raise FileFormatError(f"{path} is damaged: {name} is compressed or encrypted (mixprec stores it as is).")
+    fh.seek(info.header_offset)
+    header = fh.read(_LOCAL_HEADER.size)
+    if len(header) != _LOCAL_HEADER.size or _LOCAL_HEADER.unpack(header)[0] != b"PK\x03\x04":
+        raise FileFormatError(f"{path} is damaged: the zip entry of {name} cannot be read.")
+    _, name_length, extra_length = _LOCAL_HEADER.unpack(header)
+    start = info.header_offset + _LOCAL_HEADER.size + name_length + extra_length
+    if start + info.file_size > os.fstat(fh.fileno()).st_size:
+        raise FileFormatError(f"{path} is damaged: {name} does not match its recorded size and checksum.")
+    return _Window(fh, start, info.file_size)

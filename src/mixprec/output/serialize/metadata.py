@@ -1,0 +1,110 @@
+"""``mixprec.json``: the format's name and version, the names of the file's members, and every field of the metadata.
+
+One owner for the schema: what ``save`` writes (:func:`for_program`) and what ``load`` accepts (:func:`check`) sit
+side by side, so a field cannot be added to one without the other. The metadata is the first thing a load trusts
+(it records the sizes and SHA-256 of the other members), so every field's type is checked before anything reads
+it, and a file of another format or version is refused with a message that says which mixprec reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import torch
+
+from ..._version import __version__
+from ...errors import FileFormatError
+from . import outputs
+
+FORMAT = "mixprec.program"
+FORMAT_VERSION = 1
+META = "mixprec.json"  # the members of the file (a zip archive: container.py)
+PROGRAM = "program.pt2"
+INPUTS = "inputs.bin"
+
+
+def for_program(prog, out_spec, replaced: list[str], inputs_index: dict | None, inputs_note: str | None) -> dict:
+    """The metadata of ``prog`` (a MixedPrecisionModule) without ``members``, which the writer adds last."""
+    settings = prog.settings
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "mixprec_version": __version__,
+        "torch_version": torch.__version__,
+        "backend": settings.get("backend", "eager"),
+        "settings": settings,
+        "plan": json.loads(prog.plan.to_json()),
+        "report": prog.report.to_dict() if prog.report is not None else None,
+        "outputs": {"spec": outputs.dumps_or_none(out_spec), "replaced_types": replaced},
+        "example_inputs": inputs_index,
+        "example_inputs_note": inputs_note,
+    }
+
+
+def check(meta, path: str) -> None:
+    """The format and version, then the type of every field (the plan and report are checked by their own readers)."""
+    _check_header(meta, path)
+    _check_fields(meta, path)
+
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_TYPE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.<>]{0,300}$")  # a qualified name, local classes' "<locals>" too
+
+def _check_fields(meta: dict, path: str) -> None:
+    """The types of every field of mixprec.json (the plan and report are checked by their own readers)."""
+
+    def bad(field: str, expected: str):
+        value = meta
+        for part in field.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        raise FileFormatError(
+            f"{path} is damaged: {META} field {field!r} should be {expected}, not {type(value).__name__}. "
+            "Save the program again with mixprec.save."
+        )
+
+    for field in ("mixprec_version", "torch_version", "backend"):
+        if not isinstance(meta.get(field), str):
+            bad(field, "a string")
+    for field in ("settings", "plan", "outputs", "members"):
+        if not isinstance(meta.get(field), dict):
+            bad(field, "an object")
+    for field in ("report", "example_inputs"):
+        if meta.get(field) is not None and not isinstance(meta[field], dict):
+            bad(field, "an object or null")
+    if meta.get("example_inputs_note") is not None and not isinstance(meta["example_inputs_note"], str):
+        bad("example_inputs_note", "a string or null")
+    recorded = meta["outputs"]
+    if recorded.get("spec") is not None and not isinstance(recorded["spec"], str):
+        bad("outputs.spec", "a string or null")
+    replaced = recorded.get("replaced_types", [])
+    if not isinstance(replaced, list) or not all(isinstance(t, str) for t in replaced):
+        bad("outputs.replaced_types", "a list of strings")
+    if not all(_TYPE_NAME.match(t) for t in replaced):  # repeated in a warning: no control characters
+        raise FileFormatError(f"{path} is damaged: {META} names an output type that is not a type name.")
+    for name in (PROGRAM, INPUTS):
+        entry = meta["members"].get(name)
+        if not isinstance(entry, dict):
+            raise FileFormatError(f"{path} is incomplete: the member {name} is missing.")
+        if not isinstance(entry.get("size"), int) or isinstance(entry["size"], bool) or entry["size"] < 0:
+            bad(f"members.{name}.size", "a byte count")
+        if not isinstance(entry.get("sha256"), str) or not _SHA256.match(entry["sha256"]):
+            bad(f"members.{name}.sha256", "a SHA-256 in hex")
+
+
+def _check_header(meta, path: str) -> None:
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise FileFormatError(f"{path} is not a mixprec file (its {META} does not name the format {FORMAT!r}).")
+    version = meta.get("format_version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise FileFormatError(f"{path} is damaged: its format version {version!r} is not a number.")
+    if version > FORMAT_VERSION:
+        raise FileFormatError(
+            f"{path} was written by mixprec {meta.get('mixprec_version')} in file format version {version}; this "
+            f"mixprec reads version {FORMAT_VERSION}. Upgrade mixprec to load it."
+        )
+    if version < FORMAT_VERSION:
+        raise FileFormatError(
+            f"{path} uses file format version {version}, which this mixprec no longer reads (it reads "
+            f"{FORMAT_VERSION}); compile the model again and save it with this version."
+        )
