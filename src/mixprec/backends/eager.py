@@ -8,7 +8,7 @@ of ``ops/quant.py``.
 
 from __future__ import annotations
 
-from . import register_backend
+from .registry import register_backend
 from .guard import guard_pass
 from .lowering import run_passes
 from .lowering.qdq import INT8_LINEARS

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..errors import ConfigError
+from .registry import known_backends
 
 GUARDS = ("warn", "raise")  # backends/guard.py
 
@@ -20,8 +21,6 @@ class BackendOptions:
     runtime_guard: str | None = None  # "warn" | "raise": layer outputs checked in the eager graph (guard.py)
 
     def __post_init__(self):
-        from . import known_backends  # the registry this package's __init__ fills
-
         names = known_backends()
         if not isinstance(self.backend, str) or self.backend not in names:
             raise ConfigError(f"backend={self.backend!r} is not known; the backends are: {', '.join(sorted(names))}.")

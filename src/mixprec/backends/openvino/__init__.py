@@ -23,7 +23,7 @@ again (no OpenVINO blob is stored: it is tied to the OpenVINO version and the CP
 
 from __future__ import annotations
 
-from .. import register_backend
+from ..registry import register_backend
 from .runner import OpenVINORunner
 
 
