@@ -28,13 +28,10 @@ STAGES = (
 )
 RANK = {name: rank for rank, names in enumerate(STAGES) for name in names}
 
-# The only imports against the flow, each with its reason. Settings are validated once, at the boundary
-# (DESIGN.md habit 3), and two keywords name things of later stages: ``backend`` a name in the backend
-# registry, ``plan`` a PrecisionPlan (or its JSON). Both imports are lazy, inside the validation.
-ALLOWED = frozenset({
-    ("settings", "mixprec.backends"),
-    ("settings", "mixprec.plan.precision_plan"),
-})
+# The only imports against the flow, each with its reason. None: settings validate compile's keywords as plain
+# values, and the two keywords that name things of later stages (``plan``, ``backend``) are checked by their
+# stage's option objects (plan/options.py, backends/options.py), which compiler.stage_options builds.
+ALLOWED: frozenset = frozenset()
 
 
 def _stage(module: str) -> str:
@@ -108,6 +105,16 @@ def test_every_allowed_exception_is_still_needed():
     assert ALLOWED <= used, sorted(ALLOWED - used)
 
 
+def test_no_stage_reads_the_compile_keywords():
+    """Each stage gets its own options (plan/options.py, backends/options.py, weak_typing/options.py): only the
+    tools (compile, which validates the keywords, and serialize, which re-validates a file's) import settings."""
+    readers = sorted(
+        _module_name(p) for p in SRC.rglob("*.py") if any(t == "mixprec.settings" for _, t in _imports(p))
+    )
+    assert all(RANK[_stage(name)] >= RANK["compiler"] or name.startswith("mixprec.output.serialize")
+               or name.startswith("mixprec.searching") for name in readers), readers
+
+
 def test_the_checker_sees_a_back_edge():
     """The check can fail: a lazy import of a later stage inside a function is caught. The probe is text
     checked as if it were a file in ir/ (nothing is written into src/: the tree may be read-only or shared
@@ -122,3 +129,58 @@ def test_the_checker_sees_a_back_edge():
 def test_few_modules_at_the_top(limit):
     top = [p.name for p in SRC.glob("*.py")]
     assert len(top) <= limit, sorted(top)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    modules = {_module_name(p): p for p in SRC.rglob("*.py")}
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for _, target in _imports(path):
+            while target not in modules and "." in target:  # `from .x import name`: the module x
+                target = target.rsplit(".", 1)[0]
+            if target in modules and target != name:
+                graph[name].add(target)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected component of more than one module (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circles():
+    """No module imports one that (directly or not) imports it back, lazy imports included: a package that
+    registers its modules keeps the registry in a module of its own (backends/registry.py, plan/rules/base.py)."""
+    cycles = _cycles(_import_graph())
+    assert not cycles, cycles
+
+
+def test_the_circle_check_sees_a_circle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]

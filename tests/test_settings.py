@@ -8,6 +8,7 @@ import torch
 
 import mixprec
 from mixprec.errors import ConfigError
+from mixprec.compiler import stage_options
 from mixprec.settings import CompileSettings
 
 
@@ -90,8 +91,9 @@ def test_excluded_ops_every_spelling_parses_to_one_name():
     ],
 )
 def test_bad_values_say_what_to_change(kwargs, message):
+    """compile validates through stage_options: the keywords, then each stage's options (plan, backend)."""
     with pytest.raises(ConfigError, match=re.escape(message) if "*" not in message else message):
-        CompileSettings.from_kwargs(kwargs)
+        stage_options(kwargs)
 
 
 def test_autocast_settings_without_enable_autocast_are_not_ignored():
@@ -124,3 +126,26 @@ def test_compile_validates_before_capturing():
 
     with pytest.raises(ConfigError):
         mixprec.compile(Exploding(), (torch.ones(1),), backend="nope")
+
+
+def test_each_stage_gets_its_share_of_the_keywords():
+    options = stage_options({
+        "enable_autocast": True, "autocast_low_precision_type": "fp16", "autocast_excluded_ops": {"softmax"},
+        "autocast_keep_residual_stream": False, "use_fp32_acc": True, "backend": "inductor",
+    })
+    rules = options.planning.rules
+    assert rules.low_precision_type == torch.float16 and rules.excluded_ops == frozenset({"aten.softmax"})
+    assert rules.keep_residual_stream is False and options.planning.use_fp32_acc is True
+    assert options.backend.backend == "inductor" and options.backend.runtime_guard is None
+    assert options.weak is None  # strong typing
+    off = stage_options({})
+    assert off.planning.rules is None and off.planning.plan is None
+    weak = stage_options({"use_explicit_typing": False, "enabled_precisions": {torch.float32, torch.bfloat16}})
+    assert weak.weak.precisions == frozenset({torch.float32, torch.bfloat16}) and weak.weak.planning is weak.planning
+
+
+def test_a_guard_on_a_compiled_backend_is_refused():
+    with pytest.raises(ConfigError, match="runtime_guard checks layer outputs in the eager backend"):
+        stage_options({"runtime_guard": "warn", "backend": "inductor"})
+    with pytest.raises(ConfigError, match="runtime_guard must be None, 'warn' or 'raise'"):
+        stage_options({"runtime_guard": "loud"})

@@ -1,20 +1,23 @@
-"""``mixprec.compile``: capture -> normalise -> plan -> rewrite -> backend -> report.
+"""``mixprec.compile``: a short script of named phases — options, capture, calibrate, (measure), plan, rewrite,
+backend, report — each timed (``report.summary["compile_seconds"]``).
 
-One direction, no back and forth (DESIGN.md). Each phase is timed; the times are in
-``report.summary["compile_seconds"]``.
+One direction, no back and forth (DESIGN.md). The keywords are validated once and split into each stage's
+options (:func:`stage_options`); the data is calibrated once (``calibrate.entry.run``); the state the
+graph writes is put back by one owner (:class:`_State`); the module is built with its report.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 
 import torch
 
 from .backends import get_backend
-from .calibrate.int8_ranges import marker_ranges
-from .calibrate.statistics import calibrate
+from .backends.options import BackendOptions
+from .calibrate import entry as calibration
 from .dtypes import dtype_name
 from .errors import ConfigError, InvariantError, UnsupportedModelError
 from .ir.call_signature import flat_user_inputs
@@ -31,15 +34,45 @@ from .output.report import (
     Report, build_graph, build_records, build_summary, computes_in_of, output_errors, with_runs_as,
 )
 from .plan import autocast, planner
+from .plan.options import PlanningOptions, RuleOptions
 from .plan.precision_plan import PrecisionPlan
 from .rewrite.casting import is_mixprec_cast
 from .rewrite.pipeline import realise, reference
 from .settings import CompileSettings
 from .weak_typing import check as weak_check
 from .weak_typing import source as weak_typing
+from .weak_typing.options import WeakTypingOptions
 from .weak_typing.timing import measure_layers
 
 log = logging.getLogger("mixprec")
+
+# RuleOptions' fields are the autocast_* keywords without their prefix
+_RULE_FIELDS = tuple(f.name for f in dataclasses.fields(RuleOptions))
+
+
+@dataclasses.dataclass(frozen=True)
+class StageOptions:
+    """compile's keywords, validated, and each stage's share of them."""
+
+    settings: CompileSettings  # what the program records (``explicit()``) and the calibration data
+    planning: PlanningOptions
+    backend: BackendOptions
+    weak: WeakTypingOptions | None  # weak typing (use_explicit_typing=False), else None
+
+
+def stage_options(keywords: dict) -> StageOptions:
+    """Validate compile's keywords (``CompileSettings``) and build every stage's options from them, before
+    anything runs: a bad plan or backend is refused here, before the model is captured."""
+    config = CompileSettings.from_kwargs(keywords)
+    rules = RuleOptions(**{f: getattr(config, RuleOptions.keyword(f)) for f in _RULE_FIELDS})
+    planning = PlanningOptions(
+        config.plan, config.use_explicit_typing, config.use_fp32_acc, rules if config.enable_autocast else None
+    )
+    backend = BackendOptions(config.backend, config.runtime_guard)
+    weak = None
+    if not config.use_explicit_typing:
+        weak = WeakTypingOptions(planning, config.enabled_precisions, config.keep_io_types, backend)
+    return StageOptions(config, planning, backend, weak)
 
 
 class _Timer:
@@ -55,109 +88,133 @@ class _Timer:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
 
+class _State:
+    """The one owner of "put the written state back": the buffers the rewritten program and the captured
+    graphs write (BatchNorm's running statistics, KV caches) go back to their captured values before every
+    run the compiler makes (warm-up, report), so every run starts where the model was."""
+
+    def __init__(self, captured: CapturedModel, program=None):
+        self.captured = captured
+        self.saved = [(t, t.detach().clone()) for t in written_tensors(program)] if program is not None else []
+
+    def reset(self) -> None:
+        with torch.no_grad():
+            for tensor, value in self.saved:
+                tensor.copy_(value)
+        self.captured.reset_state()
+
+
 def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModule:  # noqa: A001 (API.md's name)
     """Compile ``model`` into a mixed-precision program; see API.md §1 for the settings.
 
     ``inputs`` are example positional arguments of ``forward``; ``kwargs`` (a mixprec extension, as in
     ``torch.export.export``) are example keyword arguments, for keyword-only parameters.
     """
-    config = CompileSettings.from_kwargs(settings)
-    args = as_input_tuple(inputs)
-    kwargs = as_input_kwargs(kwargs)
+    options = stage_options(settings)
+    config = options.settings
+    args, kwargs = as_input_tuple(inputs), as_input_kwargs(kwargs)
     refuse_meta_tensors(model, args, kwargs)
     timer = _Timer()
-    recaptures = 0
     # times "capture" and "normalize"; the base's written tensors are private copies from here on
     captured = CapturedModel(model, args, kwargs, dynamic_shapes=config.dynamic_shapes, phase=timer.phase)
-    base, info = captured.base, captured.info
-    prepared = None
     with timer.phase("calibrate"):
-        _check_calibration_used(config, info)
-        calibration = None
-        if config.enable_autocast or calibration_targets(info):
-            reuse = config.enable_autocast and config.autocast_calibration_dataloader is None
-            reuse = reuse and captured.computes_in_fp32  # calibration's outputs are then the fp32 reference's
-            loader = config.autocast_calibration_dataloader
-            calibration, recaptures = calibrate(captured, loader, keep_first_outputs=reuse)
-        if config.enable_autocast:
-            example = tuple(captured.flat_inputs())  # a fresh copy: the model may write into its inputs
-            prepared = autocast.prepare(base, info, config, example, calibration=calibration)
-        ranges = marker_ranges(captured, config.autocast_calibration_dataloader, calibration=calibration)
+        calibrated, prepared = _calibrate(captured, options)
     timings = None
-    if not config.use_explicit_typing:  # weak typing: time the free layers on this device first
+    if options.weak is not None:  # weak typing: time the free layers on this device first
         with timer.phase("measure"):
-            timings = measure_layers(
-                base, info, weak_typing.weak_typing_layers(info, config), captured.flat_inputs(fresh=False),
-                config.enabled_precisions,
-            )
-        captured.reset_state()
-    weak_summary = {}
+            timings = _measure(captured, options.weak)
     with timer.phase("plan"):
-        rule_context = prepared.context if prepared is not None else None
-        if timings is None:
-            plan = planner.build_plan(info, config, rule_context, int8_ranges=ranges)
-        else:  # weak typing: the per-layer choice against the uniform plans, measured end to end
-            plan, weak_summary = weak_check.choose(
-                captured, config, timings, rule_context=rule_context, int8_ranges=ranges
-            )
-            captured.reset_state()
+        plan, layer_timings, weak_summary = _plan(captured, options, prepared, calibrated, timings)
     with timer.phase("rewrite"):
         work = realise(captured, plan, keep_io_types=config.keep_io_types)
-        casts = sum(1 for n in work.graph.nodes if is_mixprec_cast(n))
         program = work.to_exported()
-        # the program's state as captured: the backend's warm-up and the report's runs must leave it so
-        state = [(t, t.detach().clone()) for t in written_tensors(program)]
-
-    def reset_state():
-        with torch.no_grad():
-            for tensor, value in state:
-                tensor.copy_(value)
-        captured.reset_state()
-
+        state = _State(captured, program)  # the program's state as captured, before any run
     with timer.phase("backend"):
-        runner = get_backend(config.backend)(program, config)
-        reset_state()
+        runner = get_backend(options.backend.backend)(program, options.backend)
+        state.reset()
+    with timer.phase("report"):
+        errors = _errors_against_fp32(runner, program, captured, calibrated.reference_outputs, state)
+        summary_extra = {**_autocast_summary(prepared, calibrated), **weak_summary}
+        report = _report(captured, options, plan, work, program, runner, errors, layer_timings, summary_extra)
+    report.summary["compile_seconds"] = {k: round(v, 4) for k, v in timer.seconds.items()}
     prog = MixedPrecisionModule(
-        program, plan, None, config.explicit(), runner, input_specs_of(program), example_inputs=args,
+        program, plan, report, config.explicit(), runner, input_specs_of(program), example_inputs=args,
         captured_program=captured.exported, call_signature=captured.signature,
     )
-    with timer.phase("report"):
-        known = calibration.first_outputs if calibration is not None and prepared is not None else None
-        errors = _errors_against_fp32(prog, captured, reference_outputs=known, reset_state=reset_state)
-        reset_state()
-        layer_timings, extra = None, {}
-        if timings is not None:
-            layer_timings, extra["weak_typing"] = weak_typing.explain(info, plan, timings, config)
-            extra["weak_typing"].update(weak_summary)
-        records = build_records(info, plan, program.graph, timings=layer_timings)
-        # what the backend computes otherwise than planned (OpenVINO keeps some layers wider): API.md §2
-        records = with_runs_as(records, computes_in_of(runner), config.backend)
-        summary = build_summary(
-            records,
-            casts_inserted=casts,
-            param_bytes_before=stored_bytes(captured.exported.state_dict, captured.exported.constants),
-            param_bytes_after=work.stored_bytes(),
-            errors=errors,
-            extra={**_autocast_summary(prepared), **extra, **({"calibration_recaptures": recaptures} if recaptures else {})},
-        )
-    summary["compile_seconds"] = {k: round(v, 4) for k, v in timer.seconds.items()}
-    prog._report = Report(records, summary, build_graph(program, records))
     if config.debug:
         _debug_log(prog)
     return prog
 
 
-def _autocast_summary(prepared) -> dict:
+def _calibrate(captured: CapturedModel, options: StageOptions):
+    """(Calibrated, autocast.Prepared or None): one pass over the calibration data (or the example inputs)
+    for the autocast rules and the int8 marker regions without ranges; then the rules' context."""
+    config, rules = options.settings, options.planning.rules
+    loader = config.autocast_calibration_dataloader
+    _check_calibration_used(loader, rules, captured.info)
+    # on the example inputs of a graph captured in fp32 the first outputs are the report's fp32 reference
+    keep = rules is not None and loader is None and captured.computes_in_fp32
+    calibrated = calibration.run(captured, loader, statistics=rules is not None, keep_first_outputs=keep)
+    if rules is None:
+        return calibrated, None
+    example = tuple(captured.flat_inputs())  # a fresh copy: the model may write into its inputs
+    return calibrated, autocast.prepare(captured.base, captured.info, rules, example, calibrated.calibration)
+
+
+def _measure(captured: CapturedModel, weak: WeakTypingOptions):
+    """Weak typing: each free layer timed in each enabled dtype on this device (``weak_typing.timing``)."""
+    info = captured.info
+    timings = measure_layers(
+        captured.base, info, weak_typing.weak_typing_layers(info, weak), captured.flat_inputs(fresh=False),
+        weak.precisions,
+    )
+    captured.reset_state()
+    return timings
+
+
+def _plan(captured: CapturedModel, options: StageOptions, prepared, calibrated, timings):
+    """(plan, weak typing's per-layer timing tables, its summary entries): the planner's sources, strongest
+    first (plan/planner.py); under weak typing the per-layer choice against the uniform plans, measured end
+    to end."""
+    rule_context = prepared.context if prepared is not None else None
+    ranges = calibrated.int8_ranges
+    if timings is None:
+        return planner.build_plan(captured.info, options.planning, rule_context, int8_ranges=ranges), None, {}
+    plan, summary = weak_check.choose(captured, options.weak, timings, rule_context=rule_context, int8_ranges=ranges)
+    captured.reset_state()
+    layer_timings, explained = weak_typing.explain(captured.info, plan, timings, options.weak)
+    return plan, layer_timings, {"weak_typing": {**explained, **summary}}
+
+
+def _report(captured, options, plan, work, program, runner, errors, layer_timings, extra) -> Report:
+    """The per-layer records (what the backend computes otherwise than planned included: API.md §2), the
+    summary and the graph view."""
+    records = build_records(captured.info, plan, program.graph, timings=layer_timings)
+    records = with_runs_as(records, computes_in_of(runner), options.backend.backend)
+    summary = build_summary(
+        records,
+        casts_inserted=sum(1 for n in work.graph.nodes if is_mixprec_cast(n)),
+        param_bytes_before=stored_bytes(captured.exported.state_dict, captured.exported.constants),
+        param_bytes_after=work.stored_bytes(),
+        errors=errors,
+        extra=extra,
+    )
+    return Report(records, summary, build_graph(program, records))
+
+
+def _autocast_summary(prepared, calibrated) -> dict:
+    out = {"calibration_recaptures": calibrated.recaptures} if calibrated.recaptures else {}
     if prepared is None:
-        return {}
+        return out
     return {
         "autocast_low_precision_type": dtype_name(prepared.context.low),
         "calibration_batches": prepared.calibration.batches,
+        **out,
     }
 
 
-def _check_calibration_used(config: CompileSettings, info) -> None:
-    if config.autocast_calibration_dataloader is None or config.enable_autocast:
+def _check_calibration_used(loader, rules: RuleOptions | None, info) -> None:
+    if loader is None or rules is not None:
         return
     if not calibration_targets(info):
         raise ConfigError(
@@ -166,32 +223,29 @@ def _check_calibration_used(config: CompileSettings, info) -> None:
         )
 
 
-def _errors_against_fp32(prog, captured: CapturedModel, *, reference_outputs=None, reset_state=None) -> dict:
-    """Run the fp32 reference of the same capture (``rewrite.pipeline.reference``) and the compiled program
-    on the example inputs.
+def _errors_against_fp32(runner, program, captured: CapturedModel, reference_outputs, state: _State) -> dict:
+    """Run the compiled program (its backend's ``runner``) and the fp32 reference of the same capture
+    (``rewrite.pipeline.reference``) on the example inputs, each from the captured state.
 
     ``reference_outputs``: the fp32 outputs when already computed (calibration ran the captured graph,
-    which is the fp32 model itself when every layer was captured in fp32); ``reset_state`` puts the
-    buffers the graph writes back to their captured values: both runs start from the model's state."""
-    reset_state = reset_state or (lambda: None)
+    which is the fp32 model itself when every layer was captured in fp32)."""
     model = captured.model
     # each run gets its own copy of the inputs: a model that writes into its inputs must not change the
     # caller's tensors, nor feed the reference what the compiled program already modified
     with torch.no_grad():
         a, k = captured.fresh()
-        reset_state()
-        got = _run_or_explain(
-            lambda: prog.exported_program, lambda: prog(*a, **k), captured.fresh(), model, "the compiled program"
-        )
+        state.reset()
+        got = _run_or_explain(lambda: program, lambda: runner(*a, **k), captured.fresh(), model, "the compiled program")
         expected = reference_outputs
         if expected is None:
             fp32 = reference(captured)
             a, k = captured.fresh()
-            flat = flat_user_inputs(prog.exported_program, a, k)
-            reset_state()
+            flat = flat_user_inputs(program, a, k)
+            state.reset()
             expected = _run_or_explain(
                 fp32.to_exported, lambda: run_user_outputs(fp32, flat), captured.fresh(), model, "the fp32 reference"
             )
+        state.reset()
     return output_errors(got, expected)
 
 

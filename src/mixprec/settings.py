@@ -4,6 +4,15 @@ The names follow ``torch_tensorrt.dynamo.compile`` (API.md §1). After
 :meth:`CompileSettings.from_kwargs` returns, every value has its canonical type
 (torch dtypes, compiled regexes, op-name strings, frozensets) and the rest of
 mixprec never re-validates or re-parses a setting.
+
+This module is vocabulary (the first stage): it knows no later stage. The two keywords that name
+things of later stages are checked by the option object of their stage, which ``compiler.stage_options``
+builds right after these checks and before anything runs: ``plan`` (a PrecisionPlan:
+``plan.options.PlanningOptions``) and ``backend`` (a registered name: ``backends.options.BackendOptions``).
+No stage reads a CompileSettings: each gets its own options.
+
+:func:`patterns` and :func:`op_names` are the one parser of regex and op-name sets; ``mixprec.search``'s
+include keywords use them under their own names.
 """
 
 from __future__ import annotations
@@ -94,9 +103,6 @@ def _bool(kwargs, name):
 
 
 def _validated(kwargs: dict[str, Any]) -> dict[str, Any]:
-    from .backends import known_backends  # the registry; imported late to keep modules independent
-    from .plan.precision_plan import PrecisionPlan
-
     out: dict[str, Any] = {}
     for name in (
         "use_explicit_typing", "enable_autocast", "use_fp32_acc", "keep_io_types", "debug", "autocast_keep_residual_stream",
@@ -112,14 +118,11 @@ def _validated(kwargs: dict[str, Any]) -> dict[str, Any]:
 
     for name in ("autocast_excluded_nodes", "autocast_included_nodes"):
         if name in kwargs:
-            out[name] = _patterns(kwargs[name], name)
+            out[name] = patterns(kwargs[name], name)
 
     for name in ("autocast_excluded_ops", "autocast_included_ops"):
         if name in kwargs:
-            ops = kwargs[name]
-            if isinstance(ops, str) or not _is_iterable(ops):
-                ops = (ops,)
-            out[name] = frozenset(resolve_op_name(op, what=name) for op in ops)
+            out[name] = op_names(kwargs[name], name)
 
     if "autocast_max_output_threshold" in kwargs:
         out["autocast_max_output_threshold"] = _threshold(kwargs["autocast_max_output_threshold"])
@@ -153,29 +156,17 @@ def _validated(kwargs: dict[str, Any]) -> dict[str, Any]:
         if not out["enabled_precisions"]:
             raise ConfigError("enabled_precisions must not be empty; use {torch.float32} for strong typing.")
 
-    if kwargs.get("plan") is not None:
-        if not isinstance(kwargs["plan"], PrecisionPlan):
-            raise ConfigError(
-                f"plan must be a mixprec.PrecisionPlan (from the configurator, mixprec.search or "
-                f"PrecisionPlan.from_json), got {type(kwargs['plan']).__name__}."
-            )
+    if kwargs.get("plan") is not None:  # its type: plan.options.PlanningOptions
         out["plan"] = kwargs["plan"]
 
     if kwargs.get("dynamic_shapes") is not None:
         out["dynamic_shapes"] = kwargs["dynamic_shapes"]
 
+    # their values (the registry's names, the guard's modes): backends.options.BackendOptions
     if kwargs.get("runtime_guard") is not None:
-        value = kwargs["runtime_guard"]
-        if value not in ("warn", "raise"):
-            raise ConfigError(f"runtime_guard must be None, 'warn' or 'raise', got {value!r}.")
-        out["runtime_guard"] = value
-
+        out["runtime_guard"] = kwargs["runtime_guard"]
     if "backend" in kwargs:
-        backend = kwargs["backend"]
-        names = known_backends()
-        if not isinstance(backend, str) or backend not in names:
-            raise ConfigError(f"backend={backend!r} is not known; the backends are: {', '.join(sorted(names))}.")
-        out["backend"] = backend
+        out["backend"] = kwargs["backend"]
 
     _check_combinations({**{f.name: f.default for f in dataclasses.fields(CompileSettings) if f.default is not dataclasses.MISSING}, **out}, kwargs)
     return out
@@ -193,11 +184,6 @@ def _check_combinations(merged: dict[str, Any], given: dict[str, Any]) -> None:
         raise ConfigError(
             "use_fp32_acc=True needs use_explicit_typing=True: under weak typing the accumulation type is "
             "not respected (as in Torch-TensorRT)."
-        )
-    if merged["runtime_guard"] is not None and merged["backend"] != "eager":
-        raise ConfigError(
-            f"runtime_guard checks layer outputs in the eager backend's graph; backend={merged['backend']!r} runs a "
-            "compiled graph it cannot add checks to. Use backend='eager' with runtime_guard, or drop runtime_guard."
         )
     precisions = merged["enabled_precisions"]
     if explicit and "enabled_precisions" in given and precisions != frozenset({torch.float32}):
@@ -253,7 +239,15 @@ def _threshold(value) -> float | str:
     return float(value)
 
 
-def _patterns(value, name: str = "autocast_excluded_nodes") -> tuple[re.Pattern, ...]:
+def op_names(value, name: str) -> frozenset[str]:
+    """A set of op names in any spelling (``resolve_op_name``) -> canonical names; ``name`` is the keyword."""
+    if isinstance(value, str) or not _is_iterable(value):
+        value = (value,)
+    return frozenset(resolve_op_name(op, what=name) for op in value)
+
+
+def patterns(value, name: str) -> tuple[re.Pattern, ...]:
+    """A set of regular expressions (strings or compiled) -> compiled, sorted; ``name`` is the keyword."""
     if isinstance(value, (str, re.Pattern)):
         value = (value,)
     if not _is_iterable(value):

@@ -15,12 +15,12 @@ def test_unknown_backend_lists_the_known_ones():
 
 def test_registering_a_backend_makes_it_known():
     @register_backend("test-identity")
-    def build(ep, settings):
+    def build(ep, options):
         return ep.module()
 
     try:
         assert get_backend("test-identity") is build
     finally:
-        from mixprec import backends
+        from mixprec.backends import registry
 
-        backends._REGISTRY.pop("test-identity")
+        registry._REGISTRY.pop("test-identity")

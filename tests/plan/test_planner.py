@@ -11,7 +11,7 @@ from mixprec.errors import InvariantError
 from mixprec.ir.frontend import CapturedModel
 from mixprec.plan import planner
 from mixprec.plan.precision_plan import NodePrecision, PrecisionPlan
-from mixprec.settings import CompileSettings
+from mixprec.plan.options import PlanningOptions
 
 
 def _info(model, inputs):
@@ -23,7 +23,7 @@ def test_plan_requests_beat_the_codes_typing():
     info = _info(model, inputs)
     linear2 = next(n for n in info.values() if n.module == "linear2")
     requests = PrecisionPlan({linear2.name: NodePrecision(torch.float32, None, "plan", "keep fp32")})
-    plan = planner.build_plan(info, CompileSettings.from_kwargs({"plan": requests}))
+    plan = planner.build_plan(info, PlanningOptions(plan=requests))
     assert plan[linear2.name].precision == torch.float32 and plan[linear2.name].source == "plan"
     assert plan[linear2.name].reason == "keep fp32"
     others = [d for name, d in plan.items() if name != linear2.name]
@@ -33,7 +33,7 @@ def test_plan_requests_beat_the_codes_typing():
 def test_plan_order_is_graph_order():
     model, inputs = AutocastRegions().eval(), AutocastRegions.example_inputs()
     info = _info(model, inputs)
-    plan = planner.build_plan(info, CompileSettings.from_kwargs({}))
+    plan = planner.build_plan(info, PlanningOptions())
     assert list(plan) == list(info)
 
 
@@ -42,7 +42,7 @@ def test_data_movement_follows_its_producer():
     info = _info(model, inputs)
     qkv = next(n.name for n in info.values() if n.module == "qkv")
     requests = PrecisionPlan({qkv: NodePrecision(torch.bfloat16, None, "plan", "")})
-    plan = planner.build_plan(info, CompileSettings.from_kwargs({"plan": requests}))
+    plan = planner.build_plan(info, PlanningOptions(plan=requests))
     view = next(n for n in info.values() if n.op == "aten.view.default")
     assert plan[view.name].precision == torch.bfloat16
     assert "follows its producer" in plan[view.name].reason
@@ -54,7 +54,7 @@ def test_fp32_acc_marks_only_low_precision_matmul_class_layers():
     model, inputs = Attention().eval(), Attention.example_inputs()
     info = _info(model, inputs)
     requests = plan_lowering(model, inputs, torch.bfloat16, select=lambda r: r.module != "out")
-    plan = planner.build_plan(info, CompileSettings.from_kwargs({"plan": requests, "use_fp32_acc": True}))
+    plan = planner.build_plan(info, PlanningOptions(plan=requests, use_fp32_acc=True))
     marked = {name for name, d in plan.items() if d.accumulate is torch.float32}
     expected = {n.name for n in info.values() if n.packet in ("aten.linear", "aten.scaled_dot_product_attention") and n.module != "out"}
     assert marked == expected
@@ -68,12 +68,11 @@ def test_reference_plan_is_all_fp32():
 
 def test_weak_typing_decides_only_the_free_layers_through_the_source_passed_in():
     info = _info(ThreeLinears().eval(), ThreeLinears.example_inputs())
-    weak_typing = {"use_explicit_typing": False, "enabled_precisions": {torch.float32, torch.bfloat16}}
     with pytest.raises(InvariantError, match="weak typing needs"):
-        planner.build_plan(info, CompileSettings.from_kwargs(weak_typing))
+        planner.build_plan(info, PlanningOptions(use_explicit_typing=False))
     linear1 = next(n for n, i in info.items() if i.module == "linear1")
     requests = PrecisionPlan({linear1: NodePrecision(torch.float32, None, "plan", "keep")})
-    settings = CompileSettings.from_kwargs({**weak_typing, "plan": requests})
+    settings = PlanningOptions(plan=requests, use_explicit_typing=False)
     seen = []
 
     def weak(info, decided):

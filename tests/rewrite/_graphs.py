@@ -10,7 +10,7 @@ from mixprec.plan.precision_plan import NodePrecision, PrecisionPlan
 from mixprec.rewrite.context import RewriteContext
 from mixprec.rewrite.pipeline import PIPELINE
 from mixprec.rewrite.verify import verify
-from mixprec.settings import CompileSettings
+from mixprec.plan.options import PlanningOptions
 
 
 class TwoLinears(nn.Module):
@@ -53,7 +53,7 @@ def context_before(pass_name, model, inputs, *, modules=("a",), dtype=torch.bflo
          and i.kind == "compute"},
         inputs=plan_inputs,
     )  # fmt: skip
-    plan = planner.build_plan(info, CompileSettings.from_kwargs({"plan": requests}))
+    plan = planner.build_plan(info, PlanningOptions(plan=requests))
     ctx = RewriteContext(work, info, plan, keep_io_types, work.user_output_dtypes())
     for p in PIPELINE.passes:
         if p.name == pass_name:

@@ -20,7 +20,7 @@ from mixprec.rewrite.context import RewriteContext
 from mixprec.rewrite.insert_casts import insert_casts
 from mixprec.rewrite.io_types import round_inputs
 from mixprec.rewrite.pipeline import PIPELINE, QUANTIZE, Pipeline, realise, reference, rewrite
-from mixprec.settings import CompileSettings
+from mixprec.plan.options import PlanningOptions
 
 
 def _setup(inputs_plan=None):
@@ -30,7 +30,7 @@ def _setup(inputs_plan=None):
         {n: NodePrecision(torch.bfloat16, None, "plan", "test") for n, i in info.items() if i.module == "linear2"},
         inputs=inputs_plan,
     )
-    plan = planner.build_plan(info, CompileSettings.from_kwargs({"plan": requests}))
+    plan = planner.build_plan(info, PlanningOptions(plan=requests))
     return work, info, plan, model, inputs
 
 
@@ -136,7 +136,7 @@ def _lowered(captured, module, dtype=torch.bfloat16):
     requests = PrecisionPlan(
         {n: NodePrecision(dtype, None, "plan", "test") for n, i in captured.info.items() if i.module == module}
     )
-    return planner.build_plan(captured.info, CompileSettings.from_kwargs({"plan": requests}))
+    return planner.build_plan(captured.info, PlanningOptions(plan=requests))
 
 
 def test_realise_rewrites_a_copy_and_leaves_the_captured_base_as_it_was():

@@ -15,7 +15,7 @@ from mixprec.rewrite.casting import is_mixprec_cast, retype_val
 from mixprec.rewrite.context import RewriteContext
 from mixprec.rewrite.pipeline import rewrite
 from mixprec.rewrite.verify import verify
-from mixprec.settings import CompileSettings
+from mixprec.plan.options import PlanningOptions
 
 
 def _rewritten():
@@ -24,7 +24,7 @@ def _rewritten():
     normalize(work)
     info = analyze(work.graph)
     requests = plan_lowering(model, inputs, torch.bfloat16, select=lambda r: r.module == "linear2")
-    plan = planner.build_plan(info, CompileSettings.from_kwargs({"plan": requests}))
+    plan = planner.build_plan(info, PlanningOptions(plan=requests))
     out = rewrite(work.copy(), info, plan, keep_io_types=True, captured_output_dtypes=(torch.float32,))
     ctx = RewriteContext(out, info, plan, True, (torch.float32,))
     verify(ctx, deep=True)  # a correct program passes

@@ -11,7 +11,7 @@ from models import Attention, MaskedScores, SensitiveByConstruction
 import mixprec
 from mixprec.plan import planner
 from mixprec.searching.groups import find_groups, low_flops_fraction
-from mixprec.settings import CompileSettings
+from mixprec.plan.options import PlanningOptions
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 
@@ -25,7 +25,7 @@ def quiet_search(*args, **kwargs):
 def test_one_group_per_free_compute_layer_in_graph_order():
     model = SensitiveByConstruction().eval()
     _, info = captured(model, SensitiveByConstruction.example_inputs())
-    strong = planner.build_plan(info, CompileSettings())
+    strong = planner.build_plan(info, PlanningOptions())
     lowered = strong.with_nodes({n: mixprec.NodePrecision(BF16, None, "autocast_rule", "low") for n in strong})
     groups = find_groups(info, strong, lowered)
     assert [g.op for g in groups] == [
@@ -76,6 +76,6 @@ def test_low_flops_fraction_is_the_reports(lowered):
     inputs = SensitiveByConstruction.example_inputs()
     requests = mixprec.PrecisionPlan({n: mixprec.NodePrecision(BF16, None, "plan", "test") for n in lowered})
     _, info = captured(model, inputs)
-    plan = planner.build_plan(info, CompileSettings(plan=requests))
+    plan = planner.build_plan(info, PlanningOptions(plan=requests))
     report = mixprec.compile(model, inputs, plan=requests).report
     assert low_flops_fraction(info, plan) == pytest.approx(report.summary["low_precision_flops_fraction"])

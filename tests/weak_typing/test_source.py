@@ -19,7 +19,7 @@ from mixprec.output.report import Report
 from mixprec.plan import planner
 from mixprec.plan.precision_plan import NodePrecision, PrecisionPlan
 from mixprec.rewrite.casting import is_mixprec_cast
-from mixprec.settings import CompileSettings
+from mixprec.plan.options import PlanningOptions
 from mixprec.weak_typing import source as weak_typing
 from mixprec.weak_typing import timing
 from mixprec.weak_typing.cost import CostModel
@@ -56,8 +56,7 @@ def _random_timings(work, info, free, precisions, rng, *, op=None, cast=None):
 
 def _model(model_cls, precisions, seed, **kw):
     work, info = _work(model_cls)
-    settings = CompileSettings.from_kwargs({"use_explicit_typing": False, "enabled_precisions": set(precisions)})
-    fixed = planner.strong_decisions(info, settings)
+    fixed = planner.strong_decisions(info, PlanningOptions(use_explicit_typing=False))
     free = weak_typing.candidates(info, fixed)
     timings = _random_timings(work, info, free, precisions, random.Random(seed), **kw)
     return CostModel(info, fixed, timings), work, info

@@ -8,14 +8,15 @@ of ``ops/quant.py``.
 
 from __future__ import annotations
 
-from . import register_backend
+from .registry import register_backend
 from .guard import guard_pass
 from .lowering import run_passes
 from .lowering.qdq import INT8_LINEARS
+from .options import BackendOptions
 
 
 @register_backend("eager")
-def build(exported_program, settings):
+def build(exported_program, options: BackendOptions | None = None):
     module = exported_program.module()
-    run_passes(module, (INT8_LINEARS, guard_pass(getattr(settings, "runtime_guard", None))))
+    run_passes(module, (INT8_LINEARS, guard_pass(options.runtime_guard if options is not None else None)))
     return module

@@ -45,7 +45,7 @@ import torch.utils._pytree as pytree
 from ..errors import InputMismatchError, UnsupportedModelError
 from ..ir.graph_info import size_hint
 from ..ir.input_check import check_inputs, input_specs_of
-from . import register_backend
+from .registry import register_backend
 from .lowering import run_passes
 from .lowering.qdq import INT8_LINEARS, QDQ_ATEN
 
@@ -57,7 +57,7 @@ _MAX_SIGNATURES = 256
 
 
 @register_backend("inductor")
-def build(exported_program, settings=None):
+def build(exported_program, options=None):  # backends.options.BackendOptions: nothing here reads them
     """Compile ``exported_program`` with TorchInductor and warm it up on its example inputs."""
     return InductorRunner(exported_program)
 

@@ -15,8 +15,9 @@ otherwise.)
 ``activation`` is the dtype the module computes in (and so produces); ``param`` the dtype
 its parameters are stored in (cast at use when it differs). int8 activations quantize each
 module's boundary — the values entering from outside the module and the values leaving it —
-with ranges calibrated on the inputs given to ``apply``; int8 parameters store convolution
-and linear weights per output channel.
+with ranges calibrated on ``apply``'s ``calibration_dataloader`` (else the inputs given to it), in
+one pass with the ranges of int8 marker regions (``calibrate.entry``); int8 parameters store
+convolution and linear weights per output channel.
 """
 
 from __future__ import annotations
@@ -29,16 +30,16 @@ from typing import Any
 
 import torch
 
-from ..calibrate.int8_ranges import collect_ranges, marker_ranges
+from ..calibrate import entry as calibration_entry
 from ..dtypes import parse_dtype, short_name
 from ..errors import ConfigError
 from ..ir.capture import as_input_tuple
 from ..ir.frontend import CapturedModel
 from ..ir.work_program import STORED_KINDS, WorkProgram
 from ..plan import planner
+from ..plan.options import PlanningOptions
 from ..plan.precision_plan import Int8Spec, NodePrecision, PrecisionPlan
 from ..rewrite.pipeline import realise
-from ..settings import CompileSettings
 from .log import render_log
 
 _PRECISIONS = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.int8})
@@ -113,11 +114,13 @@ class MixedPrecisionConfigurator:
         kind = type(target).__name__
         return f"{kind} '{path}'" if path else (f"{kind} (the model)" if path == "" else f"{kind} (not in the model)")
 
-    def apply(self, inputs, log_file=None, strict: bool = True) -> PrecisionPlan:
+    def apply(self, inputs, log_file=None, strict: bool = True, *, calibration_dataloader=None) -> PrecisionPlan:
         """Resolve every request on the model run with ``inputs``; returns the plan (its log in ``plan.log``).
 
         strict=True raises ConfigError for a request that cannot be realised as asked; strict=False warns
-        (UserWarning) and takes the latest request.
+        (UserWarning) and takes the latest request. ``calibration_dataloader`` (a mixprec extension): the
+        batches int8 ranges are calibrated on — any form and sizes ``mixprec.compile``'s calibration takes
+        (tuples, dicts by forward's names, a DataLoader); without it, ``inputs``.
         """
         if not isinstance(strict, bool):
             raise ConfigError(f"strict must be True or False, got {strict!r}.")
@@ -125,18 +128,31 @@ class MixedPrecisionConfigurator:
         captured = CapturedModel(self._model, args)
         base, info = captured.base, captured.info
         resolver = _Resolver(self._model, base, info, strict)
-        decisions = resolver.decide(self._requests, args)
+        decisions = resolver.decide(self._requests, _OneCalibration(captured, calibration_dataloader))
         plan = PrecisionPlan(
             decisions, inputs=resolver.io_positions(self._requests, "input"),
             outputs=resolver.io_positions(self._requests, "output"),
         )
-        full = planner.build_plan(info, CompileSettings(plan=plan), int8_ranges=marker_ranges(captured, None))
+        full = planner.build_plan(info, PlanningOptions(plan=plan), int8_ranges=resolver.marker_ranges)
         realised = realise(captured, full, keep_io_types=True)
         text = render_log(self._requests, resolver, info, full, realised)
         if log_file is not None:
             with open(os.fspath(log_file), "w", encoding="utf-8") as fh:
                 fh.write(text)
         return PrecisionPlan(plan, inputs=plan.inputs, outputs=plan.outputs, log=text)
+
+
+class _OneCalibration:
+    """The configurator's one pass over its calibration data (``calibrate.entry.run``), made when first
+    needed: int8 requests read their boundary ranges from it, int8 marker regions without ranges theirs."""
+
+    def __init__(self, captured: CapturedModel, data):
+        self.captured, self.data, self._done = captured, data, None
+
+    def get(self, *, statistics: bool) -> calibration_entry.Calibrated:
+        if self._done is None or (statistics and self._done.calibration is None):
+            self._done = calibration_entry.run(self.captured, self.data, statistics=statistics)
+        return self._done
 
 
 class _Resolver:
@@ -148,6 +164,7 @@ class _Resolver:
         self.info = info
         self.strict = strict
         self.problems: list[str] = []
+        self.marker_ranges: dict = {}  # int8 marker regions without ranges: calibrated in decide()
         self.winner: dict[str, Request] = {}  # layer -> request whose activation it gets
         self.param: dict[str, torch.dtype | None] = {}  # layer -> the param dtype its request gives (None: not given)
         self.io_winners: dict[str, dict[int, tuple[torch.dtype, int]]] = {}  # "input"/"output" -> position -> ...
@@ -164,7 +181,7 @@ class _Resolver:
         warnings.warn(f"{message}; {fallback}", UserWarning, stacklevel=2)
 
     # ---- layers ----------------------------------------------------------------------------
-    def decide(self, requests, args) -> dict[str, NodePrecision]:
+    def decide(self, requests, calibration: _OneCalibration) -> dict[str, NodePrecision]:
         for request in requests:
             if request.api != "set_precision":
                 continue
@@ -180,7 +197,9 @@ class _Resolver:
                 self.winner[name] = request
                 self.param[name] = request.param
         self._shared_parameters()
-        int8 = self._int8_specs(args)
+        int8 = self._int8_specs(calibration)
+        # marker regions without ranges calibrate on the same pass (run only if some exist or int8 asked it)
+        self.marker_ranges = calibration.get(statistics=False).int8_ranges
         out = {}
         for name, request in self.winner.items():
             activation, param = request.activation, self.param[name]
@@ -245,7 +264,7 @@ class _Resolver:
             for layer in layers:
                 self.param[layer] = latest.param
 
-    def _int8_specs(self, args) -> dict[str, Int8Spec]:
+    def _int8_specs(self, calibration: _OneCalibration) -> dict[str, Int8Spec]:
         """Quantize each int8 module's boundary: values entering it from outside and values leaving it."""
         groups: dict[str, set[str]] = {}
         for name, request in self.winner.items():
@@ -267,7 +286,7 @@ class _Resolver:
                 if any(user.name not in group for user in nodes[name].users):
                     exits.add(name)
         wanted = {n for names in entries.values() for n in names} | exits
-        ranges = collect_ranges(self.base, wanted, [args])
+        ranges = calibration.get(statistics=True).ranges(wanted, self.base)
         return {
             name: Int8Spec(tuple((inp, ranges[inp]) for inp in entries[name]), ranges[name] if name in exits else None)
             for group in groups.values()

@@ -1,10 +1,11 @@
 """Rule-based autocast (API.md §1 mode 2): gather what the rules need, once per compile.
 
-``prepare`` turns the settings and the captured graph into a :class:`~mixprec.plan.rules.RuleContext`:
+``prepare`` turns the rule options (``plan/options.RuleOptions``) and the captured graph into a
+:class:`~mixprec.plan.rules.RuleContext`:
 
 * the low type (``autocast_low_precision_type``, or bf16 on CPU / fp16 on CUDA);
-* calibration statistics of every node (``calibrate.statistics.collect``) on the calibration
-  dataloader or, when there is none, on the example inputs: they are real-scale data
+* calibration statistics of every node (``calibrate.statistics.calibrate``, run once by the caller)
+  on the calibration dataloader or, when there is none, on the example inputs: they are real-scale data
   the user already has, unlike the random [-1, 1] data ModelOpt calibrates on by default,
   which misses the overflows real inputs cause;
 * the stored tensors (parameters, buffers, lifted constants) with their absmax, followed
@@ -35,13 +36,13 @@ import torch.utils._pytree as pytree
 from torch._guards import detect_fake_mode
 from torch.export.graph_signature import InputKind
 
-from ..calibrate.statistics import Calibration, collect
+from ..calibrate.statistics import Calibration
 from ..dtypes import cpu_runs_bf16_fast, default_low_precision, dtype_name, is_float
 from ..errors import MixedPrecisionWarning
 from ..ir.graph_info import GraphInfo
 from ..ir.work_program import STORED_KINDS, WorkProgram
 from ..ops.names import op_matches
-from ..settings import CompileSettings
+from .options import RuleOptions
 from .rules import ConstantValue, RuleContext
 from .rules.intent import angle_layers, fp32_intent
 from .rules.reduction import reduction_depth
@@ -59,39 +60,36 @@ class Prepared:
 
 
 def prepare(
-    work: WorkProgram, info: GraphInfo, config: CompileSettings, example_args: tuple, *,
-    calibration: Calibration | None = None,
+    work: WorkProgram, info: GraphInfo, config: RuleOptions, example_args: tuple, calibration: Calibration
 ) -> Prepared:
-    """``example_args``: the flat user inputs of the example (calibration data when no loader is given);
-    ``calibration``: statistics the caller already collected (the compiler does, on batches of any shape)."""
+    """``example_args``: the flat user inputs of the example (their device is the program's);
+    ``calibration``: the statistics of the one calibration (``calibrate.statistics.calibrate``: the loader's
+    batches of any form and size, or the example inputs), which compile and search run before planning."""
     device = _device(work, example_args)
-    low = config.autocast_low_precision_type or default_low_precision(device)
+    low = config.low_precision_type or default_low_precision(device)
     if device.type == "cpu" and (low == torch.float16 or (low == torch.bfloat16 and not cpu_runs_bf16_fast())):
         _warn_slow_on_cpu(low)
     _warn_unmatched(info, config)
-    loader = config.autocast_calibration_dataloader
-    if calibration is None:
-        calibration = collect(work, loader if loader is not None else [example_args])
     nodes = {n.name: n for n in work.graph.nodes}
     constants = _constants(work, info)
     context = RuleContext(
         low=low,
-        max_output_threshold=config.autocast_max_output_threshold,
-        max_depth_of_reduction=config.autocast_max_depth_of_reduction,
-        excluded_nodes=config.autocast_excluded_nodes,
-        excluded_ops=config.autocast_excluded_ops,
+        max_output_threshold=config.max_output_threshold,
+        max_depth_of_reduction=config.max_depth_of_reduction,
+        excluded_nodes=config.excluded_nodes,
+        excluded_ops=config.excluded_ops,
         stats=calibration.stats,
         constants=MappingProxyType(constants),
         scalars=MappingProxyType(_scalars(nodes, info)),
         reduction_depths=MappingProxyType(_reduction_depths(nodes, info)),
         unlowerable=MappingProxyType(_unlowerable(nodes, info, low)),
-        residual_stream=MappingProxyType(residual_stream(work.graph, info) if config.autocast_keep_residual_stream else {}),
-        fp32_intent=MappingProxyType(fp32_intent(work.graph, info, embeddings=not config.autocast_low_precision_embeddings)),
+        residual_stream=MappingProxyType(residual_stream(work.graph, info) if config.keep_residual_stream else {}),
+        fp32_intent=MappingProxyType(fp32_intent(work.graph, info, embeddings=not config.low_precision_embeddings)),
         stored_values=MappingProxyType(stored_values(work.graph, info, _stored_labels(work, constants))),
         angles=MappingProxyType(angle_layers(work.graph, info)),
         attention_masks=MappingProxyType(_attention_masks(nodes, info)),
-        included_nodes=config.autocast_included_nodes,
-        included_ops=config.autocast_included_ops,
+        included_nodes=config.included_nodes,
+        included_ops=config.included_ops,
     )
     return Prepared(context, calibration)
 
@@ -126,27 +124,27 @@ _SLOW_ON_CPU = MappingProxyType({
 def _warn_slow_on_cpu(low: torch.dtype) -> None:
     warnings.warn(
         f"autocast_low_precision_type={dtype_name(low)} on a CPU: {_SLOW_ON_CPU[low]}", MixedPrecisionWarning,
-        stacklevel=4,
+        stacklevel=5,  # compile (the user's line) -> _calibrate -> prepare -> here
     )
 
 
-def _warn_unmatched(info: GraphInfo, config: CompileSettings) -> None:
+def _warn_unmatched(info: GraphInfo, config: RuleOptions) -> None:
     modules = sorted({n.module for n in info.values() if n.module})
     names = list(info)
-    for setting in ("autocast_excluded_nodes", "autocast_included_nodes"):
+    for setting in ("excluded_nodes", "included_nodes"):
         for pattern in getattr(config, setting):
             if not (any(pattern.match(m) for m in modules) or any(pattern.match(n) for n in names)):
                 _warn_matches_nothing(
-                    f"{setting} pattern '{pattern.pattern}' matches no layer's module path or node name",
+                    f"{RuleOptions.keyword(setting)} pattern '{pattern.pattern}' matches no layer's module path or node name",
                     pattern.pattern.strip("^$"), modules + names, 0.5,
                     "it is applied with re.match, e.g. '^encoder\\.layers\\.0\\.' or '^linear2$'",
                 )
     ops = sorted({n.op for n in info.values()})
-    for setting in ("autocast_excluded_ops", "autocast_included_ops"):
+    for setting in ("excluded_ops", "included_ops"):
         for op in sorted(getattr(config, setting)):
             if not any(op_matches(name, frozenset({op})) for name in ops):
                 _warn_matches_nothing(
-                    f"{setting} names '{op}', which no layer of this model uses", op, ops, 0.6,
+                    f"{RuleOptions.keyword(setting)} names '{op}', which no layer of this model uses", op, ops, 0.6,
                     "the report's 'op' column lists the ops the model runs",
                 )
     _warn_included_and_excluded(info, config)
@@ -157,18 +155,18 @@ def _warn_matches_nothing(what: str, wanted: str, known: list[str], cutoff: floa
     warnings.warn(
         what + (f" (near misses: {', '.join(repr(n) for n in near)})" if near else "") + f"; {hint}.",
         MixedPrecisionWarning,
-        stacklevel=5,
+        stacklevel=6,  # the user's compile call, through _calibrate and prepare
     )
 
 
-def _warn_included_and_excluded(info: GraphInfo, config: CompileSettings) -> None:
+def _warn_included_and_excluded(info: GraphInfo, config: RuleOptions) -> None:
     """A layer named by an include and an exclude stays fp32 (the exclude wins); say which patterns collide."""
-    if not (config.autocast_included_nodes or config.autocast_included_ops):
+    if not (config.included_nodes or config.included_ops):
         return
     clashes: dict[tuple[str, str], list[str]] = {}
     for name, node in info.items():
-        inc = _named_by(node, config.autocast_included_nodes, config.autocast_included_ops)
-        exc = _named_by(node, config.autocast_excluded_nodes, config.autocast_excluded_ops)
+        inc = _named_by(node, config.included_nodes, config.included_ops)
+        exc = _named_by(node, config.excluded_nodes, config.excluded_ops)
         if inc is not None and exc is not None:
             clashes.setdefault((inc, exc), []).append(name)
     for (inc, exc), layers in clashes.items():
@@ -177,7 +175,7 @@ def _warn_included_and_excluded(info: GraphInfo, config: CompileSettings) -> Non
             f"{shown} {'is' if len(layers) == 1 else 'are'} both included by {inc} and excluded by {exc}; "
             "the exclusion wins and they stay float32. Narrow one of the two patterns.",
             MixedPrecisionWarning,
-            stacklevel=5,
+            stacklevel=6,  # the user's compile call, through _calibrate and prepare
         )
 
 

@@ -28,8 +28,8 @@ from ..dtypes import LOW_PRECISION_FLOATS
 from ..errors import InvariantError
 from ..ir.graph_info import GraphInfo
 from ..ops.table import FP32_ACC_OPS
-from ..settings import CompileSettings
 from .follow import follow
+from .options import PlanningOptions
 from .precision_plan import NodePrecision, PrecisionPlan
 from .sources import autocast_rules as rules
 from .sources import code_typing, default, markers, requests
@@ -40,7 +40,7 @@ WeakSource = Callable[[GraphInfo, Mapping[str, NodePrecision]], Mapping[str, Nod
 
 def build_plan(
     info: GraphInfo,
-    settings: CompileSettings,
+    options: PlanningOptions,
     rule_context=None,
     *,
     int8_ranges: Mapping[str, tuple] | None = None,
@@ -50,19 +50,19 @@ def build_plan(
     ``int8_ranges``: calibrated (min, max) of the values ``ir.marker_regions.calibration_targets`` names.
     ``weak``: under weak typing, the source of the free layers' dtypes (``weak_typing.source.chooser``:
     the measured timings, or one uniform dtype for the alternatives weak_typing/check.py measures)."""
-    decided = strong_decisions(info, settings, int8_ranges)
+    decided = strong_decisions(info, options, int8_ranges)
     if rule_context is not None:
         decided.update(rules.decide(info, decided, rule_context))
-    if not settings.use_explicit_typing:
+    if not options.use_explicit_typing:
         if weak is None:
             raise InvariantError("weak typing needs the measured layer timings (weak_typing.source.chooser)")
         decided.update(weak(info, decided))
     decided.update(default.decide(info, decided))
     follow(info, decided)
-    if settings.use_fp32_acc:
+    if options.use_fp32_acc:
         _mark_fp32_acc(info, decided)
     ordered = {name: decided[name] for name in info}
-    requested = settings.plan
+    requested = options.plan
     return PrecisionPlan(
         ordered,
         inputs=requested.inputs if requested is not None else None,
@@ -71,10 +71,10 @@ def build_plan(
     )
 
 
-def strong_decisions(info: GraphInfo, settings: CompileSettings, int8_ranges=None) -> dict[str, NodePrecision]:
+def strong_decisions(info: GraphInfo, options: PlanningOptions, int8_ranges=None) -> dict[str, NodePrecision]:
     """Decisions of every source stronger than autocast rules and weak typing (the layers left are free)."""
     decided: dict[str, NodePrecision] = {}
-    decided.update(requests.decide(info, settings.plan))
+    decided.update(requests.decide(info, options.plan))
     decided.update(markers.decide(info, decided, int8_ranges))
     decided.update(code_typing.decide(info, decided))
     return decided

@@ -19,6 +19,7 @@ import torch
 
 from ..dtypes import LOW_PRECISION_FLOATS, default_low_precision, parse_dtype
 from ..errors import ConfigError
+from ..settings import op_names, patterns
 from .metrics import Accuracy, make_metric
 
 # rel-L2 error of the outputs against fp32: bf16 rounds to 2^-9 relative (3.9e-3 half-ULP), so 1e-2
@@ -32,7 +33,7 @@ class SearchOptions:
     tolerance: float | None
     keep_fp32_fraction: float | None
     metric: object  # a metrics.Metric
-    includes: tuple = ()  # (("autocast_included_nodes", patterns), ("autocast_included_ops", ops)) when given
+    includes: tuple = ()  # (("included_nodes", patterns), ("included_ops", ops)) when given: RuleOptions fields
 
     @classmethod
     def from_arguments(
@@ -74,17 +75,14 @@ class SearchOptions:
 
 
 def _includes(nodes, ops) -> tuple:
-    """The include settings, validated as mixprec.compile validates them (same messages), as compile keywords."""
-    from ..settings import CompileSettings
-
-    given = {k: v for k, v in (("autocast_included_nodes", nodes), ("autocast_included_ops", ops)) if v}
-    if not given:
-        return ()
-    try:
-        settings = CompileSettings.from_kwargs({"enable_autocast": True, **given})
-    except ConfigError as e:
-        raise ConfigError(str(e).replace("autocast_included_", "included_")) from e
-    return tuple((name, getattr(settings, name)) for name in sorted(given))
+    """The include settings, validated by compile's parsers under search's own keyword names, as
+    ``plan.options.RuleOptions`` fields: (("included_nodes", patterns), ("included_ops", op names)) when given."""
+    out = []
+    if nodes:
+        out.append(("included_nodes", patterns(nodes, "included_nodes")))
+    if ops:
+        out.append(("included_ops", op_names(ops, "included_ops")))
+    return tuple(out)
 
 
 def _number(value, name: str, example: str) -> float:

@@ -20,16 +20,15 @@ from types import MappingProxyType
 
 import torch
 
-from ..calibrate.int8_ranges import marker_ranges
-from ..calibrate.statistics import calibrate
+from ..calibrate import entry as calibration_entry
 from ..dtypes import dtype_name
 from ..errors import CalibrationError, MixedPrecisionWarning
 from ..ir.frontend import CapturedModel
 from ..ir.graph_info import GraphInfo
 from ..plan import autocast, planner
+from ..plan.options import PlanningOptions, RuleOptions
 from ..plan.rules.ranges import IOBound
 from ..progress import Progress
-from ..settings import CompileSettings
 from .groups import LayerGroup, find_groups
 from .metrics import run_batch
 from .shapes import BatchSizes
@@ -69,9 +68,10 @@ def build_study(
     # one calibration, as compile's (same batch forms and sizes, same recaptures), for the safety rules and the
     # int8 marker regions without ranges: these calibrate as compile(model, inputs, plan=...) will, on the same data
     # (without calibration data compile calibrates them on the example inputs, so the search does)
-    calibration, _ = calibrate(captured, calibration_data, other_shapes=sizes.other)
-    given = calibration_batches is not None
-    ranges = marker_ranges(captured, calibration_batches, calibration=calibration if given else None)
+    calibrated = calibration_entry.run(captured, calibration_data, other_shapes=sizes.other)
+    ranges = calibrated.int8_ranges
+    if calibration_batches is None:  # compile calibrates int8 regions on the example inputs: so does the search
+        ranges = calibration_entry.run(captured, None, statistics=False).int8_ranges
     trials = Trials(captured, options.low, options.metric, ranges, sizes)
     if cluster is not None:  # a distributed.Cluster: trials from here on run on its workers
         cluster.attach(trials)
@@ -82,17 +82,15 @@ def build_study(
     _prepare_metric(options.metric, reference, eval_batches)
 
     strong = trials.plan(())
-    settings = CompileSettings(
-        enable_autocast=True,
-        autocast_low_precision_type=options.low,
+    rules = RuleOptions(
+        low_precision_type=options.low,
         # the residual-stream rule is a judgement about accuracy, which the search measures instead
-        autocast_keep_residual_stream=False,
-        autocast_calibration_dataloader=calibration_data,
+        keep_residual_stream=False,
         **dict(options.includes),  # included layers: the user vouches for them; measured like the others
     )
     with warnings.catch_warnings():  # search warns about fp16 on a CPU itself, in its own words
         warnings.filterwarnings("ignore", category=MixedPrecisionWarning, message="autocast_low_precision_type=float16")
-        prepared = autocast.prepare(base, info, settings, args, calibration=calibration)
+        prepared = autocast.prepare(base, info, rules, args, calibrated.calibration)
     # the code's fp32 intent and values computed from stored tensors are, like the residual stream, judgements about
     # accuracy: measured instead; rounding error is measured too, so the IO-range rule only guards against values
     # the low type cannot hold
@@ -101,7 +99,7 @@ def build_study(
         prepared.context, fp32_intent=MappingProxyType({}), stored_values=MappingProxyType({}),
         max_output_threshold=IOBound(top, f"{dtype_name(options.low)}'s largest value {top:.6g}"),
     )
-    safe = planner.build_plan(info, settings, context, int8_ranges=ranges)
+    safe = planner.build_plan(info, PlanningOptions(rules=rules), context, int8_ranges=ranges)
     groups = find_groups(info, strong, safe)
     baseline = trials.measure(()).value
     study = Study(info, groups, trials, baseline)

@@ -33,8 +33,8 @@ from ..calibrate.batches import Call, arrange, fit
 from ..errors import CalibrationError
 from ..ir.frontend import CapturedModel
 from ..plan import planner
+from ..plan.options import PlanningOptions
 from ..plan.precision_plan import PrecisionPlan
-from ..settings import CompileSettings
 
 
 class BatchSizes:
@@ -93,7 +93,7 @@ def carried_plan(graph: CalibrationGraph, requests: PrecisionPlan, int8_ranges: 
         )
     carried = PrecisionPlan({own[name]: requests[name] for name in requests})
     ranges = {own[name]: r for name, r in (int8_ranges or {}).items() if name in own}
-    return planner.build_plan(graph.captured.info, CompileSettings(plan=carried), int8_ranges=ranges)
+    return planner.build_plan(graph.captured.info, PlanningOptions(plan=carried), int8_ranges=ranges)
 
 
 class _Sized(torch.nn.Module):

@@ -28,9 +28,9 @@ import torch
 from ..dtypes import dtype_name
 from ..ir.frontend import CapturedModel
 from ..plan import planner
+from ..plan.options import PlanningOptions
 from ..plan.precision_plan import NodePrecision, PrecisionPlan
 from ..rewrite.pipeline import realise, reference
-from ..settings import CompileSettings
 from .shapes import carried_plan
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class Trials:
 
     def plan(self, lowered: Iterable[str]) -> PrecisionPlan:
         """The full plan compile builds from these requests."""
-        return planner.build_plan(self.info, CompileSettings(plan=self.requests(lowered)), int8_ranges=self.int8_ranges)
+        return planner.build_plan(self.info, PlanningOptions(plan=self.requests(lowered)), int8_ranges=self.int8_ranges)
 
     # ---- programs ------------------------------------------------------------------------------
     def program(self, lowered: Iterable[str]) -> torch.nn.Module:

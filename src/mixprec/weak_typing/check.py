@@ -23,27 +23,28 @@ from ..dtypes import dtype_name
 from ..plan import planner
 from ..rewrite.pipeline import realise
 from . import timing
+from .options import WeakTypingOptions
 from .source import chooser
 
 ROUNDS = 9
 WARMUP = 2
 
 
-def choose(captured, config, timings, *, rule_context=None, int8_ranges=None):
+def choose(captured, options: WeakTypingOptions, timings, *, rule_context=None, int8_ranges=None):
     """(plan, measurements): the fastest of the per-layer choice and the uniform plans, measured on
     ``captured``'s example inputs (a fresh copy: a model may write into its inputs)."""
 
     def plan_for(uniform=None, note=""):
-        weak = chooser(timings, config, uniform=uniform, note=note)
-        return planner.build_plan(captured.info, config, rule_context, int8_ranges=int8_ranges, weak=weak)
+        weak = chooser(timings, options, uniform=uniform, note=note)
+        return planner.build_plan(captured.info, options.planning, rule_context, int8_ranges=int8_ranges, weak=weak)
 
     candidates = {"per-layer choice": None}
-    for dtype in sorted(config.enabled_precisions - {torch.float32}, key=str):
+    for dtype in sorted(options.precisions - {torch.float32}, key=str):
         candidates[f"all {dtype_name(dtype)}"] = dtype
     runs = {}
     for label, uniform in candidates.items():
-        work = realise(captured, plan_for(uniform), keep_io_types=config.keep_io_types)
-        runs[label] = get_backend(config.backend)(work.to_exported(), config)
+        work = realise(captured, plan_for(uniform), keep_io_types=options.keep_io_types)
+        runs[label] = get_backend(options.backend.backend)(work.to_exported(), options.backend)
     timer = timing.median_timer(warmup=0, repeats=1, device=torch.device(timings.device))
     seconds = _interleaved(runs, captured.fresh(), timer)
     # a tie goes to the uniform plan: as fast, and fewer casts

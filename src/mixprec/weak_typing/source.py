@@ -24,6 +24,7 @@ from ..ir.graph_info import GraphInfo
 from ..plan import planner
 from ..plan.precision_plan import NodePrecision, PrecisionPlan
 from .cost import CostModel
+from .options import WeakTypingOptions
 from .timing import Timings
 
 SOURCE = "weak_typing"
@@ -43,24 +44,24 @@ def candidates(info: GraphInfo, decided: dict) -> list[str]:
     ]
 
 
-def weak_typing_layers(info: GraphInfo, settings) -> list[str]:
+def weak_typing_layers(info: GraphInfo, options: WeakTypingOptions) -> list[str]:
     """The layers weak typing chooses a dtype for (and so must time): those no stronger source decides."""
-    return candidates(info, planner.strong_decisions(info, settings))
+    return candidates(info, planner.strong_decisions(info, options.planning))
 
 
-def chooser(timings: Timings, settings, *, uniform: torch.dtype | None = None, note: str = "") -> planner.WeakSource:
+def chooser(timings: Timings, options: WeakTypingOptions, *, uniform: torch.dtype | None = None, note: str = "") -> planner.WeakSource:
     """The source ``planner.build_plan(weak=...)`` asks for the free layers' dtypes (see :func:`decide`)."""
-    return lambda info, decided: decide(info, decided, timings, settings, uniform=uniform, note=note)
+    return lambda info, decided: decide(info, decided, timings, options, uniform=uniform, note=note)
 
 
 def decide(
-    info: GraphInfo, decided: dict, timings: Timings, settings, *, uniform: torch.dtype | None = None, note: str = ""
+    info: GraphInfo, decided: dict, timings: Timings, options: WeakTypingOptions, *, uniform: torch.dtype | None = None, note: str = ""
 ) -> dict[str, NodePrecision]:
     """Decisions for the free layers: the cost model's minimum, with the measured numbers as reasons.
 
     ``uniform``: every free layer in this dtype where it can run (the whole-program check's
     alternative, check.py); ``note`` is appended to every reason."""
-    model = _model(info, decided, timings, settings)
+    model = _model(info, decided, timings, options)
     if uniform is None:
         assign = model.minimise()
     else:
@@ -80,7 +81,7 @@ def decide(
     return out
 
 
-def explain(info: GraphInfo, plan: PrecisionPlan, timings: Timings, settings) -> tuple[dict, dict]:
+def explain(info: GraphInfo, plan: PrecisionPlan, timings: Timings, options: WeakTypingOptions) -> tuple[dict, dict]:
     """(per-layer timing tables for the report, summary entry) for a plan weak typing filled.
 
     A layer's table maps each enabled dtype to its measured op time and the extra cast time that
@@ -88,7 +89,7 @@ def explain(info: GraphInfo, plan: PrecisionPlan, timings: Timings, settings) ->
     when the dtype could not run. The chosen dtype has the smallest ``op_ms + cast_ms``.
     """
     fixed = {n: d for n, d in plan.items() if d.source not in (SOURCE, "default")}
-    model = _model(info, fixed, timings, settings)
+    model = _model(info, fixed, timings, options)
     assign = {n: plan[n].precision for n in model.free if n in plan and plan[n].source == SOURCE}
     model.total(assign)
     tables = {}
@@ -112,13 +113,13 @@ def explain(info: GraphInfo, plan: PrecisionPlan, timings: Timings, settings) ->
     return tables, summary
 
 
-def _model(info, fixed, timings, settings) -> CostModel:
-    requested = settings.plan
+def _model(info, fixed, timings, options: WeakTypingOptions) -> CostModel:
+    requested = options.planning.plan
     return CostModel(
         info,
         fixed,
         timings,
-        keep_io_types=settings.keep_io_types,
+        keep_io_types=options.keep_io_types,
         input_dtypes=dict(requested.inputs) if requested is not None else None,
         output_dtypes=dict(requested.outputs) if requested is not None else None,
     )

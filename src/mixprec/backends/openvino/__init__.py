@@ -23,11 +23,11 @@ again (no OpenVINO blob is stored: it is tied to the OpenVINO version and the CP
 
 from __future__ import annotations
 
-from .. import register_backend
+from ..registry import register_backend
 from .runner import OpenVINORunner
 
 
 @register_backend("openvino")
-def build(exported_program, settings=None):
+def build(exported_program, options=None):  # backends.options.BackendOptions: nothing here reads them
     """Convert ``exported_program`` with OpenVINO and compile it for the CPU."""
     return OpenVINORunner(exported_program)

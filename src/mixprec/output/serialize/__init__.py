@@ -37,6 +37,7 @@ import warnings
 import torch
 
 from ...backends import get_backend, known_backends
+from ...backends.options import BackendOptions
 from ...errors import ConfigError, FileFormatError, InvariantError
 from ...ir.frontend import program_parts
 from ...ir.input_check import input_specs_of
@@ -139,9 +140,9 @@ def load(path, *, backend: str | None = None):
             f"mixprec.load(..., backend={name!r}): there is no such backend (this mixprec has "
             f"{', '.join(sorted(known_backends()))})."
         )
-    config = _settings_for_backend(settings, name, where)
+    options = _backend_options(settings, name, where)
     try:
-        runner = get_backend(name)(ep, config)
+        runner = get_backend(name)(ep, options)
     except InvariantError:
         raise
     except Exception as e:  # recorded settings this backend cannot use, a graph its compiler refuses: the file's
@@ -216,12 +217,14 @@ def _with_outputs(ep, recorded: dict, where: str):
     return ep
 
 
-def _settings_for_backend(settings: dict, backend: str, where: str):
-    """The CompileSettings a backend factory receives, rebuilt from the recorded values."""
+def _backend_options(settings: dict, backend: str, where: str) -> BackendOptions:
+    """The BackendOptions the backend factory receives: the recorded settings checked as compile checks a user's
+    keywords (a file's settings are hostile), the backend's share built from them."""
     kwargs = {k: v for k, v in settings.items() if v != "<given>" and k not in ("debug",)}
     kwargs["backend"] = backend
     try:
-        return CompileSettings.from_kwargs(kwargs)
+        config = CompileSettings.from_kwargs(kwargs)
+        return BackendOptions(config.backend, config.runtime_guard)
     except (ConfigError, TypeError, ValueError, AttributeError, KeyError) as e:
         raise FileFormatError(f"{where}: its settings are not valid for this mixprec ({e}).") from e
 

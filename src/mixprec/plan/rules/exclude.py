@@ -6,7 +6,7 @@ import dataclasses
 
 from ...ir.graph_info import NodeInfo
 from ...ops.names import op_matches
-from . import Decision, RuleContext, register_rule
+from .base import Decision, RuleContext, register_rule
 
 
 @register_rule("excluded_nodes", scope="all")

@@ -13,7 +13,7 @@ import dataclasses
 
 from ...dtypes import dtype_name
 from ...ir.graph_info import NodeInfo
-from . import Decision, RuleContext, register_rule
+from .base import Decision, RuleContext, register_rule
 
 
 @register_rule("unlowerable")

@@ -43,7 +43,7 @@ import torch
 from ...dtypes import is_float
 from ...ir.graph_info import META_AUTOCAST, GraphInfo, NodeInfo
 from ...ops.table import ATTENTION_OPS, CONV_OPS, MATMUL_OPS
-from . import Decision, RuleContext, register_rule
+from .base import Decision, RuleContext, register_rule
 
 # ops torch.autocast casts to the low type (its lower_precision_fp list, CPU and CUDA): they end the flow
 AUTOCAST_LOWERED_OPS = MATMUL_OPS | CONV_OPS | ATTENTION_OPS | frozenset({"aten.prelu", "aten.conv_tbc"})

@@ -41,7 +41,7 @@ import torch
 
 from ...dtypes import dtype_name
 from ...ir.graph_info import NodeInfo
-from . import Decision, RuleContext, register_rule
+from .base import Decision, RuleContext, register_rule
 
 
 @register_rule("non_finite")

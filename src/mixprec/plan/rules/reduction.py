@@ -32,7 +32,7 @@ import torch
 
 from ...ir.graph_info import NodeInfo
 from ...ops.names import op_name, packet_name
-from . import Decision, RuleContext, register_rule
+from .base import Decision, RuleContext, register_rule
 
 Shape = tuple[int, ...]
 ShapeOf = Callable[[object], "Shape | None"]

@@ -29,7 +29,7 @@ import torch
 
 from ...dtypes import is_float
 from ...ir.graph_info import GraphInfo, NodeInfo
-from . import Decision, RuleContext, register_rule
+from .base import Decision, RuleContext, register_rule
 from .intent import AUTOCAST_LOWERED_OPS, fp32_flow, source_line
 
 

@@ -26,7 +26,7 @@ import torch
 from ...ir.graph_info import GraphInfo, NodeInfo
 from ...ops.names import op_name, packet_name
 from ...ops.table import MOVEMENT_OPS
-from . import Decision, RuleContext, register_rule
+from .base import Decision, RuleContext, register_rule
 
 NORM_OPS = frozenset({"aten.layer_norm", "aten.rms_norm", "aten.group_norm", "aten.native_layer_norm"})
 STREAM_OPS = frozenset({"aten.add", "aten.sub"})
