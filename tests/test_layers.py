@@ -15,7 +15,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "mixprec"
 
 # Stages in data-flow order; a module may import from its own stage and any earlier one.
 STAGES = (
-    ("_version", "errors", "dtypes", "ops", "jsondoc", "progress", "settings"),  # vocabulary and validated config
+    ("_version", "errors", "dtypes", "ops", "jsondoc", "progress", "settings", "cluster"),  # vocabulary and validated config
     ("ir",),
     ("calibrate",),
     ("plan",),

@@ -134,10 +134,10 @@ def _validated(kwargs: dict[str, Any]) -> dict[str, Any]:
 
     if kwargs.get("autocast_calibration_dataloader") is not None:
         loader = kwargs["autocast_calibration_dataloader"]
-        if isinstance(loader, torch.Tensor) or not _is_iterable(loader):
+        if isinstance(loader, torch.Tensor) or not (_is_iterable(loader) or type(loader).__module__.startswith("ray.data")):
             raise ConfigError(
                 "autocast_calibration_dataloader must be an iterable of input tuples (a list of tuples or a "
-                f"torch DataLoader), got {type(loader).__name__}."
+                f"torch DataLoader) or a ray.data.Dataset, got {type(loader).__name__}."
             )
         out["autocast_calibration_dataloader"] = loader
 

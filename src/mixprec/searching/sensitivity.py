@@ -21,6 +21,7 @@ from types import MappingProxyType
 import torch
 
 from ..calibrate.int8_ranges import marker_ranges
+from ..calibrate.shards import Shards
 from ..calibrate.statistics import calibrate
 from ..dtypes import dtype_name
 from ..errors import CalibrationError, MixedPrecisionWarning
@@ -69,6 +70,8 @@ def build_study(
     # one calibration, as compile's (same batch forms and sizes, same recaptures), for the safety rules and the
     # int8 marker regions without ranges: these calibrate as compile(model, inputs, plan=...) will, on the same data
     # (without calibration data compile calibrates them on the example inputs, so the search does)
+    if cluster is not None and isinstance(calibration_data, Shards):
+        cluster.ray()  # calibration over shards runs on the search's cluster (else on a local one of its own)
     calibration, _ = calibrate(captured, calibration_data, other_shapes=sizes.other)
     given = calibration_batches is not None
     ranges = marker_ranges(captured, calibration_batches, calibration=calibration if given else None)
