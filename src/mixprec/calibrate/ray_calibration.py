@@ -115,15 +115,41 @@ def _payload(captured) -> bytes:
             "list to calibrate in this process."
         ) from e
     model = captured.model if isinstance(captured.model, torch.nn.Module) else None
-    data = {"program": buffer.getvalue(), "args": captured.args, "kwargs": captured.kwargs, "model": model,
+    data = {"program": buffer.getvalue(), "args": captured.args, "kwargs": captured.kwargs,
+            # each pickled apart: a worker that cannot unpickle one (its class's module is not installed there)
+            # still calibrates the batches the captured graph takes (only other sizes need the model)
+            "model": _pickled(cloudpickle, model), "signature": _pickled(cloudpickle, captured.signature),
             "nodes": tuple(captured.info)}
     try:
         return cloudpickle.dumps(data)
     except Exception as e:
         raise ConfigError(
-            f"calibration over shards cannot send the model to Ray workers: pickling fails ({type(e).__name__}: "
-            f"{cluster.first_line(e)}). Give the calibration batches as a list to calibrate in this process."
+            f"calibration over shards cannot send the example inputs to Ray workers: pickling fails "
+            f"({type(e).__name__}: {cluster.first_line(e)}). Give the calibration batches as a list to calibrate "
+            "in this process."
         ) from e
+
+
+def _pickled(cloudpickle, value) -> bytes | str | None:
+    """The value's pickle, or why it has none (the worker does without it, see _load)."""
+    if value is None:
+        return None
+    try:
+        return cloudpickle.dumps(value)
+    except Exception as e:
+        return f"it could not be pickled on the driver: {type(e).__name__}: {cluster.first_line(e)}"
+
+
+def _unpickled(data: bytes | str | None):
+    """(value, why not) of a part of the payload this process may be unable to unpickle."""
+    import pickle
+
+    if not isinstance(data, bytes):
+        return None, data
+    try:
+        return pickle.loads(data), None
+    except Exception as e:  # e.g. the model's class lives in a module this node does not have
+        return None, f"{type(e).__name__}: {cluster.first_line(e)}"
 
 
 def _run(ray, task, box: list, pieces: list, batch_size: int, threads: int, at_once: int, progress) -> list:
@@ -162,7 +188,7 @@ def _get(ray, ref, index: int) -> tuple:
     return answer[1:]
 
 
-_LOADED: dict = {}  # in a Ray worker process: the payload's object id -> (CapturedModel, OtherShapes, model)
+_LOADED: dict = {}  # in a Ray worker process: payload's object id -> (CapturedModel, OtherShapes, model, why no model)
 
 
 def _load(ref) -> tuple:
@@ -188,11 +214,11 @@ def _load(ref) -> tuple:
                 f"{len(data['nodes'])} (or other names): statistics would name other nodes. A mixprec bug; please "
                 "report."
             )
-        model, other_shapes = data["model"], None
-        if model is not None:  # forward's names bind dict batches as on the driver; other sizes are captured here
-            captured.signature = CallSignature.of(program, model)
-            other_shapes = OtherShapes(model, captured.base, *captured.fresh())
-        _LOADED[key] = (captured, other_shapes, model)  # the model: OtherShapes holds it weakly
+        signature, _ = _unpickled(data["signature"])  # the driver's: forward's names and defaults bind dict batches
+        captured.signature = signature if signature is not None else CallSignature.of(program)
+        model, missing = _unpickled(data["model"])
+        other_shapes = OtherShapes(model, captured.base, *captured.fresh()) if model is not None else None
+        _LOADED[key] = (captured, other_shapes, model, missing)  # the model: OtherShapes holds it weakly
     return _LOADED[key]
 
 
@@ -204,9 +230,10 @@ def calibrate_shard(box: list, index: int, shard, batch_size: int, threads: int)
 
     torch.set_num_threads(threads)  # the driver's: reductions split as in one process (module docstring)
     batches = ShardBatches(shard, index, batch_size)
+    missing = None
     try:
         (ref,) = box
-        captured, other_shapes, _ = _load(ref)
+        captured, other_shapes, _, missing = _load(ref)
         before = other_shapes.captures if other_shapes is not None else 0
         rest = iter(batches)
         first = next(rest, None)
@@ -215,9 +242,15 @@ def calibrate_shard(box: list, index: int, shard, batch_size: int, threads: int)
         calibration = collect(captured.base, _chain(first, rest), signature=captured.signature, other_shapes=other_shapes)
         after = other_shapes.captures if other_shapes is not None else 0
     except Exception as e:  # the shard's data, unpickling, anything else: reported, never dropped
-        keys = f" (its rows have keys {sorted(batches.keys)})" if batches.keys else ""
+        message = str(e).strip()
+        if isinstance(e, CalibrationError) and "shape" in message and missing is not None:
+            message = (f"{message.rstrip('.')}. This worker could not load the model to capture it for these sizes "
+                       f"({missing}); make the model's module importable on every node (Ray's runtime_env), or give "
+                       "batches of the example's sizes.")
+        if batches.keys:
+            message = f"{message.rstrip('.')} (this shard's rows have keys {sorted(batches.keys)})."
         kind = type(e).__name__ if isinstance(e, MixedPrecisionError) else None
-        return ("raised", type(e).__name__, f"{e}{keys}", kind)
+        return ("raised", type(e).__name__, message, kind)
     return ("ok", dict(calibration.stats), calibration.batches, after - before)
 
 
