@@ -134,7 +134,8 @@ def _validated(kwargs: dict[str, Any]) -> dict[str, Any]:
 
     if kwargs.get("autocast_calibration_dataloader") is not None:
         loader = kwargs["autocast_calibration_dataloader"]
-        if isinstance(loader, torch.Tensor) or not (_is_iterable(loader) or type(loader).__module__.startswith("ray.data")):
+        ray_data = type(loader).__module__.startswith("ray.data")  # a ray.data.Dataset: calibrate/shards.py
+        if isinstance(loader, torch.Tensor) or not (_is_iterable(loader) or ray_data):
             raise ConfigError(
                 "autocast_calibration_dataloader must be an iterable of input tuples (a list of tuples or a "
                 f"torch DataLoader) or a ray.data.Dataset, got {type(loader).__name__}."

@@ -116,8 +116,8 @@ def test_rows_that_do_not_fit_name_the_shard_and_the_row_keys(model):
     m, inputs = model
     # one block: the first shard holds every row, the second none (an empty shard is no error)
     misspelt = ray_data.from_items([{"x": r["x"], "gates": r["gate"]} for r in rows(4)], override_num_blocks=1)
-    with pytest.raises(CalibrationError, match=r"calibration shard 0: calibration batch 0 gives argument 'gates', .*"
-                                               r"did you mean 'gate'.* \(this shard's rows have keys \['gates', 'x'\]\)"):
+    said = r"calibration shard 0: calibration batch 0 gives argument 'gates', .*did you mean 'gate'.* "
+    with pytest.raises(CalibrationError, match=said + r"\(this shard's rows have keys \['gates', 'x'\]\)"):
         mixprec.compile(m, inputs, autocast_calibration_dataloader=misspelt, enable_autocast=True)
     wide = ray_data.from_items([{"x": r["x"].astype(np.float64), "gate": r["gate"]} for r in rows(4)],
                                override_num_blocks=1)

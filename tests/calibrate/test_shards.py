@@ -71,7 +71,7 @@ def test_numpy_columns_become_tensors_without_a_copy():
 def test_ragged_or_text_columns_are_calibration_errors():
     ragged = np.empty(2, dtype=object)
     ragged[0], ragged[1] = np.zeros(3), np.zeros(5)
-    with pytest.raises(CalibrationError, match=r"calibration shard 2: column 'input_ids' holds rows of different shapes"):
+    with pytest.raises(CalibrationError, match=r"shard 2: column 'input_ids' holds rows of different shapes"):
         tensors_of({"input_ids": ragged}, "calibration shard 2")
     with pytest.raises(CalibrationError, match=r"column 'text' holds text"):
         tensors_of({"text": np.array(["a", "b"])}, "calibration shard 0")

@@ -9,8 +9,8 @@ knowing about Ray.
   at its end (``mixprec/cluster.py``). Compile has no address keyword: a Dataset implies Ray.
 * What travels: the captured ExportedProgram as ``torch.export.save`` bytes, the example inputs, the
   nn.Module (a shard's batches of other batch/sequence sizes run on a graph the worker captures for them,
-  ``batch_graphs.py``; each worker captures its own), pickled once into one bytes object and put into
-  the object store once; each shard's task carries its object reference, and a worker process loads it
+  ``batch_graphs.py``; each worker captures its own; so the weights travel twice, in the program and in
+  the module), pickled once into one bytes object and put into the object store once; each shard's task carries its object reference, and a worker process loads it
   on its first shard of the call, never per shard (it keeps the one program it loaded last, so a process
   Ray reuses for the next calibration replaces it). A worker rebuilds ``CapturedModel`` and checks it
   found the driver's node names. A shard itself travels as the task's argument (a Dataset shard is a
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 from types import MappingProxyType
 
 from .. import cluster, errors
@@ -47,7 +46,7 @@ from .shards import ShardBatches, Shards, example_batch_size
 
 log = logging.getLogger(__name__)
 
-MAX_RETRIES = 3  # restarts of a dead worker, and re-runs of the shard it was reading
+MAX_RETRIES = 3  # re-runs of a shard whose worker process died
 
 
 def calibrate_shards(captured, shards: Shards, *, progress_stream=None):
@@ -176,7 +175,8 @@ def _get(ray, ref, index: int) -> tuple:
         answer = ray.get(ref)
     except ray.exceptions.RayError as e:  # the worker died past its restarts, or could not start
         raise MixedPrecisionError(
-            f"a Ray worker failed {MAX_RETRIES + 1} times while calibrating on shard {index}: {cluster.first_line(e)}. Every node needs "
+            f"a Ray worker failed {MAX_RETRIES + 1} times while calibrating on shard {index}: {cluster.first_line(e)}. "
+            "Every node needs "
             "mixprec installed, and memory for the model and a batch; calibrate in this process to see it here."
         ) from e
     if answer[0] == "raised":
@@ -239,7 +239,9 @@ def calibrate_shard(box: list, index: int, shard, batch_size: int, threads: int)
         first = next(rest, None)
         if first is None:
             return ("ok", {}, 0, 0)
-        calibration = collect(captured.base, _chain(first, rest), signature=captured.signature, other_shapes=other_shapes)
+        calibration = collect(
+            captured.base, _chain(first, rest), signature=captured.signature, other_shapes=other_shapes
+        )
         after = other_shapes.captures if other_shapes is not None else 0
     except Exception as e:  # the shard's data, unpickling, anything else: reported, never dropped
         message = str(e).strip()

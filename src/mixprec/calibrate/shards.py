@@ -52,8 +52,11 @@ class Shards:
         self.shards = tuple(shards)
         if not self.shards:
             raise ConfigError("Shards([]) holds no shard; give at least one shard of calibration batches.")
-        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
-            raise ConfigError(f"Shards(batch_size=...) must be a positive integer (rows per batch), got {batch_size!r}.")
+        bad = isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
+        if batch_size is not None and bad:
+            raise ConfigError(
+                f"Shards(batch_size=...) must be a positive integer (rows per batch), got {batch_size!r}."
+            )
         self.batch_size = batch_size
         self.split = False  # True: one Dataset given as the data, split into one shard per worker at the call
 
