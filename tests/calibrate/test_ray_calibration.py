@@ -165,3 +165,37 @@ def test_search_with_a_dataset_equals_search_with_its_rows_in_a_list(models):
     assert there.groups == here.groups and there.baseline == here.baseline
     assert there.plan.to_json() != without.plan.to_json()  # the calibration rows decide
     assert "safety rule: input absmax" in there.groups[0].reason
+
+
+def test_the_weights_travel_once_and_the_worker_module_shares_the_programs():
+    import io
+    import pickle
+
+    from mixprec.calibrate import ray_calibration
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.LayerNorm(256)).eval()
+    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    payload = ray_calibration._payload(CapturedModel(model, (torch.randn(2, 256),)))
+    assert weights < len(payload) < 1.2 * weights  # the program's copy only, not the module's too
+    data = pickle.loads(payload)
+    program = torch.export.load(io.BytesIO(data["program"]))
+    module, missing = ray_calibration._unpickled(data["model"], program.state_dict)
+    assert missing is None and module[0].weight is program.state_dict["0.weight"]
+    assert torch.equal(module[1].bias, model[1].bias) and data["imports"] == ["torch.nn.modules.container"]
+
+
+def test_a_transformers_model_on_a_dataset():
+    """A worker imports the model's module before loading the program: transformers registers its output types
+    with torch's pytree there, without which torch.export.load fails on an HF program."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100, n_positions=16, use_cache=False)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    rng = np.random.default_rng(0)
+    dataset = ray_data.from_items([{"input_ids": rng.integers(0, 100, 8)} for _ in range(8)], override_num_blocks=2)
+    captured = CapturedModel(model, (torch.randint(0, 100, (2, 8)),))
+    shards = Shards(dataset.split(2, equal=False), batch_size=2)
+    there, _ = calibrate(captured, shards)
+    here, _ = calibrate(captured, list(shards))
+    assert there.batches == here.batches == 4 and dict(there.stats) == dict(here.stats)

@@ -7,14 +7,17 @@ knowing about Ray.
 * Where: the cluster this process is connected to (``ray.init`` by the caller, or the search's
   ``ray_address``); when it is connected to none, a local cluster is started for the call and shut down
   at its end (``mixprec/cluster.py``). Compile has no address keyword: a Dataset implies Ray.
-* What travels: the captured ExportedProgram as ``torch.export.save`` bytes, the example inputs, the
+* What travels: the captured ExportedProgram as ``torch.export.save`` bytes, the example inputs and the
   nn.Module (a shard's batches of other batch/sequence sizes run on a graph the worker captures for them,
-  ``batch_graphs.py``; each worker captures its own; so the weights travel twice, in the program and in
-  the module), pickled once into one bytes object and put into the object store once; each shard's task carries its object reference, and a worker process loads it
-  on its first shard of the call, never per shard (it keeps the one program it loaded last, so a process
-  Ray reuses for the next calibration replaces it). A worker rebuilds ``CapturedModel`` and checks it
-  found the driver's node names. A shard itself travels as the task's argument (a Dataset shard is a
-  handle to blocks already in the object store; a list of batches or a DataLoader is pickled).
+  ``batch_graphs.py``; each worker captures its own). The module's tensors that the program holds too are
+  pickled as their names and re-attached from the loaded program, so the weights travel once. All of it
+  is pickled once into one bytes object and put into the object store once; each shard's task carries
+  its object reference, and a worker process loads it on its first shard of the call, never per shard
+  (it keeps the one program it loaded last: a process Ray reuses for the next calibration replaces it).
+  The model's module is imported first (it registers its output types with torch's pytree, which
+  ``torch.export.load`` needs). A worker rebuilds ``CapturedModel`` and checks it found the driver's
+  node names. A shard itself travels as the task's argument (a Dataset shard is a handle to blocks
+  already in the object store; a list of batches or a DataLoader is pickled).
 * How: one Ray task per shard, at most one per ``torch.get_num_threads()`` free CPUs of the cluster
   running at once, each reserving that many CPUs and running with this process's thread count, as the
   search's workers do (``searching/distributed.py``): CPU kernels split reductions across threads, so
@@ -36,6 +39,8 @@ knowing about Ray.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import io
 import logging
 from types import MappingProxyType
@@ -114,10 +119,15 @@ def _payload(captured) -> bytes:
             "list to calibrate in this process."
         ) from e
     model = captured.model if isinstance(captured.model, torch.nn.Module) else None
+    # the module's parameters and buffers that the program holds too travel once, in the program
+    shared = {id(t): name for name, t in captured.exported.state_dict.items()}
     data = {"program": buffer.getvalue(), "args": captured.args, "kwargs": captured.kwargs,
             # each pickled apart: a worker that cannot unpickle one (its class's module is not installed there)
             # still calibrates the batches the captured graph takes (only other sizes need the model)
-            "model": _pickled(cloudpickle, model), "signature": _pickled(cloudpickle, captured.signature),
+            "model": _pickled(cloudpickle, model, shared), "signature": _pickled(cloudpickle, captured.signature),
+            # imported before the program is loaded: a model's module registers its output types with torch's pytree
+            # (transformers' ModelOutput classes), which torch.export.load needs
+            "imports": [type(model).__module__] if model is not None else [],
             "nodes": tuple(captured.info)}
     try:
         return cloudpickle.dumps(data)
@@ -129,24 +139,39 @@ def _payload(captured) -> bytes:
         ) from e
 
 
-def _pickled(cloudpickle, value) -> bytes | str | None:
-    """The value's pickle, or why it has none (the worker does without it, see _load)."""
+def _pickled(cloudpickle, value, shared: dict | None = None) -> bytes | str | None:
+    """The value's pickle, or why it has none (the worker does without it, see _load). Tensors in ``shared``
+    (id -> name in the program's state_dict) are pickled as their names: the program carries them already."""
     if value is None:
         return None
+    import torch
+
+    class Pickler(cloudpickle.CloudPickler):
+        def persistent_id(self, obj):
+            return shared.get(id(obj)) if shared and isinstance(obj, torch.Tensor) else None
+
+    buffer = io.BytesIO()
     try:
-        return cloudpickle.dumps(value)
+        Pickler(buffer, protocol=cloudpickle.DEFAULT_PROTOCOL).dump(value)
     except Exception as e:
         return f"it could not be pickled on the driver: {type(e).__name__}: {cluster.first_line(e)}"
+    return buffer.getvalue()
 
 
-def _unpickled(data: bytes | str | None):
-    """(value, why not) of a part of the payload this process may be unable to unpickle."""
+def _unpickled(data: bytes | str | None, shared: dict | None = None):
+    """(value, why not) of a part of the payload this process may be unable to unpickle; names of tensors pickled
+    by :func:`_pickled` as shared are looked up in ``shared`` (the loaded program's state_dict)."""
     import pickle
 
     if not isinstance(data, bytes):
         return None, data
+
+    class Unpickler(pickle.Unpickler):
+        def persistent_load(self, name):
+            return shared[name]
+
     try:
-        return pickle.loads(data), None
+        return Unpickler(io.BytesIO(data)).load(), None
     except Exception as e:  # e.g. the model's class lives in a module this node does not have
         return None, f"{type(e).__name__}: {cluster.first_line(e)}"
 
@@ -206,6 +231,9 @@ def _load(ref) -> tuple:
 
         _LOADED.clear()  # the one program of the last calibration: a process Ray reuses drops the one before
         data = pickle.loads(ray.get(ref))
+        for name in data["imports"]:
+            with contextlib.suppress(Exception):  # a class sent by value (a user's __main__) has no module here
+                importlib.import_module(name)
         program = torch.export.load(io.BytesIO(data["program"]))
         captured = CapturedModel(program, data["args"], data["kwargs"])
         if tuple(captured.info) != data["nodes"]:
@@ -216,7 +244,7 @@ def _load(ref) -> tuple:
             )
         signature, _ = _unpickled(data["signature"])  # the driver's: forward's names and defaults bind dict batches
         captured.signature = signature if signature is not None else CallSignature.of(program)
-        model, missing = _unpickled(data["model"])
+        model, missing = _unpickled(data["model"], program.state_dict)
         other_shapes = OtherShapes(model, captured.base, *captured.fresh()) if model is not None else None
         _LOADED[key] = (captured, other_shapes, model, missing)  # the model: OtherShapes holds it weakly
     return _LOADED[key]
