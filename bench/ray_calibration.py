@@ -13,7 +13,8 @@ Data: a ``ray.data.Dataset`` of ``--rows`` rows ``{"input_ids": int64[tokens]}``
 2. Wall time, interleaved over ``--rounds`` rounds, medians: one process at 1 thread against 2 Ray tasks of 1
    thread each on a local cluster (``ray.init(num_cpus=2)``, workers at ``RAY_worker_niceness=0``); the first
    (cold) distributed call, which starts the worker processes, is timed apart.
-3. The payload put into the object store once per calibration.
+3. The payload put into the object store once per calibration, and the time to make it (a fixed cost of every
+   distributed calibration, with the workers' load of it).
 """
 
 from __future__ import annotations
@@ -65,10 +66,13 @@ def main() -> None:
     shards = Shards(dataset.split(2, equal=False), batch_size=a.batch)
     batches = list(shards)
     captured = CapturedModel(model, example)
+    start = time.perf_counter()
     payload = ray_calibration._payload(captured)
+    pickling = time.perf_counter() - start
     print(f"GPT-2 small shape, {a.layers} layers, {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params; "
           f"{a.rows} rows x {a.tokens} tokens in {len(batches)} batches of {a.batch}; shards of "
-          f"{[s.count() for s in shards.shards]} rows; payload put once: {len(payload) / 1e6:.1f} MB")
+          f"{[s.count() for s in shards.shards]} rows; payload put once: {len(payload) / 1e6:.1f} MB "
+          f"({len(payload) / sum(p.numel() for p in model.parameters()):.2f} bytes/param), made in {pickling:.1f} s")
 
     start = time.perf_counter()
     there, _ = calibrate(captured, shards)
