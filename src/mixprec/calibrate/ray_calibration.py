@@ -189,7 +189,13 @@ def _run(ray, task, box: list, pieces: list, batch_size: int, threads: int, at_o
         ready, _ = ray.wait(list(running), num_returns=1, timeout=1.0)  # returns now and then: Ctrl-C works
         for ref in ready:
             index = running.pop(ref)
-            answers[index] = _get(ray, ref, index)
+            try:
+                answers[index] = _get(ray, ref, index)
+            except Exception:  # the first failing shard stops the calibration: the others need not finish
+                for other in running:
+                    with contextlib.suppress(Exception):
+                        ray.cancel(other)
+                raise
             done += 1
             progress.update(f"shard {done}/{len(pieces)}")
     return answers
