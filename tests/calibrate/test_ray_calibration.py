@@ -165,6 +165,13 @@ def test_search_with_a_dataset_equals_search_with_its_rows_in_a_list(models):
     assert there.groups == here.groups and there.baseline == here.baseline
     assert there.plan.to_json() != without.plan.to_json()  # the calibration rows decide
     assert "safety rule: input absmax" in there.groups[0].reason
+    # shards are not read in this process to digest them: such a search is never served from the cache
+    cache = mixprec.searching.SearchCache()
+    again = dict(search, cache=cache)
+    with pytest.warns(mixprec.MixedPrecisionWarning, match="float16 on a CPU"):
+        first = mixprec.search(model, inputs, calibration_dataloader=dataset, **again)
+        second = mixprec.search(model, inputs, calibration_dataloader=dataset, **again)
+    assert len(cache) == 0 and first.trials == second.trials == there.trials > 0
 
 
 def test_the_weights_travel_once_and_the_worker_module_shares_the_programs():
