@@ -15,7 +15,8 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "mixprec"
 
 # Stages in data-flow order; a module may import from its own stage and any earlier one.
 STAGES = (
-    ("_version", "errors", "dtypes", "ops", "jsondoc", "progress", "settings"),  # vocabulary and validated config
+    # vocabulary, validated config, the Ray connection (calibrate and searching both use it)
+    ("_version", "errors", "dtypes", "ops", "jsondoc", "progress", "settings", "cluster"),
     ("ir",),
     ("calibrate",),
     ("plan",),

@@ -137,10 +137,11 @@ def _validated(kwargs: dict[str, Any]) -> dict[str, Any]:
 
     if kwargs.get("autocast_calibration_dataloader") is not None:
         loader = kwargs["autocast_calibration_dataloader"]
-        if isinstance(loader, torch.Tensor) or not _is_iterable(loader):
+        ray_data = type(loader).__module__.startswith("ray.data")  # a ray.data.Dataset: calibrate/shards.py
+        if isinstance(loader, torch.Tensor) or not (_is_iterable(loader) or ray_data):
             raise ConfigError(
                 "autocast_calibration_dataloader must be an iterable of input tuples (a list of tuples or a "
-                f"torch DataLoader), got {type(loader).__name__}."
+                f"torch DataLoader) or a ray.data.Dataset, got {type(loader).__name__}."
             )
         out["autocast_calibration_dataloader"] = loader
 

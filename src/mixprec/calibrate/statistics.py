@@ -14,7 +14,9 @@ tensors, or dicts keyed by parameter names (HF collators; ``batches.arrange``) �
 the example inputs; their batch and sequence sizes may differ from the example inputs and
 between batches: such a batch runs on a graph captured for its sizes
 (``batch_graphs.py``), for statistics only, and the program keeps the shapes it was
-compiled for. Anything else raises :class:`CalibrationError` naming the input.
+compiled for. Anything else raises :class:`CalibrationError` naming the input. Calibration data in
+shards (a ``ray.data.Dataset``, ``shards.Shards``) is calibrated on Ray workers and merged exactly
+(``ray_calibration.py``): every statistic here merges by comparison or integer sum.
 
 A graph that writes its buffers (a counter) starts every batch from the captured state.
 """
@@ -38,6 +40,7 @@ from ..ir.runner import GraphRunner, Observer
 from ..ir.work_program import WorkProgram
 from ..progress import Progress
 from .batches import Call, arrange, fit
+from .shards import as_shards
 
 __all__ = ["Calibration", "Call", "TensorStats", "calibrate", "collect", "progress_line"]
 
@@ -190,8 +193,18 @@ def calibrate(captured, loader, *, other_shapes=None, keep_first_outputs: bool =
     Batches in any accepted form (``batches.py``, mapped onto the captured call by its signature); batches of
     other batch/sequence sizes than the example run on a graph captured for them (an nn.Module only:
     ``other_shapes``, a ``batch_graphs.OtherShapes``, made here when not given). Returns the Calibration and
-    how many extra captures it took."""
+    how many extra captures it took.
+
+    Calibration data in shards — a ``ray.data.Dataset`` or ``shards.Shards`` — is calibrated shard by shard on
+    Ray workers and merged into the same statistics (``ray_calibration.py``; ``other_shapes`` and
+    ``keep_first_outputs`` do not apply there: the workers capture for other sizes themselves)."""
     from .batch_graphs import OtherShapes
+
+    shards = as_shards(loader) if loader is not None else None
+    if shards is not None:
+        from .ray_calibration import calibrate_shards
+
+        return calibrate_shards(captured, shards)
 
     batches = [Call(*captured.fresh())] if loader is None else loader
     if other_shapes is None and isinstance(captured.model, torch.nn.Module):

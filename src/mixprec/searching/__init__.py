@@ -27,6 +27,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..calibrate.batches import Call, batch_list
+from ..calibrate.shards import Shards, as_shards
 from ..dtypes import dtype_name
 from ..errors import ConfigError, MixedPrecisionWarning
 from ..ir.capture import as_input_tuple, refuse_meta_tensors
@@ -78,6 +79,9 @@ def search(
         in every form compile's ``autocast_calibration_dataloader`` takes: tuples/lists of positional
         inputs, single tensors, or dicts keyed by forward's parameter names (what collators yield);
         batch and sequence sizes may differ from `inputs` and between batches. None = the eval data.
+        A ``ray.data.Dataset`` or ``calibrate.shards.Shards`` is calibrated shard by shard on Ray workers
+        (on the search's cluster when ray_address is given) and merged exactly: the same statistics as
+        its batches in one list. Such a search is not cached (its data is not read here to digest it).
     eval_dataloader: the batches every trial is measured on, in the same forms and sizes as
         calibration_dataloader; a batch of other sizes than `inputs` runs the trial's plan on a capture
         for its sizes (``searching/shapes.py``), so the metric is what the plan's program gives on each
@@ -121,8 +125,8 @@ def search(
             stacklevel=2,
         )
     eval_batches = batch_list(eval_dataloader, "eval_dataloader") if eval_dataloader is not None else [Call(args)]
-    calibration = batch_list(calibration_dataloader, "calibration_dataloader") if calibration_dataloader is not None else None
-    store = _store(cache)
+    calibration = _calibration_data(calibration_dataloader)
+    store = _store(cache) if not isinstance(calibration, Shards) else None  # shards are not read here: no digest
     cluster = _cluster(ray_address, workers)
     progress = Progress(stream=progress_stream, prefix="mixprec search: ", log=logging.getLogger("mixprec.search"))
 
@@ -192,6 +196,14 @@ def _cluster(address, workers):
     from .distributed import Cluster
 
     return Cluster(address, workers)
+
+
+def _calibration_data(loader) -> list | Shards | None:
+    """The calibration batches read into calls, or shards left to the Ray workers to read."""
+    if loader is None:
+        return None
+    shards = as_shards(loader)
+    return shards if shards is not None else batch_list(loader, "calibration_dataloader")
 
 
 def _store(cache) -> SearchCache | None:

@@ -33,8 +33,8 @@ worker holds the program and the eval data and rebuilds each trial's program loc
   when their process dies; when the retries are spent, or a trial raises (the user's metric, a
   pickling error), the search raises a mixprec error naming the layer group: never a dropped trial.
 
-Ray is an optional extra (``pip install 'mixprec[ray]'``), imported only here and only when a
-search is given ``ray_address``.
+Ray is an optional extra (``pip install 'mixprec[ray]'``), imported (and connected to: ``mixprec/cluster.py``,
+shared with calibration over shards) only when a search is given ``ray_address``.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ import os
 import warnings
 from collections.abc import Callable, Sequence
 
-from .. import errors
+from .. import cluster, errors
+from ..cluster import connect
 from ..errors import ConfigError, MixedPrecisionError
 
 log = logging.getLogger("mixprec.search")
@@ -86,25 +87,11 @@ class Cluster:
     def ray(self):
         if self._ray is None:
             ray = import_ray(f"ray_address={self.address!r}")
-            if not ray.is_initialized():  # a process already connected (ray.init by the caller) keeps its cluster
-                self._connect(ray)
+            # a process already connected (ray.init by the caller) keeps its cluster
+            cpus = self.requested * threads() if self.address == "local" and self.requested is not None else None
+            self._started = connect(ray, self.address, what="mixprec.search", num_cpus=cpus)
             self._ray = ray
         return self._ray
-
-    def _connect(self, ray) -> None:
-        try:
-            if self.address == "local":  # as many CPUs as the workers asked for take, or the machine's
-                cpus = self.requested * threads() if self.requested is not None else None
-                ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
-            else:
-                ray.init(address=self.address, log_to_driver=False)
-        except Exception as e:  # ray raises ConnectionError, RuntimeError, ValueError here
-            raise ConfigError(
-                f"mixprec.search could not connect to the Ray cluster at {self.address!r}: {type(e).__name__}: "
-                f"{_first_line(e)}. Start one with `ray start --head` (then ray_address='auto'), give its "
-                "'ray://host:port', or use ray_address='local'."
-            ) from e
-        self._started = True
 
     def workers(self, threads: int) -> int:
         cpus = int(self.ray().cluster_resources().get("CPU", 1))
@@ -144,14 +131,7 @@ def describe(info, lowered) -> str:
 
 
 def import_ray(why: str):
-    try:
-        import ray
-    except ImportError as e:
-        raise ConfigError(
-            f"mixprec.search with {why} runs its trials on a Ray cluster, but Ray is not installed here. "
-            "Install it with `pip install 'mixprec[ray]'`, or leave ray_address out to search in this process."
-        ) from e
-    return ray
+    return cluster.import_ray(f"mixprec.search with {why}", "leave ray_address out to search in this process")
 
 
 class TrialWorker:
@@ -382,6 +362,4 @@ _ERROR_TYPES = {
 }
 
 
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+_first_line = cluster.first_line

@@ -21,6 +21,7 @@ from types import MappingProxyType
 import torch
 
 from ..calibrate import entry as calibration_entry
+from ..calibrate.shards import Shards
 from ..dtypes import dtype_name
 from ..errors import CalibrationError, MixedPrecisionWarning
 from ..ir.frontend import CapturedModel
@@ -68,6 +69,8 @@ def build_study(
     # one calibration, as compile's (same batch forms and sizes, same recaptures), for the safety rules and the
     # int8 marker regions without ranges: these calibrate as compile(model, inputs, plan=...) will, on the same data
     # (without calibration data compile calibrates them on the example inputs, so the search does)
+    if cluster is not None and isinstance(calibration_data, Shards):
+        cluster.ray()  # calibration over shards runs on the search's cluster (else on a local one of its own)
     calibrated = calibration_entry.run(captured, calibration_data, other_shapes=sizes.other)
     ranges = calibrated.int8_ranges
     if calibration_batches is None:  # compile calibrates int8 regions on the example inputs: so does the search
