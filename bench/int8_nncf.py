@@ -26,7 +26,8 @@ defaults; for the transformers also with ``model_type=nncf.ModelType.TRANSFORMER
 setting); NNCF's models as OpenVINO runs them here and with their FakeQuantize spelled as float ops (the values
 the int8 kernels compute exactly on a VNNI CPU: without VNNI they saturate); mixprec int8 everywhere via the configurator (every nn.Linear and nn.Conv2d
 ``set_precision(.., activation="int8")``, weights int8) on backend openvino and on eager, once per range
-estimator (``calibrate/int8_ranges.py``: min/max, MSE-optimal clipping). The configurator
+estimator (``calibrate/int8_ranges.py``: min/max, MSE-optimal clipping) and activation grid (``mse/s8``: every
+activation on the symmetric int8 grid; ``/u8``: activations the graph proves never negative on [0, 255]). The configurator
 calibrates on the inputs of ``apply``: it gets the four calibration batches concatenated along the batch axis
 (the same values the four batches hold; min/max and histograms over the concatenation equal their merge), and
 the program is compiled for the batch size of the held-out batches.
@@ -188,25 +189,31 @@ def build_variants(model, batches, nncf, ov, transformer, estimators, backends):
             core.compile_model(fake_quantize_in_float(quantized, ov), "CPU"))
 
     from mixprec.calibrate import int8_ranges
+    from mixprec.rewrite import quantize as rewrite_quantize
 
-    for estimator in estimators:
+    for setting in estimators:
+        estimator, _, grids = setting.partition("/")
         int8_ranges.DEFAULT_ESTIMATOR, default = estimator, int8_ranges.DEFAULT_ESTIMATOR
+        unsigned = getattr(rewrite_quantize, "UNSIGNED_ACTIVATIONS", None)  # None: a tree before issue 22
+        if grids:
+            rewrite_quantize.UNSIGNED_ACTIVATIONS = grids == "u8"
         try:
             start = time.perf_counter()
             cfg = mixprec.MixedPrecisionConfigurator(model)
-            cfg.set_precision(nn.Linear, activation="int8")
-            if any(isinstance(m, nn.Conv2d) for m in model.modules()):
-                cfg.set_precision(nn.Conv2d, activation="int8")
+            for kind in (nn.Linear, nn.Conv2d):
+                if any(isinstance(m, kind) for m in model.modules()):
+                    cfg.set_precision(kind, activation="int8")
             joined = tuple(torch.cat(parts) for parts in zip(*calibration))  # the four calibration batches, one call
             plan = cfg.apply(joined)
             planned = time.perf_counter() - start
+            for backend in backends:
+                start = time.perf_counter()
+                name = f"mixprec int8 (configurator, {setting}), {backend}"
+                variants[name] = mixprec.compile(model, example, plan=plan, backend=backend)
+                made[name] = planned + time.perf_counter() - start
         finally:
             int8_ranges.DEFAULT_ESTIMATOR = default
-        for backend in backends:
-            start = time.perf_counter()
-            name = f"mixprec int8 (configurator, {estimator}), {backend}"
-            variants[name] = mixprec.compile(model, example, plan=plan, backend=backend)
-            made[name] = planned + time.perf_counter() - start
+            rewrite_quantize.UNSIGNED_ACTIVATIONS = unsigned
     return variants, made
 
 
@@ -239,7 +246,9 @@ def main(argv=None) -> int:
     parser.add_argument("--models", default="bert,vit,resnet50,minilm")
     parser.add_argument("--layers", type=int, default=2, help="transformer layers of bert and vit (random weights)")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--estimators", default="minmax,mse", help="mixprec int8 range estimators to compare")
+    parser.add_argument("--estimators", default="minmax,mse",
+                        help="mixprec int8 settings to compare: range estimator (minmax, mse), optionally /s8 "
+                             "(every activation symmetric int8) or /u8 (never-negative activations unsigned)")
     parser.add_argument("--backends", default="openvino,eager", help="backends of the mixprec int8 programs")
     args = parser.parse_args(argv)
     try:

@@ -199,3 +199,34 @@ def test_the_verifier_rejects_an_int8_layer_that_reads_an_unquantized_input():
     ctx = RewriteContext(work, info, plan, True, (torch.float32,))
     with pytest.raises(InvariantError, match="not conv2d quantized with scale"):
         verify(ctx)
+
+
+def test_an_activation_the_graph_proves_non_negative_is_quantized_on_the_unsigned_grid():
+    """relu's output enters an int8 Linear on [0, 255] (scale max / 255): twice the resolution of the symmetric
+    grid's half; a signed value (the model input) stays symmetric int8."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
+    x = torch.randn(32, 8)
+    cfg = mixprec.MixedPrecisionConfigurator(model)
+    cfg.set_precision(model[0], activation="int8")
+    cfg.set_precision(model[2], activation="int8")
+    prog = mixprec.compile(model, (x,), plan=cfg.apply((x,)))
+    targets = [n.target for n in prog.exported_program.graph.nodes]
+    assert targets.count(M.quantize_per_tensor_u8.default) == 1  # relu's output
+    assert targets.count(M.quantize_per_tensor.default) == 3  # x, and both layers' outputs (signed)
+    with torch.no_grad():
+        h0 = model[0](x)
+        lo, hi = float(h0.min()), float(h0.max())
+        h = fake_quant(F.linear(fake_quant(x, float(x.min()), float(x.max())), fake_quant_weight(model[0].weight),
+                                model[0].bias), lo, hi)
+        r = torch.relu(h)
+        r_max = float(torch.relu(h0).max())
+        scale = r_max / 255
+        r_q = torch.clamp(torch.round(r / scale), 0, 255) * scale
+        out = F.linear(r_q, fake_quant_weight(model[2].weight), model[2].bias)
+        y = model(x)
+        expected = fake_quant(out, float(y.min()), float(y.max()))
+    assert_same_outputs(prog(x), expected)
+    # the symmetric grid would give other values: what the test guards
+    r_s = torch.clamp(torch.round(r / (r_max / 127)), -127, 127) * (r_max / 127)
+    assert not torch.equal(r_s, r_q)
