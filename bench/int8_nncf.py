@@ -193,7 +193,7 @@ def build_variants(model, batches, nncf, ov, transformer, estimators, backends):
 
     for setting in estimators:
         estimator, _, grids = setting.partition("/")
-        int8_ranges.DEFAULT_ESTIMATOR, default = estimator, int8_ranges.DEFAULT_ESTIMATOR
+        int8_ranges.DEFAULT_ESTIMATOR, default = estimator, getattr(int8_ranges, "DEFAULT_ESTIMATOR", None)
         unsigned = getattr(rewrite_quantize, "UNSIGNED_ACTIVATIONS", None)  # None: a tree before issue 22
         if grids:
             rewrite_quantize.UNSIGNED_ACTIVATIONS = grids == "u8"

@@ -20,6 +20,14 @@ from mixprec.rewrite.verify import verify
 M = torch.ops.mixprec
 
 
+@pytest.fixture
+def minmax_ranges(monkeypatch):
+    """Calibrated ranges are the values' min/max (the references below compute them so), not clipped."""
+    from mixprec.calibrate import int8_ranges
+
+    monkeypatch.setattr(int8_ranges, "DEFAULT_ESTIMATOR", "minmax")
+
+
 def fake_quant(t, lo, hi):
     """Reference: symmetric per-tensor int8 of t with the range (lo, hi), back in float32."""
     scale = max(abs(lo), abs(hi)) / 127
@@ -89,6 +97,7 @@ def _eager_ranges(model, batches):
     return [(min(t.min().item() for t in seen[k]), max(t.max().item() for t in seen[k])) for k in ("in", "out")]
 
 
+@pytest.mark.usefixtures("minmax_ranges")
 def test_int8_region_without_ranges_calibrates_on_the_example_inputs():
     model = TRTorchSeed(torch.int8).eval()
     (x,) = TRTorchSeed.example_inputs()
@@ -99,6 +108,7 @@ def test_int8_region_without_ranges_calibrates_on_the_example_inputs():
     assert_same_outputs(prog(x), seed_reference(model, x, in_range, out_range))
 
 
+@pytest.mark.usefixtures("minmax_ranges")
 def test_int8_region_calibrates_on_the_calibration_dataloader_when_given():
     model = TRTorchSeed(torch.int8).eval()
     (x,) = TRTorchSeed.example_inputs()
@@ -201,6 +211,7 @@ def test_the_verifier_rejects_an_int8_layer_that_reads_an_unquantized_input():
         verify(ctx)
 
 
+@pytest.mark.usefixtures("minmax_ranges")
 def test_an_activation_the_graph_proves_non_negative_is_quantized_on_the_unsigned_grid():
     """relu's output enters an int8 Linear on [0, 255] (scale max / 255): twice the resolution of the symmetric
     grid's half; a signed value (the model input) stays symmetric int8."""

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 Range = tuple[float, float]
 ESTIMATORS = ("minmax", "mse")
-DEFAULT_ESTIMATOR = "minmax"
+DEFAULT_ESTIMATOR = "mse"
 _CANDIDATES = 200  # clipping ranges tried by mse_clip: absmax * k / 200
 
 

@@ -46,6 +46,14 @@ def lowered_count(module) -> int:
 
 
 @pytest.fixture
+def minmax_ranges(monkeypatch):
+    """Calibrated ranges are the values' min/max (the test's scale 1/16 is built from the input's absmax)."""
+    from mixprec.calibrate import int8_ranges
+
+    monkeypatch.setattr(int8_ranges, "DEFAULT_ESTIMATOR", "minmax")
+
+
+@pytest.fixture
 def symmetric_activations(monkeypatch):
     """Every activation on the symmetric grid (the rewrite's choice before unsigned activations): the 7-bit path."""
     monkeypatch.setattr(rewrite_quantize, "UNSIGNED_ACTIVATIONS", False)
@@ -166,7 +174,7 @@ def _exact_model(width=256):
 
 @needs_onednn
 @pytest.mark.parametrize("backend", ["eager", "inductor"])
-@pytest.mark.usefixtures("symmetric_activations")
+@pytest.mark.usefixtures("symmetric_activations", "minmax_ranges")
 def test_lowered_layer_keeps_the_grid_round_half_even_and_the_clamp(backend):
     width = 256
     model = _exact_model(width)
