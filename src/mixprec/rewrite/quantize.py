@@ -59,11 +59,6 @@ def activation_grid(value: torch.fx.Node, known: dict | None = None) -> Grid:
     return UINT8 if UNSIGNED_ACTIVATIONS and is_nonnegative(value, known) else INT8_SYMMETRIC
 
 
-def per_tensor_scale(value_range: tuple[float, float]) -> float:
-    """Symmetric int8 scale of a (min, max) range (``ops/quant.py``); an all-zero range gets scale 1/127."""
-    return symmetric_scale(value_range, INT8_SYMMETRIC)
-
-
 def is_quant_node(node) -> bool:
     return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in QUANTIZE_OPS
 
