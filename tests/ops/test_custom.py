@@ -67,6 +67,18 @@ def test_quantize_per_tensor_is_symmetric_round_half_even_and_clamped():
     assert dq.float().tolist() == [v * 0.5 for v in q.tolist()]
 
 
+def test_unsigned_quantize_uses_the_whole_u8_range_round_half_even_and_clamped():
+    scale = 0.5
+    x = torch.tensor([0.0, 0.25, 0.75, 63.5, 127.25, 127.75, 200.0, -3.0])
+    q = torch.ops.mixprec.quantize_per_tensor_u8(x, scale)
+    assert q.dtype == torch.uint8
+    # 63.5 -> 127 like the symmetric grid, but 127.25 / 0.5 = 254.5 -> 254 (half to even) and beyond: 255, below 0: 0
+    assert q.tolist() == [0, 0, 2, 127, 254, 255, 255, 0]
+    dq = torch.ops.mixprec.dequantize_per_tensor_u8(q, scale, torch.float32)
+    assert dq.tolist() == [v * 0.5 for v in q.tolist()]
+    assert torch.ops.mixprec.quantize_per_tensor(x, scale).max() == 127  # the symmetric grid stops at half
+
+
 def test_dequantize_per_channel_scales_each_output_channel():
     q = torch.tensor([[1, -2], [3, 127]], dtype=torch.int8)
     scales = torch.tensor([0.5, 0.25])

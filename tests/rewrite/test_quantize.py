@@ -20,6 +20,14 @@ from mixprec.rewrite.verify import verify
 M = torch.ops.mixprec
 
 
+@pytest.fixture
+def minmax_ranges(monkeypatch):
+    """Calibrated ranges are the values' min/max (the references below compute them so), not clipped."""
+    from mixprec.calibrate import int8_ranges
+
+    monkeypatch.setattr(int8_ranges, "DEFAULT_ESTIMATOR", "minmax")
+
+
 def fake_quant(t, lo, hi):
     """Reference: symmetric per-tensor int8 of t with the range (lo, hi), back in float32."""
     scale = max(abs(lo), abs(hi)) / 127
@@ -89,6 +97,7 @@ def _eager_ranges(model, batches):
     return [(min(t.min().item() for t in seen[k]), max(t.max().item() for t in seen[k])) for k in ("in", "out")]
 
 
+@pytest.mark.usefixtures("minmax_ranges")
 def test_int8_region_without_ranges_calibrates_on_the_example_inputs():
     model = TRTorchSeed(torch.int8).eval()
     (x,) = TRTorchSeed.example_inputs()
@@ -99,6 +108,7 @@ def test_int8_region_without_ranges_calibrates_on_the_example_inputs():
     assert_same_outputs(prog(x), seed_reference(model, x, in_range, out_range))
 
 
+@pytest.mark.usefixtures("minmax_ranges")
 def test_int8_region_calibrates_on_the_calibration_dataloader_when_given():
     model = TRTorchSeed(torch.int8).eval()
     (x,) = TRTorchSeed.example_inputs()
@@ -199,3 +209,35 @@ def test_the_verifier_rejects_an_int8_layer_that_reads_an_unquantized_input():
     ctx = RewriteContext(work, info, plan, True, (torch.float32,))
     with pytest.raises(InvariantError, match="not conv2d quantized with scale"):
         verify(ctx)
+
+
+@pytest.mark.usefixtures("minmax_ranges")
+def test_an_activation_the_graph_proves_non_negative_is_quantized_on_the_unsigned_grid():
+    """relu's output enters an int8 Linear on [0, 255] (scale max / 255): twice the resolution of the symmetric
+    grid's half; a signed value (the model input) stays symmetric int8."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
+    x = torch.randn(32, 8)
+    cfg = mixprec.MixedPrecisionConfigurator(model)
+    cfg.set_precision(model[0], activation="int8")
+    cfg.set_precision(model[2], activation="int8")
+    prog = mixprec.compile(model, (x,), plan=cfg.apply((x,)))
+    targets = [n.target for n in prog.exported_program.graph.nodes]
+    assert targets.count(M.quantize_per_tensor_u8.default) == 1  # relu's output
+    assert targets.count(M.quantize_per_tensor.default) == 3  # x, and both layers' outputs (signed)
+    with torch.no_grad():
+        h0 = model[0](x)
+        lo, hi = float(h0.min()), float(h0.max())
+        h = fake_quant(F.linear(fake_quant(x, float(x.min()), float(x.max())), fake_quant_weight(model[0].weight),
+                                model[0].bias), lo, hi)
+        r = torch.relu(h)
+        r_max = float(torch.relu(h0).max())
+        scale = r_max / 255
+        r_q = torch.clamp(torch.round(r / scale), 0, 255) * scale
+        out = F.linear(r_q, fake_quant_weight(model[2].weight), model[2].bias)
+        y = model(x)
+        expected = fake_quant(out, float(y.min()), float(y.max()))
+    assert_same_outputs(prog(x), expected)
+    # the symmetric grid would give other values: what the test guards
+    r_s = torch.clamp(torch.round(r / (r_max / 127)), -127, 127) * (r_max / 127)
+    assert not torch.equal(r_s, r_q)

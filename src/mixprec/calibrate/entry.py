@@ -1,31 +1,41 @@
 """The one calibration entry: ``run(captured, data)`` -> what every later stage reads from calibration data.
 
-Compile, the search and the configurator calibrate through it, once each: one pass over the data
-yields the per-node statistics (the autocast rules' ranges, inf/NaN flags, absmax) and, from the same
-statistics, the int8 ranges of the marker regions given no dynamic range (``ir.marker_regions``) and of
-any other values asked for later (:meth:`Calibrated.ranges`: the configurator's int8 boundaries).
+Compile, the search and the configurator calibrate through it, once each. It decides, in one place:
 
-``data``: the user's calibration batches in any form ``batches.py`` takes, of any batch sizes, or None
-for the example inputs. Nothing runs when nothing needs calibrating (no rules asked, no marker region
-without ranges): :attr:`Calibrated.calibration` is then None.
+* **where the data is read**: batches in any form ``batches.py`` takes, of any batch sizes, in this process
+  (``statistics.calibrate``); data in shards (a ``ray.data.Dataset``, ``shards.Shards``) shard by shard on
+  Ray workers, merged exactly (``ray_calibration.py``); None: the example inputs;
+* **what one pass yields**: the per-node statistics (the autocast rules' ranges, inf/NaN flags, absmax) and
+  from them the int8 ranges of the marker regions given no dynamic range (``ir.marker_regions``) and of any
+  other values the caller names (``int8_values``: the configurator's int8 module boundaries);
+* **the range estimator**: ``"mse"`` (the default, ``int8_ranges.DEFAULT_ESTIMATOR``) clips each int8 range
+  where the expected squared error is least, from fixed-bin histograms counted in a second pass over the same
+  data (bins fixed by the first pass's range: they merge exactly). Data that cannot be read twice — a
+  one-shot iterator — or data in shards (the workers count no histograms yet) keeps min/max ranges (logged).
+
+Nothing runs when nothing needs calibrating (no statistics asked, no value to range): :attr:`Calibrated.calibration`
+is then None.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Collection, Mapping
 from types import MappingProxyType
 
-from ..errors import InvariantError
 from ..ir.marker_regions import calibration_targets
-from .int8_ranges import Range, collect_ranges
+from .int8_ranges import Range, checked_estimator, clip_ranges, collect_ranges, readable_twice
+from .shards import as_shards
 from .statistics import Calibration, calibrate
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
 class Calibrated:
     calibration: Calibration | None  # None: nothing needed calibrating, nothing ran
-    int8_ranges: Mapping[str, Range]  # (min, max) of marker-region boundaries without dynamic ranges
+    int8_ranges: Mapping[str, Range]  # marker-region boundaries without dynamic ranges, and the values asked for
     recaptures: int = 0  # graphs captured for batches of other sizes than the example's
 
     @property
@@ -33,27 +43,37 @@ class Calibrated:
         """The first batch's flat outputs when ``run(keep_first_outputs=True)`` kept them (else None)."""
         return self.calibration.first_outputs if self.calibration is not None else None
 
-    def ranges(self, names: Collection[str], work) -> dict[str, Range]:
-        """(min, max) of other graph values of ``work`` (the captured base), from the same statistics."""
-        if self.calibration is None:
-            raise InvariantError("calibrate.run(statistics=False) ran nothing; ask it for statistics")
-        return collect_ranges(work, names, (), calibration=self.calibration)
-
 
 def run(
-    captured, data, *, statistics: bool = True, keep_first_outputs: bool = False, other_shapes=None
+    captured, data, *, statistics: bool = True, int8_values: Collection[str] = (), keep_first_outputs: bool = False,
+    other_shapes=None, estimator: str | None = None,
 ) -> Calibrated:
     """Calibrate ``captured`` (an ``ir.frontend.CapturedModel``) on ``data`` (None: the example inputs).
 
-    ``statistics``: the caller reads the statistics (rules, configurator ranges); without it the data
-    runs only if the model has int8 marker regions without ranges. ``keep_first_outputs``: keep the
-    first batch's outputs (the compiler's fp32 reference when the captured graph computes in fp32).
-    ``other_shapes``: graphs for batches of other sizes (``batch_graphs.OtherShapes``; made when needed)."""
-    targets = calibration_targets(captured.info)
+    ``statistics``: the caller reads the statistics (the autocast rules); without it the data runs only if
+    some value needs an int8 range. ``int8_values``: graph values to range besides the marker regions'.
+    ``keep_first_outputs``: keep the first batch's outputs (the compiler's fp32 reference when the captured
+    graph computes in fp32). ``other_shapes``: graphs for batches of other sizes (``batch_graphs.OtherShapes``;
+    made when needed). ``estimator``: the int8 range estimator (``int8_ranges.ESTIMATORS``)."""
+    estimator = checked_estimator(estimator)
+    targets = set(calibration_targets(captured.info)) | set(int8_values)
     if not (statistics or targets):
         return Calibrated(None, MappingProxyType({}))
-    calibration, recaptures = calibrate(
-        captured, data, other_shapes=other_shapes, keep_first_outputs=keep_first_outputs
-    )
-    ranges = collect_ranges(captured.base, targets, (), calibration=calibration) if targets else {}
+    shards = as_shards(data) if data is not None else None
+    if shards is not None:
+        from .ray_calibration import calibrate_shards  # Ray is imported only for data in shards
+
+        calibration, recaptures = calibrate_shards(captured, shards)
+    else:
+        calibration, recaptures = calibrate(
+            captured, data, other_shapes=other_shapes, keep_first_outputs=keep_first_outputs
+        )
+    ranges = collect_ranges(captured.base, targets, (), calibration=calibration, estimator="minmax") if targets else {}
+    if ranges and estimator != "minmax":
+        if shards is None and (data is None or readable_twice(data)):
+            counted, _ = calibrate(captured, data, other_shapes=other_shapes, histograms=ranges)
+            ranges = clip_ranges(ranges, counted.histograms, estimator)
+        elif shards is not None:
+            log.info("int8 ranges: calibration data in shards gets min/max ranges (the %s estimator's histograms are "
+                     "not counted on Ray workers)", estimator)
     return Calibrated(calibration, MappingProxyType(ranges), recaptures)

@@ -4,7 +4,7 @@ Calibration statistics merge exactly (``TensorStats.merge``: min, max, absmax by
 and element counts by integer sums; nothing is a float sum or a mean), so statistics computed shard by
 shard on several machines and merged are the statistics of one pass over all the batches. Calibration
 data may therefore come in shards, for compile (``autocast_calibration_dataloader=``), the configurator
-and the search (``calibration_dataloader=``) alike (the recognition is in ``statistics.calibrate``, the
+and the search (``calibration_dataloader=``) alike (the recognition is in ``entry.run``, the
 path all of them take; the Ray side is ``ray_calibration.py``):
 
 * a ``ray.data.Dataset`` whose rows are keyed by forward's parameter names (what collators give): split

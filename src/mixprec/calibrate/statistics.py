@@ -40,7 +40,7 @@ from ..ir.runner import GraphRunner, Observer
 from ..ir.work_program import WorkProgram
 from ..progress import Progress
 from .batches import Call, arrange, fit
-from .shards import as_shards
+from .histogram import Histogram, HistogramObserver, merge_all
 
 __all__ = ["Calibration", "Call", "TensorStats", "calibrate", "collect", "progress_line"]
 
@@ -116,6 +116,8 @@ class Calibration:
     # the flat user outputs of the first batch, when asked for (the compiler reuses them as the fp32
     # reference of the report's error when the captured graph is the fp32 model)
     first_outputs: tuple | None = None
+    # fixed-bin histograms of the values a second pass was asked for (``histogram.py``), by node name
+    histograms: Mapping[str, Histogram] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
 
 
 def collect(
@@ -126,6 +128,7 @@ def collect(
     other_shapes=None,
     progress_stream=None,
     keep_first_outputs: bool = False,
+    histograms: Mapping[str, tuple[float, float]] | None = None,
 ) -> Calibration:
     """Run ``work``'s graph on every batch and merge per-node statistics.
 
@@ -135,11 +138,14 @@ def collect(
     batch is refused). ``other_shapes`` (``batch_graphs.OtherShapes``) runs batches whose
     sizes the captured graph does not take; without it they are refused.
     Every batch starts from the captured state of buffers the graph writes.
+    ``histograms`` (node name -> range fixed by a first pass over the same batches): also count those values
+    into fixed-bin histograms (``Calibration.histograms``, ``histogram.py``).
     """
     user_nodes = work.user_input_nodes()
     statistics = _Statistics(work)
-    runner = GraphRunner(work, observers=[statistics])
-    runners: dict[int, tuple] = {}  # id(CalibrationGraph) -> (graph, its runner, its statistics)
+    counted = HistogramObserver(histograms or {})
+    runner = GraphRunner(work, observers=[statistics, counted] if histograms else [statistics])
+    runners: dict[int, tuple] = {}  # id(CalibrationGraph) -> (graph, its runner, its statistics, its histograms)
     total = _length(batches)
     of = f"/{total}" if total else ""
     progress = progress_line(progress_stream)
@@ -155,8 +161,13 @@ def collect(
                 graph = other_shapes.graph_for_batch(call, where, user_nodes)
                 if id(graph) not in runners:
                     graph_statistics = _Statistics(graph.work)
-                    runners[id(graph)] = (graph, GraphRunner(graph.work, observers=[graph_statistics]), graph_statistics)
-                graph, run, _ = runners[id(graph)]
+                    own = {other: histograms[primary] for other, primary in graph.names.items()
+                           if histograms and primary in histograms}
+                    graph_counted = HistogramObserver(own)
+                    observers = [graph_statistics, graph_counted] if own else [graph_statistics]
+                    runners[id(graph)] = (graph, GraphRunner(graph.work, observers=observers), graph_statistics,
+                                          graph_counted)
+                graph, run, _, _ = runners[id(graph)]
                 target = graph.work
                 tensors = call.tensors()
             target.reset_state()
@@ -181,30 +192,28 @@ def collect(
             "inputs, or leave autocast_calibration_dataloader=None to calibrate on the example inputs."
         )
     stats = dict(statistics.stats)
-    for graph, _, graph_statistics in runners.values():
+    for graph, _, graph_statistics, _ in runners.values():
         _merge_mapped(stats, graph_statistics.stats, graph.names, work)
-    return Calibration(MappingProxyType(stats), count, first_outputs)
+    counts = merge_all([counted.histograms] + [
+        {graph.names[n]: h for n, h in graph_counted.histograms.items()} for graph, _, _, graph_counted in runners.values()
+    ])
+    return Calibration(MappingProxyType(stats), count, first_outputs, MappingProxyType(counts))
 
 
-def calibrate(captured, loader, *, other_shapes=None, keep_first_outputs: bool = False) -> tuple[Calibration, int]:
+def calibrate(
+    captured, loader, *, other_shapes=None, keep_first_outputs: bool = False, histograms=None
+) -> tuple[Calibration, int]:
     """Statistics of every node of a captured model (``ir.frontend.CapturedModel``) on ``loader``'s batches,
     or on the example inputs when it is None: how compile, the configurator and the search calibrate.
 
     Batches in any accepted form (``batches.py``, mapped onto the captured call by its signature); batches of
     other batch/sequence sizes than the example run on a graph captured for them (an nn.Module only:
     ``other_shapes``, a ``batch_graphs.OtherShapes``, made here when not given). Returns the Calibration and
-    how many extra captures it took.
+    how many extra captures it took. ``histograms``: as :func:`collect`'s.
 
-    Calibration data in shards — a ``ray.data.Dataset`` or ``shards.Shards`` — is calibrated shard by shard on
-    Ray workers and merged into the same statistics (``ray_calibration.py``; ``other_shapes`` and
-    ``keep_first_outputs`` do not apply there: the workers capture for other sizes themselves)."""
+    Data in shards (a ``ray.data.Dataset``, ``shards.Shards``) is not read here: ``entry.run`` sends it to
+    ``ray_calibration.py``, whose workers call this on their shards."""
     from .batch_graphs import OtherShapes
-
-    shards = as_shards(loader) if loader is not None else None
-    if shards is not None:
-        from .ray_calibration import calibrate_shards
-
-        return calibrate_shards(captured, shards)
 
     batches = [Call(*captured.fresh())] if loader is None else loader
     if other_shapes is None and isinstance(captured.model, torch.nn.Module):
@@ -212,7 +221,7 @@ def calibrate(captured, loader, *, other_shapes=None, keep_first_outputs: bool =
     before = other_shapes.captures if other_shapes is not None else 0
     calibration = collect(
         captured.base, batches, signature=captured.signature, other_shapes=other_shapes,
-        keep_first_outputs=keep_first_outputs,
+        keep_first_outputs=keep_first_outputs, histograms=histograms,
     )
     return calibration, (other_shapes.captures - before if other_shapes is not None else 0)
 

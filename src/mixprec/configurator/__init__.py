@@ -32,7 +32,7 @@ import torch
 
 from ..calibrate import entry as calibration_entry
 from ..dtypes import parse_dtype, short_name
-from ..errors import ConfigError
+from ..errors import ConfigError, InvariantError
 from ..ir.capture import as_input_tuple
 from ..ir.frontend import CapturedModel
 from ..ir.work_program import STORED_KINDS, WorkProgram
@@ -143,16 +143,20 @@ class MixedPrecisionConfigurator:
 
 
 class _OneCalibration:
-    """The configurator's one pass over its calibration data (``calibrate.entry.run``), made when first
-    needed: int8 requests read their boundary ranges from it, int8 marker regions without ranges theirs."""
+    """The configurator's one calibration (``calibrate.entry.run``), made when first needed: the int8 requests'
+    boundary values and the int8 marker regions without ranges are ranged in the same run."""
 
     def __init__(self, captured: CapturedModel, data):
         self.captured, self.data, self._done = captured, data, None
 
-    def get(self, *, statistics: bool) -> calibration_entry.Calibrated:
-        if self._done is None or (statistics and self._done.calibration is None):
-            self._done = calibration_entry.run(self.captured, self.data, statistics=statistics)
-        return self._done
+    def ranges(self, values=()) -> dict:
+        """int8 ranges of ``values`` and of the marker regions; the first call runs the calibration."""
+        if self._done is None:
+            self._done = calibration_entry.run(self.captured, self.data, statistics=False, int8_values=values)
+        missing = set(values) - set(self._done.int8_ranges)
+        if missing:  # decide() asks once with every value it needs: a second, wider request is a bug
+            raise InvariantError(f"the configurator's calibration ran before it was asked for {sorted(missing)}")
+        return dict(self._done.int8_ranges)
 
 
 class _Resolver:
@@ -199,7 +203,7 @@ class _Resolver:
         self._shared_parameters()
         int8 = self._int8_specs(calibration)
         # marker regions without ranges calibrate on the same pass (run only if some exist or int8 asked it)
-        self.marker_ranges = calibration.get(statistics=False).int8_ranges
+        self.marker_ranges = calibration.ranges()
         out = {}
         for name, request in self.winner.items():
             activation, param = request.activation, self.param[name]
@@ -286,7 +290,7 @@ class _Resolver:
                 if any(user.name not in group for user in nodes[name].users):
                     exits.add(name)
         wanted = {n for names in entries.values() for n in names} | exits
-        ranges = calibration.get(statistics=True).ranges(wanted, self.base)
+        ranges = calibration.ranges(wanted)
         return {
             name: Int8Spec(tuple((inp, ranges[inp]) for inp in entries[name]), ranges[name] if name in exits else None)
             for group in groups.values()

@@ -17,7 +17,8 @@ kernels return a copy — the same values, the same dtype.
 
 Quantize/dequantize (the int8 realisation, ``rewrite/quantize.py``): symmetric int8 with the
 range [-127, 127] (TensorRT's symmetric range: -128 is never produced, so the grid is
-symmetric about zero)::
+symmetric about zero), and ``quantize_per_tensor_u8``/``dequantize_per_tensor_u8`` for activations that are
+never negative (uint8 [0, 255], zero point 0, ``ops/quant.py``'s ``UINT8``)::
 
     q = clamp(round(x / scale), -127, 127)   as int8     (round half to even)
     x' = q * scale                           in float32, then converted to the output dtype
@@ -34,7 +35,7 @@ from types import MappingProxyType
 
 import torch
 
-from .quant import INT8_SYMMETRIC, dequantize, quantize
+from .quant import INT8_SYMMETRIC, UINT8, Grid, dequantize, quantize
 
 MARKER_NAMESPACE = "mixprec"
 
@@ -131,9 +132,50 @@ def _(q, scales, axis, dtype):
     return torch.empty_like(q, dtype=dtype)
 
 
-QUANTIZE_OPS = frozenset({torch.ops.mixprec.quantize_per_tensor.default})
+@torch.library.custom_op("mixprec::quantize_per_tensor_u8", mutates_args=())
+def quantize_per_tensor_u8(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """Unsigned int8 of a value that is never negative: clamp(round(x / scale), 0, 255) as uint8 (``ops/quant.py``)."""
+    return quantize(x, scale, UINT8)
+
+
+@torch.library.custom_op("mixprec::dequantize_per_tensor_u8", mutates_args=())
+def dequantize_per_tensor_u8(q: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """q * scale in float32 for a uint8 ``q``, converted to ``dtype``."""
+    return dequantize(q, scale, dtype, UINT8)
+
+
+@quantize_per_tensor_u8.register_fake
+def _(x, scale):
+    return torch.empty_like(x, dtype=torch.uint8)
+
+
+@dequantize_per_tensor_u8.register_fake
+def _(q, scale, dtype):
+    return torch.empty_like(q, dtype=dtype)
+
+
+QUANTIZE_OPS = frozenset({torch.ops.mixprec.quantize_per_tensor.default, torch.ops.mixprec.quantize_per_tensor_u8.default})
 DEQUANTIZE_OPS = frozenset(
-    {torch.ops.mixprec.dequantize_per_tensor.default, torch.ops.mixprec.dequantize_per_channel.default}
+    {
+        torch.ops.mixprec.dequantize_per_tensor.default,
+        torch.ops.mixprec.dequantize_per_tensor_u8.default,
+        torch.ops.mixprec.dequantize_per_channel.default,
+    }
 )
-# the grid each of them computes on (every one: symmetric int8); a backend's lowering reads it here
-GRID = MappingProxyType({op: INT8_SYMMETRIC for op in QUANTIZE_OPS | DEQUANTIZE_OPS})
+# the grid each of them computes on; a backend's lowering reads it here
+GRID = MappingProxyType(
+    {
+        torch.ops.mixprec.quantize_per_tensor.default: INT8_SYMMETRIC,
+        torch.ops.mixprec.dequantize_per_tensor.default: INT8_SYMMETRIC,
+        torch.ops.mixprec.dequantize_per_channel.default: INT8_SYMMETRIC,
+        torch.ops.mixprec.quantize_per_tensor_u8.default: UINT8,
+        torch.ops.mixprec.dequantize_per_tensor_u8.default: UINT8,
+    }
+)
+# the per-tensor (quantize, dequantize) pair of each activation grid
+PER_TENSOR_OPS: "MappingProxyType[Grid, tuple]" = MappingProxyType(
+    {
+        INT8_SYMMETRIC: (torch.ops.mixprec.quantize_per_tensor.default, torch.ops.mixprec.dequantize_per_tensor.default),
+        UINT8: (torch.ops.mixprec.quantize_per_tensor_u8.default, torch.ops.mixprec.dequantize_per_tensor_u8.default),
+    }
+)

@@ -17,8 +17,11 @@ fuses, OpenVINO's float arithmetic, the activations handed to oneDNN's int8 kern
 **A grid** (:class:`Grid`) is the integer range and its zero point: mixprec's int8 is TensorRT's
 symmetric [-127, 127] (:data:`INT8_SYMMETRIC`: -128 is never produced, so the grid is symmetric about zero
 and a scale is ``absmax / 127``). Other grids are parameters of the same arithmetic, not copies of it:
-:data:`UINT8_7BIT` is what the oneDNN lowering hands its u8 kernel (``backends/lowering/cpu.py`` says why
-7 bits), and unsigned or zero-point activations would be further :class:`Grid` values.
+:data:`UINT8` is the grid of activations that are never negative (after relu, softmax, ...: ``ir/sign.py``),
+[0, 255] with zero point 0 and scale ``max / 255`` — one bit more than the symmetric grid gives them, half
+its rounding error; :data:`UINT8_7BIT` is what the oneDNN lowering hands its u8 kernel for symmetric int8
+activations that are never negative (``backends/lowering/cpu.py`` says why 7 bits). Zero-point activations
+would be further :class:`Grid` values.
 
 **Spelled as ATen ops.** The arithmetic is a function of an *interpreter* ``run(op, *args, **kwargs)``:
 :data:`EAGER` calls each ATen op now (the custom ops' kernels), a graph interpreter
@@ -61,6 +64,8 @@ class Grid:
 
 # mixprec's int8 (activations and weights): TensorRT's symmetric range, -128 never produced
 INT8_SYMMETRIC = Grid(-127, 127, torch.int8)
+# an activation that is never negative: u8 in [0, 255], zero point 0 (scale = max / 255)
+UINT8 = Grid(0, 255, torch.uint8)
 # a non-negative activation as u8 in [0, 127]: the values of INT8_SYMMETRIC for x >= 0, in the type oneDNN reads
 UINT8_7BIT = Grid(0, 127, torch.uint8)
 

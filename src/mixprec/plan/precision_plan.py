@@ -32,7 +32,9 @@ Range = tuple[float, float]
 
 @dataclasses.dataclass(frozen=True)
 class Int8Spec:
-    """How an int8 layer is quantized: symmetric per-tensor int8 (scale = max(|min|, |max|) / 127).
+    """How an int8 layer is quantized: per-tensor int8 of each range — symmetric (scale = max(|min|, |max|) / 127),
+    or unsigned [0, 255] (scale = max / 255) for a value the graph proves never negative (``rewrite/quantize.py``).
+    Calibrated ranges are those of ``calibrate/int8_ranges.py`` (MSE-optimal clipping by default).
 
     inputs: (captured input node name, (min, max)) for every input that is quantized on its way in.
     output: (min, max) of the layer's output when it is quantized on its way out, else None.

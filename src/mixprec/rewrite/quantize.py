@@ -5,7 +5,9 @@ What the program computes for an int8 layer (fake quantization, on any device):
 * each input named in ``NodePrecision.int8.inputs`` is quantized with the symmetric
   per-tensor scale of its range (scale = max(|min|, |max|) / 127; q = clamp(round(x / scale),
   -127, 127) as int8: the arithmetic of ``ops/quant.py``) and dequantized to float32 — the layer
-  sees exactly int8 grid values;
+  sees exactly int8 grid values; a value the graph proves never negative (``ir/sign.py``: after relu,
+  softmax, ...) is quantized on the unsigned grid instead (scale = max / 255, q in [0, 255] as uint8,
+  ``mixprec.quantize_per_tensor_u8``): the same range with twice the resolution (:data:`UNSIGNED_ACTIVATIONS`);
 * with ``int8.output`` the layer's result is quantized and dequantized the same way before
   anything reads it;
 * convolution and linear weights of layers whose parameters are stored in int8 (int8
@@ -37,20 +39,24 @@ from torch._guards import detect_fake_mode
 from ..ir.graph_info import META_ORIGIN, META_ROLE
 from ..ir.passes import PassResult
 from ..ir.work_program import STORED_KINDS
-from ..ops.custom import DEQUANTIZE_OPS, QUANTIZE_OPS
+from ..ir.sign import is_nonnegative
+from ..ops.custom import DEQUANTIZE_OPS, PER_TENSOR_OPS, QUANTIZE_OPS
 from ..ops.names import op_name, packet_name
-from ..ops.quant import INT8_SYMMETRIC, quantize_weight, symmetric_scale
+from ..ops.quant import INT8_SYMMETRIC, UINT8, Grid, quantize_weight, symmetric_scale
 from ..ops.table import INT8_WEIGHT_OPS
 from .casting import first_compute_node, is_mixprec_cast, short_name, tensor_dtype
 from .context import RewriteContext
 
 WEIGHT_ARG = 1  # the weight of aten.linear / aten.convNd
 WEIGHT_AXIS = 0  # their output channels
+# activations proven never negative go on the unsigned grid [0, 255]; chosen by measurement
+# (bench/int8_nncf.py, bench/RESULTS.md "Issue 22 int8 vs NNCF")
+UNSIGNED_ACTIVATIONS = True
 
 
-def per_tensor_scale(value_range: tuple[float, float]) -> float:
-    """Symmetric int8 scale of a (min, max) range (``ops/quant.py``); an all-zero range gets scale 1/127."""
-    return symmetric_scale(value_range, INT8_SYMMETRIC)
+def activation_grid(value: torch.fx.Node, known: dict | None = None) -> Grid:
+    """The grid an int8 activation is quantized on: unsigned where the graph proves it never negative."""
+    return UINT8 if UNSIGNED_ACTIVATIONS and is_nonnegative(value, known) else INT8_SYMMETRIC
 
 
 def is_quant_node(node) -> bool:
@@ -105,6 +111,7 @@ def quantize(ctx: RewriteContext) -> PassResult:
     work = ctx.work
     changed = False
     weights: dict[torch.fx.Node, tuple[torch.fx.Node, torch.fx.Node]] = {}
+    signs: dict = {}  # the sign analysis's memory, shared by every value judged
     for node in list(work.graph.nodes):
         decision = ctx.plan.get(node.name)
         if node.op != "call_function" or decision is None:
@@ -114,10 +121,12 @@ def quantize(ctx: RewriteContext) -> PassResult:
             for inp in list(node.all_input_nodes):
                 value_range = spec.input_range(captured_name(inp))
                 if value_range is not None:
-                    node.replace_input_with(inp, _fake_quant(work.graph, inp, per_tensor_scale(value_range)))
+                    grid = activation_grid(inp, signs)
+                    node.replace_input_with(inp, _fake_quant(work.graph, inp, symmetric_scale(value_range, grid), grid))
                     changed = True
             if spec.output is not None:
-                dq = _fake_quant(work.graph, node, per_tensor_scale(spec.output))
+                grid = activation_grid(node, signs)
+                dq = _fake_quant(work.graph, node, symmetric_scale(spec.output, grid), grid)
                 quant = dq.args[0]
                 node.replace_all_uses_with(dq, delete_user_cb=lambda user: user is not quant)
                 changed = True
@@ -128,22 +137,24 @@ def quantize(ctx: RewriteContext) -> PassResult:
     return PassResult(changed)
 
 
-def _fake_quant(graph: torch.fx.Graph, value: torch.fx.Node, scale: float) -> torch.fx.Node:
-    """dequantize(quantize(value)) with ``scale``, one per (value, scale); a value already on that grid is kept."""
-    if is_dequant_node(value) and len(value.args) == 3 and value.args[1] == scale:
+def _fake_quant(graph: torch.fx.Graph, value: torch.fx.Node, scale: float, grid: Grid = INT8_SYMMETRIC) -> torch.fx.Node:
+    """dequantize(quantize(value)) with ``scale`` on ``grid``, one per (value, scale, grid); a value already on that
+    grid is kept."""
+    q_op, dq_op = PER_TENSOR_OPS[grid]
+    if is_dequant_node(value) and value.target is dq_op and value.args[1] == scale:
         return value
     dtype = tensor_dtype(value)
     for user in value.users:
-        if is_quant_node(user) and user.args[1] == scale:
+        if is_quant_node(user) and user.target is q_op and user.args[1] == scale:
             for dq in user.users:
-                if is_dequant_node(dq) and dq.args[2] == dtype:
+                if is_dequant_node(dq) and dq.target is dq_op and dq.args[2] == dtype:
                     return dq
     anchor = graph.inserting_before(first_compute_node(graph)) if value.op == "placeholder" else graph.inserting_after(value)
     with anchor:
-        quant = graph.call_function(torch.ops.mixprec.quantize_per_tensor.default, (value, scale), name=f"{value.name}_q")
-    quant.meta = _meta(value, torch.int8, "quant")
+        quant = graph.call_function(q_op, (value, scale), name=f"{value.name}_q")
+    quant.meta = _meta(value, grid.dtype, "quant")
     with graph.inserting_after(quant):
-        dq = graph.call_function(torch.ops.mixprec.dequantize_per_tensor.default, (quant, scale, dtype), name=f"{value.name}_dq")
+        dq = graph.call_function(dq_op, (quant, scale, dtype), name=f"{value.name}_dq")
     dq.meta = _meta(value, dtype, "dequant")
     return dq
 

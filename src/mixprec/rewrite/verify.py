@@ -41,7 +41,8 @@ from ..dtypes import is_float
 from ..errors import InvariantError
 from ..ir.graph_info import META_ACC, META_ROLE
 from ..ir.passes import CHECKED, GRAPH_CHECKED, PassResult
-from ..ops.custom import DEQUANTIZE_OPS, QUANTIZE_OPS
+from ..ops.custom import DEQUANTIZE_OPS, GRID, PER_TENSOR_OPS, QUANTIZE_OPS
+from ..ops.quant import symmetric_scale
 from ..ops.names import op_name, packet_name
 from ..plan.input_contract import required_input_dtype
 from .casting import is_mixprec_cast, origin_name, tensor_dtype
@@ -49,8 +50,8 @@ from .context import RewriteContext
 from .quantize import (
     captured_name,
     is_dequant_node,
+    activation_grid,
     is_quant_node,
-    per_tensor_scale,
     stored_source,
     weight_quantized,
 )
@@ -173,10 +174,13 @@ def _check_layers(ctx, graph, where):
 def _check_int8(ctx, graph, where):
     for node in graph.nodes:
         if is_quant_node(node):
-            if not is_float(tensor_dtype(node.args[0])) or tensor_dtype(node) != torch.int8:
-                raise InvariantError(f"quantize {node.name}{where} must turn a float tensor into int8")
-        elif is_dequant_node(node) and tensor_dtype(node.args[0]) != torch.int8:
-            raise InvariantError(f"dequantize {node.name}{where} reads {tensor_dtype(node.args[0])}, not int8")
+            grid = GRID[node.target]
+            if not is_float(tensor_dtype(node.args[0])) or tensor_dtype(node) != grid.dtype:
+                raise InvariantError(f"quantize {node.name}{where} must turn a float tensor into {grid.dtype}")
+        elif is_dequant_node(node) and tensor_dtype(node.args[0]) != GRID[node.target].dtype:
+            raise InvariantError(
+                f"dequantize {node.name}{where} reads {tensor_dtype(node.args[0])}, not {GRID[node.target].dtype}"
+            )
         decision = ctx.plan.get(node.name)
         if node.op != "call_function" or decision is None:
             continue
@@ -184,14 +188,20 @@ def _check_int8(ctx, graph, where):
         if spec is not None:
             for inp in node.all_input_nodes:
                 value_range = spec.input_range(captured_name(inp))
-                if value_range is not None and not _on_grid(inp, per_tensor_scale(value_range)):
+                if value_range is None:
+                    continue
+                source = inp.args[0].args[0] if is_dequant_node(inp) and is_quant_node(inp.args[0]) else inp
+                grid = activation_grid(source)
+                if not _on_grid(inp, symmetric_scale(value_range, grid), grid):
                     raise InvariantError(
                         f"int8 layer {node.name}{where} reads {inp.name}, which is not {captured_name(inp)} "
-                        f"quantized with scale {per_tensor_scale(value_range):.6g}"
+                        f"quantized with scale {symmetric_scale(value_range, grid):.6g} on [{grid.qmin}, {grid.qmax}]"
                     )
             if spec.output is not None:
-                scale = per_tensor_scale(spec.output)
-                if not node.users or not all(is_quant_node(u) and u.args[1] == scale for u in node.users):
+                grid = activation_grid(node)
+                scale = symmetric_scale(spec.output, grid)
+                q_op = PER_TENSOR_OPS[grid][0]
+                if not node.users or not all(u.target is q_op and u.args[1] == scale for u in node.users):
                     raise InvariantError(
                         f"int8 layer {node.name}{where}: its output must be read only through its quantize node "
                         f"(scale {scale:.6g}); readers: {', '.join(u.name for u in node.users)}"
@@ -207,8 +217,12 @@ def _check_int8(ctx, graph, where):
                 )
 
 
-def _on_grid(value, scale) -> bool:
-    return is_dequant_node(value) and value.args[1] == scale and is_quant_node(value.args[0]) and value.args[0].args[1] == scale
+def _on_grid(value, scale, grid) -> bool:
+    q_op, dq_op = PER_TENSOR_OPS[grid]
+    return (
+        isinstance(value, torch.fx.Node) and value.target is dq_op and value.args[1] == scale
+        and value.args[0].target is q_op and value.args[0].args[1] == scale
+    )
 
 
 def _check_inputs(ctx, where):

@@ -52,12 +52,17 @@ def test_every_backend_asks_the_same_function(cpu_kind):
 
 
 @pytest.mark.skipif(not onednn.is_available(), reason="torch without oneDNN int8 kernels")
-def test_the_onednn_lowering_asks_it_for_its_grid_and_obeys(monkeypatch, caplog):
+@pytest.mark.parametrize("unsigned", [True, False])
+def test_the_onednn_lowering_asks_it_for_its_grid_and_obeys(monkeypatch, caplog, unsigned):
     import logging
 
     from models import ReluNet
 
     import mixprec
+    from mixprec.ops.quant import UINT8
+    from mixprec.rewrite import quantize as rewrite_quantize
+
+    monkeypatch.setattr(rewrite_quantize, "UNSIGNED_ACTIVATIONS", unsigned)
 
     model = ReluNet(32, layers=2).eval()
     x = torch.randn(4, 32)
@@ -68,9 +73,9 @@ def test_the_onednn_lowering_asks_it_for_its_grid_and_obeys(monkeypatch, caplog)
     monkeypatch.setattr(cpu, "int8_kernel_exact", lambda grid, weights=INT8_SYMMETRIC: asked.append(grid) or False)
     with caplog.at_level(logging.INFO, logger="mixprec.backends.lowering.qdq"):
         prog = mixprec.compile(model, (x,), plan=plan)
-    assert asked == [UINT8_7BIT, UINT8_7BIT]
+    assert asked == ([UINT8, UINT8] if unsigned else [UINT8_7BIT, UINT8_7BIT])
     assert not any(n.target is onednn.KERNEL for n in prog.runner.graph.nodes)
-    assert "not exact on 7-bit activations" in caplog.text
+    assert ("not exact on 8-bit unsigned activations" if unsigned else "not exact on 7-bit activations") in caplog.text
 
 
 def test_the_probe_agrees_with_the_cpu_flags():

@@ -27,6 +27,7 @@ from mixprec.backends.lowering import cpu, onednn, qdq, run_passes
 from mixprec.errors import InvariantError
 from mixprec.ir.passes import GraphPass, PassResult
 from mixprec.ops.quant import quantize_weight
+from mixprec.rewrite import quantize as rewrite_quantize
 
 needs_onednn = pytest.mark.skipif(not onednn.is_available(), reason="torch without oneDNN int8 kernels")
 
@@ -42,6 +43,20 @@ def int8_plan(model, x, **kwargs):
 
 def lowered_count(module) -> int:
     return sum(1 for n in module.graph.nodes if n.target is KERNEL)
+
+
+@pytest.fixture
+def minmax_ranges(monkeypatch):
+    """Calibrated ranges are the values' min/max (the test's scale 1/16 is built from the input's absmax)."""
+    from mixprec.calibrate import int8_ranges
+
+    monkeypatch.setattr(int8_ranges, "DEFAULT_ESTIMATOR", "minmax")
+
+
+@pytest.fixture
+def symmetric_activations(monkeypatch):
+    """Every activation on the symmetric grid (the rewrite's choice before unsigned activations): the 7-bit path."""
+    monkeypatch.setattr(rewrite_quantize, "UNSIGNED_ACTIVATIONS", False)
 
 
 # ---- the spellings ------------------------------------------------------------------------------------------
@@ -159,6 +174,7 @@ def _exact_model(width=256):
 
 @needs_onednn
 @pytest.mark.parametrize("backend", ["eager", "inductor"])
+@pytest.mark.usefixtures("symmetric_activations", "minmax_ranges")
 def test_lowered_layer_keeps_the_grid_round_half_even_and_the_clamp(backend):
     width = 256
     model = _exact_model(width)
@@ -195,6 +211,7 @@ def test_lowered_layer_keeps_the_grid_round_half_even_and_the_clamp(backend):
 
 @needs_onednn
 @pytest.mark.parametrize("backend", ["eager", "inductor"])
+@pytest.mark.usefixtures("symmetric_activations")
 def test_lowered_program_agrees_with_fake_quantization_within_fp32_rounding(backend):
     torch.manual_seed(1)
     model = ReluNet(256, layers=3).eval()
@@ -215,6 +232,7 @@ def test_lowered_program_agrees_with_fake_quantization_within_fp32_rounding(back
 
 @needs_onednn
 @pytest.mark.parametrize("kind", ["vnni", "avx2"])
+@pytest.mark.usefixtures("symmetric_activations")
 def test_both_kinds_of_cpu_lower_the_same_layers(monkeypatch, kind):
     """The 7-bit grid is exact on every CPU's kernel (cpu.py): with or without VNNI the same layers run on it,
     with the same values; only OpenVINO's choice depends on the kind (tests/backends/openvino)."""
@@ -228,6 +246,32 @@ def test_both_kinds_of_cpu_lower_the_same_layers(monkeypatch, kind):
     assert [n.name for n in prog.runner.graph.nodes if n.target is KERNEL] == ["linear_1_int8", "linear_2_int8"]
     with torch.inference_mode():
         assert torch.equal(prog(x), before(x))
+
+
+@needs_onednn
+@pytest.mark.parametrize("kind", ["vnni", "avx2"])
+def test_unsigned_activations_run_on_the_kernel_only_where_it_is_exact_on_full_u8(monkeypatch, caplog, kind):
+    """Activations after relu are unsigned [0, 255] (rewrite/quantize.py): u8 x s8 pairs reach 2 * 255 * 127,
+    beyond int16, so without VNNI those layers keep their fake quantization; with VNNI they run on the kernel."""
+    torch.manual_seed(1)
+    model = ReluNet(64, layers=3, relu_in=False).eval()
+    x = torch.randn(8, 64)
+    plan = int8_plan(model, x)
+    monkeypatch.setattr(cpu, "has_int8_dot_product", lambda: kind == "vnni")
+    with caplog.at_level(logging.INFO, logger="mixprec.backends.lowering.qdq"):
+        prog = mixprec.compile(model, (x,), plan=plan)
+    lowered = [n.name for n in prog.runner.graph.nodes if n.target is KERNEL]
+    u8 = torch.ops.mixprec.quantize_per_tensor_u8.default
+    assert sum(n.target is u8 for n in prog.exported_program.graph.nodes) == 2  # linear_1's and linear_2's inputs
+    if kind == "vnni":
+        assert lowered == ["linear_1_int8", "linear_2_int8"]
+        clamps = [n.args[1:] for n in prog.runner.graph.nodes if n.target is torch.ops.aten.clamp.default]
+        assert (0, 255) in clamps  # the kernel reads the full u8 grid
+    else:
+        assert lowered == []
+        assert "not exact on 8-bit unsigned activations" in caplog.text
+        with torch.inference_mode():
+            assert torch.equal(prog(x), prog.exported_program.module()(x))
 
 
 # ---- the oneDNN table: what is lowered, what is not, and where the packed weights live ------------------------
@@ -245,6 +289,7 @@ def test_signed_inputs_stay_fake_quantization_and_are_logged(caplog):
 
 
 @needs_onednn
+@pytest.mark.usefixtures("symmetric_activations")
 def test_first_layer_of_a_relu_net_reads_the_signed_input_and_stays():
     model = ReluNet(64, layers=3, relu_in=False).eval()
     x = torch.randn(4, 64)
@@ -262,6 +307,7 @@ def test_nothing_is_lowered_where_the_kernels_are_missing(monkeypatch):
 
 
 @needs_onednn
+@pytest.mark.usefixtures("symmetric_activations")
 def test_packing_is_not_saved_and_happens_again_on_load(tmp_path):
     model = ReluNet(64, layers=2).eval()
     x = torch.randn(4, 64)

@@ -125,14 +125,17 @@ def test_int8_layers_say_what_they_compute_in(monkeypatch, kernels):
 
 def test_int8_kernel_lowering_uses_fake_quantize_patterns():
     """The program handed to OpenVINO for int8 kernels holds quantized_decomposed quantize/dequantize pairs
-    with mixprec's scale, zero point 0 and range [-127, 127]; the float32 lowering holds none."""
+    with mixprec's scale, zero point 0 and range [-127, 127] — [0, 255] uint8 for an unsigned activation (after
+    relu); the float32 lowering holds none."""
     model, x, plan = _int8_mlp()
     program = mixprec.compile(model, (x,), plan=plan).exported_program
-    scales = sorted(n.args[1] for n in program.graph.nodes if n.target is torch.ops.mixprec.quantize_per_tensor.default)
+    grids = {torch.ops.mixprec.quantize_per_tensor.default: (0, -127, 127, torch.int8),
+             torch.ops.mixprec.quantize_per_tensor_u8.default: (0, 0, 255, torch.uint8)}
+    scales = sorted((n.args[1], grids[n.target]) for n in program.graph.nodes if n.target in grids)
+    assert {g for _, g in scales} == set(grids.values())  # the MLP has both kinds
     lowered = ov_convert.for_openvino(program, int8_kernels=True)
     quants = [n for n in lowered.graph.nodes if n.target is torch.ops.quantized_decomposed.quantize_per_tensor.default]
-    assert sorted(n.args[1] for n in quants) == scales and scales
-    assert {tuple(n.args[2:]) for n in quants} == {(0, -127, 127, torch.int8)}
+    assert sorted((n.args[1], tuple(n.args[2:])) for n in quants) == scales
     plain = ov_convert.for_openvino(program, int8_kernels=False)
     assert not any("quantize" in str(n.target) for n in plain.graph.nodes)
     assert any(n.target is torch.ops.mixprec.quantize_per_tensor.default for n in program.graph.nodes)  # unchanged

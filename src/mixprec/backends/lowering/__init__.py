@@ -2,7 +2,7 @@
 
 A backend receives the rewritten program and changes its own copy: quantize/dequantize spelled for its
 compiler (``qdq.py``: one table per target, the one arithmetic of ``ops/quant.py``), int8 linear layers on
-oneDNN's kernel where this CPU computes them exactly (``qdq.py``'s ONEDNN table, ``onednn.py``, ``sign.py``,
+oneDNN's kernel where this CPU computes them exactly (``qdq.py``'s ONEDNN table, ``onednn.py``, ``ir/sign.py``,
 ``cpu.py``), the run-time guard (``backends/guard.py``), OpenVINO's preparation (``backends/openvino/``).
 Each is a :class:`~mixprec.ir.passes.GraphPass` with ``stage="backend"``; :func:`run_passes` checks that
 their contracts fit, starting from what the rewrite leaves, and — with ``MIXPREC_VERIFY_EACH=1``, as the

@@ -57,7 +57,8 @@ def pack_for(module: torch.nn.Module, weight_int8: torch.Tensor) -> int:
 def int8_linear_u7(
     u: torch.Tensor, x_scale: float, w_scales: torch.Tensor, bias: torch.Tensor | None, handle: int
 ) -> torch.Tensor:
-    """(u * x_scale) @ (w * w_scales).T + bias for a uint8 ``u`` in [0, 127], on the int8 GEMM (float32 out)."""
+    """(u * x_scale) @ (w * w_scales).T + bias for a uint8 ``u`` (zero point 0), on the int8 GEMM (float32 out):
+    [0, 127] on any CPU, [0, 255] only where the kernel is exact on it (``cpu.py``)."""
     packed = _PACKED.get(handle)
     if packed is None:
         raise RuntimeError(f"mixprec: the packed int8 weight {handle} was freed with the module that owned it")

