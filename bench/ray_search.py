@@ -147,6 +147,8 @@ def main():
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--timing-layers", type=int, default=4, help="GPT-2 layers of the timed model")
     parser.add_argument("--payload-only", action="store_true", help="only step 3's payload size on GPT-2 small")
+    parser.add_argument("--timing-only", action="store_true",
+                        help="only step 2 (after one untimed distributed search that starts the actors)")
     args = parser.parse_args()
     warnings.simplefilter("ignore", mixprec.MixedPrecisionWarning)
     if args.payload_only:
@@ -155,7 +157,7 @@ def main():
 
     print(f"{stamp()}  {machine()}")
     print(f"command: python bench/{Path(__file__).name} --rounds {args.rounds} --eval-batches {args.eval_batches} "
-          f"--tokens {args.tokens} --timing-layers {args.timing_layers}")
+          f"--tokens {args.tokens} --timing-layers {args.timing_layers}" + (" --timing-only" if args.timing_only else ""))
     print(f"torch threads (default) in this process: {torch.get_num_threads()}; Ray workers: 1 CPU, 1 thread each")
     # Ray runs its workers at nice 15 (worker_niceness); other jobs share this machine at nice 0, so the workers
     # would get a fraction of a core each: run them at this process's priority for a fair comparison
@@ -166,17 +168,21 @@ def main():
     print(f"ray.init(num_cpus=2) (local cluster start): {time.perf_counter() - start:.1f} s")
     torch.manual_seed(0)
 
-    for build in (llama, gpt2):  # at 1 thread here: 2 workers of 1 thread each (a worker takes our thread count)
+    for build in () if args.timing_only else (llama, gpt2):  # at 1 thread here: 2 workers of 1 thread each (a worker takes our thread count)
         name, model, vocab = build()
         batches = data(vocab, args.eval_batches, args.tokens)
         here, t_here = with_threads(1, lambda: search(model, batches))
         there, t_there = with_threads(1, lambda: search(model, batches, ray_address="auto", workers=2))
         print(f"\n{name}: {len(here.groups)} groups, {here.trials} trials; identical: {same(here, there)}; "
               f"single process (1 thread) {t_here:.1f} s, 2 workers x 1 thread {t_there:.1f} s", flush=True)
-    gpt2_model, gpt2_batches = model, batches
+    if not args.timing_only:
+        gpt2_model, gpt2_batches = model, batches
 
     name, model, vocab = gpt2(args.timing_layers)
     batches = data(vocab, args.eval_batches, args.tokens)
+    if args.timing_only:  # the actors start here, untimed (the full run starts them in the equality runs)
+        _, seconds = with_threads(1, lambda: search(model, batches, ray_address="auto", workers=2))
+        print(f"first distributed search (starts the actors, untimed in the table): {seconds:.1f} s", flush=True)
     times = {"single, default threads": [], "single, 1 thread": [], "2 Ray workers x 1 thread": []}
     identical = []
     reference = None
@@ -201,6 +207,8 @@ def main():
     print(f"  ratio 2 workers / single, default threads: {med[dist] / med['single, default threads']:.2f}")
     print(f"  ratio 2 workers / single, 1 thread (fair):  {med[dist] / med['single, 1 thread']:.2f}", flush=True)
     ray.shutdown()
+    if args.timing_only:
+        return
     model, batches, name = gpt2_model, gpt2_batches, "GPT-2 small shape"
 
     cost = with_threads(1, lambda: trial_cost(model, batches))

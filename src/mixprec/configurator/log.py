@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from ..dtypes import short_name
 from ..ir.graph_info import META_ROLE
-from ..rewrite.casting import is_mixprec_cast, tensor_dtype
-from ..rewrite.quantize import captured_name
+from ..rewrite.casting import is_mixprec_cast, origin_name, tensor_dtype
 
 
 def render_log(requests, resolver, info, plan, realised) -> str:
@@ -76,7 +75,7 @@ def _layer_rows(info, plan, realised):
             if is_mixprec_cast(inp):
                 casts.append(f"{inp.args[0].name}->{short_name(inp.args[1])}")
             elif inp.meta.get(META_ROLE) == "dequant":
-                casts.append(f"{captured_name(inp)}->int8")
+                casts.append(f"{origin_name(inp, through_quantize=True)}->int8")
         for user in node.users:
             if user.meta.get(META_ROLE) == "quant" and decision.int8 is not None and decision.int8.output is not None:
                 casts.append("output->int8")

@@ -14,6 +14,7 @@ from torch._guards import detect_fake_mode
 from .. import dtypes
 from ..dtypes import is_float
 from ..ir.graph_info import META_ORIGIN, META_ROLE
+from ..ops.custom import DEQUANTIZE_OPS, QUANTIZE_OPS
 
 MIXPREC_CAST_ROLES = frozenset({"cast", "param_cast", "acc_cast", "io_cast"})
 
@@ -75,11 +76,19 @@ def is_mixprec_cast(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and node.meta.get(META_ROLE) in MIXPREC_CAST_ROLES
 
 
-def origin_name(node: torch.fx.Node) -> str:
-    """Name of the captured value behind a node: looks through mixprec's casts and stored copies."""
-    while is_mixprec_cast(node) or node.meta.get(META_ROLE) == "layout":
+def origin_name(node: torch.fx.Node, *, through_quantize: bool = False) -> str:
+    """Name of the captured value behind a node: looks through mixprec's casts and stored (layout) copies, and
+    with ``through_quantize`` through quantize/dequantize too (an int8 layer's input is the value it quantizes;
+    the cast checks must not look through them: a dequantize's float32 is the dtype the layer reads)."""
+    while (is_mixprec_cast(node) or node.meta.get(META_ROLE) == "layout"
+           or (through_quantize and _is_qdq(node))):
         node = node.args[0]
     return node.meta.get(META_ORIGIN, node.name)
+
+
+def _is_qdq(node) -> bool:
+    return (isinstance(node, torch.fx.Node) and node.op == "call_function"
+            and (node.target in QUANTIZE_OPS or node.target in DEQUANTIZE_OPS))
 
 
 def cast_target_arg(node: torch.fx.Node) -> torch.dtype | None:

@@ -44,7 +44,7 @@ from ..ops.custom import DEQUANTIZE_OPS, PER_TENSOR_OPS, QUANTIZE_OPS
 from ..ops.names import op_name, packet_name
 from ..ops.quant import INT8_SYMMETRIC, UINT8, Grid, quantize_weight, symmetric_scale
 from ..ops.table import INT8_WEIGHT_OPS
-from .casting import first_compute_node, is_mixprec_cast, short_name, tensor_dtype
+from .casting import first_compute_node, origin_name, short_name, tensor_dtype
 from .context import RewriteContext
 
 WEIGHT_ARG = 1  # the weight of aten.linear / aten.convNd
@@ -65,13 +65,6 @@ def is_quant_node(node) -> bool:
 
 def is_dequant_node(node) -> bool:
     return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in DEQUANTIZE_OPS
-
-
-def captured_name(node: torch.fx.Node) -> str:
-    """Name of the captured value behind a node: looks through mixprec's casts and quantize/dequantize."""
-    while is_mixprec_cast(node) or is_quant_node(node) or is_dequant_node(node):
-        node = node.args[0]
-    return node.meta.get(META_ORIGIN, node.name)
 
 
 def weight_quantized(decision, packet: str) -> bool:
@@ -119,7 +112,7 @@ def quantize(ctx: RewriteContext) -> PassResult:
         spec = decision.int8
         if spec is not None:
             for inp in list(node.all_input_nodes):
-                value_range = spec.input_range(captured_name(inp))
+                value_range = spec.input_range(origin_name(inp, through_quantize=True))
                 if value_range is not None:
                     grid = activation_grid(inp, signs)
                     node.replace_input_with(inp, _fake_quant(work.graph, inp, symmetric_scale(value_range, grid), grid))

@@ -48,7 +48,6 @@ from ..plan.input_contract import required_input_dtype
 from .casting import is_mixprec_cast, origin_name, tensor_dtype
 from .context import RewriteContext
 from .quantize import (
-    captured_name,
     is_dequant_node,
     activation_grid,
     is_quant_node,
@@ -187,14 +186,14 @@ def _check_int8(ctx, graph, where):
         spec = decision.int8
         if spec is not None:
             for inp in node.all_input_nodes:
-                value_range = spec.input_range(captured_name(inp))
+                value_range = spec.input_range(origin_name(inp, through_quantize=True))
                 if value_range is None:
                     continue
                 source = inp.args[0].args[0] if is_dequant_node(inp) and is_quant_node(inp.args[0]) else inp
                 grid = activation_grid(source)
                 if not _on_grid(inp, symmetric_scale(value_range, grid), grid):
                     raise InvariantError(
-                        f"int8 layer {node.name}{where} reads {inp.name}, which is not {captured_name(inp)} "
+                        f"int8 layer {node.name}{where} reads {inp.name}, which is not {origin_name(inp, through_quantize=True)} "
                         f"quantized with scale {symmetric_scale(value_range, grid):.6g} on [{grid.qmin}, {grid.qmax}]"
                     )
             if spec.output is not None:
