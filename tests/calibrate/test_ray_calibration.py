@@ -8,13 +8,20 @@ import pytest
 import torch
 
 import mixprec
+from mixprec.calibrate.entry import run
 from mixprec.calibrate.shards import Shards
-from mixprec.calibrate.statistics import calibrate
 from mixprec.errors import CalibrationError, ConfigError
 from mixprec.ir.frontend import CapturedModel
 
 ray = pytest.importorskip("ray")  # requirements-dev.txt pins it: CI has it
 ray_data = pytest.importorskip("ray.data")
+
+
+def calibrate(captured, data):
+    """The one calibration entry (it sends data in shards to the Ray workers), with min/max int8 ranges:
+    (statistics, captures for other sizes)."""
+    done = run(captured, data, estimator="minmax")
+    return done.calibration, done.recaptures
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -301,18 +301,25 @@ def test_bad_arguments_fail_at_the_call():
 
 def test_int8_ranges_calibrate_once_on_a_loader_of_dict_batches_of_other_sizes(model, monkeypatch):
     """apply(calibration_dataloader=...) takes what compile's calibration takes (dicts by forward's names, other
-    batch sizes) and runs over it once; the head's ranges are those of every batch, not of the example inputs."""
-    from mixprec.calibrate import statistics
+    batch sizes) and runs over it once (with min/max ranges; the MSE estimator adds its one histogram pass); the head's
+    ranges are those of every batch, not of the example inputs."""
+    from mixprec.calibrate import int8_ranges, statistics
 
     torch.manual_seed(1)
     batches = [{"x": torch.randn(5, 16) * 4, "y": torch.randn(5, 16)}, {"x": torch.randn(2, 16), "y": torch.randn(2, 16) * 3}]
     passes = []
     real = statistics.collect
-    monkeypatch.setattr(statistics, "collect", lambda *a, **k: passes.append(1) or real(*a, **k))
+    monkeypatch.setattr(statistics, "collect", lambda *a, **k: passes.append(k.get("histograms") is not None)
+                        or real(*a, **k))
     cfg = mixprec.MixedPrecisionConfigurator(model)
     cfg.set_precision("head", activation="int8")
+    assert int8_ranges.DEFAULT_ESTIMATOR == "mse"
+    cfg.apply(INPUTS, calibration_dataloader=batches)
+    assert passes == [False, True]  # statistics, then the histograms over the same batches
+    passes.clear()
+    monkeypatch.setattr(int8_ranges, "DEFAULT_ESTIMATOR", "minmax")
     plan = cfg.apply(INPUTS, calibration_dataloader=batches)
-    assert len(passes) == 1
+    assert passes == [False]
     seen = []
     hook = model.head.register_forward_hook(lambda m, a, out: seen.append((a[0], out)))
     with torch.no_grad():
@@ -324,7 +331,5 @@ def test_int8_ranges_calibrate_once_on_a_loader_of_dict_batches_of_other_sizes(m
     want_in = (min(float(i.min()) for i, _ in seen), max(float(i.max()) for i, _ in seen))
     assert (lo, hi) == pytest.approx(want_in, rel=1e-6)
     assert spec.output == pytest.approx((min(float(o.min()) for _, o in seen), max(float(o.max()) for _, o in seen)), rel=1e-6)
-    example = mixprec.MixedPrecisionConfigurator(model)
-    example.set_precision("head", activation="int8")
-    other = next(d.int8 for d in example.apply(INPUTS).values() if d.int8 is not None)
+    other = next(d.int8 for d in cfg.apply(INPUTS).values() if d.int8 is not None)
     assert other.output != spec.output  # the loader's ranges, not the example inputs'
