@@ -43,6 +43,7 @@ import contextlib
 import io
 import logging
 import os
+import time
 import warnings
 from collections.abc import Callable, Sequence
 
@@ -341,10 +342,23 @@ def release() -> None:
         _kill(ray, _ACTORS.pop(key))
 
 
-def _kill(ray, actors) -> None:
+def _kill(ray, actors, *, within: float = 30.0) -> None:
+    """Kill the actors (no restart) and return once each is gone, or after ``within`` seconds: ``ray.kill`` only
+    asks the cluster, and an actor that was restarting (a worker process that died) can miss the request."""
+    deadline = time.monotonic() + within
     for actor in actors:
-        with contextlib.suppress(Exception):
-            ray.kill(actor)
+        while True:
+            with contextlib.suppress(Exception):  # an actor already gone, or a cluster already shut down
+                ray.kill(actor, no_restart=True)
+            try:
+                ray.get(actor.pid.remote(), timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+            except ray.exceptions.RayActorError:
+                break  # gone for good
+            except Exception:  # still answering late, or the cluster is gone: ask again until the deadline
+                pass
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
 
 
 def _alive(ray, actor) -> bool:
