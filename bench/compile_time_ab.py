@@ -25,6 +25,8 @@ from harness import machine, stamp, table  # noqa: E402
 CHILD = r"""
 import json, statistics, sys, time, warnings
 import torch
+if {threads}:
+    torch.set_num_threads({threads})
 sys.path.insert(0, {here!r})
 warnings.simplefilter("ignore")
 from models import bert_base
@@ -46,9 +48,9 @@ print(json.dumps({{"export": e, "compile": c, "report": report, "file": mixprec.
 """
 
 
-def run(src: str, rounds: int) -> dict:
+def run(src: str, rounds: int, threads: int = 0) -> dict:
     env = {**os.environ, "PYTHONPATH": src}
-    out = subprocess.run([sys.executable, "-c", CHILD.format(here=str(HERE), rounds=rounds)], env=env,
+    out = subprocess.run([sys.executable, "-c", CHILD.format(here=str(HERE), rounds=rounds, threads=threads)], env=env,
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -59,14 +61,16 @@ def main() -> None:
     parser.add_argument("--new-src", default=str(HERE.parent / "src"))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--alternations", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads in each child (0: torch's default); 1 steadies an A/B on a loaded machine")
     args = parser.parse_args()
     print(f"{stamp()}  {machine()}")
     print(f"command: python bench/{Path(__file__).name} --old-src {args.old_src} --rounds {args.rounds} "
-          f"--alternations {args.alternations}")
+          f"--alternations {args.alternations} --threads {args.threads}  (torch threads: {args.threads or 'default'})")
     rows = []
     for _ in range(args.alternations):
         for label, src in (("old", args.old_src), ("new", args.new_src)):
-            r = run(src, args.rounds)
+            r = run(src, args.rounds, args.threads)
             rows.append({"source": label, "export s": r["export"], "compile s": r["compile"],
                          "compile / export": r["compile"] / r["export"], "report phase s": r["report"],
                          "without report / export": (r["compile"] - r["report"]) / r["export"],

@@ -30,7 +30,7 @@ import time
 
 import torch
 import transformers
-from harness import machine, stamp
+from harness import cpu_flags, machine, stamp
 
 import mixprec.hf
 
@@ -88,14 +88,6 @@ def prompts_for(name: str, model, length: int) -> dict:
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
-def cpu_flags() -> str:
-    try:
-        flags = open("/proc/cpuinfo").read().split("flags", 1)[1].split("\n", 1)[0].split()
-    except (OSError, IndexError):
-        return "unknown"
-    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
-    return ", ".join(f"{f}={'yes' if f in flags else 'no'}" for f in wanted)
-
 
 def compared(tokens: torch.Tensor, reference: torch.Tensor, start: int) -> str:
     if torch.equal(tokens, reference):
@@ -120,7 +112,7 @@ def main():
         torch.set_num_threads(args.threads)
     wanted = args.variants.split(",")
     print(f"{stamp()}; {machine()}; transformers {transformers.__version__}")
-    print(f"CPU flags: {cpu_flags()}")
+    print(cpu_flags())
     for name in args.models.split(","):
         torch.manual_seed(0)
         title, model = MODELS[name]()

@@ -18,6 +18,25 @@ from collections.abc import Callable
 import torch
 
 
+# the CPU flags that decide what runs natively: bf16, fp16, int8 (VNNI), AMX
+LOW_PRECISION_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "avx_vnni", "amx_bf16",
+                       "amx_tile", "amx_int8")
+
+
+def cpu_flags() -> str:
+    """Which of LOW_PRECISION_FLAGS this CPU has (lscpu), and whether PyTorch runs bf16 natively: every bench
+    prints it, since bf16/int8 figures mean nothing without it."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+    except OSError:
+        return "CPU flags unknown (no lscpu)"
+    flags = next((line.split(":", 1)[1].split() for line in out.splitlines() if line.startswith("Flags:")), [])
+    present = [f for f in LOW_PRECISION_FLAGS if f in flags]
+    missing = [f for f in LOW_PRECISION_FLAGS if f not in flags]
+    return (f"CPU flags: {' '.join(present) or '-'} (none of {' '.join(missing) or '-'}); "
+            f"torch.cpu._is_avx512_bf16_supported()={torch.cpu._is_avx512_bf16_supported()}")
+
+
 def machine() -> str:
     cpu = platform.processor() or "unknown CPU"
     try:
@@ -29,7 +48,7 @@ def machine() -> str:
         pass
     return (
         f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-        f"python {platform.python_version()}"
+        f"python {platform.python_version()}; {cpu_flags()}"
     )
 
 

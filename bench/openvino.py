@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,7 +38,7 @@ from torch import nn
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
-from harness import interleaved, machine, stamp, table  # noqa: E402
+from harness import cpu_flags, interleaved, machine, stamp, table  # noqa: E402
 
 # this file is called openvino.py: keep `import openvino` (here and in mixprec) from importing it
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE.resolve()]
@@ -207,17 +206,6 @@ def runs_as_note(report) -> str:
             f"{summary['low_precision_flops_fraction']:.1%}")
 
 
-def cpu_flags() -> str:
-    """The CPU flags that decide what runs natively: bf16, fp16, VNNI, AMX."""
-    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-    except OSError:
-        return "unknown (no lscpu)"
-    flags = next((line.split(":", 1)[1].split() for line in out.splitlines() if line.startswith("Flags:")), [])
-    present = [f for f in wanted if f in flags]
-    return " ".join(present) + f" (none of {', '.join(f for f in wanted if f not in flags)})"
-
 
 def run_int8(rounds: int) -> tuple[list[dict], list[str]]:
     torch.manual_seed(0)
@@ -350,7 +338,7 @@ def main():
 
     print(f"{stamp()}  {machine()}, openvino {openvino.__version__}")
     print(f"command: python bench/{Path(__file__).name} {' '.join(sys.argv[1:])}")
-    print(f"CPU flags: {cpu_flags()}")
+    print(cpu_flags())
     print(f"OpenVINO CPU capabilities: {'/'.join(openvino.Core().get_property('CPU', 'OPTIMIZATION_CAPABILITIES'))}")
     print(f"native bf16 on this CPU: {torch.cpu._is_avx512_bf16_supported()}; bf16 variants timed: {bf16}")
     print(bf16_probe())

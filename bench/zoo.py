@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import inspect
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -52,7 +51,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).parent))
 import transformers  # noqa: E402
-from harness import interleaved, machine, stamp, table  # noqa: E402
+from harness import cpu_flags, interleaved, machine, stamp, table  # noqa: E402
 from zoo_models import DRAW_MODELS, MODELS, TASKS, TRAINED  # noqa: E402
 
 import mixprec  # noqa: E402
@@ -223,18 +222,6 @@ def run_draws(name, dtypes, rows, draws, batch):
         rows.append(row)
         print(table([row], list(row)).splitlines()[-1], flush=True)
 
-
-def cpu_flags() -> str:
-    """The CPU flags that decide bf16/fp16/int8 speed, and whether PyTorch's oneDNN runs bf16 natively."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-        flags = next((line.split(":", 1)[1].split() for line in out.splitlines() if line.startswith("Flags:")), [])
-    except OSError:
-        flags = []
-    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_bf16", "amx_tile", "amx_int8")
-    present = [f for f in wanted if f in flags]
-    return (f"CPU flags: {' '.join(present) or 'none of ' + ' '.join(wanted)}; "
-            f"torch.cpu._is_avx512_bf16_supported()={torch.cpu._is_avx512_bf16_supported()}")
 
 
 def run_speed(name, dtypes, rows, rounds, batch):

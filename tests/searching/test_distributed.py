@@ -283,3 +283,27 @@ def test_a_cluster_that_cannot_be_joined_says_how_to_start_one(sensitive, monkey
     monkeypatch.setitem(sys.modules, "ray", fake)
     with pytest.raises(ConfigError, match=r"could not connect to the Ray cluster at 'auto'.*ray start --head"):
         mixprec.search(model, inputs, cache=False, ray_address="auto")
+
+
+def test_a_search_on_the_cluster_calibrates_a_dataset_on_it(cluster, sensitive):
+    """ray_address and a ray.data.Dataset together: the shards' statistics come from the cluster whose CPUs the
+    search's workers may already hold (a worker of an earlier search keeps its CPU), and give the plan of the same
+    rows calibrated in this process."""
+    ray_data = pytest.importorskip("ray.data")
+    models = sys.modules[SensitiveByConstruction.__module__]
+    ray.cloudpickle.register_pickle_by_value(models)  # the workers unpickle the test's model class by value
+    try:
+        model, inputs, data = sensitive
+        x = zero_sum_rows(16)
+        x[5] *= 1e6  # a row whose values overflow fp16: the safety rules keep the layers reading it fp32
+        dataset = ray_data.from_items([{"x": row.numpy()} for row in x], override_num_blocks=2)
+        search = dict(eval_dataloader=data, cache=False, low_precision_type=torch.float16, keep_fp32_fraction=0.25)
+        with pytest.warns(mixprec.MixedPrecisionWarning, match="float16 on a CPU"):
+            mixprec.search(model, inputs, ray_address="auto", workers=2, **search)  # the workers now hold the CPUs
+            there = mixprec.search(model, inputs, calibration_dataloader=dataset, ray_address="auto", workers=2,
+                                   **search)
+            here = mixprec.search(model, inputs, calibration_dataloader=[(x[:8],), (x[8:],)], **search)
+    finally:
+        ray.cloudpickle.unregister_pickle_by_value(models)
+    same(here, there)
+    assert "safety rule: input absmax" in there.groups[0].reason

@@ -43,6 +43,7 @@ from torch._guards import detect_fake_mode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..dtypes import is_float
+from .fake_values import converted
 from .graph_info import META_AUTOCAST, META_ROLE
 from .marker_regions import strip_markers
 from .passes import PassResult
@@ -197,11 +198,7 @@ class _Inliner:
 
 
 def _cast_meta(inp: torch.fx.Node, dtype: torch.dtype, consumer: torch.fx.Node) -> dict:
-    val = inp.meta["val"]
-    fake_mode = detect_fake_mode((val,))
-    with fake_mode if fake_mode is not None else contextlib.nullcontext():
-        new_val = val.to(dtype)
-    meta = {"val": new_val, META_ROLE: "autocast_cast"}
+    meta = {"val": converted(inp.meta["val"], dtype), META_ROLE: "autocast_cast"}
     for key in ("nn_module_stack", "stack_trace", "source_fn_stack"):
         if key in consumer.meta:
             meta[key] = consumer.meta[key]

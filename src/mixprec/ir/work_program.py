@@ -112,10 +112,11 @@ class WorkProgram:
 
     def to_exported(self) -> ExportedProgram:
         self.drop_dead_code()
-        gm = torch.fx.GraphModule(self.root, self.fx_graph)  # copies only the submodules the graph uses
+        # ExportedProgram makes the GraphModule (copying only the submodules the graph uses): one code
+        # generation for the graph, where building one here first and passing it made two
         return ExportedProgram(
-            root=gm,
-            graph=gm.graph,
+            root=self.root,
+            graph=self.fx_graph,
             graph_signature=ExportGraphSignature(self.input_specs, self.output_specs),
             state_dict=self.state_dict,
             range_constraints=self.range_constraints,

@@ -39,6 +39,7 @@ from torch.export.graph_signature import InputKind
 from ..calibrate.statistics import Calibration
 from ..dtypes import cpu_runs_bf16_fast, default_low_precision, dtype_name, is_float
 from ..errors import MixedPrecisionWarning
+from ..ir.fake_values import converted
 from ..ir.graph_info import GraphInfo
 from ..ir.work_program import STORED_KINDS, WorkProgram
 from ..ops.names import op_matches
@@ -320,7 +321,7 @@ def _probe(node: torch.fx.Node, low: torch.dtype) -> str | None:
         def lowered(n):
             val = n.meta.get("val")
             if isinstance(val, torch.Tensor) and is_float(val.dtype):
-                return val.to(low)
+                return converted(val, low)
             return val
 
         args = torch.fx.node.map_arg(node.args, lowered)

@@ -6,13 +6,11 @@ pass realises it, the verifier checks it, and ``plan/follow.py`` reads it.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
-from torch._guards import detect_fake_mode
 
 from .. import dtypes
 from ..dtypes import is_float
+from ..ir.fake_values import converted
 from ..ir.graph_info import META_ORIGIN, META_ROLE
 from ..ops.custom import DEQUANTIZE_OPS, QUANTIZE_OPS
 
@@ -36,9 +34,7 @@ def retype_val(val, old: torch.dtype | None, new: torch.dtype):
     """The node's 'val' meta with floating tensors of dtype ``old`` (any float if None) converted to ``new``."""
     if isinstance(val, torch.Tensor):
         if is_float(val.dtype) and (old is None or val.dtype == old) and val.dtype != new:
-            fake_mode = detect_fake_mode((val,))
-            with fake_mode if fake_mode is not None else contextlib.nullcontext():
-                return val.to(new)
+            return converted(val, new)
         return val
     if isinstance(val, (list, tuple)):
         return type(val)(retype_val(v, old, new) for v in val)

@@ -122,6 +122,11 @@ class Trials:
     def _guarded(self, work, captured: CapturedModel | None = None) -> Guarded:
         return Guarded(work.to_exported().module(), (captured or self.captured).reset_state)
 
+    def lowered_flops(self, lowered: Iterable[str]) -> int:
+        """The matmul/conv/attention FLOPs of the layers ``lowered`` names: what a trial of it costs beyond
+        the fp32 pass, to order a cluster's trials by."""
+        return sum(self.info[name].flops for name in lowered if name in self.info)
+
     # ---- measurements --------------------------------------------------------------------------
     def measure(self, lowered: Iterable[str]) -> Outcome:
         key = frozenset(lowered)
@@ -146,6 +151,10 @@ class Trials:
         if self.pool is None:
             return [self.measure(k) for k in keys]
         missing = list(dict.fromkeys(k for k in keys if k not in self._memo))
+        # largest first (FLOPs lowered, ties in order): workers that finish early pick up the small trials, and
+        # no large trial runs alone at the end (GPT-2's LM head is the last group in graph order); outcomes are
+        # keyed by lowered set, so the order cannot change them
+        missing.sort(key=self.lowered_flops, reverse=True)
         if missing:
             answers = self.pool.run(missing, report or (lambda done, total: None))
             for key, (value, failure) in zip(missing, answers):
