@@ -191,12 +191,18 @@ def build_variants(model, batches, nncf, ov, transformer, estimators, backends):
     from mixprec.calibrate import int8_ranges
     from mixprec.rewrite import quantize as rewrite_quantize
 
+    from mixprec import configurator
+
     for setting in estimators:
-        estimator, _, grids = setting.partition("/")
+        estimator, *options = setting.split("/")
+        grids = next((o for o in options if o in ("s8", "u8")), None)
         int8_ranges.DEFAULT_ESTIMATOR, default = estimator, getattr(int8_ranges, "DEFAULT_ESTIMATOR", None)
         unsigned = getattr(rewrite_quantize, "UNSIGNED_ACTIVATIONS", None)  # None: a tree before issue 22
+        exits = getattr(configurator, "QUANTIZE_EXITS", None)  # None: a tree before round two (exits quantized)
         if grids:
             rewrite_quantize.UNSIGNED_ACTIVATIONS = grids == "u8"
+        if "exits" in options or "noexits" in options:
+            configurator.QUANTIZE_EXITS = "exits" in options
         try:
             start = time.perf_counter()
             cfg = mixprec.MixedPrecisionConfigurator(model)
@@ -214,6 +220,8 @@ def build_variants(model, batches, nncf, ov, transformer, estimators, backends):
         finally:
             int8_ranges.DEFAULT_ESTIMATOR = default
             rewrite_quantize.UNSIGNED_ACTIVATIONS = unsigned
+            if exits is not None:
+                configurator.QUANTIZE_EXITS = exits
     return variants, made
 
 
@@ -248,7 +256,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--estimators", default="minmax,mse",
                         help="mixprec int8 settings to compare: range estimator (minmax, mse), optionally /s8 "
-                             "(every activation symmetric int8) or /u8 (never-negative activations unsigned)")
+                             "(every activation symmetric int8) or /u8 (never-negative activations unsigned), "
+                             "and /exits or /noexits (int8 modules' outputs quantized on their way out or not)")
     parser.add_argument("--backends", default="openvino,eager", help="backends of the mixprec int8 programs")
     args = parser.parse_args(argv)
     try:

@@ -148,7 +148,14 @@ def _fake_quant(t, lo, hi):
     return torch.clamp(torch.round(t / scale), -127, 127) * scale
 
 
-def test_int8_activation_quantizes_the_module_boundary_with_calibrated_ranges(model):
+@pytest.mark.parametrize("exits", [False, True])
+def test_int8_activation_quantizes_the_values_entering_the_module_with_calibrated_ranges(model, monkeypatch, exits):
+    """The module's inputs and weights are on the int8 grid; its output is the dequantized result (as an int8 kernel
+    gives it), quantized on its way out too only with QUANTIZE_EXITS (the arithmetic before round two)."""
+    from mixprec import configurator
+
+    assert configurator.QUANTIZE_EXITS is False
+    monkeypatch.setattr(configurator, "QUANTIZE_EXITS", exits)
     _, prog = compiled(model, INPUTS, lambda cfg, m: cfg.set_precision("head", activation="int8"))
     head = prog.report.by_module("head")[0]
     assert head.precision == torch.int8 and head.input_dtypes == (torch.int8, torch.int8, torch.float32)
@@ -162,7 +169,8 @@ def test_int8_activation_quantizes_the_module_boundary_with_calibrated_ranges(mo
     with torch.no_grad():
         out = F.linear(_fake_quant(seen["i"], seen["i"].min().item(), seen["i"].max().item()),
                        torch.clamp(torch.round(w / w_scale), -127, 127) * w_scale, model.head.bias)
-        out = _fake_quant(out, seen["o"].min().item(), seen["o"].max().item())
+        if exits:
+            out = _fake_quant(out, seen["o"].min().item(), seen["o"].max().item())
     got = prog(*INPUTS)
     assert_same_outputs(got[0], out)
 
@@ -311,6 +319,9 @@ def test_int8_ranges_calibrate_once_on_a_loader_of_dict_batches_of_other_sizes(m
     real = statistics.collect
     monkeypatch.setattr(statistics, "collect", lambda *a, **k: passes.append(k.get("histograms") is not None)
                         or real(*a, **k))
+    from mixprec import configurator
+
+    monkeypatch.setattr(configurator, "QUANTIZE_EXITS", True)  # the head's output range is checked too
     cfg = mixprec.MixedPrecisionConfigurator(model)
     cfg.set_precision("head", activation="int8")
     assert int8_ranges.DEFAULT_ESTIMATOR == "mse"

@@ -13,11 +13,15 @@ quantizers and rejects exactly this combination in strict mode, and drops it sil
 otherwise.)
 
 ``activation`` is the dtype the module computes in (and so produces); ``param`` the dtype
-its parameters are stored in (cast at use when it differs). int8 activations quantize each
-module's boundary — the values entering from outside the module and the values leaving it —
-with ranges calibrated on ``apply``'s ``calibration_dataloader`` (else the inputs given to it), in
-one pass with the ranges of int8 marker regions (``calibrate.entry``); int8 parameters store
-convolution and linear weights per output channel.
+its parameters are stored in (cast at use when it differs). int8 activations quantize the values
+entering each module from outside it, with ranges calibrated on ``apply``'s ``calibration_dataloader`` (else
+the inputs given to it), in one pass with the ranges of int8 marker regions (``calibrate.entry``); int8
+parameters store convolution and linear weights per output channel. The value *leaving* an int8 module is the
+dequantized result, as an int8 kernel delivers it (int32 sums scaled back to float): it is quantized where the
+next int8 module reads it, not on its way out — quantizing it there too costs accuracy (a conv's output
+before its batch norm and relu, on the signed grid; a Linear's output with the outliers of the residual stream)
+and buys no int8 kernel. :data:`QUANTIZE_EXITS` turns the exit quantization back on; off was chosen by
+measurement (bench/int8_nncf.py, bench/RESULTS.md "Issue 22 round two: int8 numerics").
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ from .log import render_log
 
 _PRECISIONS = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.int8})
 _IO_PRECISIONS = frozenset({torch.float32, torch.float16, torch.bfloat16})
+# int8 modules' outputs also quantized on their way out (the module's boundary both ways); off by measurement:
+# ResNet-50 0.0498 -> 0.0361 rel-L2, trained MiniLM 0.463 -> 0.159 (bench/RESULTS.md "Issue 22 round two")
+QUANTIZE_EXITS = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,7 +276,7 @@ class _Resolver:
                 self.param[layer] = latest.param
 
     def _int8_specs(self, calibration: _OneCalibration) -> dict[str, Int8Spec]:
-        """Quantize each int8 module's boundary: values entering it from outside and values leaving it."""
+        """Quantize the values entering each int8 module from outside (and those leaving it with QUANTIZE_EXITS)."""
         groups: dict[str, set[str]] = {}
         for name, request in self.winner.items():
             if request.activation == torch.int8:
@@ -287,7 +294,7 @@ class _Resolver:
                     inp for inp, d in node.input_dtypes.items()
                     if d is not None and d.is_floating_point and inp not in group and inp not in stored
                 ]
-                if any(user.name not in group for user in nodes[name].users):
+                if QUANTIZE_EXITS and any(user.name not in group for user in nodes[name].users):
                     exits.add(name)
         wanted = {n for names in entries.values() for n in names} | exits
         ranges = calibration.ranges(wanted)
