@@ -344,3 +344,83 @@ def test_int8_ranges_calibrate_once_on_a_loader_of_dict_batches_of_other_sizes(m
     assert spec.output == pytest.approx((min(float(o.min()) for _, o in seen), max(float(o.max()) for _, o in seen)), rel=1e-6)
     other = next(d.int8 for d in cfg.apply(INPUTS).values() if d.int8 is not None)
     assert other.output != spec.output  # the loader's ranges, not the example inputs'
+
+
+class LayerNormLinears(nn.Module):
+    """LayerNorm read by two Linears and a residual (a post-LN transformer's attention input)."""
+
+    def __init__(self, width=32):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.q = nn.Linear(width, 16)
+        self.k = nn.Linear(width, 16)
+
+    def forward(self, x):
+        h = self.norm(x)
+        return self.q(h) + self.k(h).flip(-1), h
+
+
+def _outlier_model():
+    torch.manual_seed(2)
+    model = LayerNormLinears().eval()
+    with torch.no_grad():  # two channels far larger than the rest, as in trained transformers
+        model.norm.weight[3] = 40.0
+        model.norm.weight[17] = -25.0
+    return model
+
+
+def test_smoothing_divides_an_int8_linear_input_per_channel_and_multiplies_the_weight_columns(monkeypatch):
+    """Q and K read one LayerNorm output: it is divided by one s (s_j = a_j^alpha / w_j^(1-alpha), w over both
+    weights) before its int8 quantization, with the min/max range of x / s, and both weights' columns are
+    multiplied by s before their per-channel int8 — the eager reference computes exactly that; the user's model is
+    untouched, the log and the report say what was smoothed."""
+    from mixprec import configurator
+
+    model = _outlier_model()
+    before = snapshot(model)
+    x = torch.randn(4, 8, 32)
+    assert configurator.SMOOTHING_ALPHA == 0.8
+    cfg = mixprec.MixedPrecisionConfigurator(model)
+    cfg.set_precision(nn.Linear, activation="int8")
+    plan = cfg.apply((x,))
+    prog = mixprec.compile(model, (x,), plan=plan)
+    assert_unchanged(model, before)
+    with torch.no_grad():
+        h = model.norm(x)
+        a = h.abs().flatten(0, -2).amax(0).double()
+        w = torch.maximum(model.q.weight.abs().amax(0), model.k.weight.abs().amax(0)).double()
+        s = (a**0.8 / w**0.2).float()
+        hs = h * (1 / s.double()).float()
+        hq = _fake_quant(hs, float(hs.min()), float(hs.max()))
+
+        def wq(weight):
+            ws = (weight.double() * s.double()).float()
+            scale = (ws.abs().amax(dim=1) / 127)[:, None]
+            return torch.clamp(torch.round(ws / scale), -127, 127) * scale
+
+        want = F.linear(hq, wq(model.q.weight), model.q.bias) + F.linear(hq, wq(model.k.weight), model.k.bias).flip(-1)
+    got = prog(x)
+    assert_same_outputs(got[1], h)  # the residual reads the LayerNorm output itself
+    torch.testing.assert_close(got[0], want, atol=1e-5, rtol=1e-5)
+    spec = next(d.int8 for d in plan.values() if d.int8 is not None)
+    (name, divisors), = spec.smoothing
+    torch.testing.assert_close(torch.tensor(divisors), s, rtol=1e-6, atol=0)
+    assert "4. Activation smoothing" in plan.log and "k, q" in plan.log
+    assert "smoothed: divided per channel by s" in prog.report.by_module("q")[0].reason
+
+
+def test_smoothing_lowers_the_int8_error_of_a_linear_whose_input_has_outlier_channels(monkeypatch):
+    """What smoothing is for: with two outlier channels the per-tensor int8 input grid is coarse for the other
+    channels; moving the spread into the weights (quantized per output channel) lowers the error vs fp32."""
+    from mixprec import configurator
+
+    model = _outlier_model()
+    x = torch.randn(4, 8, 32)
+    with torch.no_grad():
+        ref = model(x)[0]
+    errors = {}
+    for alpha in (None, 0.8):
+        monkeypatch.setattr(configurator, "SMOOTHING_ALPHA", alpha)
+        _, prog = compiled(model, (x,), lambda cfg, m: cfg.set_precision(nn.Linear, activation="int8"))
+        errors[alpha] = float((prog(x)[0] - ref).norm() / ref.norm())
+    assert errors[0.8] < 0.5 * errors[None], errors
