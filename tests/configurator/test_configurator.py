@@ -424,3 +424,48 @@ def test_smoothing_lowers_the_int8_error_of_a_linear_whose_input_has_outlier_cha
         _, prog = compiled(model, (x,), lambda cfg, m: cfg.set_precision(nn.Linear, activation="int8"))
         errors[alpha] = float((prog(x)[0] - ref).norm() / ref.norm())
     assert errors[0.8] < 0.5 * errors[None], errors
+
+
+class PreNormLinears(nn.Module):
+    """A pre-LN transformer's attention input: the LayerNorm's output is read only by the Linears."""
+
+    def __init__(self, width=32):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.q = nn.Linear(width, 16)
+        self.k = nn.Linear(width, 16)
+
+    def forward(self, x):
+        h = self.norm(x)
+        return x[..., :16] + self.q(h) * self.k(h)
+
+
+def test_smoothing_folds_into_the_layer_norm_affine_where_only_the_smoothed_linears_read_it():
+    """Pre-LN: the divisors go into copies of the LayerNorm's weight and bias (no multiply left in the program),
+    the same values as the explicit multiply; post-LN (a residual reads the LayerNorm too): a multiply."""
+    torch.manual_seed(3)
+    model = PreNormLinears().eval()
+    with torch.no_grad():
+        model.norm.weight[5] = 30.0
+        model.norm.bias[5] = 2.0
+    before = snapshot(model)
+    x = torch.randn(4, 8, 32)
+    _, prog = compiled(model, (x,), lambda cfg, m: cfg.set_precision(nn.Linear, activation="int8"))
+    assert_unchanged(model, before)
+    targets = [n.target for n in prog.exported_program.graph.nodes]
+    assert torch.ops.aten.mul.Tensor in targets  # the model's own q * k
+    assert sum(1 for n in prog.exported_program.graph.nodes if n.name.endswith("_smoothed")
+               and n.op == "call_function") == 0
+    folded = {k for k in prog.exported_program.state_dict if k.endswith("_smoothed")}
+    assert folded == {"norm.weight_smoothed", "norm.bias_smoothed"}
+    plan = mixprec.MixedPrecisionConfigurator(model)
+    plan.set_precision(nn.Linear, activation="int8")
+    divisors = torch.tensor(next(d.int8 for d in plan.apply((x,)).values() if d.int8).smoothing[0][1])
+    torch.testing.assert_close(prog.exported_program.state_dict["norm.weight_smoothed"],
+                               model.norm.weight / divisors, rtol=1e-6, atol=0)
+    with torch.no_grad():
+        ref = model(x)
+    post = _outlier_model()
+    _, post_prog = compiled(post, (x,), lambda cfg, m: cfg.set_precision(nn.Linear, activation="int8"))
+    assert any(n.op == "call_function" and n.name.endswith("_smoothed") for n in post_prog.exported_program.graph.nodes)
+    assert float((prog(x) - ref).norm() / ref.norm()) < 0.05

@@ -121,7 +121,7 @@ def quantize(ctx: RewriteContext) -> PassResult:
                 divisors = spec.input_smoothing(origin)
                 value = inp
                 if divisors is not None and _smoothable(work, node, inp, divisors):
-                    value, columns = _smoothed(work, node, inp, origin, divisors, smoothed), divisors
+                    value, columns = _smoothed(ctx, node, inp, origin, divisors, smoothed), divisors
                 grid = activation_grid(value, signs)
                 node.replace_input_with(inp, _fake_quant(work.graph, value, symmetric_scale(value_range, grid), grid))
                 changed = True
@@ -168,10 +168,14 @@ def _smoothable(work, layer, value, divisors) -> bool:
     return placeholder is not None and not chain and work.stored_tensor(spec).shape[-1] == len(divisors)
 
 
-def _smoothed(work, layer, value, origin, divisors, done) -> torch.fx.Node:
-    """``value`` divided per channel by ``divisors`` (one node per value and divisors, shared by the Linears
-    reading it): a multiply by the stored reciprocals."""
+def _smoothed(ctx, layer, value, origin, divisors, done) -> torch.fx.Node:
+    """``value`` divided per channel by ``divisors`` (one per value and divisors, shared by the Linears reading
+    it): folded into the affine of the LayerNorm that makes it where only those Linears read it (exact, no new
+    op), else a multiply by the stored reciprocals."""
+    work = ctx.work
     key = (value, divisors)
+    if key not in done and _fold_into_layer_norm(ctx, value, origin, divisors):
+        done[key] = value
     if key not in done:
         _, like, _ = stored_source(work, layer.args[WEIGHT_ARG])
         weight = work.stored_tensor(like)
@@ -188,6 +192,36 @@ def _smoothed(work, layer, value, origin, divisors, done) -> torch.fx.Node:
         node.meta[META_ORIGIN] = origin
         done[key] = node
     return done[key]
+
+
+LAYER_NORM_AFFINE = (2, 3)  # aten.layer_norm(input, normalized_shape, weight, bias, eps, cudnn_enable)
+
+
+def _fold_into_layer_norm(ctx, value, origin, divisors) -> bool:
+    """Divide a LayerNorm's stored weight and bias by ``divisors`` (copies; the model's tensors are untouched)
+    when every reader of its output is a Linear smoothed by the same divisors, and nothing else reads them."""
+    work = ctx.work
+    if not (value.op == "call_function" and value.target is torch.ops.aten.layer_norm.default
+            and len(value.args) > max(LAYER_NORM_AFFINE) and len(value.args[1]) == 1
+            and value.args[1][0] == len(divisors)):
+        return False
+    for user in value.users:
+        decision = ctx.plan.get(user.name)
+        if (decision is None or decision.int8 is None or decision.int8.input_smoothing(origin) != divisors
+                or not _smoothable(work, user, value, divisors)):
+            return False
+    sources = [stored_source(work, value.args[i]) for i in LAYER_NORM_AFFINE]
+    if any(p is None or chain or len(p.users) != 1 for p, _, chain in sources):
+        return False
+    for i, (placeholder, spec, _) in zip(LAYER_NORM_AFFINE, sources):
+        tensor = work.stored_tensor(spec)
+        scaled = (tensor.detach().double() / torch.tensor(divisors, dtype=torch.float64, device=tensor.device)
+                  ).to(tensor.dtype)
+        node = work.add_stored_input(spec, f"{spec.target}_smoothed", _stored(scaled, spec), f"{placeholder.name}_smoothed")
+        node.meta["val"] = placeholder.meta["val"]
+        value.replace_input_with(placeholder, node)
+        work.remove_stored_input(placeholder)
+    return True
 
 
 def _store_int8_weight(work, layer, dtype, done, columns=None) -> bool:
