@@ -8,6 +8,10 @@ What the program computes for an int8 layer (fake quantization, on any device):
   sees exactly int8 grid values; a value the graph proves never negative (``ir/sign.py``: after relu,
   softmax, ...) is quantized on the unsigned grid instead (scale = max / 255, q in [0, 255] as uint8,
   ``mixprec.quantize_per_tensor_u8``): the same range with twice the resolution (:data:`UNSIGNED_ACTIVATIONS`);
+* an input named in ``int8.smoothing`` (activation smoothing, ``calibrate/smoothing.py``) is quantized
+  divided per channel by its divisors s, and the Linear's weight columns are multiplied by s before their int8
+  quantization (copies: the model's tensors are untouched); the division is folded into the LayerNorm's weight
+  and bias copies that make the input when only smoothed Linears read it, else it is one multiply;
 * with ``int8.output`` the layer's result is quantized and dequantized the same way before
   anything reads it;
 * convolution and linear weights of layers whose parameters are stored in int8 (int8
