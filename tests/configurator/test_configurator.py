@@ -156,6 +156,7 @@ def test_int8_activation_quantizes_the_values_entering_the_module_with_calibrate
 
     assert configurator.QUANTIZE_EXITS is False
     monkeypatch.setattr(configurator, "QUANTIZE_EXITS", exits)
+    monkeypatch.setattr(configurator, "SMOOTHING_ALPHA", None)  # smoothing: the tests below
     _, prog = compiled(model, INPUTS, lambda cfg, m: cfg.set_precision("head", activation="int8"))
     head = prog.report.by_module("head")[0]
     assert head.precision == torch.int8 and head.input_dtypes == (torch.int8, torch.int8, torch.float32)
@@ -322,6 +323,7 @@ def test_int8_ranges_calibrate_once_on_a_loader_of_dict_batches_of_other_sizes(m
     from mixprec import configurator
 
     monkeypatch.setattr(configurator, "QUANTIZE_EXITS", True)  # the head's output range is checked too
+    monkeypatch.setattr(configurator, "SMOOTHING_ALPHA", None)  # (smoothing adds its per-channel pass)
     cfg = mixprec.MixedPrecisionConfigurator(model)
     cfg.set_precision("head", activation="int8")
     assert int8_ranges.DEFAULT_ESTIMATOR == "mse"

@@ -218,6 +218,7 @@ def test_an_activation_the_graph_proves_non_negative_is_quantized_on_the_unsigne
     from mixprec import configurator
 
     monkeypatch.setattr(configurator, "QUANTIZE_EXITS", True)  # the layers' outputs quantized too: signed values
+    monkeypatch.setattr(configurator, "SMOOTHING_ALPHA", None)  # x enters unsmoothed (smoothing: test_configurator)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
     x = torch.randn(32, 8)
