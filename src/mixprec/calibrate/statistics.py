@@ -214,7 +214,8 @@ def collect(
         {graph.names[n]: h for n, h in graph_counted.histograms.items()} for graph, _, _, graph_counted in runners.values()
     ])
     per_channel_ranges = merge_channels(
-        {(names[n] if names else n): r for n, r in part.ranges.items()} for part, names in zip(channel_parts, channel_names)
+        {(names[n] if names else n): r for n, r in part.ranges.items()}
+        for part, names in zip(channel_parts, channel_names)
     )
     return Calibration(MappingProxyType(stats), count, first_outputs, MappingProxyType(counts),
                        MappingProxyType(per_channel_ranges))

@@ -351,7 +351,7 @@ class _Resolver:
                 if node.target is not torch.ops.aten.linear.default or len(node.args) < 2:
                     continue
                 x, w = node.args[0], node.args[1]
-                if not (isinstance(x, torch.fx.Node) and x.name in entries[name] and self._stored_weight(w) is not None):
+                if not isinstance(x, torch.fx.Node) or x.name not in entries[name] or self._stored_weight(w) is None:
                     continue
                 if is_nonnegative(x, self._signs):
                     continue

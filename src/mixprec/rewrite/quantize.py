@@ -221,7 +221,9 @@ def _fold_into_layer_norm(ctx, value, origin, divisors) -> bool:
         tensor = work.stored_tensor(spec)
         scaled = (tensor.detach().double() / torch.tensor(divisors, dtype=torch.float64, device=tensor.device)
                   ).to(tensor.dtype)
-        node = work.add_stored_input(spec, f"{spec.target}_smoothed", _stored(scaled, spec), f"{placeholder.name}_smoothed")
+        node = work.add_stored_input(
+            spec, f"{spec.target}_smoothed", _stored(scaled, spec), f"{placeholder.name}_smoothed"
+        )
         node.meta["val"] = placeholder.meta["val"]
         value.replace_input_with(placeholder, node)
         work.remove_stored_input(placeholder)
