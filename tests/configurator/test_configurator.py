@@ -471,3 +471,26 @@ def test_smoothing_folds_into_the_layer_norm_affine_where_only_the_smoothed_line
     _, post_prog = compiled(post, (x,), lambda cfg, m: cfg.set_precision(nn.Linear, activation="int8"))
     assert any(n.op == "call_function" and n.name.endswith("_smoothed") for n in post_prog.exported_program.graph.nodes)
     assert float((prog(x) - ref).norm() / ref.norm()) < 0.05
+
+
+@pytest.mark.parametrize("backend", ["inductor", "openvino"])
+def test_smoothed_int8_programs_compute_the_same_on_every_backend(backend):
+    """The smoothing multiply, the folded LayerNorm copies and the smoothed int8 weights go through the backends'
+    lowering like any other op: the eager backend's values, up to float32 rounding (an element that meets a
+    quantization boundary may move by one grid step of the input: a few elements at most)."""
+    import torch.utils._pytree as pytree
+
+    if backend == "openvino":
+        pytest.importorskip("openvino")
+    x = torch.randn(4, 8, 32)
+    for model in (_outlier_model(), PreNormLinears().eval()):
+        cfg = mixprec.MixedPrecisionConfigurator(model)
+        cfg.set_precision(nn.Linear, activation="int8")
+        plan = cfg.apply((x,))
+        assert any(d.int8 is not None and d.int8.smoothing for d in plan.values())
+        want = pytree.tree_leaves(mixprec.compile(model, (x,), plan=plan, backend="eager")(x))
+        got = pytree.tree_leaves(mixprec.compile(model, (x,), plan=plan, backend=backend)(x))
+        for g, w in zip(got, want):
+            close = torch.isclose(g, w, atol=1e-4, rtol=1e-4)
+            assert float(close.float().mean()) >= 0.99, float((g - w).abs().max())
+            assert float((g - w).abs().max()) < 0.05 * float(w.abs().max())
