@@ -27,7 +27,10 @@ setting); NNCF's models as OpenVINO runs them here and with their FakeQuantize s
 the int8 kernels compute exactly on a VNNI CPU: without VNNI they saturate); mixprec int8 everywhere via the configurator (every nn.Linear and nn.Conv2d
 ``set_precision(.., activation="int8")``, weights int8) on backend openvino and on eager, once per range
 estimator (``calibrate/int8_ranges.py``: min/max, MSE-optimal clipping) and activation grid (``mse/s8``: every
-activation on the symmetric int8 grid; ``/u8``: activations the graph proves never negative on [0, 255]). The configurator
+activation on the symmetric int8 grid; ``/u8``: activations the graph proves never negative on [0, 255]);
+``/exits`` also quantizes each int8 module's output on its way out (``configurator.QUANTIZE_EXITS``, the
+configurator's arithmetic before round two), ``/noexits`` not; ``/sq0.8`` smooths int8 Linears' inputs with alpha
+0.8 (``configurator.SMOOTHING_ALPHA``, ``calibrate/smoothing.py``), ``/nosq`` not. The configurator
 calibrates on the inputs of ``apply``: it gets the four calibration batches concatenated along the batch axis
 (the same values the four batches hold; min/max and histograms over the concatenation equal their merge), and
 the program is compiled for the batch size of the held-out batches.
@@ -191,12 +194,24 @@ def build_variants(model, batches, nncf, ov, transformer, estimators, backends):
     from mixprec.calibrate import int8_ranges
     from mixprec.rewrite import quantize as rewrite_quantize
 
+    from mixprec import configurator
+
     for setting in estimators:
-        estimator, _, grids = setting.partition("/")
+        estimator, *options = setting.split("/")
+        grids = next((o for o in options if o in ("s8", "u8")), None)
         int8_ranges.DEFAULT_ESTIMATOR, default = estimator, getattr(int8_ranges, "DEFAULT_ESTIMATOR", None)
         unsigned = getattr(rewrite_quantize, "UNSIGNED_ACTIVATIONS", None)  # None: a tree before issue 22
+        exits = getattr(configurator, "QUANTIZE_EXITS", None)  # None: a tree before round two (exits quantized)
         if grids:
             rewrite_quantize.UNSIGNED_ACTIVATIONS = grids == "u8"
+        if "exits" in options or "noexits" in options:
+            configurator.QUANTIZE_EXITS = "exits" in options
+        alpha = getattr(configurator, "SMOOTHING_ALPHA", None)
+        for o in options:
+            if o == "nosq":
+                configurator.SMOOTHING_ALPHA = None
+            elif o.startswith("sq"):
+                configurator.SMOOTHING_ALPHA = float(o[2:])
         try:
             start = time.perf_counter()
             cfg = mixprec.MixedPrecisionConfigurator(model)
@@ -214,6 +229,10 @@ def build_variants(model, batches, nncf, ov, transformer, estimators, backends):
         finally:
             int8_ranges.DEFAULT_ESTIMATOR = default
             rewrite_quantize.UNSIGNED_ACTIVATIONS = unsigned
+            if exits is not None:
+                configurator.QUANTIZE_EXITS = exits
+            if hasattr(configurator, "SMOOTHING_ALPHA"):
+                configurator.SMOOTHING_ALPHA = alpha
     return variants, made
 
 
@@ -248,7 +267,9 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--estimators", default="minmax,mse",
                         help="mixprec int8 settings to compare: range estimator (minmax, mse), optionally /s8 "
-                             "(every activation symmetric int8) or /u8 (never-negative activations unsigned)")
+                             "(every activation symmetric int8) or /u8 (never-negative activations unsigned), "
+                             "/exits or /noexits (int8 modules' outputs quantized on their way out or not), "
+                             "/sqALPHA or /nosq (activation smoothing of int8 Linears' inputs)")
     parser.add_argument("--backends", default="openvino,eager", help="backends of the mixprec int8 programs")
     args = parser.parse_args(argv)
     try:

@@ -96,3 +96,29 @@ def test_mse_ranges_are_clipped_min_max_ranges_from_the_second_pass():
     assert clip_ranges(minmax, {}, "mse") == minmax  # no histogram: the range is kept
     with pytest.raises(mixprec.ConfigError, match="estimator 'p99' is not one of minmax, mse"):
         collect_ranges(work, {"x"}, batches, estimator="p99")
+
+
+def _fake_quant_error_u8(x, c):
+    s = c / 255
+    return float((x - (x / s).round().clamp(0, 255) * s).double().pow(2).sum())
+
+
+def test_values_the_graph_proves_never_negative_are_clipped_for_the_unsigned_grid():
+    """A relu output is quantized on [0, 255] (step c / 255): its clipping is chosen for that step, which clips less
+    than the symmetric grid's choice (step c / 127) and quantizes the tensor with less error on the unsigned grid."""
+    from mixprec.calibrate.int8_ranges import nonnegative_values
+    from mixprec.ops.quant import UINT8
+
+    model = ConvNet().eval()
+    work = _work(model, ConvNet.example_inputs())
+    relu = next(n.name for n in work.graph.nodes if n.target is torch.ops.aten.relu.default)
+    assert nonnegative_values(work, {relu, "conv2d", "x"}) == {relu}
+    torch.manual_seed(5)
+    x = torch.distributions.StudentT(3.0).sample((200_000,)).abs()  # long-tailed, never negative
+    h = Histogram.empty((0.0, float(x.max()))).add(x)
+    signed_c, unsigned_c = mse_clip(h), mse_clip(h, UINT8)
+    assert unsigned_c > signed_c
+    assert _fake_quant_error_u8(x, unsigned_c) < _fake_quant_error_u8(x, signed_c)
+    ranges = {relu: (0.0, float(x.max())), "x": (0.0, float(x.max()))}
+    clipped = clip_ranges(ranges, {relu: h, "x": h}, "mse", unsigned=nonnegative_values(work, ranges))
+    assert clipped[relu] == (0.0, pytest.approx(unsigned_c)) and clipped["x"] == (0.0, pytest.approx(signed_c))

@@ -148,7 +148,15 @@ def _fake_quant(t, lo, hi):
     return torch.clamp(torch.round(t / scale), -127, 127) * scale
 
 
-def test_int8_activation_quantizes_the_module_boundary_with_calibrated_ranges(model):
+@pytest.mark.parametrize("exits", [False, True])
+def test_int8_activation_quantizes_the_values_entering_the_module_with_calibrated_ranges(model, monkeypatch, exits):
+    """The module's inputs and weights are on the int8 grid; its output is the dequantized result (as an int8 kernel
+    gives it), quantized on its way out too only with QUANTIZE_EXITS (the arithmetic before round two)."""
+    from mixprec import configurator
+
+    assert configurator.QUANTIZE_EXITS is False
+    monkeypatch.setattr(configurator, "QUANTIZE_EXITS", exits)
+    monkeypatch.setattr(configurator, "SMOOTHING_ALPHA", None)  # smoothing: the tests below
     _, prog = compiled(model, INPUTS, lambda cfg, m: cfg.set_precision("head", activation="int8"))
     head = prog.report.by_module("head")[0]
     assert head.precision == torch.int8 and head.input_dtypes == (torch.int8, torch.int8, torch.float32)
@@ -162,7 +170,8 @@ def test_int8_activation_quantizes_the_module_boundary_with_calibrated_ranges(mo
     with torch.no_grad():
         out = F.linear(_fake_quant(seen["i"], seen["i"].min().item(), seen["i"].max().item()),
                        torch.clamp(torch.round(w / w_scale), -127, 127) * w_scale, model.head.bias)
-        out = _fake_quant(out, seen["o"].min().item(), seen["o"].max().item())
+        if exits:
+            out = _fake_quant(out, seen["o"].min().item(), seen["o"].max().item())
     got = prog(*INPUTS)
     assert_same_outputs(got[0], out)
 
@@ -311,6 +320,10 @@ def test_int8_ranges_calibrate_once_on_a_loader_of_dict_batches_of_other_sizes(m
     real = statistics.collect
     monkeypatch.setattr(statistics, "collect", lambda *a, **k: passes.append(k.get("histograms") is not None)
                         or real(*a, **k))
+    from mixprec import configurator
+
+    monkeypatch.setattr(configurator, "QUANTIZE_EXITS", True)  # the head's output range is checked too
+    monkeypatch.setattr(configurator, "SMOOTHING_ALPHA", None)  # (smoothing adds its per-channel pass)
     cfg = mixprec.MixedPrecisionConfigurator(model)
     cfg.set_precision("head", activation="int8")
     assert int8_ranges.DEFAULT_ESTIMATOR == "mse"
@@ -333,3 +346,151 @@ def test_int8_ranges_calibrate_once_on_a_loader_of_dict_batches_of_other_sizes(m
     assert spec.output == pytest.approx((min(float(o.min()) for _, o in seen), max(float(o.max()) for _, o in seen)), rel=1e-6)
     other = next(d.int8 for d in cfg.apply(INPUTS).values() if d.int8 is not None)
     assert other.output != spec.output  # the loader's ranges, not the example inputs'
+
+
+class LayerNormLinears(nn.Module):
+    """LayerNorm read by two Linears and a residual (a post-LN transformer's attention input)."""
+
+    def __init__(self, width=32):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.q = nn.Linear(width, 16)
+        self.k = nn.Linear(width, 16)
+
+    def forward(self, x):
+        h = self.norm(x)
+        return self.q(h) + self.k(h).flip(-1), h
+
+
+def _outlier_model():
+    torch.manual_seed(2)
+    model = LayerNormLinears().eval()
+    with torch.no_grad():  # two channels far larger than the rest, as in trained transformers
+        model.norm.weight[3] = 40.0
+        model.norm.weight[17] = -25.0
+    return model
+
+
+def test_smoothing_divides_an_int8_linear_input_per_channel_and_multiplies_the_weight_columns(monkeypatch):
+    """Q and K read one LayerNorm output: it is divided by one s (s_j = a_j^alpha / w_j^(1-alpha), w over both
+    weights) before its int8 quantization, with the min/max range of x / s, and both weights' columns are
+    multiplied by s before their per-channel int8 — the eager reference computes exactly that; the user's model is
+    untouched, the log and the report say what was smoothed."""
+    from mixprec import configurator
+
+    model = _outlier_model()
+    before = snapshot(model)
+    x = torch.randn(4, 8, 32)
+    assert configurator.SMOOTHING_ALPHA == 0.8
+    cfg = mixprec.MixedPrecisionConfigurator(model)
+    cfg.set_precision(nn.Linear, activation="int8")
+    plan = cfg.apply((x,))
+    prog = mixprec.compile(model, (x,), plan=plan)
+    assert_unchanged(model, before)
+    with torch.no_grad():
+        h = model.norm(x)
+        a = h.abs().flatten(0, -2).amax(0).double()
+        w = torch.maximum(model.q.weight.abs().amax(0), model.k.weight.abs().amax(0)).double()
+        s = (a**0.8 / w**0.2).float()
+        hs = h * (1 / s.double()).float()
+        hq = _fake_quant(hs, float(hs.min()), float(hs.max()))
+
+        def wq(weight):
+            ws = (weight.double() * s.double()).float()
+            scale = (ws.abs().amax(dim=1) / 127)[:, None]
+            return torch.clamp(torch.round(ws / scale), -127, 127) * scale
+
+        want = F.linear(hq, wq(model.q.weight), model.q.bias) + F.linear(hq, wq(model.k.weight), model.k.bias).flip(-1)
+    got = prog(x)
+    assert_same_outputs(got[1], h)  # the residual reads the LayerNorm output itself
+    torch.testing.assert_close(got[0], want, atol=1e-5, rtol=1e-5)
+    spec = next(d.int8 for d in plan.values() if d.int8 is not None)
+    (name, divisors), = spec.smoothing
+    torch.testing.assert_close(torch.tensor(divisors), s, rtol=1e-6, atol=0)
+    assert "4. Activation smoothing" in plan.log and "k, q" in plan.log
+    assert "smoothed: divided per channel by s" in prog.report.by_module("q")[0].reason
+
+
+def test_smoothing_lowers_the_int8_error_of_a_linear_whose_input_has_outlier_channels(monkeypatch):
+    """What smoothing is for: with two outlier channels the per-tensor int8 input grid is coarse for the other
+    channels; moving the spread into the weights (quantized per output channel) lowers the error vs fp32."""
+    from mixprec import configurator
+
+    model = _outlier_model()
+    x = torch.randn(4, 8, 32)
+    with torch.no_grad():
+        ref = model(x)[0]
+    errors = {}
+    for alpha in (None, 0.8):
+        monkeypatch.setattr(configurator, "SMOOTHING_ALPHA", alpha)
+        _, prog = compiled(model, (x,), lambda cfg, m: cfg.set_precision(nn.Linear, activation="int8"))
+        errors[alpha] = float((prog(x)[0] - ref).norm() / ref.norm())
+    assert errors[0.8] < 0.5 * errors[None], errors
+
+
+class PreNormLinears(nn.Module):
+    """A pre-LN transformer's attention input: the LayerNorm's output is read only by the Linears."""
+
+    def __init__(self, width=32):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.q = nn.Linear(width, 16)
+        self.k = nn.Linear(width, 16)
+
+    def forward(self, x):
+        h = self.norm(x)
+        return x[..., :16] + self.q(h) * self.k(h)
+
+
+def test_smoothing_folds_into_the_layer_norm_affine_where_only_the_smoothed_linears_read_it():
+    """Pre-LN: the divisors go into copies of the LayerNorm's weight and bias (no multiply left in the program),
+    the same values as the explicit multiply; post-LN (a residual reads the LayerNorm too): a multiply."""
+    torch.manual_seed(3)
+    model = PreNormLinears().eval()
+    with torch.no_grad():
+        model.norm.weight[5] = 30.0
+        model.norm.bias[5] = 2.0
+    before = snapshot(model)
+    x = torch.randn(4, 8, 32)
+    _, prog = compiled(model, (x,), lambda cfg, m: cfg.set_precision(nn.Linear, activation="int8"))
+    assert_unchanged(model, before)
+    targets = [n.target for n in prog.exported_program.graph.nodes]
+    assert torch.ops.aten.mul.Tensor in targets  # the model's own q * k
+    assert sum(1 for n in prog.exported_program.graph.nodes if n.name.endswith("_smoothed")
+               and n.op == "call_function") == 0
+    folded = {k for k in prog.exported_program.state_dict if k.endswith("_smoothed")}
+    assert folded == {"norm.weight_smoothed", "norm.bias_smoothed"}
+    plan = mixprec.MixedPrecisionConfigurator(model)
+    plan.set_precision(nn.Linear, activation="int8")
+    divisors = torch.tensor(next(d.int8 for d in plan.apply((x,)).values() if d.int8).smoothing[0][1])
+    torch.testing.assert_close(prog.exported_program.state_dict["norm.weight_smoothed"],
+                               model.norm.weight / divisors, rtol=1e-6, atol=0)
+    with torch.no_grad():
+        ref = model(x)
+    post = _outlier_model()
+    _, post_prog = compiled(post, (x,), lambda cfg, m: cfg.set_precision(nn.Linear, activation="int8"))
+    assert any(n.op == "call_function" and n.name.endswith("_smoothed") for n in post_prog.exported_program.graph.nodes)
+    assert float((prog(x) - ref).norm() / ref.norm()) < 0.05
+
+
+@pytest.mark.parametrize("backend", ["inductor", "openvino"])
+def test_smoothed_int8_programs_compute_the_same_on_every_backend(backend):
+    """The smoothing multiply, the folded LayerNorm copies and the smoothed int8 weights go through the backends'
+    lowering like any other op: the eager backend's values, up to float32 rounding (an element that meets a
+    quantization boundary may move by one grid step of the input: a few elements at most)."""
+    import torch.utils._pytree as pytree
+
+    if backend == "openvino":
+        pytest.importorskip("openvino")
+    x = torch.randn(4, 8, 32)
+    for model in (_outlier_model(), PreNormLinears().eval()):
+        cfg = mixprec.MixedPrecisionConfigurator(model)
+        cfg.set_precision(nn.Linear, activation="int8")
+        plan = cfg.apply((x,))
+        assert any(d.int8 is not None and d.int8.smoothing for d in plan.values())
+        want = pytree.tree_leaves(mixprec.compile(model, (x,), plan=plan, backend="eager")(x))
+        got = pytree.tree_leaves(mixprec.compile(model, (x,), plan=plan, backend=backend)(x))
+        for g, w in zip(got, want):
+            close = torch.isclose(g, w, atol=1e-4, rtol=1e-4)
+            assert float(close.float().mean()) >= 0.99, float((g - w).abs().max())
+            assert float((g - w).abs().max()) < 0.05 * float(w.abs().max())

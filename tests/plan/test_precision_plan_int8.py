@@ -40,3 +40,14 @@ def test_a_plan_quantizing_an_input_the_layer_does_not_read_is_a_config_error():
     plan = PrecisionPlan({conv2: NodePrecision(torch.int8, source="plan", reason="r", int8=spec)})
     with pytest.raises(mixprec.ConfigError, match="'nonexistent' of layer"):
         mixprec.compile(model, inputs, plan=plan)
+
+
+def test_int8_smoothing_round_trips_and_is_validated():
+    spec = Int8Spec((("ln", (-2.0, 2.0)),), None, (("ln", (0.5, 2.0, 8.0)),))
+    plan = PrecisionPlan({"linear": NodePrecision(torch.int8, source="plan", reason="r", int8=spec)})
+    again = PrecisionPlan.from_json(plan.to_json())
+    assert again == plan and again["linear"].int8.input_smoothing("ln") == (0.5, 2.0, 8.0)
+    assert again["linear"].int8.input_smoothing("other") is None
+    assert "smoothing" not in Int8Spec((("ln", (-2.0, 2.0)),)).to_dict()  # plans without it read as before
+    with pytest.raises(mixprec.ConfigError, match="finite positive divisors"):
+        Int8Spec(smoothing=(("ln", (1.0, 0.0)),))

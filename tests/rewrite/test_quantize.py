@@ -212,9 +212,13 @@ def test_the_verifier_rejects_an_int8_layer_that_reads_an_unquantized_input():
 
 
 @pytest.mark.usefixtures("minmax_ranges")
-def test_an_activation_the_graph_proves_non_negative_is_quantized_on_the_unsigned_grid():
+def test_an_activation_the_graph_proves_non_negative_is_quantized_on_the_unsigned_grid(monkeypatch):
     """relu's output enters an int8 Linear on [0, 255] (scale max / 255): twice the resolution of the symmetric
-    grid's half; a signed value (the model input) stays symmetric int8."""
+    grid's half; a signed value (the model input, the layers' outputs) stays symmetric int8."""
+    from mixprec import configurator
+
+    monkeypatch.setattr(configurator, "QUANTIZE_EXITS", True)  # the layers' outputs quantized too: signed values
+    monkeypatch.setattr(configurator, "SMOOTHING_ALPHA", None)  # x enters unsmoothed (smoothing: test_configurator)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
     x = torch.randn(32, 8)

@@ -25,7 +25,7 @@ from collections.abc import Collection, Mapping
 from types import MappingProxyType
 
 from ..ir.marker_regions import calibration_targets
-from .int8_ranges import Range, checked_estimator, clip_ranges, collect_ranges, readable_twice
+from .int8_ranges import Range, checked_estimator, clip_ranges, collect_ranges, nonnegative_values, readable_twice
 from .shards import as_shards
 from .statistics import Calibration, calibrate
 
@@ -72,7 +72,8 @@ def run(
     if ranges and estimator != "minmax":
         if shards is None and (data is None or readable_twice(data)):
             counted, _ = calibrate(captured, data, other_shapes=other_shapes, histograms=ranges)
-            ranges = clip_ranges(ranges, counted.histograms, estimator)
+            ranges = clip_ranges(ranges, counted.histograms, estimator,
+                                 unsigned=nonnegative_values(captured.base, ranges))
         elif shards is not None:
             log.info("int8 ranges: calibration data in shards gets min/max ranges (the %s estimator's histograms are "
                      "not counted on Ray workers)", estimator)

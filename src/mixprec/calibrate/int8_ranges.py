@@ -26,8 +26,9 @@ from collections.abc import Collection, Iterable, Iterator, Mapping
 import torch
 
 from ..errors import CalibrationError, ConfigError
+from ..ir.sign import is_nonnegative
 from ..ir.work_program import WorkProgram
-from ..ops.quant import INT8_SYMMETRIC, Grid
+from ..ops.quant import INT8_SYMMETRIC, UINT8, Grid
 from .histogram import Histogram
 from .statistics import Calibration, collect
 
@@ -62,18 +63,31 @@ def collect_ranges(
         ranges[name] = (s.min, s.max) if s.min <= s.max else (0.0, 0.0)  # no finite value seen
     if estimator == "minmax" or not readable_twice(batches):
         return ranges
-    return clip_ranges(ranges, collect(work, batches, histograms=ranges).histograms, estimator)
+    histograms = collect(work, batches, histograms=ranges).histograms
+    return clip_ranges(ranges, histograms, estimator, unsigned=nonnegative_values(work, ranges))
 
 
-def clip_ranges(ranges: Mapping[str, Range], histograms: Mapping[str, Histogram], estimator: str) -> dict[str, Range]:
-    """Each range clipped by ``estimator`` from its value's histogram (a range without one is kept)."""
+def nonnegative_values(work: WorkProgram, names: Collection[str]) -> frozenset[str]:
+    """The named values the graph proves never negative (``ir.sign``): the rewrite quantizes them on the unsigned
+    grid (``rewrite.quantize.activation_grid``), so their clipping is chosen for that grid's step."""
+    known: dict = {}
+    return frozenset(n.name for n in work.graph.nodes if n.name in names and is_nonnegative(n, known))
+
+
+def clip_ranges(
+    ranges: Mapping[str, Range], histograms: Mapping[str, Histogram], estimator: str, *,
+    unsigned: Collection[str] = (),
+) -> dict[str, Range]:
+    """Each range clipped by ``estimator`` from its value's histogram (a range without one is kept); the values
+    named in ``unsigned`` are quantized on the unsigned grid (step c / 255), the others on the symmetric one
+    (step c / 127): the step decides where clipping starts to pay."""
     out = {}
     for name, (lo, hi) in ranges.items():
         h = histograms.get(name)
         if estimator == "minmax" or h is None or h.total == 0:
             out[name] = (lo, hi)
             continue
-        c = mse_clip(h)
+        c = mse_clip(h, UINT8 if name in unsigned else INT8_SYMMETRIC)
         out[name] = (max(lo, -c), min(hi, c))
     return out
 

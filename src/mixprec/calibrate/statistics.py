@@ -40,6 +40,8 @@ from ..ir.runner import GraphRunner, Observer
 from ..ir.work_program import WorkProgram
 from ..progress import Progress
 from .batches import Call, arrange, fit
+from .channels import ChannelObserver, ChannelRange
+from .channels import merge_all as merge_channels
 from .histogram import Histogram, HistogramObserver, merge_all
 
 __all__ = ["Calibration", "Call", "TensorStats", "calibrate", "collect", "progress_line"]
@@ -118,6 +120,8 @@ class Calibration:
     first_outputs: tuple | None = None
     # fixed-bin histograms of the values a second pass was asked for (``histogram.py``), by node name
     histograms: Mapping[str, Histogram] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
+    # per-channel (last dimension) ranges of the values asked for (``channels.py``), by node name
+    channels: Mapping[str, ChannelRange] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
 
 
 def collect(
@@ -129,6 +133,7 @@ def collect(
     progress_stream=None,
     keep_first_outputs: bool = False,
     histograms: Mapping[str, tuple[float, float]] | None = None,
+    channels: frozenset[str] = frozenset(),
 ) -> Calibration:
     """Run ``work``'s graph on every batch and merge per-node statistics.
 
@@ -139,12 +144,18 @@ def collect(
     sizes the captured graph does not take; without it they are refused.
     Every batch starts from the captured state of buffers the graph writes.
     ``histograms`` (node name -> range fixed by a first pass over the same batches): also count those values
-    into fixed-bin histograms (``Calibration.histograms``, ``histogram.py``).
+    into fixed-bin histograms (``Calibration.histograms``, ``histogram.py``). ``channels``: node names whose
+    per-channel ranges to keep too (``Calibration.channels``, ``channels.py``).
     """
     user_nodes = work.user_input_nodes()
     statistics = _Statistics(work)
     counted = HistogramObserver(histograms or {})
-    runner = GraphRunner(work, observers=[statistics, counted] if histograms else [statistics])
+    per_channel = ChannelObserver(channels)
+    runner = GraphRunner(
+        work, observers=[statistics] + ([counted] if histograms else []) + ([per_channel] if channels else [])
+    )
+    channel_parts = [per_channel]  # the per-channel observer of every graph run ...
+    channel_names: list[dict | None] = [None]  # ... and its node names' mapping onto the captured graph's
     runners: dict[int, tuple] = {}  # id(CalibrationGraph) -> (graph, its runner, its statistics, its histograms)
     total = _length(batches)
     of = f"/{total}" if total else ""
@@ -165,6 +176,11 @@ def collect(
                            if histograms and primary in histograms}
                     graph_counted = HistogramObserver(own)
                     observers = [graph_statistics, graph_counted] if own else [graph_statistics]
+                    if channels:
+                        mine = ChannelObserver({o for o, p in graph.names.items() if p in channels})
+                        observers.append(mine)
+                        channel_parts.append(mine)
+                        channel_names.append(graph.names)
                     runners[id(graph)] = (graph, GraphRunner(graph.work, observers=observers), graph_statistics,
                                           graph_counted)
                 graph, run, _, _ = runners[id(graph)]
@@ -197,11 +213,16 @@ def collect(
     counts = merge_all([counted.histograms] + [
         {graph.names[n]: h for n, h in graph_counted.histograms.items()} for graph, _, _, graph_counted in runners.values()
     ])
-    return Calibration(MappingProxyType(stats), count, first_outputs, MappingProxyType(counts))
+    per_channel_ranges = merge_channels(
+        {(names[n] if names else n): r for n, r in part.ranges.items()}
+        for part, names in zip(channel_parts, channel_names)
+    )
+    return Calibration(MappingProxyType(stats), count, first_outputs, MappingProxyType(counts),
+                       MappingProxyType(per_channel_ranges))
 
 
 def calibrate(
-    captured, loader, *, other_shapes=None, keep_first_outputs: bool = False, histograms=None
+    captured, loader, *, other_shapes=None, keep_first_outputs: bool = False, histograms=None, channels=frozenset()
 ) -> tuple[Calibration, int]:
     """Statistics of every node of a captured model (``ir.frontend.CapturedModel``) on ``loader``'s batches,
     or on the example inputs when it is None: how compile, the configurator and the search calibrate.
@@ -209,7 +230,7 @@ def calibrate(
     Batches in any accepted form (``batches.py``, mapped onto the captured call by its signature); batches of
     other batch/sequence sizes than the example run on a graph captured for them (an nn.Module only:
     ``other_shapes``, a ``batch_graphs.OtherShapes``, made here when not given). Returns the Calibration and
-    how many extra captures it took. ``histograms``: as :func:`collect`'s.
+    how many extra captures it took. ``histograms``, ``channels``: as :func:`collect`'s.
 
     Data in shards (a ``ray.data.Dataset``, ``shards.Shards``) is not read here: ``entry.run`` sends it to
     ``ray_calibration.py``, whose workers call this on their shards."""
@@ -221,7 +242,7 @@ def calibrate(
     before = other_shapes.captures if other_shapes is not None else 0
     calibration = collect(
         captured.base, batches, signature=captured.signature, other_shapes=other_shapes,
-        keep_first_outputs=keep_first_outputs, histograms=histograms,
+        keep_first_outputs=keep_first_outputs, histograms=histograms, channels=frozenset(channels),
     )
     return calibration, (other_shapes.captures - before if other_shapes is not None else 0)
 

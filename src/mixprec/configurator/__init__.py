@@ -13,11 +13,18 @@ quantizers and rejects exactly this combination in strict mode, and drops it sil
 otherwise.)
 
 ``activation`` is the dtype the module computes in (and so produces); ``param`` the dtype
-its parameters are stored in (cast at use when it differs). int8 activations quantize each
-module's boundary — the values entering from outside the module and the values leaving it —
-with ranges calibrated on ``apply``'s ``calibration_dataloader`` (else the inputs given to it), in
-one pass with the ranges of int8 marker regions (``calibrate.entry``); int8 parameters store
-convolution and linear weights per output channel.
+its parameters are stored in (cast at use when it differs). int8 activations quantize the values
+entering each module from outside it, with ranges calibrated on ``apply``'s ``calibration_dataloader`` (else
+the inputs given to it), in one pass with the ranges of int8 marker regions (``calibrate.entry``); int8
+parameters store convolution and linear weights per output channel. The value *leaving* an int8 module is the
+dequantized result, as an int8 kernel delivers it (int32 sums scaled back to float): it is quantized where the
+next int8 module reads it, not on its way out — quantizing it there too costs accuracy (a conv's output
+before its batch norm and relu, on the signed grid; a Linear's output with the outliers of the residual stream)
+and buys no int8 kernel. :data:`QUANTIZE_EXITS` turns the exit quantization back on; off was chosen by
+measurement (bench/int8_nncf.py, bench/RESULTS.md "Issue 22 round two: int8 numerics"). An int8 Linear's
+input that is not provably non-negative is smoothed (``calibrate/smoothing.py``, :data:`SMOOTHING_ALPHA`): the
+per-channel divisors come from one more calibration pass (per-channel ranges) and travel in the plan's
+``Int8Spec.smoothing``; the rewrite (``rewrite/quantize.py``) applies them to copies in the captured program.
 """
 
 from __future__ import annotations
@@ -31,9 +38,14 @@ from typing import Any
 import torch
 
 from ..calibrate import entry as calibration_entry
+from ..calibrate import smoothing
+from ..calibrate.int8_ranges import readable_twice
+from ..calibrate.shards import as_shards
+from ..calibrate.statistics import calibrate
 from ..dtypes import parse_dtype, short_name
 from ..errors import ConfigError, InvariantError
 from ..ir.capture import as_input_tuple
+from ..ir.sign import is_nonnegative
 from ..ir.frontend import CapturedModel
 from ..ir.work_program import STORED_KINDS, WorkProgram
 from ..plan import planner
@@ -44,6 +56,12 @@ from .log import render_log
 
 _PRECISIONS = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.int8})
 _IO_PRECISIONS = frozenset({torch.float32, torch.float16, torch.bfloat16})
+# int8 modules' outputs also quantized on their way out (the module's boundary both ways); off by measurement:
+# ResNet-50 0.0467 -> 0.0352 rel-L2, trained MiniLM 0.464 -> 0.161 (bench/RESULTS.md "Issue 22 round two")
+QUANTIZE_EXITS = False
+# activation smoothing of int8 Linears' inputs (calibrate/smoothing.py): its alpha, None for none; chosen by
+# measurement (bench/RESULTS.md "Issue 22 round two: int8 numerics")
+SMOOTHING_ALPHA: float | None = smoothing.DEFAULT_ALPHA
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +176,16 @@ class _OneCalibration:
             raise InvariantError(f"the configurator's calibration ran before it was asked for {sorted(missing)}")
         return dict(self._done.int8_ranges)
 
+    def channel_ranges(self, values) -> dict | None:
+        """Per-channel ranges of ``values`` (``calibrate/channels.py``) from one more pass over the data; None when
+        the data cannot be read again here (a one-shot iterator, shards on Ray workers)."""
+        if not values:
+            return {}
+        if self.data is not None and (as_shards(self.data) is not None or not readable_twice(self.data)):
+            return None
+        calibration, _ = calibrate(self.captured, self.data, channels=frozenset(values))
+        return dict(calibration.channels)
+
 
 class _Resolver:
     """Maps requests onto graph layers; remembers the winners and the problems for the log."""
@@ -168,6 +196,8 @@ class _Resolver:
         self.info = info
         self.strict = strict
         self.problems: list[str] = []
+        self.smoothed: dict = {}  # int8 Linear input -> (divisors, range, readers): what the log states
+        self._signs: dict = {}  # the sign analysis's memory
         self.marker_ranges: dict = {}  # int8 marker regions without ranges: calibrated in decide()
         self.winner: dict[str, Request] = {}  # layer -> request whose activation it gets
         self.param: dict[str, torch.dtype | None] = {}  # layer -> the param dtype its request gives (None: not given)
@@ -208,6 +238,10 @@ class _Resolver:
         for name, request in self.winner.items():
             activation, param = request.activation, self.param[name]
             reason = f"request #{request.id} set_precision({request.target_text()}, {request.precision_text()})"
+            smoothed = [inp for inp, _ in int8[name].smoothing] if name in int8 else []
+            if smoothed:
+                reason += (f"; input {', '.join(smoothed)} smoothed: divided per channel by s, weight columns "
+                           f"multiplied by s (alpha {SMOOTHING_ALPHA})")
             out[name] = NodePrecision(
                 activation, None, "plan", reason, param if param != activation else None, int8.get(name)
             )
@@ -269,7 +303,7 @@ class _Resolver:
                 self.param[layer] = latest.param
 
     def _int8_specs(self, calibration: _OneCalibration) -> dict[str, Int8Spec]:
-        """Quantize each int8 module's boundary: values entering it from outside and values leaving it."""
+        """Quantize the values entering each int8 module from outside (and those leaving it with QUANTIZE_EXITS)."""
         groups: dict[str, set[str]] = {}
         for name, request in self.winner.items():
             if request.activation == torch.int8:
@@ -287,15 +321,61 @@ class _Resolver:
                     inp for inp, d in node.input_dtypes.items()
                     if d is not None and d.is_floating_point and inp not in group and inp not in stored
                 ]
-                if any(user.name not in group for user in nodes[name].users):
+                if QUANTIZE_EXITS and any(user.name not in group for user in nodes[name].users):
                     exits.add(name)
         wanted = {n for names in entries.values() for n in names} | exits
         ranges = calibration.ranges(wanted)
-        return {
-            name: Int8Spec(tuple((inp, ranges[inp]) for inp in entries[name]), ranges[name] if name in exits else None)
-            for group in groups.values()
-            for name in group
-        }
+        smoothed = self._smoothing(groups, entries, nodes, calibration)
+        self.smoothed = smoothed
+        specs = {}
+        for group in groups.values():
+            for name in group:
+                mine = {inp: smoothed[inp] for inp in entries[name] if inp in smoothed and name in smoothed[inp][2]}
+                specs[name] = Int8Spec(
+                    tuple((inp, mine[inp][1] if inp in mine else ranges[inp]) for inp in entries[name]),
+                    ranges[name] if name in exits else None,
+                    tuple((inp, tuple(mine[inp][0].tolist())) for inp in mine),
+                )
+        return specs
+
+    def _smoothing(self, groups, entries, nodes, calibration: _OneCalibration) -> dict:
+        """Activation smoothing of int8 Linears' inputs (``calibrate/smoothing.py``): input value -> (divisors,
+        range of input / divisors, the Linears that read it smoothed). One divisor vector per value, shared by
+        every int8 Linear reading it; values the graph proves never negative keep the unsigned grid instead."""
+        if SMOOTHING_ALPHA is None:
+            return {}
+        readers: dict[str, list[str]] = {}
+        for group in groups.values():
+            for name in group:
+                node = nodes[name]
+                if node.target is not torch.ops.aten.linear.default or len(node.args) < 2:
+                    continue
+                x, w = node.args[0], node.args[1]
+                if not isinstance(x, torch.fx.Node) or x.name not in entries[name] or self._stored_weight(w) is None:
+                    continue
+                if is_nonnegative(x, self._signs):
+                    continue
+                readers.setdefault(x.name, []).append(name)
+        channels = calibration.channel_ranges(set(readers))
+        if not channels:
+            return {}
+        out = {}
+        for value, layers in readers.items():
+            x = channels.get(value)
+            weights = [self._stored_weight(nodes[layer].args[1]) for layer in layers]
+            if x is None or any(w.dim() != 2 or w.shape[1] != x.mins.numel() for w in weights):
+                continue
+            column = torch.stack([smoothing.column_absmax(w).to(x.mins.device) for w in weights]).amax(dim=0)
+            s = smoothing.divisors(x, column, SMOOTHING_ALPHA)
+            out[value] = (s, smoothing.smoothed_range(x, s), frozenset(layers))
+        return out
+
+    def _stored_weight(self, node):
+        """The stored tensor a weight argument is (a parameter/buffer/constant placeholder), else None."""
+        if not isinstance(node, torch.fx.Node) or node.op != "placeholder":
+            return None
+        spec = self.base.input_spec_of(node)
+        return self.base.stored_tensor(spec) if spec is not None and spec.kind in STORED_KINDS else None
 
     # ---- model inputs / outputs -------------------------------------------------------------------
     def io_positions(self, requests, which: str) -> dict[int, torch.dtype]:

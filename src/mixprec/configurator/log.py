@@ -6,7 +6,9 @@ Three tables, rendered from data the configurator already holds:
 2. the effective precision of every module that runs a layer, with the ID of the request that won
    (and the model inputs/outputs);
 3. the realised precision of every graph layer after the rewrite, with the casts (and int8
-   quantize/dequantize) inserted on its inputs and output.
+   quantize/dequantize) inserted on its inputs and output;
+4. the int8 Linear inputs smoothed (``calibrate/smoothing.py``): which value, read by which modules, the
+   divisors' spread and the range then quantized.
 """
 
 from __future__ import annotations
@@ -27,12 +29,25 @@ def render_log(requests, resolver, info, plan, realised) -> str:
     parts += _section("3. Realised precision per graph layer", (
         "layer", "module", "op", "precision", "inputs", "outputs", "source", "casts inserted"),
         _layer_rows(info, plan, realised))
+    if resolver.smoothed:
+        parts += _section("4. Activation smoothing (int8 Linear inputs divided per channel by s; s multiplies the "
+                          "weight columns)", ("input", "read by", "channels", "s min", "s max", "range of input / s"),
+                          _smoothing_rows(resolver, info))
     casts = sum(1 for n in realised.graph.nodes if is_mixprec_cast(n))
     quantizers = sum(1 for n in realised.graph.nodes if n.meta.get(META_ROLE) == "quant")
     parts.append(f"casts inserted: {casts}; int8 quantize points: {quantizers}")
     if resolver.problems:
         parts += ["", "Requests not realised as asked (strict=False):"] + [f"  - {p}" for p in resolver.problems]
     return "\n".join(parts) + "\n"
+
+
+def _smoothing_rows(resolver, info):
+    rows = []
+    for value, (s, (lo, hi), layers) in sorted(resolver.smoothed.items()):
+        modules = sorted({info[layer].module or "(top)" for layer in layers})
+        rows.append((value, ", ".join(modules), str(s.numel()), f"{float(s.min()):.3g}", f"{float(s.max()):.3g}",
+                     f"[{lo:.4g}, {hi:.4g}]"))
+    return rows
 
 
 def _module_rows(resolver, info, plan):

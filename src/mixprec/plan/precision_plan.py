@@ -45,11 +45,19 @@ class Int8Spec:
 
     inputs: tuple[tuple[str, Range], ...] = ()
     output: Range | None = None
+    # (input name, per-channel divisors s): the input is quantized as x / s (one per channel of its last dimension)
+    # and the layer's weight columns are multiplied by s — the same product in float (activation smoothing,
+    # ``calibrate/smoothing.py``); that input's range is the range of x / s
+    smoothing: tuple[tuple[str, tuple[float, ...]], ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "inputs", tuple((str(n), _range(r, f"input {n}")) for n, r in self.inputs))
         if self.output is not None:
             object.__setattr__(self, "output", _range(self.output, "output"))
+        object.__setattr__(self, "smoothing", tuple((str(n), _divisors(s, n)) for n, s in self.smoothing))
+
+    def input_smoothing(self, name: str) -> tuple[float, ...] | None:
+        return dict(self.smoothing).get(name)
 
     def input_range(self, name: str) -> Range | None:
         return dict(self.inputs).get(name)
@@ -58,6 +66,7 @@ class Int8Spec:
         return {
             "inputs": {name: list(r) for name, r in self.inputs},
             "output": list(self.output) if self.output is not None else None,
+            **({"smoothing": {name: list(s) for name, s in self.smoothing}} if self.smoothing else {}),
         }
 
     @classmethod
@@ -67,7 +76,20 @@ class Int8Spec:
         inputs = data.get("inputs") or {}
         if not isinstance(inputs, Mapping):
             raise ConfigError("'int8.inputs' must map input node names to [min, max].")
-        return cls(tuple(inputs.items()), data.get("output"))
+        smoothing = data.get("smoothing") or {}
+        if not isinstance(smoothing, Mapping):
+            raise ConfigError("'int8.smoothing' must map input node names to lists of per-channel divisors.")
+        return cls(tuple(inputs.items()), data.get("output"), tuple(smoothing.items()))
+
+
+def _divisors(value, name) -> tuple[float, ...]:
+    try:
+        out = tuple(float(v) for v in value)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"int8 smoothing of input {name} must be a list of numbers, got {value!r}.") from e
+    if not out or not all(math.isfinite(v) and v > 0 for v in out):
+        raise ConfigError(f"int8 smoothing of input {name} must be finite positive divisors, one per channel.")
+    return out
 
 
 def _range(value, what: str) -> Range:

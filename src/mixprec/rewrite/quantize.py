@@ -8,6 +8,10 @@ What the program computes for an int8 layer (fake quantization, on any device):
   sees exactly int8 grid values; a value the graph proves never negative (``ir/sign.py``: after relu,
   softmax, ...) is quantized on the unsigned grid instead (scale = max / 255, q in [0, 255] as uint8,
   ``mixprec.quantize_per_tensor_u8``): the same range with twice the resolution (:data:`UNSIGNED_ACTIVATIONS`);
+* an input named in ``int8.smoothing`` (activation smoothing, ``calibrate/smoothing.py``) is quantized
+  divided per channel by its divisors s, and the Linear's weight columns are multiplied by s before their int8
+  quantization (copies: the model's tensors are untouched); the division is folded into the LayerNorm's weight
+  and bias copies that make the input when only smoothed Linears read it, else it is one multiply;
 * with ``int8.output`` the layer's result is quantized and dequantized the same way before
   anything reads it;
 * convolution and linear weights of layers whose parameters are stored in int8 (int8
@@ -105,18 +109,26 @@ def quantize(ctx: RewriteContext) -> PassResult:
     changed = False
     weights: dict[torch.fx.Node, tuple[torch.fx.Node, torch.fx.Node]] = {}
     signs: dict = {}  # the sign analysis's memory, shared by every value judged
+    smoothed: dict = {}  # (value, divisors) -> the value divided by them
     for node in list(work.graph.nodes):
         decision = ctx.plan.get(node.name)
         if node.op != "call_function" or decision is None:
             continue
         spec = decision.int8
+        columns = None  # the divisors of a smoothed input: the weight's columns are multiplied by them
         if spec is not None:
             for inp in list(node.all_input_nodes):
-                value_range = spec.input_range(origin_name(inp, through_quantize=True))
-                if value_range is not None:
-                    grid = activation_grid(inp, signs)
-                    node.replace_input_with(inp, _fake_quant(work.graph, inp, symmetric_scale(value_range, grid), grid))
-                    changed = True
+                origin = origin_name(inp, through_quantize=True)
+                value_range = spec.input_range(origin)
+                if value_range is None:
+                    continue
+                divisors = spec.input_smoothing(origin)
+                value = inp
+                if divisors is not None and _smoothable(work, node, inp, divisors):
+                    value, columns = _smoothed(ctx, node, inp, origin, divisors, smoothed), divisors
+                grid = activation_grid(value, signs)
+                node.replace_input_with(inp, _fake_quant(work.graph, value, symmetric_scale(value_range, grid), grid))
+                changed = True
             if spec.output is not None:
                 grid = activation_grid(node, signs)
                 dq = _fake_quant(work.graph, node, symmetric_scale(spec.output, grid), grid)
@@ -124,7 +136,7 @@ def quantize(ctx: RewriteContext) -> PassResult:
                 node.replace_all_uses_with(dq, delete_user_cb=lambda user: user is not quant)
                 changed = True
         if weight_quantized(decision, packet_name(op_name(node.target))):
-            changed |= _store_int8_weight(work, node, decision.compute_dtype, weights)
+            changed |= _store_int8_weight(work, node, decision.compute_dtype, weights, columns)
     if changed:
         work.sync_output_specs()
     return PassResult(changed)
@@ -152,18 +164,87 @@ def _fake_quant(graph: torch.fx.Graph, value: torch.fx.Node, scale: float, grid:
     return dq
 
 
-def _store_int8_weight(work, layer, dtype, done) -> bool:
+def _smoothable(work, layer, value, divisors) -> bool:
+    """A Linear reading ``value`` as its input, with a stored weight whose columns the divisors fit."""
+    if layer.target is not torch.ops.aten.linear.default or layer.args[0] is not value:
+        return False
+    placeholder, spec, chain = stored_source(work, layer.args[WEIGHT_ARG])
+    return placeholder is not None and not chain and work.stored_tensor(spec).shape[-1] == len(divisors)
+
+
+def _smoothed(ctx, layer, value, origin, divisors, done) -> torch.fx.Node:
+    """``value`` divided per channel by ``divisors`` (one per value and divisors, shared by the Linears reading
+    it): folded into the affine of the LayerNorm that makes it where only those Linears read it (exact, no new
+    op), else a multiply by the stored reciprocals."""
+    work = ctx.work
+    key = (value, divisors)
+    if key not in done and _fold_into_layer_norm(ctx, value, origin, divisors):
+        done[key] = value
+    if key not in done:
+        _, like, _ = stored_source(work, layer.args[WEIGHT_ARG])
+        weight = work.stored_tensor(like)
+        inverse = (1.0 / torch.tensor(divisors, dtype=torch.float64)).to(torch.float32).to(weight.device)
+        target = f"{origin}_smoothing" + (f"_{len(done)}" if done else "")
+        stored = work.add_stored_input(like, target, _stored(inverse, like), target)
+        stored.meta["val"] = _fake_like(value.meta["val"], inverse)
+        stored.meta.pop(META_ORIGIN, None)
+        anchor = work.graph.inserting_before(first_compute_node(work.graph)) if value.op == "placeholder" else \
+            work.graph.inserting_after(value)
+        with anchor:
+            node = work.graph.call_function(torch.ops.aten.mul.Tensor, (value, stored), name=f"{value.name}_smoothed")
+        node.meta = _meta(value, tensor_dtype(value), "smoothing")
+        node.meta[META_ORIGIN] = origin
+        done[key] = node
+    return done[key]
+
+
+LAYER_NORM_AFFINE = (2, 3)  # aten.layer_norm(input, normalized_shape, weight, bias, eps, cudnn_enable)
+
+
+def _fold_into_layer_norm(ctx, value, origin, divisors) -> bool:
+    """Divide a LayerNorm's stored weight and bias by ``divisors`` (copies; the model's tensors are untouched)
+    when every reader of its output is a Linear smoothed by the same divisors, and nothing else reads them."""
+    work = ctx.work
+    if not (value.op == "call_function" and value.target is torch.ops.aten.layer_norm.default
+            and len(value.args) > max(LAYER_NORM_AFFINE) and len(value.args[1]) == 1
+            and value.args[1][0] == len(divisors)):
+        return False
+    for user in value.users:
+        decision = ctx.plan.get(user.name)
+        if (decision is None or decision.int8 is None or decision.int8.input_smoothing(origin) != divisors
+                or not _smoothable(work, user, value, divisors)):
+            return False
+    sources = [stored_source(work, value.args[i]) for i in LAYER_NORM_AFFINE]
+    if any(p is None or chain or len(p.users) != 1 for p, _, chain in sources):
+        return False
+    for i, (placeholder, spec, _) in zip(LAYER_NORM_AFFINE, sources):
+        tensor = work.stored_tensor(spec)
+        scaled = (tensor.detach().double() / torch.tensor(divisors, dtype=torch.float64, device=tensor.device)
+                  ).to(tensor.dtype)
+        node = work.add_stored_input(
+            spec, f"{spec.target}_smoothed", _stored(scaled, spec), f"{placeholder.name}_smoothed"
+        )
+        node.meta["val"] = placeholder.meta["val"]
+        value.replace_input_with(placeholder, node)
+        work.remove_stored_input(placeholder)
+    return True
+
+
+def _store_int8_weight(work, layer, dtype, done, columns=None) -> bool:
     weight = layer.args[WEIGHT_ARG] if len(layer.args) > WEIGHT_ARG else None
     placeholder, spec, chain = stored_source(work, weight)
     if placeholder is None:  # a weight computed at run time stays float
         return False
-    key = (placeholder, chain)
+    key = (placeholder, chain, columns)
     if key not in done:
         tensor = work.stored_tensor(spec)
         for cast_dtype in chain:  # the weight as the layer reads it (e.g. rounded by the model's .half())
             tensor = tensor.detach().to(cast_dtype)
+        if columns is not None:  # a smoothed input: its divisors move into the weight's columns (a copy)
+            tensor = (tensor.detach().double() * torch.tensor(columns, dtype=torch.float64, device=tensor.device)
+                      ).to(tensor.dtype)
         q, scales = quantize_weight(tensor, WEIGHT_AXIS, INT8_SYMMETRIC)
-        suffix = "".join(f"_{short_name(d)}" for d in chain)
+        suffix = "".join(f"_{short_name(d)}" for d in chain) + ("_smoothed" if columns is not None else "")
         nodes = []
         for kind, value in (("int8", q), ("scale", scales)):
             node = work.add_stored_input(

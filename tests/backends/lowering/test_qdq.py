@@ -59,6 +59,15 @@ def symmetric_activations(monkeypatch):
     monkeypatch.setattr(rewrite_quantize, "UNSIGNED_ACTIVATIONS", False)
 
 
+@pytest.fixture
+def quantized_exits(monkeypatch):
+    """int8 Linears' outputs quantized on their way out too (the configurator before round two): the lowering of
+    a layer whose output goes back onto the int8 grid."""
+    from mixprec import configurator
+
+    monkeypatch.setattr(configurator, "QUANTIZE_EXITS", True)
+
+
 # ---- the spellings ------------------------------------------------------------------------------------------
 SCALE = 0.0148547765776867
 
@@ -174,7 +183,7 @@ def _exact_model(width=256):
 
 @needs_onednn
 @pytest.mark.parametrize("backend", ["eager", "inductor"])
-@pytest.mark.usefixtures("symmetric_activations", "minmax_ranges")
+@pytest.mark.usefixtures("symmetric_activations", "minmax_ranges", "quantized_exits")
 def test_lowered_layer_keeps_the_grid_round_half_even_and_the_clamp(backend):
     width = 256
     model = _exact_model(width)
@@ -211,7 +220,7 @@ def test_lowered_layer_keeps_the_grid_round_half_even_and_the_clamp(backend):
 
 @needs_onednn
 @pytest.mark.parametrize("backend", ["eager", "inductor"])
-@pytest.mark.usefixtures("symmetric_activations")
+@pytest.mark.usefixtures("symmetric_activations", "quantized_exits")
 def test_lowered_program_agrees_with_fake_quantization_within_fp32_rounding(backend):
     torch.manual_seed(1)
     model = ReluNet(256, layers=3).eval()
