@@ -119,7 +119,7 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore")
     logging.getLogger("nncf").setLevel(logging.ERROR)
     print(f"# int8 error sources, {peer.harness.stamp()}")
-    print(f"machine: {peer.harness.machine()}; CPU flags: {peer.cpu_flags()}")
+    print(f"machine: {peer.harness.machine()}")
     print("command: python bench/int8_error_sources.py " + " ".join(argv if argv is not None else sys.argv[1:]))
     suffixes = [s for s in args.per_module.split(",") if s]
     for name in args.models.split(","):

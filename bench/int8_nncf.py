@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import subprocess
 import sys
 import time
 import warnings
@@ -61,17 +60,6 @@ harness = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(harness)
 
 CALIBRATION, HELD_OUT = 4, 2
-
-
-def cpu_flags() -> str:
-    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-    except OSError:
-        return "unknown (no lscpu)"
-    flags = next((line.split(":", 1)[1].split() for line in out.splitlines() if line.startswith("Flags:")), [])
-    present = [f for f in wanted if f in flags]
-    return " ".join(present) + f" (none of {', '.join(f for f in wanted if f not in flags)})"
 
 
 # ---- models: (module with a positional forward returning one tensor, list of 6 input tuples) ------------------
@@ -284,7 +272,6 @@ def main(argv=None) -> int:
     logging.getLogger("nncf").setLevel(logging.ERROR)
     print(f"# int8: mixprec vs NNCF, {harness.stamp()}")
     print(f"machine: {harness.machine()}")
-    print(f"CPU flags: {cpu_flags()}")
     from mixprec.backends.lowering import cpu
 
     print(f"int8 dot product (VNNI/AMX) per mixprec.backends.lowering.cpu: {cpu.has_int8_dot_product()}")
