@@ -428,14 +428,8 @@ def test_smoothing_lowers_the_int8_error_of_a_linear_whose_input_has_outlier_cha
     assert errors[0.8] < 0.5 * errors[None], errors
 
 
-class PreNormLinears(nn.Module):
+class PreNormLinears(LayerNormLinears):
     """A pre-LN transformer's attention input: the LayerNorm's output is read only by the Linears."""
-
-    def __init__(self, width=32):
-        super().__init__()
-        self.norm = nn.LayerNorm(width)
-        self.q = nn.Linear(width, 16)
-        self.k = nn.Linear(width, 16)
 
     def forward(self, x):
         h = self.norm(x)
