@@ -70,3 +70,35 @@ def test_statistics_count_inf_and_nan_apart_from_the_error():
     assert s["max_abs_error"] == 0.5  # over positions finite in both: 1.0 and 2.0
     assert math.isclose(s["rel_l2_error"], 0.5 / math.sqrt(1 + 4))
     assert (s["absmax"], s["ref_absmax"]) == (2.5, 4.0)
+
+
+class _PreNorm(torch.nn.Module):
+    """A pre-LN block: the LayerNorm's output is read only by int8 Linears, so smoothing folds into its affine."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(32)
+        self.q = torch.nn.Linear(32, 16)
+        self.k = torch.nn.Linear(32, 16)
+
+    def forward(self, x):
+        h = self.norm(x)
+        return x[..., :16] + self.q(h) * self.k(h)
+
+
+def test_a_layer_norm_that_took_smoothing_is_compared_as_the_models_value():
+    """Its program value is x / s (the divisors in its affine copies): compared as such it would show the fold as
+    a large error at a layer that rounds nothing."""
+    torch.manual_seed(3)
+    model = _PreNorm().eval()
+    with torch.no_grad():
+        model.norm.weight[5] = 30.0  # an outlier channel: smoothing moves it into the Linears' weights
+    x = torch.randn(4, 8, 32)
+    cfg = mixprec.MixedPrecisionConfigurator(model)
+    cfg.set_precision(torch.nn.Linear, activation="int8")
+    plan = cfg.apply((x,))
+    assert any(d.int8 is not None and d.int8.smoothing for d in plan.values())
+    (records, _), info = _compare(model, (x,), plan)
+    norm = next(r for r in records if info[r.name].op == "aten.layer_norm.default")
+    assert norm.rel_l2_error < 1e-6, norm
+    assert max(r.rel_l2_error for r in records if info[r.name].op == "aten.linear.default") > 1e-4  # int8 rounding is seen

@@ -24,7 +24,7 @@ from torch.export import ExportedProgram
 
 from ..dtypes import is_float
 from ..errors import InvariantError
-from ..ir.graph_info import META_ACC, META_ROLE, GraphInfo, describe
+from ..ir.graph_info import META_ACC, META_ROLE, META_SMOOTHED, GraphInfo, describe
 from ..ir.runner import GraphRunner, Observer
 from ..output.numerics import ErrorStats, float_leaves, output_errors
 from ..plan.precision_plan import PrecisionPlan
@@ -92,7 +92,7 @@ class _Lockstep(Observer):
         name = self._target.get(node.name)
         if name is None:
             return
-        stats = _stats(name, value, self._reference.get(name))
+        stats = _stats(name, _unsmoothed(node, value), self._reference.get(name))
         if stats is None:
             return
         input_error = _input_error(name, self._info, self._errors)
@@ -147,6 +147,16 @@ def _clones(user_values) -> list:
 
 def _clone(value):
     return value.clone() if isinstance(value, torch.Tensor) else value
+
+
+def _unsmoothed(node, value):
+    """A LayerNorm that took int8 activation smoothing's divisors into its affine computes the model's value
+    divided by them: compared as the value the model computes (times the divisors, in fp64), so the fold is
+    not reported as that layer's error."""
+    divisors = node.meta.get(META_SMOOTHED)
+    if divisors is None or not isinstance(value, torch.Tensor):
+        return value
+    return value.double() * torch.tensor(divisors, dtype=torch.float64, device=value.device)
 
 
 def _stats(name: str, value, expected) -> dict | None:

@@ -27,6 +27,8 @@ META_ROLE = "mixprec_role"  # "cast" (inserted by mixprec), "autocast_cast" (tor
 #                            "quant"/"dequant" (int8 quantize/dequantize)
 META_ACC = "mixprec_accumulate"  # on a layer with fp32 accumulation: the accumulation dtype
 META_ORIGIN = "mixprec_origin"  # on a stored copy of a parameter: the name of the captured placeholder
+META_SMOOTHED = "mixprec_smoothed"  # on a LayerNorm whose affine took int8 activation smoothing's divisors: its
+#                                   output is the model's value divided by them along the last dimension
 META_MARKER = "mixprec_marker"  # on a layer inside a precision-marker region: its innermost MarkerRegion
 
 

@@ -40,7 +40,7 @@ import contextlib
 import torch
 from torch._guards import detect_fake_mode
 
-from ..ir.graph_info import META_ORIGIN, META_ROLE
+from ..ir.graph_info import META_ORIGIN, META_ROLE, META_SMOOTHED
 from ..ir.passes import PassResult
 from ..ir.work_program import STORED_KINDS
 from ..ir.sign import is_nonnegative
@@ -227,6 +227,7 @@ def _fold_into_layer_norm(ctx, value, origin, divisors) -> bool:
         node.meta["val"] = placeholder.meta["val"]
         value.replace_input_with(placeholder, node)
         work.remove_stored_input(placeholder)
+    value.meta[META_SMOOTHED] = tuple(divisors)  # mixprec.debug compares the model's value, not x / s
     return True
 
 
