@@ -75,7 +75,8 @@ def test_an_exported_program_file(tmp_path, capsys):
         (["{spec}:nothing"], "has no function 'nothing'"),
         (["{spec}"], "names a Python file but no function"),
         (["missing.py:model"], "does not exist"),
-        (["{spec}:model", "--low", "int8"], "low_precision_type"),
+        (["{spec}:model", "--low", "int4"], "low_precision_type"),
+        (["{spec}:model", "--low-precision", "int8,fp16,bf16"], "both float16 and bfloat16"),
         (["{spec}:model", "--eval-data", "{spec}:model"], "eval_dataloader batch 0 is a"),
     ],
 )
