@@ -104,3 +104,19 @@ def test_a_baseline_above_the_tolerance_lowers_nothing():
     study.baseline = 5.0
     choice = choose(study, options(tolerance=1.0), Progress())
     assert choice.lowered == frozenset() and not choice.met
+
+
+def test_upgrades_follow_each_groups_convex_hull_by_gain_per_error():
+    """Per group: fp32 -> the steepest option, then -> a faster one at its own ratio; dominated options never."""
+    from mixprec.searching.budget import upgrades
+
+    I8, BF16 = torch.int8, torch.bfloat16
+    a = LayerGroup("a", "aten.linear.default", "a", "", 100, 0)
+    b = LayerGroup("b", "aten.linear.default", "b", "", 100, 1)
+    s = {("a", BF16): 1.0, ("a", I8): 2.0, ("b", BF16): 3.0, ("b", I8): 1.0}
+    gains = {("a", BF16): 6.0, ("a", I8): 8.0, ("b", BF16): 1.0, ("b", I8): 8.0}
+    steps = upgrades([a, b], (I8, BF16), lambda g, d: s[(g.name, d)], lambda g, d: gains[(g.name, d)])
+    # a: bf16 at 6/1 = 6, then int8 at (8-6)/(4-1) = 0.67; b: int8 at 8/1 = 8 (bf16: slower and worse, dominated)
+    assert steps == [("b", I8), ("a", BF16), ("a", I8)]
+    gains[("a", I8)] = -1.0  # a type slower than fp32 is never offered
+    assert upgrades([a], (I8, BF16), lambda g, d: s[(g.name, d)], lambda g, d: gains[(g.name, d)]) == [("a", BF16)]
