@@ -32,7 +32,7 @@ less accurate option is never taken). All groups' upgrades are sorted by gain pe
 multiple-choice knapsack, exact for the convex relaxation), and stage 1 is the longest prefix of that list
 within the tolerance, by bisection as above — an upgrade later in the prefix replaces the group's earlier
 choice. Stage 2 then lowers the FLOP-free groups to the float low type, least sensitive first, only when
-that type is faster than fp32 here (they carry no FLOPs; lowered, they spare the casts between lowered
+that type is faster than fp32 here for the classes of the model's FLOP-carrying layers (they carry no FLOPs; lowered, they spare the casts between lowered
 neighbours); otherwise they stay fp32. ``keep_fp32_fraction`` lowers the same groups as with one type, each
 to its option of most gain (its least sensitive type when no type gains).
 
@@ -111,7 +111,7 @@ def choose(study: Study, options, progress: Progress, costs=None) -> Choice:
     else:
         first = upgrades(heavy, lows, lambda g, d: s(g, d), gain)
         floats = [d for d in lows if d != torch.int8]
-        fast = bool(floats) and any(costs.gain(op, 10**9, floats[0]) > 0 for op in ("aten.linear", "aten.conv2d"))
+        fast = bool(floats) and any(gain(g, floats[0]) > 0 for g in heavy)  # faster on this model's layer classes
         second = [(g.name, floats[0]) for g in sorted(free, key=lambda g: (s(g, floats[0]), g.index))] if fast else []
     everything = first + second
     if metric(everything) <= tolerance:
