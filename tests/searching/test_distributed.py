@@ -47,8 +47,9 @@ def same(a, b):
     """Plan, sensitivities (bit for bit), pareto points (latency aside: a timing), baseline and trial count."""
     assert a.plan.to_json() == b.plan.to_json()
     assert a.groups == b.groups  # GroupSensitivity: name, module, flops, sensitivity float, precision, why
-    strip = lambda points: [(p.lowered, p.low_precision_flops_fraction, p.metric, p.chosen, p.mix, p.lowered_by_type)  # noqa: E731
-                            for p in points]
+    strip = lambda points: [  # noqa: E731
+        (p.lowered, p.low_precision_flops_fraction, p.metric, p.chosen, p.mix, p.lowered_by_type) for p in points
+    ]
     assert strip(a.pareto) == strip(b.pareto)
     assert (a.baseline, a.met, a.trials) == (b.baseline, b.met, b.trials)
 

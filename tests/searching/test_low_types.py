@@ -49,8 +49,9 @@ def vnni(monkeypatch):
 
 
 def test_low_types_are_a_set_in_canonical_order():
-    assert low_types(("bf16", "int8")) == low_types(["int8", torch.bfloat16]) == low_types({"int8", "bf16"}) == (I8, BF16)
-    assert low_types("int8, bf16") == (I8, BF16) and low_types("int8") == (I8,) and low_types(("fp16", "fp16")) == (F16,)
+    assert low_types(("bf16", "int8")) == low_types(["int8", torch.bfloat16]) == low_types({"int8", "bf16"})
+    assert low_types({"int8", "bf16"}) == low_types("int8, bf16") == (I8, BF16)
+    assert low_types("int8") == (I8,) and low_types(("fp16", "fp16")) == (F16,)
     with pytest.raises(ConfigError, match="both float16 and bfloat16"):
         low_types(("fp16", "bf16"))
     with pytest.raises(ConfigError, match="low_precision_type"):

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "find a mixed-precision plan: as many layers in low precision (or the fastest fp32/bf16/int8 mix) as a tolerance allows"
+HELP = ("find a mixed-precision plan: as many layers in low precision (or the fastest fp32/bf16/int8 mix) as a "
+        "tolerance allows")
 DESCRIPTION = (
     "Measure every layer group's sensitivity to low precision, then lower groups cumulatively as far as --tolerance "
     "(rel-L2 error against fp32 on the eval data, default 1e-2) allows, or keep --keep-fp32-fraction of the most "

@@ -106,8 +106,8 @@ class SearchResult:
         types = self.low_precision_types
         lows = ", ".join(dtype_name(d) for d in types)
         lines = [
-            f"mixprec search: {self.metric_name} on {self.eval_data}, {budget}, low type{'s' if len(types) > 1 else ''} "
-            f"{lows}",
+            f"mixprec search: {self.metric_name} on {self.eval_data}, {budget}, "
+            f"low type{'s' if len(types) > 1 else ''} {lows}",
             f"chosen: {chosen.lowered} of {len(self.groups)} layer groups lowered"
             + (f" ({chosen.mix_text()})" if len(types) > 1 and chosen.lowered else "") + ", "
             f"{chosen.low_precision_flops_fraction:.1%} of FLOPs in low precision, "

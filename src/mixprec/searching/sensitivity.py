@@ -9,8 +9,8 @@ second search with another budget starts from here without a single phase-1 tria
 Sensitivity is the metric's value with only that group lowered (for rel-L2: the error it alone
 causes), once per low type the group takes (``LayerGroup.takes``): ``study.sensitivity[name][dtype]``.
 The one calibration ranges the int8 boundaries too (``groups.int8_values``), so an int8 trial quantizes
-with the ranges ``compile(..., plan=result.plan)`` will find in the plan. It is infinite when a safety rule keeps the group fp32, when the program fails in the
-low type, or when it makes outputs non-finite.
+with the ranges ``compile(..., plan=result.plan)`` will find in the plan. It is infinite when a safety
+rule keeps the group fp32, when the program fails in the low type, or when it makes outputs non-finite.
 """
 
 from __future__ import annotations
