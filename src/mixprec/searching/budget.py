@@ -33,7 +33,8 @@ multiple-choice knapsack, exact for the convex relaxation), and stage 1 is the l
 within the tolerance, by bisection as above — an upgrade later in the prefix replaces the group's earlier
 choice. Stage 2 then lowers the FLOP-free groups to the float low type, least sensitive first, only when
 that type is faster than fp32 here for the classes of the model's FLOP-carrying layers (they carry no
-FLOPs; lowered, they spare the casts between lowered neighbours); otherwise they stay fp32. ``keep_fp32_fraction`` lowers the same groups as with one type, each
+FLOPs; lowered, they spare the casts between lowered neighbours);
+otherwise they stay fp32. ``keep_fp32_fraction`` lowers the same groups as with one type, each
 to its option of most gain (its least sensitive type when no type gains).
 
 Everything lowered is tried first (often it fits). Otherwise each stage tries its whole list,

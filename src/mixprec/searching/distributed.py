@@ -8,7 +8,8 @@ worker holds the program and the eval data and rebuilds each trial's program loc
   graph, the signature: an ExportedProgram does not pickle itself), the example inputs, the
   prepared metric (eval batches and the fp32 reference outputs, so no worker re-runs the
   reference), the calibrated int8 ranges (marker regions' and the int8 layers' boundaries) and the
-  low types. They are pickled once into one bytes object and put into Ray's object store once (``ray.put``); each task carries only its
+  low types. They are pickled once into one bytes object
+  and put into Ray's object store once (``ray.put``); each task carries only its
   object reference, and a worker loads it on its first trial of the search, never per trial.
 * A worker re-builds ``CapturedModel`` from the ExportedProgram (capture returns an
   ExportedProgram as it is; normalise and analyse are deterministic) and checks that it found
