@@ -3,6 +3,7 @@
 import math
 
 import pytest
+import torch
 
 from mixprec.progress import Progress
 from mixprec.searching.budget import _furthest, _lowered_for_fraction, choose
@@ -15,13 +16,19 @@ from mixprec.searching.trials import Outcome
 class QuadratureTrials:
     """metric(lowered) = sqrt(sum of squared sensitivities): independent roundings."""
 
+    lows = (torch.bfloat16,)
+
     def __init__(self, sensitivities):
         self.s = sensitivities
         self.calls = 0
 
     def measure(self, lowered):
         self.calls += 1
-        return Outcome(math.sqrt(sum(self.s[n] ** 2 for n in lowered)))
+        return Outcome(math.sqrt(sum(self.s[n] ** 2 for n, _ in lowered)))
+
+
+def names(lowered):
+    return {n for n, _ in lowered}
 
 
 def study_of(groups):
@@ -29,12 +36,12 @@ def study_of(groups):
     layer_groups = [LayerGroup(n, "aten.linear.default" if f else "aten.add.Tensor", n, "", f, i) for i, (n, f, _) in enumerate(groups)]
     trials = QuadratureTrials({n: s for n, _, s in groups})
     study = Study(None, layer_groups, trials, 0.0)
-    study.sensitivity = {n: Sensitivity(s, ()) for n, _, s in groups}
+    study.sensitivity = {n: {torch.bfloat16: Sensitivity(s, ())} for n, _, s in groups}
     return study
 
 
 def options(tolerance=None, fraction=None):
-    return SearchOptions(None, tolerance, fraction, None)
+    return SearchOptions((torch.bfloat16,), tolerance, fraction, None)
 
 
 def test_furthest_bisects_in_log_trials():
@@ -66,8 +73,8 @@ def test_a_big_sensitive_matmul_is_lowered_before_flop_free_layers():
     groups = [("head", 1000, 3.0), ("mm1", 100, 1.0), ("mm2", 100, 1.0)] + [(f"add{i}", 0, 1.5) for i in range(6)]
     study = study_of(groups)
     choice = choose(study, options(tolerance=3.5), Progress())
-    assert {"head", "mm1", "mm2"} <= choice.lowered
-    assert not any(n.startswith("add") for n in choice.lowered)  # sqrt(9 + 1 + 1 + 1.5**2) > 3.5
+    assert {"head", "mm1", "mm2"} <= names(choice.lowered)
+    assert not any(n.startswith("add") for n in names(choice.lowered))  # sqrt(9 + 1 + 1 + 1.5**2) > 3.5
     assert choice.met and choice.measured[choice.lowered] <= 3.5
 
 
@@ -77,7 +84,7 @@ def test_flop_free_layers_fill_the_remaining_tolerance():
     choice = choose(study, options(tolerance=3.0), Progress())
     # mm1, mm2 (sqrt 2); "big" does not fit; then adds least sensitive first: 0.5, 1.5 fit (sqrt(2+.25+2.25)=2.12),
     # 2.5 does not (sqrt(10.75) = 3.28)
-    assert choice.lowered == {"mm1", "mm2", "add0", "add1"}
+    assert names(choice.lowered) == {"mm1", "mm2", "add0", "add1"}
     assert choice.measured[choice.lowered] <= 3.0
     assert study.trials.calls <= 1 + 2 * (1 + math.ceil(math.log2(4)))  # everything, then two bisections
 
@@ -86,10 +93,11 @@ def test_infinite_groups_are_never_lowered_and_keep_fraction_counts_them():
     groups = [("a", 10, 1.0), ("b", 10, 2.0), ("c", 10, math.inf), ("d", 0, 0.5)]
     study = study_of(groups)
     choice = choose(study, options(tolerance=100.0), Progress())
-    assert choice.lowered == {"a", "b", "d"}
+    assert names(choice.lowered) == {"a", "b", "d"}
     choice = choose(study, options(fraction=0.5), Progress())
-    assert choice.lowered == {"a", "d"}  # ceil(0.5 * 4) = 2 kept: c (inf) and b
-    assert frozenset() in choice.measured and frozenset({"a", "b", "d"}) in choice.measured  # the curve's ends
+    assert names(choice.lowered) == {"a", "d"}  # ceil(0.5 * 4) = 2 kept: c (inf) and b
+    assert frozenset() in choice.measured  # the curve's ends
+    assert frozenset((n, torch.bfloat16) for n in "abd") in choice.measured
 
 
 def test_a_baseline_above_the_tolerance_lowers_nothing():
@@ -97,3 +105,19 @@ def test_a_baseline_above_the_tolerance_lowers_nothing():
     study.baseline = 5.0
     choice = choose(study, options(tolerance=1.0), Progress())
     assert choice.lowered == frozenset() and not choice.met
+
+
+def test_upgrades_follow_each_groups_convex_hull_by_gain_per_error():
+    """Per group: fp32 -> the steepest option, then -> a faster one at its own ratio; dominated options never."""
+    from mixprec.searching.budget import upgrades
+
+    I8, BF16 = torch.int8, torch.bfloat16
+    a = LayerGroup("a", "aten.linear.default", "a", "", 100, 0)
+    b = LayerGroup("b", "aten.linear.default", "b", "", 100, 1)
+    s = {("a", BF16): 1.0, ("a", I8): 2.0, ("b", BF16): 3.0, ("b", I8): 1.0}
+    gains = {("a", BF16): 6.0, ("a", I8): 8.0, ("b", BF16): 1.0, ("b", I8): 8.0}
+    steps = upgrades([a, b], (I8, BF16), lambda g, d: s[(g.name, d)], lambda g, d: gains[(g.name, d)])
+    # a: bf16 at 6/1 = 6, then int8 at (8-6)/(4-1) = 0.67; b: int8 at 8/1 = 8 (bf16: slower and worse, dominated)
+    assert steps == [("b", I8), ("a", BF16), ("a", I8)]
+    gains[("a", I8)] = -1.0  # a type slower than fp32 is never offered
+    assert upgrades([a], (I8, BF16), lambda g, d: s[(g.name, d)], lambda g, d: gains[(g.name, d)]) == [("a", BF16)]

@@ -75,7 +75,8 @@ def test_an_exported_program_file(tmp_path, capsys):
         (["{spec}:nothing"], "has no function 'nothing'"),
         (["{spec}"], "names a Python file but no function"),
         (["missing.py:model"], "does not exist"),
-        (["{spec}:model", "--low", "int8"], "low_precision_type"),
+        (["{spec}:model", "--low", "int4"], "low_precision_type"),
+        (["{spec}:model", "--low-precision", "int8,fp16,bf16"], "both float16 and bfloat16"),
         (["{spec}:model", "--eval-data", "{spec}:model"], "eval_dataloader batch 0 is a"),
     ],
 )
@@ -102,3 +103,24 @@ def test_a_model_that_cannot_be_captured_exits_1(tmp_path, capsys):
     )
     assert main(["search", f"{path}:model"]) == 1
     assert "torch.export could not capture" in capsys.readouterr().err
+
+
+def test_several_low_types_on_the_command_line(spec, tmp_path, capsys, monkeypatch):
+    """--low-precision int8,bf16 (or --low int8): the search over both types, the cost model timed on --backend."""
+    from mixprec.searching import latency
+
+    seen = []
+    table = {torch.float32: 10.0, torch.bfloat16: 4.0, torch.int8: 2.5}
+    monkeypatch.setattr(latency, "_TABLES", {})
+    monkeypatch.setattr(latency, "measure_costs",
+                        lambda backend, kind, dtypes, device: seen.append(backend) or {d: table[d] for d in dtypes})
+    out = tmp_path / "result.json"
+    assert main(["search", f"{spec}:model", "--eval-data", f"{spec}:eval_data", "--low-precision", "int8,bf16",
+                 "--backend", "openvino", "--json", str(out), "-q"]) == 0
+    result = json.loads(out.read_text())
+    assert result["low_precision_type"] == ["int8", "bfloat16"] and set(seen) == {"openvino"}
+    assert {g["precision"] for g in result["groups"]} == {"int8", "bfloat16", "float32"}
+    assert main(["search", f"{spec}:model", "--low", "int8", "--json", str(out), "-q"]) == 0
+    assert json.loads(out.read_text())["low_precision_type"] == "int8"
+    assert main(["search", f"{spec}:model", "--low", "int8,bf16", "--backend", "nope"]) == 2
+    assert "backend='nope' is not known" in capsys.readouterr().err

@@ -47,7 +47,9 @@ def same(a, b):
     """Plan, sensitivities (bit for bit), pareto points (latency aside: a timing), baseline and trial count."""
     assert a.plan.to_json() == b.plan.to_json()
     assert a.groups == b.groups  # GroupSensitivity: name, module, flops, sensitivity float, precision, why
-    strip = lambda points: [(p.lowered, p.low_precision_flops_fraction, p.metric, p.chosen) for p in points]  # noqa: E731
+    strip = lambda points: [  # noqa: E731
+        (p.lowered, p.low_precision_flops_fraction, p.metric, p.chosen, p.mix, p.lowered_by_type) for p in points
+    ]
     assert strip(a.pareto) == strip(b.pareto)
     assert (a.baseline, a.met, a.trials) == (b.baseline, b.met, b.trials)
 
@@ -58,6 +60,21 @@ def test_distributed_equals_single_host(cluster, sensitive, budget):
     here = mixprec.search(model, inputs, eval_dataloader=data, cache=False, **budget)
     there = mixprec.search(model, inputs, eval_dataloader=data, cache=False, ray_address="auto", workers=2, **budget)
     same(here, there)
+
+
+def test_distributed_equals_single_host_over_two_types(cluster, sensitive, monkeypatch):
+    """int8 and bf16 trials on the workers (int8 boundaries' ranges travel in the payload): the same mix."""
+    from mixprec.searching import latency
+
+    table = {torch.float32: 10.0, torch.bfloat16: 4.0, torch.int8: 2.5}  # a VNNI CPU's shape: int8 fastest
+    monkeypatch.setattr(latency, "_TABLES", {})
+    monkeypatch.setattr(latency, "measure_costs", lambda backend, kind, dtypes, device: {d: table[d] for d in dtypes})
+    model, inputs, data = sensitive
+    kwargs = dict(eval_dataloader=data, cache=False, low_precision_type=("int8", "bf16"), tolerance=0.05)
+    here = mixprec.search(model, inputs, **kwargs)
+    there = mixprec.search(model, inputs, ray_address="auto", workers=2, **kwargs)
+    same(here, there)
+    assert here.chosen.lowered_by_type["int8"] > 0 and here.chosen.lowered_by_type["bfloat16"] > 0
 
 
 def test_eval_batches_of_other_sizes_are_refused_on_a_cluster(cluster, sensitive):

@@ -221,7 +221,7 @@ def test_progress_on_a_terminal_and_quiet_otherwise():
         (dict(eval_dataloader=torch.zeros(8, 16)), "iterable of batches"),
         (dict(eval_dataloader=[]), "yielded no batches"),
         (dict(eval_dataloader=[(torch.zeros(8, 16),), 3]), "eval_dataloader batch 1 is a int"),
-        (dict(low_precision_type="int8"), "low_precision_type"),
+        (dict(low_precision_type="int4"), "low_precision_type"),
         (dict(cache="yes"), "cache must be"),
     ],
 )
@@ -286,7 +286,7 @@ def test_a_group_whose_program_fails_is_infinitely_sensitive(monkeypatch):
     original = Trials.program
 
     def program(self, lowered):
-        return Guarded(_Broken()) if "relu" in lowered else original(self, lowered)
+        return Guarded(_Broken()) if "relu" in dict(self.assignment(lowered)) else original(self, lowered)
 
     monkeypatch.setattr(Trials, "program", program)
     model = SensitiveByConstruction().eval()

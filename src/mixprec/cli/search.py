@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "find a mixed-precision plan: as many layers in low precision as a tolerance allows"
+HELP = ("find a mixed-precision plan: as many layers in low precision (or the fastest fp32/bf16/int8 mix) as a "
+        "tolerance allows")
 DESCRIPTION = (
     "Measure every layer group's sensitivity to low precision, then lower groups cumulatively as far as --tolerance "
     "(rel-L2 error against fp32 on the eval data, default 1e-2) allows, or keep --keep-fp32-fraction of the most "
@@ -20,7 +21,12 @@ DESCRIPTION = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", metavar="SPEC", help="path/to/file.py:function returning (model, example_inputs), or a .pt2 file (read with "
         "torch.export.load, which unpickles it: give only .pt2 files you exported yourself)")
-    parser.add_argument("--low", metavar="TYPE", default=None, help="low precision type: bf16 or fp16 (default: bf16 on CPU, fp16 on CUDA)")
+    parser.add_argument("--low-precision", "--low", dest="low", metavar="TYPE[,TYPE]", default=None,
+                        help="low precision type(s): bf16, fp16 or int8, or several comma-separated (e.g. int8,bf16: "
+                        "each layer group stays fp32 or takes the type that saves most time within the budget; "
+                        "default: bf16 on CPU, fp16 on CUDA)")
+    parser.add_argument("--backend", default=None, help="with several low types: the backend whose speed per type "
+                        "the search weighs (e.g. openvino; default: the eager programs it measures)")
     budget = parser.add_mutually_exclusive_group()
     budget.add_argument("--tolerance", type=float, default=None, help="largest rel-L2 error against fp32 (default 1e-2)")
     budget.add_argument("--keep-fp32-fraction", type=float, default=None, metavar="F", help="keep this share of the most sensitive layer groups in fp32 (0..1)")
@@ -64,6 +70,7 @@ def search_command(args) -> int:
         included_ops=tuple(args.include_ops),
         ray_address=args.ray,
         workers=args.workers,
+        backend=args.backend,
     )
     if args.plan:
         write_text(args.plan, result.plan.to_json())

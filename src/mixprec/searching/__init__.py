@@ -9,6 +9,11 @@ Two phases (AIMET's automatic mixed precision, with the budgets its users ask fo
    search finds the furthest prefix within ``tolerance``, or ``keep_fp32_fraction`` keeps
    exactly that share of the most sensitive groups in fp32.
 
+Several low types (``low_precision_type=("int8", "bf16")``): phase 1 measures every group in each type it
+is offered (``groups.py``: int8 for the FLOP-carrying ones), phase 2 spends the budget on the fastest mix,
+by gain per unit of error with the gains from a cost model measured per type on this machine
+(``latency.py``; ``backend=`` names the backend whose speed counts).
+
 Trials never re-capture the model (``trials.py``): the captured program is rewritten per plan.
 Eval and calibration batches take every form and size compile's calibration takes, through the same
 normaliser (``calibrate/batches.py``); batches of other sizes run each trial's plan on a capture for
@@ -61,12 +66,19 @@ def search(
     included_ops=(),
     ray_address=None,
     workers=None,
+    backend=None,
 ) -> SearchResult:
     """Find a mixed-precision plan: as many layers in the low type as the budget allows.
 
     model, inputs: as for ``mixprec.compile`` (an nn.Module or ExportedProgram and its example
         positional inputs). Nothing is mutated.
-    low_precision_type: torch.float16 | torch.bfloat16 | "fp16" | "bf16"; None = bf16 on CPU, fp16 on CUDA.
+    low_precision_type: torch.float16 | torch.bfloat16 | torch.int8 | "fp16" | "bf16" | "int8", or several of
+        them as a tuple, list or set (or "int8,bf16"): a set, the order does not matter (fp16 and bf16 not
+        together). None = bf16 on CPU, fp16 on CUDA. One type: as many groups in it as the budget allows.
+        Several: each group stays fp32 or takes one of them, chosen for the most time saved within the budget
+        (``budget.py``; times from ``latency.py``'s cost model of this machine). int8 is the configurator's:
+        int8 weights per output channel, the layer's inputs and output quantized with ranges from the search's
+        calibration; it is offered to matmul/convolution/attention layers only.
     tolerance: the largest metric value the chosen plan may have on the eval data.
     keep_fp32_fraction: instead of a tolerance, keep exactly ceil(fraction x groups) of the most
         sensitive layer groups in fp32 (0..1). Giving both is a ConfigError; giving neither with
@@ -98,6 +110,9 @@ def search(
         (shut down after it); "auto" or "ray://host:port" = an existing cluster (``distributed.py``;
         ``pip install 'mixprec[ray]'``). Same data -> the same plan, sensitivities and pareto points.
     workers: how many trials run at once on the cluster (default: its CPUs); only with ray_address.
+    backend: with several low types, the backend the plan will be compiled with ("openvino", "inductor", ...):
+        the cost model times each type's kernels on it (a mixprec extension). None = the eager programs the
+        trials run. Measured once per process.
 
     Returns a :class:`SearchResult`: ``plan`` for ``compile(model, inputs, plan=result.plan)``,
     ``pareto``, ``groups`` (sensitivities), ``save_plot(path)``, ``to_json()``.
@@ -115,8 +130,9 @@ def search(
         eval_dataloader=eval_dataloader,
         included_nodes=included_nodes,
         included_ops=included_ops,
+        backend=backend,
     )
-    if options.low == torch.float16 and device.type == "cpu":
+    if torch.float16 in options.lows and device.type == "cpu":
         warnings.warn(
             "mixprec.search with low_precision_type=float16 on a CPU: every trial runs PyTorch's CPU float16 kernels, "
             "which are emulated for most ops and several times slower than float32. The numerics are fp16's (useful "
@@ -131,7 +147,7 @@ def search(
     progress = Progress(stream=progress_stream, prefix="mixprec search: ", log=logging.getLogger("mixprec.search"))
 
     user_metric = metric.evaluate if isinstance(metric, Accuracy) else metric  # Accuracy(f) made anew: same f
-    key = study_key(model, args, options.low, user_metric, eval_batches, calibration) + (options.includes,)
+    key = study_key(model, args, options.lows, user_metric, eval_batches, calibration) + (options.includes,)
     study = store.get(key, model, user_metric) if store is not None else None
     trials_before = study.trials.count if study is not None else 0
     try:
@@ -141,7 +157,11 @@ def search(
                 store.put(key, model, user_metric, study)
         elif cluster is not None:
             cluster.attach(study.trials)
-        choice = choose(study, options, progress)
+        costs = None
+        if options.several:
+            progress.update("timing each low type on this machine (once per process)")
+            costs = latency.cost_model(options.backend, options.lows, device)
+        choice = choose(study, options, progress, costs)
     finally:
         if cluster is not None:
             cluster.close()  # the cached study forgets the cluster: the next call brings its own
@@ -158,7 +178,7 @@ def search(
         pareto=pareto,
         groups=_groups(study, choice),
         metric_name=options.metric.name,
-        low_precision_type=options.low,
+        low_precision_type=options.lows if options.several else options.lows[0],
         tolerance=options.tolerance,
         keep_fp32_fraction=options.keep_fp32_fraction,
         baseline=study.baseline,
@@ -169,7 +189,8 @@ def search(
     )
     chosen = result.chosen
     progress.done(
-        f"{chosen.lowered}/{len(result.groups)} groups lowered to {dtype_name(options.low)}, "
+        f"{chosen.lowered}/{len(result.groups)} groups lowered to "
+        f"{chosen.mix_text() if options.several else dtype_name(options.lows[0])}, "
         f"{chosen.low_precision_flops_fraction:.1%} of FLOPs in low precision, {options.metric.name} {chosen.metric:.2e}"
     )
     return result
@@ -230,47 +251,63 @@ def _pareto(study: Study, choice: Choice, batch: Call, progress: Progress) -> tu
         progress.update(f"timing {len(missing)} plan(s)")
         factories = {lowered: (lambda lowered=lowered: study.trials.program(lowered)) for lowered in missing}
         study.latency.update(latency.measure(factories, batch))
-    points = [
-        ParetoPoint(
+    points = []
+    for lowered, value in choice.measured.items():
+        plan = study.trials.plan(lowered)
+        points.append(ParetoPoint(
             lowered=len(lowered),
-            low_precision_flops_fraction=low_flops_fraction(study.info, study.trials.plan(lowered)),
+            low_precision_flops_fraction=low_flops_fraction(study.info, plan),
             metric=value,
             latency_seconds=study.latency[lowered],
             chosen=lowered == choice.lowered,
-        )
-        for lowered, value in choice.measured.items()
-    ]
+            mix={dtype_name(d): low_flops_fraction(study.info, plan, d) for d in study.lows},
+            lowered_by_type={dtype_name(d): sum(1 for _, t in lowered if t == d) for d in study.lows},
+        ))
     return tuple(sorted(points, key=lambda p: (p.low_precision_flops_fraction, p.lowered)))
 
 
 def _plan(study: Study, choice: Choice, options) -> PrecisionPlan:
-    low = dtype_name(options.low)
     if options.tolerance is not None:
         kept = f"lowering it too would exceed tolerance {options.tolerance:g}"
+        if options.several:
+            kept = f"no low type saves time here within tolerance {options.tolerance:g}"
     else:
         kept = f"among the most sensitive groups (keep_fp32_fraction {options.keep_fp32_fraction:g})"
+    chosen = dict(choice.lowered)
     decisions = {}
     for group in study.groups:
-        s = study.sensitivity[group.name]
-        if group.name in choice.lowered:
-            why = f"search: lowered to {low} (sensitivity {s.value:.2e})"
-            decisions[group.name] = NodePrecision(options.low, None, "plan", why)
-        elif s.why is not None:
-            decisions[group.name] = NodePrecision(torch.float32, None, "plan", f"search: kept in float32: {s.why}")
+        least = study.least(group.name)
+        dtype = chosen.get(group.name)
+        if dtype is not None:
+            s = study.sensitivity[group.name][dtype]
+            why = f"search: lowered to {dtype_name(dtype)} (sensitivity {s.value:.2e})"
+            decisions[group.name] = study.trials.decision(group.name, dtype, why)
+        elif least.why is not None:
+            decisions[group.name] = NodePrecision(torch.float32, None, "plan", f"search: kept in float32: {least.why}")
         else:
-            why = f"search: kept in float32 (sensitivity {s.value:.2e}): {kept}"
+            why = f"search: kept in float32 (sensitivity {_sensitivities(study, group.name)}): {kept}"
             decisions[group.name] = NodePrecision(torch.float32, None, "plan", why)
     return PrecisionPlan(decisions)
 
 
+def _sensitivities(study: Study, name: str) -> str:
+    measured = study.sensitivity[name]
+    if len(measured) == 1:
+        return f"{next(iter(measured.values())).value:.2e}"
+    return ", ".join(f"{dtype_name(d)} {s.value:.2e}" for d, s in measured.items())
+
+
 def _groups(study: Study, choice: Choice) -> tuple[GroupSensitivity, ...]:
+    chosen = dict(choice.lowered)
     out = []
     for group in study.groups:
-        s = study.sensitivity[group.name]
-        precision = study.trials.low if group.name in choice.lowered else torch.float32
+        least = study.least(group.name)
+        dtype = chosen.get(group.name, torch.float32)
+        s = study.sensitivity[group.name].get(dtype, least)
         out.append(
             GroupSensitivity(
-                group.name, group.op, group.module, group.flops, s.value, precision, s.followers, s.why or ""
+                group.name, group.op, group.module, group.flops, least.value, dtype, s.followers, least.why or "",
+                {dtype_name(d): m.value for d, m in study.sensitivity[group.name].items()},
             )
         )
     return tuple(out)

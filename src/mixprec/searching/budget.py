@@ -1,7 +1,10 @@
 """Phase 2: lower groups cumulatively, as far as the budget allows.
 
-Candidate plans lower a growing set of groups; their metric grows with the set (rounding
-errors add up, roughly in quadrature: the squared errors of independent roundings add).
+A candidate plan is an *assignment*: a set of (group, low type) pairs, the other groups in fp32. Its
+metric grows with what is lowered (rounding errors add up, roughly in quadrature: the squared errors of
+independent roundings add, so a group's cost is its sensitivity squared).
+
+**One low type** (the classic search: as many FLOPs in it as the budget allows).
 
 ``keep_fp32_fraction``: groups are lowered from least to most sensitive and exactly
 ceil(fraction x number of groups) of the most sensitive stay fp32 (groups a safety rule keeps
@@ -19,11 +22,26 @@ each a cumulative curve searched by bisection:
 2. with the first stage's choice lowered, the FLOP-free groups, least sensitive first, as many
    as the remaining tolerance allows.
 
+**Several low types** (``low_precision_type=("int8", "bf16")``: the fastest mix within the budget). Each
+group may stay fp32 or take any type it is offered, at the gain the cost model gives (``latency.py``: seconds
+saved per call, FLOPs x the measured per-FLOP saving of that type on this machine; types no faster than fp32
+offer nothing) and the cost sensitivity² (its own measured error in that type). Per group the options form
+a curve from fp32 (cost 0, gain 0); only its upper convex hull is worth taking, as *upgrades*: fp32 -> the
+option with the best gain per unit of error, then -> a faster option at the next best ratio, ... (a slower,
+less accurate option is never taken). All groups' upgrades are sorted by gain per unit of error (a greedy
+multiple-choice knapsack, exact for the convex relaxation), and stage 1 is the longest prefix of that list
+within the tolerance, by bisection as above — an upgrade later in the prefix replaces the group's earlier
+choice. Stage 2 then lowers the FLOP-free groups to the float low type, least sensitive first, only when
+that type is faster than fp32 here for the classes of the model's FLOP-carrying layers (they carry no
+FLOPs; lowered, they spare the casts between lowered neighbours);
+otherwise they stay fp32. ``keep_fp32_fraction`` lowers the same groups as with one type, each
+to its option of most gain (its least sensitive type when no type gains).
+
 Everything lowered is tried first (often it fits). Otherwise each stage tries its whole list,
 then bisects for the longest prefix whose measured metric is within the tolerance: about
-log2(N) trials per stage. Every chosen
-point was measured, so it meets the tolerance on the eval data even where a curve is not
-monotone (the search may then stop short of a later point that would also fit).
+log2(N) trials per stage. Every chosen point was measured, so it meets the tolerance on the eval
+data even where a curve is not monotone (the search may then stop short of a later point that
+would also fit).
 """
 
 from __future__ import annotations
@@ -32,34 +50,48 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 
+import torch
+
 from ..progress import Progress
 from .sensitivity import Study
 
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-    lowered: frozenset[str]  # the chosen groups
-    measured: dict  # frozenset of lowered groups -> metric, every plan measured (the pareto points)
+    lowered: frozenset  # the chosen assignment: (group, dtype) pairs
+    measured: dict  # assignment -> metric, every plan measured (the pareto points)
     met: bool  # the chosen plan is within the tolerance (always True for keep_fp32_fraction)
 
 
-def choose(study: Study, options, progress: Progress) -> Choice:
+def choose(study: Study, options, progress: Progress, costs=None) -> Choice:
+    """``costs``: a ``latency.CostModel`` (needed with several low types)."""
     measured: dict[frozenset, float] = {frozenset(): study.baseline}
-    safe = [g for g in study.groups if math.isfinite(study.sensitivity[g.name].value)]
+    lows = study.lows
+    safe = [g for g in study.groups if math.isfinite(study.least(g.name).value)]
     total = len(safe)
 
-    def metric(lowered: Sequence[str]) -> float:
-        key = frozenset(lowered)
+    def metric(items: Sequence[tuple]) -> float:
+        key = frozenset(dict(items).items())  # a later item for a group replaces an earlier one
         if key not in measured:
             progress.update(f"budget: measuring {len(key)}/{total} groups lowered")
             measured[key] = study.trials.measure(key).value
         return measured[key]
 
-    def s(g) -> float:
-        return study.sensitivity[g.name].value
+    def s(g, dtype) -> float:
+        return study.sensitivity[g.name][dtype].value
+
+    def gain(g, dtype) -> float:
+        return costs.gain(g.op, g.flops, dtype) if len(lows) > 1 else float(g.flops)
+
+    def best(g):  # the type of most gain (its least sensitive type when none gains), for keep_fp32_fraction
+        usable = [d for d in lows if d in study.sensitivity[g.name] and math.isfinite(s(g, d))]
+        gaining = [d for d in usable if gain(g, d) > 0]
+        if gaining:
+            return max(gaining, key=lambda d: (gain(g, d), -s(g, d)))
+        return min(usable, key=lambda d: s(g, d))
 
     if options.keep_fp32_fraction is not None:
-        order = [g.name for g in sorted(safe, key=lambda g: (s(g), -g.flops, g.index))]
+        order = [(g.name, best(g)) for g in sorted(safe, key=lambda g: (study.least(g.name).value, -g.flops, g.index))]
         k = _lowered_for_fraction(len(study.groups), total, options.keep_fp32_fraction)
         points = sorted({k, total // 4, total // 2, 3 * total // 4, total})
         if getattr(study.trials, "pool", None) is not None:  # the points at once on the cluster's workers
@@ -71,17 +103,51 @@ def choose(study: Study, options, progress: Progress) -> Choice:
     tolerance = options.tolerance
     if study.baseline > tolerance:
         return Choice(frozenset(), measured, False)
-    everything = [g.name for g in safe]
+    heavy = [g for g in safe if g.flops > 0]
+    free = [g for g in safe if g.flops == 0]
+    if len(lows) == 1:
+        (low,) = lows
+        first = [(g.name, low) for g in sorted(heavy, key=lambda g: (s(g, low) ** 2 / g.flops, g.index))]
+        second = [(g.name, low) for g in sorted(free, key=lambda g: (s(g, low), g.index))]
+    else:
+        first = upgrades(heavy, lows, lambda g, d: s(g, d), gain)
+        floats = [d for d in lows if d != torch.int8]
+        fast = bool(floats) and any(gain(g, floats[0]) > 0 for g in heavy)  # faster on this model's layer classes
+        second = [(g.name, floats[0]) for g in sorted(free, key=lambda g: (s(g, floats[0]), g.index))] if fast else []
+    everything = first + second
     if metric(everything) <= tolerance:
-        return Choice(frozenset(everything), measured, True)
-    heavy = [g.name for g in sorted((g for g in safe if g.flops > 0), key=lambda g: (s(g) ** 2 / g.flops, g.index))]
-    free = [g.name for g in sorted((g for g in safe if g.flops == 0), key=lambda g: (s(g), g.index))]
-    chosen = _furthest((), heavy, metric, tolerance)
-    chosen = _furthest(chosen, free, metric, tolerance)
-    return Choice(frozenset(chosen), measured, True)
+        return Choice(frozenset(dict(everything).items()), measured, True)
+    chosen = _furthest((), first, metric, tolerance)
+    chosen = _furthest(chosen, second, metric, tolerance)
+    return Choice(frozenset(dict(chosen).items()), measured, True)
 
 
-def _furthest(base: Sequence[str], order: list[str], metric: Callable, tolerance: float) -> tuple[str, ...]:
+def upgrades(groups, lows, sensitivity: Callable, gain: Callable) -> list[tuple]:
+    """Every group's upgrades along its options' upper convex hull, all sorted by gain per unit of error
+    (best first; module docstring). Items are (group, dtype); a group's later item replaces its earlier one."""
+    steps = []
+    for g in groups:
+        options = []
+        for dtype in lows:
+            if not g.takes(dtype):
+                continue
+            value, saved = sensitivity(g, dtype), gain(g, dtype)
+            if math.isfinite(value) and saved > 0:
+                options.append((max(value, 0.0) ** 2, saved, lows.index(dtype), dtype))
+        cost, got = 0.0, 0.0
+        rank = 0
+        while True:  # from the current point, the option of steepest ratio among those that gain more
+            better = [o for o in options if o[1] > got]
+            if not better:
+                break
+            ratio = lambda o: math.inf if o[0] <= cost else (o[1] - got) / (o[0] - cost)  # noqa: E731
+            step = max(better, key=lambda o: (ratio(o), o[1], -o[2]))
+            steps.append((-ratio(step), g.index, rank, g.name, step[3]))
+            cost, got, rank = step[0], step[1], rank + 1
+    return [(name, dtype) for *_, name, dtype in sorted(steps, key=lambda t: t[:3])]
+
+
+def _furthest(base: Sequence[tuple], order: list[tuple], metric: Callable, tolerance: float) -> tuple:
     """``base`` plus the longest prefix of ``order`` within the tolerance (``base`` alone is within it)."""
     base = tuple(base)
     if not order or metric(base + tuple(order)) <= tolerance:

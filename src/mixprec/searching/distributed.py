@@ -7,8 +7,9 @@ worker holds the program and the eval data and rebuilds each trial's program loc
 * What travels: the captured ExportedProgram as ``torch.export.save`` bytes (its weights, the
   graph, the signature: an ExportedProgram does not pickle itself), the example inputs, the
   prepared metric (eval batches and the fp32 reference outputs, so no worker re-runs the
-  reference), the calibrated int8 ranges and the low type. They are pickled once into one
-  bytes object and put into Ray's object store once (``ray.put``); each task carries only its
+  reference), the calibrated int8 ranges (marker regions' and the int8 layers' boundaries) and the
+  low types. They are pickled once into one bytes object
+  and put into Ray's object store once (``ray.put``); each task carries only its
   object reference, and a worker loads it on its first trial of the search, never per trial.
 * A worker re-builds ``CapturedModel`` from the ExportedProgram (capture returns an
   ExportedProgram as it is; normalise and analyse are deterministic) and checks that it found
@@ -125,9 +126,11 @@ class Cluster:
 def describe(info, lowered) -> str:
     """A trial in words, for errors: its layer group (node and module), or how many groups it lowers."""
     if len(lowered) == 1:
-        (name,) = lowered
+        (item,) = lowered
+        name, dtype = (item, None) if isinstance(item, str) else item
         module = getattr(info.get(name), "module", "")
-        return f"layer group {name!r}" + (f" (module {module!r})" if module else "")
+        where = f"layer group {name!r}" + (f" (module {module!r})" if module else "")
+        return where + (f" in {str(dtype).removeprefix('torch.')}" if dtype is not None else "")
     return f"the plan with {len(lowered)} layer groups lowered"
 
 
@@ -177,7 +180,7 @@ class TrialWorker:
                 f"a Ray worker rebuilt the captured program with {len(names)} nodes, the driver has "
                 f"{len(data['nodes'])} (or other names): plans would name other layers. A mixprec bug; please report."
             )
-        self.trials = Trials(captured, data["low"], data["metric"], data["ranges"])
+        self.trials = Trials(captured, data["lows"], data["metric"], data["ranges"], values=data["values"])
 
     def measure(self, box: list, lowered: tuple) -> tuple:
         """("ok", value, failure) or ("raised", type, message, mixprec type): the driver raises it, naming the group."""
@@ -258,9 +261,10 @@ class RayPool:
             "program": buffer.getvalue(),
             "args": captured.args,
             "kwargs": captured.kwargs,
-            "low": self.trials.low,
+            "lows": self.trials.lows,
             "metric": self.trials.metric,
             "ranges": self.trials.int8_ranges,
+            "values": self.trials.values,
             "nodes": tuple(captured.info),
         }
         try:

@@ -17,7 +17,13 @@ on the eval data can miss):
 * a parameter, buffer or scalar argument does not fit the low type (a -1e9 mask in fp16);
 * calibration saw values that do not fit the low type, or inf/NaN already in fp32.
 
-Such groups get infinite sensitivity and stay fp32, with the rule's reason.
+Such groups get infinite sensitivity and stay fp32, with the rule's reason (in every low type: the rules
+judge the float low type, and int8 with calibrated ranges is no remedy for inf/NaN or a fixed output dtype).
+
+int8 is offered only to groups that carry FLOPs (matmul, convolution, attention): only there does an int8
+kernel replace float arithmetic; an int8 norm, add or activation runs in float between a quantize and a
+dequantize (``rewrite/quantize.py``), which adds error and time and saves nothing. Its boundary is the
+configurator's for a module of one layer (:func:`int8_boundary`).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import dataclasses
 import torch
 
 from ..ir.graph_info import GraphInfo
+from ..ir.work_program import STORED_KINDS
 from ..plan.precision_plan import PrecisionPlan
 from ..plan.sources.autocast_rules import lowerable
 
@@ -40,6 +47,10 @@ class LayerGroup:
     flops: int
     index: int  # position among the graph's layers
     unsafe: str | None = None  # why it must stay fp32, when a safety rule says so
+
+    def takes(self, dtype: torch.dtype) -> bool:
+        """Whether the search offers this low type to the group (int8: FLOP-carrying layers only)."""
+        return self.flops > 0 if dtype == torch.int8 else True
 
 
 def find_groups(info: GraphInfo, strong: PrecisionPlan, safe: PrecisionPlan) -> list[LayerGroup]:
@@ -65,13 +76,41 @@ def find_groups(info: GraphInfo, strong: PrecisionPlan, safe: PrecisionPlan) -> 
     return groups
 
 
-def low_flops_fraction(info: GraphInfo, plan: PrecisionPlan) -> float:
-    """Share of matmul/conv/attention FLOPs not computed in fp32/fp64 (the report's definition)."""
+def low_flops_fraction(info: GraphInfo, plan: PrecisionPlan, dtype: torch.dtype | None = None) -> float:
+    """Share of matmul/conv/attention FLOPs not computed in fp32/fp64 (the report's definition; int8 layers
+    count as low precision), or, given ``dtype``, computed in that type."""
     total = low = 0
     for name, node in info.items():
         if node.kind != "compute":
             continue
         total += node.flops
-        if plan[name].precision not in (torch.float32, torch.float64):
+        precision = plan[name].precision
+        if precision == dtype if dtype is not None else precision not in (torch.float32, torch.float64):
             low += node.flops
     return low / total if total else 0.0
+
+
+def int8_boundary(captured, name: str) -> tuple[tuple[str, ...], str]:
+    """(float inputs quantized on their way in, the value quantized on its way out) of layer ``name`` in int8:
+    the configurator's boundary of a module that holds this one layer — every floating input that is not a
+    stored tensor (parameters are quantized per channel from themselves), and its output."""
+    stored = {s.arg.name for s in captured.base.input_specs if s.kind in STORED_KINDS and hasattr(s.arg, "name")}
+    node = captured.info[name]
+    inputs = tuple(
+        inp for inp, dtype in node.input_dtypes.items()
+        if dtype is not None and dtype.is_floating_point and inp not in stored and inp != name
+    )
+    return inputs, name
+
+
+def int8_values(captured) -> set[str]:
+    """Every value an int8 trial could quantize — the boundaries of every fp32 layer that carries FLOPs and that
+    autocast could lower (a superset of the int8 groups, which the safety rules pick from the same calibration):
+    what the search's one calibration ranges."""
+    out: set[str] = set()
+    for name, node in captured.info.items():
+        if node.kind == "compute" and node.flops > 0 and node.precision == torch.float32 and lowerable(node):
+            inputs, output = int8_boundary(captured, name)
+            out.update(inputs)
+            out.add(output)
+    return out

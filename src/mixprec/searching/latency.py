@@ -1,13 +1,43 @@
-"""Latency of the pareto points' programs: a few interleaved rounds, the fastest per program.
+"""Latency: of the pareto points' programs, and the per-precision cost model a several-type search spends by.
 
-Interleaving (round 1: every program once, round 2: every program once, ...) spreads slow
-phases of a shared machine over all programs instead of charging them to one; the fastest
-round is kept because load from other processes only ever adds time (as ``timeit`` advises). One warm-up call per program first (allocator, lazy kernel
-set-up). This is a cheap measurement for the pareto plot, not a benchmark.
+**Pareto points** (:func:`measure`): a few interleaved rounds, the fastest per program. Interleaving
+(round 1: every program once, round 2: every program once, ...) spreads slow phases of a shared machine over
+all programs instead of charging them to one; the fastest round is kept because load from other processes only
+ever adds time (as ``timeit`` advises). One warm-up call per program first (allocator, lazy kernel set-up).
+This is a cheap measurement for the pareto plot, not a benchmark.
+
+**The cost model** (:func:`cost_model`), for ``search(low_precision_type=("int8", "bf16"))``: what a FLOP
+costs in each precision on this machine, so that the budget phase (``budget.py``) can tell what lowering a
+group to int8 or to bf16 *saves*. Measured, never assumed from CPU flags: two small layer stacks — two
+512x512 linear layers on 128 rows (the matmul class: linear, matmul, attention) and two 64-channel 3x3
+convolutions on 28x28 (the convolution class) — are realised through mixprec's own rewrite with every layer
+in fp32, then every layer in each low type (int8 as the search's int8: per-channel weights, calibrated
+boundaries), built by the backend the plan is meant for (``search(backend=...)``; None = the eager programs
+the trials run), timed in ``COST_ROUNDS`` rounds of back-to-back samples (each repeats its call ``SAMPLE_SECONDS`` long) (fp32's fastest time times the median
+of each type's per-round ratio to fp32: load cancels in a round's ratios), and divided by their FLOPs. A group's gain
+in a type is then ``FLOPs x (seconds per FLOP in fp32 - in the type)``: negative where the type is slower
+(bf16 emulated on a CPU without avx512_bf16, int8 run as float fake quantization without VNNI), so the search
+never pays accuracy for a slowdown; and no gain unless the type is at least ``MIN_SPEEDUP`` times faster than
+fp32 in the class (a type within that noise is not faster, and accuracy is not spent on it). On this shared
+2-core AVX2 machine, where OpenVINO runs bf16 in f32 and int8 as float fake quantization, independent minima
+of 5-7 rounds of one call gave OpenVINO's bf16 0.22x to 1.85x fp32 from run to run (and a search once took
+bf16 for a noise-made 1.6x: bench/RESULTS.md, issue 22 search); paired samples of 50 ms, 6 runs per class
+under a concurrent 2-thread bench, 0.79x to 1.32x. The gains that matter are larger (issue 22's table, an
+avx512_bf16 + VNNI EPYC: OpenVINO's bf16 3.1-4.3x and NNCF's int8 6.1-7.8x fp32 eager).
+
+Why a per-machine table rather than timing each model's own plans: a model's programs are timed at the
+noise of a shared machine, and a plan chosen from noisy timings would differ between two runs on the same
+data (and between the in-process and the Ray search, which API.md says give the same plan). The table is
+measured once per process, backend, device and type, and every later search reuses it; the price is the
+model that a layer's time is proportional to its FLOPs within its class, which the pareto points' measured
+latencies let the user check.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import statistics
 import time
 from collections.abc import Callable, Mapping
 
@@ -16,20 +46,132 @@ import torch
 from ..calibrate.batches import Call
 
 ROUNDS = 3
+COST_ROUNDS = 9
+SAMPLE_SECONDS = 0.05  # a timed sample repeats a call this long: a few-ms call is at the mercy of the scheduler
+KINDS = ("matmul", "conv")
+MIN_SPEEDUP = 1.35
 
 
-def measure(programs: Mapping[object, Callable[[], torch.nn.Module]], batch, *, rounds: int = ROUNDS) -> dict:
+def measure(
+    programs: Mapping[object, Callable[[], torch.nn.Module]], batch, *, rounds: int = ROUNDS, warmup: int = 1
+) -> dict:
     """Seconds per call of every program (built by the given factories) on ``batch`` (a tuple of positional
     inputs or a ``calibrate.batches.Call``)."""
     built = {key: factory() for key, factory in programs.items()}
     args, kwargs = (batch.args, batch.kwargs) if isinstance(batch, Call) else (tuple(batch), {})
     times: dict[object, list[float]] = {key: [] for key in built}
     with torch.no_grad():
-        for program in built.values():
-            program(*args, **kwargs)
+        for _ in range(warmup):
+            for program in built.values():
+                program(*args, **kwargs)
         for _ in range(rounds):
             for key, program in built.items():
                 start = time.perf_counter()
                 program(*args, **kwargs)
                 times[key].append(time.perf_counter() - start)
     return {key: min(values) for key, values in times.items()}
+
+
+def kind_of(op: str) -> str:
+    """The cost class of a layer's op: convolutions, or the matmul class (linear, matmul, bmm, attention)."""
+    return "conv" if "conv" in op else "matmul"
+
+
+@dataclasses.dataclass(frozen=True)
+class CostModel:
+    """Seconds per GFLOP on this machine, by (class, precision); ``backend``: what built the timed programs."""
+
+    backend: str
+    seconds_per_gflop: Mapping[tuple[str, torch.dtype], float]
+
+    def gain(self, op: str, flops: int, dtype: torch.dtype) -> float:
+        """Seconds saved per call by running a layer of ``flops`` FLOPs of ``op`` in ``dtype`` rather than fp32."""
+        kind = kind_of(op)
+        table = self.seconds_per_gflop
+        saved = flops / 1e9 * (table[(kind, torch.float32)] - table[(kind, dtype)])
+        return saved if self.speedup(kind, dtype) >= MIN_SPEEDUP else min(saved, 0.0)
+
+    def speedup(self, kind: str, dtype: torch.dtype) -> float:
+        return self.seconds_per_gflop[(kind, torch.float32)] / self.seconds_per_gflop[(kind, dtype)]
+
+
+_TABLES: dict[tuple, float] = {}  # (backend, device type, class, dtype) -> seconds per GFLOP, this process
+
+
+def cost_model(backend: str | None, lows, device: torch.device) -> CostModel:
+    """The cost model of fp32 and ``lows`` for ``backend`` on ``device``, measured on first use in this process."""
+    name = backend or "eager"
+    device = torch.device(device)
+    wanted = (torch.float32, *lows)
+    for kind in KINDS:
+        missing = [d for d in wanted if (name, device.type, kind, d) not in _TABLES]
+        if missing:
+            _TABLES.update(
+                {(name, device.type, kind, d): s for d, s in measure_costs(name, kind, wanted, device).items()}
+            )
+    return CostModel(name, {(k, d): _TABLES[(name, device.type, k, d)] for k in KINDS for d in wanted})
+
+
+def measure_costs(backend: str, kind: str, dtypes, device: torch.device) -> dict:
+    """Seconds per GFLOP of the ``kind`` stack in each of ``dtypes``, built by ``backend`` (module docstring)."""
+    from ..backends import get_backend
+    from ..backends.options import BackendOptions
+    from ..calibrate import entry as calibration_entry
+    from ..ir.frontend import CapturedModel
+    from ..rewrite.pipeline import realise
+    from .groups import int8_values
+    from .trials import Trials
+
+    model, args = _stack(kind, device)
+    captured = CapturedModel(model, args)
+    layers = [n for n, node in captured.info.items() if node.kind == "compute" and node.flops > 0]
+    flops = sum(captured.info[n].flops for n in layers)
+    values = int8_values(captured) if torch.int8 in dtypes else set()
+    ranges = calibration_entry.run(captured, None, statistics=False, int8_values=values).int8_ranges if values else {}
+    trials = Trials(captured, tuple(d for d in dtypes if d != torch.float32) or (torch.float32,), None,
+                    values=ranges)
+
+    def factory(dtype):
+        def build():
+            plan = trials.plan([] if dtype == torch.float32 else [(n, dtype) for n in layers])
+            program = realise(captured, plan, keep_io_types=True, verify_each=False).to_exported()
+            return get_backend(backend)(program, BackendOptions(backend))
+
+        return build
+
+    return {d: s / (flops / 1e9) for d, s in _paired({d: factory(d)() for d in dtypes}, args).items()}
+
+
+def _paired(programs: Mapping[torch.dtype, torch.nn.Module], args: tuple) -> dict:
+    """Seconds per call of each program as fp32's fastest time x the median of its per-round ratio to fp32: the
+    programs of one round run back to back (the order rotating), so load that comes and goes scales a round's
+    times alike and cancels in its ratios, where independent minima each catch their own quiet moment."""
+    keys = list(programs)
+    times: dict = {k: [] for k in keys}
+    calls: dict = {}
+    with torch.no_grad():
+        for k, program in programs.items():  # warm-up (allocator, lazy kernel set-up), then calls per sample
+            program(*args)
+            start = time.perf_counter()
+            program(*args)
+            calls[k] = max(1, math.ceil(SAMPLE_SECONDS / max(time.perf_counter() - start, 1e-6)))
+        for r in range(COST_ROUNDS):
+            for k in keys[r % len(keys):] + keys[: r % len(keys)]:
+                start = time.perf_counter()
+                for _ in range(calls[k]):
+                    programs[k](*args)
+                times[k].append((time.perf_counter() - start) / calls[k])
+    fp32 = times[torch.float32]
+    return {k: min(fp32) * statistics.median(t / f for t, f in zip(times[k], fp32)) for k in keys}
+
+
+def _stack(kind: str, device: torch.device):
+    generator = torch.Generator().manual_seed(0)
+    if kind == "conv":
+        model = torch.nn.Sequential(torch.nn.Conv2d(64, 64, 3, padding=1), torch.nn.ReLU(),
+                                    torch.nn.Conv2d(64, 64, 3, padding=1))
+        x = torch.randn(1, 64, 28, 28, generator=generator)
+    else:
+        model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.GELU(), torch.nn.Linear(512, 512))
+        x = torch.randn(128, 512, generator=generator)
+    return model.eval().to(device), (x.to(device),)

@@ -5,6 +5,12 @@ Budgets: exactly one of ``tolerance`` (the largest metric value the chosen plan 
 With neither, the default metric gets ``DEFAULT_TOLERANCE``; a user metric has units only the
 user knows, so it must come with one of them.
 
+Precisions: ``low_precision_type`` is one type or several (a tuple, list or set of them: a *set* — the order
+given does not matter, duplicates are ignored; kept here in the canonical order of :data:`ORDER`). One type
+is the classic search (as many groups in it as the budget allows); several make every group choose among
+fp32 and each of them by the latency model (``budget.py``, ``latency.py``). int8 is what the configurator's
+int8 is: per-channel int8 weights, the layer's float inputs and its output quantized with calibrated ranges.
+
 Data: the eval and calibration loaders are read once into lists of calls of forward
 (``calibrate.batches.batch_list``: tuples, tensors, dicts by forward's names), because every trial
 runs on the same eval batches (a generator could be read only once) and the cache fingerprints them.
@@ -17,7 +23,7 @@ import math
 
 import torch
 
-from ..dtypes import LOW_PRECISION_FLOATS, default_low_precision, parse_dtype
+from ..dtypes import LOW_PRECISION_FLOATS, default_low_precision, dtype_name, parse_dtype
 from ..errors import ConfigError
 from ..settings import op_names, patterns
 from .metrics import Accuracy, make_metric
@@ -26,25 +32,41 @@ from .metrics import Accuracy, make_metric
 # leaves room for a few rounding steps in a row while catching any layer whose rounding is amplified.
 DEFAULT_TOLERANCE = 1e-2
 
+SEARCH_PRECISIONS = LOW_PRECISION_FLOATS | {torch.int8}
+# canonical order of several low types (results, JSON, trials): the int8 family first, then the floats
+ORDER = (torch.int8, torch.bfloat16, torch.float16)
+
 
 @dataclasses.dataclass(frozen=True)
 class SearchOptions:
-    low: torch.dtype
+    lows: tuple  # the low types, in ORDER; one for the classic search
     tolerance: float | None
     keep_fp32_fraction: float | None
     metric: object  # a metrics.Metric
     includes: tuple = ()  # (("included_nodes", patterns), ("included_ops", ops)) when given: RuleOptions fields
+    backend: str | None = None  # the backend the latency model times (None: the trials' own eager programs)
+
+    @property
+    def low(self) -> torch.dtype:
+        """The float low type the safety rules judge against: the one float type given, else bf16 (int8 alone:
+        the rules then only catch inf/NaN and ops that fix their output dtype, bf16's range being fp32's)."""
+        floats = [d for d in self.lows if d != torch.int8]
+        return floats[0] if floats else torch.bfloat16
+
+    @property
+    def several(self) -> bool:
+        return len(self.lows) > 1
 
     @classmethod
     def from_arguments(
         cls, *, device, low_precision_type, tolerance, metric, keep_fp32_fraction, eval_dataloader,
-        included_nodes=(), included_ops=(),
+        included_nodes=(), included_ops=(), backend=None,
     ) -> "SearchOptions":
-        low = (
-            parse_dtype(low_precision_type, what="low_precision_type", allowed=LOW_PRECISION_FLOATS)
-            if low_precision_type is not None
-            else default_low_precision(device)
-        )
+        lows = low_types(low_precision_type) if low_precision_type is not None else (default_low_precision(device),)
+        if backend is not None:
+            from ..backends.options import BackendOptions
+
+            BackendOptions(backend)  # a ConfigError naming the known backends
         measure = make_metric(metric)
         if tolerance is not None and keep_fp32_fraction is not None:
             raise ConfigError(
@@ -71,7 +93,26 @@ class SearchOptions:
                 "mixprec.Accuracy evaluates the program on your own data, so eval_dataloader is not used; drop it "
                 "(or use metric=callable(outputs, reference) to compare outputs on eval_dataloader)."
             )
-        return cls(low, tolerance, keep_fp32_fraction, measure, _includes(included_nodes, included_ops))
+        return cls(lows, tolerance, keep_fp32_fraction, measure, _includes(included_nodes, included_ops), backend)
+
+
+def low_types(value) -> tuple:
+    """``low_precision_type`` as a tuple of dtypes in :data:`ORDER`: one spelling, or several as a tuple, list,
+    set or a comma-separated string ("int8,bf16", the CLI's form)."""
+    if isinstance(value, str) and "," in value:
+        value = [v for v in value.split(",") if v.strip()]
+    if isinstance(value, (tuple, list, set, frozenset)):
+        if not value:
+            raise ConfigError("low_precision_type must name at least one type, e.g. ('int8', 'bf16').")
+        chosen = {parse_dtype(v, what="low_precision_type", allowed=SEARCH_PRECISIONS) for v in value}
+    else:
+        chosen = {parse_dtype(value, what="low_precision_type", allowed=SEARCH_PRECISIONS)}
+    if chosen >= LOW_PRECISION_FLOATS:
+        raise ConfigError(
+            "low_precision_type names both float16 and bfloat16: a plan's float layers share one low float type "
+            f"here; keep one of them (with int8 if wanted), got {sorted(dtype_name(d) for d in chosen)}."
+        )
+    return tuple(d for d in ORDER if d in chosen)
 
 
 def _includes(nodes, ops) -> tuple:

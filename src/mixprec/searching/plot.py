@@ -6,6 +6,10 @@ tolerance as a dashed line and the chosen point as a large marker. Bottom: one b
 group in graph order, its sensitivity on a log scale, coloured by what the chosen plan does
 (lowered / kept fp32 / cannot be lowered, drawn to the top of the axis and hatched).
 
+A search over several low types colours every measured plan by its dominant low type by FLOPs, the labels
+and the chosen point's legend entry say the mix ("int8 61% bfloat16 20%" of the FLOPs), and the bars are
+coloured by the type the chosen plan gives each group.
+
 matplotlib is an optional dependency (``pip install mixprec[search]``), imported only here,
 with the Agg backend so that no display is needed.
 """
@@ -21,6 +25,7 @@ from ..dtypes import dtype_name
 from ..errors import ConfigError
 
 _LOW, _KEPT, _UNSAFE, _CHOSEN = "#3b75af", "#ef8636", "#c44e52", "#c44e52"
+_TYPE_COLORS = {"int8": "#55a868", "bfloat16": _LOW, "float16": "#8172b2"}  # several types: colour per type
 
 
 def _pyplot():
@@ -67,9 +72,17 @@ def _pareto(ax, result) -> None:
     def x_of(p) -> float:
         return 100.0 * p.low_precision_flops_fraction
 
-    low = dtype_name(result.low_precision_type)
-    ax.plot([x_of(p) for p in points], [y_of(p) for p in points], "o", color=_LOW, alpha=0.5,
-            label=f"measured plans (layer groups in {low})")
+    types = [dtype_name(d) for d in result.low_precision_types]
+    if len(types) == 1:
+        ax.plot([x_of(p) for p in points], [y_of(p) for p in points], "o", color=_LOW, alpha=0.5,
+                label=f"measured plans (layer groups in {types[0]})")
+    else:
+        for t in types:  # each plan coloured by its dominant type by FLOPs
+            mine = [p for p in points if p.lowered and max(types, key=lambda u: p.mix.get(u, 0.0)) == t]
+            ax.plot([x_of(p) for p in mine], [y_of(p) for p in mine], "o", color=_TYPE_COLORS.get(t, _LOW),
+                    alpha=0.6, label=f"measured plans, mostly {t} by FLOPs")
+        ax.plot([x_of(p) for p in points if not p.lowered], [y_of(p) for p in points if not p.lowered], "o",
+                color=_KEPT, alpha=0.6, label="all float32")
     front = _front(points)
     ax.plot([x_of(p) for p in front], [y_of(p) for p in front], "-", color=_LOW,
             label="pareto front: least error for a FLOP share")
@@ -80,13 +93,17 @@ def _pareto(ax, result) -> None:
             labelled.append(p)
     for p in labelled:
         text = f"{p.latency_seconds * 1e3:.2f} ms" if p.latency_seconds is not None else ""
+        if len(types) > 1 and p.lowered:
+            text += " (" + " ".join(f"{t} {p.mix.get(t, 0.0):.0%}" for t in types if p.lowered_by_type.get(t)) + ")"
         if p.metric == 0 and log:
             text += " (error 0)"
         if not math.isfinite(p.metric):
             text += " (inf)"
         ax.annotate(text, (x_of(p), y_of(p)), textcoords="offset points", xytext=(5, -12 if p is chosen else 6), fontsize=8)
     ax.plot([x_of(chosen)], [y_of(chosen)], marker="*", markersize=20, color=_CHOSEN, linestyle="none",
-            label=f"chosen: {chosen.lowered} groups, {x_of(chosen):.1f}% FLOPs low, {result.metric_name} {chosen.metric:.2e}")
+            label=f"chosen: {chosen.lowered} groups" + (f" ({chosen.mix_text()})" if len(types) > 1 and chosen.lowered
+                                                         else "")
+            + f", {x_of(chosen):.1f}% FLOPs low, {result.metric_name} {chosen.metric:.2e}")
     if result.tolerance is not None:
         ax.axhline(result.tolerance if not log or result.tolerance > 0 else floor, color="gray", linestyle="--",
                    label=f"tolerance {result.tolerance:g}")
@@ -128,8 +145,11 @@ def _sensitivities(ax, result) -> None:
             colors.append(_UNSAFE)
             hatches.append("//")
         else:
-            heights.append(max(g.sensitivity, floor))
-            colors.append(_KEPT if g.precision == torch.float32 else _LOW)
+            shown = g.by_type.get(dtype_name(g.precision), g.sensitivity)  # in the type the plan gives it
+            heights.append(max(shown, floor))
+            several = len(result.low_precision_types) > 1
+            colors.append(_KEPT if g.precision == torch.float32
+                          else _TYPE_COLORS.get(dtype_name(g.precision), _LOW) if several else _LOW)
             hatches.append("")
     xs = range(len(groups))
     bars = ax.bar(xs, [h - floor / 2 for h in heights], bottom=floor / 2, color=colors)
@@ -150,15 +170,20 @@ def _sensitivities(ax, result) -> None:
     ax.set_title("per-layer-group sensitivity (graph order; hatched: a safety rule or a failed trial keeps it fp32)", fontsize=10)
     from matplotlib.patches import Patch
 
+    types = [dtype_name(d) for d in result.low_precision_types]
+    lowered = (
+        [Patch(color=_LOW, label=f"lowered to {types[0]}")] if len(types) == 1
+        else [Patch(color=_TYPE_COLORS.get(t, _LOW), label=f"in {t}") for t in types]
+    )
     ax.legend(
         handles=[
-            Patch(color=_LOW, label=f"lowered to {dtype_name(result.low_precision_type)}"),
+            *lowered,
             Patch(color=_KEPT, label="kept in float32"),
             Patch(facecolor=_UNSAFE, hatch="//", label="cannot be lowered (inf)"),
         ],
         fontsize=8,
         loc="upper center",
-        ncol=3,
+        ncol=2 + len(lowered),
     )
 
 

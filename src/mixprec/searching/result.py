@@ -3,6 +3,9 @@
 ``result.plan`` goes to ``mixprec.compile(model, inputs, plan=result.plan)``; it names every
 candidate layer (lowered ones in the low type, the others in fp32, each with the search's
 reason) and nothing else, so compile fills in the rest exactly as the search's trials did.
+A search over several low types (``low_precision_type=("int8", "bf16")``) records the same with the mix:
+``low_precision_type`` is then the tuple of types, every pareto point says how many groups and which share of
+the FLOPs each type holds (``mix``, ``lowered_by_type``), every group its sensitivity per type.
 ``to_json``/``from_json`` round-trip (non-finite numbers are written as the strings "inf"/"nan"
 so that the JSON stays standard); ``save_plot`` draws the pareto curve and the sensitivities.
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Mapping
 
 import torch
 
@@ -32,10 +36,11 @@ class GroupSensitivity:
     op: str
     module: str
     flops: int
-    sensitivity: float  # the metric with only this group lowered; inf: it must stay fp32
+    sensitivity: float  # the metric with only this group lowered (several types: in its least sensitive one); inf: fp32
     precision: torch.dtype  # in the chosen plan
     followers: tuple[str, ...] = ()  # data-movement nodes that change dtype with it
     reason: str = ""
+    by_type: Mapping[str, float] = dataclasses.field(default_factory=dict)  # low type name -> sensitivity in it
 
     @property
     def label(self) -> str:
@@ -52,6 +57,13 @@ class ParetoPoint:
     metric: float
     latency_seconds: float | None
     chosen: bool = False
+    mix: Mapping[str, float] = dataclasses.field(default_factory=dict)  # low type name -> its share of the FLOPs
+    lowered_by_type: Mapping[str, int] = dataclasses.field(default_factory=dict)  # low type name -> groups in it
+
+    def mix_text(self) -> str:
+        """"int8 8 (61.2%), bfloat16 3 (20.0%)": groups and FLOP share per low type ("" with nothing lowered)."""
+        return ", ".join(f"{t} {self.lowered_by_type.get(t, 0)} ({share:.1%})" for t, share in self.mix.items()
+                         if self.lowered_by_type.get(t, 0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +72,7 @@ class SearchResult:
     pareto: tuple[ParetoPoint, ...]  # by number of lowered groups
     groups: tuple[GroupSensitivity, ...]  # in graph order
     metric_name: str
-    low_precision_type: torch.dtype
+    low_precision_type: torch.dtype | tuple  # the one low type, or the tuple of several (options.ORDER)
     tolerance: float | None
     keep_fp32_fraction: float | None
     baseline: float  # the metric of the model as written (nothing lowered)
@@ -68,6 +80,11 @@ class SearchResult:
     eval_data: str  # "eval_dataloader (n batches)", "example inputs" or "the accuracy callback's data"
     trials: int  # trials this call ran (cached trials not counted)
     seconds: float
+
+    @property
+    def low_precision_types(self) -> tuple:
+        lows = self.low_precision_type
+        return tuple(lows) if isinstance(lows, tuple) else (lows,)
 
     @property
     def chosen(self) -> ParetoPoint:
@@ -86,9 +103,13 @@ class SearchResult:
         budget = (
             f"tolerance {self.tolerance:g}" if self.tolerance is not None else f"keep_fp32_fraction {self.keep_fp32_fraction:g}"
         )
+        types = self.low_precision_types
+        lows = ", ".join(dtype_name(d) for d in types)
         lines = [
-            f"mixprec search: {self.metric_name} on {self.eval_data}, {budget}, low type {dtype_name(self.low_precision_type)}",
-            f"chosen: {chosen.lowered} of {len(self.groups)} layer groups lowered, "
+            f"mixprec search: {self.metric_name} on {self.eval_data}, {budget}, "
+            f"low type{'s' if len(types) > 1 else ''} {lows}",
+            f"chosen: {chosen.lowered} of {len(self.groups)} layer groups lowered"
+            + (f" ({chosen.mix_text()})" if len(types) > 1 and chosen.lowered else "") + ", "
             f"{chosen.low_precision_flops_fraction:.1%} of FLOPs in low precision, "
             f"{self.metric_name} {_fmt(chosen.metric)} (model as written {_fmt(self.baseline)})"
             + ("" if self.met else "  ** the tolerance cannot be met: even the model as written exceeds it **"),
@@ -99,13 +120,19 @@ class SearchResult:
             latency = f"{p.latency_seconds * 1e3:.2f} ms" if p.latency_seconds is not None else "-"
             lines.append(
                 f"{p.lowered:>7}  {p.low_precision_flops_fraction:>9.1%}  {_fmt(p.metric):>9}  {latency:>9}"
+                + (f"  {p.mix_text()}" if len(types) > 1 else "")
                 + ("  <- chosen" if p.chosen else "")
             )
-        lines += ["", f"{'sensitivity':>11}  {'precision':<9}  layer group"]
+        per_type = len(types) > 1
+        lines += ["", f"{'sensitivity':>11}  {'precision':<9}  layer group"
+                  + ("  (sensitivity per type)" if per_type else "")]
         if not self.groups:
             lines.append("(none: every layer's precision is set by the model's code, markers or autocast regions)")
         for g in sorted(self.groups, key=lambda g: -g.sensitivity):
-            lines.append(f"{_fmt(g.sensitivity):>11}  {dtype_name(g.precision):<9}  {g.label}  [{g.name}]")
+            lines.append(
+                f"{_fmt(g.sensitivity):>11}  {dtype_name(g.precision):<9}  {g.label}  [{g.name}]"
+                + ("  " + " ".join(f"{t} {_fmt(v)}" for t, v in g.by_type.items()) if per_type else "")
+            )
         lines.append(f"\n{self.trials} trial(s) run in {self.seconds:.1f} s")
         return "\n".join(lines)
 
@@ -121,7 +148,10 @@ class SearchResult:
             "format": _FORMAT,
             "version": _VERSION,
             "metric_name": self.metric_name,
-            "low_precision_type": dtype_name(self.low_precision_type),
+            "low_precision_type": (
+                [dtype_name(d) for d in self.low_precision_type] if isinstance(self.low_precision_type, tuple)
+                else dtype_name(self.low_precision_type)
+            ),
             "tolerance": _num(self.tolerance),
             "keep_fp32_fraction": _num(self.keep_fp32_fraction),
             "baseline": _num(self.baseline),
@@ -136,6 +166,8 @@ class SearchResult:
                     "metric": _num(p.metric),
                     "latency_seconds": p.latency_seconds,
                     "chosen": p.chosen,
+                    "mix": dict(p.mix),
+                    "lowered_by_type": dict(p.lowered_by_type),
                 }
                 for p in self.pareto
             ],
@@ -149,6 +181,7 @@ class SearchResult:
                     "precision": dtype_name(g.precision),
                     "followers": list(g.followers),
                     "reason": g.reason,
+                    "by_type": {t: _num(v) for t, v in g.by_type.items()},
                 }
                 for g in self.groups
             ],
@@ -171,6 +204,8 @@ class SearchResult:
                         _unnum(p["metric"]),
                         None if p["latency_seconds"] is None else float(p["latency_seconds"]),
                         bool(p["chosen"]),
+                        {str(t): float(v) for t, v in p.get("mix", {}).items()},
+                        {str(t): int(v) for t, v in p.get("lowered_by_type", {}).items()},
                     )
                     for p in data["pareto"]
                 ),
@@ -184,11 +219,15 @@ class SearchResult:
                         dtype_from_name(g["precision"]),
                         tuple(g["followers"]),
                         g["reason"],
+                        {str(t): _unnum(v) for t, v in g.get("by_type", {}).items()},
                     )
                     for g in data["groups"]
                 ),
                 metric_name=data["metric_name"],
-                low_precision_type=dtype_from_name(data["low_precision_type"]),
+                low_precision_type=(
+                    tuple(dtype_from_name(n) for n in data["low_precision_type"])
+                    if isinstance(data["low_precision_type"], list) else dtype_from_name(data["low_precision_type"])
+                ),
                 tolerance=_unnum(data["tolerance"]),
                 keep_fp32_fraction=_unnum(data["keep_fp32_fraction"]),
                 baseline=_unnum(data["baseline"]),

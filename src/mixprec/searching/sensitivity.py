@@ -7,8 +7,10 @@ memo of every trial and latency measured so far. The cache (``cache.py``) keeps 
 second search with another budget starts from here without a single phase-1 trial.
 
 Sensitivity is the metric's value with only that group lowered (for rel-L2: the error it alone
-causes). It is infinite when a safety rule keeps the group fp32, when the program fails in the
-low type, or when it makes outputs non-finite.
+causes), once per low type the group takes (``LayerGroup.takes``): ``study.sensitivity[name][dtype]``.
+The one calibration ranges the int8 boundaries too (``groups.int8_values``), so an int8 trial quantizes
+with the ranges ``compile(..., plan=result.plan)`` will find in the plan. It is infinite when a safety
+rule keeps the group fp32, when the program fails in the low type, or when it makes outputs non-finite.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from ..plan import autocast, planner
 from ..plan.options import PlanningOptions, RuleOptions
 from ..plan.rules.ranges import IOBound
 from ..progress import Progress
-from .groups import LayerGroup, find_groups
+from .groups import LayerGroup, find_groups, int8_values
 from .metrics import run_batch
 from .shapes import BatchSizes
 from .trials import ProgramFailed, Trials
@@ -49,8 +51,16 @@ class Study:
         self.groups = groups
         self.trials = trials
         self.baseline = baseline
-        self.sensitivity: dict[str, Sensitivity] = {}
-        self.latency: dict[frozenset, float] = {}  # seconds per call, by lowered set
+        self.sensitivity: dict[str, dict[torch.dtype, Sensitivity]] = {}  # group -> low type -> sensitivity
+        self.latency: dict[frozenset, float] = {}  # seconds per call, by assignment
+
+    @property
+    def lows(self) -> tuple:
+        return self.trials.lows
+
+    def least(self, name: str) -> Sensitivity:
+        """The group's smallest sensitivity over the low types it takes (its one sensitivity in a one-type search)."""
+        return min(self.sensitivity[name].values(), key=lambda s: s.value)
 
 
 def build_study(
@@ -71,11 +81,14 @@ def build_study(
     # (without calibration data compile calibrates them on the example inputs, so the search does)
     if cluster is not None and isinstance(calibration_data, Shards):
         cluster.ray()  # calibration over shards runs on the search's cluster (else on a local one of its own)
-    calibrated = calibration_entry.run(captured, calibration_data, other_shapes=sizes.other)
+    # the int8 layers' boundaries are ranged in the same run (the plan carries these ranges to compile)
+    values = int8_values(captured) if torch.int8 in options.lows else set()
+    calibrated = calibration_entry.run(captured, calibration_data, other_shapes=sizes.other, int8_values=values)
     ranges = calibrated.int8_ranges
     if calibration_batches is None:  # compile calibrates int8 regions on the example inputs: so does the search
         ranges = calibration_entry.run(captured, None, statistics=False).int8_ranges
-    trials = Trials(captured, options.low, options.metric, ranges, sizes)
+    boundary = {name: r for name, r in calibrated.int8_ranges.items() if name in values}
+    trials = Trials(captured, options.lows, options.metric, ranges, sizes, boundary)
     if cluster is not None:  # a distributed.Cluster: trials from here on run on its workers
         cluster.attach(trials)
     progress.update("running the fp32 reference")
@@ -103,7 +116,7 @@ def build_study(
         max_output_threshold=IOBound(top, f"{dtype_name(options.low)}'s largest value {top:.6g}"),
     )
     safe = planner.build_plan(info, PlanningOptions(rules=rules), context, int8_ranges=ranges)
-    groups = find_groups(info, strong, safe)
+    groups = [g for g in find_groups(info, strong, safe) if any(g.takes(d) for d in options.lows)]
     baseline = trials.measure(()).value
     study = Study(info, groups, trials, baseline)
     _measure_groups(study, progress)
@@ -135,22 +148,24 @@ def _measure_groups(study: Study, progress: Progress) -> None:
     before = trials.plan(())
     total = len(study.groups)
     if trials.pool is not None:  # every trial at once on the cluster; the loop below then reads the memo
-        singles = [(g.name,) for g in study.groups if g.unsafe is None]
+        singles = [((g.name, d),) for g in study.groups if g.unsafe is None for d in study.lows if g.takes(d)]
         trials.measure_many(
             singles, lambda done, count: progress.update(f"sensitivity {done}/{count} trials on the Ray cluster")
         )
     for done, group in enumerate(study.groups):
         progress.update(f"sensitivity {done}/{total} groups")
-        if group.unsafe is not None:
-            study.sensitivity[group.name] = Sensitivity(math.inf, (), f"safety rule: {group.unsafe}")
-            continue
-        outcome = trials.measure((group.name,))
-        after = trials.plan((group.name,))
-        followers = tuple(
-            n for n in study.info if n != group.name and after[n].precision != before[n].precision
-        )
-        why = outcome.failure
-        if why is None and math.isinf(outcome.value):
-            why = "lowering it alone makes the outputs non-finite on the eval data"
-        study.sensitivity[group.name] = Sensitivity(outcome.value, followers, why)
+        measured = study.sensitivity[group.name] = {}
+        for dtype in (d for d in study.lows if group.takes(d)):
+            if group.unsafe is not None:
+                measured[dtype] = Sensitivity(math.inf, (), f"safety rule: {group.unsafe}")
+                continue
+            outcome = trials.measure(((group.name, dtype),))
+            after = trials.plan(((group.name, dtype),))
+            followers = tuple(
+                n for n in study.info if n != group.name and after[n].precision != before[n].precision
+            )
+            why = outcome.failure
+            if why is None and math.isinf(outcome.value):
+                why = "lowering it alone makes the outputs non-finite on the eval data"
+            measured[dtype] = Sensitivity(outcome.value, followers, why)
     progress.update(f"sensitivity {total}/{total} groups")

@@ -24,6 +24,7 @@ length) and a realisation per batch per trial, where the dynamic capture serves 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 
 import torch
@@ -91,9 +92,25 @@ def carried_plan(graph: CalibrationGraph, requests: PrecisionPlan, int8_ranges: 
             f"the model's graph at these batch sizes has no counterpart of layer(s) {', '.join(missing[:3])}, so the "
             "search cannot measure its plan on them; give eval batches of the example inputs' sizes."
         )
-    carried = PrecisionPlan({own[name]: requests[name] for name in requests})
+    carried = PrecisionPlan({own[name]: _renamed(requests[name], own) for name in requests})
     ranges = {own[name]: r for name, r in (int8_ranges or {}).items() if name in own}
     return planner.build_plan(graph.captured.info, PlanningOptions(plan=carried), int8_ranges=ranges)
+
+
+def _renamed(decision, own: Mapping[str, str]):
+    """An int8 request's boundary values named as on the other capture (a float request as it is)."""
+    spec = decision.int8
+    if spec is None:
+        return decision
+    missing = [name for name, _ in spec.inputs if name not in own]
+    if missing:
+        raise CalibrationError(
+            f"the model's graph at these batch sizes has no counterpart of value(s) {', '.join(missing[:3])} that an "
+            "int8 layer quantizes, so the search cannot measure its plan on them; give eval batches of the example "
+            "inputs' sizes."
+        )
+    inputs = tuple((own[name], r) for name, r in spec.inputs)
+    return dataclasses.replace(decision, int8=dataclasses.replace(spec, inputs=inputs))
 
 
 class _Sized(torch.nn.Module):

@@ -12,7 +12,12 @@ is captured, normalised and analysed once and each trial only
    Eval batches of other sizes than the example run the same requests carried onto a capture
    for their sizes (``shapes.py``), realised when a batch first needs it.
 
-Results are memoised by the set of lowered layers, so phase 2 reuses phase 1's single-group
+A trial is an *assignment*: a set of (layer, low type) pairs, every other candidate layer in fp32 (a bare layer
+name stands for the search's one low type). An int8 layer is what the configurator makes of an int8 module
+of one layer: int8 weights per output channel, its float inputs and its output quantized with the ranges the
+search's one calibration gave (``int8_ranges``, keyed by value name: ``groups.int8_boundary``).
+
+Results are memoised by the assignment, so phase 2 reuses phase 1's single-group
 trials and a second search reuses all of them. A program that fails in low precision (a kernel
 the fake-tensor probe did not catch) is infinitely bad rather than an error.
 """
@@ -29,8 +34,9 @@ from ..dtypes import dtype_name
 from ..ir.frontend import CapturedModel
 from ..plan import planner
 from ..plan.options import PlanningOptions
-from ..plan.precision_plan import NodePrecision, PrecisionPlan
+from ..plan.precision_plan import Int8Spec, NodePrecision, PrecisionPlan
 from ..rewrite.pipeline import realise, reference
+from .groups import int8_boundary
 from .shapes import carried_plan
 
 log = logging.getLogger(__name__)
@@ -67,35 +73,50 @@ class Trials:
     """Plans, programs and memoised measurements over one captured program."""
 
     def __init__(
-        self, captured: CapturedModel, low: torch.dtype, metric, int8_ranges: Mapping | None = None, sizes=None
+        self, captured: CapturedModel, low, metric, int8_ranges: Mapping | None = None, sizes=None,
+        values: Mapping | None = None,
     ):
         self.captured = captured
         self.sizes = sizes  # shapes.BatchSizes: batches of other sizes run the same plan on captures for them
         self.info = captured.info
-        self.low = low
+        self.lows = tuple(low) if isinstance(low, (tuple, list)) else (low,)
+        self.low = self.lows[0]  # what a bare layer name in an assignment is lowered to
         self.metric = metric
         self.int8_ranges = int8_ranges  # calibrated ranges of int8 marker regions, as compile calibrates them
+        self.values = dict(values or {})  # calibrated ranges of int8 layers' boundary values (by value name)
         self.count = 0  # trials run (memo misses)
         self._memo: dict[frozenset, Outcome] = {}
         self.pool = None  # a distributed.RayPool while a search call runs its trials on a cluster
 
     # ---- plans ---------------------------------------------------------------------------------
-    def requests(self, lowered: Iterable[str], reasons: Mapping[str, str] | None = None) -> PrecisionPlan:
+    def assignment(self, lowered: Iterable) -> frozenset:
+        """``lowered`` as a frozenset of (layer, dtype): bare names get the search's (first) low type."""
+        return frozenset((item, self.low) if isinstance(item, str) else (item[0], item[1]) for item in lowered)
+
+    def requests(self, lowered: Iterable, reasons: Mapping[str, str] | None = None) -> PrecisionPlan:
         reasons = reasons or {}
         return PrecisionPlan(
             {
-                name: NodePrecision(self.low, None, "plan", reasons.get(name, f"search: lowered to {dtype_name(self.low)}"))
-                for name in lowered
+                name: self.decision(name, dtype, reasons.get(name, f"search: lowered to {dtype_name(dtype)}"))
+                for name, dtype in sorted(self.assignment(lowered), key=lambda pair: pair[0])
             }
         )
 
-    def plan(self, lowered: Iterable[str]) -> PrecisionPlan:
+    def decision(self, name: str, dtype: torch.dtype, reason: str) -> NodePrecision:
+        """The plan request for one lowered layer (an int8 one with its boundary's calibrated ranges)."""
+        if dtype != torch.int8:
+            return NodePrecision(dtype, None, "plan", reason)
+        inputs, output = int8_boundary(self.captured, name)
+        spec = Int8Spec(tuple((value, self.values[value]) for value in inputs), self.values[output])
+        return NodePrecision(torch.int8, None, "plan", reason, None, spec)
+
+    def plan(self, lowered: Iterable) -> PrecisionPlan:
         """The full plan compile builds from these requests."""
         return planner.build_plan(self.info, PlanningOptions(plan=self.requests(lowered)), int8_ranges=self.int8_ranges)
 
     # ---- programs ------------------------------------------------------------------------------
-    def program(self, lowered: Iterable[str]) -> torch.nn.Module:
-        lowered = frozenset(lowered)
+    def program(self, lowered: Iterable) -> torch.nn.Module:
+        lowered = self.assignment(lowered)
         if self.sizes is None:
             return self.build(self.plan(lowered), keep_io_types=True)
 
@@ -122,14 +143,14 @@ class Trials:
     def _guarded(self, work, captured: CapturedModel | None = None) -> Guarded:
         return Guarded(work.to_exported().module(), (captured or self.captured).reset_state)
 
-    def lowered_flops(self, lowered: Iterable[str]) -> int:
-        """The matmul/conv/attention FLOPs of the layers ``lowered`` names: what a trial of it costs beyond
-        the fp32 pass, to order a cluster's trials by."""
-        return sum(self.info[name].flops for name in lowered if name in self.info)
+    def lowered_flops(self, lowered: Iterable) -> int:
+        """The matmul/conv/attention FLOPs of the layers ``lowered`` names (bare names or (layer, dtype) pairs):
+        what a trial of it costs beyond the fp32 pass, to order a cluster's trials by."""
+        return sum(self.info[name].flops for name, _ in self.assignment(lowered) if name in self.info)
 
     # ---- measurements --------------------------------------------------------------------------
-    def measure(self, lowered: Iterable[str]) -> Outcome:
-        key = frozenset(lowered)
+    def measure(self, lowered: Iterable) -> Outcome:
+        key = self.assignment(lowered)
         outcome = self._memo.get(key)
         if outcome is not None:
             return outcome
@@ -140,14 +161,15 @@ class Trials:
             outcome = Outcome(self.metric(self.program(key)))
         except ProgramFailed as e:
             log.info("search trial with %d lowered layer(s) failed: %s", len(key), e)
-            outcome = Outcome(float("inf"), f"fails in {dtype_name(self.low)} ({e})")
+            types = ", ".join(sorted({dtype_name(d) for _, d in key})) or "float32"
+            outcome = Outcome(float("inf"), f"fails in {types} ({e})")
         self._memo[key] = outcome
         return outcome
 
     def measure_many(self, keys: Iterable[Iterable[str]], report=None) -> list[Outcome]:
         """Measure several plans at once: on the pool's workers when there is one (misses only: the memo
         is looked up here, and outcomes are written here, by lowered set), else one after the other."""
-        keys = [frozenset(k) for k in keys]
+        keys = [self.assignment(k) for k in keys]
         if self.pool is None:
             return [self.measure(k) for k in keys]
         missing = list(dict.fromkeys(k for k in keys if k not in self._memo))

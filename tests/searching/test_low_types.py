@@ -1,0 +1,214 @@
+"""mixprec.search over several low types (issue 22): fp32 / bf16 / int8 per layer group, the fastest mix.
+
+The cost model (``searching/latency.py``) is measured per machine; these tests give it the tables of the two
+kinds of CPU the suite runs on — AVX2 only (bf16 emulated, int8 as float fake quantization: both slower than
+fp32) and avx512_bf16 + VNNI (both faster, int8 fastest) — so that both branches run on any machine.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.utils._pytree as pytree
+from models import SensitiveByConstruction, zero_sum_rows
+
+import mixprec
+from mixprec.errors import ConfigError
+from mixprec.searching import SearchCache, latency
+from mixprec.searching.options import low_types
+from mixprec.searching.trials import Trials
+
+F32, BF16, F16, I8 = torch.float32, torch.bfloat16, torch.float16, torch.int8
+# seconds per GFLOP (any class), shaped like the two CPUs' measurements (bench/RESULTS.md, issue 22 search)
+VNNI = {F32: 10.0, BF16: 4.0, I8: 2.5}
+AVX2 = {F32: 10.0, BF16: 120.0, I8: 60.0}
+
+
+def use_costs(monkeypatch, table):
+    monkeypatch.setattr(latency, "_TABLES", {})
+    monkeypatch.setattr(latency, "measure_costs", lambda backend, kind, dtypes, device: {d: table[d] for d in dtypes})
+
+
+def rel_l2(got, expected) -> float:
+    a = [t.double() for t in pytree.tree_leaves(got)]
+    b = [t.double() for t in pytree.tree_leaves(expected)]
+    return math.sqrt(sum((x - y).pow(2).sum().item() for x, y in zip(a, b))) / math.sqrt(
+        sum(y.pow(2).sum().item() for y in b))
+
+
+@pytest.fixture(scope="module")
+def model_and_data():
+    torch.manual_seed(1)
+    model = SensitiveByConstruction().eval()
+    return model, SensitiveByConstruction.example_inputs(), [(zero_sum_rows(8),) for _ in range(3)]
+
+
+@pytest.fixture
+def vnni(monkeypatch):
+    use_costs(monkeypatch, VNNI)
+
+
+def test_low_types_are_a_set_in_canonical_order():
+    assert low_types(("bf16", "int8")) == low_types(["int8", torch.bfloat16]) == low_types({"int8", "bf16"})
+    assert low_types({"int8", "bf16"}) == low_types("int8, bf16") == (I8, BF16)
+    assert low_types("int8") == (I8,) and low_types(("fp16", "fp16")) == (F16,)
+    with pytest.raises(ConfigError, match="both float16 and bfloat16"):
+        low_types(("fp16", "bf16"))
+    with pytest.raises(ConfigError, match="low_precision_type"):
+        low_types(("int8", "int4"))
+    with pytest.raises(ConfigError, match="at least one"):
+        low_types(())
+
+
+def test_int8_alone_lowers_the_matmuls_within_the_tolerance(model_and_data):
+    """Once a ConfigError: int8 alone is the classic search (as many FLOPs in int8 as the tolerance allows), over
+    the FLOP-carrying groups only, and the plan compiles to a program that quantizes those layers."""
+    model, inputs, data = model_and_data
+    result = mixprec.search(model, inputs, low_precision_type="int8", eval_dataloader=data, tolerance=0.05,
+                            cache=False)
+    assert result.low_precision_type == I8 and result.met
+    assert {g.module for g in result.groups} == {"sens1", "sens2", "fc1", "fc2", "fc3"}  # no norm, gelu, relu
+    assert {g.module for g in result.groups if g.precision == I8} == {"fc1", "fc2", "fc3"}
+    prog = mixprec.compile(model, inputs, plan=result.plan)
+    assert {r.module for r in prog.report.layers if r.precision == I8} == {"fc1", "fc2", "fc3"}
+    with torch.no_grad():
+        assert rel_l2([prog(*b) for b in data], [model(*b) for b in data]) <= 0.05
+
+
+def test_a_trial_per_group_and_type(model_and_data, vnni, monkeypatch):
+    model, inputs, data = model_and_data
+    singles = []
+    measure = Trials.measure
+
+    def spy(self, lowered):
+        key = self.assignment(lowered)
+        if len(key) == 1 and key not in self._memo:
+            singles.append(next(iter(key)))
+        return measure(self, lowered)
+
+    monkeypatch.setattr(Trials, "measure", spy)
+    result = mixprec.search(model, inputs, low_precision_type=("bf16", "int8"), eval_dataloader=data,
+                            tolerance=0.05, cache=False)
+    by_module = {g.module or g.op: g for g in result.groups}
+    for name in ("sens1", "sens2", "fc1", "fc2", "fc3"):
+        assert set(by_module[name].by_type) == {"int8", "bfloat16"}
+    assert set(by_module["norm"].by_type) == {"bfloat16"}  # int8 only where there are FLOPs
+    expected = {(g.name, d) for g in result.groups for d in (I8, BF16) if mixprec.dtypes.dtype_name(d) in g.by_type}
+    assert len(expected) == 5 * 2 + 3
+    assert expected <= set(singles) and len([s for s in singles if s in expected]) == len(expected)  # once each
+    for g in result.groups:  # int8 costs more error than bf16 on every linear (8 bits vs 8 significant bits + range)
+        if "int8" in g.by_type and g.module in ("fc1", "fc2", "fc3"):
+            assert g.by_type["int8"] > g.by_type["bfloat16"]
+
+
+def test_an_int8_group_is_the_configurators_int8_with_the_searchs_one_calibration(model_and_data, vnni, monkeypatch):
+    """int8 for a group = what ``set_precision(module, activation="int8")`` makes of it, calibrated on the same data:
+    its sensitivity equals the error of the configurator's plan on the eval data; and calibration runs once."""
+    model, inputs, data = model_and_data
+    from mixprec.calibrate import entry
+
+    runs = []
+    run = entry.run
+    monkeypatch.setattr(entry, "run", lambda *a, **k: runs.append(k.get("int8_values")) or run(*a, **k))
+    result = mixprec.search(model, inputs, low_precision_type=("int8", "bf16"), eval_dataloader=data,
+                            calibration_dataloader=data[:2], tolerance=0.05, cache=False)
+    assert len([r for r in runs if r]) == 1  # the boundaries ranged in the search's one calibration
+    monkeypatch.setattr(entry, "run", run)
+    fc2 = next(g for g in result.groups if g.module == "fc2")
+    cfg = mixprec.MixedPrecisionConfigurator(model)
+    cfg.set_precision(model.fc2, activation="int8")
+    plan = cfg.apply(inputs, calibration_dataloader=data[:2])
+    prog = mixprec.compile(model, inputs, plan=plan)
+    with torch.no_grad():
+        error = rel_l2([prog(*b) for b in data], [model(*b) for b in data])
+    assert fc2.by_type["int8"] == pytest.approx(error, rel=1e-6)
+    assert result.plan[fc2.name].int8 == plan[fc2.name].int8  # the same boundary, the same ranges
+
+
+@pytest.mark.parametrize("cpu", ["vnni", "avx2"])
+def test_the_budget_goes_to_the_fastest_mix_and_the_plan_meets_it(model_and_data, monkeypatch, cpu):
+    """VNNI-like costs: the matmuls go int8 (fastest) where the tolerance allows, FLOP-free groups bf16; AVX2-like:
+    both types are slower than fp32 here, so nothing is lowered. Either way the compiled plan meets the tolerance
+    on the eval data, and its int8 layers run quantize/dequantize in the program."""
+    use_costs(monkeypatch, VNNI if cpu == "vnni" else AVX2)
+    model, inputs, data = model_and_data
+    result = mixprec.search(model, inputs, low_precision_type=("int8", "bf16"), eval_dataloader=data, tolerance=0.05,
+                            cache=False)
+    chosen = {g.module or g.op: g.precision for g in result.groups}
+    if cpu == "avx2":
+        assert set(chosen.values()) == {F32} and result.chosen.lowered == 0
+    else:
+        assert {m for m, p in chosen.items() if p == I8} == {"fc1", "fc2", "fc3"}
+        assert chosen["sens1"] == chosen["sens2"] == F32 and chosen["norm"] == BF16
+        assert result.chosen.lowered_by_type == {"int8": 3, "bfloat16": 3}
+        assert result.chosen.mix["int8"] == pytest.approx(result.chosen.low_precision_flops_fraction)
+    prog = mixprec.compile(model, inputs, plan=result.plan)
+    with torch.no_grad():
+        error = rel_l2([prog(*b) for b in data], [model(*b) for b in data])
+    assert error <= 0.05 and error == pytest.approx(result.chosen.metric, rel=1e-6, abs=1e-12)
+    graph = prog.exported_program.graph
+    quantized = {str(n.args[0]) for n in graph.nodes if "quantize_per_tensor" in str(n.target)}
+    int8_layers = [r for r in prog.report.layers if r.precision == I8]
+    assert len(int8_layers) == (3 if cpu == "vnni" else 0)
+    for record in int8_layers:  # its input arrives on the int8 grid
+        assert I8 in record.input_dtypes
+    assert bool(quantized) == (cpu == "vnni")
+
+
+def test_keep_fraction_lowers_each_group_to_its_fastest_type(model_and_data, vnni):
+    model, inputs, data = model_and_data
+    result = mixprec.search(model, inputs, low_precision_type=("int8", "bf16"), eval_dataloader=data,
+                            keep_fp32_fraction=0.25, cache=False)
+    chosen = {g.module or g.op: g.precision for g in result.groups}
+    assert chosen["sens1"] == chosen["sens2"] == F32  # ceil(0.25 * 8) = 2 most sensitive
+    assert {m for m, p in chosen.items() if p == I8} == {"fc1", "fc2", "fc3"}  # int8 saves most on a VNNI CPU
+    assert sum(p == BF16 for p in chosen.values()) == 3
+
+
+def test_json_and_text_carry_the_mix(model_and_data, vnni, tmp_path):
+    model, inputs, data = model_and_data
+    result = mixprec.search(model, inputs, low_precision_type=("int8", "bf16"), eval_dataloader=data, tolerance=0.05,
+                            cache=False)
+    again = mixprec.SearchResult.from_json(result.to_json())
+    assert again == result
+    assert again.low_precision_type == (I8, BF16) and again.chosen.lowered_by_type["int8"] == 3
+    assert "int8 3 (" in str(result) and "low types int8, bfloat16" in str(result)
+    result.save_plot(tmp_path / "p.png")
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_cache_key_holds_the_types(model_and_data, vnni):
+    model, inputs, data = model_and_data
+    cache = SearchCache()
+    both = mixprec.search(model, inputs, low_precision_type=("int8", "bf16"), eval_dataloader=data, cache=cache)
+    assert mixprec.search(model, inputs, low_precision_type=("bf16", "int8"), eval_dataloader=data,
+                          tolerance=0.02, cache=cache).trials < both.trials  # the same set: phase 1 reused
+    alone = mixprec.search(model, inputs, low_precision_type="bf16", eval_dataloader=data, cache=cache)
+    assert alone.trials >= 8 and all(set(g.by_type) == {"bfloat16"} for g in alone.groups)
+
+
+def test_the_cost_model_is_measured_once_per_process_and_type(monkeypatch):
+    calls = []
+    monkeypatch.setattr(latency, "_TABLES", {})
+    monkeypatch.setattr(latency, "measure_costs",
+                        lambda backend, kind, dtypes, device: calls.append((backend, kind, dtypes)) or
+                        {d: VNNI[d] for d in dtypes})
+    model = latency.cost_model(None, (I8, BF16), torch.device("cpu"))
+    assert len(calls) == 2 and model.backend == "eager"
+    latency.cost_model(None, (I8,), torch.device("cpu"))
+    assert len(calls) == 2  # cached
+    assert model.gain("aten.linear.default", 10**9, I8) == pytest.approx(7.5)
+    assert model.gain("aten.convolution.default", 10**9, BF16) == pytest.approx(6.0)
+
+
+def test_a_type_within_the_noise_of_fp32_gains_nothing():
+    model = latency.CostModel("eager", {(k, d): v for k in latency.KINDS
+                                        for d, v in {F32: 10.0, BF16: 9.5, I8: 30.0}.items()})
+    assert model.gain("aten.linear.default", 10**9, BF16) == 0.0  # 1.05x: within MIN_SPEEDUP
+    assert model.gain("aten.linear.default", 10**9, I8) < 0
+
+
+def test_measure_costs_times_real_programs():
+    """The eager int8 program is the search's int8 (fake quantization: float arithmetic plus quantize ops)."""
+    costs = latency.measure_costs("eager", "matmul", (F32, I8), torch.device("cpu"))
+    assert set(costs) == {F32, I8} and all(0 < v < 10 for v in costs.values())  # seconds per GFLOP
