@@ -76,9 +76,10 @@ def search(
         them as a tuple, list or set (or "int8,bf16"): a set, the order does not matter (fp16 and bf16 not
         together). None = bf16 on CPU, fp16 on CUDA. One type: as many groups in it as the budget allows.
         Several: each group stays fp32 or takes one of them, chosen for the most time saved within the budget
-        (``budget.py``; times from ``latency.py``'s cost model of this machine). int8 is the configurator's:
-        int8 weights per output channel, the layer's inputs and output quantized with ranges from the search's
-        calibration; it is offered to matmul/convolution/attention layers only.
+        (``budget.py``; times from ``latency.py``'s cost model of this machine). int8 is the configurator's
+        without activation smoothing (the search ranges no channels): int8 weights per output channel, the
+        layer's inputs quantized (its output too with configurator.QUANTIZE_EXITS) with ranges from the
+        search's calibration; it is offered to matmul/convolution/attention layers only.
     tolerance: the largest metric value the chosen plan may have on the eval data.
     keep_fp32_fraction: instead of a tolerance, keep exactly ceil(fraction x groups) of the most
         sensitive layer groups in fp32 (0..1). Giving both is a ConfigError; giving neither with

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
+from .. import configurator
 from ..dtypes import dtype_name
 from ..ir.frontend import CapturedModel
 from ..plan import planner
@@ -107,7 +108,9 @@ class Trials:
         if dtype != torch.int8:
             return NodePrecision(dtype, None, "plan", reason)
         inputs, output = int8_boundary(self.captured, name)
-        spec = Int8Spec(tuple((value, self.values[value]) for value in inputs), self.values[output])
+        # the output quantized on its way out only as the configurator does it (configurator.QUANTIZE_EXITS)
+        exit_range = self.values[output] if configurator.QUANTIZE_EXITS else None
+        spec = Int8Spec(tuple((value, self.values[value]) for value in inputs), exit_range)
         return NodePrecision(torch.int8, None, "plan", reason, None, spec)
 
     def plan(self, lowered: Iterable) -> PrecisionPlan:
