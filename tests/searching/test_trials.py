@@ -23,9 +23,9 @@ class _RecordingPool:
     def __init__(self):
         self.keys = None
 
-    def run(self, keys, report):
+    def run(self, keys, report, time_on=None):
         self.keys = list(keys)
-        return [(float(len(k)), None) for k in keys]
+        return [(float(len(k)), None, None) for k in keys]
 
 
 def test_a_pool_gets_the_largest_trials_first_and_outcomes_by_key():
