@@ -324,3 +324,22 @@ def test_a_search_on_the_cluster_calibrates_a_dataset_on_it(cluster, sensitive):
         ray.cloudpickle.unregister_pickle_by_value(models)
     same(here, there)
     assert "safety rule: input absmax" in there.groups[0].reason
+
+
+def test_phase_two_points_are_timed_by_the_workers_that_measured_them(cluster, sensitive, monkeypatch):
+    """A pareto point measured in phase 2 on the cluster gets its latency from the worker that ran its trial (its
+    program built and warm there); the driver times only the points measured before phase 2 (the fp32 baseline)."""
+    from mixprec.searching import latency
+
+    model, inputs, data = sensitive
+    timed_here = []
+    measure = latency.measure
+    monkeypatch.setattr(latency, "measure", lambda programs, batch, **kw: timed_here.extend(programs)
+                        or measure(programs, batch, **kw))
+    there = mixprec.search(model, inputs, eval_dataloader=data, cache=False, ray_address="auto", workers=2)
+    assert all(p.latency_seconds > 0 for p in there.pareto)
+    assert timed_here == [frozenset()]  # the baseline: phase 1 measured it, untimed
+    assert len(there.pareto) > 1
+    here = mixprec.search(model, inputs, eval_dataloader=data, cache=False)
+    same(here, there)
+    assert len(timed_here) == 1 + len(here.pareto)  # in one process every point is timed here

@@ -23,9 +23,9 @@ class _RecordingPool:
     def __init__(self):
         self.keys = None
 
-    def run(self, keys, report):
+    def run(self, keys, report, time_on=None):
         self.keys = list(keys)
-        return [(float(len(k)), None) for k in keys]
+        return [(float(len(k)), None, None) for k in keys]
 
 
 def test_a_pool_gets_the_largest_trials_first_and_outcomes_by_key():
@@ -36,6 +36,6 @@ def test_a_pool_gets_the_largest_trials_first_and_outcomes_by_key():
     outcomes = trials.measure_many(keys)
     sent = trials.pool.keys
     assert [trials.lowered_flops(k) for k in sent] == sorted((trials.lowered_flops(k) for k in sent), reverse=True)
-    assert sent[0] == frozenset(keys[3]) and sent[-1] == frozenset(keys[0])
+    assert sent[0] == trials.assignment(keys[3]) and sent[-1] == trials.assignment(keys[0])
     assert [o.value for o in outcomes] == [1.0, 1.0, 1.0, 2.0]  # in the order asked, whatever the dispatch order
     assert trials.count == 4

@@ -162,8 +162,12 @@ def search(
         if options.several:
             progress.update("timing each low type on this machine (once per process)")
             costs = latency.cost_model(options.backend, options.lows, device)
+        if cluster is not None:  # phase 2's points are also timed by the workers that measure them (pareto)
+            study.trials.time_on = eval_batches[0]
         choice = choose(study, options, progress, costs)
     finally:
+        if study is not None:
+            study.trials.time_on = None  # a cached study is reused by searches without a cluster
         if cluster is not None:
             cluster.close()  # the cached study forgets the cluster: the next call brings its own
     if not choice.met:
@@ -247,6 +251,10 @@ def _eval_data(options, loader, batches) -> str:
 
 
 def _pareto(study: Study, choice: Choice, batch: Call, progress: Progress) -> tuple[ParetoPoint, ...]:
+    for lowered in choice.measured:  # timed on a Ray worker right after its trial
+        seconds = study.trials.seconds(lowered)
+        if lowered not in study.latency and seconds is not None:
+            study.latency[lowered] = seconds
     missing = [lowered for lowered in choice.measured if lowered not in study.latency]
     if missing:
         progress.update(f"timing {len(missing)} plan(s)")

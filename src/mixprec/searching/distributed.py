@@ -25,7 +25,10 @@ worker holds the program and the eval data and rebuilds each trial's program loc
   (measured: a Llama's sensitivities differ at 1e-16 relative). So a worker runs with this
   process's ``torch.get_num_threads()`` and asks Ray for that many CPUs: ``workers`` defaults to
   the cluster's CPUs // threads (``torch.set_num_threads(1)`` before the search for one worker per
-  CPU). Latencies of the pareto points are timings, measured on the driver.
+  CPU). Latencies of the pareto points are timings: those phase 2 measured are timed by the worker that ran
+  the point's trial, right after it (its program built and warm: no rebuild, and the points time in parallel;
+  on a 2-core machine two workers' trials run at 2.06x one's throughput, bench/parallel_ceiling.py), the
+  others (the fp32 baseline) on the driver.
 * Workers are actors that outlive a call (a Python process importing torch costs seconds): the
   next search on the same cluster reuses them; at the end of a call they drop its program. Each
   holds one CPU of the cluster until this process disconnects from Ray, a ``"local"`` cluster
@@ -182,8 +185,10 @@ class TrialWorker:
             )
         self.trials = Trials(captured, data["lows"], data["metric"], data["ranges"], values=data["values"])
 
-    def measure(self, box: list, lowered: tuple) -> tuple:
-        """("ok", value, failure) or ("raised", type, message, mixprec type): the driver raises it, naming the group."""
+    def measure(self, box: list, lowered: tuple, time_on=None) -> tuple:
+        """("ok", value, failure, seconds) or ("raised", type, message, mixprec type): the driver raises it, naming
+        the group. ``time_on``: a batch to time the trial's program on once measured (``latency.measure``, no
+        warm-up: the metric's runs were it), for the pareto points of phase 2; seconds is None otherwise."""
         try:
             (ref,) = box
             if self.loaded != ref.hex():
@@ -192,10 +197,15 @@ class TrialWorker:
                 self.forget()
                 self.load(ray.get(ref))
                 self.loaded = ref.hex()
-            outcome = self.trials.measure(lowered)
+            timer = None
+            if time_on is not None:
+                from .latency import measure
+
+                timer = lambda program: measure({0: lambda: program}, time_on, warmup=0)[0]  # noqa: E731
+            outcome = self.trials.measure(lowered, timer=timer)
         except Exception as e:  # the user's metric, unpickling, anything else: reported, never dropped
             return ("raised", type(e).__name__, str(e), _mixprec_type(e))
-        return ("ok", outcome.value, outcome.failure)
+        return ("ok", outcome.value, outcome.failure, outcome.seconds)
 
 
 def _mixprec_type(error: Exception) -> str | None:
@@ -281,8 +291,9 @@ class RayPool:
         self._start()
         return self.cluster.ray().get([a.pid.remote() for a in self.actors])
 
-    def run(self, keys: Sequence[frozenset], report: Callable[[int, int], None]) -> list[tuple]:
-        """Measure every key (one trial per worker at a time); (value, failure) pairs in the keys' order."""
+    def run(self, keys: Sequence[frozenset], report: Callable[[int, int], None], time_on=None) -> list[tuple]:
+        """Measure every key (one trial per worker at a time); (value, failure, seconds) in the keys' order, seconds
+        per call on ``time_on`` timed by the worker that measured the key (None without ``time_on``)."""
         self._start()
         ray = self.cluster.ray()
         results: list = [None] * len(keys)
@@ -294,7 +305,8 @@ class RayPool:
         while waiting or running:
             while waiting and idle:
                 index, actor = waiting.pop(), idle.pop(0)
-                running[actor.measure.remote([self._payload_ref], tuple(sorted(keys[index])))] = (index, actor)
+                task = actor.measure.remote([self._payload_ref], tuple(sorted(keys[index])), time_on)
+                running[task] = (index, actor)
             ready, _ = ray.wait(list(running), num_returns=1, timeout=1.0)  # returns now and then: Ctrl-C works
             for ref in ready:
                 index, actor = running.pop(ref)

@@ -68,6 +68,8 @@ class Guarded(torch.nn.Module):
 class Outcome:
     value: float  # the metric, higher is worse (inf when the program fails or makes NaN)
     failure: str | None = None  # why the program could not run
+    # seconds per call on the latency batch, when the trial was timed where it ran (a Ray worker, phase 2)
+    seconds: float | None = None
 
 
 class Trials:
@@ -88,6 +90,9 @@ class Trials:
         self.count = 0  # trials run (memo misses)
         self._memo: dict[frozenset, Outcome] = {}
         self.pool = None  # a distributed.RayPool while a search call runs its trials on a cluster
+        # while set (a search's phase 2 on a cluster): each trial sent to the pool is also timed on this batch by
+        # the worker that built its program (the pareto points' latencies, no rebuild on the driver)
+        self.time_on = None
 
     # ---- plans ---------------------------------------------------------------------------------
     def assignment(self, lowered: Iterable) -> frozenset:
@@ -152,22 +157,32 @@ class Trials:
         return sum(self.info[name].flops for name, _ in self.assignment(lowered) if name in self.info)
 
     # ---- measurements --------------------------------------------------------------------------
-    def measure(self, lowered: Iterable) -> Outcome:
+    def measure(self, lowered: Iterable, *, timer=None) -> Outcome:
+        """The metric of the plan lowering ``lowered`` (memoised). ``timer`` (a Ray worker's, in phase 2): called
+        with the program just measured, warm from the metric's runs; its seconds per call go into the outcome."""
         key = self.assignment(lowered)
         outcome = self._memo.get(key)
-        if outcome is not None:
+        if outcome is not None and (timer is None or outcome.seconds is not None):
             return outcome
         if self.pool is not None:
             return self.measure_many([key])[0]
         self.count += 1
         try:
-            outcome = Outcome(self.metric(self.program(key)))
+            program = self.program(key)
+            value = self.metric(program)  # the metric's runs warm the program up
+            seconds = timer(program) if timer is not None else None
+            outcome = Outcome(value, None, seconds)
         except ProgramFailed as e:
             log.info("search trial with %d lowered layer(s) failed: %s", len(key), e)
             types = ", ".join(sorted({dtype_name(d) for _, d in key})) or "float32"
             outcome = Outcome(float("inf"), f"fails in {types} ({e})")
         self._memo[key] = outcome
         return outcome
+
+    def seconds(self, lowered: Iterable) -> float | None:
+        """Seconds per call of the plan's program where a worker timed it after its trial (``time_on``), else None."""
+        outcome = self._memo.get(self.assignment(lowered))
+        return outcome.seconds if outcome is not None else None
 
     def measure_many(self, keys: Iterable[Iterable[str]], report=None) -> list[Outcome]:
         """Measure several plans at once: on the pool's workers when there is one (misses only: the memo
@@ -181,8 +196,8 @@ class Trials:
         # keyed by lowered set, so the order cannot change them
         missing.sort(key=self.lowered_flops, reverse=True)
         if missing:
-            answers = self.pool.run(missing, report or (lambda done, total: None))
-            for key, (value, failure) in zip(missing, answers):
+            answers = self.pool.run(missing, report or (lambda done, total: None), time_on=self.time_on)
+            for key, (value, failure, seconds) in zip(missing, answers):
                 self.count += 1
-                self._memo[key] = Outcome(value, failure)
+                self._memo[key] = Outcome(value, failure, seconds)
         return [self._memo[k] for k in keys]
