@@ -168,8 +168,6 @@ def main(argv=None) -> int:
 
     print(f"# mixprec.search over fp32/bf16/int8 at OpenVINO bf16's error, {harness.stamp()}")
     print(f"machine: {harness.machine()}")
-    flags = getattr(harness, "cpu_flags", None) or peers.cpu_flags  # main moved it into harness.py
-    print(f"CPU flags: {flags()}")
     print(f"int8 dot product (VNNI/AMX) per mixprec.backends.lowering.cpu: {cpu.has_int8_dot_product()}")
     print(f"openvino {ov.__version__}" + (f", nncf {nncf.__version__}" if nncf else "")
           + "; command: python bench/search_int8.py " + " ".join(argv if argv is not None else sys.argv[1:]))
