@@ -212,6 +212,19 @@ def test_a_type_within_the_noise_of_fp32_gains_nothing():
     assert model.gain("aten.linear.default", 10**9, I8) < 0
 
 
+def test_a_type_faster_only_in_some_rounds_gains_nothing():
+    """Paired rounds whose median ratio is a 1.4x 'gain' but which were slower than fp32 in 3 of 9 rounds: noise
+    (the median alone passed MIN_SPEEDUP); a type faster in every round keeps its gain."""
+    fp32 = [1.0] * 9
+    noisy = [0.70, 0.70, 0.71, 0.70, 0.71, 0.72, 1.20, 1.30, 1.40]
+    steady = [0.30, 0.32, 0.31, 0.29, 0.33, 0.30, 0.31, 0.45, 0.30]
+    seconds = latency.per_call_seconds({F32: fp32, I8: noisy, BF16: steady})
+    assert seconds[F32] == 1.0
+    model = latency.CostModel("eager", {(k, d): v for k in latency.KINDS for d, v in seconds.items()})
+    assert model.gain("aten.linear.default", 10**9, I8) <= 0.0
+    assert model.gain("aten.linear.default", 10**9, BF16) == pytest.approx(1.0 - 0.32)
+
+
 def test_measure_costs_times_real_programs():
     """The eager int8 program is the search's int8 (fake quantization: float arithmetic plus quantize ops)."""
     costs = latency.measure_costs("eager", "matmul", (F32, I8), torch.device("cpu"))
