@@ -5,7 +5,8 @@ functions of each phase timed by wrapping them (no change to mixprec), after one
 
 Prints, per round, torch.export.export's time, compile's, and compile's phase split
 (``report.summary["compile_seconds"]``); then the summed time and call count of each wrapped function over the last
-round, and one ``ExportedProgram.module()`` of the compiled program (what the eager backend runs: its unlift).
+round, and one ``ExportedProgram.module()`` of the compiled program (the eager backend's unlift until 2026-11-26) and
+one ``mixprec.ir.unlift.of_exported`` (its unlift since).
 1 thread by default: steadier on a shared machine than the default threads (the phases' Python does not use them).
 """
 
@@ -93,10 +94,20 @@ def main() -> None:
     print("last round, wrapped functions (s, calls):")
     for label, seconds in sorted(TOTAL.items(), key=lambda item: -item[1]):
         print(f"  {label}: {seconds:.3f} s, {CALLS[label]} call(s)")
+    ep = prog.exported_program
     start = time.perf_counter()
-    prog.exported_program.module()
-    print(f"ExportedProgram.module() of the compiled program (the eager backend's unlift): "
+    ep.module()
+    print(f"ExportedProgram.module() of the compiled program (the eager backend's unlift until 2026-11-26): "
           f"{time.perf_counter() - start:.3f} s")
+    try:
+        from mixprec.ir import unlift  # the eager backend's unlift from 2026-11-26 on (one code generation)
+    except ImportError:
+        unlift = None
+    if unlift is not None:
+        start = time.perf_counter()
+        unlift.of_exported(ep)
+        print(f"mixprec.ir.unlift.of_exported of the same program (the eager backend's unlift now): "
+              f"{time.perf_counter() - start:.3f} s")
     with torch.no_grad():
         start = time.perf_counter()
         model(*inputs)

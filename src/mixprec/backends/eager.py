@@ -8,6 +8,7 @@ of ``ops/quant.py``.
 
 from __future__ import annotations
 
+from ..ir import unlift
 from .registry import register_backend
 from .guard import guard_pass
 from .lowering import run_passes
@@ -17,6 +18,6 @@ from .options import BackendOptions
 
 @register_backend("eager")
 def build(exported_program, options: BackendOptions | None = None):
-    module = exported_program.module()
+    module = unlift.of_exported(exported_program)
     run_passes(module, (INT8_LINEARS, guard_pass(options.runtime_guard if options is not None else None)))
     return module

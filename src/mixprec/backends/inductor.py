@@ -45,6 +45,7 @@ import torch.utils._pytree as pytree
 from ..errors import InputMismatchError, UnsupportedModelError
 from ..ir.graph_info import size_hint
 from ..ir.input_check import check_inputs, input_specs_of
+from ..ir import unlift
 from .registry import register_backend
 from .lowering import run_passes
 from .lowering.qdq import INT8_LINEARS, QDQ_ATEN
@@ -67,7 +68,7 @@ class InductorRunner(torch.nn.Module):
 
     def __init__(self, exported_program):
         super().__init__()
-        self.module = exported_program.module()
+        self.module = unlift.of_exported(exported_program)
         # int8 layers with non-negative inputs on the int8 GEMM (same numerics), then the other quantize/dequantize
         # as ATen ops, which inductor fuses (backends/lowering/qdq.py)
         run_passes(self.module, (INT8_LINEARS, QDQ_ATEN))

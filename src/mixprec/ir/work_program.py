@@ -25,6 +25,7 @@ from torch.export.graph_signature import (
     TensorArgument,
 )
 
+from . import unlift
 from .written_state import WrittenState, detach_written
 
 STORED_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
@@ -125,6 +126,14 @@ class WorkProgram:
             constants=self.constants,
             verifiers=self.verifiers,
         )
+
+    def runnable(self) -> torch.fx.GraphModule:
+        """The module that runs this program (``ir/unlift.py``: one code generation, no ExportedProgram built)."""
+        self.drop_dead_code()
+        signature = self.module_call_graph[0].signature if self.module_call_graph else None
+        module = unlift.runnable(self.root, self.fx_graph, self.input_specs, self.output_specs, self.state_dict,
+                                 self.constants, signature)
+        return module if module is not None else self.to_exported().module()
 
     def rebuild_graph(self, names: dict[torch.fx.Node, str]) -> None:
         """Copy the graph into a fresh one, giving the nodes in ``names`` those names.

@@ -8,7 +8,7 @@ is captured, normalised and analysed once and each trial only
 2. realises that plan on a copy of the captured program (``rewrite.pipeline.realise``, the
    cheap structural verifier only); the fp32 reference is the one every tool compares against
    (``rewrite.pipeline.reference``);
-3. builds its module (``ExportedProgram.module()``, what the eager backend runs) and measures it.
+3. builds its module (``WorkProgram.runnable``, what the eager backend runs) and measures it.
    Eval batches of other sizes than the example run the same requests carried onto a capture
    for their sizes (``shapes.py``), realised when a batch first needs it.
 
@@ -149,7 +149,7 @@ class Trials:
         return self._guarded(realise(self.captured, plan, keep_io_types=keep_io_types, verify_each=False))
 
     def _guarded(self, work, captured: CapturedModel | None = None) -> Guarded:
-        return Guarded(work.to_exported().module(), (captured or self.captured).reset_state)
+        return Guarded(work.runnable(), (captured or self.captured).reset_state)
 
     def lowered_flops(self, lowered: Iterable) -> int:
         """The matmul/conv/attention FLOPs of the layers ``lowered`` names (bare names or (layer, dtype) pairs):
