@@ -19,6 +19,11 @@ def _layouts(mode):
             "offset_view": base[1],
             "scalar": torch.empty(()),
             "empty": torch.empty(0, 4),
+            # size-1 dims with strides a fresh tensor would not have: the conversion keeps them
+            "size_one_odd_stride": torch.empty_strided((2, 1, 4), (4, 100, 1)),
+            "transposed_size_one": torch.empty(1, 8, 6).transpose(0, 1),
+            "channels_last_3d": torch.empty(2, 3, 4, 5, 6).contiguous(memory_format=torch.channels_last_3d),
+            "channels_last_size_one": torch.empty_strided((1, 3, 1, 5), (15, 1, 15, 3)),
         }
 
 
@@ -30,7 +35,8 @@ def _same(a, b):
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "transposed", "channels_last", "expanded", "offset_view", "scalar",
-                                    "empty"])
+                                    "empty", "size_one_odd_stride", "transposed_size_one", "channels_last_3d",
+                                    "channels_last_size_one"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64, torch.int8])
 def test_equals_to_under_the_fake_mode(layout, dtype):
     mode = FakeTensorMode()
