@@ -2,6 +2,7 @@
 
     PYTHONPATH=src python bench/int8_nncf.py [--models bert,vit,resnet50,minilm] [--rounds 5] [--layers 2]
                                              [--estimators minmax,mse] [--backends openvino,eager]
+                                             [--attention sdpa|eager] [--batch 2] [--no-nncf-ptq]
 
 NNCF (pip ``nncf``) is a peer here, not a dependency of mixprec: it is imported inside this script, which
 exits with a message when it is missing.
@@ -30,7 +31,13 @@ estimator (``calibrate/int8_ranges.py``: min/max, MSE-optimal clipping) and acti
 activation on the symmetric int8 grid; ``/u8``: activations the graph proves never negative on [0, 255]);
 ``/exits`` also quantizes each int8 module's output on its way out (``configurator.QUANTIZE_EXITS``, the
 configurator's arithmetic before round two), ``/noexits`` not; ``/sq0.8`` smooths int8 Linears' inputs with alpha
-0.8 (``configurator.SMOOTHING_ALPHA``, ``calibrate/smoothing.py``), ``/nosq`` not. The configurator
+0.8 (``configurator.SMOOTHING_ALPHA``, ``calibrate/smoothing.py``), ``/nosq`` not; ``/att`` also asks int8 for
+every innermost attention module (a module whose class name holds "Attention" and that holds no other: BERT's
+BertSelfAttention, ViT's ViTAttention), which makes its matmuls between activations and its
+scaled_dot_product_attention int8 (``plan/int8_operands.py``), with ``/qkv`` quantizing SDPA's value too
+(``int8_operands.SDPA_OPERANDS``) and ``/probs`` the softmax probabilities and v of the output matmul
+(``int8_operands.QUANTIZE_PROBABILITIES``). ``--attention eager`` builds the transformers with
+``attn_implementation="eager"`` (matmul, softmax, matmul instead of one scaled_dot_product_attention), for NNCF too. The configurator
 calibrates on the inputs of ``apply``: it gets the four calibration batches concatenated along the batch axis
 (the same values the four batches hold; min/max and histograms over the concatenation equal their merge), and
 the program is compiled for the batch size of the held-out batches.
@@ -72,16 +79,19 @@ class _LastHidden(nn.Module):
         return self.model(*args).last_hidden_state
 
 
+ATTENTION = {"implementation": "sdpa", "batch": 2}  # --attention, --batch
+
+
 def _bert(layers):
     import transformers
 
     torch.manual_seed(0)
-    config = transformers.BertConfig(num_hidden_layers=layers)
+    config = transformers.BertConfig(num_hidden_layers=layers, attn_implementation=ATTENTION["implementation"])
     model = _LastHidden(transformers.BertModel(config, add_pooling_layer=False)).eval()
     gen = torch.Generator().manual_seed(1)
     batches = []
     for _ in range(CALIBRATION + HELD_OUT):
-        ids = torch.randint(0, config.vocab_size, (2, 128), generator=gen)
+        ids = torch.randint(0, config.vocab_size, (ATTENTION["batch"], 128), generator=gen)
         batches.append((ids, torch.ones_like(ids)))
     return model, batches
 
@@ -90,10 +100,10 @@ def _vit(layers):
     import transformers
 
     torch.manual_seed(0)
-    model = _LastHidden(transformers.ViTModel(transformers.ViTConfig(num_hidden_layers=layers),
-                                              add_pooling_layer=False)).eval()
+    config = transformers.ViTConfig(num_hidden_layers=layers, attn_implementation=ATTENTION["implementation"])
+    model = _LastHidden(transformers.ViTModel(config, add_pooling_layer=False)).eval()
     gen = torch.Generator().manual_seed(1)
-    return model, [(torch.randn(2, 3, 224, 224, generator=gen),) for _ in range(CALIBRATION + HELD_OUT)]
+    return model, [(torch.randn(ATTENTION["batch"], 3, 224, 224, generator=gen),) for _ in range(CALIBRATION + HELD_OUT)]
 
 
 def _resnet50(layers):
@@ -111,6 +121,7 @@ def _minilm(layers):
     trained = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(trained)
     model = trained.minilm()
+    model.bert.set_attn_implementation(ATTENTION["implementation"])
     sentences = trained.SENTENCES
     batches = [trained.tokenize(sentences[8 * i: 8 * i + 8]) for i in range(CALIBRATION + HELD_OUT)]
     return model, batches
@@ -150,7 +161,13 @@ def fake_quantize_in_float(ov_model, ov):
     return model
 
 
-def build_variants(model, batches, nncf, ov, transformer, estimators, backends):
+def innermost_attention(model) -> list[nn.Module]:
+    """Modules whose class name holds "Attention" and that hold no other such module (see ``/att``)."""
+    named = [m for m in model.modules() if "Attention" in type(m).__name__]
+    return [m for m in named if not any(o is not m and "Attention" in type(o).__name__ for o in m.modules())]
+
+
+def build_variants(model, batches, nncf, ov, transformer, estimators, backends, ptq=True):
     import mixprec
 
     calibration, held = batches[:CALIBRATION], batches[CALIBRATION:]
@@ -164,12 +181,14 @@ def build_variants(model, batches, nncf, ov, transformer, estimators, backends):
     variants["OpenVINO default"] = _ov_call(core.compile_model(ov_model, "CPU"))
     made["OpenVINO default"] = time.perf_counter() - start
 
-    start = time.perf_counter()
     dataset = nncf.Dataset(calibration, lambda batch: [t.numpy() for t in batch])
-    quantized = nncf.quantize(ov.convert_model(model, example_input=example), dataset, subset_size=CALIBRATION * 64)
-    variants["NNCF int8 PTQ, OpenVINO"] = _ov_call(core.compile_model(quantized, "CPU"))
-    made["NNCF int8 PTQ, OpenVINO"] = time.perf_counter() - start
-    variants["NNCF int8 PTQ, FakeQuantize in float"] = _ov_call(core.compile_model(fake_quantize_in_float(quantized, ov), "CPU"))
+    if ptq or not transformer:
+        start = time.perf_counter()
+        quantized = nncf.quantize(ov.convert_model(model, example_input=example), dataset, subset_size=CALIBRATION * 64)
+        variants["NNCF int8 PTQ, OpenVINO"] = _ov_call(core.compile_model(quantized, "CPU"))
+        made["NNCF int8 PTQ, OpenVINO"] = time.perf_counter() - start
+        variants["NNCF int8 PTQ, FakeQuantize in float"] = _ov_call(
+            core.compile_model(fake_quantize_in_float(quantized, ov), "CPU"))
 
     if transformer:  # NNCF's recommended setting for transformers (SmoothQuant, attention patterns ignored)
         start = time.perf_counter()
@@ -183,6 +202,7 @@ def build_variants(model, batches, nncf, ov, transformer, estimators, backends):
     from mixprec.rewrite import quantize as rewrite_quantize
 
     from mixprec import configurator
+    from mixprec.plan import int8_operands
 
     for setting in estimators:
         estimator, *options = setting.split("/")
@@ -195,6 +215,12 @@ def build_variants(model, batches, nncf, ov, transformer, estimators, backends):
         if "exits" in options or "noexits" in options:
             configurator.QUANTIZE_EXITS = "exits" in options
         alpha = getattr(configurator, "SMOOTHING_ALPHA", None)
+        sdpa_operands = getattr(int8_operands, "SDPA_OPERANDS", None)
+        probabilities = getattr(int8_operands, "QUANTIZE_PROBABILITIES", None)
+        if "qkv" in options:
+            int8_operands.SDPA_OPERANDS = (0, 1, 2)
+        if "probs" in options:
+            int8_operands.QUANTIZE_PROBABILITIES = True
         for o in options:
             if o == "nosq":
                 configurator.SMOOTHING_ALPHA = None
@@ -203,6 +229,9 @@ def build_variants(model, batches, nncf, ov, transformer, estimators, backends):
         try:
             start = time.perf_counter()
             cfg = mixprec.MixedPrecisionConfigurator(model)
+            if "att" in options:
+                for module in innermost_attention(model):
+                    cfg.set_precision(module, activation="int8")
             for kind in (nn.Linear, nn.Conv2d):
                 if any(isinstance(m, kind) for m in model.modules()):
                     cfg.set_precision(kind, activation="int8")
@@ -221,6 +250,8 @@ def build_variants(model, batches, nncf, ov, transformer, estimators, backends):
                 configurator.QUANTIZE_EXITS = exits
             if hasattr(configurator, "SMOOTHING_ALPHA"):
                 configurator.SMOOTHING_ALPHA = alpha
+            if sdpa_operands is not None:
+                int8_operands.SDPA_OPERANDS, int8_operands.QUANTIZE_PROBABILITIES = sdpa_operands, probabilities
     return variants, made
 
 
@@ -230,12 +261,12 @@ def rel_l2(outputs, references) -> float:
     return (num / den) ** 0.5
 
 
-def run_model(name, layers, rounds, nncf, ov, estimators, backends):
+def run_model(name, layers, rounds, nncf, ov, estimators, backends, ptq=True):
     model, batches = MODELS[name](layers)
     held = batches[CALIBRATION:]
     with torch.no_grad():
         references = [model(*b) for b in held]
-    variants, made = build_variants(model, batches, nncf, ov, name != "resnet50", estimators, backends)
+    variants, made = build_variants(model, batches, nncf, ov, name != "resnet50", estimators, backends, ptq)
     rows = []
     with torch.no_grad():
         errors = {v: rel_l2([fn(*b) for b in held], references) for v, fn in variants.items()}
@@ -257,9 +288,18 @@ def main(argv=None) -> int:
                         help="mixprec int8 settings to compare: range estimator (minmax, mse), optionally /s8 "
                              "(every activation symmetric int8) or /u8 (never-negative activations unsigned), "
                              "/exits or /noexits (int8 modules' outputs quantized on their way out or not), "
-                             "/sqALPHA or /nosq (activation smoothing of int8 Linears' inputs)")
+                             "/sqALPHA or /nosq (activation smoothing of int8 Linears' inputs), /att (attention int8: "
+                             "its matmuls and SDPA), /qkv (SDPA's value quantized too), /probs (the output matmul's "
+                             "probabilities and v quantized)")
     parser.add_argument("--backends", default="openvino,eager", help="backends of the mixprec int8 programs")
+    parser.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa",
+                        help="attn_implementation of the transformers: one scaled_dot_product_attention or eager "
+                             "matmul/softmax/matmul")
+    parser.add_argument("--batch", type=int, default=2, help="batch size of bert and vit (minilm: 8 sentences)")
+    parser.add_argument("--no-nncf-ptq", action="store_true",
+                        help="transformers: NNCF in its TRANSFORMER mode only (saves a quantization per model)")
     args = parser.parse_args(argv)
+    ATTENTION.update(implementation=args.attention, batch=args.batch)
     try:
         import nncf
         import openvino as ov
@@ -280,7 +320,7 @@ def main(argv=None) -> int:
     rows = []
     for name in args.models.split(","):
         rows += run_model(name.strip(), args.layers, args.rounds, nncf, ov, args.estimators.split(","),
-                          args.backends.split(","))
+                          args.backends.split(","), not args.no_nncf_ptq)
         print(harness.table([r for r in rows if r["model"] == name.strip()],
                             ["model", "variant", "rel-L2 vs fp32", "ms", "x fp32 eager", "build s"]), flush=True)
     return 0

@@ -488,3 +488,119 @@ def test_smoothed_int8_programs_compute_the_same_on_every_backend(backend):
             close = torch.isclose(g, w, atol=1e-4, rtol=1e-4)
             assert float(close.float().mean()) >= 0.99, float((g - w).abs().max())
             assert float((g - w).abs().max()) < 0.05 * float(w.abs().max())
+
+
+class OneModuleAttention(nn.Module):
+    """Attention computed in one module (as nn.MultiheadAttention does): its q, k, v and probabilities are made in the
+    module itself, so no value enters it between the projections and the attention's matmuls."""
+
+    def __init__(self, dim=32, heads=4, sdpa=True):
+        super().__init__()
+        self.heads, self.sdpa = heads, sdpa
+        self.w_qkv = nn.Parameter(torch.randn(3 * dim, dim) / dim ** 0.5)
+        self.w_out = nn.Parameter(torch.randn(dim, dim) / dim ** 0.5)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = F.linear(x, self.w_qkv).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        if self.sdpa:
+            y = F.scaled_dot_product_attention(q, k, v)
+        else:
+            y = torch.softmax(q @ k.transpose(-1, -2) * (d // self.heads) ** -0.5, dim=-1) @ v
+        return F.linear(y.transpose(1, 2).reshape(b, t, d), self.w_out)
+
+
+def _reads(prog, layer):
+    """The ops that make each input of ``layer`` in the compiled program (dequantize_per_tensor(_u8) when quantized)."""
+    node = next(n for n in prog.exported_program.graph.nodes if n.name == layer)
+    return [str(a.target) if isinstance(a, torch.fx.Node) else None for a in node.args[:3]]
+
+
+def test_int8_attention_quantizes_query_and_key_of_sdpa_made_in_the_module(monkeypatch):
+    """set_precision on a module that runs scaled_dot_product_attention: its query and key are quantized per tensor
+    where the attention reads them, although the module makes them itself (plan/int8_operands.py), with calibrated
+    ranges; v stays float (no int8 kernel for probs @ v without quantized probabilities). Eager reference: the same
+    fake quantization written out, min/max ranges."""
+    from mixprec import configurator
+    from mixprec.calibrate import int8_ranges
+
+    monkeypatch.setattr(configurator, "SMOOTHING_ALPHA", None)
+    monkeypatch.setattr(int8_ranges, "DEFAULT_ESTIMATOR", "minmax")
+    torch.manual_seed(0)
+    model = OneModuleAttention().eval()
+    x = torch.randn(2, 8, 32)
+    plan, prog = compiled(model, (x,), lambda cfg, m: cfg.set_precision(m, activation="int8"))
+    spec = plan["scaled_dot_product_attention"].int8
+    assert len(spec.inputs) == 2 and _reads(prog, "scaled_dot_product_attention")[:2] == [
+        "mixprec.dequantize_per_tensor.default"] * 2
+    assert _reads(prog, "scaled_dot_product_attention")[2] != "mixprec.dequantize_per_tensor.default"
+
+    def fq(t, calibrated):  # ranges: the fp32 model's values on the calibration inputs
+        return _fake_quant(t, calibrated.min().item(), calibrated.max().item())
+
+    def wq(w):
+        scale = (w.abs().amax(dim=1) / 127)[:, None]
+        return torch.clamp(torch.round(w / scale), -127, 127) * scale
+
+    with torch.no_grad():
+        b, t, d = x.shape
+        q32, k32, _ = F.linear(x, model.w_qkv).view(b, t, 3, 4, d // 4).permute(2, 0, 3, 1, 4)
+        q, k, v = F.linear(fq(x, x), wq(model.w_qkv)).view(b, t, 3, 4, d // 4).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(fq(q, q32), fq(k, k32), v)
+        want = F.linear(y.transpose(1, 2).reshape(b, t, d), wq(model.w_out))
+    assert_same_outputs(prog(x), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("probabilities", [False, True])
+def test_int8_attention_quantizes_both_operands_of_its_matmuls(monkeypatch, probabilities):
+    """An eager attention (matmul, softmax, matmul) in one int8 module: q @ k^T reads q and k quantized; probs @ v
+    reads the probabilities on the unsigned grid (never negative) and v on the signed one with QUANTIZE_PROBABILITIES,
+    else float (NNCF's TRANSFORMER mode leaves it float too)."""
+    from mixprec.plan import int8_operands
+
+    monkeypatch.setattr(int8_operands, "QUANTIZE_PROBABILITIES", probabilities)
+    torch.manual_seed(0)
+    model = OneModuleAttention(sdpa=False).eval()
+    x = torch.randn(2, 8, 32)
+    plan, prog = compiled(model, (x,), lambda cfg, m: cfg.set_precision(m, activation="int8"))
+    scores, output = [n for n in plan if n.startswith("matmul")]
+    assert _reads(prog, scores)[:2] == ["mixprec.dequantize_per_tensor.default"] * 2
+    if probabilities:
+        assert _reads(prog, output)[:2] == ["mixprec.dequantize_per_tensor_u8.default",
+                                            "mixprec.dequantize_per_tensor.default"]
+        assert plan[output].int8.input_range(plan[output].int8.inputs[0][0])[0] >= 0.0
+    else:
+        assert plan[output].int8 is None or not plan[output].int8.inputs
+        assert "operands stay float" in plan[output].reason  # int8 as asked, and the reason says what runs
+        assert "dequantize" not in " ".join(str(r) for r in _reads(prog, output))
+    ref = model(x)
+    assert 0 < float((prog(x) - ref).norm() / ref.norm()) < 0.1
+
+
+def test_int8_attention_module_of_a_transformers_layer_quantizes_its_sdpa_inputs(monkeypatch):
+    """A BertSelfAttention (q, k, v Linears as children, SDPA in the module itself) asked for int8: q and k reach the
+    attention on the int8 grid (quantized once, where they enter the module through view/transpose); v, whose only
+    reader is the attention's value, is not quantized."""
+    transformers = pytest.importorskip("transformers")
+    from mixprec.ops.names import op_name, packet_name
+    from mixprec.ops.table import MOVEMENT_OPS
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64,
+                                     vocab_size=100, attn_implementation="sdpa")
+    model = transformers.BertModel(config, add_pooling_layer=False).eval()
+    ids = torch.randint(0, 100, (2, 8))
+    attention = model.encoder.layer[0].attention.self
+    plan, prog = compiled(model, (ids,), lambda cfg, m: cfg.set_precision(attention, activation="int8"))
+    graph = prog.exported_program.graph
+    sdpa = next(n for n in graph.nodes if n.name == "scaled_dot_product_attention")
+
+    def quantized(value):  # a dequantized value, seen through views and transposes
+        while value.target not in (torch.ops.mixprec.dequantize_per_tensor.default,
+                                   torch.ops.mixprec.dequantize_per_tensor_u8.default):
+            if value.op != "call_function" or packet_name(op_name(value.target)) not in MOVEMENT_OPS:
+                return False
+            value = value.args[0]
+        return True
+
+    assert [quantized(a) for a in sdpa.args[:3]] == [True, True, False]

@@ -9,6 +9,7 @@ from helpers import captured
 from models import Attention, MaskedScores, SensitiveByConstruction
 
 import mixprec
+from mixprec.ir.frontend import CapturedModel
 from mixprec.plan import planner
 from mixprec.searching.groups import find_groups, low_flops_fraction
 from mixprec.plan.options import PlanningOptions
@@ -79,3 +80,65 @@ def test_low_flops_fraction_is_the_reports(lowered):
     plan = planner.build_plan(info, PlanningOptions(plan=requests))
     report = mixprec.compile(model, inputs, plan=requests).report
     assert low_flops_fraction(info, plan) == pytest.approx(report.summary["low_precision_flops_fraction"])
+
+
+class _EagerAttention(torch.nn.Module):
+    """q @ k^T with an additive float mask, softmax, probs @ v: matmuls between activations, no module of their own."""
+
+    def __init__(self, dim=16):
+        super().__init__()
+        self.q, self.k, self.v = (torch.nn.Linear(dim, dim) for _ in range(3))
+
+    def forward(self, x, mask):
+        scores = self.q(x) @ self.k(x).transpose(-1, -2) / 4.0 + mask
+        return torch.softmax(scores, dim=-1) @ self.v(x)
+
+
+def _mask():
+    mask = torch.zeros(2, 6, 6)
+    mask[:, :, 4:] = torch.finfo(torch.float32).min
+    return mask
+
+
+def test_an_int8_attention_group_quantizes_its_operands_with_calibrated_ranges():
+    """search(low_precision_type="int8"): an int8 scaled_dot_product_attention group quantizes its query and key
+    (plan/int8_operands.py) with ranges from the search's calibration, never its mask; the compiled plan reads them
+    dequantized from the int8 grid."""
+    from mixprec.calibrate import entry
+
+    torch.manual_seed(0)
+    model = Attention().eval()
+    inputs = Attention.example_inputs()
+    result = quiet_search(model, inputs, low_precision_type="int8", tolerance=1.0)
+    spec = result.plan["scaled_dot_product_attention"].int8
+    assert result.plan["scaled_dot_product_attention"].precision == torch.int8
+    names = [name for name, _ in spec.inputs]
+    assert len(names) == 2
+    capture = CapturedModel(model, inputs)
+    sdpa = next(n for n in capture.base.graph.nodes if n.name == "scaled_dot_product_attention")
+    assert names == [a.name for a in sdpa.args[:2]]
+    calibrated = entry.run(capture, None, statistics=False, int8_values=set(names)).int8_ranges
+    for name, value_range in spec.inputs:
+        assert value_range == pytest.approx(calibrated[name]) and value_range[0] < 0 < value_range[1]
+    prog = mixprec.compile(model, inputs, plan=result.plan)
+    node = next(n for n in prog.exported_program.graph.nodes if n.name == "scaled_dot_product_attention")
+    assert [a.target for a in node.args[:2]] == [torch.ops.mixprec.dequantize_per_tensor.default] * 2
+
+
+def test_eager_attention_groups_int8_the_scores_matmul_not_the_mask_nor_the_output_matmul():
+    """The scores matmul's int8 boundary is its two operands (not the float mask the add reads); the output matmul
+    (probs @ v) is not offered int8 (its operands stay float: int8_operands.QUANTIZE_PROBABILITIES)."""
+    from mixprec.searching.groups import int8_boundary, without_int8_operands
+
+    torch.manual_seed(0)
+    model = _EagerAttention().eval()
+    capture = CapturedModel(model, (torch.randn(2, 6, 16), _mask()))
+    info = capture.info
+    scores, output = [n for n in info if n.startswith("matmul")]
+    strong = planner.build_plan(info, PlanningOptions())
+    lowered = strong.with_nodes({n: mixprec.NodePrecision(BF16, None, "autocast_rule", "low") for n in strong})
+    groups = {g.name: g for g in find_groups(info, strong, lowered, without_int8_operands(capture))}
+    assert groups[scores].takes(torch.int8) and not groups[output].takes(torch.int8)
+    assert groups[output].takes(BF16)
+    node = next(n for n in capture.base.graph.nodes if n.name == scores)
+    assert int8_boundary(capture, scores)[0] == tuple(a.name for a in node.args[:2])

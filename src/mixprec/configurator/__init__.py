@@ -25,6 +25,12 @@ measurement (bench/int8_nncf.py, bench/RESULTS.md "Issue 22 round two: int8 nume
 input that is not provably non-negative is smoothed (``calibrate/smoothing.py``, :data:`SMOOTHING_ALPHA`): the
 per-channel divisors come from one more calibration pass (per-channel ranges) and travel in the plan's
 ``Int8Spec.smoothing``; the rewrite (``rewrite/quantize.py``) applies them to copies in the captured program.
+
+Matmuls between two activations and ``scaled_dot_product_attention`` have no module of their own; an int8 request
+on a module that runs them (an attention module, or the whole model) quantizes their operands too, wherever they
+are made — once, where they enter the module when they come from outside through views — and never an input that is
+no operand (SDPA's mask): ``plan/int8_operands.py`` says which (SDPA: query and key; an attention's output matmul:
+none by default), and why.
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ from ..ir.capture import as_input_tuple
 from ..ir.sign import is_nonnegative
 from ..ir.frontend import CapturedModel
 from ..ir.work_program import STORED_KINDS, WorkProgram
-from ..plan import planner
+from ..plan import int8_operands, planner
 from ..plan.options import PlanningOptions
 from ..plan.precision_plan import Int8Spec, NodePrecision, PrecisionPlan
 from ..rewrite.pipeline import realise
@@ -197,6 +203,7 @@ class _Resolver:
         self.strict = strict
         self.problems: list[str] = []
         self.smoothed: dict = {}  # int8 Linear input -> (divisors, range, readers): what the log states
+        self.operandless: frozenset[str] = frozenset()  # int8 matmul-class layers whose operands stay float
         self._signs: dict = {}  # the sign analysis's memory
         self.marker_ranges: dict = {}  # int8 marker regions without ranges: calibrated in decide()
         self.winner: dict[str, Request] = {}  # layer -> request whose activation it gets
@@ -242,6 +249,9 @@ class _Resolver:
             if smoothed:
                 reason += (f"; input {', '.join(smoothed)} smoothed: divided per channel by s, weight columns "
                            f"multiplied by s (alpha {SMOOTHING_ALPHA})")
+            if activation == torch.int8 and name in self.operandless:
+                reason += ("; its operands stay float: the attention's output matmul reads the softmax probabilities "
+                           "(plan/int8_operands.py, QUANTIZE_PROBABILITIES)")
             out[name] = NodePrecision(
                 activation, None, "plan", reason, param if param != activation else None, int8.get(name)
             )
@@ -323,6 +333,11 @@ class _Resolver:
                 ]
                 if QUANTIZE_EXITS and any(user.name not in group for user in nodes[name].users):
                     exits.add(name)
+            # matmul-class and attention layers: their activation operands, wherever made (plan/int8_operands.py)
+            in_order = [n for n in nodes.values() if n.name in group]
+            self.operandless |= {n.name for n in in_order if int8_operands.is_operand_op(n)
+                                 and not int8_operands.operands(n, stored)}
+            entries.update(int8_operands.place(in_order, frozenset(group), entries, stored))
         wanted = {n for names in entries.values() for n in names} | exits
         ranges = calibration.ranges(wanted)
         smoothed = self._smoothing(groups, entries, nodes, calibration)

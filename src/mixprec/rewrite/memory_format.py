@@ -7,8 +7,9 @@ GEMM: it expands the weight per batch and runs ``bmm`` — about 100x slower tha
 linear on a contiguous copy of the input (116 ms vs 1.2 ms for 8x128x512 @ 512x1536 in bf16;
 ``bench/layout.py``). Making the input contiguous first costs one copy of the activation.
 
-Only layers whose precision the plan changed get this: the layers the code types itself
-keep exactly eager PyTorch's kernels, so strong typing stays bit-identical to eager.
+Only layers whose compute dtype the plan changed get this: the layers the code types itself
+keep exactly eager PyTorch's kernels, so strong typing stays bit-identical to eager; int8 layers compute in
+float32 on dequantized values (the copy would only sit between an operand and its quantization).
 
 Before::                                      After::
 
@@ -49,7 +50,7 @@ def contiguous_matmul_inputs(ctx: RewriteContext) -> PassResult:
     for node in list(graph.nodes):
         info = ctx.info.get(node.name)
         decision = ctx.plan.get(node.name)
-        if info is None or decision is None or info.packet not in MATMUL_OPS or decision.precision == info.precision:
+        if info is None or decision is None or info.packet not in MATMUL_OPS or decision.compute_dtype == info.precision:
             continue
         inp = node.args[0] if node.args else None
         val = inp.meta.get("val") if isinstance(inp, torch.fx.Node) else None

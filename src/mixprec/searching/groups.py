@@ -23,7 +23,9 @@ judge the float low type, and int8 with calibrated ranges is no remedy for inf/N
 int8 is offered only to groups that carry FLOPs (matmul, convolution, attention): only there does an int8
 kernel replace float arithmetic; an int8 norm, add or activation runs in float between a quantize and a
 dequantize (``rewrite/quantize.py``), which adds error and time and saves nothing. Its boundary is the
-configurator's for a module of one layer (:func:`int8_boundary`).
+configurator's for a module of one layer (:func:`int8_boundary`); for a matmul between activations and for
+attention that is its operands (``plan/int8_operands.py``: SDPA's query and key, never its mask), and a layer whose
+operands int8 leaves float (an attention's output matmul) is not offered int8.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import torch
 
 from ..ir.graph_info import GraphInfo
 from ..ir.work_program import STORED_KINDS
+from ..plan import int8_operands
 from ..plan.precision_plan import PrecisionPlan
 from ..plan.sources.autocast_rules import lowerable
 
@@ -47,17 +50,21 @@ class LayerGroup:
     flops: int
     index: int  # position among the graph's layers
     unsafe: str | None = None  # why it must stay fp32, when a safety rule says so
+    int8: bool = True  # False: a matmul-class/attention layer whose operands int8 leaves float (int8_operands.py)
 
     def takes(self, dtype: torch.dtype) -> bool:
-        """Whether the search offers this low type to the group (int8: FLOP-carrying layers only)."""
-        return self.flops > 0 if dtype == torch.int8 else True
+        """Whether the search offers this low type to the group (int8: FLOP-carrying layers that it quantizes)."""
+        return self.flops > 0 and self.int8 if dtype == torch.int8 else True
 
 
-def find_groups(info: GraphInfo, strong: PrecisionPlan, safe: PrecisionPlan) -> list[LayerGroup]:
+def find_groups(
+    info: GraphInfo, strong: PrecisionPlan, safe: PrecisionPlan, no_int8: frozenset[str] = frozenset()
+) -> list[LayerGroup]:
     """Candidate groups in graph order.
 
     ``strong`` is the plan of the model as written (no autocast); ``safe`` the same with the
-    safety rules on: a candidate it keeps in fp32 is unsafe.
+    safety rules on: a candidate it keeps in fp32 is unsafe. ``no_int8``: layers int8 would not quantize
+    (:func:`without_int8_operands`).
     """
     groups = []
     for index, (name, node) in enumerate(info.items()):
@@ -72,7 +79,9 @@ def find_groups(info: GraphInfo, strong: PrecisionPlan, safe: PrecisionPlan) -> 
             continue
         verdict = safe[name]
         unsafe = verdict.reason if verdict.precision == torch.float32 else None
-        groups.append(LayerGroup(name, node.op, node.module, node.module_type, node.flops, index, unsafe))
+        groups.append(
+            LayerGroup(name, node.op, node.module, node.module_type, node.flops, index, unsafe, name not in no_int8)
+        )
     return groups
 
 
@@ -94,13 +103,34 @@ def int8_boundary(captured, name: str) -> tuple[tuple[str, ...], str]:
     """(float inputs quantized on their way in, the value quantized on its way out) of layer ``name`` in int8:
     the configurator's boundary of a module that holds this one layer — every floating input that is not a
     stored tensor (parameters are quantized per channel from themselves), and its output."""
-    stored = {s.arg.name for s in captured.base.input_specs if s.kind in STORED_KINDS and hasattr(s.arg, "name")}
+    stored = _stored(captured)
+    graph_node = _node(captured, name)
+    if int8_operands.is_operand_op(graph_node):  # matmul-class and attention layers: their operands only
+        return tuple(v.name for v in int8_operands.operands(graph_node, stored)), name
     node = captured.info[name]
     inputs = tuple(
         inp for inp, dtype in node.input_dtypes.items()
         if dtype is not None and dtype.is_floating_point and inp not in stored and inp != name
     )
     return inputs, name
+
+
+def without_int8_operands(captured) -> frozenset[str]:
+    """Matmul-class and attention layers whose operands int8 leaves float (an attention's output matmul without
+    ``int8_operands.QUANTIZE_PROBABILITIES``): int8 would only relabel them, so the search does not offer it."""
+    stored = _stored(captured)
+    return frozenset(
+        node.name for node in captured.base.graph.nodes
+        if int8_operands.is_operand_op(node) and not int8_operands.operands(node, stored)
+    )
+
+
+def _stored(captured) -> frozenset[str]:
+    return frozenset(s.arg.name for s in captured.base.input_specs if s.kind in STORED_KINDS and hasattr(s.arg, "name"))
+
+
+def _node(captured, name: str) -> torch.fx.Node:
+    return next(n for n in captured.base.graph.nodes if n.name == name)
 
 
 def int8_values(captured) -> set[str]:

@@ -32,7 +32,7 @@ from ..plan import autocast, planner
 from ..plan.options import PlanningOptions, RuleOptions
 from ..plan.rules.ranges import IOBound
 from ..progress import Progress
-from .groups import LayerGroup, find_groups, int8_values
+from .groups import LayerGroup, find_groups, int8_values, without_int8_operands
 from .metrics import run_batch
 from .shapes import BatchSizes
 from .trials import ProgramFailed, Trials
@@ -116,7 +116,8 @@ def build_study(
         max_output_threshold=IOBound(top, f"{dtype_name(options.low)}'s largest value {top:.6g}"),
     )
     safe = planner.build_plan(info, PlanningOptions(rules=rules), context, int8_ranges=ranges)
-    groups = [g for g in find_groups(info, strong, safe) if any(g.takes(d) for d in options.lows)]
+    no_int8 = without_int8_operands(captured) if torch.int8 in options.lows else frozenset()
+    groups = [g for g in find_groups(info, strong, safe, no_int8) if any(g.takes(d) for d in options.lows)]
     baseline = trials.measure(()).value
     study = Study(info, groups, trials, baseline)
     _measure_groups(study, progress)

@@ -139,3 +139,54 @@ def test_int8_kernel_lowering_uses_fake_quantize_patterns():
     plain = ov_convert.for_openvino(program, int8_kernels=False)
     assert not any("quantize" in str(n.target) for n in plain.graph.nodes)
     assert any(n.target is torch.ops.mixprec.quantize_per_tensor.default for n in program.graph.nodes)  # unchanged
+
+
+class _Attention(nn.Module):
+    """Self-attention whose projections and scaled_dot_product_attention run in one module."""
+
+    def __init__(self, dim=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.w_qkv = nn.Parameter(torch.randn(3 * dim, dim) / dim ** 0.5)
+        self.w_out = nn.Parameter(torch.randn(dim, dim) / dim ** 0.5)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = nn.functional.linear(x, self.w_qkv).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        y = nn.functional.scaled_dot_product_attention(q, k, v)
+        return nn.functional.linear(y.transpose(1, 2).reshape(b, t, d), self.w_out)
+
+
+def _int8_attention():
+    torch.manual_seed(0)
+    model = _Attention().eval()
+    x = torch.randn(2, 16, 32)
+    configurator = mixprec.MixedPrecisionConfigurator(model)
+    configurator.set_precision(model, activation="int8")
+    return model, x, configurator.apply((x,))
+
+
+def test_int8_attention_computes_the_eager_fake_quantization_in_float():
+    """An int8 attention (query and key quantized where scaled_dot_product_attention reads them) lowered to float
+    arithmetic for OpenVINO (CPUs without VNNI): the eager backend's values, up to float32 rounding."""
+    model, x, plan = _int8_attention()
+    assert len(plan["scaled_dot_product_attention"].int8.inputs) == 2
+    eager = mixprec.compile(model, (x,), plan=plan)
+    prog = mixprec.compile(model, (x,), plan=plan, backend="openvino")
+    torch.testing.assert_close(prog(x), eager(x), rtol=1e-5, atol=1e-5)
+    assert 1e-4 < rel(eager(x), model(x)) < 0.1  # and the plan is int8 (not a copy of the fp32 model)
+
+
+def test_int8_attention_runs_an_int8_matmul_on_openvino_kernels(monkeypatch):
+    """Handed to OpenVINO's int8 kernels (forced here, as on a VNNI CPU), the FakeQuantize on the attention's query
+    and key make OpenVINO's CPU plugin run the scores MatMul it decomposes scaled_dot_product_attention into in
+    i8 (its runtime graph's runtimePrecision); probs @ v stays f32 (v is not quantized). The values of int8 kernels
+    without VNNI are not checked (they saturate)."""
+    from mixprec.backends.openvino.audit import runtime_layers
+
+    model, x, plan = _int8_attention()
+    monkeypatch.setattr(cpu, "has_int8_dot_product", lambda: True)
+    prog = mixprec.compile(model, (x,), plan=plan, backend="openvino")
+    compiled = next(m.compiled_model for m in prog.modules() if hasattr(m, "compiled_model"))
+    matmuls = sorted(layer["precision"] for layer in runtime_layers(compiled) if layer["type"] == "MatMul")
+    assert len(matmuls) == 2 and matmuls[0] == "f32" and matmuls[1] in ("i8", "u8"), matmuls
