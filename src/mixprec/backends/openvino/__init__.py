@@ -16,6 +16,10 @@ concern per module:
   bf16, every bf16/fp16 layer on a CPU without it) is accepted and reported (``runs_as``), a narrower one is
   refused with UnsupportedModelError naming the report's nodes and modules;
 * ``io.py`` — a call's tensors to OpenVINO's ports and back, the output structure put back.
+* ``float_form.py`` — a program with bf16 layers is compiled in NNCF's form instead: an f32 graph without float
+  Converts, ``INFERENCE_PRECISION_HINT=bf16``, the plan's f32 layers pinned through rt_info; the audit judges it
+  against the plan, and a pin that does not hold makes the runner compile the stated types as above (issue 22:
+  the stated Converts between int8 and bf16 layers made mixed plans slower than int8 alone).
 
 Save/load: a saved program is the ExportedProgram; loading with this backend converts and compiles it
 again (no OpenVINO blob is stored: it is tied to the OpenVINO version and the CPU it was compiled on).
