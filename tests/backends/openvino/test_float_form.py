@@ -169,3 +169,57 @@ def test_the_audit_judges_the_float_form_against_the_plan(monkeypatch, int8_kern
     assert narrower == {}
     norms = [r for r in prog.report.layers if r.module_type.endswith("LayerNorm")]
     assert norms and all(r.precision == torch.float32 and r.runs_as is None for r in norms)
+
+
+def test_the_runner_keeps_the_compiled_model_only_and_rebuilds_the_models_on_demand(int8_kernels):
+    """The ov.Models are not kept after compile (the float form read back from IR holds a copy of the weights of its
+    own); converted_model and stated_model convert the program again, into the same models."""
+    model, inputs, plan = _bert_mixed(fp32_norms=True)
+    prog = mixprec.compile(model, inputs, plan=plan, backend="openvino")
+    runner = _runner(prog)
+    assert runner.form == ov_runner.FORM_FLOAT
+    assert runner.__dict__["_models"] == {}  # nothing but the compiled model after compile
+    float_model, stated = runner.converted_model, runner.stated_model
+    assert runner.converted_model is float_model  # rebuilt once, then kept
+    assert ff.pinned_ops(float_model) and not ff.pinned_ops(stated)
+    assert not _activation_converts(float_model) and _activation_converts(stated)
+    # the rebuilt float form is the one compiled: compiled again, it computes the same values
+    compiled = ov.Core().compile_model(float_model, "CPU", dict(ff.FLOAT_FORM_CONFIG))
+    want = runner.compiled_model([t.numpy() for t in inputs])[0]
+    assert (compiled([t.numpy() for t in inputs])[0] == want).all()
+
+
+def test_the_ir_round_trip_lives_in_a_private_directory_removed_afterwards_also_on_errors(monkeypatch, tmp_path):
+    """The pins need OpenVINO's IR reader: the model is written to a temporary directory only this user can read
+    (mode 0700), read into memory (no mmap of a file about to go) and the directory removed — also when reading
+    fails."""
+    import tempfile
+
+    from openvino import opset13
+
+    param = opset13.parameter([2, 4], ov.Type.f32, name="x")
+    relu = opset13.relu(param)
+    relu.get_rt_info()[ff.PIN_KEY] = ff.PIN_VALUE
+    small = ov.Model([relu], [param], "small")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    modes = []
+    real_save = ov.save_model
+
+    def save_model(model, path, **kwargs):
+        import os
+
+        modes.append(os.stat(os.path.dirname(path)).st_mode & 0o777)
+        real_save(model, path, **kwargs)
+
+    monkeypatch.setattr(ov, "save_model", save_model)
+    read = ff._through_ir(ov, small)
+    assert modes == [0o700] and list(tmp_path.iterdir()) == []
+    assert ff.pinned_ops(read) == [relu.get_friendly_name()]
+
+    def read_model(self, *args, **kwargs):
+        raise RuntimeError("simulated read failure")
+
+    monkeypatch.setattr(ov.Core, "read_model", read_model)
+    with pytest.raises(RuntimeError, match="simulated"):
+        ff._through_ir(ov, small)
+    assert list(tmp_path.iterdir()) == []

@@ -1,9 +1,13 @@
 """The compiled OpenVINO program: a callable like the model, a pool of infer requests, and what it computes in.
 
 ``OpenVINORunner`` converts the program (``convert.py``), reshapes the model to the program's input specs,
-compiles it for OpenVINO's ``"CPU"`` device with :data:`COMPILE_CONFIG`, and audits the runtime model
-(``audit.py``): a layer the plugin computes in a *wider* float type than planned is accepted and reported
-(``computes_in``, the records' ``runs_as``), a narrower one refused with UnsupportedModelError.
+compiles it for OpenVINO's ``"CPU"`` device and audits the runtime model (``audit.py``): a layer the plugin
+computes in a *wider* float type than planned is accepted and reported (``computes_in``, the records'
+``runs_as``), a narrower one refused with UnsupportedModelError. Which model is compiled (``form``): a program
+with bf16 layers in NNCF's form (``float_form.py``, :data:`~.float_form.FLOAT_FORM_CONFIG`: f32 graph, bf16
+inference precision, fp32 layers pinned) when the audit accepts it; otherwise — every other program, or a float
+form in which a pin did not hold — the stated types with :data:`COMPILE_CONFIG` (f32 inference precision).
+After compiling only the compiled model is kept; ``converted_model``/``stated_model`` convert again on demand.
 
 Dynamic dimensions: OpenVINO's frontend makes every dimension dynamic; the converted model is reshaped to
 the program's input specs — static sizes static, dimensions captured as dynamic bounded by their ranges
@@ -75,16 +79,17 @@ class OpenVINORunner(torch.nn.Module):
                 "(it merges outputs that are the same value); run it with backend='eager' or 'inductor'."
             )
         core = ov.Core()
-        self.__dict__["_stated_model"] = model
-        model, self.form = self._compile(ov, core, exported_program, converted, model)
-        self.__dict__["_model"] = model
+        self.form = self._compile(ov, core, exported_program, converted, model)
+        # Only the compiled model is kept: it holds its own copy of the weights, and the openvino.Models (the float
+        # form read back from IR holds another copy) are rebuilt on demand by converted_model and stated_model.
+        self.__dict__["_models"] = {}
         self._idle: queue.SimpleQueue = queue.SimpleQueue()
         self._idle.put(self._compiled.create_infer_request())
 
     def _compile(self, ov, core, exported_program, converted: Converted, stated):
         """Compile the float form (``float_form.py``: an f32 graph with bf16 inference precision, NNCF's form) where
         the program has bf16 layers and the audit accepts it, else the stated types with f32 inference precision.
-        Sets ``_compiled`` and ``computes_in``; returns (the model compiled, which form)."""
+        Sets ``_compiled`` and ``computes_in``; returns which form was compiled."""
         declared = declared_precisions(stated)
         form = float_form(ov, stated, declared, names=converted.names, int8_nodes=int8_nodes(exported_program),
                           int8_kernels=converted.int8_kernels)
@@ -94,7 +99,7 @@ class OpenVINORunner(torch.nn.Module):
             if not result.narrower:
                 self.__dict__["_compiled"] = compiled
                 self.computes_in = _computes_in(result, optimization_capabilities(core))
-                return form.model, FORM_FLOAT
+                return FORM_FLOAT
             log.info("OpenVINO ran %d layer(s) of the f32 form narrower than planned (%s); compiling the stated "
                      "types with f32 inference precision instead", len(result.narrower),
                      ", ".join(f"{m.layer}: {m.planned} -> {m.runs}" for m in result.narrower[:5]))
@@ -108,7 +113,7 @@ class OpenVINORunner(torch.nn.Module):
             )
         self.__dict__["_compiled"] = compiled
         self.computes_in = _computes_in(result, optimization_capabilities(core))
-        return stated, FORM_STATED
+        return FORM_STATED
 
     def forward(self, *args, **kwargs):
         from ...ir.call_signature import flat_user_inputs
@@ -139,13 +144,29 @@ class OpenVINORunner(torch.nn.Module):
 
     @property
     def converted_model(self):
-        """The ``openvino.Model`` it was compiled from: the float form (``form == FORM_FLOAT``) or the stated types."""
-        return self._model
+        """The ``openvino.Model`` it was compiled from: the float form (``form == FORM_FLOAT``) or the stated types.
+        Rebuilt from the program on first use (the runner keeps only the compiled model), then kept."""
+        return self._rebuilt(self.form)
 
     @property
     def stated_model(self):
-        """The ``openvino.Model`` with the element types the program states (converted before any float form)."""
-        return self._stated_model
+        """The ``openvino.Model`` with the element types the program states (converted before any float form).
+        Rebuilt from the program on first use, then kept."""
+        return self._rebuilt(FORM_STATED)
+
+    def _rebuilt(self, form: str):
+        """The model of ``form`` converted again from the program, as __init__ built it (same conversion, same
+        input shapes, same float form: each is a function of the program and this CPU)."""
+        if form not in self._models:
+            ov = import_openvino()
+            converted = convert_program(self._program)
+            model = converted.model
+            set_input_shapes(ov, model, bind_inputs(model, self._user_inputs), self._specs)
+            if form == FORM_FLOAT:
+                model = float_form(ov, model, declared_precisions(model), names=converted.names,
+                                   int8_nodes=int8_nodes(self._program), int8_kernels=converted.int8_kernels).model
+            self._models[form] = (converted.prepared, model)  # its constants share the prepared program's memory
+        return self._models[form][1]
 
 
 # ---- precisions -----------------------------------------------------------------------------
