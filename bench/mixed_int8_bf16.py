@@ -20,6 +20,13 @@ Rows, one interleaved timing run per model (``harness.interleaved``, median ms o
 to f32. The speed bar (mixed >= int8 alone) is judged on a CPU with avx512_bf16 + VNNI; on a CPU without them
 (the script prints the flags) OpenVINO runs bf16 as f32 and mixprec's int8 layers as float fake quantization, so
 the times say nothing about it there — only the Convert counts and the errors do.
+
+``--costs``: instead of the table, on BERT (``--layers``, 1 calibration batch) with the mixed plan, (a) what the
+OpenVINO backend's compile spends on the float form — the whole compile, ``float_form`` (of which the IR
+save/read that makes the pins real) and each ``compile_model`` — and (b) the graph the inductor backend hands
+TorchInductor (``backends/lowering``'s passes on the program, as ``InductorRunner`` runs them): int8 linears on
+oneDNN's kernel by output dtype and the casts float32 -> bf16 left after int8 layers, on this CPU and with the
+CPU checks forced to a VNNI + avx512_bf16 CPU.
 """
 
 from __future__ import annotations
@@ -103,11 +110,71 @@ def run_model(name, layers, rounds, nncf, ov):
     return rows
 
 
+def costs(layers, ov) -> None:
+    import time
+
+    import mixprec
+    from mixprec.backends.lowering import cpu, run_passes
+    from mixprec.backends.lowering.onednn import KERNEL
+    from mixprec.backends.lowering.qdq import INT8_LINEARS, QDQ_ATEN
+    from mixprec.backends.openvino import float_form as ff
+    from mixprec.backends.openvino import runner as ov_runner
+
+    model, batches = peers.MODELS["bert"](layers)
+    plan = _plan(model, batches[:1], bf16=True)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+    spent = {"float_form": 0.0, "IR save/read": 0.0, "compile_model": []}
+    real = {"form": ov_runner.float_form, "ir": ff._through_ir, "compile": ov_runner._compile_model}
+
+    def timed(key, fn):
+        def run(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                took = time.perf_counter() - start
+                spent[key].append(took) if isinstance(spent[key], list) else spent.__setitem__(key, spent[key] + took)
+        return run
+
+    ov_runner.float_form, ff._through_ir = timed("float_form", real["form"]), timed("IR save/read", real["ir"])
+    ov_runner._compile_model = timed("compile_model", real["compile"])
+    try:
+        start = time.perf_counter()
+        prog = mixprec.compile(model, batches[0], plan=plan, backend="openvino")
+        total = time.perf_counter() - start
+    finally:
+        ov_runner.float_form, ff._through_ir, ov_runner._compile_model = real["form"], real["ir"], real["compile"]
+    runner = _runner(prog)
+    print(f"OpenVINO, BERT-base widths x {layers} layers ({weights:.0f} MiB fp32 weights), mixed plan: form "
+          f"'{runner.form}'; compile {total:.1f} s; float_form {spent['float_form']:.2f} s, of which IR save/read "
+          f"{spent['IR save/read']:.2f} s; compile_model " + ", ".join(f"{t:.2f} s" for t in spent["compile_model"]))
+
+    def inductor_graph():
+        module = prog.exported_program.module()
+        run_passes(module, (INT8_LINEARS, QDQ_ATEN))
+        kernels = [n.args[5] for n in module.graph.nodes if n.target is KERNEL]
+        casts = [n for n in module.graph.nodes if n.target is torch.ops.aten.to.dtype and n.args[1] is torch.bfloat16
+                 and n.args[0].target in (KERNEL, torch.ops.aten.linear.default)]
+        linears = sum(1 for n in prog.exported_program.graph.nodes if n.target is torch.ops.aten.linear.default)
+        bf16 = sum(k is torch.bfloat16 for k in kernels)
+        return (f"int8 linears {linears}, on oneDNN's kernel {len(kernels)} (writing bf16: {bf16}), "
+                f"casts f32 -> bf16 after them {len(casts)}")
+
+    print(f"inductor, this CPU: {inductor_graph()}")
+    real_cpu = cpu.has_int8_dot_product, cpu.has_native_bf16
+    cpu.has_int8_dot_product = cpu.has_native_bf16 = lambda: True
+    try:
+        print(f"inductor, CPU checks forced to VNNI + avx512_bf16: {inductor_graph()}")
+    finally:
+        cpu.has_int8_dot_product, cpu.has_native_bf16 = real_cpu
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="bert,vit")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--costs", action="store_true", help="compile-time cost of the float form; inductor graph")
     args = parser.parse_args(argv)
     try:
         import nncf
@@ -128,6 +195,9 @@ def main(argv=None) -> int:
           f"(VNNI/AMX) per mixprec.backends.lowering.cpu: {cpu.has_int8_dot_product()}")
     print(f"nncf {nncf.__version__}, openvino {ov.__version__}; command: python bench/mixed_int8_bf16.py "
           + " ".join(argv if argv is not None else sys.argv[1:]))
+    if args.costs:
+        costs(args.layers, ov)
+        return 0
     for name in args.models.split(","):
         rows = run_model(name.strip(), args.layers, args.rounds, nncf, ov)
         print(harness.table(rows, ["model", "variant", "converts", "pins", "inference precision", "rel-L2 vs fp32",
