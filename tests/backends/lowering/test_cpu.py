@@ -100,3 +100,24 @@ def test_the_answer_is_what_this_cpus_kernel_does(grid):
     )
     exact = u.double() @ w.double().t()  # |sums| < 2^24: exact in the float32 output too
     assert torch.equal(out.double(), exact) is cpu.int8_kernel_exact(grid)
+
+
+@pytest.mark.parametrize("flags, native", [
+    ("fpu avx2 avx512f avx512_bf16 avx512_vnni", True),
+    ("fpu avx2 amx_bf16 amx_tile amx_int8", True),
+    ("fpu avx2 fma f16c", False),  # this development machine's kind: bf16 is emulated
+])
+def test_native_bf16_is_read_from_the_flags_where_torch_has_no_probe(monkeypatch, tmp_path, flags, native):
+    """Whether the int8 kernel may write bf16 (onednn.OUT_DTYPES): avx512_bf16 or AMX, from /proc/cpuinfo's flags
+    when this torch lacks torch.cpu's probes."""
+    monkeypatch.delattr(torch.cpu, "_is_avx512_bf16_supported")
+    info = tmp_path / "cpuinfo"
+    info.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda path, *a, **k: real_open(info if path == "/proc/cpuinfo" else path,
+                                                                        *a, **k))
+    assert cpu.has_native_bf16() is native
+
+
+def test_native_bf16_agrees_with_torch_on_this_cpu():
+    assert cpu.has_native_bf16() is bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())

@@ -40,6 +40,40 @@ def test_kernel_is_exact_integer_arithmetic_on_7bit_activations():
     del packed
 
 
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_kernel_writes_bf16_as_its_float32_result_rounded_once(with_bias):
+    """out_dtype=bf16 (a layer read by bf16 layers): the float32 result rounded to nearest bf16 once. oneDNN applies
+    the scales and bias in another order on that path, so it may differ from the float32 output cast to bf16 by one
+    bf16 step where the float32 value lies within float32 rounding of a bf16 rounding boundary: rarely, and never
+    farther than that from the exact value. (Small shapes: on a CPU without native bf16 this is oneDNN's reference
+    kernel, which the lowering does not use there.)"""
+    gen = torch.Generator().manual_seed(4)
+    m, k, n = 64, 256, 128
+    u = torch.randint(0, 128, (m, k), generator=gen).to(torch.uint8)
+    w = torch.randint(-127, 128, (n, k), generator=gen).to(torch.int8)
+    w_scales = torch.rand(n, generator=gen) * 0.01 + 1e-3
+    bias = torch.randn(n, generator=gen) if with_bias else None
+    handle, packed = onednn.pack_weight(w)
+    out = KERNEL(u, 0.0123, w_scales, bias, handle, torch.bfloat16)
+    f32 = KERNEL(u, 0.0123, w_scales, bias, handle, torch.float32)
+    assert out.dtype == torch.bfloat16 and out.shape == (m, n)
+    steps = (out.view(torch.int16).int() - f32.to(torch.bfloat16).view(torch.int16).int()).abs()
+    assert int(steps.max()) <= 1 and float((steps > 0).float().mean()) <= 1e-3
+    exact = (u.double() @ w.double().t()) * 0.0123 * w_scales.double() + (bias.double() if with_bias else 0)
+    half_step = exact.abs() * 2.0**-8  # half a bf16 step (8 significand bits) relative to the value
+    f32_rounding = 4 * EPS32 * (exact.abs() + (bias.double().abs() if with_bias else 0))
+    assert ((out.double() - exact).abs() <= half_step + f32_rounding).all()
+    del packed
+
+
+def test_kernel_writes_float32_or_bf16_only():
+    w = torch.randint(-127, 128, (8, 16)).to(torch.int8)
+    handle, packed = onednn.pack_weight(w)
+    with pytest.raises(ValueError, match="not torch.float16"):
+        KERNEL(torch.zeros(2, 16, dtype=torch.uint8), 1.0, torch.ones(8), None, handle, torch.float16)
+    del packed
+
+
 def test_kernel_keeps_leading_dimensions():
     w = torch.randint(-127, 128, (8, 16)).to(torch.int8)
     handle, packed = onednn.pack_weight(w)

@@ -337,3 +337,76 @@ def test_lowering_a_module_without_int8_layers_changes_nothing():
     before = str(module.graph)
     assert qdq.INT8_LINEARS(module) == PassResult(False)
     assert str(module.graph) == before
+
+
+# ---- the oneDNN table: an int8 layer read by bf16 layers (issue 22) -------------------------------------------
+def mixed_plan(model, x):
+    """int8 on the Linears, bf16 everywhere else: every int8 Linear's output is read through a cast to bf16."""
+    cfg = mixprec.MixedPrecisionConfigurator(model)
+    cfg.set_precision(model, activation="bf16")
+    cfg.set_precision(torch.nn.Linear, activation="int8")
+    return cfg.apply((x,))
+
+
+def casts_to_bf16(graph) -> list[str]:
+    """Casts float32 -> bf16 of an int8 layer's output in the graph the backend's compiler receives."""
+    return [n.name for n in graph.nodes if n.target is torch.ops.aten.to.dtype and n.args[1] is torch.bfloat16
+            and n.args[0].target in (KERNEL, torch.ops.aten.linear.default)]
+
+
+@needs_onednn
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+@pytest.mark.parametrize("bf16_cpu", [True, False], ids=["native-bf16", "no-bf16"])
+@pytest.mark.usefixtures("symmetric_activations")
+def test_an_int8_layer_read_in_bf16_writes_bf16_where_the_cpu_converts_natively(monkeypatch, backend, bf16_cpu):
+    """Where the CPU has native bf16 the kernel writes bf16 and the float32 round trip (kernel -> f32 tensor ->
+    cast) is gone from the graph the compiler gets; elsewhere (oneDNN's bf16 output is a reference kernel there)
+    the layer writes float32 and keeps its cast. The values: the float32 result rounded to bf16 once either way —
+    against today's program (fake quantization in eager) they differ only where float32 rounding met a rounding
+    boundary, as the f32 path does."""
+    torch.manual_seed(1)
+    model = ReluNet(64, layers=3, relu_in=False).eval()
+    x = torch.randn(16, 64)
+    plan = mixed_plan(model, x)
+    monkeypatch.setattr(cpu, "has_native_bf16", lambda: bf16_cpu)
+    prog = mixprec.compile(model, (x,), plan=plan, backend=backend)
+    graph = (prog.runner.module if backend == "inductor" else prog.runner).graph
+    kernels = {n.name: n.args[5] for n in graph.nodes if n.target is KERNEL}
+    assert set(kernels) == {"linear_1_int8", "linear_2_int8"}  # linear reads the signed input: fake quantization
+    if bf16_cpu:
+        assert set(kernels.values()) == {torch.bfloat16}
+        assert casts_to_bf16(graph) == ["linear_bf16"]  # the fake-quantized layer's float32 GEMM keeps its cast
+    else:
+        assert set(kernels.values()) == {torch.float32}
+        assert casts_to_bf16(graph) == ["linear_bf16", "linear_1_bf16", "linear_2_bf16"]
+    x2 = torch.randn(16, 64)
+    with torch.inference_mode():
+        fake, out = prog.exported_program.module()(x2), prog(x2)
+    assert out.dtype == fake.dtype == torch.float32  # the program's output dtype (keep_io_types)
+    # a bf16 step moved by float32 rounding can move the next quantization by one grid step: few elements, bounded
+    diff = (out - fake).abs()
+    assert float(diff.max()) <= 0.05 * float(fake.abs().max())
+    assert float((diff > 0).float().mean()) <= 0.05
+    assert float(torch.linalg.vector_norm(out - fake) / torch.linalg.vector_norm(fake)) <= 2.0**-6
+
+
+@needs_onednn
+@pytest.mark.usefixtures("symmetric_activations")
+def test_a_layer_read_in_bf16_and_float32_keeps_writing_float32(monkeypatch):
+    """Only where *every* consumer reads bf16: one float32 reader keeps the float32 output (and the casts)."""
+
+    class TwoReaders(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(32, 32)
+
+        def forward(self, x):
+            y = self.fc(torch.relu(x))
+            return torch.relu(y.to(torch.bfloat16)).float() + y
+
+    monkeypatch.setattr(cpu, "has_native_bf16", lambda: True)
+    model, x = TwoReaders().eval(), torch.randn(8, 32)
+    prog = mixprec.compile(model, (x,), plan=int8_plan(model, x), backend="eager")
+    assert [n.args[5] for n in prog.runner.graph.nodes if n.target is KERNEL] == [torch.float32]
+    with torch.inference_mode():
+        assert torch.allclose(prog(x), prog.exported_program.module()(x), rtol=0, atol=1e-5)

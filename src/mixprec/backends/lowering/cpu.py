@@ -16,6 +16,10 @@ products decides whether the result is the exact integer sum mixprec's fake quan
 So the question is asked with a grid (``ops/quant.py``): :func:`int8_kernel_exact` answers it from the grid
 and :func:`has_int8_dot_product`, the one place that reads the CPU. Tests monkeypatch that function to run
 either kind of CPU on any machine.
+
+A second question about the same kernel: may it write bf16 (``onednn.OUT_DTYPES``)? Only where the CPU converts
+float32 to bf16 natively (:func:`has_native_bf16`: ``avx512_bf16`` or AMX); elsewhere oneDNN writes bf16 through
+its reference kernel, hundreds of times slower than float32 plus a cast (measured on AVX2, ``onednn.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from ...ops.quant import INT8_SYMMETRIC, Grid
 INT16_MAX = 32767
 # /proc/cpuinfo flags of an int8 dot product into int32 (older torch has no probe of its own)
 _DOT_PRODUCT_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 
 def has_int8_dot_product() -> bool:
@@ -36,12 +41,26 @@ def has_int8_dot_product() -> bool:
             return True
     except AttributeError:  # older torch: read the flags
         pass
+    return bool(_DOT_PRODUCT_FLAGS & _cpu_flags())
+
+
+def has_native_bf16() -> bool:
+    """Whether this CPU converts float32 to bf16 in hardware (avx512_bf16 or AMX): where oneDNN's int8 kernel
+    writes bf16 at no cost over float32."""
+    try:
+        if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
+            return True
+    except AttributeError:  # older torch: read the flags
+        pass
+    return bool(_BF16_FLAGS & _cpu_flags())
+
+
+def _cpu_flags() -> set[str]:
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line.split() for line in f if line.startswith("flags")), [])
+            return set(next((line.split() for line in f if line.startswith("flags")), []))
     except OSError:
-        return False
-    return bool(_DOT_PRODUCT_FLAGS & set(flags))
+        return set()
 
 
 def kernel_u8_max(grid: Grid) -> int:

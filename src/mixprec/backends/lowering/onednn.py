@@ -9,6 +9,8 @@ plain int8 weights and the fake-quant nodes. The packed weight is an opaque oneD
 TorchDynamo nor FakeTensor can trace, so the graph refers to it by an integer handle into a registry of
 weak references; the module that uses it holds the strong reference, and the packed weight is freed with it.
 
+The kernel writes float32, or bfloat16 where the layer's only consumers read it in bf16 (:data:`OUT_DTYPES`).
+
 Only on CPU tensors and only where this torch build has oneDNN's quantized ops
 (``torch.ops.onednn.qlinear_pointwise`` and mkldnn): :func:`is_available`.
 """
@@ -25,6 +27,14 @@ _PACKED: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDic
 _HANDLES = itertools.count(1)
 _PACK_LOCK = threading.Lock()
 _OWNED = "_mixprec_int8_packed"  # the attribute of a module that holds its packed weights
+# What the kernel writes. bfloat16: the float32 result rounded once to bf16 on the kernel's way out, for a layer
+# whose consumers read it in bf16 (a mixed int8/bf16 plan, issue 22) — no float32 tensor written and read back.
+# oneDNN applies the scales and bias in another order on that path: the value is the float32 one cast to bf16
+# except where the float32 result lies within float32 rounding of a bf16 rounding boundary (measured: 1 bf16 step
+# on <= 3e-5 of the elements, none on most shapes; tests/backends/lowering/test_onednn.py). On a CPU without
+# native bf16 oneDNN writes bf16 through its reference kernel (measured on AVX2: a 256x768x768 layer 8.2 s against
+# 14 ms), so the lowering asks for it only where the CPU has native bf16 (``cpu.has_native_bf16``).
+OUT_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def is_available() -> bool:
@@ -55,24 +65,28 @@ def pack_for(module: torch.nn.Module, weight_int8: torch.Tensor) -> int:
 
 @torch.library.custom_op("mixprec_kernels::int8_linear_u7", mutates_args=())
 def int8_linear_u7(
-    u: torch.Tensor, x_scale: float, w_scales: torch.Tensor, bias: torch.Tensor | None, handle: int
+    u: torch.Tensor, x_scale: float, w_scales: torch.Tensor, bias: torch.Tensor | None, handle: int,
+    out_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """(u * x_scale) @ (w * w_scales).T + bias for a uint8 ``u`` (zero point 0), on the int8 GEMM (float32 out):
-    [0, 127] on any CPU, [0, 255] only where the kernel is exact on it (``cpu.py``)."""
+    """(u * x_scale) @ (w * w_scales).T + bias for a uint8 ``u`` (zero point 0), on the int8 GEMM: [0, 127] on any
+    CPU, [0, 255] only where the kernel is exact on it (``cpu.py``). The scales and bias are applied in float32 and
+    the result written as ``out_dtype`` (float32, or bfloat16 for a bf16 consumer: see :data:`OUT_DTYPES`)."""
+    if out_dtype not in OUT_DTYPES:
+        raise ValueError(f"mixprec: int8_linear_u7 writes {', '.join(map(str, OUT_DTYPES))}, not {out_dtype}")
     packed = _PACKED.get(handle)
     if packed is None:
         raise RuntimeError(f"mixprec: the packed int8 weight {handle} was freed with the module that owned it")
     k = u.shape[-1]
     zero_points = torch.zeros(w_scales.shape[0], dtype=torch.int64)
     out = torch.ops.onednn.qlinear_pointwise(
-        u.reshape(-1, k), x_scale, 0, packed, w_scales, zero_points, bias, 1.0, 0, torch.float32, "none", [], ""
+        u.reshape(-1, k), x_scale, 0, packed, w_scales, zero_points, bias, 1.0, 0, out_dtype, "none", [], ""
     )
     return out.reshape(*u.shape[:-1], w_scales.shape[0])
 
 
 @int8_linear_u7.register_fake
-def _(u, x_scale, w_scales, bias, handle):
-    return u.new_empty((*u.shape[:-1], w_scales.shape[0]), dtype=torch.float32)
+def _(u, x_scale, w_scales, bias, handle, out_dtype=torch.float32):
+    return u.new_empty((*u.shape[:-1], w_scales.shape[0]), dtype=out_dtype)
 
 
 KERNEL = torch.ops.mixprec_kernels.int8_linear_u7.default

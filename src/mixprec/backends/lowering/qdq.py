@@ -31,14 +31,18 @@ why every spelling below gives the custom ops' values bit for bit (tests/backend
   the kernel gets the program's per-channel int8 weights and scales. What differs from the fake quantization:
   the sum over K is int32 (exact) instead of float32, so outputs agree within float32 rounding of a K-term sum.
   An unsigned activation (``quantize_per_tensor_u8``: [0, 255]) is handed over as it is, where the kernel is
-  exact on full-range u8 (VNNI or AMX, ``cpu.py``); without VNNI it keeps its fake quantization.
+  exact on full-range u8 (VNNI or AMX, ``cpu.py``); without VNNI it keeps its fake quantization. A layer whose
+  every consumer reads it through a cast to bf16 (an int8 layer in a mixed int8/bf16 plan) has the kernel write
+  bf16 and loses the casts — no float32 tensor written and read back between an int8 and a bf16 layer (issue 22) —
+  where the CPU has native bf16 (``cpu.has_native_bf16``; oneDNN's bf16 output is a reference kernel elsewhere):
+  the float32 result rounded to bf16 once, as the cast did (``onednn.OUT_DTYPES`` says where the two may differ).
   Other int8 layers keep their fake quantization (logged at INFO with the reason)::
 
       r = aten.relu(h)                                       r = aten.relu(h)
       r_q = mixprec.quantize_per_tensor(r, 0.013)            d = aten.div(r, 0.013)
       r_dq = mixprec.dequantize_per_tensor(r_q, 0.013, f32)  u = aten._to_copy(aten.clamp(aten.round(d), 0, 127), uint8)
-      w_dq = mixprec.dequantize_per_channel(w_int8, ...)     y = mixprec_kernels.int8_linear_u7(u, 0.013, w_scale, b, 3)
-      y = aten.linear(r_dq, w_dq, b)
+      w_dq = mixprec.dequantize_per_channel(w_int8, ...)     y = mixprec_kernels.int8_linear_u7(u, 0.013, ws, b, 3, f32)
+      y = aten.linear(r_dq, w_dq, b)                         (f32 -> bf16 if only bf16 layers read y: see above)
 
 A new grid (zero-point activations) is a parameter of the same rules (``ops.custom.GRID``), a
 new target a new table. Each lowering is a backend pass with a contract (``ir/passes.py``), checked by the
@@ -249,7 +253,37 @@ def _onednn_linear(node, ops, site):
         site.kept[node.name] = f"oneDNN could not pack its weight ({e})"
         return None
     u = quantize(value, scale, grid, ops)
-    return ops.call(onednn.KERNEL, (u, scale, w_scales, bias, handle), name=f"{node.name}_int8")
+    # every consumer reads the layer in bf16 (a mixed int8/bf16 plan): the kernel writes bf16 where the CPU does
+    # that natively, and the casts float32 -> bf16 go. out_dtype is always spelled out: inductor's FX graph cache
+    # key does not cover the op's schema, and a graph that left the default implicit would match entries made
+    # with the op before it took out_dtype.
+    casts = _bf16_casts(node) if cpu.has_native_bf16() else []
+    out_dtype = torch.bfloat16 if casts else torch.float32
+    kernel = ops.call(onednn.KERNEL, (u, scale, w_scales, bias, handle, out_dtype), name=f"{node.name}_int8")
+    for cast in casts:
+        cast.replace_all_uses_with(kernel)
+        ops.graph.erase_node(cast)
+    return kernel
+
+
+def _bf16_casts(node) -> list:
+    """The users of ``node`` if every one is a plain cast of it to bfloat16 (the float32 -> bf16 round trip of an
+    int8 layer read by bf16 layers), else []."""
+    users = list(node.users)
+    return users if users and all(_cast_dtype(u) is torch.bfloat16 and u.args[0] is node for u in users) else []
+
+
+def _cast_dtype(node):
+    """The dtype ``node`` casts its input to, if it is nothing but a cast (no copy, layout or device change)."""
+    if node.op != "call_function":
+        return None
+    if node.target is aten.to.dtype and len(node.args) == 2 and not node.kwargs:
+        return node.args[1]
+    if node.target is aten._to_copy.default and len(node.args) == 1 and set(node.kwargs) == {"dtype"}:
+        return node.kwargs["dtype"]
+    if node.target is torch.ops.prims.convert_element_type.default and not node.kwargs:
+        return node.args[1]
+    return None
 
 
 def _match_int8_linear(module, node):

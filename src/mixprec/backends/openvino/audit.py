@@ -1,9 +1,11 @@
 """What OpenVINO's CPU plugin really computes each layer of a program in, against what the program states.
 
 OpenVINO compiles a program into its own *runtime model*: layers fused (a convolution with the batch
-norm and relu after it), renamed, and each given a precision. mixprec compiles with
-``INFERENCE_PRECISION_HINT=f32`` so that the plugin keeps the element types the program states, and
-then reads the runtime model back (:func:`audit`) to know what runs:
+norm and relu after it), renamed, and each given a precision. mixprec compiles a program either with
+``INFERENCE_PRECISION_HINT=f32`` so that the plugin keeps the element types the program states, or — a program
+with bf16 layers — in NNCF's form (``float_form.py``: an f32 graph, bf16 inference precision, the plan's f32
+layers pinned), and then reads the runtime model back (:func:`audit`) against the types the plan gives each
+operation (``declared``; for the float form ``FloatForm.declared``) to know what runs:
 
 * **the same type as planned**: nothing to say;
 * **a wider float type** (f32 for a bf16 or fp16 layer): accepted, and said: the layer's report record
@@ -12,7 +14,8 @@ then reads the runtime model back (:func:`audit`) to know what runs:
   and sums (ResNet's ``mean``, the ``sum`` of ``Structured`` in tests/backends/openvino/fixtures); on a CPU
   without it (AVX2 only), every bf16/fp16 layer, since the plugin then converts the whole model to f32;
 * **a narrower or unrelated type** (bf16 for an f32 layer, fp16 for bf16): neither the plan nor what
-  the report measured: refused (:func:`refusal`, raised by the backend as UnsupportedModelError);
+  the report measured: refused (:func:`refusal`, raised by the backend as UnsupportedModelError) — for the float
+  form, a pin that did not hold, which makes the runner compile the stated types instead;
 * **int8 layers** compute in float32 where the backend lowers them to float arithmetic (CPUs without
   VNNI: ``backends/lowering/cpu.py``), and on OpenVINO's int8 kernels otherwise.
 

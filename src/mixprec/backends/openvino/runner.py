@@ -1,9 +1,13 @@
 """The compiled OpenVINO program: a callable like the model, a pool of infer requests, and what it computes in.
 
 ``OpenVINORunner`` converts the program (``convert.py``), reshapes the model to the program's input specs,
-compiles it for OpenVINO's ``"CPU"`` device with :data:`COMPILE_CONFIG`, and audits the runtime model
-(``audit.py``): a layer the plugin computes in a *wider* float type than planned is accepted and reported
-(``computes_in``, the records' ``runs_as``), a narrower one refused with UnsupportedModelError.
+compiles it for OpenVINO's ``"CPU"`` device and audits the runtime model (``audit.py``): a layer the plugin
+computes in a *wider* float type than planned is accepted and reported (``computes_in``, the records'
+``runs_as``), a narrower one refused with UnsupportedModelError. Which model is compiled (``form``): a program
+with bf16 layers in NNCF's form (``float_form.py``, :data:`~.float_form.FLOAT_FORM_CONFIG`: f32 graph, bf16
+inference precision, fp32 layers pinned) when the audit accepts it; otherwise — every other program, or a float
+form in which a pin did not hold — the stated types with :data:`COMPILE_CONFIG` (f32 inference precision).
+After compiling only the compiled model is kept; ``converted_model``/``stated_model`` convert again on demand.
 
 Dynamic dimensions: OpenVINO's frontend makes every dimension dynamic; the converted model is reshaped to
 the program's input specs — static sizes static, dimensions captured as dynamic bounded by their ranges
@@ -25,6 +29,7 @@ import torch.utils._pytree as pytree
 from ...errors import UnsupportedModelError
 from ...ir.input_check import input_specs_of
 from .audit import NATIVE_CAPABILITY, audit, declared_precisions, int8_nodes, node_types, refusal, runtime_layers
+from .float_form import FLOAT_FORM_CONFIG, float_form
 from .convert import Converted, convert_program, first_line, import_openvino, version_of
 from .io import (
     bind_inputs, check_no_mutations, set_input_shapes, to_ov_tensor, to_torch, user_input_names, user_outputs,
@@ -35,6 +40,9 @@ DEVICE = "CPU"
 # f32: keep the element types the program states; no dynamic quantization of the activations of layers
 # with int8 weights (weight-only int8 computes in float32 activations, as planned).
 COMPILE_CONFIG = {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
+
+# which model was compiled (``OpenVINORunner.form``): float_form.py's, or the program's stated types
+FORM_FLOAT, FORM_STATED = "f32 graph, bf16 inference precision", "stated types, f32 inference precision"
 
 # OpenVINO's element type names -> torch dtypes (what the runner's computes_in holds)
 _TORCH_TYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "f64": torch.float64}
@@ -71,18 +79,41 @@ class OpenVINORunner(torch.nn.Module):
                 "(it merges outputs that are the same value); run it with backend='eager' or 'inductor'."
             )
         core = ov.Core()
-        try:
-            self.__dict__["_compiled"] = core.compile_model(model, DEVICE, dict(COMPILE_CONFIG))
-        except RuntimeError as e:
-            raise UnsupportedModelError(
-                f"OpenVINO could not compile this program for its CPU device: {first_line(e)}\n"
-                "Run it with backend='eager' or 'inductor'.",
-                reason=str(e),
-            ) from e
-        self.computes_in = _audit(ov, core, exported_program, converted, self._compiled)
-        self.__dict__["_model"] = model
+        self.form = self._compile(ov, core, exported_program, converted, model)
+        # Only the compiled model is kept: it holds its own copy of the weights, and the openvino.Models (the float
+        # form read back from IR holds another copy) are rebuilt on demand by converted_model and stated_model.
+        self.__dict__["_models"] = {}
         self._idle: queue.SimpleQueue = queue.SimpleQueue()
         self._idle.put(self._compiled.create_infer_request())
+
+    def _compile(self, ov, core, exported_program, converted: Converted, stated):
+        """Compile the float form (``float_form.py``: an f32 graph with bf16 inference precision, NNCF's form) where
+        the program has bf16 layers and the audit accepts it, else the stated types with f32 inference precision.
+        Sets ``_compiled`` and ``computes_in``; returns which form was compiled."""
+        declared = declared_precisions(stated)
+        form = float_form(ov, stated, declared, names=converted.names, int8_nodes=int8_nodes(exported_program),
+                          int8_kernels=converted.int8_kernels)
+        if form is not None:
+            compiled = _compile_model(core, form.model, FLOAT_FORM_CONFIG)
+            result = _judge(core, exported_program, converted, compiled, form.declared)
+            if not result.narrower:
+                self.__dict__["_compiled"] = compiled
+                self.computes_in = _computes_in(result, optimization_capabilities(core))
+                return FORM_FLOAT
+            log.info("OpenVINO ran %d layer(s) of the f32 form narrower than planned (%s); compiling the stated "
+                     "types with f32 inference precision instead", len(result.narrower),
+                     ", ".join(f"{m.layer}: {m.planned} -> {m.runs}" for m in result.narrower[:5]))
+        compiled = _compile_model(core, stated, COMPILE_CONFIG)
+        result = _judge(core, exported_program, converted, compiled, declared)
+        if result.narrower:
+            raise UnsupportedModelError(
+                refusal(result.narrower, converted.names, capabilities=optimization_capabilities(core),
+                        version=version_of(ov)),
+                reason="; ".join(f"{m.layer}: {m.planned} -> {m.runs}" for m in result.narrower),
+            )
+        self.__dict__["_compiled"] = compiled
+        self.computes_in = _computes_in(result, optimization_capabilities(core))
+        return FORM_STATED
 
     def forward(self, *args, **kwargs):
         from ...ir.call_signature import flat_user_inputs
@@ -113,27 +144,56 @@ class OpenVINORunner(torch.nn.Module):
 
     @property
     def converted_model(self):
-        """The ``openvino.Model`` it was compiled from (the element types the program states)."""
-        return self._model
+        """The ``openvino.Model`` it was compiled from: the float form (``form == FORM_FLOAT``) or the stated types.
+        Rebuilt from the program on first use (the runner keeps only the compiled model), then kept."""
+        return self._rebuilt(self.form)
+
+    @property
+    def stated_model(self):
+        """The ``openvino.Model`` with the element types the program states (converted before any float form).
+        Rebuilt from the program on first use, then kept."""
+        return self._rebuilt(FORM_STATED)
+
+    def _rebuilt(self, form: str):
+        """The model of ``form`` converted again from the program, as __init__ built it (same conversion, same
+        input shapes, same float form: each is a function of the program and this CPU)."""
+        if form not in self._models:
+            ov = import_openvino()
+            converted = convert_program(self._program)
+            model = converted.model
+            set_input_shapes(ov, model, bind_inputs(model, self._user_inputs), self._specs)
+            if form == FORM_FLOAT:
+                model = float_form(ov, model, declared_precisions(model), names=converted.names,
+                                   int8_nodes=int8_nodes(self._program), int8_kernels=converted.int8_kernels).model
+            self._models[form] = (converted.prepared, model)  # its constants share the prepared program's memory
+        return self._models[form][1]
 
 
 # ---- precisions -----------------------------------------------------------------------------
 
 
-def _audit(ov, core, exported_program, converted: Converted, compiled) -> dict:
-    """What the runtime model computes in which type (audit.py): program node -> torch dtype for the
-    nodes that run otherwise than the program states; refuses layers the plugin would run narrower."""
-    capabilities = optimization_capabilities(core)
-    result = audit(
-        declared_precisions(converted.model), runtime_layers(compiled), names=converted.names,
-        capabilities=capabilities, node_types=node_types(exported_program), int8_nodes=int8_nodes(exported_program),
+def _compile_model(core, model, config):
+    try:
+        return core.compile_model(model, DEVICE, dict(config))
+    except RuntimeError as e:
+        raise UnsupportedModelError(
+            f"OpenVINO could not compile this program for its CPU device: {first_line(e)}\n"
+            "Run it with backend='eager' or 'inductor'.",
+            reason=str(e),
+        ) from e
+
+
+def _judge(core, exported_program, converted: Converted, compiled, declared):
+    """The audit (audit.py) of a compiled model against ``declared``: the types the plan gives its operations."""
+    return audit(
+        declared, runtime_layers(compiled), names=converted.names, capabilities=optimization_capabilities(core),
+        node_types=node_types(exported_program), int8_nodes=int8_nodes(exported_program),
         int8_kernels=converted.int8_kernels,
     )
-    if result.narrower:
-        raise UnsupportedModelError(
-            refusal(result.narrower, converted.names, capabilities=capabilities, version=version_of(ov)),
-            reason="; ".join(f"{m.layer}: {m.planned} -> {m.runs}" for m in result.narrower),
-        )
+
+
+def _computes_in(result, capabilities) -> dict:
+    """Program node -> torch dtype for the nodes the runtime model computes otherwise than the program states."""
     computes_in = {node: _TORCH_TYPES[t] for node, t in result.computes_in.items()}
     if computes_in:
         lacking = [t for t in ("bf16", "f16") if NATIVE_CAPABILITY[t] not in capabilities]

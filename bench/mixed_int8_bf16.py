@@ -1,0 +1,209 @@
+"""Mixed int8/bf16 plans on OpenVINO against int8 alone and NNCF (issue 22): Converts handed over, error, time.
+
+    PYTHONPATH=src python bench/mixed_int8_bf16.py [--models bert,vit] [--layers 2] [--rounds 5]
+
+Models and data are bench/int8_nncf.py's (random-weight transformers configs at BERT-base / ViT-base widths,
+``--layers`` layers; 4 calibration batches, 2 held-out ones; rel-L2 against fp32 eager over the held-out ones).
+
+Rows, one interleaved timing run per model (``harness.interleaved``, median ms on held-out batch 0):
+
+* ``NNCF int8 PTQ`` — ``nncf.quantize`` of OpenVINO's f32 model, compiled with OpenVINO's defaults (bf16 inference
+  precision where the CPU has bf16): NNCF's models run their non-int8 layers in bf16 that way;
+* ``mixprec int8`` — the configurator's plan: every nn.Linear/nn.Conv2d int8, the rest fp32;
+* ``mixprec int8 + bf16 elsewhere`` — the same plus ``set_precision(model, "bf16")`` first (the rest bf16), in the
+  form the backend now hands OpenVINO (``backends/openvino/float_form.py``: f32 graph, bf16 inference precision);
+* ``... stated types (before)`` — the same plan with the float form turned off: the program's types as stated,
+  f32 inference precision (the backend before this change).
+
+``converts``: Converts between float types on run-time values in the ``openvino.Model`` handed to
+``compile_model`` (``float_form.float_converts``; weights' Converts are not counted). ``pins``: operations pinned
+to f32. The speed bar (mixed >= int8 alone) is judged on a CPU with avx512_bf16 + VNNI; on a CPU without them
+(the script prints the flags) OpenVINO runs bf16 as f32 and mixprec's int8 layers as float fake quantization, so
+the times say nothing about it there — only the Convert counts and the errors do.
+
+``--costs``: instead of the table, on BERT (``--layers``, 1 calibration batch) with the mixed plan, (a) what the
+OpenVINO backend's compile spends on the float form — the whole compile, ``float_form`` (of which the IR
+save/read that makes the pins real) and each ``compile_model`` — and (b) the graph the inductor backend hands
+TorchInductor (``backends/lowering``'s passes on the program, as ``InductorRunner`` runs them): int8 linears on
+oneDNN's kernel by output dtype and the casts float32 -> bf16 left after int8 layers, on this CPU and with the
+CPU checks forced to a VNNI + avx512_bf16 CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+_HERE = Path(__file__).resolve().parent
+_spec = importlib.util.spec_from_file_location("bench_int8_nncf", _HERE / "int8_nncf.py")
+peers = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(peers)  # also takes bench/ off sys.path (its openvino.py would shadow the package)
+harness = peers.harness
+
+
+def _plan(model, calibration, *, bf16):
+    import mixprec
+
+    cfg = mixprec.MixedPrecisionConfigurator(model)
+    if bf16:
+        cfg.set_precision(model, activation="bf16")
+    for kind in (nn.Linear, nn.Conv2d):
+        if any(isinstance(m, kind) for m in model.modules()):
+            cfg.set_precision(kind, activation="int8")
+    return cfg.apply(tuple(torch.cat(parts) for parts in zip(*calibration)))
+
+
+def _runner(prog):
+    from mixprec.backends.openvino.runner import OpenVINORunner
+
+    return next(m for m in prog.modules() if isinstance(m, OpenVINORunner))
+
+
+def run_model(name, layers, rounds, nncf, ov):
+    import mixprec
+    from mixprec.backends.openvino import float_form as ff
+    from mixprec.backends.openvino import runner as ov_runner
+
+    model, batches = peers.MODELS[name](layers)
+    calibration, held = batches[:peers.CALIBRATION], batches[peers.CALIBRATION:]
+    example = held[0]
+    with torch.no_grad():
+        references = [model(*b) for b in held]
+    core = ov.Core()
+    dataset = nncf.Dataset(calibration, lambda batch: [t.numpy() for t in batch])
+    quantized = nncf.quantize(ov.convert_model(model, example_input=example), dataset,
+                              subset_size=peers.CALIBRATION * 64)
+    variants = {"fp32 eager": model, "NNCF int8 PTQ": peers._ov_call(core.compile_model(quantized, "CPU"))}
+    facts = {"NNCF int8 PTQ": (len(ff.float_converts(quantized)), 0, str(core.compile_model(quantized, "CPU")
+                                                                         .get_property("INFERENCE_PRECISION_HINT")))}
+    int8_plan, mixed_plan = _plan(model, calibration, bf16=False), _plan(model, calibration, bf16=True)
+    for label, plan, form in (("mixprec int8", int8_plan, True), ("mixprec int8 + bf16 elsewhere", mixed_plan, True),
+                              ("mixprec int8 + bf16 elsewhere, stated types (before)", mixed_plan, False)):
+        real = ov_runner.float_form
+        if not form:
+            ov_runner.float_form = lambda *a, **k: None
+        try:
+            prog = mixprec.compile(model, example, plan=plan, backend="openvino")
+        finally:
+            ov_runner.float_form = real
+        runner = _runner(prog)
+        compiled = runner.compiled_model
+        facts[label] = (len(ff.float_converts(runner.converted_model)), len(ff.pinned_ops(runner.converted_model)),
+                        str(compiled.get_property("INFERENCE_PRECISION_HINT")))
+        variants[label] = prog
+    with torch.no_grad():
+        errors = {v: peers.rel_l2([fn(*b) for b in held], references) for v, fn in variants.items()}
+    times = harness.interleaved({v: (lambda fn=fn: fn(*example)) for v, fn in variants.items()}, rounds=rounds,
+                                warmup=1)
+    base = times["mixprec int8"]
+    rows = []
+    for v in variants:
+        converts, pins, hint = facts.get(v, ("-", "-", "-"))
+        rows.append({"model": name, "variant": v, "converts": converts, "pins": pins, "inference precision": hint,
+                     "rel-L2 vs fp32": errors[v], "ms": times[v] * 1e3, "x mixprec int8": base / times[v]})
+    return rows
+
+
+def costs(layers, ov) -> None:
+    import time
+
+    import mixprec
+    from mixprec.backends.lowering import cpu, run_passes
+    from mixprec.backends.lowering.onednn import KERNEL
+    from mixprec.backends.lowering.qdq import INT8_LINEARS, QDQ_ATEN
+    from mixprec.backends.openvino import float_form as ff
+    from mixprec.backends.openvino import runner as ov_runner
+
+    model, batches = peers.MODELS["bert"](layers)
+    plan = _plan(model, batches[:1], bf16=True)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+    spent = {"float_form": 0.0, "IR save/read": 0.0, "compile_model": []}
+    real = {"form": ov_runner.float_form, "ir": ff._through_ir, "compile": ov_runner._compile_model}
+
+    def timed(key, fn):
+        def run(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                took = time.perf_counter() - start
+                spent[key].append(took) if isinstance(spent[key], list) else spent.__setitem__(key, spent[key] + took)
+        return run
+
+    ov_runner.float_form, ff._through_ir = timed("float_form", real["form"]), timed("IR save/read", real["ir"])
+    ov_runner._compile_model = timed("compile_model", real["compile"])
+    try:
+        start = time.perf_counter()
+        prog = mixprec.compile(model, batches[0], plan=plan, backend="openvino")
+        total = time.perf_counter() - start
+    finally:
+        ov_runner.float_form, ff._through_ir, ov_runner._compile_model = real["form"], real["ir"], real["compile"]
+    runner = _runner(prog)
+    print(f"OpenVINO, BERT-base widths x {layers} layers ({weights:.0f} MiB fp32 weights), mixed plan: form "
+          f"'{runner.form}'; compile {total:.1f} s; float_form {spent['float_form']:.2f} s, of which IR save/read "
+          f"{spent['IR save/read']:.2f} s; compile_model " + ", ".join(f"{t:.2f} s" for t in spent["compile_model"]))
+
+    def inductor_graph():
+        module = prog.exported_program.module()
+        run_passes(module, (INT8_LINEARS, QDQ_ATEN))
+        kernels = [n.args[5] for n in module.graph.nodes if n.target is KERNEL]
+        casts = [n for n in module.graph.nodes if n.target is torch.ops.aten.to.dtype and n.args[1] is torch.bfloat16
+                 and n.args[0].target in (KERNEL, torch.ops.aten.linear.default)]
+        linears = sum(1 for n in prog.exported_program.graph.nodes if n.target is torch.ops.aten.linear.default)
+        bf16 = sum(k is torch.bfloat16 for k in kernels)
+        return (f"int8 linears {linears}, on oneDNN's kernel {len(kernels)} (writing bf16: {bf16}), "
+                f"casts f32 -> bf16 after them {len(casts)}")
+
+    print(f"inductor, this CPU: {inductor_graph()}")
+    real_cpu = cpu.has_int8_dot_product, cpu.has_native_bf16
+    cpu.has_int8_dot_product = cpu.has_native_bf16 = lambda: True
+    try:
+        print(f"inductor, CPU checks forced to VNNI + avx512_bf16: {inductor_graph()}")
+    finally:
+        cpu.has_int8_dot_product, cpu.has_native_bf16 = real_cpu
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="bert,vit")
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--costs", action="store_true", help="compile-time cost of the float form; inductor graph")
+    args = parser.parse_args(argv)
+    try:
+        import nncf
+        import openvino as ov
+    except ImportError as e:
+        print(f"bench/mixed_int8_bf16.py needs NNCF and OpenVINO as peers: pip install nncf openvino ({e})",
+              file=sys.stderr)
+        return 2
+    warnings.filterwarnings("ignore")
+    import logging
+
+    logging.getLogger("nncf").setLevel(logging.ERROR)
+    from mixprec.backends.lowering import cpu
+
+    print(f"# mixed int8/bf16 on OpenVINO: mixprec vs int8 alone vs NNCF, {harness.stamp()}")
+    print(f"machine: {harness.machine()}")
+    print(f"OpenVINO capabilities: {ov.Core().get_property('CPU', 'OPTIMIZATION_CAPABILITIES')}; int8 dot product "
+          f"(VNNI/AMX) per mixprec.backends.lowering.cpu: {cpu.has_int8_dot_product()}")
+    print(f"nncf {nncf.__version__}, openvino {ov.__version__}; command: python bench/mixed_int8_bf16.py "
+          + " ".join(argv if argv is not None else sys.argv[1:]))
+    if args.costs:
+        costs(args.layers, ov)
+        return 0
+    for name in args.models.split(","):
+        rows = run_model(name.strip(), args.layers, args.rounds, nncf, ov)
+        print(harness.table(rows, ["model", "variant", "converts", "pins", "inference precision", "rel-L2 vs fp32",
+                                   "ms", "x mixprec int8"]), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
