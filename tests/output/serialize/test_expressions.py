@@ -75,6 +75,20 @@ def test_unbounded_arithmetic_is_refused_at_once(text, match):
     assert time.process_time() - start < 2
 
 
+@pytest.mark.parametrize("text", ["-" * 5000 + "1", "+" * 3000 + "s0", "-" * 200 + "Integer(1)"])
+def test_thousands_of_signs_are_refused_whatever_the_recursion_limit(text):
+    """A process that raised its recursion limit (torch's inductor does, and other libraries) parses thousands of
+    nested signs; the check must still refuse them, without recursing once per sign (before: a literal of 5000
+    signs was accepted — sympy would then recurse 5000 deep at load — or the check itself died of RecursionError)."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(20000)
+    try:
+        with pytest.raises(FileFormatError, match="nests|parse"):
+            expressions.check(text)
+    finally:
+        sys.setrecursionlimit(limit)
+
+
 def test_every_accepted_expression_evaluates_fast_with_any_hints():
     """The bound holds: the worst accepted forms evaluate in sympy, with sizes at 2**63, in milliseconds."""
     import sympy

@@ -233,12 +233,20 @@ def _constant_bits(value, text: str) -> int:
 
 
 def _literal_number(node: ast.AST):
-    """The value of an int/float literal, possibly signed (``-1``, ``Integer(-1)``), else None."""
+    """The value of an int/float literal, possibly signed (``-1``, ``Integer(-1)``), else None. A loop, not a
+    recursion: a crafted ``-----...1`` of thousands of signs that the parser accepts must not exhaust the stack.
+    More than MAX_DEPTH signs are no literal: ``_bits`` walks them and refuses the nesting (sympy's parser, which
+    torch would hand the text to, recurses once per sign)."""
+    negate = False
+    signs = 0
+    while isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        signs += 1
+        if signs > MAX_DEPTH:
+            return None
+        negate ^= isinstance(node.op, ast.USub)
+        node = node.operand
     if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
-        return node.value
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        inner = _literal_number(node.operand)
-        return None if inner is None else (-inner if isinstance(node.op, ast.USub) else inner)
+        return -node.value if negate else node.value
     return None
 
 
