@@ -32,8 +32,8 @@ signed activation (quantize to q + 128, ``int8_linear_u7`` with zero point 128) 
 layer keeps without VNNI (quantize/dequantize, dequantize of the int8 weight, float32 GEMM) and fp32
 ``F.linear``, op by op in eager, and the same ``nn.Linear`` compiled by mixprec on inductor: fp32, int8 on this CPU
 (fake quantization), int8 with the CPU check forced to VNNI (the kernel); ratios against the int8 inductor
-program as this CPU runs it. Without VNNI the kernel's u8 x s8 pair sums saturate on such data, so that timing is indicative
-only (a kernel that computes the wrong sums), and the lowering does not use it there.
+program as this CPU runs it. Without VNNI the kernel's u8 x s8 pair sums saturate on such data, so that timing is
+indicative only (a kernel that computes the wrong sums), and the lowering does not use it there.
 """
 
 from __future__ import annotations

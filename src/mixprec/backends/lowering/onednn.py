@@ -72,9 +72,9 @@ def int8_linear_u7(
 ) -> torch.Tensor:
     """((u - x_zero_point) * x_scale) @ (w * w_scales).T + bias for a uint8 ``u``, on the int8 GEMM: [0, 127] (zero
     point 0) on any CPU; [0, 255] — an unsigned activation, or a signed one as q + 128 on zero point 128 — only
-    where the kernel is exact on it (``cpu.py``). The integer sum is int32's; the scales and bias are applied in float32
-    and the result written as ``out_dtype`` (float32, or bfloat16 for a bf16 consumer: see :data:`OUT_DTYPES`).
-    ``x_zero_point`` is last so that the arguments before it keep their places."""
+    where the kernel is exact on it (``cpu.py``). The integer sum is int32's; the scales and bias are applied in
+    float32 and the result written as ``out_dtype`` (float32, or bfloat16 for a bf16 consumer:
+    :data:`OUT_DTYPES`). ``x_zero_point`` is last so that the arguments before it keep their places."""
     if out_dtype not in OUT_DTYPES:
         raise ValueError(f"mixprec: int8_linear_u7 writes {', '.join(map(str, OUT_DTYPES))}, not {out_dtype}")
     packed = _PACKED.get(handle)
@@ -83,7 +83,8 @@ def int8_linear_u7(
     k = u.shape[-1]
     zero_points = torch.zeros(w_scales.shape[0], dtype=torch.int64)
     out = torch.ops.onednn.qlinear_pointwise(
-        u.reshape(-1, k), x_scale, x_zero_point, packed, w_scales, zero_points, bias, 1.0, 0, out_dtype, "none", [], ""
+        u.reshape(-1, k), x_scale, x_zero_point, packed, w_scales, zero_points, bias, 1.0, 0, out_dtype, "none", [],
+        "",
     )
     return out.reshape(*u.shape[:-1], w_scales.shape[0])
 
