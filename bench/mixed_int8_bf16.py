@@ -25,8 +25,15 @@ the times say nothing about it there — only the Convert counts and the errors 
 OpenVINO backend's compile spends on the float form — the whole compile, ``float_form`` (of which the IR
 save/read that makes the pins real) and each ``compile_model`` — and (b) the graph the inductor backend hands
 TorchInductor (``backends/lowering``'s passes on the program, as ``InductorRunner`` runs them): int8 linears on
-oneDNN's kernel by output dtype and the casts float32 -> bf16 left after int8 layers, on this CPU and with the
-CPU checks forced to a VNNI + avx512_bf16 CPU.
+oneDNN's kernel by output dtype and by zero point (128: a signed input handed over as q + 128) and the casts
+float32 -> bf16 left after int8 layers, on this CPU and with the CPU checks forced to a VNNI CPU (native bf16 or
+not), and (c) one BERT-base Linear on this CPU, per call (interleaved medians, ``--rounds``): oneDNN's kernel on a
+signed activation (quantize to q + 128, ``int8_linear_u7`` with zero point 128) against the fake quantization the
+layer keeps without VNNI (quantize/dequantize, dequantize of the int8 weight, float32 GEMM) and fp32
+``F.linear``, op by op in eager, and the same ``nn.Linear`` compiled by mixprec on inductor: fp32, int8 on this CPU
+(fake quantization), int8 with the CPU check forced to VNNI (the kernel); ratios against the int8 inductor
+program as this CPU runs it. Without VNNI the kernel's u8 x s8 pair sums saturate on such data, so that timing is
+indicative only (a kernel that computes the wrong sums), and the lowering does not use it there.
 """
 
 from __future__ import annotations
@@ -110,7 +117,69 @@ def run_model(name, layers, rounds, nncf, ov):
     return rows
 
 
-def costs(layers, ov) -> None:
+def _one_linear_programs(model, x) -> dict:
+    """nn.Linear compiled by mixprec on inductor: fp32, int8 as this CPU runs it (fake quantization of a signed
+    input without VNNI), int8 with the CPU check forced to VNNI (the kernel, zero point 128)."""
+    import mixprec
+    from mixprec.backends.lowering import cpu
+    from mixprec.backends.lowering.onednn import KERNEL
+
+    cfg = mixprec.MixedPrecisionConfigurator(model)
+    cfg.set_precision(torch.nn.Linear, activation="int8")
+    plan = cfg.apply((x,))
+    progs = {"fp32": mixprec.compile(model, (x,), backend="inductor"),
+             "int8 this CPU": mixprec.compile(model, (x,), plan=plan, backend="inductor")}
+    real = cpu.has_int8_dot_product
+    cpu.has_int8_dot_product = lambda: True
+    try:
+        progs["int8 forced VNNI"] = mixprec.compile(model, (x,), plan=plan, backend="inductor")
+    finally:
+        cpu.has_int8_dot_product = real
+    expected = {"fp32": 0, "int8 this CPU": int(cpu.has_int8_dot_product()), "int8 forced VNNI": 1}
+    for name, prog in progs.items():
+        kernels = sum(node.target is KERNEL for node in prog.runner.module.graph.nodes)
+        assert kernels == expected[name], f"{name}: {kernels} layers on the kernel, expected {expected[name]}"
+    return progs
+
+
+def layer_times(rounds: int, rows: int = 1024, shapes=((768, 768), (768, 3072), (3072, 768))) -> None:
+    """(c): per-call time of one BERT-base Linear (8 x 128 tokens) on the kernel vs its fake quantization."""
+    from mixprec.backends.lowering import onednn
+    from mixprec.ops.quant import UINT8_SHIFTED, quantize, quantize_weight
+
+    mixprec_ops = torch.ops.mixprec
+    for k, n in shapes:
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(rows, k, generator=gen)
+        weight, bias = torch.randn(n, k, generator=gen) / k**0.5, torch.randn(n, generator=gen) * 0.1
+        w_q, w_scales = quantize_weight(weight)
+        s = float(x.abs().max()) / 127
+        handle, packed = onednn.pack_weight(w_q)
+        w_dq = mixprec_ops.dequantize_per_channel(w_q, w_scales, 0, torch.float32)
+
+        def fake(with_weight):
+            x_dq = mixprec_ops.dequantize_per_tensor(mixprec_ops.quantize_per_tensor(x, s), s, torch.float32)
+            w = mixprec_ops.dequantize_per_channel(w_q, w_scales, 0, torch.float32) if with_weight else w_dq
+            return torch.nn.functional.linear(x_dq, w, bias)
+
+        u = quantize(x, s, UINT8_SHIFTED)
+        progs = _one_linear_programs(torch.nn.Linear(k, n).eval(), x)
+        times = harness.interleaved({
+            **{f"inductor program: {name}": (lambda p=p: p(x)) for name, p in progs.items()},
+            "fp32 F.linear": lambda: torch.nn.functional.linear(x, weight, bias),
+            "fake quant (program: + weight dequantize)": lambda: fake(True),
+            "fake quant (weight dequantized once)": lambda: fake(False),
+            "kernel, zp 128 (+ quantize to q + 128)": lambda: onednn.KERNEL(
+                quantize(x, s, UINT8_SHIFTED), s, w_scales, bias, handle, torch.float32, 128),
+            "kernel, zp 128 (alone)": lambda: onednn.KERNEL(u, s, w_scales, bias, handle, torch.float32, 128),
+        }, rounds=rounds)
+        base = times["inductor program: int8 this CPU"]
+        print(f"one Linear {rows}x{k} -> {n}, this CPU: " + "; ".join(
+            f"{name} {t * 1e3:.2f} ms ({base / t:.2f}x)" for name, t in times.items()))
+        del packed
+
+
+def costs(layers, ov, rounds=15) -> None:
     import time
 
     import mixprec
@@ -152,21 +221,25 @@ def costs(layers, ov) -> None:
     def inductor_graph():
         module = prog.exported_program.module()
         run_passes(module, (INT8_LINEARS, QDQ_ATEN))
-        kernels = [n.args[5] for n in module.graph.nodes if n.target is KERNEL]
+        kernels = [n.args for n in module.graph.nodes if n.target is KERNEL]
         casts = [n for n in module.graph.nodes if n.target is torch.ops.aten.to.dtype and n.args[1] is torch.bfloat16
                  and n.args[0].target in (KERNEL, torch.ops.aten.linear.default)]
         linears = sum(1 for n in prog.exported_program.graph.nodes if n.target is torch.ops.aten.linear.default)
-        bf16 = sum(k is torch.bfloat16 for k in kernels)
-        return (f"int8 linears {linears}, on oneDNN's kernel {len(kernels)} (writing bf16: {bf16}), "
-                f"casts f32 -> bf16 after them {len(casts)}")
+        bf16 = sum(k[5] is torch.bfloat16 for k in kernels)
+        signed = sum(k[6] == 128 for k in kernels)
+        return (f"int8 linears {linears}, on oneDNN's kernel {len(kernels)} (signed inputs, zero point 128: {signed}; "
+                f"writing bf16: {bf16}), casts f32 -> bf16 after them {len(casts)}")
 
     print(f"inductor, this CPU: {inductor_graph()}")
     real_cpu = cpu.has_int8_dot_product, cpu.has_native_bf16
-    cpu.has_int8_dot_product = cpu.has_native_bf16 = lambda: True
     try:
+        cpu.has_int8_dot_product = lambda: True
+        print(f"inductor, CPU checks forced to VNNI (no native bf16): {inductor_graph()}")
+        cpu.has_native_bf16 = lambda: True
         print(f"inductor, CPU checks forced to VNNI + avx512_bf16: {inductor_graph()}")
     finally:
         cpu.has_int8_dot_product, cpu.has_native_bf16 = real_cpu
+    layer_times(rounds)
 
 
 def main(argv=None) -> int:
@@ -196,7 +269,7 @@ def main(argv=None) -> int:
     print(f"nncf {nncf.__version__}, openvino {ov.__version__}; command: python bench/mixed_int8_bf16.py "
           + " ".join(argv if argv is not None else sys.argv[1:]))
     if args.costs:
-        costs(args.layers, ov)
+        costs(args.layers, ov, args.rounds)
         return 0
     for name in args.models.split(","):
         rows = run_model(name.strip(), args.layers, args.rounds, nncf, ov)

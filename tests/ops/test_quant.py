@@ -12,7 +12,8 @@ import torch
 
 from mixprec.errors import InvariantError
 from mixprec.ops.quant import (
-    INT8_SYMMETRIC, UINT8_7BIT, Grid, along, channel_scales, dequantize, quantize, quantize_weight, symmetric_scale,
+    INT8_SYMMETRIC, UINT8_7BIT, UINT8_SHIFTED, Grid, along, channel_scales, dequantize, quantize, quantize_weight,
+    symmetric_scale,
 )
 
 SCALE = 1 / 16
@@ -28,6 +29,17 @@ def test_quantize_rounds_half_to_even_adds_the_zero_point_and_clamps(grid):
     q = quantize(torch.tensor(values), SCALE, grid)
     expected = [min(max(round(v / SCALE) + grid.zero_point, grid.qmin), grid.qmax) for v in values]
     assert q.dtype == grid.dtype and q.tolist() == expected
+
+
+def test_the_shifted_grid_is_the_symmetric_grid_plus_128():
+    """What the oneDNN lowering hands its u8 kernel for a signed activation: the symmetric grid's integers + 128,
+    including halfway values, the clamp at +-127 (never -128) and values far beyond it."""
+    values = torch.tensor(_halfway_and_beyond() + [1e6, -1e6, 0.0, -0.0])
+    shifted = quantize(values, SCALE, UINT8_SHIFTED)
+    assert shifted.dtype == torch.uint8
+    assert torch.equal(shifted.int(), quantize(values, SCALE, INT8_SYMMETRIC).int() + 128)
+    assert torch.equal(dequantize(shifted, SCALE, torch.float32, UINT8_SHIFTED),
+                       dequantize(quantize(values, SCALE), SCALE, torch.float32))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

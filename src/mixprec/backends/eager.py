@@ -1,9 +1,9 @@
 """The eager backend: run the rewritten graph op by op with PyTorch's own kernels.
 
-Its graph passes (``backends/lowering``): int8 linear layers with non-negative inputs on oneDNN's int8 GEMM
-(same numerics), then the run-time guard when ``runtime_guard`` asks for it (``guard.py``). The fake
-quantization of the other int8 layers runs as mixprec's custom ops, whose kernels compute the arithmetic
-of ``ops/quant.py``.
+Its graph passes (``backends/lowering``): int8 linear layers on oneDNN's int8 GEMM where this CPU computes it
+exactly (non-negative inputs on every CPU, signed ones with VNNI/AMX; same numerics), then the run-time guard
+when ``runtime_guard`` asks for it (``guard.py``). The fake quantization of the other int8 layers runs as
+mixprec's custom ops, whose kernels compute the arithmetic of ``ops/quant.py``.
 """
 
 from __future__ import annotations

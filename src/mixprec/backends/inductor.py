@@ -69,8 +69,8 @@ class InductorRunner(torch.nn.Module):
     def __init__(self, exported_program):
         super().__init__()
         self.module = unlift.of_exported(exported_program)
-        # int8 layers with non-negative inputs on the int8 GEMM (same numerics), then the other quantize/dequantize
-        # as ATen ops, which inductor fuses (backends/lowering/qdq.py)
+        # int8 layers on the int8 GEMM where this CPU computes it exactly (same numerics), then the other
+        # quantize/dequantize as ATen ops, which inductor fuses (backends/lowering/qdq.py)
         run_passes(self.module, (INT8_LINEARS, QDQ_ATEN))
         self._inputs = _user_input_metas(exported_program)
         self._specs = input_specs_of(exported_program)

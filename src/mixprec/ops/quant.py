@@ -20,8 +20,10 @@ and a scale is ``absmax / 127``). Other grids are parameters of the same arithme
 :data:`UINT8` is the grid of activations that are never negative (after relu, softmax, ...: ``ir/sign.py``),
 [0, 255] with zero point 0 and scale ``max / 255`` — one bit more than the symmetric grid gives them, half
 its rounding error; :data:`UINT8_7BIT` is what the oneDNN lowering hands its u8 kernel for symmetric int8
-activations that are never negative (``backends/lowering/cpu.py`` says why 7 bits). Zero-point activations
-would be further :class:`Grid` values.
+activations that are never negative (``backends/lowering/cpu.py`` says why 7 bits); :data:`UINT8_SHIFTED` is
+what it hands the kernel for symmetric int8 activations that may be negative: q + 128 on zero point 128, the same
+values in the unsigned type the kernel reads (exact only on CPUs with VNNI/AMX). Zero-point activations of the
+program itself would be further :class:`Grid` values.
 
 **Spelled as ATen ops.** The arithmetic is a function of an *interpreter* ``run(op, *args, **kwargs)``:
 :data:`EAGER` calls each ATen op now (the custom ops' kernels), a graph interpreter
@@ -68,6 +70,9 @@ INT8_SYMMETRIC = Grid(-127, 127, torch.int8)
 UINT8 = Grid(0, 255, torch.uint8)
 # a non-negative activation as u8 in [0, 127]: the values of INT8_SYMMETRIC for x >= 0, in the type oneDNN reads
 UINT8_7BIT = Grid(0, 127, torch.uint8)
+# any activation on INT8_SYMMETRIC as u8: q + 128 in [1, 255], zero point 128 — the same values (clamp(round(x / s),
+# -127, 127) + 128 == clamp(round(x / s) + 128, 1, 255)) in the type oneDNN reads, for a signed input
+UINT8_SHIFTED = Grid(1, 255, torch.uint8, zero_point=128)
 
 
 # ---- scales -----------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mixprec.backends.lowering import cpu, onednn
-from mixprec.ops.quant import INT8_SYMMETRIC, UINT8_7BIT, Grid
+from mixprec.ops.quant import INT8_SYMMETRIC, UINT8_7BIT, UINT8_SHIFTED, Grid
 
 UINT8_FULL = Grid(0, 255, torch.uint8)
 
@@ -32,6 +32,7 @@ def cpu_kind(request, monkeypatch):
         (Grid(0, 130, torch.uint8), False),  # 2 * 130 * 127 = 33020 saturates
         (UINT8_FULL, False),
         (INT8_SYMMETRIC, False),  # shifted by 128 into u8: up to 255
+        (UINT8_SHIFTED, False),  # the same, as the oneDNN lowering spells it: q + 128 on zero point 128
     ],
 )
 def test_the_answer_on_both_kinds_of_cpu(cpu_kind, grid, without_vnni):
@@ -42,6 +43,7 @@ def test_the_u8_value_a_kernel_reads():
     assert cpu.kernel_u8_max(UINT8_7BIT) == 127
     assert cpu.kernel_u8_max(UINT8_FULL) == 255
     assert cpu.kernel_u8_max(INT8_SYMMETRIC) == 255  # 127 + 128
+    assert cpu.kernel_u8_max(UINT8_SHIFTED) == 255
 
 
 def test_every_backend_asks_the_same_function(cpu_kind):
@@ -85,9 +87,12 @@ def test_the_probe_agrees_with_the_cpu_flags():
 
 
 @pytest.mark.skipif(not onednn.is_available(), reason="torch without oneDNN int8 kernels")
-@pytest.mark.parametrize("grid", [UINT8_7BIT, Grid(0, 129, torch.uint8), Grid(0, 130, torch.uint8), UINT8_FULL])
+@pytest.mark.parametrize(
+    "grid", [UINT8_7BIT, Grid(0, 129, torch.uint8), Grid(0, 130, torch.uint8), UINT8_FULL, UINT8_SHIFTED]
+)
 def test_the_answer_is_what_this_cpus_kernel_does(grid):
-    """On the CPU at hand (either kind): the kernel's sums are exact exactly when the answer says so."""
+    """On the CPU at hand (either kind): the kernel's sums are exact exactly when the answer says so (the shifted
+    grid with its zero point 128, as the lowering hands it over: the sum of (u - 128) * w)."""
     m, k, n = 4, 64, 8
     u8 = cpu.kernel_u8_max(grid)
     u = torch.full((m, k), u8)
@@ -95,10 +100,10 @@ def test_the_answer_is_what_this_cpus_kernel_does(grid):
     w[n // 2:] = -127
     _, packed = onednn.pack_weight(w.to(torch.int8))
     out = torch.ops.onednn.qlinear_pointwise(
-        u.to(torch.uint8), 1.0, 0, packed, torch.ones(n), torch.zeros(n, dtype=torch.int64), None, 1.0, 0,
-        torch.float32, "none", [], "",
+        u.to(torch.uint8), 1.0, grid.zero_point, packed, torch.ones(n), torch.zeros(n, dtype=torch.int64), None,
+        1.0, 0, torch.float32, "none", [], "",
     )
-    exact = u.double() @ w.double().t()  # |sums| < 2^24: exact in the float32 output too
+    exact = (u - grid.zero_point).double() @ w.double().t()  # |sums| < 2^24: exact in the float32 output too
     assert torch.equal(out.double(), exact) is cpu.int8_kernel_exact(grid)
 
 

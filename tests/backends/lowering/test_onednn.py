@@ -1,4 +1,5 @@
-"""oneDNN's int8 linear kernel as an op (backends/lowering/onednn.py): exact integer sums on 7-bit activations,
+"""oneDNN's int8 linear kernel as an op (backends/lowering/onednn.py): exact integer sums on 7-bit activations and
+on signed ones shifted by 128 (zero point 128; small enough here not to saturate without VNNI),
 its packed weights owned by a module and an error, not garbage, once they are freed.
 
 Tolerance: against exact integer arithmetic (fp64 of the same grid values) the int32 sum is exact, the two
@@ -36,6 +37,30 @@ def test_kernel_is_exact_integer_arithmetic_on_7bit_activations():
     exact = sums * x_scale * w_scales.double() + bias.double()
     bound = 4 * EPS32 * (sums.abs() * x_scale * w_scales.double() + bias.double().abs())
     assert out.dtype == torch.float32 and out.shape == (m, n)
+    assert ((out.double() - exact).abs() <= bound).all()
+    del packed
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_kernel_with_zero_point_128_is_the_signed_integer_sum(out_dtype):
+    """A signed activation handed over as u = q + 128 with x_zero_point=128 (the lowering's UINT8_SHIFTED): the sum
+    is sum q * w (oneDNN subtracts 128 * sum w in int32). |q| <= 20 and |w| <= 100 keep every u8 x s8 pair below
+    int16's limit (2 * 148 * 100 < 2^15), so this holds on a CPU without VNNI too; with zero point 0 the output would
+    be off by 128 * x_scale * w_scale * sum w."""
+    gen = torch.Generator().manual_seed(5)
+    m, k, n = 32, 512, 64
+    q = torch.randint(-20, 21, (m, k), generator=gen)
+    w = torch.randint(-100, 101, (n, k), generator=gen).to(torch.int8)
+    w_scales = torch.rand(n, generator=gen) * 0.01 + 1e-3
+    bias = torch.randn(n, generator=gen)
+    handle, packed = onednn.pack_weight(w)
+    out = KERNEL((q + 128).to(torch.uint8), 0.0123, w_scales, bias, handle, out_dtype, 128)
+    sums = q.double() @ w.double().t()
+    exact = sums * 0.0123 * w_scales.double() + bias.double()
+    bound = 4 * EPS32 * (sums.abs() * 0.0123 * w_scales.double() + bias.double().abs())
+    if out_dtype is torch.bfloat16:
+        bound = bound + exact.abs() * 2.0**-8  # half a bf16 step
+    assert out.dtype == out_dtype
     assert ((out.double() - exact).abs() <= bound).all()
     del packed
 

@@ -60,6 +60,14 @@ def symmetric_activations(monkeypatch):
 
 
 @pytest.fixture
+def no_smoothing(monkeypatch):
+    """No activation-outlier smoothing on signed Linear inputs: the layer's weights are the model's, on the grid."""
+    from mixprec import configurator
+
+    monkeypatch.setattr(configurator, "SMOOTHING_ALPHA", None)
+
+
+@pytest.fixture
 def quantized_exits(monkeypatch):
     """int8 Linears' outputs quantized on their way out too (the configurator before round two): the lowering of
     a layer whose output goes back onto the int8 grid."""
@@ -242,17 +250,19 @@ def test_lowered_program_agrees_with_fake_quantization_within_fp32_rounding(back
 @needs_onednn
 @pytest.mark.parametrize("kind", ["vnni", "avx2"])
 @pytest.mark.usefixtures("symmetric_activations")
-def test_both_kinds_of_cpu_lower_the_same_layers(monkeypatch, kind):
-    """The 7-bit grid is exact on every CPU's kernel (cpu.py): with or without VNNI the same layers run on it,
-    with the same values; only OpenVINO's choice depends on the kind (tests/backends/openvino)."""
+def test_both_kinds_of_cpu_lower_the_same_7bit_layers(monkeypatch, kind):
+    """The 7-bit grid is exact on every CPU's kernel (cpu.py): with or without VNNI the layers whose inputs are never
+    negative run on it, with the same values (signed inputs: test_signed_inputs_run_on_the_kernel_only_with_vnni)."""
     torch.manual_seed(1)
-    model = ReluNet(64, layers=3, relu_in=False).eval()
+    model = ReluNet(64, layers=3, relu_in=True).eval()
     x = torch.randn(8, 64)
     plan = int8_plan(model, x)
     before = mixprec.compile(model, (x,), plan=plan)
     monkeypatch.setattr(cpu, "has_int8_dot_product", lambda: kind == "vnni")
     prog = mixprec.compile(model, (x,), plan=plan)
-    assert [n.name for n in prog.runner.graph.nodes if n.target is KERNEL] == ["linear_1_int8", "linear_2_int8"]
+    assert [n.name for n in prog.runner.graph.nodes if n.target is KERNEL] == [
+        "linear_int8", "linear_1_int8", "linear_2_int8"
+    ]
     with torch.inference_mode():
         assert torch.equal(prog(x), before(x))
 
@@ -272,39 +282,162 @@ def test_unsigned_activations_run_on_the_kernel_only_where_it_is_exact_on_full_u
     lowered = [n.name for n in prog.runner.graph.nodes if n.target is KERNEL]
     u8 = torch.ops.mixprec.quantize_per_tensor_u8.default
     assert sum(n.target is u8 for n in prog.exported_program.graph.nodes) == 2  # linear_1's and linear_2's inputs
-    if kind == "vnni":
-        assert lowered == ["linear_1_int8", "linear_2_int8"]
+    if kind == "vnni":  # the first layer reads the signed input: on the kernel as q + 128 (zero point 128)
+        assert lowered == ["linear_int8", "linear_1_int8", "linear_2_int8"]
         clamps = [n.args[1:] for n in prog.runner.graph.nodes if n.target is torch.ops.aten.clamp.default]
-        assert (0, 255) in clamps  # the kernel reads the full u8 grid
+        assert (0, 255) in clamps and (1, 255) in clamps  # the kernel reads the full u8 grid
     else:
         assert lowered == []
         assert "not exact on 8-bit unsigned activations" in caplog.text
+        assert "not exact on signed activations" in caplog.text
         with torch.inference_mode():
             assert torch.equal(prog(x), prog.exported_program.module()(x))
 
 
 # ---- the oneDNN table: what is lowered, what is not, and where the packed weights live ------------------------
 @needs_onednn
-def test_signed_inputs_stay_fake_quantization_and_are_logged(caplog):
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+@pytest.mark.parametrize("kind", ["vnni", "avx2"])
+def test_signed_inputs_run_on_the_kernel_only_with_vnni(monkeypatch, caplog, backend, kind):
+    """A signed input goes to the kernel as q + 128 on zero point 128, whose u8 values reach 255: exact only with
+    VNNI/AMX (cpu.py). Without, the layers keep their fake quantization, logged, with today's values."""
     torch.manual_seed(3)
     model = ReluNet(64, layers=2, relu_in=False, relu=False).eval()  # plain Linear layers: inputs may be negative
     x = torch.randn(4, 64)
+    plan = int8_plan(model, x)
+    monkeypatch.setattr(cpu, "has_int8_dot_product", lambda: kind == "vnni")
     with caplog.at_level(logging.INFO, logger="mixprec.backends.lowering.qdq"):
-        prog = mixprec.compile(model, (x,), plan=int8_plan(model, x), backend="eager")
-    assert lowered_count(prog.runner) == 0
-    assert "kept as fake quantization" in caplog.text and "linear, linear_1" in caplog.text
+        prog = mixprec.compile(model, (x,), plan=plan, backend=backend)
+    graph = (prog.runner.module if backend == "inductor" else prog.runner).graph
+    kernels = [n for n in graph.nodes if n.target is KERNEL]
+    if kind == "vnni":
+        assert [n.name for n in kernels] == ["linear_int8", "linear_1_int8"]
+        assert [n.args[6] for n in kernels] == [128, 128]  # x_zero_point
+        assert all(n.args[0].meta["val"].dtype == torch.uint8 for n in kernels)
+        clamps = [n.args[1:] for n in graph.nodes if n.target is torch.ops.aten.clamp.default]
+        assert clamps == [(1, 255), (1, 255)]  # q + 128: never 0 (the symmetric grid never makes -128)
+    else:
+        assert kernels == []
+        assert "kept as fake quantization" in caplog.text and "linear, linear_1" in caplog.text
+        assert "not exact on signed activations (u8 = q + 128) (no VNNI)" in caplog.text
+        with torch.inference_mode():
+            assert torch.equal(prog(x), prog.exported_program.module()(x))
+
+
+def _signed_exact_model(width, *, w_max=60, layers=1, relu=False):
+    """x -> Linear whose weights are on the int8 grid with per-channel scale exactly 2^-7: one +-127 per row (the
+    row's absmax), the rest within +-w_max. With activations |q| <= 47 any two products (q + 128) * w of a row sum to
+    at most 175 * (127 + 60) = 32725 < 2^15: the u8 x s8 pair sums cannot saturate, even without VNNI."""
+    torch.manual_seed(0)
+    model = ReluNet(width, layers=layers, relu_in=False, relu=relu).eval()
+    with torch.no_grad():
+        w = torch.randint(-w_max, w_max + 1, (width, width)).float()
+        w[:, 0] = torch.where(torch.rand(width) < 0.5, -127.0, 127.0)
+        model.fcs[0].weight.copy_(w / 128)
+        model.fcs[0].bias.copy_(torch.randint(-64, 64, (width,)).float() / 2048)
+    return model
+
+
+@needs_onednn
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+@pytest.mark.usefixtures("symmetric_activations", "minmax_ranges", "no_smoothing")
+def test_a_signed_layer_on_the_kernel_is_the_fake_quantization_bit_for_bit(monkeypatch, backend):
+    """Power-of-two scales (x: 1/16, weights: 2^-7) and |sums| < 2^24 grid units: every value is exact in float32,
+    so the kernel's int32 sum and the fake quantization's float32 GEMM must give the same bits — a wrong zero point
+    (128 * sum w off), rounding or clamp would not. The inputs keep the u8 x s8 pairs below int16's limit, so the
+    kernel is exact on this CPU whatever its kind."""
+    width = 256
+    model = _signed_exact_model(width)
+    calib = torch.randn(8, width)
+    calib[0, 0] = 127 / 16  # the input's absmax: scale exactly 1/16
+    plan = int8_plan(model, calib)
+    monkeypatch.setattr(cpu, "has_int8_dot_product", lambda: True)
+    prog = mixprec.compile(model, (calib,), plan=plan, backend=backend)
+    module = prog.runner.module if backend == "inductor" else prog.runner
+    assert lowered_count(module) == 1
+    # halfway between grid points (k + 0.5) / 16 (round half to even), both signs, within |q| <= 47
+    k = (torch.arange(width * 8) % 94) - 47
+    x = ((k.float() + torch.where(torch.arange(width * 8) % 3 == 0, 0.5, 0.0)) / 16).reshape(8, width)
+    x = x.clamp(-47 / 16, 47 / 16)
     with torch.inference_mode():
-        assert torch.equal(prog(x), prog.exported_program.module()(x))
+        fake, out = prog.exported_program.module()(x), prog(x)
+    q = torch.round(x.double() * 16)
+    assert int(q.abs().max()) == 47 and int(q.min()) == -47
+    w_q, w_scales = quantize_weight(model.fcs[0].weight)
+    assert torch.equal(w_scales, torch.full((width,), 2.0**-7))
+    reference = ((q @ w_q.double().t()) / 16 / 128 + model.fcs[0].bias.double()).float()
+    assert torch.equal(fake, reference)  # the reference is today's program, exactly
+    assert torch.equal(out, reference)
+
+
+@needs_onednn
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+@pytest.mark.usefixtures("symmetric_activations", "minmax_ranges", "no_smoothing")
+def test_a_signed_layer_on_the_kernel_agrees_with_fake_quantization_within_fp32_rounding(monkeypatch, backend):
+    """Scales that are not powers of two: the kernel's result is the exact integer sum scaled in float32 (a few
+    float32 roundings of the exact value), the fake quantization's a float32 K-term sum (K roundings). Both bounds
+    are checked; with the zero point left at 0 the outputs would be off by x_scale * 128 * sum(w) per channel."""
+    width = 256
+    model = _signed_exact_model(width)
+    with torch.no_grad():
+        model.fcs[0].weight.mul_(torch.rand(width, 1) * 3 + 0.1)  # per-channel scales 2^-7 * (0.1 .. 3.1)
+        model.fcs[0].bias.copy_(torch.randn(width) * 0.1)
+    calib = torch.randn(16, width)
+    plan = int8_plan(model, calib)
+    monkeypatch.setattr(cpu, "has_int8_dot_product", lambda: True)
+    prog = mixprec.compile(model, (calib,), plan=plan, backend=backend)
+    quantize = torch.ops.mixprec.quantize_per_tensor.default
+    s = next(n.args[1] for n in prog.exported_program.graph.nodes if n.target is quantize)
+    assert lowered_count(prog.runner.module if backend == "inductor" else prog.runner) == 1
+    x = (torch.rand(16, width) * 2 - 1) * (47 * s)  # |q| <= 47: no pair saturates on any CPU
+    with torch.inference_mode():
+        fake, out = prog.exported_program.module()(x), prog(x)
+    q = torch.clamp(torch.round(x / s), -127, 127).double()
+    assert int(q.abs().max()) == 47
+    w_q, w_scales = quantize_weight(model.fcs[0].weight)
+    bias = model.fcs[0].bias.detach().double()
+    sums = q @ w_q.double().t()
+    exact = sums * s * w_scales.double() + bias
+    eps32 = 2.0**-24
+    assert ((out.double() - exact).abs() <= 4 * eps32 * (sums.abs() * s * w_scales.double() + bias.abs())).all()
+    x_dq, w_dq = (q * s).float(), w_q.float() * w_scales[:, None]
+    bound = width * eps32 * (x_dq.abs() @ w_dq.abs().t() + model.fcs[0].bias.detach().abs()).double()
+    assert ((out.double() - fake.double()).abs() <= bound).all()
 
 
 @needs_onednn
 @pytest.mark.usefixtures("symmetric_activations")
-def test_first_layer_of_a_relu_net_reads_the_signed_input_and_stays():
+def test_first_layer_of_a_relu_net_reads_the_signed_input_and_stays_without_vnni(monkeypatch):
+    monkeypatch.setattr(cpu, "has_int8_dot_product", lambda: False)
     model = ReluNet(64, layers=3, relu_in=False).eval()
     x = torch.randn(4, 64)
     prog = mixprec.compile(model, (x,), plan=int8_plan(model, x), backend="eager")
     lowered = [n.name for n in prog.runner.graph.nodes if n.target is KERNEL]
     assert lowered == ["linear_1_int8", "linear_2_int8"]
+
+
+@needs_onednn
+def test_a_bert_block_on_inductor_runs_its_int8_linears_on_the_kernel_with_vnni(monkeypatch, caplog):
+    """A transformer's Linears read LayerNorm, attention-context and GELU outputs — signed. With VNNI every int8
+    Linear of a small BERT (2 layers x Q, K, V, attention output, intermediate, output; the pooler) runs on the
+    kernel, on the inductor backend, and the log names them (without VNNI none does: the signed-input tests above;
+    the values of this run on an AVX2 CPU saturate, so only the graph is checked here: numerics above)."""
+    from models import bert_small
+
+    model, inputs = bert_small()
+    cfg = mixprec.MixedPrecisionConfigurator(model)
+    cfg.set_precision(torch.nn.Linear, activation="int8")
+    plan = cfg.apply(inputs)
+    monkeypatch.setattr(cpu, "has_int8_dot_product", lambda: True)
+    with caplog.at_level(logging.INFO, logger="mixprec.backends.lowering.qdq"):
+        prog = mixprec.compile(model, inputs, plan=plan, backend="inductor")
+    linears = [n.name for n in prog.exported_program.graph.nodes if n.target is torch.ops.aten.linear.default]
+    assert len(linears) == 2 * 6 + 1
+    kernels = [n for n in prog.runner.module.graph.nodes if n.target is KERNEL]
+    assert sorted(n.name for n in kernels) == sorted(f"{name}_int8" for name in linears)
+    assert {n.args[6] for n in kernels} == {128}  # every input signed (GELU's output dips below 0)
+    assert "int8 linear layers on oneDNN's int8 kernel" in caplog.text
+    assert "kept as fake quantization: none" in caplog.text
 
 
 def test_nothing_is_lowered_where_the_kernels_are_missing(monkeypatch):
@@ -369,6 +502,7 @@ def test_an_int8_layer_read_in_bf16_writes_bf16_where_the_cpu_converts_natively(
     x = torch.randn(16, 64)
     plan = mixed_plan(model, x)
     monkeypatch.setattr(cpu, "has_native_bf16", lambda: bf16_cpu)
+    monkeypatch.setattr(cpu, "has_int8_dot_product", lambda: False)  # the signed first layer: below, with VNNI
     prog = mixprec.compile(model, (x,), plan=plan, backend=backend)
     graph = (prog.runner.module if backend == "inductor" else prog.runner).graph
     kernels = {n.name: n.args[5] for n in graph.nodes if n.target is KERNEL}
@@ -384,6 +518,38 @@ def test_an_int8_layer_read_in_bf16_writes_bf16_where_the_cpu_converts_natively(
         fake, out = prog.exported_program.module()(x2), prog(x2)
     assert out.dtype == fake.dtype == torch.float32  # the program's output dtype (keep_io_types)
     # a bf16 step moved by float32 rounding can move the next quantization by one grid step: few elements, bounded
+    diff = (out - fake).abs()
+    assert float(diff.max()) <= 0.05 * float(fake.abs().max())
+    assert float((diff > 0).float().mean()) <= 0.05
+    assert float(torch.linalg.vector_norm(out - fake) / torch.linalg.vector_norm(fake)) <= 2.0**-6
+
+
+@needs_onednn
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+@pytest.mark.parametrize("bf16_cpu", [True, False], ids=["native-bf16", "no-bf16"])
+@pytest.mark.usefixtures("symmetric_activations", "minmax_ranges", "no_smoothing")
+def test_a_signed_layer_read_in_bf16_writes_bf16_with_its_zero_point(monkeypatch, backend, bf16_cpu):
+    """The two paths compose: on a VNNI CPU the signed first layer runs on the kernel (zero point 128) and, where
+    the CPU has native bf16, writes bf16 with its cast gone like the 7-bit layers after it. The first layer's
+    weights and the call-time input (|q| <= 31) keep its pairs below int16's limit on this CPU too
+    (``_signed_exact_model``)."""
+    model = _signed_exact_model(64, layers=3, relu=True)
+    x = torch.randn(16, 64)
+    x[0, 0] = 5.0  # the calibrated absmax: scale 5 / 127
+    plan = mixed_plan(model, x)
+    monkeypatch.setattr(cpu, "has_native_bf16", lambda: bf16_cpu)
+    monkeypatch.setattr(cpu, "has_int8_dot_product", lambda: True)
+    prog = mixprec.compile(model, (x,), plan=plan, backend=backend)
+    graph = (prog.runner.module if backend == "inductor" else prog.runner).graph
+    kernels = {n.name: (n.args[5], n.args[6]) for n in graph.nodes if n.target is KERNEL}
+    out_dtype = torch.bfloat16 if bf16_cpu else torch.float32
+    assert kernels == {"linear_int8": (out_dtype, 128), "linear_1_int8": (out_dtype, 0),
+                       "linear_2_int8": (out_dtype, 0)}
+    assert casts_to_bf16(graph) == ([] if bf16_cpu else ["linear_bf16", "linear_1_bf16", "linear_2_bf16"])
+    x2 = (torch.rand(16, 64) * 2 - 1) * 1.2  # |q| <= round(1.2 * 127 / 5) = 30
+    with torch.inference_mode():
+        fake, out = prog.exported_program.module()(x2), prog(x2)
+    assert out.dtype == fake.dtype == torch.float32
     diff = (out - fake).abs()
     assert float(diff.max()) <= 0.05 * float(fake.abs().max())
     assert float((diff > 0).float().mean()) <= 0.05

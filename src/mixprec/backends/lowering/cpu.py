@@ -14,8 +14,10 @@ products decides whether the result is the exact integer sum mixprec's fake quan
   arithmetic (bench/RESULTS.md, "OpenVINO backend" and "int8 linear layers on oneDNN's int8 kernels").
 
 So the question is asked with a grid (``ops/quant.py``): :func:`int8_kernel_exact` answers it from the grid
-and :func:`has_int8_dot_product`, the one place that reads the CPU. Tests monkeypatch that function to run
-either kind of CPU on any machine.
+and :func:`has_int8_dot_product`, the one place that reads the CPU. The grid is the one the kernel reads: the
+oneDNN lowering hands a signed symmetric activation over as ``UINT8_SHIFTED`` (q + 128 in [1, 255], zero point
+128 — the kernel subtracts ``128 * sum w`` in int32), so it is exact exactly where full-range u8 is. Tests
+monkeypatch :func:`has_int8_dot_product` to run either kind of CPU on any machine.
 
 A second question about the same kernel: may it write bf16 (``onednn.OUT_DTYPES``)? Only where the CPU converts
 float32 to bf16 natively (:func:`has_native_bf16`: ``avx512_bf16`` or AMX); elsewhere oneDNN writes bf16 through
@@ -64,8 +66,9 @@ def _cpu_flags() -> set[str]:
 
 
 def kernel_u8_max(grid: Grid) -> int:
-    """The largest u8 value the kernel reads for activations on ``grid``: an unsigned grid as it is, a signed
-    one shifted by 128 (what oneDNN and OpenVINO do with s8 activations)."""
+    """The largest u8 value the kernel reads for activations on ``grid``: an unsigned grid as it is (its zero
+    point is subtracted in int32 after the sum), a signed one shifted by 128 (what oneDNN and OpenVINO do with s8
+    activations)."""
     return grid.qmax - torch.iinfo(grid.dtype).min
 
 

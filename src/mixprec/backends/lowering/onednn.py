@@ -1,7 +1,9 @@
 """oneDNN's int8 linear kernel as an operator a graph can call: ``mixprec_kernels::int8_linear_u7``.
 
-The lowering (``qdq.py``, its ONEDNN table) replaces a fake-quantized int8 linear layer whose input is
-never negative by this op; here is what the op runs and how it finds its weight.
+The lowering (``qdq.py``, its ONEDNN table) replaces a fake-quantized int8 linear layer by this op where the CPU
+computes it exactly; here is what the op runs and how it finds its weight. The activation arrives as u8 with a
+zero point: 0 for a non-negative input (7-bit or unsigned grid), 128 for a signed one (q + 128: oneDNN subtracts
+``128 * sum_k w`` in int32, so the sum is the signed one's integer sum).
 
 The weights are packed (``qlinear_prepack``) when the backend is built — also after ``mixprec.load``,
 which builds the backend again — and live only in the built module: the saved ExportedProgram keeps the
@@ -66,11 +68,13 @@ def pack_for(module: torch.nn.Module, weight_int8: torch.Tensor) -> int:
 @torch.library.custom_op("mixprec_kernels::int8_linear_u7", mutates_args=())
 def int8_linear_u7(
     u: torch.Tensor, x_scale: float, w_scales: torch.Tensor, bias: torch.Tensor | None, handle: int,
-    out_dtype: torch.dtype = torch.float32,
+    out_dtype: torch.dtype = torch.float32, x_zero_point: int = 0,
 ) -> torch.Tensor:
-    """(u * x_scale) @ (w * w_scales).T + bias for a uint8 ``u`` (zero point 0), on the int8 GEMM: [0, 127] on any
-    CPU, [0, 255] only where the kernel is exact on it (``cpu.py``). The scales and bias are applied in float32 and
-    the result written as ``out_dtype`` (float32, or bfloat16 for a bf16 consumer: see :data:`OUT_DTYPES`)."""
+    """((u - x_zero_point) * x_scale) @ (w * w_scales).T + bias for a uint8 ``u``, on the int8 GEMM: [0, 127] (zero
+    point 0) on any CPU; [0, 255] — an unsigned activation, or a signed one as q + 128 on zero point 128 — only
+    where the kernel is exact on it (``cpu.py``). The integer sum is int32's; the scales and bias are applied in
+    float32 and the result written as ``out_dtype`` (float32, or bfloat16 for a bf16 consumer:
+    :data:`OUT_DTYPES`). ``x_zero_point`` is last so that the arguments before it keep their places."""
     if out_dtype not in OUT_DTYPES:
         raise ValueError(f"mixprec: int8_linear_u7 writes {', '.join(map(str, OUT_DTYPES))}, not {out_dtype}")
     packed = _PACKED.get(handle)
@@ -79,13 +83,14 @@ def int8_linear_u7(
     k = u.shape[-1]
     zero_points = torch.zeros(w_scales.shape[0], dtype=torch.int64)
     out = torch.ops.onednn.qlinear_pointwise(
-        u.reshape(-1, k), x_scale, 0, packed, w_scales, zero_points, bias, 1.0, 0, out_dtype, "none", [], ""
+        u.reshape(-1, k), x_scale, x_zero_point, packed, w_scales, zero_points, bias, 1.0, 0, out_dtype, "none", [],
+        "",
     )
     return out.reshape(*u.shape[:-1], w_scales.shape[0])
 
 
 @int8_linear_u7.register_fake
-def _(u, x_scale, w_scales, bias, handle, out_dtype=torch.float32):
+def _(u, x_scale, w_scales, bias, handle, out_dtype=torch.float32, x_zero_point=0):
     return u.new_empty((*u.shape[:-1], w_scales.shape[0]), dtype=out_dtype)
 
 

@@ -15,6 +15,8 @@ why every spelling below gives the custom ops' values bit for bit (tests/backend
     OPENVINO_INT8    quantized_decomposed.        quantized_decomposed.          as ATEN (Convert * scale)
                      quantize_per_tensor          dequantize_per_tensor
     ONEDNN           linear(dq(q(x, s)), dq_channel(w), b)  ->  int8_linear_u7(quantize(x, s, UINT8_7BIT), s, ...)
+                                                            or  int8_linear_u7(quantize(x, s, UINT8_SHIFTED), s,
+                                                                               ..., x_zero_point=128)
                      linear(dq_u8(q_u8(x, s)), ...)         ->  int8_linear_u7(quantize(x, s, UINT8), s, ...)
 
 * **ATEN** (inductor): ATen ops fuse with their neighbours into one loop; inductor keeps the true division and
@@ -25,10 +27,14 @@ why every spelling below gives the custom ops' values bit for bit (tests/backend
   scales is Convert(int8) * scale, the dequantization pattern those transformations fold into int8
   convolution/matmul. Same grid, same scales; the sums are int32's. **OPENVINO_FLOAT** (elsewhere): the ATen
   arithmetic — fake quantization in float32, as on the eager backend.
-* **ONEDNN** (eager and inductor): an int8 linear layer whose input is never negative (``ir/sign.py``) runs on
-  oneDNN's int8 GEMM (``onednn.py``). For ``x >= 0`` the symmetric quantization equals the 7-bit u8 grid
-  ``UINT8_7BIT`` (same scale, same rounding), on which every CPU's u8*s8 kernel is exact (``cpu.py``), and
-  the kernel gets the program's per-channel int8 weights and scales. What differs from the fake quantization:
+* **ONEDNN** (eager and inductor): an int8 linear layer runs on oneDNN's int8 GEMM (``onednn.py``) where this
+  CPU's kernel is exact on the grid its input is handed over on (``cpu.int8_kernel_exact``). For ``x >= 0``
+  (``ir/sign.py``) the symmetric quantization equals the 7-bit u8 grid ``UINT8_7BIT`` (same scale, same
+  rounding), on which every CPU's u8*s8 kernel is exact (``cpu.py``). An input that may be negative (a
+  transformer's Linears read LayerNorm, attention and GELU outputs) goes over as ``UINT8_SHIFTED``: q + 128 on
+  zero point 128, whose integer sum is the signed one's (``sum (q + 128) w - 128 sum w``); its u8 values reach
+  255, exact only with VNNI/AMX — without, such a layer keeps its fake quantization, as before. The kernel gets
+  the program's per-channel int8 weights and scales. What differs from the fake quantization:
   the sum over K is int32 (exact) instead of float32, so outputs agree within float32 rounding of a K-term sum.
   An unsigned activation (``quantize_per_tensor_u8``: [0, 255]) is handed over as it is, where the kernel is
   exact on full-range u8 (VNNI or AMX, ``cpu.py``); without VNNI it keeps its fake quantization. A layer whose
@@ -41,8 +47,9 @@ why every spelling below gives the custom ops' values bit for bit (tests/backend
       r = aten.relu(h)                                       r = aten.relu(h)
       r_q = mixprec.quantize_per_tensor(r, 0.013)            d = aten.div(r, 0.013)
       r_dq = mixprec.dequantize_per_tensor(r_q, 0.013, f32)  u = aten._to_copy(aten.clamp(aten.round(d), 0, 127), uint8)
-      w_dq = mixprec.dequantize_per_channel(w_int8, ...)     y = mixprec_kernels.int8_linear_u7(u, 0.013, ws, b, 3, f32)
-      y = aten.linear(r_dq, w_dq, b)                         (f32 -> bf16 if only bf16 layers read y: see above)
+      w_dq = mixprec.dequantize_per_channel(w_int8, ...)     y = mixprec_kernels.int8_linear_u7(u, 0.013, ws, b, 3,
+      y = aten.linear(r_dq, w_dq, b)                                                         f32, 0)
+                                                             (f32 -> bf16 if only bf16 layers read y: see above)
 
 A new grid (zero-point activations) is a parameter of the same rules (``ops.custom.GRID``), a
 new target a new table. Each lowering is a backend pass with a contract (``ir/passes.py``), checked by the
@@ -63,7 +70,7 @@ from torch._guards import detect_fake_mode
 
 from ...ir.passes import GraphPass, PassResult
 from ...ops.custom import GRID
-from ...ops.quant import UINT8, UINT8_7BIT, dequantize, quantize
+from ...ops.quant import UINT8, UINT8_7BIT, UINT8_SHIFTED, dequantize, quantize
 from . import cpu, onednn
 from ...ir.sign import is_nonnegative
 
@@ -76,7 +83,14 @@ _QUANT_U8 = torch.ops.mixprec.quantize_per_tensor_u8.default
 _DEQUANT_U8 = torch.ops.mixprec.dequantize_per_tensor_u8.default
 _DEQUANT_CHANNEL = torch.ops.mixprec.dequantize_per_channel.default
 # the activation pairs of the program and the grid oneDNN's u8 kernel reads them on (same values, zero point 0)
+# (UINT8_7BIT where the input is never negative, else UINT8_SHIFTED: ``_onednn_linear``)
 _KERNEL_GRID = {(_QUANT, _DEQUANT): UINT8_7BIT, (_QUANT_U8, _DEQUANT_U8): UINT8}
+# why a layer keeps its fake quantization when the kernel is not exact on its grid
+_NOT_EXACT = {
+    UINT8_7BIT: "7-bit activations",
+    UINT8: "8-bit unsigned activations",
+    UINT8_SHIFTED: "signed activations (u8 = q + 128)",
+}
 
 
 # ---- the interpreter that writes the arithmetic into a graph ------------------------------------------------
@@ -236,16 +250,12 @@ def _onednn_linear(node, ops, site):
     if match is None:
         return None
     value, scale, weight_int8, w_scales, bias, grid = match
-    # symmetric int8 of x >= 0 is the 7-bit u8 grid (same scale, zero point 0); an unsigned activation is u8 as it is
+    # symmetric int8 of x >= 0 is the 7-bit u8 grid (same scale, zero point 0); of any other x it is q + 128 on zero
+    # point 128; an unsigned activation is u8 as it is
     if grid is UINT8_7BIT and not is_nonnegative(value, site.memo.setdefault("nonnegative", {})):
-        site.kept[node.name] = (
-            "input may be negative: a signed activation is exact only on CPUs with VNNI, this lowering spells the "
-            "7-bit grid, exact on every CPU"
-        )
-        return None
+        grid = UINT8_SHIFTED
     if not cpu.int8_kernel_exact(grid):
-        bits = "7-bit" if grid is UINT8_7BIT else "8-bit unsigned"
-        site.kept[node.name] = f"this CPU's int8 kernel is not exact on {bits} activations (no VNNI)"
+        site.kept[node.name] = f"this CPU's int8 kernel is not exact on {_NOT_EXACT[grid]} (no VNNI)"
         return None
     try:
         handle = onednn.pack_for(site.module, weight_int8)
@@ -254,12 +264,13 @@ def _onednn_linear(node, ops, site):
         return None
     u = quantize(value, scale, grid, ops)
     # every consumer reads the layer in bf16 (a mixed int8/bf16 plan): the kernel writes bf16 where the CPU does
-    # that natively, and the casts float32 -> bf16 go. out_dtype is always spelled out: inductor's FX graph cache
-    # key does not cover the op's schema, and a graph that left the default implicit would match entries made
-    # with the op before it took out_dtype.
+    # that natively, and the casts float32 -> bf16 go. out_dtype and x_zero_point are always spelled out: inductor's
+    # FX graph cache key does not cover the op's schema, and a graph that left a default implicit would match
+    # entries made with the op before it took that argument.
     casts = _bf16_casts(node) if cpu.has_native_bf16() else []
     out_dtype = torch.bfloat16 if casts else torch.float32
-    kernel = ops.call(onednn.KERNEL, (u, scale, w_scales, bias, handle, out_dtype), name=f"{node.name}_int8")
+    kernel = ops.call(onednn.KERNEL, (u, scale, w_scales, bias, handle, out_dtype, grid.zero_point),
+                      name=f"{node.name}_int8")
     for cast in casts:
         cast.replace_all_uses_with(kernel)
         ops.graph.erase_node(cast)
@@ -364,8 +375,9 @@ QDQ_OPENVINO_INT8 = _qdq_pass(OPENVINO_INT8)
 
 
 def _int8_linears(module) -> PassResult:
-    """Run the int8 linear layers of ``module`` (a backend's GraphModule) whose input is provably non-negative
-    on ``int8_linear_u7``. Changes ``module`` in place (the backend's own, never the user's nor the saved one)."""
+    """Run the int8 linear layers of ``module`` (a backend's GraphModule) on ``int8_linear_u7`` where this CPU's
+    kernel is exact on their inputs' grid. Changes ``module`` in place (the backend's own, never the user's nor the
+    saved one)."""
     if not onednn.is_available() or not isinstance(module, torch.fx.GraphModule):
         return PassResult(False)
     site = lower(module, ONEDNN)
