@@ -181,6 +181,23 @@ def test_int8_activation_quantizes_the_values_entering_the_module_with_calibrate
     assert_same_outputs(got[0], out)
 
 
+def test_an_int8_region_says_which_of_its_layers_compute_in_float(model):
+    """A LayerNorm in an int8 request runs in float32 between its neighbours' quantization: its reason says so
+    (the issue's user saw norms labelled int8 with nothing saying they are not int8 arithmetic); the Linear's
+    does not."""
+    cfg = mixprec.MixedPrecisionConfigurator(model)
+    cfg.set_precision(model, activation="int8")
+    plan = cfg.apply(INPUTS)
+    by_module = {}
+    prog = mixprec.compile(model, INPUTS, plan=plan)
+    for record in prog.report.layers:
+        if record.kind == "compute" and record.module:
+            by_module.setdefault(record.module, []).append(record.name)
+    norm, head = by_module["norm"][0], by_module["head"][0]
+    assert plan[norm].precision == torch.int8 and "computes in float32" in plan[norm].reason
+    assert plan[head].precision == torch.int8 and "float32" not in plan[head].reason
+
+
 def test_a_plan_is_honoured_over_markers():
     model = TRTorchSeed(torch.float16).eval()
     inputs = TRTorchSeed.example_inputs()

@@ -252,6 +252,9 @@ class _Resolver:
             if activation == torch.int8 and name in self.operandless:
                 reason += ("; its operands stay float: the attention's output matmul reads the softmax probabilities "
                            "(plan/int8_operands.py, QUANTIZE_PROBABILITIES)")
+            elif activation == torch.int8 and self.info[name].flops == 0:
+                reason += ("; no int8 arithmetic for this op: it computes in float32 on dequantized values, inside the "
+                           "module's int8 region (only matmul, convolution and attention layers run int8)")
             out[name] = NodePrecision(
                 activation, None, "plan", reason, param if param != activation else None, int8.get(name)
             )
