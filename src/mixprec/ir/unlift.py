@@ -83,7 +83,8 @@ def of_exported(ep) -> torch.fx.GraphModule:
     """The runnable module of an ExportedProgram (``ep.module()`` when this module does not handle it)."""
     sig = ep.graph_signature
     signature = ep.module_call_graph[0].signature if ep.module_call_graph else None
-    module = runnable(ep.graph_module, ep.graph, sig.input_specs, sig.output_specs, ep.state_dict, ep.constants, signature)
+    module = runnable(ep.graph_module, ep.graph, sig.input_specs, sig.output_specs, ep.state_dict, ep.constants,
+                      signature)
     return module if module is not None else ep.module()
 
 
