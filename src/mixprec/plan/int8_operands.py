@@ -111,7 +111,9 @@ def _reads_softmax(value: torch.fx.Node) -> bool:
     return False
 
 
-def place(group_nodes, group: frozenset[str], entries: dict[str, list[str]], stored=frozenset()) -> dict[str, list[str]]:
+def place(
+    group_nodes, group: frozenset[str], entries: dict[str, list[str]], stored=frozenset()
+) -> dict[str, list[str]]:
     """The configurator's int8 inputs of one module (``entries``: layer -> the input values it quantizes, those
     entering the module from outside) with the operand rule applied to its matmul-class and attention layers:
 
