@@ -14,8 +14,9 @@ convolutions on 28x28 (the convolution class) — are realised through mixprec's
 in fp32, then every layer in each low type (int8 as the search's int8: per-channel weights, calibrated
 boundaries), built by the backend the plan is meant for (``search(backend=...)``; None = the eager programs
 the trials run), timed in ``COST_ROUNDS`` rounds of back-to-back samples (each repeats its call
-``SAMPLE_SECONDS`` long) (fp32's fastest time times the upper quartile of each type's per-round ratio to fp32: load cancels in a round's ratios, and a type
-must be faster in three rounds of four to count as faster), and divided by their FLOPs. A group's gain
+``SAMPLE_SECONDS`` long; fp32's fastest time times the upper quartile of each type's per-round ratio to fp32:
+load cancels in a round's ratios, and a type must be faster in three rounds of four to count as faster), and
+divided by their FLOPs. A group's gain
 in a type is then ``FLOPs x (seconds per FLOP in fp32 - in the type)``: negative where the type is slower
 (bf16 emulated on a CPU without avx512_bf16, int8 run as float fake quantization without VNNI), so the search
 never pays accuracy for a slowdown; and no gain unless the type is at least ``MIN_SPEEDUP`` times faster than
