@@ -130,3 +130,18 @@ def run_in_threads(work, workers: int, *, start_together: bool = False) -> None:
         t.join()
     if errors:
         raise AssertionError(f"{len(errors)} of {workers} threads failed; the first: {errors[0]!r}") from errors[0]
+
+
+class FixedSpeed:
+    """An autocast speed measurer (``mixprec.plan.speed``'s interface) that answers a fixed speed-up of the low
+    type over fp32: ``by_op`` per op packet ("aten.linear"), ``default`` for the rest. ``asked`` records each
+    call (layer name, low type, backend), so a test sees what the check measured."""
+
+    def __init__(self, default: float | None = 2.0, by_op: dict | None = None):
+        self.default, self.by_op, self.asked = default, dict(by_op or {}), []
+
+    def speedup(self, node, low, backend, device):
+        from mixprec.ops.names import op_name, packet_name
+
+        self.asked.append((node.name, low, backend))
+        return self.by_op.get(packet_name(op_name(node.target)), self.default)

@@ -42,6 +42,16 @@ def test_the_default_threshold_needs_no_enable_autocast():
         CompileSettings.from_kwargs({"autocast_max_output_threshold": 512})
 
 
+def test_autocast_require_speedup_defaults_on_and_is_a_boolean_for_autocast():
+    assert CompileSettings.from_kwargs({}).autocast_require_speedup is True  # issue 34: never slower by default
+    off = CompileSettings.from_kwargs({"enable_autocast": True, "autocast_require_speedup": False})
+    assert off.autocast_require_speedup is False and off.explicit()["autocast_require_speedup"] is False
+    with pytest.raises(ConfigError, match="autocast_require_speedup must be True or False"):
+        CompileSettings.from_kwargs({"enable_autocast": True, "autocast_require_speedup": "no"})
+    with pytest.raises(ConfigError, match="autocast_require_speedup only take"):
+        CompileSettings.from_kwargs({"autocast_require_speedup": False})
+
+
 def test_settings_are_frozen():
     s = CompileSettings.from_kwargs({})
     with pytest.raises(AttributeError):

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import logging
 import time
+import warnings
 
 import torch
 
@@ -19,7 +20,7 @@ from .backends import get_backend
 from .backends.options import BackendOptions
 from .calibrate import entry as calibration
 from .dtypes import dtype_name
-from .errors import ConfigError, InvariantError, UnsupportedModelError
+from .errors import ConfigError, InvariantError, MixedPrecisionWarning, UnsupportedModelError
 from .ir.call_signature import flat_user_inputs
 from .ir.capture import as_input_kwargs, as_input_tuple, refuse_meta_tensors
 from .ir.frontend import CapturedModel
@@ -33,7 +34,8 @@ from .output.module import MixedPrecisionModule
 from .output.report import (
     Report, build_graph, build_records, build_summary, computes_in_of, output_errors, with_runs_as,
 )
-from .plan import autocast, planner
+from .output.report.summary import accelerated_types
+from .plan import autocast, planner, speed
 from .plan.options import PlanningOptions, RuleOptions
 from .plan.precision_plan import PrecisionPlan
 from .rewrite.casting import is_mixprec_cast
@@ -119,6 +121,10 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
     captured = CapturedModel(model, args, kwargs, dynamic_shapes=config.dynamic_shapes, phase=timer.phase)
     with timer.phase("calibrate"):
         calibrated, prepared = _calibrate(captured, options)
+    speed_summary = {}
+    if prepared is not None and config.autocast_require_speedup:
+        with timer.phase("speed_check"):  # is the low type faster here? (plan/speed.py)
+            prepared, speed_summary = _check_speed(captured, options, prepared, calibrated)
     timings = None
     if options.weak is not None:  # weak typing: time the free layers on this device first
         with timer.phase("measure"):
@@ -134,7 +140,7 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
         state.reset()
     with timer.phase("report"):
         errors = _errors_against_fp32(runner, program, captured, calibrated.reference_outputs, state)
-        summary_extra = {**_autocast_summary(prepared, calibrated), **weak_summary}
+        summary_extra = {**_autocast_summary(prepared, calibrated), **speed_summary, **weak_summary}
         report = _report(captured, options, plan, work, program, runner, errors, layer_timings, summary_extra)
     report.summary["compile_seconds"] = {k: round(v, 4) for k, v in timer.seconds.items()}
     prog = MixedPrecisionModule(
@@ -158,7 +164,35 @@ def _calibrate(captured: CapturedModel, options: StageOptions):
     if rules is None:
         return calibrated, None
     example = tuple(captured.flat_inputs())  # a fresh copy: the model may write into its inputs
-    return calibrated, autocast.prepare(captured.base, captured.info, rules, example, calibrated.calibration)
+    prepared = autocast.prepare(  # _check_speed warns of an emulated low type instead, if it is lowered
+        captured.base, captured.info, rules, example, calibrated.calibration,
+        warn_slow=not config.autocast_require_speedup,
+    )
+    return calibrated, prepared
+
+
+def _check_speed(captured: CapturedModel, options: StageOptions, prepared, calibrated):
+    """(prepared, summary entries): the layers autocast would lower whose low type is not faster on this
+    machine and backend stay fp32 (``plan/speed.py``, the ``not_faster`` rule), with one warning; the slow-CPU
+    warning of ``autocast.prepare`` only where something is still lowered."""
+    ctx = prepared.context
+    plan = planner.build_plan(captured.info, options.planning, ctx, int8_ranges=calibrated.int8_ranges)
+    device = autocast.device_of(captured.base, tuple(captured.flat_inputs(fresh=False)))
+    result = speed.check(captured.info, captured.base.graph, plan, ctx.low, options.backend.backend, device,
+                         speed.MEASURER)
+    lowered = sum(1 for p in plan.values() if p.source == "autocast_rule" and p.precision == ctx.low)
+    message = result.warning(lowered)
+    if message is not None:
+        warnings.warn(message, MixedPrecisionWarning, stacklevel=3)  # compile (the user's line) -> here
+    if lowered > len(result.slower) and autocast.slow_on_cpu(ctx.low, device):
+        autocast.warn_slow_on_cpu(ctx.low, stacklevel=3)
+    summary = accelerated_types(
+        dtype_name(ctx.low), result.backend, result.where,
+        [{"op": c.op, "shapes": c.shapes, "layers": len(c.layers), "speedup": c.speedup, "faster": c.faster}
+         for c in result.classes],
+    )
+    checked = dataclasses.replace(ctx, not_faster=result.slower)
+    return dataclasses.replace(prepared, context=checked), summary
 
 
 def _measure(captured: CapturedModel, weak: WeakTypingOptions):

@@ -43,6 +43,7 @@ class CompileSettings:
     autocast_low_precision_embeddings: bool = False  # mixprec extension: store embedding tables in the low type
     autocast_included_nodes: tuple[re.Pattern, ...] = ()  # mixprec extension: force into the low type
     autocast_included_ops: frozenset[str] = frozenset()  # mixprec extension: force into the low type
+    autocast_require_speedup: bool = True  # mixprec extension: lower only where measured faster (plan/speed.py)
     use_fp32_acc: bool = False
     runtime_guard: str | None = None  # mixprec extension: "warn" | "raise" (backends/guard.py)
     enabled_precisions: frozenset[torch.dtype] = frozenset({torch.float32})
@@ -106,7 +107,7 @@ def _validated(kwargs: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in (
         "use_explicit_typing", "enable_autocast", "use_fp32_acc", "keep_io_types", "debug", "autocast_keep_residual_stream",
-        "autocast_low_precision_embeddings",
+        "autocast_low_precision_embeddings", "autocast_require_speedup",
     ):
         if name in kwargs:
             out[name] = _bool(kwargs, name)
@@ -214,6 +215,7 @@ def _check_combinations(merged: dict[str, Any], given: dict[str, Any]) -> None:
                 "autocast_low_precision_embeddings",
                 "autocast_included_nodes",
                 "autocast_included_ops",
+                "autocast_require_speedup",
             )
             if given.get(name) not in (None, (), [], set(), frozenset(), "default")  # "default": the threshold's
         ]

@@ -61,15 +61,17 @@ class Prepared:
 
 
 def prepare(
-    work: WorkProgram, info: GraphInfo, config: RuleOptions, example_args: tuple, calibration: Calibration
+    work: WorkProgram, info: GraphInfo, config: RuleOptions, example_args: tuple, calibration: Calibration,
+    *, warn_slow: bool = True,
 ) -> Prepared:
     """``example_args``: the flat user inputs of the example (their device is the program's);
     ``calibration``: the statistics of the one calibration (``calibrate.statistics.calibrate``: the loader's
-    batches of any form and size, or the example inputs), which compile and search run before planning."""
-    device = _device(work, example_args)
+    batches of any form and size, or the example inputs), which compile and search run before planning.
+    ``warn_slow=False``: the caller measures the low type's speed itself (``plan/speed.py``) and warns then."""
+    device = device_of(work, example_args)
     low = config.low_precision_type or default_low_precision(device)
-    if device.type == "cpu" and (low == torch.float16 or (low == torch.bfloat16 and not cpu_runs_bf16_fast())):
-        _warn_slow_on_cpu(low)
+    if warn_slow and slow_on_cpu(low, device):
+        warn_slow_on_cpu(low, stacklevel=5)  # compile (the user's line) -> _calibrate -> prepare -> here
     _warn_unmatched(info, config)
     nodes = {n.name: n for n in work.graph.nodes}
     constants = _constants(work, info)
@@ -95,7 +97,7 @@ def prepare(
     return Prepared(context, calibration)
 
 
-def _device(work: WorkProgram, example_args: tuple) -> torch.device:
+def device_of(work: WorkProgram, example_args: tuple) -> torch.device:
     for leaf in pytree.tree_leaves(example_args):
         if isinstance(leaf, torch.Tensor):
             return leaf.device
@@ -122,10 +124,16 @@ _SLOW_ON_CPU = MappingProxyType({
 })
 
 
-def _warn_slow_on_cpu(low: torch.dtype) -> None:
+def slow_on_cpu(low: torch.dtype, device: torch.device) -> bool:
+    """Whether PyTorch's kernels emulate ``low`` on this CPU (fp16 always; bf16 without oneDNN's bf16)."""
+    return device.type == "cpu" and (low == torch.float16 or (low == torch.bfloat16 and not cpu_runs_bf16_fast()))
+
+
+def warn_slow_on_cpu(low: torch.dtype, *, stacklevel: int) -> None:
+    """``stacklevel``: the frames from here up to the user's compile call."""
     warnings.warn(
         f"autocast_low_precision_type={dtype_name(low)} on a CPU: {_SLOW_ON_CPU[low]}", MixedPrecisionWarning,
-        stacklevel=5,  # compile (the user's line) -> _calibrate -> prepare -> here
+        stacklevel=stacklevel,
     )
 
 

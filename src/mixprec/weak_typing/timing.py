@@ -83,12 +83,12 @@ def median_timer(*, warmup: int = WARMUP, repeats: int = REPEATS, device: torch.
     def timer(fn, key):
         for _ in range(warmup):
             fn()
-        _synchronize(device)
+        synchronize(device)
         times = []
         for _ in range(max(1, repeats)):
             start = time.perf_counter()
             fn()
-            _synchronize(device)
+            synchronize(device)
             times.append(time.perf_counter() - start)
         return statistics.median(times)
 
@@ -161,7 +161,7 @@ class _Timing(Observer):
             self.casts[node.name] = _time_casts(value, self._precisions, self._timer, self._cast_cache)
 
 
-def _call(target, args, kwargs, lowered_packet):
+def timed_call(target, args, kwargs, lowered_packet):
     """The timed call: a lowered matmul-class layer copies a non-contiguous 3-D input first, as in the program."""
     first = args[0] if args else None
     if (
@@ -175,7 +175,7 @@ def _call(target, args, kwargs, lowered_packet):
     return lambda: target(*args, **kwargs)
 
 
-def _as_rewritten(packet: str, args: tuple, channels_last: bool) -> tuple:
+def as_rewritten(packet: str, args: tuple, channels_last: bool) -> tuple:
     """Arguments in the memory layout a lowered layer gets in the rewritten program: matmul-class
     layers read a contiguous copy of a non-contiguous 3-D input (made per call: see _call), and in
     networks with lowered 2-D convolutions the 4-D activations and conv weights are channels_last
@@ -208,7 +208,7 @@ def _time_layer(
     for dtype in sorted(precisions, key=lambda d: (d != captured, str(d))):
         a, k = _converted((args, kwargs), dtype, captured, copy=bool(written))
         if dtype != captured:  # lowered, it runs in the layout rewrite/memory_format.py gives it
-            a = _as_rewritten(packet, a, channels_last)
+            a = as_rewritten(packet, a, channels_last)
         try:
             out = target(*a, **k)
         except Exception as e:  # an op without a kernel for this dtype on this device: not an option
@@ -222,7 +222,7 @@ def _time_layer(
             )
             continue
         del out
-        seconds[dtype] = float(timer(_call(target, a, k, packet if dtype != captured else None), ("op", node.name, dtype)))
+        seconds[dtype] = float(timer(timed_call(target, a, k, packet if dtype != captured else None), ("op", node.name, dtype)))
     return LayerTiming(MappingProxyType(seconds), MappingProxyType(notes))
 
 
@@ -280,7 +280,7 @@ def _device_of(user_values, work: WorkProgram) -> torch.device:
     return torch.device("cpu")
 
 
-def _synchronize(device: torch.device | None) -> None:
+def synchronize(device: torch.device | None) -> None:
     if device is None or device.type == "cpu":
         return
     backend = getattr(torch, device.type, None)

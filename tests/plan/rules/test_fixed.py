@@ -19,7 +19,7 @@ def test_unlowerable_layer():
 def test_registry_order_and_unknown_names():
     assert known_rules() == (
         "excluded_nodes", "excluded_ops", "unlowerable", "non_finite", "io_range", "constant_range", "underflow",
-        "reduction_depth", "residual_stream", "fp32_intent", "angle", "stored_values",
+        "reduction_depth", "residual_stream", "fp32_intent", "angle", "stored_values", "not_faster",
     )
     with pytest.raises(ConfigError, match="the rules are: excluded_nodes"):
         get_rule("nope")

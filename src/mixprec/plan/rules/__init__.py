@@ -20,4 +20,4 @@ from .base import ConstantValue, Decision, RuleContext, get_rule, known_rules, r
 __all__ = ["ConstantValue", "Decision", "RuleContext", "get_rule", "known_rules", "register_rule", "rules_for"]
 
 # the rule modules register themselves, in this order
-from . import exclude, fixed, ranges, reduction, stream, intent, stored  # noqa: E402,F401,I001
+from . import exclude, fixed, ranges, reduction, stream, intent, stored, speed  # noqa: E402,F401,I001

@@ -62,6 +62,7 @@ class RuleContext:
     attention_masks: Mapping[str, str] = dataclasses.field(default_factory=_empty)  # attention layer -> its mask input
     included_nodes: tuple[re.Pattern, ...] = ()
     included_ops: frozenset[str] = frozenset()
+    not_faster: Mapping[str, str] = dataclasses.field(default_factory=_empty)  # layer -> low type measured slower
 
     def activation_inputs(self, node: NodeInfo) -> list[str]:
         """Float inputs that carry data (not stored tensors, which the constant-range rule judges)."""

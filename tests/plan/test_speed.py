@@ -1,0 +1,150 @@
+"""Autocast's speed check (issue 34): layers whose low type is not faster here stay fp32, with the measurement
+in their reason and one warning; ``autocast_require_speedup=False`` keeps today's plans.
+
+The measurement is injected (``helpers.FixedSpeed``), so these tests do not depend on this CPU's speed; one
+test runs the real measurer and checks it is cached and that the plan agrees with what it measured."""
+
+import time
+import warnings
+
+import pytest
+import torch
+from helpers import FixedSpeed
+from models import ConvNet, ThreeLinears
+
+import mixprec
+from mixprec.plan import autocast, speed
+
+
+def _compile(model_cls, measurer, monkeypatch, **kw):
+    monkeypatch.setattr(speed, "MEASURER", measurer)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        prog = mixprec.compile(model_cls().eval(), model_cls.example_inputs(), enable_autocast=True, **kw)
+    return prog, [str(w.message) for w in caught if issubclass(w.category, mixprec.MixedPrecisionWarning)]
+
+
+def _records(prog):
+    return {r.name: r for r in prog.report.layers if r.kind == "compute"}
+
+
+def _speed_warnings(messages):
+    return [m for m in messages if "is not faster than float32" in m]
+
+
+def test_a_faster_low_type_is_lowered_as_before(monkeypatch):
+    measurer = FixedSpeed(1.9)
+    prog, messages = _compile(ThreeLinears, measurer, monkeypatch)
+    assert {r.precision for r in _records(prog).values()} == {torch.bfloat16}
+    assert _speed_warnings(messages) == []
+    assert {name for name, _, _ in measurer.asked} == {"linear", "linear_1", "linear_2"}  # 3 shape classes
+    summary = prog.report.summary["accelerated_types"]
+    assert summary["types"] == ["bfloat16"] and summary["backend"] == "eager"
+    assert [c["speedup"] for c in summary["classes"]] == [1.9, 1.9, 1.9]
+
+
+def test_a_slower_low_type_keeps_fp32_with_the_measurement_and_one_warning(monkeypatch):
+    prog, messages = _compile(ThreeLinears, FixedSpeed(0.64), monkeypatch)
+    records = _records(prog)
+    assert {r.precision for r in records.values()} == {torch.float32}
+    for r in records.values():
+        assert "bfloat16 0.64x fp32 on this CPU" in r.reason and "eager backend" in r.reason, r.reason
+        assert r.source == "autocast_rule"
+    (message,) = _speed_warnings(messages)
+    assert "for 3 of the 3 layers autocast would lower" in message and "autocast_require_speedup=False" in message
+    assert prog.report.summary["accelerated_types"]["types"] == []
+
+
+def test_require_speedup_false_keeps_todays_behaviour_and_measures_nothing(monkeypatch):
+    measurer = FixedSpeed(0.64)
+    prog, messages = _compile(ThreeLinears, measurer, monkeypatch, autocast_require_speedup=False)
+    assert {r.precision for r in _records(prog).values()} == {torch.bfloat16}
+    assert measurer.asked == [] and _speed_warnings(messages) == []
+    assert "accelerated_types" not in prog.report.summary
+
+
+def test_decided_per_shape_class_light_layers_follow_the_faster_classes(monkeypatch):
+    """Convolutions faster, the linear head slower: the convolutions and the layers between them are lowered,
+    the head stays fp32 with its own measurement."""
+    prog, messages = _compile(ConvNet, FixedSpeed(2.0, by_op={"aten.linear": 0.5}), monkeypatch)
+    records = _records(prog)
+    heavy = {name: r for name, r in records.items() if r.flops > 0}
+    assert {n: r.precision for n, r in heavy.items() if "conv" in r.op} == {
+        "conv2d": torch.bfloat16, "conv2d_1": torch.bfloat16}
+    assert heavy["linear"].precision == torch.float32 and "bfloat16 0.50x fp32" in heavy["linear"].reason
+    assert records["relu"].precision == torch.bfloat16  # a light layer between lowered convolutions
+    (message,) = _speed_warnings(messages)
+    assert "aten.linear" in message and "for 1 of the" in message
+    assert prog.report.summary["accelerated_types"]["types"] == ["bfloat16"]
+
+
+def test_no_faster_class_keeps_the_light_layers_fp32_too(monkeypatch):
+    prog, _ = _compile(ConvNet, FixedSpeed(0.9), monkeypatch)
+    records = _records(prog)
+    assert records["relu"].precision == torch.float32
+    assert "not faster than float32 on this CPU for any matmul or convolution" in records["relu"].reason
+    assert {r.precision for r in records.values()} == {torch.float32}
+
+
+def test_an_include_overrides_the_measurement(monkeypatch):
+    prog, _ = _compile(ThreeLinears, FixedSpeed(0.5), monkeypatch, autocast_included_nodes={"^linear2$"})
+    records = _records(prog)
+    assert records["linear_1"].precision == torch.bfloat16 and "included by" in records["linear_1"].reason
+    assert records["linear"].precision == torch.float32
+
+
+def test_the_backend_is_measured_for(monkeypatch):
+    measurer = FixedSpeed(2.0)
+    _compile(ThreeLinears, measurer, monkeypatch, backend="inductor")
+    assert {backend for _, _, backend in measurer.asked} == {"inductor"}
+
+
+@pytest.mark.parametrize("measured", [0.02, 3.0])
+def test_a_cpu_without_bf16_kernels_warns_of_emulation_only_when_something_is_lowered(monkeypatch, measured):
+    monkeypatch.setattr(autocast, "cpu_runs_bf16_fast", lambda: False)
+    prog, messages = _compile(ThreeLinears, FixedSpeed(measured), monkeypatch)
+    emulated = [m for m in messages if "has no bf16 kernels" in m]
+    lowered = {r.precision for r in _records(prog).values()} == {torch.bfloat16}
+    assert lowered == (measured > 1)
+    assert len(emulated) == (1 if lowered else 0)
+    assert len(_speed_warnings(messages)) == (0 if lowered else 1)
+
+
+def test_paired_rounds_tell_a_slower_and_a_faster_call_apart():
+    def sleeper(seconds):
+        return lambda: time.sleep(seconds)
+
+    cpu = torch.device("cpu")
+    slower = speed._paired({torch.float32: sleeper(0.002), torch.bfloat16: sleeper(0.003)}, cpu)
+    faster = speed._paired({torch.float32: sleeper(0.003), torch.bfloat16: sleeper(0.001)}, cpu)
+    assert slower < 1 < speed.REQUIRED_SPEEDUP < faster
+
+
+def test_a_low_type_several_times_slower_is_judged_on_its_first_call(monkeypatch):
+    calls = []
+
+    def slow():
+        calls.append(1)
+        time.sleep(0.005)
+
+    ratio = speed._paired({torch.float32: lambda: time.sleep(0.0005), torch.bfloat16: slow}, torch.device("cpu"))
+    assert ratio < 1 / speed.EARLY_EXIT and len(calls) == 2  # warm-up and the first timed call only
+
+
+def test_the_real_check_runs_once_per_process_and_the_plan_follows_it(monkeypatch):
+    measurer = speed.MeasuredSpeed()
+    first, _ = _compile(ConvNet, measurer, monkeypatch)
+    timed = measurer.timed
+    assert timed == 3  # conv2d, conv2d_1 and linear: three shape classes
+    second, _ = _compile(ConvNet, measurer, monkeypatch)
+    assert measurer.timed == timed, "a second compile measures nothing"
+    assert first.report.summary["accelerated_types"] == second.report.summary["accelerated_types"]
+    assert {r.name: r.precision for r in first.report.layers} == {r.name: r.precision for r in second.report.layers}
+    records = _records(first)
+    for c in first.report.summary["accelerated_types"]["classes"]:
+        assert c["speedup"] > 0 and c["faster"] == (c["speedup"] >= speed.REQUIRED_SPEEDUP)
+        kept = [r for r in records.values() if r.flops > 0 and r.op.startswith(c["op"]) and c["shapes"] in r.reason]
+        if not c["faster"]:
+            assert kept and all(r.precision == torch.float32 for r in kept)
+            assert all(f"bfloat16 {c['speedup']:.2f}x fp32 on this CPU" in r.reason for r in kept)
+    assert first.report.summary["compile_seconds"]["speed_check"] > 0
