@@ -116,3 +116,12 @@ def test_include_options_map_to_their_keywords():
         "autocast_low_precision_embeddings": True,
     }
     assert "--include-nodes sets autocast_included_nodes" in option_hint("autocast_included_nodes pattern '[' is bad")
+
+
+def test_no_require_speedup_maps_to_its_keyword():
+    assert _kwargs("--autocast", "--no-require-speedup") == {
+        "enable_autocast": True, "autocast_require_speedup": False,
+    }
+    assert "autocast_require_speedup" not in _kwargs("--autocast")  # the default (True) is the keyword's own
+    assert "--no-require-speedup sets autocast_require_speedup" in option_hint(
+        "autocast_require_speedup only take effect with enable_autocast=True")

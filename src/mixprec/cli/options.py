@@ -8,6 +8,7 @@ One option per keyword (API.md §1 and §5), spelled as Torch-TensorRT users exp
     --include-nodes RE           autocast_included_nodes (repeatable; mixprec extension)
     --include-ops OP             autocast_included_ops (repeatable; mixprec extension)
     --low-precision-embeddings   autocast_low_precision_embeddings=True (mixprec extension)
+    --no-require-speedup         autocast_require_speedup=False (mixprec extension)
     --max-output-threshold X     autocast_max_output_threshold
     --max-depth-of-reduction N   autocast_max_depth_of_reduction
     --calibration-data PT        autocast_calibration_dataloader (a .pt list of input tuples)
@@ -80,6 +81,12 @@ def add_compile_options(p: argparse.ArgumentParser) -> None:
         "stream starts there)",
     )
     g.add_argument(
+        "--no-require-speedup",
+        action="store_true",
+        help="lower layers even where the low type is measured no faster than fp32 on this machine (by default they "
+        "stay fp32 and the report quotes the measurement); a preview of the numerics",
+    )
+    g.add_argument(
         "--max-output-threshold",
         type=_threshold,
         default="default",
@@ -126,6 +133,7 @@ _OPTION_OF = {
     "autocast_included_nodes": "--include-nodes",
     "autocast_included_ops": "--include-ops",
     "autocast_low_precision_embeddings": "--low-precision-embeddings",
+    "autocast_require_speedup": "--no-require-speedup",
     "autocast_max_output_threshold": "--max-output-threshold",
     "autocast_max_depth_of_reduction": "--max-depth-of-reduction",
     "autocast_calibration_dataloader": "--calibration-data",
@@ -181,6 +189,8 @@ def compile_kwargs(args: argparse.Namespace) -> dict:
         kwargs["autocast_included_ops"] = tuple(args.include_ops)
     if args.low_precision_embeddings:
         kwargs["autocast_low_precision_embeddings"] = True
+    if args.no_require_speedup:
+        kwargs["autocast_require_speedup"] = False
     if args.max_output_threshold != "default":  # the default is the keyword's own: passed only when changed
         kwargs["autocast_max_output_threshold"] = args.max_output_threshold
     if args.max_depth_of_reduction is not None:

@@ -46,3 +46,25 @@ def test_no_runs_as_key_when_everything_runs_as_planned():
     s = build_summary([_record("a", torch.bfloat16, 3)], casts_inserted=0, param_bytes_before=1, param_bytes_after=1,
                       errors={"max_abs_error": 0.0, "rel_l2_error": 0.0})
     assert "runs_as" not in s and s["low_precision_flops_fraction"] == 1.0
+
+
+def test_accelerated_types_names_the_types_faster_here_and_is_absent_when_nothing_was_measured():
+    from mixprec.output.report.summary import accelerated_types
+
+    classes = [{"op": "aten.linear", "shapes": "[8, 64] x [64, 64]", "layers": 3, "speedup": 0.64, "faster": False},
+               {"op": "aten.conv2d", "shapes": "[1, 3, 8, 8] x [8, 3, 3, 3]", "layers": 1, "speedup": 1.4,
+                "faster": True}]
+    entry = accelerated_types("bfloat16", "eager", "this CPU", classes)["accelerated_types"]
+    assert entry["types"] == ["bfloat16"] and entry["backend"] == "eager" and entry["classes"] == classes
+    assert accelerated_types("bfloat16", "eager", "this CPU", classes[:1])["accelerated_types"]["types"] == []
+    assert accelerated_types("bfloat16", "eager", "this CPU", []) == {}
+
+
+def test_a_report_saved_before_the_speed_check_loads():
+    import mixprec
+
+    prog = mixprec.compile(torch.nn.Linear(4, 4).eval(), (torch.randn(2, 4),), enable_autocast=True)
+    data = prog.report.to_dict()
+    assert "accelerated_types" in data["summary"]
+    del data["summary"]["accelerated_types"]
+    assert "accelerated_types" not in mixprec.Report.from_dict(data).summary
