@@ -16,8 +16,8 @@ def _seed():
     yield
 
 
-@pytest.fixture(autouse=True)
-def _low_type_measured_faster(monkeypatch):
+@pytest.fixture(autouse=True, scope="session")
+def _low_type_measured_faster():
     """The tests written before autocast's speed check (issue 34, ``mixprec.plan.speed``) test rules and numerics
     with enable_autocast=True and expect bf16 layers; what they test must not depend on how fast this CPU runs
     bf16 (slower than fp32 on avx512_bf16 CPUs without AMX for some shapes, emulated on AVX2-only CPUs). So the
@@ -29,7 +29,9 @@ def _low_type_measured_faster(monkeypatch):
 
     from mixprec.plan import speed
 
-    monkeypatch.setattr(speed, "MEASURER", FixedSpeed(2.0))
+    with pytest.MonkeyPatch.context() as patch:  # session-wide: module-scoped fixtures compile before tests
+        patch.setattr(speed, "MEASURER", FixedSpeed(2.0))
+        yield
 
 
 @pytest.fixture
