@@ -67,8 +67,10 @@ def autocast_demo():
     measured = prog.report.summary.get("accelerated_types")
     if measured:
         low = measured["measured"]
-        shapes = "; ".join(f"{c['op']} {c['shapes']}: {c['speedup']:.2f}x" for c in measured["classes"])
-        print(f"\n{low} vs fp32 on {measured['on']} ({measured['backend']} backend), per layer shape: {shapes}")
+        shapes = "; ".join(f"{c['op']} {c['shapes']}: {c['speedup']:.2f}x" for c in measured["classes"]
+                           if c["speedup"] is not None)
+        print(f"\n{low} {measured['speedup']:.2f}x fp32 on {measured['on']} ({measured['backend']} backend) for "
+              f"this block's matmuls, FLOP-weighted; per layer shape timed: {shapes}")
         print(f"faster here: {', '.join(measured['types']) or 'none, so those layers stay fp32'} "
               "(autocast_require_speedup=False lowers them anyway, to preview the numerics)")
 

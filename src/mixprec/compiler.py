@@ -187,9 +187,8 @@ def _check_speed(captured: CapturedModel, options: StageOptions, prepared, calib
     if lowered > len(result.slower) and autocast.slow_on_cpu(ctx.low, device):
         autocast.warn_slow_on_cpu(ctx.low, stacklevel=3)
     summary = accelerated_types(
-        dtype_name(ctx.low), result.backend, result.where,
-        [{"op": c.op, "shapes": c.shapes, "layers": len(c.layers), "speedup": c.speedup, "faster": c.faster}
-         for c in result.classes],
+        dtype_name(ctx.low), result.faster, result.speedup, result.backend, result.where,
+        [{"op": c.op, "shapes": c.shapes, "layers": len(c.layers), "speedup": c.speedup} for c in result.classes],
     )
     checked = dataclasses.replace(ctx, not_faster=result.slower)
     return dataclasses.replace(prepared, context=checked), summary

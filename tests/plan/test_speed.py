@@ -41,6 +41,7 @@ def test_a_faster_low_type_is_lowered_as_before(monkeypatch):
     summary = prog.report.summary["accelerated_types"]
     assert summary["types"] == ["bfloat16"] and summary["backend"] == "eager"
     assert [c["speedup"] for c in summary["classes"]] == [1.9, 1.9, 1.9]
+    assert summary["speedup"] == pytest.approx(1.9)
 
 
 def test_a_slower_low_type_keeps_fp32_with_the_measurement_and_one_warning(monkeypatch):
@@ -48,10 +49,11 @@ def test_a_slower_low_type_keeps_fp32_with_the_measurement_and_one_warning(monke
     records = _records(prog)
     assert {r.precision for r in records.values()} == {torch.float32}
     for r in records.values():
-        assert "bfloat16 0.64x fp32 on this CPU" in r.reason and "eager backend" in r.reason, r.reason
-        assert r.source == "autocast_rule"
+        assert "bfloat16 0.64x fp32 on this CPU (eager backend)" in r.reason, r.reason
+        assert "aten.linear [1, 30] x [40, 30] x [40]: 0.64x" in r.reason and r.source == "autocast_rule"
     (message,) = _speed_warnings(messages)
-    assert "for 3 of the 3 layers autocast would lower" in message and "autocast_require_speedup=False" in message
+    assert "the 3 of 3 layers autocast would lower stay float32" in message
+    assert "bfloat16 0.64x fp32 on this CPU" in message and "autocast_require_speedup=False" in message
     assert prog.report.summary["accelerated_types"]["types"] == []
 
 
@@ -63,27 +65,25 @@ def test_require_speedup_false_keeps_todays_behaviour_and_measures_nothing(monke
     assert "accelerated_types" not in prog.report.summary
 
 
-def test_decided_per_shape_class_light_layers_follow_the_faster_classes(monkeypatch):
-    """Convolutions faster, the linear head slower: the convolutions and the layers between them are lowered,
-    the head stays fp32 with its own measurement."""
+def test_decided_per_model_from_its_classes_weighted_by_flops(monkeypatch):
+    """Convolutions 2x faster, the small linear head 0.5x: the model is faster, every layer is lowered as before
+    (no fp32/bf16 mix, no casts between them); the other way round the model is slower and all stay fp32."""
     prog, messages = _compile(ConvNet, FixedSpeed(2.0, by_op={"aten.linear": 0.5}), monkeypatch)
-    records = _records(prog)
-    heavy = {name: r for name, r in records.items() if r.flops > 0}
-    assert {n: r.precision for n, r in heavy.items() if "conv" in r.op} == {
-        "conv2d": torch.bfloat16, "conv2d_1": torch.bfloat16}
-    assert heavy["linear"].precision == torch.float32 and "bfloat16 0.50x fp32" in heavy["linear"].reason
-    assert records["relu"].precision == torch.bfloat16  # a light layer between lowered convolutions
-    (message,) = _speed_warnings(messages)
-    assert "aten.linear" in message and "for 1 of the" in message
-    assert prog.report.summary["accelerated_types"]["types"] == ["bfloat16"]
+    assert {r.precision for r in _records(prog).values()} == {torch.bfloat16}
+    assert _speed_warnings(messages) == []
+    summary = prog.report.summary["accelerated_types"]
+    flops = {c["op"]: 0 for c in summary["classes"]}
+    for r in prog.report.layers:
+        if r.flops:
+            flops[r.op.rsplit(".", 1)[0]] += r.flops
+    expected = sum(flops.values()) / (flops["aten.conv2d"] / 2.0 + flops["aten.linear"] / 0.5)
+    assert summary["speedup"] == pytest.approx(expected) and expected > speed.REQUIRED_SPEEDUP
 
-
-def test_no_faster_class_keeps_the_light_layers_fp32_too(monkeypatch):
-    prog, _ = _compile(ConvNet, FixedSpeed(0.9), monkeypatch)
+    prog, messages = _compile(ConvNet, FixedSpeed(0.5, by_op={"aten.linear": 2.0}), monkeypatch)
     records = _records(prog)
-    assert records["relu"].precision == torch.float32
-    assert "not faster than float32 on this CPU for any matmul or convolution" in records["relu"].reason
     assert {r.precision for r in records.values()} == {torch.float32}
+    assert "not faster, so it stays float32" in records["relu"].reason  # the light layers with them
+    assert len(_speed_warnings(messages)) == 1
 
 
 def test_an_include_overrides_the_measurement(monkeypatch):
@@ -120,7 +120,7 @@ def test_paired_rounds_tell_a_slower_and_a_faster_call_apart():
     assert slower < 1 < speed.REQUIRED_SPEEDUP < faster
 
 
-def test_a_low_type_several_times_slower_is_judged_on_its_first_call(monkeypatch):
+def test_a_low_type_several_times_slower_is_judged_on_its_first_two_calls():
     calls = []
 
     def slow():
@@ -128,23 +128,35 @@ def test_a_low_type_several_times_slower_is_judged_on_its_first_call(monkeypatch
         time.sleep(0.005)
 
     ratio = speed._paired({torch.float32: lambda: time.sleep(0.0005), torch.bfloat16: slow}, torch.device("cpu"))
-    assert ratio < 1 / speed.EARLY_EXIT and len(calls) == 2  # warm-up and the first timed call only
+    assert ratio < 1 / speed.EARLY_EXIT and len(calls) == 3  # warm-up and two timed calls, no rounds
+
+
+def test_one_slow_call_of_the_low_type_is_not_enough_to_judge_it():
+    calls = []
+
+    def once_slow():  # the first timed call is hit by load, the rest are as fast as fp32's
+        calls.append(1)
+        time.sleep(0.02 if len(calls) == 2 else 0.001)
+
+    ratio = speed._paired({torch.float32: lambda: time.sleep(0.001), torch.bfloat16: once_slow}, torch.device("cpu"))
+    assert len(calls) > 3 and ratio > 1 / speed.EARLY_EXIT  # timed in rounds, not judged from the unlucky call
 
 
 def test_the_real_check_runs_once_per_process_and_the_plan_follows_it(monkeypatch):
     measurer = speed.MeasuredSpeed()
     first, _ = _compile(ConvNet, measurer, monkeypatch)
     timed = measurer.timed
-    assert timed == 3  # conv2d, conv2d_1 and linear: three shape classes
+    assert 1 <= timed <= 3  # conv2d, conv2d_1 and linear: three shape classes, while within the time budget
     second, _ = _compile(ConvNet, measurer, monkeypatch)
     assert measurer.timed == timed, "a second compile measures nothing"
     assert first.report.summary["accelerated_types"] == second.report.summary["accelerated_types"]
     assert {r.name: r.precision for r in first.report.layers} == {r.name: r.precision for r in second.report.layers}
     records = _records(first)
-    for c in first.report.summary["accelerated_types"]["classes"]:
-        assert c["speedup"] > 0 and c["faster"] == (c["speedup"] >= speed.REQUIRED_SPEEDUP)
-        kept = [r for r in records.values() if r.flops > 0 and r.op.startswith(c["op"]) and c["shapes"] in r.reason]
-        if not c["faster"]:
-            assert kept and all(r.precision == torch.float32 for r in kept)
-            assert all(f"bfloat16 {c['speedup']:.2f}x fp32 on this CPU" in r.reason for r in kept)
+    measured = first.report.summary["accelerated_types"]
+    assert measured["classes"][0]["speedup"] > 0  # the largest class is always timed
+    faster = measured["speedup"] >= speed.REQUIRED_SPEEDUP
+    assert measured["types"] == (["bfloat16"] if faster else [])
+    assert {r.precision for r in records.values()} == ({torch.bfloat16} if faster else {torch.float32})
+    if not faster:
+        assert all(f"bfloat16 {measured['speedup']:.2f}x fp32 on this CPU" in r.reason for r in records.values())
     assert first.report.summary["compile_seconds"]["speed_check"] > 0

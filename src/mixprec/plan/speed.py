@@ -3,31 +3,33 @@
 Issue 34: on a cloud Xeon with avx512_bf16 but no AMX, PyTorch's bf16 GEMMs ran 0.49-0.88x fp32 and
 ``enable_autocast=True`` made the bench's transformer layer 0.66x fp32 with no word to the user. So, with
 ``autocast_require_speedup=True`` (the default), compile asks this module before the autocast rules lower
-anything, and the layers whose low type is not faster stay float32 with the measurement in their reason
+anything; where the low type is not faster the layers stay float32 with the measurement in their reason
 (the ``not_faster`` rule, ``rules/speed.py``) and one warning.
 
 **What is measured.** The heavy layers autocast would lower (those with FLOPs: the matmul class, attention,
 convolutions), grouped in shape classes (the op and its arguments' shapes and dtypes: a BERT-base has a
-handful of classes for its 70-odd such layers). The ``MAX_CLASSES`` classes with the most FLOPs are timed;
-a class beyond them takes the speed-up of the largest measured class of its kind (``latency.kind_of``).
-Each class's op runs in float32 and in the low type on random inputs of its shapes (a GEMM's speed does
-not depend on its values: weak typing's timer runs the whole program for real values, a forward pass this
-check does not need), in the layout the rewrite gives a lowered layer (``weak_typing.timing.as_rewritten``,
-``timed_call``), in rounds in which both run back to back, the order alternating, each sample repeating
-the call for ``SAMPLE_SECONDS``; the low type's time is then the search's cost model's (``searching.latency
-.per_call_seconds``): fp32's fastest time x the upper quartile of the per-round ratios, so load that comes
-and goes cancels and noise does not pass for a gain. A low type over ``EARLY_EXIT`` x slower on the first
-call (bf16 emulated on an AVX2-only CPU: 65.7x, ``dtypes.cpu_runs_bf16_fast``) is judged from that call.
+handful of classes for its 70-odd such layers), largest FLOPs first, up to ``MAX_CLASSES`` and while the
+check has spent less than ``BUDGET_SECONDS``. Each class's op runs in float32 and in the low type on random
+inputs of its shapes (a GEMM's speed does not depend on its values: weak typing's timer, ``weak_typing/
+timing.py``, runs the whole program for real values and times every layer, a forward pass and many timings
+this check does without), in the layout the rewrite gives a lowered layer (``timing.as_rewritten``,
+``timed_call``), in rounds in which both run back to back, the order alternating, each sample repeating the
+call for ``SAMPLE_SECONDS``; the low type's time is the search's cost model's (``searching.latency.
+per_call_seconds``): fp32's fastest time x the upper quartile of the per-round ratios, so load that comes and
+goes cancels and noise does not pass for a gain. A low type over ``EARLY_EXIT`` x slower in both of its first
+two calls (bf16 emulated on an AVX2-only CPU: 65.7x, ``dtypes.cpu_runs_bf16_fast``) is judged from them.
 
-**Decided per shape class, not per model**: convolutions and GEMMs differ (issue 34: the trained CREPE, a
-conv network, ran 1.32x fp32 in bf16 on the CPU where the transformer layer ran 0.66x) and so do shapes
-(8x4096x4096 0.88x, 1024x768x3072 0.49x there). A class is lowered when it is ``REQUIRED_SPEEDUP`` x
-faster. The light layers autocast lowers (elementwise, norms, softmax) follow the model: when none of its
-classes is faster they stay float32 too (lowered alone they would add casts and gain nothing); when some
-are, they are lowered as before. A model with no heavy layer (nothing to measure) is lowered as before.
+**Decided per model, from its shape classes**: the model's speed-up is the timed classes' together, each
+weighted by its FLOPs (sum F / sum F/speed-up); the model is lowered as before when it is
+``REQUIRED_SPEEDUP`` x faster, else every layer autocast would lower stays float32. Not per class: a plan
+that mixes fp32 and bf16 convolutions pays casts and layout changes between them (the network turns
+channels_last when convolutions are lowered: ``rewrite/memory_format.py``), and on a loaded 2-core machine a
+per-class plan of the bench's CNN ran 0.15x fp32 where all-bf16 ran 0.70x (bench/autocast_speed.py, one run); per
+model, the program is either today's or exactly the fp32 one, so it is never slower than the check's
+measurement says. A model with no heavy layer (nothing to time) is lowered as before.
 
 **Once per process**: results are cached by (machine, torch version, backend, device, low type, class), so
-a second compile of the model, or of one with the same shapes, measures nothing. Backends: the ATen ops are
+a second compile of the model, or of one with the same shapes, times nothing. Backends: the ATen ops are
 what eager runs; inductor's CPU GEMMs and convolutions are extern calls to the same oneDNN/MKL kernels and
 OpenVINO's CPU plugin runs oneDNN's too (issue 34: PyTorch's bf16 GEMMs 0.49-0.88x fp32, OpenVINO's bf16
 0.57x of its f32 on BERT-base), so their ratio is taken from these ops; the backend is part of the key and
@@ -41,7 +43,7 @@ import logging
 import math
 import platform
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from types import MappingProxyType
 
 import torch
@@ -50,18 +52,19 @@ from ..dtypes import dtype_name, is_float
 from ..ir.graph_info import GraphInfo
 from ..ops.names import op_name, packet_name
 from ..ops.table import CONV_2D_OPS
-from ..searching.latency import kind_of, per_call_seconds
+from ..searching.latency import per_call_seconds
 from ..weak_typing.timing import as_rewritten, synchronize, timed_call
 from .precision_plan import PrecisionPlan
 
 log = logging.getLogger(__name__)
 
-MAX_CLASSES = 6  # timed classes per model: a handful of timings, well under a second on a 2-core CPU
+MAX_CLASSES = 6  # timed classes per model at most: a handful of timings
+BUDGET_SECONDS = 1.0  # no further class is timed once the check has spent this long (the first always is)
 ROUNDS = 5  # paired rounds per class (the upper quartile of 5 ratios is their 4th smallest)
 SAMPLE_SECONDS = 0.01  # one sample repeats a short call this long (a 0.1 ms GEMM alone is scheduler noise)
-EARLY_EXIT = 2.0  # a low type this many times slower on its first call needs no rounds to be judged slower
-# A choice, not a measurement: a class must beat fp32 by this margin to be lowered, since lowering it adds
-# casts around it and a ratio near 1 is within what paired rounds on a shared machine resolve.
+EARLY_EXIT = 3.0  # a low type this many times slower in both of its first two calls needs no rounds
+# A choice, not a measurement: the model must gain this much to be lowered, since lowering adds casts and a
+# ratio near 1 is within what paired rounds on a shared machine resolve.
 REQUIRED_SPEEDUP = 1.05
 
 
@@ -73,48 +76,44 @@ class ClassSpeed:
     shapes: str  # "[128, 768] x [3072, 768] x [3072]"
     layers: tuple[str, ...]
     flops: int
-    speedup: float | None  # fp32 seconds / low-type seconds: > 1 is faster; None: could not be timed
-    measured: bool  # False: took the speed-up of the largest measured class of its kind
-
-    @property
-    def faster(self) -> bool:
-        """Faster by the margin, or not timed (shapes unknown before run time: no evidence against it)."""
-        return self.speedup is None or self.speedup >= REQUIRED_SPEEDUP
+    speedup: float | None  # fp32 seconds / low-type seconds (> 1: faster); None: not timed (budget, sizes)
 
 
 @dataclasses.dataclass(frozen=True)
 class SpeedCheck:
-    """The check's verdict for one model: the classes and the layers that stay float32 (-> the reason)."""
+    """The check's verdict for one model: the classes, the model's speed-up, the layers that stay float32."""
 
     low: torch.dtype
     backend: str
     where: str  # "this CPU"
     classes: tuple[ClassSpeed, ...]
+    speedup: float | None  # the model's: FLOP-weighted over its timed classes; None: nothing timed
     slower: Mapping[str, str]  # layer -> reason it stays float32 (RuleContext.not_faster)
 
     @property
-    def accelerated(self) -> bool:
-        """Whether the low type is faster for any of the model's classes (None of them measured: no answer)."""
-        return any(c.faster for c in self.classes)
+    def faster(self) -> bool:
+        """Faster by the margin, or nothing timed (no heavy layer, sizes unknown: no evidence against it)."""
+        return self.speedup is None or self.speedup >= REQUIRED_SPEEDUP
+
+    def describe(self) -> str:
+        """"bfloat16 0.64x fp32 on this CPU (eager backend) for this model's matmuls and convolutions, ..." """
+        low = dtype_name(self.low)
+        timed = sorted((c for c in self.classes if c.speedup is not None), key=lambda c: -c.flops)
+        shown = "; ".join(f"{c.op} {c.shapes}: {c.speedup:.2f}x" for c in timed[:3])
+        more = f"; {len(timed) - 3} more" if len(timed) > 3 else ""
+        return (f"{low} {self.speedup:.2f}x fp32 on {self.where} ({self.backend} backend) for this model's matmuls "
+                f"and convolutions, FLOP-weighted over {len(timed)} shape class(es) timed ({shown}{more})")
 
     def warning(self, lowered: int) -> str | None:
-        """The one warning: how many of the ``lowered`` layers autocast would lower stay float32, and why."""
+        """The one warning: the ``lowered`` layers autocast would lower stay float32, and why."""
         if not self.slower:
             return None
-        low = dtype_name(self.low)
-        slow = sorted((c for c in self.classes if not c.faster), key=lambda c: -c.flops)
-        shown = "; ".join(f"{c.op} {c.shapes}: {low} {c.speedup:.2f}x fp32" for c in slow[:3])
-        more = f" and {len(slow) - 3} more shape(s)" if len(slow) > 3 else ""
         return (
-            f"enable_autocast: {low} is not faster than float32 on {self.where} ({self.backend} backend) for "
-            f"{len(self.slower)} of the {lowered} layers autocast would lower ({shown}{more}); they stay float32 "
-            "(each layer's reason quotes its measurement). Pass autocast_require_speedup=False to lower them "
-            "anyway (a preview of the numerics on hardware where the low type is fast)."
+            f"enable_autocast: {dtype_name(self.low)} is not faster than float32 here: {self.describe()}; the "
+            f"{len(self.slower)} of {lowered} layers autocast would lower stay float32. Pass "
+            "autocast_require_speedup=False to lower them anyway (a preview of the numerics on hardware where the "
+            "low type is fast)."
         )
-
-
-# measure(node, low, device) -> the low type's speed-up over fp32 for ``node``'s op and shapes
-Measure = Callable[[torch.fx.Node, torch.dtype, torch.device], float]
 
 
 class MeasuredSpeed:
@@ -144,8 +143,9 @@ def check(
     info: GraphInfo, graph: torch.fx.Graph, plan: PrecisionPlan, low: torch.dtype, backend: str,
     device: torch.device, measurer=None,
 ) -> SpeedCheck:
-    """Which of the layers ``plan`` lowers to ``low`` by the autocast rules stay float32 because ``low`` is not
-    faster (``measurer.speedup(node, low, backend, device)``, default :data:`MEASURER`)."""
+    """Whether ``low`` is faster than fp32 for the layers ``plan`` lowers to it by the autocast rules
+    (``measurer.speedup(node, low, backend, device)``, default :data:`MEASURER`), and if not, the reason each
+    of them stays float32."""
     measurer = measurer or MEASURER
     where = "this CPU" if device.type == "cpu" else f"this {device.type} device"
     lowered = [n for n, p in plan.items() if p.source == "autocast_rule" and p.precision == low and n in info]
@@ -155,45 +155,28 @@ def check(
         if info[name].kind == "compute" and info[name].flops > 0 and name in nodes:
             groups.setdefault(class_key(nodes[name]), []).append(name)
     ranked = sorted(groups.values(), key=lambda names: -sum(info[n].flops for n in names))
-    speeds: dict[int, float] = {}
-    for i, names in enumerate(ranked[:MAX_CLASSES]):
-        speeds[i] = measurer.speedup(nodes[names[0]], low, backend, device)
-    classes = []
+    classes, start = [], time.perf_counter()
     for i, names in enumerate(ranked):
-        first = info[names[0]]
-        measured = i in speeds
-        if not measured:  # the largest measured class of its kind, else the largest measured class
-            same = [j for j in speeds if kind_of(info[ranked[j][0]].op) == kind_of(first.op) and speeds[j] is not None]
-            speeds[i] = speeds[same[0] if same else 0]
-        classes.append(ClassSpeed(
-            first.packet, _shapes(nodes[names[0]]), tuple(names), sum(info[n].flops for n in names), speeds[i],
-            measured,
-        ))
-    return SpeedCheck(low, backend, where, tuple(classes), MappingProxyType(
-        _slower(classes, lowered, info, low, backend, where)))
+        timed = i < MAX_CLASSES and (i == 0 or time.perf_counter() - start < BUDGET_SECONDS)
+        speedup = measurer.speedup(nodes[names[0]], low, backend, device) if timed else None
+        flops = sum(info[n].flops for n in names)
+        classes.append(ClassSpeed(info[names[0]].packet, _shapes(nodes[names[0]]), tuple(names), flops, speedup))
+    result = SpeedCheck(low, backend, where, tuple(classes), _model_speedup(classes), MappingProxyType({}))
+    if result.faster:
+        return result
+    why = f"{result.describe()}: not faster, so it stays float32 (autocast_require_speedup=False lowers it anyway)"
+    slower = {n: why for n in lowered if info[n].kind == "compute"}
+    return dataclasses.replace(result, slower=MappingProxyType(slower))
 
 
-def _slower(classes, lowered, info: GraphInfo, low, backend: str, where: str) -> dict[str, str]:
-    name = dtype_name(low)
-    out = {}
-    for c in classes:
-        if not c.faster:
-            how = "measured" if c.measured else "as measured for the largest of its kind"
-            for layer in c.layers:
-                out[layer] = (
-                    f"{name} {c.speedup:.2f}x fp32 on {where} ({c.op} {c.shapes}, {backend} backend, {how}): not "
-                    "faster, so it stays float32 (autocast_require_speedup=False lowers it anyway)"
-                )
-    if classes and not any(c.faster for c in classes):
-        best = max(classes, key=lambda c: c.speedup)  # all timed: an untimed class counts as faster
-        for layer in lowered:
-            if layer not in out and info[layer].kind == "compute":
-                out[layer] = (
-                    f"{name} is not faster than float32 on {where} for any matmul or convolution of this model "
-                    f"(the best: {best.op} {best.shapes}, {name} {best.speedup:.2f}x fp32, {backend} backend), so "
-                    "this layer stays float32 with them (autocast_require_speedup=False lowers it anyway)"
-                )
-    return out
+def _model_speedup(classes) -> float | None:
+    """fp32 time / low time of the timed classes together, each class's fp32 time taken as proportional to its
+    FLOPs: sum(F) / sum(F / speed-up). A class several times slower outweighs a few slightly faster ones, as it
+    does in the program."""
+    timed = [c for c in classes if c.speedup is not None and c.speedup > 0 and c.flops > 0]
+    if not timed:
+        return None
+    return sum(c.flops for c in timed) / sum(c.flops / c.speedup for c in timed)
 
 
 def class_key(node: torch.fx.Node):
@@ -233,19 +216,22 @@ def time_speedup(node: torch.fx.Node, low: torch.dtype, device: torch.device) ->
 
 
 def _paired(calls: dict, device: torch.device) -> float:
-    repeats, first = {}, {}
+    first: dict = {d: [] for d in calls}
     with torch.no_grad():
-        for dtype, call in calls.items():  # warm-up (allocator, kernel set-up), then the length of one call
+        for call in calls.values():  # warm-up: allocator, kernel set-up
             call()
-            synchronize(device)
-            start = time.perf_counter()
-            call()
-            synchronize(device)
-            first[dtype] = max(time.perf_counter() - start, 1e-7)
-            repeats[dtype] = max(1, math.ceil(SAMPLE_SECONDS / first[dtype]))
+        synchronize(device)
+        for _ in range(2):  # two single calls each, alternating: how long a call takes, and a type far slower
+            for dtype, call in calls.items():
+                start = time.perf_counter()
+                call()
+                synchronize(device)
+                first[dtype].append(max(time.perf_counter() - start, 1e-7))
+        shortest = {d: min(t) for d, t in first.items()}
         low = next(d for d in calls if d != torch.float32)
-        if first[low] > EARLY_EXIT * first[torch.float32]:
-            return first[torch.float32] / first[low]
+        if shortest[low] > EARLY_EXIT * shortest[torch.float32]:  # in both calls: not one unlucky one
+            return shortest[torch.float32] / shortest[low]
+        repeats = {d: max(1, math.ceil(SAMPLE_SECONDS / t)) for d, t in shortest.items()}
         keys = list(calls)
         times: dict = {k: [] for k in keys}
         for r in range(ROUNDS):

@@ -51,13 +51,14 @@ def test_no_runs_as_key_when_everything_runs_as_planned():
 def test_accelerated_types_names_the_types_faster_here_and_is_absent_when_nothing_was_measured():
     from mixprec.output.report.summary import accelerated_types
 
-    classes = [{"op": "aten.linear", "shapes": "[8, 64] x [64, 64]", "layers": 3, "speedup": 0.64, "faster": False},
-               {"op": "aten.conv2d", "shapes": "[1, 3, 8, 8] x [8, 3, 3, 3]", "layers": 1, "speedup": 1.4,
-                "faster": True}]
-    entry = accelerated_types("bfloat16", "eager", "this CPU", classes)["accelerated_types"]
-    assert entry["types"] == ["bfloat16"] and entry["backend"] == "eager" and entry["classes"] == classes
-    assert accelerated_types("bfloat16", "eager", "this CPU", classes[:1])["accelerated_types"]["types"] == []
-    assert accelerated_types("bfloat16", "eager", "this CPU", []) == {}
+    classes = [{"op": "aten.linear", "shapes": "[8, 64] x [64, 64]", "layers": 3, "speedup": 0.64},
+               {"op": "aten.conv2d", "shapes": "[1, 3, 8, 8] x [8, 3, 3, 3]", "layers": 1, "speedup": None}]
+    entry = accelerated_types("bfloat16", False, 0.64, "eager", "this CPU", classes)["accelerated_types"]
+    assert entry["types"] == [] and entry["speedup"] == 0.64 and entry["backend"] == "eager"
+    assert entry["classes"] == classes and entry["measured"] == "bfloat16"
+    assert accelerated_types("bfloat16", True, 1.4, "eager", "this CPU", classes)["accelerated_types"]["types"] == [
+        "bfloat16"]
+    assert accelerated_types("bfloat16", True, None, "eager", "this CPU", []) == {}
 
 
 def test_a_report_saved_before_the_speed_check_loads():

@@ -71,14 +71,16 @@ def for_records(summary: dict, records: list[LayerRecord]) -> dict:
     return out
 
 
-def accelerated_types(low: str, backend: str, where: str, classes: list[dict]) -> dict:
-    """``{"accelerated_types": ...}``: which low types autocast's speed check (``plan/speed.py``) found faster
-    than fp32 on this machine and backend for the model's layer shapes, and the measured speed-up per shape
-    class (``{"op", "shapes", "layers", "speedup", "faster"}``); {} when it measured nothing. A report saved
-    before the check existed has no such entry (the summary is a free-form object)."""
+def accelerated_types(low: str, faster: bool, speedup: float | None, backend: str, where: str,
+                      classes: list[dict]) -> dict:
+    """``{"accelerated_types": ...}``: whether autocast's speed check (``plan/speed.py``) found the low type
+    faster than fp32 on this machine and backend for the model (``types``: the ones it did), the model's
+    measured speed-up and each shape class's (``{"op", "shapes", "layers", "speedup"}``, speedup None where not
+    timed); {} when there was nothing to time. A report saved before the check existed has no such entry
+    (the summary is a free-form object)."""
     if not classes:
         return {}
     return {"accelerated_types": {
-        "types": [low] if any(c["faster"] for c in classes) else [],
-        "measured": low, "backend": backend, "on": where, "classes": classes,
+        "types": [low] if faster else [], "measured": low, "speedup": speedup, "backend": backend, "on": where,
+        "classes": classes,
     }}
