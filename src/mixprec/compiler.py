@@ -180,11 +180,10 @@ def _check_speed(captured: CapturedModel, options: StageOptions, prepared, calib
     device = autocast.device_of(captured.base, tuple(captured.flat_inputs(fresh=False)))
     result = speed.check(captured.info, captured.base.graph, plan, ctx.low, options.backend.backend, device,
                          speed.MEASURER)
-    lowered = sum(1 for p in plan.values() if p.source == "autocast_rule" and p.precision == ctx.low)
-    message = result.warning(lowered)
+    message = result.warning()
     if message is not None:
         warnings.warn(message, MixedPrecisionWarning, stacklevel=3)  # compile (the user's line) -> here
-    if lowered > len(result.slower) and autocast.slow_on_cpu(ctx.low, device):
+    if result.lowered > len(result.slower) and autocast.slow_on_cpu(ctx.low, device):
         autocast.warn_slow_on_cpu(ctx.low, stacklevel=3)
     summary = accelerated_types(
         dtype_name(ctx.low), result.faster, result.speedup, result.backend, result.where,

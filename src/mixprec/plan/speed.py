@@ -17,7 +17,9 @@ this check does without), in the layout the rewrite gives a lowered layer (``tim
 call for ``SAMPLE_SECONDS``; the low type's time is the search's cost model's (``searching.latency.
 per_call_seconds``): fp32's fastest time x the upper quartile of the per-round ratios, so load that comes and
 goes cancels and noise does not pass for a gain. A low type over ``EARLY_EXIT`` x slower in both of its first
-two calls (bf16 emulated on an AVX2-only CPU: 65.7x, ``dtypes.cpu_runs_bf16_fast``) is judged from them.
+two calls, when they are long (bf16 emulated on an AVX2-only CPU: 65.7x, ``dtypes.cpu_runs_bf16_fast``), or in
+its first two rounds of samples is judged from them (a single short call says nothing: one time slice of
+another process makes a 5-microsecond GEMM look 100x slower).
 
 **Decided per model, from its shape classes**: the model's speed-up is the timed classes' together, each
 weighted by its FLOPs (sum F / sum F/speed-up); the model is lowered as before when it is
@@ -62,7 +64,7 @@ MAX_CLASSES = 6  # timed classes per model at most: a handful of timings
 BUDGET_SECONDS = 1.0  # no further class is timed once the check has spent this long (the first always is)
 ROUNDS = 5  # paired rounds per class (the upper quartile of 5 ratios is their 4th smallest)
 SAMPLE_SECONDS = 0.01  # one sample repeats a short call this long (a 0.1 ms GEMM alone is scheduler noise)
-EARLY_EXIT = 3.0  # a low type this many times slower in both of its first two calls needs no rounds
+EARLY_EXIT = 3.0  # a low type this many times slower in its first two calls (or rounds) needs no more
 # A choice, not a measurement: the model must gain this much to be lowered, since lowering adds casts and a
 # ratio near 1 is within what paired rounds on a shared machine resolve.
 REQUIRED_SPEEDUP = 1.05
@@ -88,6 +90,7 @@ class SpeedCheck:
     where: str  # "this CPU"
     classes: tuple[ClassSpeed, ...]
     speedup: float | None  # the model's: FLOP-weighted over its timed classes; None: nothing timed
+    lowered: int  # compute layers autocast would lower
     slower: Mapping[str, str]  # layer -> reason it stays float32 (RuleContext.not_faster)
 
     @property
@@ -104,13 +107,13 @@ class SpeedCheck:
         return (f"{low} {self.speedup:.2f}x fp32 on {self.where} ({self.backend} backend) for this model's matmuls "
                 f"and convolutions, FLOP-weighted over {len(timed)} shape class(es) timed ({shown}{more})")
 
-    def warning(self, lowered: int) -> str | None:
-        """The one warning: the ``lowered`` layers autocast would lower stay float32, and why."""
+    def warning(self) -> str | None:
+        """The one warning: the layers autocast would lower stay float32, and why."""
         if not self.slower:
             return None
         return (
             f"enable_autocast: {dtype_name(self.low)} is not faster than float32 here: {self.describe()}; the "
-            f"{len(self.slower)} of {lowered} layers autocast would lower stay float32. Pass "
+            f"{len(self.slower)} layers autocast would lower stay float32. Pass "
             "autocast_require_speedup=False to lower them anyway (a preview of the numerics on hardware where the "
             "low type is fast)."
         )
@@ -161,11 +164,14 @@ def check(
         speedup = measurer.speedup(nodes[names[0]], low, backend, device) if timed else None
         flops = sum(info[n].flops for n in names)
         classes.append(ClassSpeed(info[names[0]].packet, _shapes(nodes[names[0]]), tuple(names), flops, speedup))
-    result = SpeedCheck(low, backend, where, tuple(classes), _model_speedup(classes), MappingProxyType({}))
+    compute = [n for n in lowered if info[n].kind == "compute"]
+    result = SpeedCheck(
+        low, backend, where, tuple(classes), _model_speedup(classes), len(compute), MappingProxyType({})
+    )
     if result.faster:
         return result
     why = f"{result.describe()}: not faster, so it stays float32 (autocast_require_speedup=False lowers it anyway)"
-    slower = {n: why for n in lowered if info[n].kind == "compute"}
+    slower = {n: why for n in compute}
     return dataclasses.replace(result, slower=MappingProxyType(slower))
 
 
@@ -216,33 +222,38 @@ def time_speedup(node: torch.fx.Node, low: torch.dtype, device: torch.device) ->
 
 
 def _paired(calls: dict, device: torch.device) -> float:
-    first: dict = {d: [] for d in calls}
+    """fp32 seconds / low seconds of two calls ({dtype: call}), in paired rounds (module docstring)."""
+    low = next(d for d in calls if d != torch.float32)
+    single: dict = {d: [] for d in calls}
     with torch.no_grad():
         for call in calls.values():  # warm-up: allocator, kernel set-up
             call()
         synchronize(device)
-        for _ in range(2):  # two single calls each, alternating: how long a call takes, and a type far slower
+        for _ in range(2):  # two single calls each, alternating: how long a call takes
             for dtype, call in calls.items():
-                start = time.perf_counter()
-                call()
-                synchronize(device)
-                first[dtype].append(max(time.perf_counter() - start, 1e-7))
-        shortest = {d: min(t) for d, t in first.items()}
-        low = next(d for d in calls if d != torch.float32)
-        if shortest[low] > EARLY_EXIT * shortest[torch.float32]:  # in both calls: not one unlucky one
-            return shortest[torch.float32] / shortest[low]
+                single[dtype].append(_seconds(call, 1, device))
+        shortest = {d: min(t) for d, t in single.items()}
+        if shortest[low] >= SAMPLE_SECONDS and shortest[low] > EARLY_EXIT * shortest[torch.float32]:
+            return shortest[torch.float32] / shortest[low]  # long calls, far slower in both: no rounds needed
         repeats = {d: max(1, math.ceil(SAMPLE_SECONDS / t)) for d, t in shortest.items()}
         keys = list(calls)
         times: dict = {k: [] for k in keys}
         for r in range(ROUNDS):
             for dtype in keys[r % 2:] + keys[: r % 2]:
-                start = time.perf_counter()
-                for _ in range(repeats[dtype]):
-                    calls[dtype]()
-                synchronize(device)
-                times[dtype].append((time.perf_counter() - start) / repeats[dtype])
+                times[dtype].append(_seconds(calls[dtype], repeats[dtype], device))
+            if r == 1 and min(times[low]) > EARLY_EXIT * min(times[torch.float32]):
+                return min(times[torch.float32]) / min(times[low])  # far slower in two rounds of samples
     seconds = per_call_seconds(times)
     return seconds[torch.float32] / seconds[low]
+
+
+def _seconds(call, repeats: int, device: torch.device) -> float:
+    """Seconds per call of ``repeats`` calls in a row."""
+    start = time.perf_counter()
+    for _ in range(repeats):
+        call()
+    synchronize(device)
+    return max(time.perf_counter() - start, 1e-9) / repeats
 
 
 def _random_inputs(node: torch.fx.Node, dtype: torch.dtype, device: torch.device, generator) -> tuple:
