@@ -177,7 +177,7 @@ def timed_call(target, args, kwargs, lowered_packet):
 
 def as_rewritten(packet: str, args: tuple, channels_last: bool) -> tuple:
     """Arguments in the memory layout a lowered layer gets in the rewritten program: matmul-class
-    layers read a contiguous copy of a non-contiguous 3-D input (made per call: see _call), and in
+    layers read a contiguous copy of a non-contiguous 3-D input (made per call: see timed_call), and in
     networks with lowered 2-D convolutions the 4-D activations and conv weights are channels_last
     (made by the cast into the layer or stored so: no per-call cost of the layer's own)."""
     args = list(args)
