@@ -140,8 +140,8 @@ class FixedSpeed:
     def __init__(self, default: float | None = 2.0, by_op: dict | None = None):
         self.default, self.by_op, self.asked = default, dict(by_op or {}), []
 
-    def speedup(self, node, low, backend, device):
+    def speedups(self, nodes, low, backend, device):
         from mixprec.ops.names import op_name, packet_name
 
-        self.asked.append((node.name, low, backend))
-        return self.by_op.get(packet_name(op_name(node.target)), self.default)
+        self.asked += [(node.name, low, backend) for node in nodes]
+        return [self.by_op.get(packet_name(op_name(node.target)), self.default) for node in nodes]

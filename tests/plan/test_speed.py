@@ -143,6 +143,26 @@ def test_one_slow_short_call_of_the_low_type_is_not_enough_to_judge_it():
     assert len(calls) > 3 and ratio > 1 / speed.EARLY_EXIT  # timed in rounds, not judged from the unlucky call
 
 
+def test_the_budget_stops_timing_and_a_second_ask_gets_the_same_answer(monkeypatch):
+    timed = []
+
+    def slow_timing(node, low, device):
+        timed.append(node)
+        time.sleep(0.05)
+        return 0.5
+
+    monkeypatch.setattr(speed, "_timed", slow_timing)
+    monkeypatch.setattr(speed, "BUDGET_SECONDS", 0.01)
+    graph = torch.fx.symbolic_trace(ThreeLinears()).graph
+    nodes = [n for n in graph.nodes if n.op == "call_module"]
+    measurer = speed.MeasuredSpeed()
+    cpu = torch.device("cpu")
+    assert measurer.speedups(nodes, torch.bfloat16, "eager", cpu) == [0.5, None, None]  # the first always
+    assert measurer.speedups(nodes, torch.bfloat16, "eager", cpu) == [0.5, None, None] and len(timed) == 1
+    assert measurer.speedups(nodes[1:], torch.bfloat16, "eager", cpu) == [0.5, None]  # another model
+    assert measurer.speedups(nodes[:1], torch.bfloat16, "inductor", cpu) == [0.5] and len(timed) == 3
+
+
 def test_the_real_check_runs_once_per_process_and_the_plan_follows_it(monkeypatch):
     measurer = speed.MeasuredSpeed()
     first, _ = _compile(ConvNet, measurer, monkeypatch)

@@ -30,8 +30,9 @@ per-class plan of the bench's CNN ran 0.15x fp32 where all-bf16 ran 0.70x (bench
 model, the program is either today's or exactly the fp32 one, so it is never slower than the check's
 measurement says. A model with no heavy layer (nothing to time) is lowered as before.
 
-**Once per process**: results are cached by (machine, torch version, backend, device, low type, class), so
-a second compile of the model, or of one with the same shapes, times nothing. Backends: the ATen ops are
+**Once per process**: results are cached by (machine, torch version, backend, device, low type, class), and
+each model's list of them, so a second compile of the model times nothing and gets the same answer (the
+budget does not let it time classes the first compile left out), and another model reuses shared shapes. Backends: the ATen ops are
 what eager runs; inductor's CPU GEMMs and convolutions are extern calls to the same oneDNN/MKL kernels and
 OpenVINO's CPU plugin runs oneDNN's too (issue 34: PyTorch's bf16 GEMMs 0.49-0.88x fp32, OpenVINO's bf16
 0.57x of its f32 on BERT-base), so their ratio is taken from these ops; the backend is part of the key and
@@ -120,23 +121,41 @@ class SpeedCheck:
 
 
 class MeasuredSpeed:
-    """The default measurer: times a layer's op in fp32 and the low type (module docstring), cached per process
-    by (machine, torch version, backend, device, low type, shape class)."""
+    """The default measurer: times each class's op in fp32 and the low type (module docstring), cached per
+    process by (machine, torch version, backend, device, low type, shape class), and each model's list, so that
+    compiling the same model again times nothing and gets the same answer."""
 
     def __init__(self):
-        self._cache: dict[tuple, float] = {}
+        self._classes: dict[tuple, float | None] = {}
+        self._models: dict[tuple, tuple] = {}
         self.timed = 0  # classes timed so far (the rest came from the cache)
 
-    def speedup(self, node: torch.fx.Node, low: torch.dtype, backend: str, device: torch.device) -> float | None:
-        key = (_machine(device), torch.__version__, backend, str(device), low, class_key(node))
-        if key not in self._cache:
-            try:
-                self._cache[key] = time_speedup(node, low, device)
-            except (RuntimeError, TypeError, ValueError) as e:  # e.g. symbolic sizes: no evidence either way
-                log.info("autocast speed check: %s not timed (%s)", node.name, e)
-                self._cache[key] = None
-            self.timed += 1
-        return self._cache[key]
+    def speedups(self, nodes: list, low: torch.dtype, backend: str, device: torch.device) -> list:
+        """The low type's speed-up over fp32 for each class ``nodes`` stand for, the largest first: the first is
+        always timed, the next while within ``MAX_CLASSES`` and ``BUDGET_SECONDS`` (None for the rest)."""
+        base = (_machine(device), torch.__version__, backend, str(device), low)
+        keys = [class_key(n) for n in nodes]
+        model = (*base, tuple(keys))
+        if model not in self._models:
+            out, start = [], time.perf_counter()
+            for i, (node, key) in enumerate(zip(nodes, keys)):
+                if i >= MAX_CLASSES or (i > 0 and time.perf_counter() - start >= BUDGET_SECONDS):
+                    out.append(None)
+                    continue
+                if (*base, key) not in self._classes:
+                    self._classes[(*base, key)] = _timed(node, low, device)
+                    self.timed += 1
+                out.append(self._classes[(*base, key)])
+            self._models[model] = tuple(out)
+        return list(self._models[model])
+
+
+def _timed(node: torch.fx.Node, low: torch.dtype, device: torch.device) -> float | None:
+    try:
+        return time_speedup(node, low, device)
+    except (RuntimeError, TypeError, ValueError) as e:  # e.g. symbolic sizes: no evidence either way
+        log.info("autocast speed check: %s not timed (%s)", node.name, e)
+        return None
 
 
 MEASURER = MeasuredSpeed()  # the process's cache; compile reads this name at call time (tests inject theirs)
@@ -147,8 +166,8 @@ def check(
     device: torch.device, measurer=None,
 ) -> SpeedCheck:
     """Whether ``low`` is faster than fp32 for the layers ``plan`` lowers to it by the autocast rules
-    (``measurer.speedup(node, low, backend, device)``, default :data:`MEASURER`), and if not, the reason each
-    of them stays float32."""
+    (``measurer.speedups(representatives, low, backend, device)``, default :data:`MEASURER`), and if not, the
+    reason each of them stays float32."""
     measurer = measurer or MEASURER
     where = "this CPU" if device.type == "cpu" else f"this {device.type} device"
     lowered = [n for n, p in plan.items() if p.source == "autocast_rule" and p.precision == low and n in info]
@@ -158,16 +177,14 @@ def check(
         if info[name].kind == "compute" and info[name].flops > 0 and name in nodes:
             groups.setdefault(class_key(nodes[name]), []).append(name)
     ranked = sorted(groups.values(), key=lambda names: -sum(info[n].flops for n in names))
-    classes, start = [], time.perf_counter()
-    for i, names in enumerate(ranked):
-        timed = i < MAX_CLASSES and (i == 0 or time.perf_counter() - start < BUDGET_SECONDS)
-        speedup = measurer.speedup(nodes[names[0]], low, backend, device) if timed else None
-        flops = sum(info[n].flops for n in names)
-        classes.append(ClassSpeed(info[names[0]].packet, _shapes(nodes[names[0]]), tuple(names), flops, speedup))
-    compute = [n for n in lowered if info[n].kind == "compute"]
-    result = SpeedCheck(
-        low, backend, where, tuple(classes), _model_speedup(classes), len(compute), MappingProxyType({})
+    speedups = measurer.speedups([nodes[names[0]] for names in ranked], low, backend, device) if ranked else []
+    classes = tuple(
+        ClassSpeed(info[names[0]].packet, _shapes(nodes[names[0]]), tuple(names), sum(info[n].flops for n in names),
+                   speedup)
+        for names, speedup in zip(ranked, speedups)
     )
+    compute = [n for n in lowered if info[n].kind == "compute"]
+    result = SpeedCheck(low, backend, where, classes, _model_speedup(classes), len(compute), MappingProxyType({}))
     if result.faster:
         return result
     why = f"{result.describe()}: not faster, so it stays float32 (autocast_require_speedup=False lowers it anyway)"
