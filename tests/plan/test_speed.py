@@ -146,7 +146,7 @@ def test_one_slow_short_call_of_the_low_type_is_not_enough_to_judge_it():
 def test_the_budget_stops_timing_and_a_second_ask_gets_the_same_answer(monkeypatch):
     timed = []
 
-    def slow_timing(node, low, device):
+    def slow_timing(node, low, device, deadline):
         timed.append(node)
         time.sleep(0.05)
         return 0.5
@@ -161,6 +161,17 @@ def test_the_budget_stops_timing_and_a_second_ask_gets_the_same_answer(monkeypat
     assert measurer.speedups(nodes, torch.bfloat16, "eager", cpu) == [0.5, None, None] and len(timed) == 1
     assert measurer.speedups(nodes[1:], torch.bfloat16, "eager", cpu) == [0.5, None]  # another model
     assert measurer.speedups(nodes[:1], torch.bfloat16, "inductor", cpu) == [0.5] and len(timed) == 3
+
+
+def test_past_the_deadline_a_class_stops_after_two_rounds():
+    calls = []
+
+    def call():
+        calls.append(1)
+        time.sleep(speed.SAMPLE_SECONDS)
+
+    ratio = speed._paired({torch.float32: call, torch.bfloat16: call}, torch.device("cpu"), deadline=0.0)
+    assert len(calls) == 2 * (1 + 2 + 2) and ratio > 0  # warm-up, two single calls, two rounds of one-call samples
 
 
 def test_the_real_check_runs_once_per_process_and_the_plan_follows_it(monkeypatch):

@@ -62,7 +62,7 @@ from .precision_plan import PrecisionPlan
 log = logging.getLogger(__name__)
 
 MAX_CLASSES = 6  # timed classes per model at most: a handful of timings
-BUDGET_SECONDS = 1.0  # no further class is timed once the check has spent this long (the first always is)
+BUDGET_SECONDS = 1.0  # past this, no further class is timed and a class's rounds stop after the second
 ROUNDS = 5  # paired rounds per class (the upper quartile of 5 ratios is their 4th smallest)
 SAMPLE_SECONDS = 0.01  # one sample repeats a short call this long (a 0.1 ms GEMM alone is scheduler noise)
 EARLY_EXIT = 3.0  # a low type this many times slower in its first two calls (or rounds) needs no more
@@ -143,16 +143,16 @@ class MeasuredSpeed:
                     out.append(None)
                     continue
                 if (*base, key) not in self._classes:
-                    self._classes[(*base, key)] = _timed(node, low, device)
+                    self._classes[(*base, key)] = _timed(node, low, device, start + BUDGET_SECONDS)
                     self.timed += 1
                 out.append(self._classes[(*base, key)])
             self._models[model] = tuple(out)
         return list(self._models[model])
 
 
-def _timed(node: torch.fx.Node, low: torch.dtype, device: torch.device) -> float | None:
+def _timed(node: torch.fx.Node, low: torch.dtype, device: torch.device, deadline: float) -> float | None:
     try:
-        return time_speedup(node, low, device)
+        return time_speedup(node, low, device, deadline)
     except (RuntimeError, TypeError, ValueError) as e:  # e.g. symbolic sizes: no evidence either way
         log.info("autocast speed check: %s not timed (%s)", node.name, e)
         return None
@@ -220,8 +220,11 @@ def class_key(node: torch.fx.Node):
     return (str(node.target), describe(node.args), describe(node.kwargs))
 
 
-def time_speedup(node: torch.fx.Node, low: torch.dtype, device: torch.device) -> float | None:
-    """fp32 seconds / ``low`` seconds of ``node``'s op on random inputs of its shapes (module docstring)."""
+def time_speedup(
+    node: torch.fx.Node, low: torch.dtype, device: torch.device, deadline: float = math.inf
+) -> float | None:
+    """fp32 seconds / ``low`` seconds of ``node``'s op on random inputs of its shapes (module docstring); past
+    ``deadline`` (``time.perf_counter()``) no round after the second starts."""
     target = node.target
     if not isinstance(target, torch._ops.OpOverload):
         return None  # not an op this check can time: no evidence against lowering it
@@ -235,11 +238,13 @@ def time_speedup(node: torch.fx.Node, low: torch.dtype, device: torch.device) ->
         torch.float32: timed_call(target, fp32_args, fp32_kwargs, None),
         low: timed_call(target, low_args, low_kwargs, packet),
     }
-    return _paired(calls, device)
+    return _paired(calls, device, deadline)
 
 
-def _paired(calls: dict, device: torch.device) -> float:
-    """fp32 seconds / low seconds of two calls ({dtype: call}), in paired rounds (module docstring)."""
+def _paired(calls: dict, device: torch.device, deadline: float = math.inf) -> float:
+    """fp32 seconds / low seconds of two calls ({dtype: call}), in paired rounds (module docstring); past
+    ``deadline`` no round after the second starts (the upper quartile of fewer ratios is their larger one:
+    a short check errs towards fp32)."""
     low = next(d for d in calls if d != torch.float32)
     single: dict = {d: [] for d in calls}
     with torch.no_grad():
@@ -260,6 +265,8 @@ def _paired(calls: dict, device: torch.device) -> float:
                 times[dtype].append(_seconds(calls[dtype], repeats[dtype], device))
             if r == 1 and min(times[low]) > EARLY_EXIT * min(times[torch.float32]):
                 return min(times[torch.float32]) / min(times[low])  # far slower in two rounds of samples
+            if r >= 1 and time.perf_counter() > deadline:
+                break
     seconds = per_call_seconds(times)
     return seconds[torch.float32] / seconds[low]
 
