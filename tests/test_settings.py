@@ -208,6 +208,7 @@ def test_recorded_patterns_are_never_compiled():
         {"enabled_precisions": "float32"}, {"autocast_max_output_threshold": -1},
         {"autocast_max_output_threshold": True}, {"autocast_max_depth_of_reduction": 2.5},
         {"backend": "e" * 500}, {"runtime_guard": 3}, {"autocast_excluded_nodes": "x"},
+        {"autocast_low_precision_type": ["bfloat16"]}, {"enabled_precisions": [["float32"]]},
     ],
 )
 def test_recorded_settings_out_of_shape_are_refused(values):

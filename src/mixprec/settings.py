@@ -300,6 +300,8 @@ _BOOLS = frozenset(
     {"use_explicit_typing", "enable_autocast", "use_fp32_acc", "keep_io_types", "debug",
      "autocast_keep_residual_stream", "autocast_low_precision_embeddings"}
 )  # fmt: skip
+_LOW_NAMES = frozenset(dtype_name(d) for d in LOW_PRECISION_FLOATS)
+_FLOAT_NAMES = frozenset(dtype_name(d) for d in FLOAT_DTYPES)
 _GIVEN = frozenset({"autocast_calibration_dataloader", "plan", "dynamic_shapes"})  # recorded as "<given>" only
 
 
@@ -317,9 +319,9 @@ def recorded(values) -> dict[str, Any]:
         elif name in _GIVEN:
             ok = value == "<given>"
         elif name == "autocast_low_precision_type":
-            ok = value is None or value in {dtype_name(d) for d in LOW_PRECISION_FLOATS}
+            ok = value is None or isinstance(value, str) and value in _LOW_NAMES
         elif name == "enabled_precisions":
-            ok = _list_of(value, len(FLOAT_DTYPES), lambda v: v in {dtype_name(d) for d in FLOAT_DTYPES})
+            ok = _list_of(value, len(FLOAT_DTYPES), lambda v: isinstance(v, str) and v in _FLOAT_NAMES)
         elif name in ("autocast_excluded_nodes", "autocast_included_nodes"):
             ok = _list_of(value, _MAX_PATTERNS, lambda v: isinstance(v, str) and len(v) <= _MAX_PATTERN)
         elif name in ("autocast_excluded_ops", "autocast_included_ops"):
