@@ -126,7 +126,7 @@ def parse_json(
     longest = _check_shape(data, what, max_items, max_depth)
     try:
         value = json.loads(text)
-    except RecursionError:  # not reached after _check_shape; kept so no RecursionError can leave
+    except RecursionError:  # only a caller already deep in its own stack gets here: still a refusal
         raise FileFormatError(f"{what} nests deeper than JSON mixprec reads.") from None
     except ValueError as e:
         raise FileFormatError(f"{what} is not valid JSON ({e}).") from e
