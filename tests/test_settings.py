@@ -2,6 +2,7 @@
 
 import math
 import re
+import time
 
 import pytest
 import torch
@@ -159,3 +160,74 @@ def test_a_guard_on_a_compiled_backend_is_refused():
         stage_options({"runtime_guard": "warn", "backend": "inductor"})
     with pytest.raises(ConfigError, match="runtime_guard must be None, 'warn' or 'raise'"):
         stage_options({"runtime_guard": "loud"})
+
+
+def test_many_unknown_keywords_are_reported_once_in_linear_time():
+    """200k unknown names took 56 s (a did-you-mean search each) and a message naming every one."""
+    names = {f"use_fp32_acc{i}": True for i in range(200_000)}
+    start = time.perf_counter()
+    with pytest.raises(ConfigError) as caught:
+        CompileSettings.from_kwargs(names)
+    assert time.perf_counter() - start < 2
+    message = str(caught.value)
+    assert "'use_fp32_acc0' (did you mean 'use_fp32_acc'?)" in message and "and 199980 more" in message
+    assert len(message) < 2000
+
+
+def test_a_long_unknown_keyword_is_shown_cut():
+    with pytest.raises(ConfigError) as caught:
+        CompileSettings.from_kwargs({"x" * 1_000_000: 1})
+    assert len(str(caught.value)) < 1000 and "xxx...'" in str(caught.value)
+
+
+def _written(**kwargs) -> dict:
+    return CompileSettings.from_kwargs(kwargs).explicit()
+
+
+def test_recorded_settings_are_data():
+    """What explicit() writes is accepted as it is: patterns stay text, names stay names."""
+    written = _written(
+        enable_autocast=True, autocast_low_precision_type=torch.bfloat16, autocast_excluded_nodes={r"enc\..*", "x"},
+        autocast_excluded_ops={"aten.mm.default", "softmax"}, autocast_max_output_threshold=None,
+        autocast_max_depth_of_reduction=64, runtime_guard="warn", autocast_calibration_dataloader=[(1,)],
+    )
+    assert written["autocast_excluded_nodes"] == ["enc\\..*", "x"]
+    assert mixprec.settings.recorded(written) == written
+    weak = _written(use_explicit_typing=False, enabled_precisions={torch.float32, torch.float16})
+    assert mixprec.settings.recorded(weak) == weak
+
+
+def test_recorded_patterns_are_never_compiled():
+    """A file's pattern cost 3.3 GB / 29 s (20M characters) or a RecursionError (1000 nested groups) in
+    re.compile: a recorded pattern is text, of bounded size."""
+    nested = "(" * 1000 + ")" * 1000
+    with pytest.raises(RecursionError):
+        re.compile(nested)
+    assert mixprec.settings.recorded({"autocast_excluded_nodes": [nested]})["autocast_excluded_nodes"] == [nested]
+    with pytest.raises(ConfigError, match="autocast_included_nodes holds"):
+        mixprec.settings.recorded({"autocast_included_nodes": ["a" * 5000]})
+    with pytest.raises(ConfigError, match="autocast_included_nodes holds"):
+        mixprec.settings.recorded({"autocast_included_nodes": ["a"] * 2000})
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"autocast_excluded_ops": ["torch.ops.aten.mm"]}, {"autocast_excluded_ops": ["a" * 300 + ".mm"]},
+        {"enable_autocast": 1}, {"plan": {"x": 1}}, {"autocast_low_precision_type": "float64"},
+        {"enabled_precisions": "float32"}, {"autocast_max_output_threshold": -1},
+        {"autocast_max_output_threshold": True}, {"autocast_max_depth_of_reduction": 2.5},
+        {"backend": "e" * 500}, {"runtime_guard": 3}, {"autocast_excluded_nodes": "x"},
+        {"autocast_low_precision_type": ["bfloat16"]}, {"enabled_precisions": [["float32"]]},
+    ],
+)
+def test_recorded_settings_out_of_shape_are_refused(values):
+    with pytest.raises(ConfigError, match="not a value mixprec writes"):
+        mixprec.settings.recorded(values)
+
+
+def test_recorded_unknown_names_are_refused_once():
+    with pytest.raises(ConfigError, match="the file records unknown setting.* and 980 more"):
+        mixprec.settings.recorded({f"k{i}": 0 for i in range(1000)})
+    with pytest.raises(ConfigError, match="must be an object"):
+        mixprec.settings.recorded([1])

@@ -6,6 +6,7 @@ must lower those layers as torch.autocast does, with its error; fp16's overflow 
 Each model is also checked on its own task: CREPE's decoded pitch, MiniLM's sentence similarities.
 """
 
+import copy
 import importlib.util
 import warnings
 
@@ -74,10 +75,15 @@ def test_crepe_bf16_lowers_every_conv_as_torch_autocast_does(crepe):
     assert _rel(mine, expected) <= 1.1 * _rel(theirs, expected)
     # batch norm computes on bf16 activations with fp32 statistics, as under torch.autocast (ops.table.
     # FP32_PARAMETER_INPUTS): the same kernels on the same dtypes, so the outputs agree far inside the error;
-    # with bf16 statistics they differed by about the error itself (median ratio 1.15 over draws)
+    # with bf16 statistics they differed by about the error itself (median ratio 1.15 over draws).
+    # The same kernels means the same layout too: mixprec runs lowered convolutions channels_last
+    # (rewrite/memory_format.py), and with native bf16 oneDNN's channels_last convolution sums in another order
+    # than its NCHW one (vs NCHW torch.autocast: 0.23x the error on an avx512_bf16 EPYC; bit-identical here)
     stored = prog.exported_program.state_dict
     assert all(stored[f"{bn}.{p}"].dtype == F32 for bn in ("conv1_BN", "conv6_BN") for p in ("weight", "running_var"))
-    assert _rel(mine, theirs) <= 0.1 * _rel(theirs, expected)
+    with torch.no_grad(), torch.autocast("cpu", dtype=BF16):
+        theirs_channels_last = copy.deepcopy(crepe).to(memory_format=torch.channels_last)(frames).float()
+    assert _rel(mine, theirs_channels_last) <= 0.1 * _rel(theirs, expected)
     # the task: the decoded pitch moves by hundredths of a cent (a pitch bin is 20 cents), as torch.autocast's does
     ref = trained.crepe_cents(expected)
     assert (trained.crepe_cents(mine) - ref).abs().max() < 0.5 and (trained.crepe_cents(theirs) - ref).abs().max() < 0.5

@@ -43,3 +43,21 @@ def test_search_lowers_at_least_autocasts_flops_at_no_more_error(build):
     # autocast keeps the residual stream, the embedding tables and the code's fp32 intent in fp32 (as torch.autocast
     # does): half its error is a tight budget, reached here with 56-59% of the FLOPs low
     assert half.chosen.low_precision_flops_fraction >= 0.5
+
+
+def test_the_readme_user_metric_reads_a_model_output_field():
+    """README: a user metric receives the program's and the fp32 model's outputs in the model's own structure, a
+    ModelOutput for transformers models, so `out.last_hidden_state - ref.last_hidden_state` works
+    (`out - ref` cannot: a ModelOutput is not a tensor)."""
+    model, inputs = bert_small()
+    seen = set()
+
+    def metric(out, ref):
+        seen.add((type(out).__name__, type(ref).__name__))
+        return (out.last_hidden_state - ref.last_hidden_state).abs().max().item()
+
+    result = mixprec.search(model, inputs, metric=metric, tolerance=0.05, cache=False)
+    assert seen == {("BaseModelOutputWithPoolingAndCrossAttentions",) * 2}
+    prog = mixprec.compile(model, inputs, plan=result.plan)
+    with torch.no_grad():
+        assert metric(prog(*inputs), model(*inputs)) <= 0.05 * (1 + 1e-6)

@@ -12,6 +12,8 @@ from torch import nn
 FIXTURES = Path(__file__).parent / "fixtures"
 RECORDED = {kind: json.loads((FIXTURES / f"openvino-{kind}-cpu" / "runtime_layers.json").read_text())
             for kind in ("bf16", "avx2")}
+# the int8 models of test_convert.py on a VNNI Xeon whose bf16 is slower than fp32 (README there)
+VNNI_INT8 = json.loads((FIXTURES / "openvino-vnni-xeon" / "int8_runtime_layers.json").read_text())
 
 
 def runs_as(prog) -> dict[str, str]:

@@ -42,7 +42,7 @@ from ...errors import ConfigError, FileFormatError, InvariantError
 from ...ir.frontend import program_parts
 from ...ir.input_check import input_specs_of
 from ...plan.precision_plan import PrecisionPlan
-from ...settings import CompileSettings
+from ...settings import recorded as recorded_settings
 from ..module import MixedPrecisionModule
 from ..report import Report
 from . import container, metadata, operators, outputs, propagation, raw_weights, safety, tensors, trust
@@ -218,14 +218,13 @@ def _with_outputs(ep, recorded: dict, where: str):
 
 
 def _backend_options(settings: dict, backend: str, where: str) -> BackendOptions:
-    """The BackendOptions the backend factory receives: the recorded settings checked as compile checks a user's
-    keywords (a file's settings are hostile), the backend's share built from them."""
-    kwargs = {k: v for k, v in settings.items() if v != "<given>" and k not in ("debug",)}
-    kwargs["backend"] = backend
+    """The BackendOptions the backend factory receives. The recorded settings are data (``settings.recorded``:
+    checked in shape and size, never compiled); only ``runtime_guard`` reaches the backend, checked by
+    BackendOptions as a caller's would be."""
     try:
-        config = CompileSettings.from_kwargs(kwargs)
-        return BackendOptions(config.backend, config.runtime_guard)
-    except (ConfigError, TypeError, ValueError, AttributeError, KeyError) as e:
+        recorded = recorded_settings(settings)
+        return BackendOptions(backend, recorded.get("runtime_guard"))
+    except (ConfigError, TypeError, ValueError) as e:
         raise FileFormatError(f"{where}: its settings are not valid for this mixprec ({e}).") from e
 
 
