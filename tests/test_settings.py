@@ -197,6 +197,15 @@ def test_recorded_settings_are_data():
     assert mixprec.settings.recorded(weak) == weak
 
 
+def test_recorded_require_speedup_is_a_boolean():
+    """A program compiled with autocast_require_speedup=False records it, and loads (issue 34's keyword)."""
+    written = _written(enable_autocast=True, autocast_require_speedup=False)
+    assert written["autocast_require_speedup"] is False
+    assert mixprec.settings.recorded(written) == written
+    with pytest.raises(ConfigError, match="autocast_require_speedup holds 'no'"):
+        mixprec.settings.recorded({**written, "autocast_require_speedup": "no"})
+
+
 def test_recorded_patterns_are_never_compiled():
     """A file's pattern cost 3.3 GB / 29 s (20M characters) or a RecursionError (1000 nested groups) in
     re.compile: a recorded pattern is text, of bounded size."""

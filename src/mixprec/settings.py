@@ -300,7 +300,7 @@ _MAX_NAME = 200  # characters in an op, dtype or backend name
 _OP_NAME = re.compile(r"[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+){1,2}")  # 'aten.mm.default' as resolve_op_name writes it
 _BOOLS = frozenset(
     {"use_explicit_typing", "enable_autocast", "use_fp32_acc", "keep_io_types", "debug",
-     "autocast_keep_residual_stream", "autocast_low_precision_embeddings"}
+     "autocast_keep_residual_stream", "autocast_low_precision_embeddings", "autocast_require_speedup"}
 )  # fmt: skip
 _LOW_NAMES = frozenset(dtype_name(d) for d in LOW_PRECISION_FLOATS)
 _FLOAT_NAMES = frozenset(dtype_name(d) for d in FLOAT_DTYPES)
