@@ -36,6 +36,7 @@ from .output.report import (
 from .plan import autocast, planner
 from .plan.options import PlanningOptions, RuleOptions
 from .plan.precision_plan import PrecisionPlan
+from .plan.quantization import DEFAULT_POLICY, calibration_grids
 from .rewrite.casting import is_mixprec_cast
 from .rewrite.pipeline import realise, reference
 from .settings import CompileSettings
@@ -154,7 +155,10 @@ def _calibrate(captured: CapturedModel, options: StageOptions):
     _check_calibration_used(loader, rules, captured.info)
     # on the example inputs of a graph captured in fp32 the first outputs are the report's fp32 reference
     keep = rules is not None and loader is None and captured.computes_in_fp32
-    calibrated = calibration.run(captured, loader, statistics=rules is not None, keep_first_outputs=keep)
+    # the int8 marker regions are quantized as the plan's policy says (the default without a plan)
+    policy = (options.planning.plan.policy if options.planning.plan is not None else None) or DEFAULT_POLICY
+    calibrated = calibration.run(captured, loader, statistics=rules is not None, keep_first_outputs=keep,
+                                 estimator=policy.estimator, grids=calibration_grids(captured, (), policy))
     if rules is None:
         return calibrated, None
     example = tuple(captured.flat_inputs())  # a fresh copy: the model may write into its inputs

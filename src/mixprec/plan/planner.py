@@ -68,6 +68,7 @@ def build_plan(
         inputs=requested.inputs if requested is not None else None,
         outputs=requested.outputs if requested is not None else None,
         log=requested.log if requested is not None else "",
+        policy=requested.policy if requested is not None else None,
     )
 
 

@@ -78,7 +78,7 @@ def search(
         Several: each group stays fp32 or takes one of them, chosen for the most time saved within the budget
         (``budget.py``; times from ``latency.py``'s cost model of this machine). int8 is the configurator's
         without activation smoothing (the search ranges no channels): int8 weights per output channel, the
-        layer's inputs quantized (its output too with configurator.QUANTIZE_EXITS) with ranges from the
+        layer's inputs quantized (its output too with QuantPolicy.quantize_exits) with ranges from the
         search's calibration; it is offered to matmul/convolution/attention layers only.
     tolerance: the largest metric value the chosen plan may have on the eval data.
     keep_fp32_fraction: instead of a tolerance, keep exactly ceil(fraction x groups) of the most

@@ -120,8 +120,9 @@ def measure_costs(backend: str, kind: str, dtypes, device: torch.device) -> dict
     from ..backends.options import BackendOptions
     from ..calibrate import entry as calibration_entry
     from ..ir.frontend import CapturedModel
+    from ..plan.quantization import calibration_grids
     from ..rewrite.pipeline import realise
-    from .groups import int8_values
+    from .groups import SEARCH_POLICY, int8_values
     from .trials import Trials
 
     model, args = _stack(kind, device)
@@ -129,7 +130,9 @@ def measure_costs(backend: str, kind: str, dtypes, device: torch.device) -> dict
     layers = [n for n, node in captured.info.items() if node.kind == "compute" and node.flops > 0]
     flops = sum(captured.info[n].flops for n in layers)
     values = int8_values(captured) if torch.int8 in dtypes else set()
-    ranges = calibration_entry.run(captured, None, statistics=False, int8_values=values).int8_ranges if values else {}
+    grids = calibration_grids(captured, values, SEARCH_POLICY)
+    ranges = calibration_entry.run(captured, None, statistics=False, int8_values=values,
+                                   grids=grids).int8_ranges if values else {}
     trials = Trials(captured, tuple(d for d in dtypes if d != torch.float32) or (torch.float32,), None,
                     values=ranges)
 
