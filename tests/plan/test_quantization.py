@@ -138,3 +138,16 @@ def test_grids_in_a_plan_are_validated():
     bad = text.replace('"output": null', '"output": null, "grids": {"x": "int3"}')
     with pytest.raises(mixprec.ConfigError, match="'l'.*int8 grid 'int3'"):
         PrecisionPlan.from_json(bad)
+
+
+def test_no_module_holds_a_quantization_switch():
+    """What the policy holds is no module global any more (issue 33: tests and bench scripts flipped them, the
+    search read one through the configurator)."""
+    import mixprec.configurator as configurator
+    from mixprec.plan import int8_operands
+    from mixprec.rewrite import quantize
+
+    for module, names in [(configurator, ("QUANTIZE_EXITS", "SMOOTHING_ALPHA")),
+                          (int8_operands, ("QUANTIZE_PROBABILITIES", "SDPA_OPERANDS")),
+                          (quantize, ("UNSIGNED_ACTIVATIONS",))]:
+        assert not [name for name in names if hasattr(module, name)], module.__name__

@@ -19,7 +19,7 @@ from mixprec.searching.options import low_types
 from mixprec.searching.trials import Trials
 
 F32, BF16, F16, I8 = torch.float32, torch.bfloat16, torch.float16, torch.int8
-# seconds per GFLOP (any class), shaped like the two CPUs' measurements (bench/RESULTS.md, issue 22 search)
+# seconds per GFLOP (any class), shaped like the two CPUs' measurements (bench/log/2026-11.md, issue 22 search)
 VNNI = {F32: 10.0, BF16: 4.0, I8: 2.5}
 AVX2 = {F32: 10.0, BF16: 120.0, I8: 60.0}
 

@@ -21,7 +21,7 @@ dequantized result, as an int8 kernel delivers it (int32 sums scaled back to flo
 next int8 module reads it, not on its way out — quantizing it there too costs accuracy (a conv's output
 before its batch norm and relu, on the signed grid; a Linear's output with the outliers of the residual stream)
 and buys no int8 kernel. ``QuantPolicy.quantize_exits`` turns the exit quantization back on; off was chosen by
-measurement (bench/int8_nncf.py, bench/RESULTS.md "Issue 22 round two: int8 numerics"). An int8 Linear's
+measurement (bench/int8_nncf.py, bench/log/2026-11.md "Issue 22 round two: int8 numerics"). An int8 Linear's
 input that is not provably non-negative is smoothed (``calibrate/smoothing.py``, ``QuantPolicy.smoothing_alpha``): the
 per-channel divisors come from one more calibration pass (per-channel ranges) and travel in the plan's
 ``Int8Spec.smoothing``; the rewrite (``rewrite/quantize.py``) applies them to copies in the captured program.

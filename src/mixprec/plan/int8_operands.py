@@ -9,7 +9,7 @@ module (``nn.MultiheadAttention``'s one module; the softmax probabilities of an 
 layer of these ops quantizes its operands per tensor, on the unsigned grid where the graph proves them never
 negative (softmax probabilities: ``ir/sign.py``), with ranges from the same calibration pass as the rest.
 
-Which operands (:data:`OPERANDS`, by op; chosen by measurement, bench/int8_nncf.py ``--attention``, bench/RESULTS.md
+Which operands (:data:`OPERANDS`, by op; chosen by measurement, bench/int8_nncf.py ``--attention``, bench/log/2026-11.md
 "Issue 22 round three: int8 attention matmuls"):
 
 * every matmul-class op: both matrix operands (``baddbmm``/``addmm``'s added term stays float: it is a bias);

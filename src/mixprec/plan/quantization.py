@@ -14,7 +14,7 @@ The lowerings read the grid from the quantize ops the rewrite wrote (``ops.custo
 (:data:`GRIDS`): ``"int8"`` is mixprec's signed symmetric int8 ([-127, 127], zero point 0), ``"uint8"`` the unsigned
 grid of values never negative ([0, 255], zero point 0; ``ops/quant.py``).
 
-The defaults are chosen by measurement (bench/int8_nncf.py, bench/RESULTS.md "Issue 22 int8 vs NNCF" and "Issue 22
+The defaults are chosen by measurement (bench/int8_nncf.py, bench/log/2026-11.md "Issue 22 int8 vs NNCF" and "Issue 22
 round two: int8 numerics"): MSE clipping, the unsigned grid for non-negative values, no exit quantization (ResNet-50
 0.0467 -> 0.0352 rel-L2, trained MiniLM 0.464 -> 0.161 without it), smoothing alpha 0.8, the softmax probabilities
 of an attention's output matmul left float, SDPA's query and key quantized.
