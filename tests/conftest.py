@@ -17,8 +17,8 @@ def _seed():
 
 @pytest.fixture
 def exports(monkeypatch):
-    """How many times torch.export ran (every capture goes through ir/capture.py's export)."""
-    import mixprec.ir.capture as capture_module
+    """How many times torch.export ran (every capture goes through ir/export.py's export)."""
+    import mixprec.ir.export as capture_module
 
     calls = []
     real = capture_module.export

@@ -6,7 +6,7 @@ from models import TRTorchSeed
 
 from mixprec.calibrate import statistics
 from mixprec.calibrate.entry import run
-from mixprec.ir.frontend import CapturedModel
+from mixprec.ir.captured import CapturedModel
 from mixprec.ir.marker_regions import calibration_targets
 from mixprec.plan.quantization import QuantPolicy, calibration_grids
 

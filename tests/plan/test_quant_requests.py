@@ -5,7 +5,7 @@ from models import ReluNet
 from torch import nn
 
 import mixprec
-from mixprec.ir.frontend import CapturedModel
+from mixprec.ir.captured import CapturedModel
 from mixprec.ops.quant import INT8_SYMMETRIC, UINT8
 from mixprec.plan.quant_requests import quant_requests
 from mixprec.plan.quantization import QuantPolicy

@@ -181,7 +181,7 @@ def test_progress_counts_trials_across_the_cluster(cluster, sensitive):
 
 def test_the_worker_rebuilds_the_drivers_program(cluster, sensitive):
     """The payload is put once; a worker finds the driver's node names (or refuses) and measures as the driver does."""
-    from mixprec.ir.frontend import CapturedModel
+    from mixprec.ir.captured import CapturedModel
     from mixprec.searching.distributed import RayPool
     from mixprec.searching.metrics import RelL2
     from mixprec.searching.trials import Trials

@@ -9,7 +9,7 @@ from helpers import captured
 from models import Attention, MaskedScores, SensitiveByConstruction
 
 import mixprec
-from mixprec.ir.frontend import CapturedModel
+from mixprec.ir.captured import CapturedModel
 from mixprec.plan import planner
 from mixprec.searching.groups import find_groups, low_flops_fraction
 from mixprec.plan.options import PlanningOptions

@@ -55,7 +55,7 @@ def run(
     other_shapes=None, estimator: str | None = None, grids: Mapping[str, Grid] | None = None,
     channels: Collection[str] = frozenset(),
 ) -> Calibrated:
-    """Calibrate ``captured`` (an ``ir.frontend.CapturedModel``) on ``data`` (None: the example inputs).
+    """Calibrate ``captured`` (an ``ir.captured.CapturedModel``) on ``data`` (None: the example inputs).
 
     ``statistics``: the caller reads the statistics (the autocast rules); without it the data runs only if
     some value needs an int8 range. ``int8_values``: graph values to range besides the marker regions'.

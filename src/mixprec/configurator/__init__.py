@@ -47,8 +47,8 @@ import torch
 
 from ..dtypes import parse_dtype, short_name
 from ..errors import ConfigError
-from ..ir.capture import as_input_tuple
-from ..ir.frontend import CapturedModel
+from ..ir.export import as_input_tuple
+from ..ir.captured import CapturedModel
 from ..plan import planner
 from ..plan.options import PlanningOptions
 from ..plan.precision_plan import PrecisionPlan

@@ -105,7 +105,7 @@ class QuantRequests:
 
 def quant_requests(captured, layers: Iterable[Collection[str]], policy: QuantPolicy) -> QuantRequests:
     """What int8 quantizes for ``layers`` — groups of int8 layer names, one per module whose boundary they share —
-    of ``captured`` (an ``ir.frontend.CapturedModel``) under ``policy``."""
+    of ``captured`` (an ``ir.captured.CapturedModel``) under ``policy``."""
     base, info = captured.base, captured.info
     stored = frozenset(s.arg.name for s in base.input_specs if s.kind in STORED_KINDS and hasattr(s.arg, "name"))
     nodes = {n.name: n for n in base.graph.nodes}

@@ -36,7 +36,7 @@ from ..calibrate.batches import Call, batch_list
 from ..calibrate.shards import Shards, as_shards
 from ..dtypes import dtype_name
 from ..errors import MixedPrecisionWarning
-from ..ir.capture import as_input_tuple, refuse_meta_tensors
+from ..ir.export import as_input_tuple, refuse_meta_tensors
 from ..plan.precision_plan import NodePrecision, PrecisionPlan
 from ..progress import Progress
 from . import latency

@@ -119,7 +119,7 @@ def measure_costs(backend: str, kind: str, dtypes, device: torch.device) -> dict
     from ..backends import get_backend
     from ..backends.options import BackendOptions
     from ..calibrate import entry as calibration_entry
-    from ..ir.frontend import CapturedModel
+    from ..ir.captured import CapturedModel
     from ..plan.quantization import calibration_grids
     from ..rewrite.pipeline import realise
     from .groups import SEARCH_POLICY, int8_values

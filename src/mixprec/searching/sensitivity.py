@@ -26,7 +26,7 @@ from ..calibrate import entry as calibration_entry
 from ..calibrate.shards import Shards
 from ..dtypes import dtype_name
 from ..errors import CalibrationError, MixedPrecisionWarning
-from ..ir.frontend import CapturedModel
+from ..ir.captured import CapturedModel
 from ..ir.graph_info import GraphInfo
 from ..plan import autocast, planner
 from ..plan.options import PlanningOptions, RuleOptions

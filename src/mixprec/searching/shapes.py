@@ -32,7 +32,7 @@ import torch
 from ..calibrate.batch_graphs import CalibrationGraph, OtherShapes
 from ..calibrate.batches import Call, arrange, fit
 from ..errors import CalibrationError
-from ..ir.frontend import CapturedModel
+from ..ir.captured import CapturedModel
 from ..plan import planner
 from ..plan.options import PlanningOptions
 from ..plan.precision_plan import PrecisionPlan

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping
 import torch
 
 from ..dtypes import dtype_name
-from ..ir.frontend import CapturedModel
+from ..ir.captured import CapturedModel
 from ..plan import planner
 from ..plan.options import PlanningOptions
 from ..plan.precision_plan import NodePrecision, PrecisionPlan

@@ -44,7 +44,7 @@ class TrialWorker:
 
         import torch
 
-        from ..ir.frontend import CapturedModel
+        from ..ir.captured import CapturedModel
         from .trials import Trials
 
         data = pickle.loads(payload)

@@ -31,7 +31,7 @@ from mixprec.plan.quantization import QuantPolicy
 
 needs_onednn = pytest.mark.skipif(not onednn.is_available(), reason="torch without oneDNN int8 kernels")
 
-KERNEL = torch.ops.mixprec_kernels.int8_linear_u7.default
+KERNEL = torch.ops.mixprec_kernels.linear_u8s8.default
 MIXPREC_QDQ = ("mixprec.quantize_per_tensor", "mixprec.dequantize_per_tensor", "mixprec.dequantize_per_channel")
 
 
