@@ -51,6 +51,23 @@ def test_a_one_shot_iterator_of_batches_is_smoothed_too(monkeypatch):
     assert any(d.int8 is not None and d.int8.smoothing for d in once.values())
 
 
+def test_a_range_is_clipped_for_the_grid_its_value_is_quantized_on():
+    """relu's output on the signed grid (unsigned_activations=False) gets the MSE clipping of that grid's step, not
+    the unsigned grid's (before issue 33 the calibration ignored the switch: the same range either way)."""
+    from models import ReluNet
+
+    torch.manual_seed(0)
+    net = ReluNet(64, layers=2, relu_in=False).eval()
+    x = torch.randn(256, 64)
+    ranges = {}
+    for unsigned in (True, False):
+        cfg = mixprec.MixedPrecisionConfigurator(net)
+        cfg.set_precision(nn.Linear, activation="int8")
+        spec = cfg.apply((x,), policy=mixprec.QuantPolicy(unsigned_activations=unsigned))["linear_1"].int8
+        ranges[unsigned] = spec.input_range("relu")
+    assert ranges[False][1] < ranges[True][1]  # the coarser signed step clips more
+
+
 def test_the_log_is_rendered_from_the_resolution(model, monkeypatch):  # noqa: F811
     """render_log reads a Resolution (what the resolver returns), nothing the resolver left behind."""
     from mixprec.configurator import log
