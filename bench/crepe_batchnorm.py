@@ -4,7 +4,7 @@
 
 CREPE 'full' (trained, tests/trained.py), compiled once on draw 0 (8 frames), rel-L2 ratio to torch.autocast's
 error on draws 0-3: as planned and with ``autocast_excluded_ops={"aten.batch_norm"}`` (batch norm fp32).
-Recorded in bench/RESULTS.md when "as planned" stored batch norm's parameters in bf16 (median 1.15 against
+Recorded in bench/log/2026-11.md when "as planned" stored batch norm's parameters in bf16 (median 1.15 against
 1.00 excluded); since "Issue 20: batch norm keeps fp32 statistics" a planned bf16 batch norm keeps them fp32,
 as torch.autocast's mixed-dtype kernel does, and the two rows should agree.
 """

@@ -9,7 +9,7 @@ rel-L2 vs fp32 eager over 2 held-out batches). Two tables:
    that makes its input and the ops that read its output, with its number of levels — what NNCF quantizes and
    where (ResNet-50: convolution inputs and both inputs of each residual add; weights are int8 constants).
 2. **Ablation of the round-one configurator plan** (every nn.Linear / nn.Conv2d int8, exits quantized, no
-   smoothing: ``configurator.QUANTIZE_EXITS = True``, ``SMOOTHING_ALPHA = None``), eager backend: the plan as it is;
+   smoothing: ``QuantPolicy(quantize_exits=True, smoothing_alpha=None)``), eager backend: the plan as it is;
    without the quantization of the modules' outputs; with only the outputs (and weights); weights only. With
    ``--per-module``: int8 activations for the Linears whose path ends with each given suffix, the other Linears
    weight-only int8 (which Linear inputs cost the most).
@@ -53,7 +53,7 @@ def nncf_census(model, batches):
     return counts, ops
 
 
-def _plan(model, joined, pick=None):
+def _plan(model, joined, policy, pick=None):
     import mixprec
 
     cfg = mixprec.MixedPrecisionConfigurator(model)
@@ -68,12 +68,16 @@ def _plan(model, joined, pick=None):
                     cfg.set_precision(module, activation="int8")
                 else:
                     cfg.set_precision(module, activation="fp32", param="int8")
-    return cfg.apply(joined)
+    return cfg.apply(joined, policy=policy)
 
 
 def _strip(plan, **changes):
     from mixprec.plan.precision_plan import PrecisionPlan
 
+    if changes.get("output", ...) is None:  # no output quantized: no output grid either
+        changes["output_grid"] = None
+    if "inputs" in changes and not changes["inputs"]:  # no inputs quantized: no input grids either
+        changes["grids"] = ()
     nodes = {k: (dataclasses.replace(v, int8=dataclasses.replace(v.int8, **changes)) if v.int8 else v)
              for k, v in plan.items()}
     return PrecisionPlan(nodes, inputs=plan.inputs, outputs=plan.outputs)
@@ -81,7 +85,6 @@ def _strip(plan, **changes):
 
 def ablation(model, batches, per_module):
     import mixprec
-    from mixprec import configurator
 
     calibration, held = batches[: peer.CALIBRATION], batches[peer.CALIBRATION:]
     joined = tuple(torch.cat(parts) for parts in zip(*calibration))
@@ -93,20 +96,15 @@ def ablation(model, batches, per_module):
         with torch.no_grad():
             return peer.rel_l2([prog(*b) for b in held], references)
 
-    exits, alpha = configurator.QUANTIZE_EXITS, configurator.SMOOTHING_ALPHA
-    configurator.QUANTIZE_EXITS, configurator.SMOOTHING_ALPHA = True, None
-    try:
-        plan = _plan(model, joined)
-        rows = [("round-one plan: inputs, outputs, weights", error(plan)),
-                ("without the outputs' quantization", error(_strip(plan, output=None))),
-                ("outputs and weights only", error(_strip(plan, inputs=()))),
-                ("weights only", error(_strip(plan, inputs=(), output=None)))]
-        configurator.QUANTIZE_EXITS = False
-        for suffix in per_module:
-            rows.append((f"int8 activations only for Linears '*{suffix}' (other Linears weight-only)",
-                         error(_plan(model, joined, suffix))))
-    finally:
-        configurator.QUANTIZE_EXITS, configurator.SMOOTHING_ALPHA = exits, alpha
+    round_one = mixprec.QuantPolicy(quantize_exits=True, smoothing_alpha=None)
+    plan = _plan(model, joined, round_one)
+    rows = [("round-one plan: inputs, outputs, weights", error(plan)),
+            ("without the outputs' quantization", error(_strip(plan, output=None))),
+            ("outputs and weights only", error(_strip(plan, inputs=()))),
+            ("weights only", error(_strip(plan, inputs=(), output=None)))]
+    for suffix in per_module:
+        rows.append((f"int8 activations only for Linears '*{suffix}' (other Linears weight-only)",
+                     error(_plan(model, joined, dataclasses.replace(round_one, quantize_exits=False), suffix))))
     return rows
 
 

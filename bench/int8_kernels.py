@@ -143,7 +143,7 @@ def program_part(rows_: int, width: int, layers: int, rounds: int) -> None:
         fp32_inductor = mixprec.compile(model, (x,), backend="inductor")  # the same layers in fp32, fused
         fake = eager.exported_program.module()  # today's fake quantization, op by op
         lowered = sum(
-            1 for node in eager.runner.graph.nodes if node.target is torch.ops.mixprec_kernels.int8_linear_u7.default
+            1 for node in eager.runner.graph.nodes if node.target is torch.ops.mixprec_kernels.linear_u8s8.default
         ) if hasattr(eager, "runner") else "?"
         with torch.inference_mode():
             ref32 = model(x)

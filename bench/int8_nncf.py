@@ -29,14 +29,14 @@ the int8 kernels compute exactly on a VNNI CPU: without VNNI they saturate); mix
 ``set_precision(.., activation="int8")``, weights int8) on backend openvino and on eager, once per range
 estimator (``calibrate/int8_ranges.py``: min/max, MSE-optimal clipping) and activation grid (``mse/s8``: every
 activation on the symmetric int8 grid; ``/u8``: activations the graph proves never negative on [0, 255]);
-``/exits`` also quantizes each int8 module's output on its way out (``configurator.QUANTIZE_EXITS``, the
+``/exits`` also quantizes each int8 module's output on its way out (``QuantPolicy.quantize_exits``, the
 configurator's arithmetic before round two), ``/noexits`` not; ``/sq0.8`` smooths int8 Linears' inputs with alpha
-0.8 (``configurator.SMOOTHING_ALPHA``, ``calibrate/smoothing.py``), ``/nosq`` not; ``/att`` also asks int8 for
+0.8 (``QuantPolicy.smoothing_alpha``, ``calibrate/smoothing.py``), ``/nosq`` not; ``/att`` also asks int8 for
 every innermost attention module (a module whose class name holds "Attention" and that holds no other: BERT's
 BertSelfAttention, ViT's ViTAttention), which makes its matmuls between activations and its
 scaled_dot_product_attention int8 (``plan/int8_operands.py``), with ``/qkv`` quantizing SDPA's value too
-(``int8_operands.SDPA_OPERANDS``) and ``/probs`` the softmax probabilities and v of the output matmul
-(``int8_operands.QUANTIZE_PROBABILITIES``). ``--attention eager`` builds the transformers with
+(``QuantPolicy.sdpa_operands``) and ``/probs`` the softmax probabilities and v of the output matmul
+(``QuantPolicy.quantize_probabilities``). ``--attention eager`` builds the transformers with
 ``attn_implementation="eager"`` (matmul, softmax, matmul instead of one scaled_dot_product_attention), for NNCF too. The configurator
 calibrates on the inputs of ``apply``: it gets the four calibration batches concatenated along the batch axis
 (the same values the four batches hold; min/max and histograms over the concatenation equal their merge), and
@@ -198,61 +198,47 @@ def build_variants(model, batches, nncf, ov, transformer, estimators, backends, 
         variants["NNCF int8 PTQ (TRANSFORMER), FakeQuantize in float"] = _ov_call(
             core.compile_model(fake_quantize_in_float(quantized, ov), "CPU"))
 
-    from mixprec.calibrate import int8_ranges
-    from mixprec.rewrite import quantize as rewrite_quantize
-
-    from mixprec import configurator
-    from mixprec.plan import int8_operands
-
     for setting in estimators:
         estimator, *options = setting.split("/")
-        grids = next((o for o in options if o in ("s8", "u8")), None)
-        int8_ranges.DEFAULT_ESTIMATOR, default = estimator, getattr(int8_ranges, "DEFAULT_ESTIMATOR", None)
-        unsigned = getattr(rewrite_quantize, "UNSIGNED_ACTIVATIONS", None)  # None: a tree before issue 22
-        exits = getattr(configurator, "QUANTIZE_EXITS", None)  # None: a tree before round two (exits quantized)
-        if grids:
-            rewrite_quantize.UNSIGNED_ACTIVATIONS = grids == "u8"
-        if "exits" in options or "noexits" in options:
-            configurator.QUANTIZE_EXITS = "exits" in options
-        alpha = getattr(configurator, "SMOOTHING_ALPHA", None)
-        sdpa_operands = getattr(int8_operands, "SDPA_OPERANDS", None)
-        probabilities = getattr(int8_operands, "QUANTIZE_PROBABILITIES", None)
-        if "qkv" in options:
-            int8_operands.SDPA_OPERANDS = (0, 1, 2)
-        if "probs" in options:
-            int8_operands.QUANTIZE_PROBABILITIES = True
-        for o in options:
-            if o == "nosq":
-                configurator.SMOOTHING_ALPHA = None
-            elif o.startswith("sq"):
-                configurator.SMOOTHING_ALPHA = float(o[2:])
-        try:
+        policy = mixprec.QuantPolicy(**policy_fields(estimator, options))
+        start = time.perf_counter()
+        cfg = mixprec.MixedPrecisionConfigurator(model)
+        if "att" in options:
+            for module in innermost_attention(model):
+                cfg.set_precision(module, activation="int8")
+        for kind in (nn.Linear, nn.Conv2d):
+            if any(isinstance(m, kind) for m in model.modules()):
+                cfg.set_precision(kind, activation="int8")
+        joined = tuple(torch.cat(parts) for parts in zip(*calibration))  # the four calibration batches, one call
+        plan = cfg.apply(joined, policy=policy)
+        planned = time.perf_counter() - start
+        for backend in backends:
             start = time.perf_counter()
-            cfg = mixprec.MixedPrecisionConfigurator(model)
-            if "att" in options:
-                for module in innermost_attention(model):
-                    cfg.set_precision(module, activation="int8")
-            for kind in (nn.Linear, nn.Conv2d):
-                if any(isinstance(m, kind) for m in model.modules()):
-                    cfg.set_precision(kind, activation="int8")
-            joined = tuple(torch.cat(parts) for parts in zip(*calibration))  # the four calibration batches, one call
-            plan = cfg.apply(joined)
-            planned = time.perf_counter() - start
-            for backend in backends:
-                start = time.perf_counter()
-                name = f"mixprec int8 (configurator, {setting}), {backend}"
-                variants[name] = mixprec.compile(model, example, plan=plan, backend=backend)
-                made[name] = planned + time.perf_counter() - start
-        finally:
-            int8_ranges.DEFAULT_ESTIMATOR = default
-            rewrite_quantize.UNSIGNED_ACTIVATIONS = unsigned
-            if exits is not None:
-                configurator.QUANTIZE_EXITS = exits
-            if hasattr(configurator, "SMOOTHING_ALPHA"):
-                configurator.SMOOTHING_ALPHA = alpha
-            if sdpa_operands is not None:
-                int8_operands.SDPA_OPERANDS, int8_operands.QUANTIZE_PROBABILITIES = sdpa_operands, probabilities
+            name = f"mixprec int8 (configurator, {setting}), {backend}"
+            variants[name] = mixprec.compile(model, example, plan=plan, backend=backend)
+            made[name] = planned + time.perf_counter() - start
     return variants, made
+
+
+def policy_fields(estimator: str, options) -> dict:
+    """The QuantPolicy fields (plan/quantization.py) a setting's options name: s8/u8 the grid of non-negative
+    activations, exits/noexits, qkv (SDPA's value too), probs (the output matmul's operands), nosq / sqALPHA."""
+    fields = {"estimator": estimator}
+    grids = next((o for o in options if o in ("s8", "u8")), None)
+    if grids:
+        fields["unsigned_activations"] = grids == "u8"
+    if "exits" in options or "noexits" in options:
+        fields["quantize_exits"] = "exits" in options
+    if "qkv" in options:
+        fields["sdpa_operands"] = (0, 1, 2)
+    if "probs" in options:
+        fields["quantize_probabilities"] = True
+    for o in options:
+        if o == "nosq":
+            fields["smoothing_alpha"] = None
+        elif o.startswith("sq"):
+            fields["smoothing_alpha"] = float(o[2:])
+    return fields
 
 
 def rel_l2(outputs, references) -> float:

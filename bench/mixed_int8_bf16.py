@@ -28,7 +28,7 @@ TorchInductor (``backends/lowering``'s passes on the program, as ``InductorRunne
 oneDNN's kernel by output dtype and by zero point (128: a signed input handed over as q + 128) and the casts
 float32 -> bf16 left after int8 layers, on this CPU and with the CPU checks forced to a VNNI CPU (native bf16 or
 not), and (c) one BERT-base Linear on this CPU, per call (interleaved medians, ``--rounds``): oneDNN's kernel on a
-signed activation (quantize to q + 128, ``int8_linear_u7`` with zero point 128) against the fake quantization the
+signed activation (quantize to q + 128, ``linear_u8s8`` with zero point 128) against the fake quantization the
 layer keeps without VNNI (quantize/dequantize, dequantize of the int8 weight, float32 GEMM) and fp32
 ``F.linear``, op by op in eager, and the same ``nn.Linear`` compiled by mixprec on inductor: fp32, int8 on this CPU
 (fake quantization), int8 with the CPU check forced to VNNI (the kernel); ratios against the int8 inductor

@@ -43,7 +43,7 @@ torch.set_num_threads(1)
 sys.path.insert(0, {here!r})
 warnings.simplefilter("ignore")
 from ray_search import data, gpt2
-from mixprec.ir.frontend import CapturedModel
+from mixprec.ir.captured import CapturedModel
 from mixprec.searching.metrics import RelL2
 from mixprec.searching.trials import Trials
 torch.manual_seed(0)

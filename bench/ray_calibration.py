@@ -36,7 +36,7 @@ import mixprec  # noqa: E402
 from mixprec.calibrate import ray_calibration  # noqa: E402
 from mixprec.calibrate.shards import Shards  # noqa: E402
 from mixprec.calibrate.statistics import calibrate  # noqa: E402
-from mixprec.ir.frontend import CapturedModel  # noqa: E402
+from mixprec.ir.captured import CapturedModel  # noqa: E402
 
 
 def main() -> None:

@@ -83,7 +83,7 @@ def with_threads(n, fn):
 
 def trial_cost(model, batches, repeats=3):
     """Seconds to build one single-group trial's program and to run it on the eval batches, at 1 thread."""
-    from mixprec.ir.frontend import CapturedModel
+    from mixprec.ir.captured import CapturedModel
     from mixprec.searching.distributed import Cluster, RayPool, TrialWorker
     from mixprec.searching.metrics import RelL2
     from mixprec.searching.trials import Trials
@@ -115,7 +115,7 @@ def trial_cost(model, batches, repeats=3):
 
 
 def payload_only(args):
-    from mixprec.ir.frontend import CapturedModel
+    from mixprec.ir.captured import CapturedModel
     from mixprec.searching.distributed import Cluster, RayPool
     from mixprec.searching.metrics import RelL2
     from mixprec.searching.trials import Trials

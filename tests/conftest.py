@@ -36,8 +36,8 @@ def _low_type_measured_faster():
 
 @pytest.fixture
 def exports(monkeypatch):
-    """How many times torch.export ran (every capture goes through ir/capture.py's export)."""
-    import mixprec.ir.capture as capture_module
+    """How many times torch.export ran (every capture goes through ir/export.py's export)."""
+    import mixprec.ir.export as capture_module
 
     calls = []
     real = capture_module.export

@@ -58,8 +58,8 @@ def plan_lowering(model, inputs, dtype, *, select=lambda record: True, accumulat
 
 def captured(model, inputs):
     """(WorkProgram, GraphInfo) of a model as the compiler sees it: captured, normalised, analysed
-    (ir/frontend.py's CapturedModel; the tests may change the WorkProgram, it is theirs)."""
-    from mixprec.ir.frontend import CapturedModel
+    (ir/captured.py's CapturedModel; the tests may change the WorkProgram, it is theirs)."""
+    from mixprec.ir.captured import CapturedModel
 
     model = CapturedModel(model, inputs)
     return model.base, model.info

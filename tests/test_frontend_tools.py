@@ -1,6 +1,6 @@
 """compile, the configurator, the search and the debugger share one frontend (issue 15).
 
-Each captures the model once (ir/frontend.py's CapturedModel), and the three that compare
+Each captures the model once (ir/captured.py's CapturedModel), and the three that compare
 against fp32 — compile's report error, the search's baseline and the debugger — compare against
 the one fp32 reference (rewrite.pipeline.reference): they agree with each other and with the
 model computed in eager fp32.
@@ -13,7 +13,7 @@ import torch
 from models import SeedExplicit, ThreeLinears
 
 import mixprec
-from mixprec.ir.frontend import CapturedModel
+from mixprec.ir.captured import CapturedModel
 from mixprec.output.numerics import output_errors
 from mixprec.searching.trials import Trials
 

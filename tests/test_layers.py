@@ -24,7 +24,10 @@ STAGES = (
     ("backends",),
     ("weak_typing",),  # measures programs that rewrite and the backends build
     ("output",),
-    ("compiler", "configurator", "debugger", "searching", "hf"),  # the tools built on the stages
+    # the tools built on the stages; the search asks the plan's int8 planner (plan/quant_requests.py) as the
+    # configurator does, never the configurator itself: it ranks before it (issue 33)
+    ("compiler", "searching"),
+    ("configurator", "debugger", "hf"),
     ("cli", "__init__", "__main__"),
 )
 RANK = {name: rank for rank, names in enumerate(STAGES) for name in names}
@@ -124,6 +127,15 @@ def test_the_checker_sees_a_back_edge():
     found = _file_violations(probe, "def f():\n    from ..rewrite import pipeline\n")
     assert found == ["ir/_layer_probe.py:2: ir imports mixprec.rewrite.pipeline (a later stage)"]
     assert _file_violations(probe, "def f():\n    from .. import errors\n") == []
+
+
+def test_the_search_cannot_import_the_configurator():
+    """The search shares the configurator's int8 through plan/quant_requests.py; an import of the configurator from
+    the search (as searching/trials.py had for its exit switch) is a back edge."""
+    probe = SRC / "searching" / "_layer_probe.py"
+    found = _file_violations(probe, "from .. import configurator\n")
+    assert found == ["searching/_layer_probe.py:1: searching imports mixprec.configurator (a later stage)"]
+    assert _file_violations(probe, "from ..plan import quant_requests\n") == []
 
 
 @pytest.mark.parametrize("limit", [12])

@@ -19,6 +19,7 @@ from .output.module import MixedPrecisionModule
 from .output.report import LayerRecord, Report
 from .output.serialize import OutputRecord, load, save
 from .plan.precision_plan import NodePrecision, PrecisionPlan
+from .plan.quantization import QuantPolicy
 from .searching import Accuracy, SearchResult, search
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "MixedPrecisionModule",
     "OutputRecord",
     "PrecisionPlan",
+    "QuantPolicy",
     "NodePrecision",
     "Report",
     "LayerRecord",

@@ -22,8 +22,8 @@ from .calibrate import entry as calibration
 from .dtypes import dtype_name
 from .errors import ConfigError, InvariantError, MixedPrecisionWarning, UnsupportedModelError
 from .ir.call_signature import flat_user_inputs
-from .ir.capture import as_input_kwargs, as_input_tuple, refuse_meta_tensors
-from .ir.frontend import CapturedModel
+from .ir.export import as_input_kwargs, as_input_tuple, refuse_meta_tensors
+from .ir.captured import CapturedModel
 from .ir.graph_info import describe
 from .ir.input_check import input_specs_of
 from .ir.marker_regions import calibration_targets
@@ -38,10 +38,11 @@ from .output.report.summary import accelerated_types
 from .plan import autocast, planner, speed
 from .plan.options import PlanningOptions, RuleOptions
 from .plan.precision_plan import PrecisionPlan
+from .plan.quantization import DEFAULT_POLICY, calibration_grids
 from .rewrite.casting import is_mixprec_cast
 from .rewrite.pipeline import realise, reference
 from .settings import CompileSettings
-from .weak_typing import check as weak_check
+from .weak_typing import choose as weak_choice
 from .weak_typing import source as weak_typing
 from .weak_typing.options import WeakTypingOptions
 from .weak_typing.timing import measure_layers
@@ -160,7 +161,10 @@ def _calibrate(captured: CapturedModel, options: StageOptions):
     _check_calibration_used(loader, rules, captured.info)
     # on the example inputs of a graph captured in fp32 the first outputs are the report's fp32 reference
     keep = rules is not None and loader is None and captured.computes_in_fp32
-    calibrated = calibration.run(captured, loader, statistics=rules is not None, keep_first_outputs=keep)
+    # the int8 marker regions are quantized as the plan's policy says (the default without a plan)
+    policy = (options.planning.plan.policy if options.planning.plan is not None else None) or DEFAULT_POLICY
+    calibrated = calibration.run(captured, loader, statistics=rules is not None, keep_first_outputs=keep,
+                                 estimator=policy.estimator, grids=calibration_grids(captured, (), policy))
     if rules is None:
         return calibrated, None
     example = tuple(captured.flat_inputs())  # a fresh copy: the model may write into its inputs
@@ -212,7 +216,7 @@ def _plan(captured: CapturedModel, options: StageOptions, prepared, calibrated, 
     ranges = calibrated.int8_ranges
     if timings is None:
         return planner.build_plan(captured.info, options.planning, rule_context, int8_ranges=ranges), None, {}
-    plan, summary = weak_check.choose(captured, options.weak, timings, rule_context=rule_context, int8_ranges=ranges)
+    plan, summary = weak_choice.choose(captured, options.weak, timings, rule_context=rule_context, int8_ranges=ranges)
     captured.reset_state()
     layer_timings, explained = weak_typing.explain(captured.info, plan, timings, options.weak)
     return plan, layer_timings, {"weak_typing": {**explained, **summary}}

@@ -142,7 +142,7 @@ def cpu_runs_bf16_fast() -> bool:
     """Whether PyTorch's oneDNN kernels support bf16 on this CPU (AVX-512 or AMX on x86, bf16 on Arm).
 
     Without it PyTorch emulates bf16: a 1024^3 bf16 matmul took 65.7x the fp32 time on an AVX2-only
-    CPU (bench/RESULTS.md, "OpenVINO backend"). PyTorch's own answer, so it follows what its kernels do.
+    CPU (bench/log/2026-11.md, "OpenVINO backend"). PyTorch's own answer, so it follows what its kernels do.
     """
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())

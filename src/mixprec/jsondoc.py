@@ -12,7 +12,7 @@ import math
 from .errors import ConfigError
 
 
-def load(text: str, *, fmt: str, version: int, what: str, hint: str = "") -> dict:
+def load(text: str, *, fmt: str, version: int | tuple[int, ...], what: str, hint: str = "") -> dict:
     """The document's object, or ConfigError when ``text`` is not JSON, not a ``fmt`` or another version."""
     try:
         data = json.loads(text)
@@ -23,12 +23,15 @@ def load(text: str, *, fmt: str, version: int, what: str, hint: str = "") -> dic
     return check(data, fmt=fmt, version=version, what=what)
 
 
-def check(data, *, fmt: str, version: int, what: str) -> dict:
+def check(data, *, fmt: str, version: int | tuple[int, ...], what: str) -> dict:
+    """``version``: the version this mixprec reads, or a tuple of the versions it reads."""
     if not isinstance(data, dict) or data.get("format") != fmt:
         raise ConfigError(f"this JSON is not a mixprec {what} (its 'format' is not '{fmt}').")
-    if data.get("version") != version:
+    versions = version if isinstance(version, tuple) else (version,)
+    if data.get("version") not in versions:
+        which = f"version {versions[0]}" if len(versions) == 1 else f"versions {', '.join(map(str, versions))}"
         raise ConfigError(
-            f"{what} version {data.get('version')!r} is not supported by this mixprec (it reads version {version})."
+            f"{what} version {data.get('version')!r} is not supported by this mixprec (it reads {which})."
         )
     return data
 

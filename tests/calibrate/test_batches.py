@@ -88,7 +88,7 @@ def test_a_misspelt_key_of_a_dict_batch_is_an_error_with_the_name_meant():
 
 
 def _signature_and_inputs(model, *example):
-    from mixprec.ir.frontend import CapturedModel
+    from mixprec.ir.captured import CapturedModel
 
     captured = CapturedModel(model.eval(), example)
     return captured.signature, captured.base.user_input_nodes()

@@ -5,7 +5,7 @@ from torch import nn
 
 from mixprec.calibrate.channels import ChannelRange
 from mixprec.calibrate.statistics import calibrate
-from mixprec.ir.frontend import CapturedModel
+from mixprec.ir.captured import CapturedModel
 
 
 class Block(nn.Module):

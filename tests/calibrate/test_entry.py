@@ -6,8 +6,9 @@ from models import TRTorchSeed
 
 from mixprec.calibrate import statistics
 from mixprec.calibrate.entry import run
-from mixprec.ir.frontend import CapturedModel
+from mixprec.ir.captured import CapturedModel
 from mixprec.ir.marker_regions import calibration_targets
+from mixprec.plan.quantization import QuantPolicy, calibration_grids
 
 
 def test_marker_ranges_take_every_batch_form_and_size_compiles_calibration_takes():
@@ -32,13 +33,18 @@ def test_marker_ranges_take_every_batch_form_and_size_compiles_calibration_takes
     assert example == pytest.approx((expected.min().item(), expected.max().item()), rel=1e-6)
 
 
+def _grids(model_capture):
+    """The grids of the marker regions' values (plan/quantization.py): what a clipping estimator clips for."""
+    return calibration_grids(model_capture, (), QuantPolicy())
+
+
 def test_marker_ranges_with_mse_read_the_loader_twice():
     model = TRTorchSeed(torch.int8).eval()
     model_capture = CapturedModel(model, TRTorchSeed.example_inputs())
     torch.manual_seed(5)
     batches = [torch.randn(1, 3, 12, 12) * 3, {"x": torch.randn(5, 3, 12, 12)}]
     minmax = run(model_capture, batches, statistics=False, estimator="minmax").int8_ranges
-    mse = run(model_capture, batches, statistics=False, estimator="mse").int8_ranges
+    mse = run(model_capture, batches, statistics=False, estimator="mse", grids=_grids(model_capture)).int8_ranges
     assert set(mse) == set(minmax)
     for name in minmax:
         assert minmax[name][0] <= mse[name][0] and mse[name][1] <= minmax[name][1]
@@ -69,7 +75,7 @@ def test_statistics_and_ranges_come_from_one_pass_with_minmax_and_two_with_mse(m
     stats = done.calibration.stats[name]
     assert done.int8_ranges[name] == (stats.min, stats.max)
     passes.clear()
-    mse = run(model_capture, batches, estimator="mse")
+    mse = run(model_capture, batches, estimator="mse", grids=_grids(model_capture))
     assert passes == [False, True]
     assert stats.min <= mse.int8_ranges[name][0] and mse.int8_ranges[name][1] <= stats.max
 
@@ -77,5 +83,5 @@ def test_statistics_and_ranges_come_from_one_pass_with_minmax_and_two_with_mse(m
 def test_a_one_shot_iterator_keeps_min_max_ranges():
     model_capture = CapturedModel(TRTorchSeed(torch.int8).eval(), TRTorchSeed.example_inputs())
     batches = [torch.randn(2, 3, 12, 12) * 3, torch.randn(2, 3, 12, 12)]
-    once = run(model_capture, iter(batches), estimator="mse").int8_ranges
+    once = run(model_capture, iter(batches), estimator="mse", grids=_grids(model_capture)).int8_ranges
     assert once == run(model_capture, batches, estimator="minmax").int8_ranges

@@ -6,7 +6,7 @@ import torch
 from mixprec.calibrate.histogram import Histogram, merge_all
 from mixprec.calibrate.statistics import calibrate, collect
 from mixprec.errors import InvariantError
-from mixprec.ir.frontend import CapturedModel
+from mixprec.ir.captured import CapturedModel
 
 
 class Small(torch.nn.Module):

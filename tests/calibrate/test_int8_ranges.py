@@ -8,6 +8,8 @@ from models import ConvNet, TRTorchSeed
 import mixprec
 from mixprec.calibrate.histogram import Histogram
 from mixprec.calibrate.int8_ranges import clip_ranges, collect_ranges, mse_clip
+from mixprec.errors import InvariantError
+from mixprec.ops.quant import INT8_SYMMETRIC
 
 
 def _work(model, inputs):
@@ -84,7 +86,8 @@ def test_mse_ranges_are_clipped_min_max_ranges_from_the_second_pass():
     torch.manual_seed(4)
     batches = [(torch.randn(2, 3, 16, 16) * s,) for s in (1.0, 4.0)]
     minmax = collect_ranges(work, {"conv2d", "x"}, batches, estimator="minmax")
-    mse = collect_ranges(work, {"conv2d", "x"}, batches, estimator="mse")
+    signed = {"conv2d": INT8_SYMMETRIC, "x": INT8_SYMMETRIC}
+    mse = collect_ranges(work, {"conv2d", "x"}, batches, estimator="mse", grids=signed)
     for name in minmax:
         assert minmax[name][0] <= mse[name][0] <= 0 <= mse[name][1] <= minmax[name][1]
     x = torch.cat([b[0] for b in batches]).flatten()
@@ -92,8 +95,10 @@ def test_mse_ranges_are_clipped_min_max_ranges_from_the_second_pass():
     assert max(-mse["x"][0], mse["x"][1]) == pytest.approx(want)
     assert mse["x"] != minmax["x"]  # a Gaussian mixture is clipped
     # a one-shot iterator cannot be read twice: min/max
-    assert collect_ranges(work, {"x"}, iter(batches), estimator="mse")["x"] == minmax["x"]
-    assert clip_ranges(minmax, {}, "mse") == minmax  # no histogram: the range is kept
+    assert collect_ranges(work, {"x"}, iter(batches), estimator="mse", grids=signed)["x"] == minmax["x"]
+    assert clip_ranges(minmax, {}, "mse", grids={}) == minmax  # no histogram: the range is kept
+    with pytest.raises(InvariantError, match="no grid was given"):  # clipping needs the value's grid
+        collect_ranges(work, {"x"}, batches, estimator="mse")
     with pytest.raises(mixprec.ConfigError, match="estimator 'p99' is not one of minmax, mse"):
         collect_ranges(work, {"x"}, batches, estimator="p99")
 
@@ -105,14 +110,17 @@ def _fake_quant_error_u8(x, c):
 
 def test_values_the_graph_proves_never_negative_are_clipped_for_the_unsigned_grid():
     """A relu output is quantized on [0, 255] (step c / 255): its clipping is chosen for that step, which clips less
-    than the symmetric grid's choice (step c / 127) and quantizes the tensor with less error on the unsigned grid."""
-    from mixprec.calibrate.int8_ranges import nonnegative_values
+    than the symmetric grid's choice (step c / 127) and quantizes the tensor with less error on the unsigned grid.
+    The grids are the plan's (plan/quantization.py): a policy without unsigned activations clips relu's range for
+    the symmetric grid it is then quantized on (issue 33: the calibration used to ignore that switch)."""
     from mixprec.ops.quant import UINT8
+    from mixprec.plan.quantization import QuantPolicy, value_grids
 
     model = ConvNet().eval()
     work = _work(model, ConvNet.example_inputs())
     relu = next(n.name for n in work.graph.nodes if n.target is torch.ops.aten.relu.default)
-    assert nonnegative_values(work, {relu, "conv2d", "x"}) == {relu}
+    grids = value_grids(work.graph, {relu, "conv2d", "x"}, QuantPolicy())
+    assert grids == {relu: UINT8, "conv2d": INT8_SYMMETRIC, "x": INT8_SYMMETRIC}
     torch.manual_seed(5)
     x = torch.distributions.StudentT(3.0).sample((200_000,)).abs()  # long-tailed, never negative
     h = Histogram.empty((0.0, float(x.max()))).add(x)
@@ -120,5 +128,7 @@ def test_values_the_graph_proves_never_negative_are_clipped_for_the_unsigned_gri
     assert unsigned_c > signed_c
     assert _fake_quant_error_u8(x, unsigned_c) < _fake_quant_error_u8(x, signed_c)
     ranges = {relu: (0.0, float(x.max())), "x": (0.0, float(x.max()))}
-    clipped = clip_ranges(ranges, {relu: h, "x": h}, "mse", unsigned=nonnegative_values(work, ranges))
+    clipped = clip_ranges(ranges, {relu: h, "x": h}, "mse", grids=grids)
     assert clipped[relu] == (0.0, pytest.approx(unsigned_c)) and clipped["x"] == (0.0, pytest.approx(signed_c))
+    signed = value_grids(work.graph, ranges, QuantPolicy(unsigned_activations=False))
+    assert clip_ranges(ranges, {relu: h}, "mse", grids=signed)[relu] == (0.0, pytest.approx(signed_c))

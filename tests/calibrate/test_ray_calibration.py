@@ -11,7 +11,7 @@ import mixprec
 from mixprec.calibrate.entry import run
 from mixprec.calibrate.shards import Shards
 from mixprec.errors import CalibrationError, ConfigError
-from mixprec.ir.frontend import CapturedModel
+from mixprec.ir.captured import CapturedModel
 
 ray = pytest.importorskip("ray")  # requirements-dev.txt pins it: CI has it
 ray_data = pytest.importorskip("ray.data")

@@ -10,7 +10,7 @@ import torch
 
 from mixprec.calibrate.statistics import TensorStats, collect, progress_line
 from mixprec.errors import CalibrationError
-from mixprec.ir.capture import capture
+from mixprec.ir.export import capture
 from mixprec.ir.normalize import normalize
 from mixprec.ir.work_program import WorkProgram
 

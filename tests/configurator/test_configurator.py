@@ -1,6 +1,7 @@
 """MixedPrecisionConfigurator (AIMET-style manual mixed precision), against eager PyTorch doing the same thing."""
 
 import copy
+import dataclasses
 import warnings
 
 import pytest
@@ -151,18 +152,17 @@ def _fake_quant(t, lo, hi):
 @pytest.mark.parametrize("exits", [False, True])
 def test_int8_activation_quantizes_the_values_entering_the_module_with_calibrated_ranges(model, monkeypatch, exits):
     """The module's inputs and weights are on the int8 grid; its output is the dequantized result (as an int8 kernel
-    gives it), quantized on its way out too only with QUANTIZE_EXITS (the arithmetic before round two)."""
-    from mixprec import configurator
+    gives it), quantized on its way out too only with QuantPolicy.quantize_exits (the arithmetic before round
+    two)."""
     from mixprec.backends.lowering import cpu
 
-    assert configurator.QUANTIZE_EXITS is False
-    monkeypatch.setattr(configurator, "QUANTIZE_EXITS", exits)
-    monkeypatch.setattr(configurator, "SMOOTHING_ALPHA", None)  # smoothing: the tests below
+    assert mixprec.QuantPolicy().quantize_exits is False
+    policy = mixprec.QuantPolicy(quantize_exits=exits, smoothing_alpha=None)  # smoothing: the tests below
     # the program's fake quantization on either kind of CPU: with VNNI the eager backend runs this signed-input Linear
     # on oneDNN's int8 kernel, whose int32 sums differ from this float32 reference by float32 rounding
     # (tests/backends/lowering/test_qdq.py)
     monkeypatch.setattr(cpu, "has_int8_dot_product", lambda: False)
-    _, prog = compiled(model, INPUTS, lambda cfg, m: cfg.set_precision("head", activation="int8"))
+    _, prog = compiled(model, INPUTS, lambda cfg, m: cfg.set_precision("head", activation="int8"), policy=policy)
     head = prog.report.by_module("head")[0]
     assert head.precision == torch.int8 and head.input_dtypes == (torch.int8, torch.int8, torch.float32)
     seen = {}
@@ -342,18 +342,16 @@ def test_int8_ranges_calibrate_once_on_a_loader_of_dict_batches_of_other_sizes(m
     real = statistics.collect
     monkeypatch.setattr(statistics, "collect", lambda *a, **k: passes.append(k.get("histograms") is not None)
                         or real(*a, **k))
-    from mixprec import configurator
-
-    monkeypatch.setattr(configurator, "QUANTIZE_EXITS", True)  # the head's output range is checked too
-    monkeypatch.setattr(configurator, "SMOOTHING_ALPHA", None)  # (smoothing adds its per-channel pass)
+    # the head's output range is checked too (exits); smoothing would add its per-channel pass
+    policy = mixprec.QuantPolicy(quantize_exits=True, smoothing_alpha=None)
     cfg = mixprec.MixedPrecisionConfigurator(model)
     cfg.set_precision("head", activation="int8")
-    assert int8_ranges.DEFAULT_ESTIMATOR == "mse"
-    cfg.apply(INPUTS, calibration_dataloader=batches)
+    assert int8_ranges.DEFAULT_ESTIMATOR == "mse" == policy.estimator
+    cfg.apply(INPUTS, calibration_dataloader=batches, policy=policy)
     assert passes == [False, True]  # statistics, then the histograms over the same batches
     passes.clear()
-    monkeypatch.setattr(int8_ranges, "DEFAULT_ESTIMATOR", "minmax")
-    plan = cfg.apply(INPUTS, calibration_dataloader=batches)
+    policy = dataclasses.replace(policy, estimator="minmax")
+    plan = cfg.apply(INPUTS, calibration_dataloader=batches, policy=policy)
     assert passes == [False]
     seen = []
     hook = model.head.register_forward_hook(lambda m, a, out: seen.append((a[0], out)))
@@ -366,7 +364,7 @@ def test_int8_ranges_calibrate_once_on_a_loader_of_dict_batches_of_other_sizes(m
     want_in = (min(float(i.min()) for i, _ in seen), max(float(i.max()) for i, _ in seen))
     assert (lo, hi) == pytest.approx(want_in, rel=1e-6)
     assert spec.output == pytest.approx((min(float(o.min()) for _, o in seen), max(float(o.max()) for _, o in seen)), rel=1e-6)
-    other = next(d.int8 for d in cfg.apply(INPUTS).values() if d.int8 is not None)
+    other = next(d.int8 for d in cfg.apply(INPUTS, policy=policy).values() if d.int8 is not None)
     assert other.output != spec.output  # the loader's ranges, not the example inputs'
 
 
@@ -398,12 +396,10 @@ def test_smoothing_divides_an_int8_linear_input_per_channel_and_multiplies_the_w
     weights) before its int8 quantization, with the min/max range of x / s, and both weights' columns are
     multiplied by s before their per-channel int8 — the eager reference computes exactly that; the user's model is
     untouched, the log and the report say what was smoothed."""
-    from mixprec import configurator
-
     model = _outlier_model()
     before = snapshot(model)
     x = torch.randn(4, 8, 32)
-    assert configurator.SMOOTHING_ALPHA == 0.8
+    assert mixprec.QuantPolicy().smoothing_alpha == 0.8
     cfg = mixprec.MixedPrecisionConfigurator(model)
     cfg.set_precision(nn.Linear, activation="int8")
     plan = cfg.apply((x,))
@@ -436,16 +432,14 @@ def test_smoothing_divides_an_int8_linear_input_per_channel_and_multiplies_the_w
 def test_smoothing_lowers_the_int8_error_of_a_linear_whose_input_has_outlier_channels(monkeypatch):
     """What smoothing is for: with two outlier channels the per-tensor int8 input grid is coarse for the other
     channels; moving the spread into the weights (quantized per output channel) lowers the error vs fp32."""
-    from mixprec import configurator
-
     model = _outlier_model()
     x = torch.randn(4, 8, 32)
     with torch.no_grad():
         ref = model(x)[0]
     errors = {}
     for alpha in (None, 0.8):
-        monkeypatch.setattr(configurator, "SMOOTHING_ALPHA", alpha)
-        _, prog = compiled(model, (x,), lambda cfg, m: cfg.set_precision(nn.Linear, activation="int8"))
+        _, prog = compiled(model, (x,), lambda cfg, m: cfg.set_precision(nn.Linear, activation="int8"),
+                           policy=mixprec.QuantPolicy(smoothing_alpha=alpha))
         errors[alpha] = float((prog(x)[0] - ref).norm() / ref.norm())
     assert errors[0.8] < 0.5 * errors[None], errors
 
@@ -543,15 +537,11 @@ def test_int8_attention_quantizes_query_and_key_of_sdpa_made_in_the_module(monke
     where the attention reads them, although the module makes them itself (plan/int8_operands.py), with calibrated
     ranges; v stays float (no int8 kernel for probs @ v without quantized probabilities). Eager reference: the same
     fake quantization written out, min/max ranges."""
-    from mixprec import configurator
-    from mixprec.calibrate import int8_ranges
-
-    monkeypatch.setattr(configurator, "SMOOTHING_ALPHA", None)
-    monkeypatch.setattr(int8_ranges, "DEFAULT_ESTIMATOR", "minmax")
     torch.manual_seed(0)
     model = OneModuleAttention().eval()
     x = torch.randn(2, 8, 32)
-    plan, prog = compiled(model, (x,), lambda cfg, m: cfg.set_precision(m, activation="int8"))
+    plan, prog = compiled(model, (x,), lambda cfg, m: cfg.set_precision(m, activation="int8"),
+                          policy=mixprec.QuantPolicy(smoothing_alpha=None, estimator="minmax"))
     spec = plan["scaled_dot_product_attention"].int8
     assert len(spec.inputs) == 2 and _reads(prog, "scaled_dot_product_attention")[:2] == [
         "mixprec.dequantize_per_tensor.default"] * 2
@@ -576,15 +566,13 @@ def test_int8_attention_quantizes_query_and_key_of_sdpa_made_in_the_module(monke
 @pytest.mark.parametrize("probabilities", [False, True])
 def test_int8_attention_quantizes_both_operands_of_its_matmuls(monkeypatch, probabilities):
     """An eager attention (matmul, softmax, matmul) in one int8 module: q @ k^T reads q and k quantized; probs @ v
-    reads the probabilities on the unsigned grid (never negative) and v on the signed one with QUANTIZE_PROBABILITIES,
-    else float (NNCF's TRANSFORMER mode leaves it float too)."""
-    from mixprec.plan import int8_operands
-
-    monkeypatch.setattr(int8_operands, "QUANTIZE_PROBABILITIES", probabilities)
+    reads the probabilities on the unsigned grid (never negative) and v on the signed one with
+    QuantPolicy.quantize_probabilities, else float (NNCF's TRANSFORMER mode leaves it float too)."""
     torch.manual_seed(0)
     model = OneModuleAttention(sdpa=False).eval()
     x = torch.randn(2, 8, 32)
-    plan, prog = compiled(model, (x,), lambda cfg, m: cfg.set_precision(m, activation="int8"))
+    plan, prog = compiled(model, (x,), lambda cfg, m: cfg.set_precision(m, activation="int8"),
+                          policy=mixprec.QuantPolicy(quantize_probabilities=probabilities))
     scores, output = [n for n in plan if n.startswith("matmul")]
     assert _reads(prog, scores)[:2] == ["mixprec.dequantize_per_tensor.default"] * 2
     if probabilities:

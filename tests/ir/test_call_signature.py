@@ -13,7 +13,7 @@ from torch import nn
 
 from mixprec.errors import CalibrationError, InputMismatchError
 from mixprec.ir.call_signature import CallSignature, arrange_or_pass
-from mixprec.ir.capture import capture
+from mixprec.ir.export import capture
 
 
 class Masked(nn.Module):

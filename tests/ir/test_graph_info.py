@@ -1,7 +1,7 @@
 import torch
 from models import Attention, ConvNet, SeedExplicit, TiedEmbedding
 
-from mixprec.ir.capture import capture
+from mixprec.ir.export import capture
 from mixprec.ir.graph_info import _clean_path, analyze
 from mixprec.ir.normalize import normalize
 from mixprec.ir.work_program import WorkProgram

@@ -10,7 +10,7 @@ from torch import nn
 from torch.export import Dim
 
 from mixprec.errors import InputMismatchError
-from mixprec.ir.capture import capture
+from mixprec.ir.export import capture
 from mixprec.ir.input_check import InputSpec, check_inputs, input_specs_of
 
 

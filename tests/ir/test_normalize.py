@@ -6,7 +6,7 @@ from models import AutocastRegions
 from torch import nn
 
 import mixprec
-from mixprec.ir.capture import capture
+from mixprec.ir.export import capture
 from mixprec.ir.graph_info import META_AUTOCAST, META_ROLE, analyze
 from mixprec.ir.normalize import normalize
 from mixprec.ir.work_program import WorkProgram

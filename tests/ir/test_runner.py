@@ -9,7 +9,7 @@ from models import ConvNet, ThreeLinears, TiedEmbedding
 
 from mixprec.errors import UnsupportedModelError
 from mixprec.ir.call_signature import flat_user_inputs
-from mixprec.ir.capture import capture
+from mixprec.ir.export import capture
 from mixprec.ir.runner import GraphRunner, Observer, failing_node, lifted_inputs, run_user_outputs
 from mixprec.ir.work_program import WorkProgram
 

@@ -11,7 +11,7 @@ from models import ThreeLinears, TiedEmbedding
 from torch import nn
 from torch.export.graph_signature import InputKind, TensorArgument
 
-from mixprec.ir.capture import capture
+from mixprec.ir.export import capture
 from mixprec.ir.work_program import WorkProgram, stored_bytes
 
 aten = torch.ops.aten

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.export.graph_signature import InputKind, InputSpec, TensorArgument
 
-from mixprec.ir.capture import capture
+from mixprec.ir.export import capture
 from mixprec.ir.work_program import WorkProgram
 from mixprec.ir.written_state import (
     WrittenState,

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import mixprec
-from mixprec.ir.frontend import CapturedModel
+from mixprec.ir.captured import CapturedModel
 from mixprec.output.numerics import CHUNK, ErrorStats, output_errors
 from mixprec.searching.metrics import RelL2
 from mixprec.searching.trials import Trials

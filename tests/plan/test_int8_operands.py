@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from mixprec.plan import int8_operands
+from mixprec.plan.quantization import QuantPolicy
 
 
 def _graph(fn, *args):
@@ -24,7 +25,7 @@ def _names(nodes):
     return [n.name for n in nodes]
 
 
-def test_sdpa_quantizes_query_and_key_never_its_float_mask(monkeypatch):
+def test_sdpa_quantizes_query_and_key_never_its_float_mask():
     q, k, v = (torch.randn(1, 2, 4, 8) for _ in range(3))
     mask = torch.zeros(1, 1, 4, 4)
     graph = _graph(lambda q, k, v, m: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m),
@@ -32,8 +33,7 @@ def test_sdpa_quantizes_query_and_key_never_its_float_mask(monkeypatch):
     sdpa = _node(graph, "scaled_dot_product_attention")
     assert _names(int8_operands.operands(sdpa)) == ["a_0", "a_1"]
     assert int8_operands.non_operands(sdpa) == frozenset({"a_3"})
-    monkeypatch.setattr(int8_operands, "SDPA_OPERANDS", (0, 1, 2))
-    assert _names(int8_operands.operands(sdpa)) == ["a_0", "a_1", "a_2"]
+    assert _names(int8_operands.operands(sdpa, policy=QuantPolicy(sdpa_operands=(0, 1, 2)))) == ["a_0", "a_1", "a_2"]
 
 
 def test_matmul_classes_quantize_their_matrix_operands_not_an_added_term_or_a_stored_weight():
@@ -48,11 +48,11 @@ def test_matmul_classes_quantize_their_matrix_operands_not_an_added_term_or_a_st
 
 
 @pytest.mark.parametrize("probabilities", [False, True])
-def test_the_attention_output_matmul_is_quantized_only_with_quantize_probabilities(monkeypatch, probabilities):
-    monkeypatch.setattr(int8_operands, "QUANTIZE_PROBABILITIES", probabilities)
+def test_the_attention_output_matmul_is_quantized_only_with_quantize_probabilities(probabilities):
+    policy = QuantPolicy(quantize_probabilities=probabilities)
     q, k, v = (torch.randn(1, 2, 4, 8) for _ in range(3))
     graph = _graph(lambda q, k, v: torch.nn.functional.dropout(
         (q @ k.transpose(-1, -2)).softmax(-1), 0.1, False).transpose(-1, -2).transpose(-1, -2) @ v, q, k, v)
     scores, output = [n for n in graph.nodes if n.op == "call_function" and "matmul" in n.name]
-    assert len(int8_operands.operands(scores)) == 2
-    assert len(int8_operands.operands(output)) == (2 if probabilities else 0)
+    assert len(int8_operands.operands(scores, policy=policy)) == 2
+    assert len(int8_operands.operands(output, policy=policy)) == (2 if probabilities else 0)

@@ -8,7 +8,7 @@ from helpers import plan_lowering
 from models import Attention, AutocastRegions, SeedExplicit, ThreeLinears
 
 from mixprec.errors import InvariantError
-from mixprec.ir.frontend import CapturedModel
+from mixprec.ir.captured import CapturedModel
 from mixprec.plan import planner
 from mixprec.plan.precision_plan import NodePrecision, PrecisionPlan
 from mixprec.plan.options import PlanningOptions

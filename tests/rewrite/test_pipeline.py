@@ -9,7 +9,7 @@ from helpers import captured
 from models import Attention, AutocastRegions, ConvNet, SeedExplicit, ThreeLinears
 
 from mixprec.errors import InvariantError
-from mixprec.ir.frontend import CapturedModel
+from mixprec.ir.captured import CapturedModel
 from mixprec.ir.graph_info import META_ROLE
 from mixprec.ir.passes import CHECKED, PassResult, GraphPass, rewrite_pass
 from mixprec.ir.runner import run_user_outputs

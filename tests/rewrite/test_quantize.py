@@ -20,12 +20,9 @@ from mixprec.rewrite.verify import verify
 M = torch.ops.mixprec
 
 
-@pytest.fixture
-def minmax_ranges(monkeypatch):
-    """Calibrated ranges are the values' min/max (the references below compute them so), not clipped."""
-    from mixprec.calibrate import int8_ranges
-
-    monkeypatch.setattr(int8_ranges, "DEFAULT_ESTIMATOR", "minmax")
+# calibrated ranges are the values' min/max (the references below compute them so), not clipped: an empty plan
+# carries the policy of the marker regions
+MINMAX = PrecisionPlan(policy=mixprec.QuantPolicy(estimator="minmax"))
 
 
 def fake_quant(t, lo, hi):
@@ -97,24 +94,22 @@ def _eager_ranges(model, batches):
     return [(min(t.min().item() for t in seen[k]), max(t.max().item() for t in seen[k])) for k in ("in", "out")]
 
 
-@pytest.mark.usefixtures("minmax_ranges")
 def test_int8_region_without_ranges_calibrates_on_the_example_inputs():
     model = TRTorchSeed(torch.int8).eval()
     (x,) = TRTorchSeed.example_inputs()
     in_range, out_range = _eager_ranges(model, [(x,)])
-    prog = mixprec.compile(model, (x,))
+    prog = mixprec.compile(model, (x,), plan=MINMAX)
     assert prog.report.by_module("conv2")[0].precision == torch.int8
     assert "ranges from calibration data" in prog.report.by_module("conv2")[0].reason
     assert_same_outputs(prog(x), seed_reference(model, x, in_range, out_range))
 
 
-@pytest.mark.usefixtures("minmax_ranges")
 def test_int8_region_calibrates_on_the_calibration_dataloader_when_given():
     model = TRTorchSeed(torch.int8).eval()
     (x,) = TRTorchSeed.example_inputs()
     loader = [(torch.randn(2, 3, 12, 12) * s,) for s in (0.5, 3.0, 1.0)]
     in_range, out_range = _eager_ranges(model, loader)
-    prog = mixprec.compile(model, (x,), autocast_calibration_dataloader=loader)
+    prog = mixprec.compile(model, (x,), autocast_calibration_dataloader=loader, plan=MINMAX)
     assert_same_outputs(prog(x), seed_reference(model, x, in_range, out_range))
 
 
@@ -211,21 +206,18 @@ def test_the_verifier_rejects_an_int8_layer_that_reads_an_unquantized_input():
         verify(ctx)
 
 
-@pytest.mark.usefixtures("minmax_ranges")
-def test_an_activation_the_graph_proves_non_negative_is_quantized_on_the_unsigned_grid(monkeypatch):
+def test_an_activation_the_graph_proves_non_negative_is_quantized_on_the_unsigned_grid():
     """relu's output enters an int8 Linear on [0, 255] (scale max / 255): twice the resolution of the symmetric
     grid's half; a signed value (the model input, the layers' outputs) stays symmetric int8."""
-    from mixprec import configurator
-
-    monkeypatch.setattr(configurator, "QUANTIZE_EXITS", True)  # the layers' outputs quantized too: signed values
-    monkeypatch.setattr(configurator, "SMOOTHING_ALPHA", None)  # x enters unsmoothed (smoothing: test_configurator)
+    # the layers' outputs quantized too (signed values); x enters unsmoothed (smoothing: test_configurator)
+    policy = mixprec.QuantPolicy(quantize_exits=True, smoothing_alpha=None, estimator="minmax")
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
     x = torch.randn(32, 8)
     cfg = mixprec.MixedPrecisionConfigurator(model)
     cfg.set_precision(model[0], activation="int8")
     cfg.set_precision(model[2], activation="int8")
-    prog = mixprec.compile(model, (x,), plan=cfg.apply((x,)))
+    prog = mixprec.compile(model, (x,), plan=cfg.apply((x,), policy=policy))
     targets = [n.target for n in prog.exported_program.graph.nodes]
     assert targets.count(M.quantize_per_tensor_u8.default) == 1  # relu's output
     assert targets.count(M.quantize_per_tensor.default) == 3  # x, and both layers' outputs (signed)

@@ -6,7 +6,7 @@ from helpers import plan_lowering
 from models import ThreeLinears
 
 from mixprec.errors import InvariantError
-from mixprec.ir.capture import capture
+from mixprec.ir.export import capture
 from mixprec.ir.graph_info import analyze
 from mixprec.ir.normalize import normalize
 from mixprec.ir.work_program import WorkProgram

@@ -18,7 +18,8 @@ import mixprec
 from mixprec.cli import main
 from mixprec.errors import ConfigError
 from mixprec.searching import SearchCache
-from mixprec.searching.distributed import Cluster, TrialWorker
+from mixprec.searching.distributed import Cluster
+from mixprec.searching.worker import TrialWorker
 
 ray = pytest.importorskip("ray")  # requirements-dev.txt pins it: CI has it
 
@@ -180,7 +181,7 @@ def test_progress_counts_trials_across_the_cluster(cluster, sensitive):
 
 def test_the_worker_rebuilds_the_drivers_program(cluster, sensitive):
     """The payload is put once; a worker finds the driver's node names (or refuses) and measures as the driver does."""
-    from mixprec.ir.frontend import CapturedModel
+    from mixprec.ir.captured import CapturedModel
     from mixprec.searching.distributed import RayPool
     from mixprec.searching.metrics import RelL2
     from mixprec.searching.trials import Trials
@@ -343,3 +344,22 @@ def test_phase_two_points_are_timed_by_the_workers_that_measured_them(cluster, s
     here = mixprec.search(model, inputs, eval_dataloader=data, cache=False)
     same(here, there)
     assert len(timed_here) == 1 + len(here.pareto)  # in one process every point is timed here
+
+
+def test_the_cluster_of_a_call_leaves_a_cached_studys_trials_as_it_found_them():
+    """cluster_for closes the call's cluster however the call ends; timing_on attaches the (cached) trials and sets
+    the batch the workers time phase 2's points on, and both are gone after the call: no actor is started here."""
+    from types import SimpleNamespace
+
+    from mixprec.searching.distributed import cluster_for
+
+    trials = SimpleNamespace(sizes=None, info={}, pool=None, time_on=None)
+    batch = object()
+    with pytest.raises(RuntimeError, match="a trial failed"):
+        with cluster_for("local", None) as cluster:
+            with cluster.timing_on(trials, batch):
+                assert trials.pool is not None and trials.time_on is batch
+                raise RuntimeError("a trial failed")
+    assert trials.pool is None and trials.time_on is None
+    with cluster_for(None, None) as none:
+        assert none is None

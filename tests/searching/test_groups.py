@@ -9,10 +9,11 @@ from helpers import captured
 from models import Attention, MaskedScores, SensitiveByConstruction
 
 import mixprec
-from mixprec.ir.frontend import CapturedModel
+from mixprec.ir.captured import CapturedModel
 from mixprec.plan import planner
 from mixprec.searching.groups import find_groups, low_flops_fraction
 from mixprec.plan.options import PlanningOptions
+from mixprec.plan.quantization import QuantPolicy, calibration_grids
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 
@@ -117,7 +118,8 @@ def test_an_int8_attention_group_quantizes_its_operands_with_calibrated_ranges()
     capture = CapturedModel(model, inputs)
     sdpa = next(n for n in capture.base.graph.nodes if n.name == "scaled_dot_product_attention")
     assert names == [a.name for a in sdpa.args[:2]]
-    calibrated = entry.run(capture, None, statistics=False, int8_values=set(names)).int8_ranges
+    grids = calibration_grids(capture, names, QuantPolicy())
+    calibrated = entry.run(capture, None, statistics=False, int8_values=set(names), grids=grids).int8_ranges
     for name, value_range in spec.inputs:
         assert value_range == pytest.approx(calibrated[name]) and value_range[0] < 0 < value_range[1]
     prog = mixprec.compile(model, inputs, plan=result.plan)
@@ -127,8 +129,8 @@ def test_an_int8_attention_group_quantizes_its_operands_with_calibrated_ranges()
 
 def test_eager_attention_groups_int8_the_scores_matmul_not_the_mask_nor_the_output_matmul():
     """The scores matmul's int8 boundary is its two operands (not the float mask the add reads); the output matmul
-    (probs @ v) is not offered int8 (its operands stay float: int8_operands.QUANTIZE_PROBABILITIES)."""
-    from mixprec.searching.groups import int8_boundary, without_int8_operands
+    (probs @ v) is not offered int8 (its operands stay float: QuantPolicy.quantize_probabilities)."""
+    from mixprec.searching.groups import int8_requests, without_int8_operands
 
     torch.manual_seed(0)
     model = _EagerAttention().eval()
@@ -141,4 +143,4 @@ def test_eager_attention_groups_int8_the_scores_matmul_not_the_mask_nor_the_outp
     assert groups[scores].takes(torch.int8) and not groups[output].takes(torch.int8)
     assert groups[output].takes(BF16)
     node = next(n for n in capture.base.graph.nodes if n.name == scores)
-    assert int8_boundary(capture, scores)[0] == tuple(a.name for a in node.args[:2])
+    assert int8_requests(capture, [scores]).entries[scores] == tuple(a.name for a in node.args[:2])

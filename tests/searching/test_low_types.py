@@ -19,7 +19,7 @@ from mixprec.searching.options import low_types
 from mixprec.searching.trials import Trials
 
 F32, BF16, F16, I8 = torch.float32, torch.bfloat16, torch.float16, torch.int8
-# seconds per GFLOP (any class), shaped like the two CPUs' measurements (bench/RESULTS.md, issue 22 search)
+# seconds per GFLOP (any class), shaped like the two CPUs' measurements (bench/log/2026-11.md, issue 22 search)
 VNNI = {F32: 10.0, BF16: 4.0, I8: 2.5}
 AVX2 = {F32: 10.0, BF16: 120.0, I8: 60.0}
 
@@ -106,11 +106,8 @@ def test_an_int8_group_is_the_configurators_int8_with_the_searchs_one_calibratio
     (the search ranges no channels), calibrated on the same data: its sensitivity equals the error of the
     configurator's plan on the eval data; and calibration runs once."""
     model, inputs, data = model_and_data
-    from mixprec import configurator
     from mixprec.backends.lowering import cpu as lowering_cpu
     from mixprec.calibrate import entry
-
-    monkeypatch.setattr(configurator, "SMOOTHING_ALPHA", None)
 
     runs = []
     run = entry.run
@@ -122,7 +119,7 @@ def test_an_int8_group_is_the_configurators_int8_with_the_searchs_one_calibratio
     fc2 = next(g for g in result.groups if g.module == "fc2")
     cfg = mixprec.MixedPrecisionConfigurator(model)
     cfg.set_precision(model.fc2, activation="int8")
-    plan = cfg.apply(inputs, calibration_dataloader=data[:2])
+    plan = cfg.apply(inputs, calibration_dataloader=data[:2], policy=mixprec.QuantPolicy(smoothing_alpha=None))
     # the search measures the program's fake quantization; with VNNI the eager backend would run fc2 (signed input)
     # on oneDNN's int8 kernel, whose int32 sums differ by float32 rounding (tests/backends/lowering/test_qdq.py)
     monkeypatch.setattr(lowering_cpu, "has_int8_dot_product", lambda: False)

@@ -116,7 +116,7 @@ def test_an_exported_program_takes_only_the_sizes_it_was_captured_for():
 
 
 def test_the_plan_carried_onto_another_capture_lowers_the_same_layers():
-    from mixprec.ir.frontend import CapturedModel
+    from mixprec.ir.captured import CapturedModel
     from mixprec.searching.metrics import RelL2
     from mixprec.searching.shapes import BatchSizes, carried_plan
     from mixprec.searching.trials import Trials

@@ -2,7 +2,7 @@
 
 import torch
 
-from mixprec.ir.frontend import CapturedModel
+from mixprec.ir.captured import CapturedModel
 from mixprec.searching.trials import Trials
 
 

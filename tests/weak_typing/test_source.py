@@ -11,7 +11,7 @@ from models import Attention, AutocastRegions, ConvNet, ThreeLinears, TiedEmbedd
 
 import mixprec
 from mixprec.dtypes import is_float
-from mixprec.ir.capture import capture
+from mixprec.ir.export import capture
 from mixprec.ir.graph_info import analyze
 from mixprec.ir.normalize import normalize
 from mixprec.ir.work_program import STORED_KINDS, WorkProgram
@@ -112,7 +112,7 @@ def test_cast_prices_match_the_casts_the_rewrite_inserts(model_cls, seed):
 
 def _fake_timer(op_ms, cast_ms=0.001):
     """A timer that returns fixed numbers: op_ms(op name, dtype) for layers, cast_ms for casts; in the
-    whole-program check (weak_typing/check.py) the per-layer choice measures fastest, so it is what these tests see."""
+    whole-program check (weak_typing/choose.py) the per-layer choice measures fastest, so it is what these tests see."""
 
     def factory(**_):
         def timer(fn, key):

@@ -3,7 +3,7 @@
 import torch
 
 from mixprec.ir.call_signature import flat_user_inputs
-from mixprec.ir.capture import capture
+from mixprec.ir.export import capture
 from mixprec.ir.graph_info import analyze
 from mixprec.ir.normalize import normalize
 from mixprec.ir.work_program import WorkProgram

@@ -40,7 +40,7 @@ import torch.utils._pytree as pytree
 from torch.export import Dim, ShapesCollection
 
 from ..errors import CalibrationError
-from ..ir.frontend import CapturedModel
+from ..ir.captured import CapturedModel
 from ..ir.graph_info import module_of
 from ..ir.input_check import input_specs_of, size_misfit
 from ..ir.work_program import WorkProgram
@@ -129,7 +129,7 @@ class OtherShapes:
             ) from e
 
     def _capture(self, args, kwargs, *, dynamic: bool) -> CalibrationGraph | None:
-        from ..ir.capture import export
+        from ..ir.export import export
 
         model = self._model()
         if model is None:

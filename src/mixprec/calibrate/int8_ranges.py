@@ -15,7 +15,7 @@ so a tensor with rare outliers gets a range that clips them, a bounded one keeps
 fixed-bin histogram of the value counted in a second pass over the same batches (``histogram.py``: the bins
 are fixed by the first pass's min/max, so histograms merge exactly across batches). A one-shot iterator of
 batches cannot be read twice: it gets min/max ranges (logged). The default (:data:`DEFAULT_ESTIMATOR`) is
-chosen by measurement: bench/int8_nncf.py, bench/RESULTS.md "Issue 22 int8 vs NNCF".
+chosen by measurement: bench/int8_nncf.py, bench/log/2026-11.md "Issue 22 int8 vs NNCF".
 """
 
 from __future__ import annotations
@@ -25,10 +25,9 @@ from collections.abc import Collection, Iterable, Iterator, Mapping
 
 import torch
 
-from ..errors import CalibrationError, ConfigError
-from ..ir.sign import is_nonnegative
+from ..errors import CalibrationError, ConfigError, InvariantError
 from ..ir.work_program import WorkProgram
-from ..ops.quant import INT8_SYMMETRIC, UINT8, Grid
+from ..ops.quant import INT8_SYMMETRIC, Grid
 from .histogram import Histogram
 from .statistics import Calibration, collect
 
@@ -42,11 +41,12 @@ _CANDIDATES = 200  # clipping ranges tried by mse_clip: absmax * k / 200
 
 def collect_ranges(
     work: WorkProgram, names: Collection[str], batches: Iterable[tuple], *, calibration: Calibration | None = None,
-    estimator: str | None = None,
+    estimator: str | None = None, grids: Mapping[str, Grid] | None = None,
 ) -> dict[str, Range]:
     """int8 ranges of the named nodes over every batch: their (min, max) (calibrate.statistics.collect's
     statistics; pass ``calibration`` when the compile already ran it on the same data), clipped by ``estimator``
-    (default :data:`DEFAULT_ESTIMATOR`; a clipping estimator reads ``batches`` a second time)."""
+    (default :data:`DEFAULT_ESTIMATOR`; a clipping estimator reads ``batches`` a second time) for the grid each
+    value is quantized on (``grids``: the plan's, ``plan/quantization.py``; needed by a clipping estimator)."""
     estimator = checked_estimator(estimator)
     wanted = set(names)
     if not wanted:
@@ -64,30 +64,26 @@ def collect_ranges(
     if estimator == "minmax" or not readable_twice(batches):
         return ranges
     histograms = collect(work, batches, histograms=ranges).histograms
-    return clip_ranges(ranges, histograms, estimator, unsigned=nonnegative_values(work, ranges))
-
-
-def nonnegative_values(work: WorkProgram, names: Collection[str]) -> frozenset[str]:
-    """The named values the graph proves never negative (``ir.sign``): the rewrite quantizes them on the unsigned
-    grid (``rewrite.quantize.activation_grid``), so their clipping is chosen for that grid's step."""
-    known: dict = {}
-    return frozenset(n.name for n in work.graph.nodes if n.name in names and is_nonnegative(n, known))
+    return clip_ranges(ranges, histograms, estimator, grids=grids or {})
 
 
 def clip_ranges(
     ranges: Mapping[str, Range], histograms: Mapping[str, Histogram], estimator: str, *,
-    unsigned: Collection[str] = (),
+    grids: Mapping[str, Grid],
 ) -> dict[str, Range]:
-    """Each range clipped by ``estimator`` from its value's histogram (a range without one is kept); the values
-    named in ``unsigned`` are quantized on the unsigned grid (step c / 255), the others on the symmetric one
-    (step c / 127): the step decides where clipping starts to pay."""
+    """Each range clipped by ``estimator`` from its value's histogram (a range without one is kept), for the grid
+    its value is quantized on (``grids``, decided by ``plan/quantization.py``: the unsigned grid's step is c / 255,
+    the symmetric one's c / 127; the step decides where clipping starts to pay)."""
     out = {}
     for name, (lo, hi) in ranges.items():
         h = histograms.get(name)
         if estimator == "minmax" or h is None or h.total == 0:
             out[name] = (lo, hi)
             continue
-        c = mse_clip(h, UINT8 if name in unsigned else INT8_SYMMETRIC)
+        if name not in grids:
+            raise InvariantError(f"int8 range of {name}: no grid was given to clip it for (the caller passes the "
+                                 "plan's grids, plan/quantization.py)")
+        c = mse_clip(h, grids[name])
         out[name] = (max(lo, -c), min(hi, c))
     return out
 

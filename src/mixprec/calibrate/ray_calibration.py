@@ -55,7 +55,7 @@ MAX_RETRIES = 3  # re-runs of a shard whose worker process died
 
 
 def calibrate_shards(captured, shards: Shards, *, progress_stream=None):
-    """Statistics of every node of ``captured`` (an ``ir.frontend.CapturedModel``) over ``shards``, computed on
+    """Statistics of every node of ``captured`` (an ``ir.captured.CapturedModel``) over ``shards``, computed on
     Ray workers and merged: ``(Calibration, captures for other sizes)`` as ``statistics.calibrate`` returns."""
     import torch
 
@@ -232,7 +232,7 @@ def _load(ref) -> tuple:
         import torch
 
         from ..ir.call_signature import CallSignature
-        from ..ir.frontend import CapturedModel
+        from ..ir.captured import CapturedModel
         from .batch_graphs import OtherShapes
 
         _LOADED.clear()  # the one program of the last calibration: a process Ray reuses drops the one before

@@ -224,7 +224,7 @@ def collect(
 def calibrate(
     captured, loader, *, other_shapes=None, keep_first_outputs: bool = False, histograms=None, channels=frozenset()
 ) -> tuple[Calibration, int]:
-    """Statistics of every node of a captured model (``ir.frontend.CapturedModel``) on ``loader``'s batches,
+    """Statistics of every node of a captured model (``ir.captured.CapturedModel``) on ``loader``'s batches,
     or on the example inputs when it is None: how compile, the configurator and the search calibrate.
 
     Batches in any accepted form (``batches.py``, mapped onto the captured call by its signature); batches of

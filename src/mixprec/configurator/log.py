@@ -1,6 +1,7 @@
 """The configurator's log (API.md §4): what was asked, what each module got and what each layer runs.
 
-Three tables, rendered from data the configurator already holds:
+Three tables, rendered from the :class:`~mixprec.configurator.resolve.Resolution` the requests resolved to and
+the plan realised (the policy of its int8 requests on one line):
 
 1. the requests as given, with their IDs;
 2. the effective precision of every module that runs a layer, with the ID of the request that won
@@ -18,60 +19,62 @@ from ..ir.graph_info import META_ROLE
 from ..rewrite.casting import is_mixprec_cast, origin_name, tensor_dtype
 
 
-def render_log(requests, resolver, info, plan, realised) -> str:
+def render_log(requests, resolved, info, plan, realised) -> str:
     parts = ["mixprec manual mixed precision"]
     parts += _section("1. Requests (in call order; the latest wins)", ("id", "call", "target", "precision"), [
         (f"#{r.id}", r.api, r.target_text(), r.precision_text()) for r in requests
     ] or [("-", "(no requests)", "", "")])
+    parts.append(f"int8 policy: {resolved.policy.describe()}")
     parts += _section("2. Effective precision per module", ("module", "type", "activation", "param", "request"),
-                      _module_rows(resolver, info, plan))
-    parts += _section("   Model inputs and outputs", ("value", "precision", "request"), _io_rows(requests, resolver))
+                      _module_rows(resolved, info, plan))
+    parts += _section("   Model inputs and outputs", ("value", "precision", "request"), _io_rows(requests, resolved))
     parts += _section("3. Realised precision per graph layer", (
         "layer", "module", "op", "precision", "inputs", "outputs", "source", "casts inserted"),
         _layer_rows(info, plan, realised))
-    if resolver.smoothed:
+    if resolved.smoothed:
         parts += _section("4. Activation smoothing (int8 Linear inputs divided per channel by s; s multiplies the "
                           "weight columns)", ("input", "read by", "channels", "s min", "s max", "range of input / s"),
-                          _smoothing_rows(resolver, info))
+                          _smoothing_rows(resolved, info))
     casts = sum(1 for n in realised.graph.nodes if is_mixprec_cast(n))
     quantizers = sum(1 for n in realised.graph.nodes if n.meta.get(META_ROLE) == "quant")
     parts.append(f"casts inserted: {casts}; int8 quantize points: {quantizers}")
-    if resolver.problems:
-        parts += ["", "Requests not realised as asked (strict=False):"] + [f"  - {p}" for p in resolver.problems]
+    if resolved.problems:
+        parts += ["", "Requests not realised as asked (strict=False):"] + [f"  - {p}" for p in resolved.problems]
     return "\n".join(parts) + "\n"
 
 
-def _smoothing_rows(resolver, info):
+def _smoothing_rows(resolved, info):
     rows = []
-    for value, (s, (lo, hi), layers) in sorted(resolver.smoothed.items()):
+    for value, smoothed in sorted(resolved.smoothed.items()):
+        s, (lo, hi), layers = smoothed.divisors, smoothed.range, smoothed.readers
         modules = sorted({info[layer].module or "(top)" for layer in layers})
         rows.append((value, ", ".join(modules), str(s.numel()), f"{float(s.min()):.3g}", f"{float(s.max()):.3g}",
                      f"[{lo:.4g}, {hi:.4g}]"))
     return rows
 
 
-def _module_rows(resolver, info, plan):
+def _module_rows(resolved, info, plan):
     seen = {}
     for name, node in info.items():
         seen.setdefault(node.module, (node.module_type, name))
     rows = []
     for module, (module_type, first) in seen.items():
-        request = resolver.winner.get(first)
+        request = resolved.winner.get(first)
         decision = plan[first]
         if request is None:
             rows.append((module or "(top)", _short_type(module_type), short_name(decision.precision), "-",
                          f"- ({decision.source})"))
             continue
-        param = resolver.param.get(first)
+        param = resolved.param.get(first)
         rows.append((module or "(top)", _short_type(module_type), short_name(request.activation),
                      short_name(param) if param is not None else "=activation", f"#{request.id}"))
     return rows
 
 
-def _io_rows(requests, resolver):
+def _io_rows(requests, resolved):
     rows = []
     for which in ("input", "output"):
-        for position, (dtype, request_id) in sorted(resolver.io_winners.get(which, {}).items()):
+        for position, (dtype, request_id) in sorted(resolved.io_winners.get(which, {}).items()):
             rows.append((f"{which} {position}", short_name(dtype), f"#{request_id}"))
     return rows or [("(none requested)", "", "")]
 

@@ -24,7 +24,7 @@ import torch
 from ..compiler import compile as _compile
 from ..errors import ConfigError
 from ..ir.call_signature import flat_user_inputs
-from ..ir.capture import as_input_kwargs, as_input_tuple
+from ..ir.export import as_input_kwargs, as_input_tuple
 from ..ir.input_check import check_inputs, input_specs_of
 from ..ir.runner import run_user_outputs
 from ..ir.written_state import preserved, written_tensors

@@ -33,7 +33,7 @@ from collections.abc import Iterable
 import torch
 
 from ..dtypes import LOW_PRECISION_FLOATS, is_float
-from ..ir.frontend import CapturedModel
+from ..ir.captured import CapturedModel
 from ..ir.graph_info import GraphInfo
 from ..ir.runner import run_user_outputs
 from ..output.numerics import output_errors

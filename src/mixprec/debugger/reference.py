@@ -1,7 +1,7 @@
 """The fp32 reference of a compiled program: the same normalised graph, every layer in fp32.
 
 The mixed program and its reference are both realised from one normalised capture
-(``ir.frontend.CapturedModel``), so every layer keeps its node name in both and the debugger
+(``ir.captured.CapturedModel``), so every layer keeps its node name in both and the debugger
 can pair them by name. The reference is the one compile's report and the search compare
 against (``rewrite.pipeline.reference``), built from the program *as captured*
 (``MixedPrecisionModule.captured_program``): a rewritten program may store its weights only in
@@ -14,7 +14,7 @@ import dataclasses
 
 from torch.export import ExportedProgram
 
-from ..ir.frontend import CapturedModel
+from ..ir.captured import CapturedModel
 from ..ir.graph_info import GraphInfo
 from ..rewrite.pipeline import reference
 

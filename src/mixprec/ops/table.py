@@ -114,7 +114,7 @@ INT8_WEIGHT_OPS = frozenset({"aten.linear", "aten.conv1d", "aten.conv2d", "aten.
 # CUDA) take a reduced-precision input with float32 parameters and compute in float32. Rounded to bf16
 # instead, each statistic carries a relative error of up to 2^-9, a fixed per-channel error in every
 # normalised value that each later layer inherits: on the trained CREPE audio CNN that made mixprec's error
-# 1.15x torch.autocast's (median over input draws), float32 statistics 1.00x (bench/RESULTS.md, issue 20).
+# 1.15x torch.autocast's (median over input draws), float32 statistics 1.00x (bench/log/2026-11.md, issue 20).
 # Four vectors of one value per channel cost next to nothing to keep wide. The input and the output stay in
 # the layer's low precision, so the layer still is (and shows as) low precision. Read by
 # ``plan/input_contract.required_input_dtype`` (through ``NodeInfo.fp32_inputs``).

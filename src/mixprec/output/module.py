@@ -16,7 +16,7 @@ import torch.utils._pytree as pytree
 
 from ..errors import InputMismatchError
 from ..ir.call_signature import CallSignature, arrange_or_pass
-from ..ir.frontend import WeakCapture
+from ..ir.captured import WeakCapture
 from ..ir.input_check import check_inputs
 
 
@@ -59,7 +59,7 @@ class MixedPrecisionModule(torch.nn.Module):
     def captured_program(self):
         """The ExportedProgram as captured, before mixprec changed anything (its parameters are the
         model's own fp32 tensors, shared, not copied); None for a program loaded from a file, or once
-        the model's tensors were freed (the program does not keep the fp32 weights alive: ir/frontend.py).
+        the model's tensors were freed (the program does not keep the fp32 weights alive: ir/captured.py).
 
         ``mixprec.debug`` builds its fp32 reference from it: the rewritten program may store its
         weights only in low precision, so the fp32 values cannot be recovered from it."""

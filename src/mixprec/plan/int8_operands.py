@@ -9,20 +9,20 @@ module (``nn.MultiheadAttention``'s one module; the softmax probabilities of an 
 layer of these ops quantizes its operands per tensor, on the unsigned grid where the graph proves them never
 negative (softmax probabilities: ``ir/sign.py``), with ranges from the same calibration pass as the rest.
 
-Which operands (:data:`OPERANDS`, by op; chosen by measurement, bench/int8_nncf.py ``--attention``, bench/RESULTS.md
+Which operands (:data:`OPERANDS`, by op; chosen by measurement, bench/int8_nncf.py ``--attention``, bench/log/2026-11.md
 "Issue 22 round three: int8 attention matmuls"):
 
 * every matmul-class op: both matrix operands (``baddbmm``/``addmm``'s added term stays float: it is a bias);
   ``einsum``: every tensor in its operand list;
-* ``scaled_dot_product_attention``: **query and key only** (:data:`SDPA_OPERANDS`). That is what NNCF 3.4 does for
-  OpenVINO's ScaledDotProductAttention (its metatype's ``target_input_ports = [0, 1]``, symmetric); OpenVINO's
+* ``scaled_dot_product_attention``: **query and key only** (``QuantPolicy.sdpa_operands``). That is what NNCF 3.4
+  does for OpenVINO's ScaledDotProductAttention (its metatype's ``target_input_ports = [0, 1]``, symmetric); OpenVINO's
   PyTorch frontend decomposes the op into MatMul, Softmax, MatMul, and with FakeQuantize on q and k its CPU plugin
   runs the first MatMul in i8 (runtime graph, this machine), while a quantized v meets float probabilities: the
   second MatMul stays f32, so quantizing v costs error and buys no int8 kernel. The finer alternative —
   decomposing the op so that the probabilities are quantized too and ``probs @ v`` can be int8 — is what the eager
-  attention (``attn_implementation="eager"``) gives with :data:`QUANTIZE_PROBABILITIES`; measured there.
+  attention (``attn_implementation="eager"``) gives with ``QuantPolicy.quantize_probabilities``; measured there.
 * the attention's output matmul, ``softmax(...) @ v`` (a matmul whose operand is a softmax output, through
-  movement ops and dropout): quantized only with :data:`QUANTIZE_PROBABILITIES`; NNCF's TRANSFORMER mode leaves
+  movement ops and dropout): quantized only with ``QuantPolicy.quantize_probabilities``; NNCF's TRANSFORMER mode leaves
   it float too (its ignored pattern "multihead_attention_output").
 
 The attention mask of SDPA (and any other non-operand input) is never an operand: an additive float mask holds
@@ -37,11 +37,7 @@ import torch
 
 from ..ops.names import op_name, packet_name
 from ..ops.table import MOVEMENT_OPS
-
-# scaled_dot_product_attention(query, key, value, attn_mask, ...): query and key (see the module docstring)
-SDPA_OPERANDS: tuple[int, ...] = (0, 1)
-# quantize the softmax probabilities and v of an eager attention's output matmul (see the module docstring)
-QUANTIZE_PROBABILITIES = False
+from .quantization import DEFAULT_POLICY, QuantPolicy
 
 # op packet -> positions of its activation operands (einsum: position 1 is the list of operand tensors)
 OPERANDS = MappingProxyType({
@@ -62,17 +58,18 @@ def is_operand_op(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and packet_name(op_name(node.target)) in OPERANDS.keys() | {_SDPA}
 
 
-def operands(node: torch.fx.Node, stored=frozenset()) -> list[torch.fx.Node]:
+def operands(node: torch.fx.Node, stored=frozenset(), policy: QuantPolicy = DEFAULT_POLICY) -> list[torch.fx.Node]:
     """The float activation operands of an int8 ``node`` that are quantized (none for other ops): see the module
     docstring. ``stored``: names of the graph's parameters, buffers and constants (quantized per channel from
-    themselves where at all, never per tensor here)."""
+    themselves where at all, never per tensor here). ``policy``: its ``sdpa_operands`` and
+    ``quantize_probabilities``."""
     if not is_operand_op(node):
         return []
-    if not QUANTIZE_PROBABILITIES and any(_reads_softmax(a) for a in _at(node, (0, 1))):
+    if not policy.quantize_probabilities and any(_reads_softmax(a) for a in _at(node, (0, 1))):
         return []
     out = []
     packet = packet_name(op_name(node.target))
-    for value in _at(node, SDPA_OPERANDS if packet == _SDPA else OPERANDS[packet]):
+    for value in _at(node, policy.sdpa_operands if packet == _SDPA else OPERANDS[packet]):
         val = value.meta.get("val")
         if isinstance(val, torch.Tensor) and val.dtype.is_floating_point and value.name not in stored:
             if value not in out:
@@ -112,15 +109,16 @@ def _reads_softmax(value: torch.fx.Node) -> bool:
 
 
 def place(
-    group_nodes, group: frozenset[str], entries: dict[str, list[str]], stored=frozenset()
+    group_nodes, group: frozenset[str], entries: dict[str, list[str]], stored=frozenset(),
+    policy: QuantPolicy = DEFAULT_POLICY,
 ) -> dict[str, list[str]]:
     """The configurator's int8 inputs of one module (``entries``: layer -> the input values it quantizes, those
     entering the module from outside) with the operand rule applied to its matmul-class and attention layers:
 
     * an operand is quantized once: where it enters the module, when it reaches the layer through movement ops
       (``view``, ``transpose``) that quantize it on the way in, else at the layer itself;
-    * an input that is no operand of the layer (SDPA's mask, its value with :data:`SDPA_OPERANDS` (0, 1), an
-      output matmul's operands without :data:`QUANTIZE_PROBABILITIES`) is not quantized for it: not at the layer,
+    * an input that is no operand of the layer (SDPA's mask, its value with ``policy.sdpa_operands`` (0, 1), an
+      output matmul's operands without ``policy.quantize_probabilities``) is not quantized for it: not at the layer,
       nor at the entry of a chain of movement ops that only this input runs through.
 
     ``group_nodes``: the module's layers as graph nodes; ``group``: their names. Returns a new mapping."""
@@ -128,7 +126,7 @@ def place(
     for node in group_nodes:
         if not is_operand_op(node):
             continue
-        wanted = operands(node, stored)
+        wanted = operands(node, stored, policy)
         mine = out.setdefault(node.name, [])
         for inp in dict.fromkeys(node.all_input_nodes):
             val = inp.meta.get("val")

@@ -49,7 +49,7 @@ def build_plan(
     """``rule_context`` (a ``rules.RuleContext``) turns on the autocast rules; None leaves them off.
     ``int8_ranges``: calibrated (min, max) of the values ``ir.marker_regions.calibration_targets`` names.
     ``weak``: under weak typing, the source of the free layers' dtypes (``weak_typing.source.chooser``:
-    the measured timings, or one uniform dtype for the alternatives weak_typing/check.py measures)."""
+    the measured timings, or one uniform dtype for the alternatives weak_typing/choose.py measures)."""
     decided = strong_decisions(info, options, int8_ranges)
     if rule_context is not None:
         decided.update(rules.decide(info, decided, rule_context))
@@ -68,6 +68,7 @@ def build_plan(
         inputs=requested.inputs if requested is not None else None,
         outputs=requested.outputs if requested is not None else None,
         log=requested.log if requested is not None else "",
+        policy=requested.policy if requested is not None else None,
     )
 
 

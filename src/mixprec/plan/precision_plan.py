@@ -20,11 +20,15 @@ import torch
 from .. import jsondoc
 from ..dtypes import PLAN_PRECISIONS, dtype_from_name, dtype_name
 from ..errors import ConfigError
+from ..ops.quant import Grid
+from .quantization import GRIDS, QuantPolicy, grid_name, grid_named
 
 SOURCES = ("explicit", "torch_autocast", "marker", "plan", "autocast_rule", "default", "weak_typing")
 
 _FORMAT = "mixprec.plan"
-_VERSION = 1
+# 2: int8 layers record each quantized value's grid, the plan its QuantPolicy; version 1 plans still load
+_VERSION = 2
+_READS = (1, 2)
 
 
 Range = tuple[float, float]
@@ -32,12 +36,15 @@ Range = tuple[float, float]
 
 @dataclasses.dataclass(frozen=True)
 class Int8Spec:
-    """How an int8 layer is quantized: per-tensor int8 of each range — symmetric (scale = max(|min|, |max|) / 127),
-    or unsigned [0, 255] (scale = max / 255) for a value the graph proves never negative (``rewrite/quantize.py``).
-    Calibrated ranges are those of ``calibrate/int8_ranges.py`` (MSE-optimal clipping by default).
+    """How an int8 layer is quantized: per-tensor int8 of each range on its grid — symmetric int8 (scale =
+    max(|min|, |max|) / 127), or unsigned [0, 255] (scale = max / 255) for a value the graph proves never negative.
+    The grid is decided once (``plan/quantization.py``) and recorded here; calibrated ranges are those of
+    ``calibrate/int8_ranges.py`` (MSE-optimal clipping by default, for that grid).
 
     inputs: (captured input node name, (min, max)) for every input that is quantized on its way in.
     output: (min, max) of the layer's output when it is quantized on its way out, else None.
+    grids: (input name, Grid) of the inputs; output_grid: the output's. A plan of format version 1 has none: the
+    rewrite then asks ``plan/quantization.activation_grid`` with the plan's policy (what version 1 did).
 
     Convolution and linear weights of int8 layers are quantized per output channel from the
     weights themselves and need no range here.
@@ -49,12 +56,26 @@ class Int8Spec:
     # and the layer's weight columns are multiplied by s — the same product in float (activation smoothing,
     # ``calibrate/smoothing.py``); that input's range is the range of x / s
     smoothing: tuple[tuple[str, tuple[float, ...]], ...] = ()
+    grids: tuple[tuple[str, Grid], ...] = ()
+    output_grid: Grid | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "inputs", tuple((str(n), _range(r, f"input {n}")) for n, r in self.inputs))
         if self.output is not None:
             object.__setattr__(self, "output", _range(self.output, "output"))
         object.__setattr__(self, "smoothing", tuple((str(n), _divisors(s, n)) for n, s in self.smoothing))
+        object.__setattr__(self, "grids", tuple((str(n), _grid(g)) for n, g in self.grids))
+        if self.output_grid is not None:
+            object.__setattr__(self, "output_grid", _grid(self.output_grid))
+        if self.output_grid is not None and self.output is None:
+            raise ConfigError("int8 output_grid is given for a layer whose output is not quantized (no 'output').")
+        stray = set(dict(self.grids)) - set(dict(self.inputs))
+        if stray:
+            raise ConfigError(f"int8 grids name {sorted(stray)}, which are not among the quantized inputs.")
+
+    def input_grid(self, name: str) -> Grid | None:
+        """The grid input ``name`` is quantized on; None when the plan does not record it (format version 1)."""
+        return dict(self.grids).get(name)
 
     def input_smoothing(self, name: str) -> tuple[float, ...] | None:
         return dict(self.smoothing).get(name)
@@ -67,6 +88,8 @@ class Int8Spec:
             "inputs": {name: list(r) for name, r in self.inputs},
             "output": list(self.output) if self.output is not None else None,
             **({"smoothing": {name: list(s) for name, s in self.smoothing}} if self.smoothing else {}),
+            **({"grids": {name: grid_name(g) for name, g in self.grids}} if self.grids else {}),
+            **({"output_grid": grid_name(self.output_grid)} if self.output_grid is not None else {}),
         }
 
     @classmethod
@@ -79,7 +102,22 @@ class Int8Spec:
         smoothing = data.get("smoothing") or {}
         if not isinstance(smoothing, Mapping):
             raise ConfigError("'int8.smoothing' must map input node names to lists of per-channel divisors.")
-        return cls(tuple(inputs.items()), data.get("output"), tuple(smoothing.items()))
+        grids = data.get("grids") or {}
+        if not isinstance(grids, Mapping):
+            raise ConfigError(f"'int8.grids' must map input node names to grid names ({', '.join(GRIDS)}).")
+        output_grid = data.get("output_grid")
+        return cls(tuple(inputs.items()), data.get("output"), tuple(smoothing.items()),
+                   tuple((n, grid_named(g)) for n, g in grids.items()),
+                   grid_named(output_grid) if output_grid is not None else None)
+
+
+def _grid(value) -> Grid:
+    if isinstance(value, str):
+        return grid_named(value)
+    if not isinstance(value, Grid):
+        raise ConfigError(f"an int8 grid must be a Grid or one of the names {', '.join(GRIDS)}, got {value!r}.")
+    grid_name(value)  # a grid a plan can name, else ConfigError
+    return value
 
 
 def _divisors(value, name) -> tuple[float, ...]:
@@ -184,11 +222,15 @@ class PrecisionPlan(Mapping):
         inputs: Mapping[int, torch.dtype] | None = None,
         outputs: Mapping[int, torch.dtype] | None = None,
         log: str = "",
+        policy: QuantPolicy | None = None,
     ):
         self._nodes = MappingProxyType(dict(nodes or {}))
         self.inputs = MappingProxyType(dict(inputs or {}))
         self.outputs = MappingProxyType(dict(outputs or {}))
         self.log = log
+        if policy is not None and not isinstance(policy, QuantPolicy):
+            raise ConfigError(f"PrecisionPlan's policy must be a mixprec QuantPolicy, got {type(policy).__name__}.")
+        self.policy = policy  # how its int8 layers were made (plan/quantization.py); None: a plan without int8 policy
 
     def __getitem__(self, name: str) -> NodePrecision:
         return self._nodes[name]
@@ -218,7 +260,8 @@ class PrecisionPlan(Mapping):
         return f"PrecisionPlan({len(self)} nodes: {counts})"
 
     def with_nodes(self, updates: Mapping[str, NodePrecision]) -> "PrecisionPlan":
-        return PrecisionPlan({**self._nodes, **updates}, inputs=self.inputs, outputs=self.outputs, log=self.log)
+        return PrecisionPlan({**self._nodes, **updates}, inputs=self.inputs, outputs=self.outputs, log=self.log,
+                             policy=self.policy)
 
     def to_json(self, indent: int | None = 1) -> str:
         return json.dumps(
@@ -229,13 +272,15 @@ class PrecisionPlan(Mapping):
                 "inputs": {str(i): dtype_name(d) for i, d in self.inputs.items()},
                 "outputs": {str(i): dtype_name(d) for i, d in self.outputs.items()},
                 "log": self.log,
+                **({"quant_policy": self.policy.to_dict()} if self.policy is not None else {}),
             },
             indent=indent,
         )
 
     @classmethod
     def from_json(cls, text: str) -> "PrecisionPlan":
-        data = jsondoc.load(text, fmt=_FORMAT, version=_VERSION, what="plan", hint="; pass the text written by plan.to_json()")
+        data = jsondoc.load(text, fmt=_FORMAT, version=_READS, what="plan",
+                            hint="; pass the text written by plan.to_json()")
         nodes = data.get("nodes", {})
         if not isinstance(nodes, dict):
             raise ConfigError("the plan's 'nodes' must be an object mapping node names to decisions.")
@@ -252,4 +297,5 @@ class PrecisionPlan(Mapping):
             inputs=positions("inputs"),
             outputs=positions("outputs"),
             log=str(data.get("log", "")),
+            policy=QuantPolicy.from_dict(data["quant_policy"]) if data.get("quant_policy") is not None else None,
         )

@@ -23,7 +23,7 @@ import os
 from collections.abc import Sequence
 
 from ..errors import InvariantError
-from ..ir.frontend import CapturedModel
+from ..ir.captured import CapturedModel
 from ..ir.graph_info import GraphInfo
 from ..ir.passes import CHECKED, INITIAL_FACTS, GraphPass, facts_after
 from ..ir.work_program import WorkProgram

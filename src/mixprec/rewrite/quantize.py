@@ -7,7 +7,9 @@ What the program computes for an int8 layer (fake quantization, on any device):
   -127, 127) as int8: the arithmetic of ``ops/quant.py``) and dequantized to float32 — the layer
   sees exactly int8 grid values; a value the graph proves never negative (``ir/sign.py``: after relu,
   softmax, ...) is quantized on the unsigned grid instead (scale = max / 255, q in [0, 255] as uint8,
-  ``mixprec.quantize_per_tensor_u8``): the same range with twice the resolution (:data:`UNSIGNED_ACTIVATIONS`);
+  ``mixprec.quantize_per_tensor_u8``): the same range with twice the resolution. The grid is the plan's
+  (``Int8Spec.grids``, decided in ``plan/quantization.py``); a plan of format version 1 records none, and its
+  values get the grid ``plan/quantization.activation_grid`` gives with the plan's policy;
 * an input named in ``int8.smoothing`` (activation smoothing, ``calibrate/smoothing.py``) is quantized
   divided per channel by its divisors s, and the Linear's weight columns are multiplied by s before their int8
   quantization (copies: the model's tensors are untouched); the division is folded into the LayerNorm's weight
@@ -43,24 +45,29 @@ from torch._guards import detect_fake_mode
 from ..ir.graph_info import META_ORIGIN, META_ROLE, META_SMOOTHED
 from ..ir.passes import PassResult
 from ..ir.work_program import STORED_KINDS
-from ..ir.sign import is_nonnegative
 from ..ops.custom import DEQUANTIZE_OPS, PER_TENSOR_OPS, QUANTIZE_OPS
 from ..ops.names import op_name, packet_name
-from ..ops.quant import INT8_SYMMETRIC, UINT8, Grid, quantize_weight, symmetric_scale
+from ..ops.quant import INT8_SYMMETRIC, Grid, quantize_weight, symmetric_scale
+from ..plan.quantization import DEFAULT_POLICY, activation_grid
 from ..ops.table import INT8_WEIGHT_OPS
 from .casting import first_compute_node, origin_name, short_name, tensor_dtype
 from .context import RewriteContext
 
 WEIGHT_ARG = 1  # the weight of aten.linear / aten.convNd
 WEIGHT_AXIS = 0  # their output channels
-# activations proven never negative go on the unsigned grid [0, 255]; chosen by measurement
-# (bench/int8_nncf.py, bench/RESULTS.md "Issue 22 int8 vs NNCF")
-UNSIGNED_ACTIVATIONS = True
 
 
-def activation_grid(value: torch.fx.Node, known: dict | None = None) -> Grid:
-    """The grid an int8 activation is quantized on: unsigned where the graph proves it never negative."""
-    return UINT8 if UNSIGNED_ACTIVATIONS and is_nonnegative(value, known) else INT8_SYMMETRIC
+def input_grid(plan, spec, origin: str, value: torch.fx.Node, known: dict | None = None) -> Grid:
+    """The grid the plan gives int8 input ``origin`` (read as ``value``); for a plan without grids (version 1),
+    the one ``plan/quantization.activation_grid`` decides with the plan's policy."""
+    grid = spec.input_grid(origin)
+    return grid if grid is not None else activation_grid(value, plan.policy or DEFAULT_POLICY, known)
+
+
+def output_grid(plan, spec, node: torch.fx.Node, known: dict | None = None) -> Grid:
+    """The grid of an int8 layer's quantized output, as :func:`input_grid`."""
+    grid = spec.output_grid
+    return grid if grid is not None else activation_grid(node, plan.policy or DEFAULT_POLICY, known)
 
 
 def is_quant_node(node) -> bool:
@@ -126,11 +133,11 @@ def quantize(ctx: RewriteContext) -> PassResult:
                 value = inp
                 if divisors is not None and _smoothable(work, node, inp, divisors):
                     value, columns = _smoothed(ctx, node, inp, origin, divisors, smoothed), divisors
-                grid = activation_grid(value, signs)
+                grid = input_grid(ctx.plan, spec, origin, value, signs)
                 node.replace_input_with(inp, _fake_quant(work.graph, value, symmetric_scale(value_range, grid), grid))
                 changed = True
             if spec.output is not None:
-                grid = activation_grid(node, signs)
+                grid = output_grid(ctx.plan, spec, node, signs)
                 dq = _fake_quant(work.graph, node, symmetric_scale(spec.output, grid), grid)
                 quant = dq.args[0]
                 node.replace_all_uses_with(dq, delete_user_cb=lambda user: user is not quant)

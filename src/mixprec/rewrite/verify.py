@@ -49,8 +49,9 @@ from .casting import is_mixprec_cast, origin_name, tensor_dtype
 from .context import RewriteContext
 from .quantize import (
     is_dequant_node,
-    activation_grid,
+    input_grid,
     is_quant_node,
+    output_grid,
     stored_source,
     weight_quantized,
 )
@@ -186,18 +187,19 @@ def _check_int8(ctx, graph, where):
         spec = decision.int8
         if spec is not None:
             for inp in node.all_input_nodes:
-                value_range = spec.input_range(origin_name(inp, through_quantize=True))
+                origin = origin_name(inp, through_quantize=True)
+                value_range = spec.input_range(origin)
                 if value_range is None:
                     continue
                 source = inp.args[0].args[0] if is_dequant_node(inp) and is_quant_node(inp.args[0]) else inp
-                grid = activation_grid(source)
+                grid = input_grid(ctx.plan, spec, origin, source)
                 if not _on_grid(inp, symmetric_scale(value_range, grid), grid):
                     raise InvariantError(
                         f"int8 layer {node.name}{where} reads {inp.name}, which is not {origin_name(inp, through_quantize=True)} "
                         f"quantized with scale {symmetric_scale(value_range, grid):.6g} on [{grid.qmin}, {grid.qmax}]"
                     )
             if spec.output is not None:
-                grid = activation_grid(node)
+                grid = output_grid(ctx.plan, spec, node)
                 scale = symmetric_scale(spec.output, grid)
                 q_op = PER_TENSOR_OPS[grid][0]
                 if not node.users or not all(u.target is q_op and u.args[1] == scale for u in node.users):

@@ -24,6 +24,7 @@ points with their latency (``latency.py``), every group's sensitivity, JSON and 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import warnings
@@ -34,13 +35,14 @@ import torch.utils._pytree as pytree
 from ..calibrate.batches import Call, batch_list
 from ..calibrate.shards import Shards, as_shards
 from ..dtypes import dtype_name
-from ..errors import ConfigError, MixedPrecisionWarning
-from ..ir.capture import as_input_tuple, refuse_meta_tensors
+from ..errors import MixedPrecisionWarning
+from ..ir.export import as_input_tuple, refuse_meta_tensors
 from ..plan.precision_plan import NodePrecision, PrecisionPlan
 from ..progress import Progress
 from . import latency
 from .budget import Choice, choose
-from .cache import DEFAULT_CACHE, SearchCache, study_key
+from .cache import SearchCache, study_key
+from .distributed import cluster_for
 from .groups import low_flops_fraction
 from .metrics import Accuracy
 from .options import SearchOptions
@@ -78,7 +80,7 @@ def search(
         Several: each group stays fp32 or takes one of them, chosen for the most time saved within the budget
         (``budget.py``; times from ``latency.py``'s cost model of this machine). int8 is the configurator's
         without activation smoothing (the search ranges no channels): int8 weights per output channel, the
-        layer's inputs quantized (its output too with configurator.QUANTIZE_EXITS) with ranges from the
+        layer's inputs quantized (its output too with QuantPolicy.quantize_exits) with ranges from the
         search's calibration; it is offered to matmul/convolution/attention layers only.
     tolerance: the largest metric value the chosen plan may have on the eval data.
     keep_fp32_fraction: instead of a tolerance, keep exactly ceil(fraction x groups) of the most
@@ -119,57 +121,36 @@ def search(
     ``pareto``, ``groups`` (sensitivities), ``save_plot(path)``, ``to_json()``.
     """
     start = time.perf_counter()
+    # 1. arguments: validated once (options.py); the data read into calls
     args = as_input_tuple(inputs)
     refuse_meta_tensors(model, args, {})
     device = _device(model, args)
     options = SearchOptions.from_arguments(
-        device=device,
-        low_precision_type=low_precision_type,
-        tolerance=tolerance,
-        metric=metric,
-        keep_fp32_fraction=keep_fp32_fraction,
-        eval_dataloader=eval_dataloader,
-        included_nodes=included_nodes,
-        included_ops=included_ops,
-        backend=backend,
+        device=device, low_precision_type=low_precision_type, tolerance=tolerance, metric=metric,
+        keep_fp32_fraction=keep_fp32_fraction, eval_dataloader=eval_dataloader, included_nodes=included_nodes,
+        included_ops=included_ops, backend=backend, cache=cache, ray_address=ray_address, workers=workers,
     )
-    if torch.float16 in options.lows and device.type == "cpu":
-        warnings.warn(
-            "mixprec.search with low_precision_type=float16 on a CPU: every trial runs PyTorch's CPU float16 kernels, "
-            "which are emulated for most ops and several times slower than float32. The numerics are fp16's (useful "
-            "to plan a GPU deployment); for speed on a CPU search with bfloat16 (the default there).",
-            MixedPrecisionWarning,
-            stacklevel=2,
-        )
     eval_batches = batch_list(eval_dataloader, "eval_dataloader") if eval_dataloader is not None else [Call(args)]
     calibration = _calibration_data(calibration_dataloader)
-    store = _store(cache) if not isinstance(calibration, Shards) else None  # shards are not read here: no digest
-    cluster = _cluster(ray_address, workers)
+    store = options.store if not isinstance(calibration, Shards) else None  # shards are not read here: no digest
     progress = Progress(stream=progress_stream, prefix="mixprec search: ", log=logging.getLogger("mixprec.search"))
-
     user_metric = metric.evaluate if isinstance(metric, Accuracy) else metric  # Accuracy(f) made anew: same f
     key = study_key(model, args, options.lows, user_metric, eval_batches, calibration) + (options.includes,)
-    study = store.get(key, model, user_metric) if store is not None else None
-    trials_before = study.trials.count if study is not None else 0
-    try:
+    with cluster_for(options.ray_address, options.workers) as cluster:  # closed however the call ends
+        # 2. sensitivity (phase 1): a cached study, or one measured now (and cached)
+        study = store.get(key, model, user_metric) if store is not None else None
+        trials_before = study.trials.count if study is not None else 0
         if study is None:
             study = build_study(model, args, options, eval_batches, calibration, progress, cluster)
             if store is not None:
                 store.put(key, model, user_metric, study)
-        elif cluster is not None:
-            cluster.attach(study.trials)
+        # 3. budget (phase 2): the cost model of several low types, then the choice
         costs = None
         if options.several:
             progress.update("timing each low type on this machine (once per process)")
             costs = latency.cost_model(options.backend, options.lows, device)
-        if cluster is not None:  # phase 2's points are also timed by the workers that measure them (pareto)
-            study.trials.time_on = eval_batches[0]
-        choice = choose(study, options, progress, costs)
-    finally:
-        if study is not None:
-            study.trials.time_on = None  # a cached study is reused by searches without a cluster
-        if cluster is not None:
-            cluster.close()  # the cached study forgets the cluster: the next call brings its own
+        with cluster.timing_on(study.trials, eval_batches[0]) if cluster is not None else contextlib.nullcontext():
+            choice = choose(study, options, progress, costs)
     if not choice.met:
         warnings.warn(
             f"mixprec.search: the model as written already has {options.metric.name} {study.baseline:.3g} on the eval "
@@ -177,10 +158,10 @@ def search(
             MixedPrecisionWarning,
             stacklevel=2,
         )
-    pareto = _pareto(study, choice, eval_batches[0], progress)
+    # 4. the result: the pareto points timed, the plan, every group's sensitivity
     result = SearchResult(
         plan=_plan(study, choice, options),
-        pareto=pareto,
+        pareto=_pareto(study, choice, eval_batches[0], progress),
         groups=_groups(study, choice),
         metric_name=options.metric.name,
         low_precision_type=options.lows if options.several else options.lows[0],
@@ -211,35 +192,12 @@ def _device(model, args) -> torch.device:
     return torch.device("cpu")
 
 
-def _cluster(address, workers):
-    if address is None:
-        if workers is not None:
-            raise ConfigError(
-                f"workers={workers!r} needs ray_address= ('local', 'auto' or 'ray://host:port'): without it the "
-                "trials run one after the other in this process."
-            )
-        return None
-    from .distributed import Cluster
-
-    return Cluster(address, workers)
-
-
 def _calibration_data(loader) -> list | Shards | None:
     """The calibration batches read into calls, or shards left to the Ray workers to read."""
     if loader is None:
         return None
     shards = as_shards(loader)
     return shards if shards is not None else batch_list(loader, "calibration_dataloader")
-
-
-def _store(cache) -> SearchCache | None:
-    if cache is None or cache is True:
-        return DEFAULT_CACHE
-    if cache is False:
-        return None
-    if isinstance(cache, SearchCache):
-        return cache
-    raise ConfigError(f"cache must be None (the shared cache), False or a mixprec SearchCache, got {type(cache).__name__}.")
 
 
 def _eval_data(options, loader, batches) -> str:
@@ -296,7 +254,7 @@ def _plan(study: Study, choice: Choice, options) -> PrecisionPlan:
         else:
             why = f"search: kept in float32 (sensitivity {_sensitivities(study, group.name)}): {kept}"
             decisions[group.name] = NodePrecision(torch.float32, None, "plan", why)
-    return PrecisionPlan(decisions)
+    return PrecisionPlan(decisions, policy=study.trials.policy)
 
 
 def _sensitivities(study: Study, name: str) -> str:

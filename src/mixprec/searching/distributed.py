@@ -46,7 +46,6 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import os
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -54,6 +53,7 @@ from collections.abc import Callable, Sequence
 from .. import cluster, errors
 from ..cluster import connect
 from ..errors import ConfigError, MixedPrecisionError
+from .worker import TrialWorker
 
 log = logging.getLogger("mixprec.search")
 
@@ -114,6 +114,19 @@ class Cluster:
             return room
         return self.requested
 
+    @contextlib.contextmanager
+    def timing_on(self, trials, batch):
+        """Phase 2 on this cluster: ``trials`` (a cached study's too) attached for the call, and the pareto points
+        it measures timed by the workers on ``batch``; on exit ``trials`` is as the call found it (no batch, and no
+        pool once :meth:`close` ran)."""
+        if trials.pool is None:
+            self.attach(trials)
+        trials.time_on = batch
+        try:
+            yield
+        finally:
+            trials.time_on = None
+
     def close(self) -> None:
         """Detach the trials, let the workers drop the program, shut down a cluster this call started."""
         if self._trials is not None:
@@ -124,6 +137,20 @@ class Cluster:
             _ACTORS.clear()
             self._ray.shutdown()
             self._started = False
+
+
+@contextlib.contextmanager
+def cluster_for(address, workers):
+    """The search call's cluster (None without ``ray_address``: trials run in this process), closed when the call
+    ends however it ends: the trials detached, the workers drop the program, a cluster the call started shut down."""
+    if address is None:
+        yield None
+        return
+    call = Cluster(address, workers)
+    try:
+        yield call
+    finally:
+        call.close()
 
 
 def describe(info, lowered) -> str:
@@ -139,77 +166,6 @@ def describe(info, lowered) -> str:
 
 def import_ray(why: str):
     return cluster.import_ray(f"mixprec.search with {why}", "leave ray_address out to search in this process")
-
-
-class TrialWorker:
-    """One Ray actor: a search's program and eval data, loaded once per search; trials rebuilt and measured here.
-
-    Each task names the search's payload by its object reference (inside a list, so Ray passes the reference,
-    not the bytes); the worker loads it on its first task of that search, :meth:`forget` frees it.
-    """
-
-    def __init__(self, threads: int):
-        import torch
-
-        torch.set_num_threads(threads)  # the driver's: reductions split as in one process (module docstring)
-        self.loaded = None  # the payload's object id
-        self.trials = None
-
-    def pid(self) -> int:
-        return os.getpid()
-
-    def threads(self) -> int:
-        import torch
-
-        return torch.get_num_threads()
-
-    def forget(self) -> None:
-        self.loaded = self.trials = None
-
-    def load(self, payload: bytes) -> None:
-        import pickle
-
-        import torch
-
-        from ..ir.frontend import CapturedModel
-        from .trials import Trials
-
-        data = pickle.loads(payload)
-        program = torch.export.load(io.BytesIO(data["program"]))
-        captured = CapturedModel(program, data["args"], data["kwargs"])
-        names = tuple(captured.info)
-        if names != data["nodes"]:
-            raise errors.InvariantError(
-                f"a Ray worker rebuilt the captured program with {len(names)} nodes, the driver has "
-                f"{len(data['nodes'])} (or other names): plans would name other layers. A mixprec bug; please report."
-            )
-        self.trials = Trials(captured, data["lows"], data["metric"], data["ranges"], values=data["values"])
-
-    def measure(self, box: list, lowered: tuple, time_on=None) -> tuple:
-        """("ok", value, failure, seconds) or ("raised", type, message, mixprec type): the driver raises it, naming
-        the group. ``time_on``: a batch to time the trial's program on once measured (``latency.measure``, no
-        warm-up: the metric's runs were it), for the pareto points of phase 2; seconds is None otherwise."""
-        try:
-            (ref,) = box
-            if self.loaded != ref.hex():
-                import ray
-
-                self.forget()
-                self.load(ray.get(ref))
-                self.loaded = ref.hex()
-            timer = None
-            if time_on is not None:
-                from .latency import measure
-
-                timer = lambda program: measure({0: lambda: program}, time_on, warmup=0)[0]  # noqa: E731
-            outcome = self.trials.measure(lowered, timer=timer)
-        except Exception as e:  # the user's metric, unpickling, anything else: reported, never dropped
-            return ("raised", type(e).__name__, str(e), _mixprec_type(e))
-        return ("ok", outcome.value, outcome.failure, outcome.seconds)
-
-
-def _mixprec_type(error: Exception) -> str | None:
-    return type(error).__name__ if isinstance(error, MixedPrecisionError) else None
 
 
 _ACTORS: dict = {}  # (the driver node's id: one per cluster, threads) -> the TrialWorker actors started there

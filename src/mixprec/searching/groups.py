@@ -23,7 +23,7 @@ judge the float low type, and int8 with calibrated ranges is no remedy for inf/N
 int8 is offered only to groups that carry FLOPs (matmul, convolution, attention): only there does an int8
 kernel replace float arithmetic; an int8 norm, add or activation runs in float between a quantize and a
 dequantize (``rewrite/quantize.py``), which adds error and time and saves nothing. Its boundary is the
-configurator's for a module of one layer (:func:`int8_boundary`); for a matmul between activations and for
+configurator's for a module of one layer (:func:`int8_requests`, the int8 planner both ask); for a matmul between activations and for
 attention that is its operands (``plan/int8_operands.py``: SDPA's query and key, never its mask), and a layer whose
 operands int8 leaves float (an attention's output matmul) is not offered int8.
 """
@@ -35,9 +35,10 @@ import dataclasses
 import torch
 
 from ..ir.graph_info import GraphInfo
-from ..ir.work_program import STORED_KINDS
 from ..plan import int8_operands
 from ..plan.precision_plan import PrecisionPlan
+from ..plan.quant_requests import QuantRequests, quant_requests
+from ..plan.quantization import DEFAULT_POLICY
 from ..plan.sources.autocast_rules import lowerable
 
 
@@ -99,48 +100,30 @@ def low_flops_fraction(info: GraphInfo, plan: PrecisionPlan, dtype: torch.dtype 
     return low / total if total else 0.0
 
 
-def int8_boundary(captured, name: str) -> tuple[tuple[str, ...], str]:
-    """(float inputs quantized on their way in, the value quantized on its way out) of layer ``name`` in int8:
-    the configurator's boundary of a module that holds this one layer — every floating input that is not a
-    stored tensor (parameters are quantized per channel from themselves), and its output."""
-    stored = _stored(captured)
-    graph_node = _node(captured, name)
-    if int8_operands.is_operand_op(graph_node):  # matmul-class and attention layers: their operands only
-        return tuple(v.name for v in int8_operands.operands(graph_node, stored)), name
-    node = captured.info[name]
-    inputs = tuple(
-        inp for inp, dtype in node.input_dtypes.items()
-        if dtype is not None and dtype.is_floating_point and inp not in stored and inp != name
-    )
-    return inputs, name
+# the search's int8 is the configurator's with the default policy, without activation smoothing: the search ranges
+# no channels (a smoothed input's divisors depend on every Linear reading it, a group holds one)
+SEARCH_POLICY = dataclasses.replace(DEFAULT_POLICY, smoothing_alpha=None)
+
+
+def int8_requests(captured, names) -> QuantRequests:
+    """What int8 quantizes for each of the layers ``names``, each the one layer of its module (the int8 planner,
+    ``plan/quant_requests.py``, as the configurator asks it): every floating input that is not a stored tensor
+    (parameters are quantized per channel from themselves); for matmul-class and attention layers their operands."""
+    return quant_requests(captured, [{name} for name in names], SEARCH_POLICY)
 
 
 def without_int8_operands(captured) -> frozenset[str]:
     """Matmul-class and attention layers whose operands int8 leaves float (an attention's output matmul without
-    ``int8_operands.QUANTIZE_PROBABILITIES``): int8 would only relabel them, so the search does not offer it."""
-    stored = _stored(captured)
-    return frozenset(
-        node.name for node in captured.base.graph.nodes
-        if int8_operands.is_operand_op(node) and not int8_operands.operands(node, stored)
-    )
+    ``QuantPolicy.quantize_probabilities``): int8 would only relabel them, so the search does not offer it."""
+    return int8_requests(captured, [n.name for n in captured.base.graph.nodes if n.name in captured.info
+                                    and int8_operands.is_operand_op(n)]).operandless
 
 
-def _stored(captured) -> frozenset[str]:
-    return frozenset(s.arg.name for s in captured.base.input_specs if s.kind in STORED_KINDS and hasattr(s.arg, "name"))
-
-
-def _node(captured, name: str) -> torch.fx.Node:
-    return next(n for n in captured.base.graph.nodes if n.name == name)
-
-
-def int8_values(captured) -> set[str]:
+def int8_values(captured) -> frozenset[str]:
     """Every value an int8 trial could quantize — the boundaries of every fp32 layer that carries FLOPs and that
     autocast could lower (a superset of the int8 groups, which the safety rules pick from the same calibration):
     what the search's one calibration ranges."""
-    out: set[str] = set()
-    for name, node in captured.info.items():
-        if node.kind == "compute" and node.flops > 0 and node.precision == torch.float32 and lowerable(node):
-            inputs, output = int8_boundary(captured, name)
-            out.update(inputs)
-            out.add(output)
-    return out
+    return int8_requests(captured, [
+        name for name, node in captured.info.items()
+        if node.kind == "compute" and node.flops > 0 and node.precision == torch.float32 and lowerable(node)
+    ]).values

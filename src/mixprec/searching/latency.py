@@ -23,7 +23,7 @@ never pays accuracy for a slowdown; and no gain unless the type is at least ``MI
 fp32 in the class (a type within that noise is not faster, and accuracy is not spent on it). On this shared
 2-core AVX2 machine, where OpenVINO runs bf16 in f32 and int8 as float fake quantization, independent minima
 of 5-7 rounds of one call gave OpenVINO's bf16 0.22x to 1.85x fp32 from run to run (and a search once took
-bf16 for a noise-made 1.6x: bench/RESULTS.md, issue 22 search); paired samples of 50 ms, 6 runs per class
+bf16 for a noise-made 1.6x: bench/log/2026-11.md, issue 22 search); paired samples of 50 ms, 6 runs per class
 under a concurrent 2-thread bench, 0.79x to 1.32x. The gains that matter are larger (issue 22's table, an
 avx512_bf16 + VNNI EPYC: OpenVINO's bf16 3.1-4.3x and NNCF's int8 6.1-7.8x fp32 eager).
 
@@ -119,9 +119,10 @@ def measure_costs(backend: str, kind: str, dtypes, device: torch.device) -> dict
     from ..backends import get_backend
     from ..backends.options import BackendOptions
     from ..calibrate import entry as calibration_entry
-    from ..ir.frontend import CapturedModel
+    from ..ir.captured import CapturedModel
+    from ..plan.quantization import calibration_grids
     from ..rewrite.pipeline import realise
-    from .groups import int8_values
+    from .groups import SEARCH_POLICY, int8_values
     from .trials import Trials
 
     model, args = _stack(kind, device)
@@ -129,7 +130,9 @@ def measure_costs(backend: str, kind: str, dtypes, device: torch.device) -> dict
     layers = [n for n, node in captured.info.items() if node.kind == "compute" and node.flops > 0]
     flops = sum(captured.info[n].flops for n in layers)
     values = int8_values(captured) if torch.int8 in dtypes else set()
-    ranges = calibration_entry.run(captured, None, statistics=False, int8_values=values).int8_ranges if values else {}
+    grids = calibration_grids(captured, values, SEARCH_POLICY)
+    ranges = calibration_entry.run(captured, None, statistics=False, int8_values=values, grids=grids,
+                                   estimator=SEARCH_POLICY.estimator).int8_ranges if values else {}
     trials = Trials(captured, tuple(d for d in dtypes if d != torch.float32) or (torch.float32,), None,
                     values=ranges)
 
@@ -171,7 +174,7 @@ def per_call_seconds(times: Mapping[torch.dtype, list]) -> dict:
     time x the *upper quartile* of the type's per-round ratio to fp32 — the time the type takes in all but its
     worst quarter of rounds. The median let noise pass for a gain: on this shared 2-core machine a conv stack whose
     ratios spread 0.52-1.40 once had a median just past ``MIN_SPEEDUP`` and a search put four ResNet-50
-    convolutions in int8 for it (bench/RESULTS.md, issue 22 search); a real gain (an int8 or bf16 kernel: several
+    convolutions in int8 for it (bench/log/2026-11.md, issue 22 search); a real gain (an int8 or bf16 kernel: several
     x) is faster in nearly every round and passes the quartile as well."""
     fp32 = times[torch.float32]
     out = {}

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 
 import torch
 
 from ..dtypes import LOW_PRECISION_FLOATS, default_low_precision, dtype_name, parse_dtype
-from ..errors import ConfigError
+from ..errors import ConfigError, MixedPrecisionWarning
 from ..settings import op_names, patterns
+from .cache import DEFAULT_CACHE, SearchCache
 from .metrics import Accuracy, make_metric
 
 # rel-L2 error of the outputs against fp32: bf16 rounds to 2^-9 relative (3.9e-3 half-ULP), so 1e-2
@@ -45,6 +47,9 @@ class SearchOptions:
     metric: object  # a metrics.Metric
     includes: tuple = ()  # (("included_nodes", patterns), ("included_ops", ops)) when given: RuleOptions fields
     backend: str | None = None  # the backend the latency model times (None: the trials' own eager programs)
+    store: object = dataclasses.field(default=None, compare=False)  # the SearchCache (None: no cache)
+    ray_address: str | None = None  # where trials run (None: this process; distributed.py)
+    workers: int | None = None  # trials at once on the cluster (None: its CPUs)
 
     @property
     def low(self) -> torch.dtype:
@@ -60,9 +65,15 @@ class SearchOptions:
     @classmethod
     def from_arguments(
         cls, *, device, low_precision_type, tolerance, metric, keep_fp32_fraction, eval_dataloader,
-        included_nodes=(), included_ops=(), backend=None,
+        included_nodes=(), included_ops=(), backend=None, cache=None, ray_address=None, workers=None,
     ) -> "SearchOptions":
+        """Every argument of ``mixprec.search`` that needs no data, validated (ConfigError) or warned about."""
         lows = low_types(low_precision_type) if low_precision_type is not None else (default_low_precision(device),)
+        if ray_address is None and workers is not None:
+            raise ConfigError(
+                f"workers={workers!r} needs ray_address= ('local', 'auto' or 'ray://host:port'): without it the "
+                "trials run one after the other in this process."
+            )
         if backend is not None:
             from ..backends.options import BackendOptions
 
@@ -93,7 +104,17 @@ class SearchOptions:
                 "mixprec.Accuracy evaluates the program on your own data, so eval_dataloader is not used; drop it "
                 "(or use metric=callable(outputs, reference) to compare outputs on eval_dataloader)."
             )
-        return cls(lows, tolerance, keep_fp32_fraction, measure, _includes(included_nodes, included_ops), backend)
+        store, includes = _store(cache), _includes(included_nodes, included_ops)
+        if torch.float16 in lows and device.type == "cpu":
+            warnings.warn(
+                "mixprec.search with low_precision_type=float16 on a CPU: every trial runs PyTorch's CPU float16 "
+                "kernels, which are emulated for most ops and several times slower than float32. The numerics are "
+                "fp16's (useful to plan a GPU deployment); for speed on a CPU search with bfloat16 (the default "
+                "there).",
+                MixedPrecisionWarning,
+                stacklevel=3,
+            )
+        return cls(lows, tolerance, keep_fp32_fraction, measure, includes, backend, store, ray_address, workers)
 
 
 def low_types(value) -> tuple:
@@ -113,6 +134,17 @@ def low_types(value) -> tuple:
             f"here; keep one of them (with int8 if wanted), got {sorted(dtype_name(d) for d in chosen)}."
         )
     return tuple(d for d in ORDER if d in chosen)
+
+
+def _store(cache):
+    """The SearchCache a ``cache=`` argument names: None (the process-wide one), False (none) or a SearchCache."""
+    if cache is None or cache is True:
+        return DEFAULT_CACHE
+    if cache is False:
+        return None
+    if isinstance(cache, SearchCache):
+        return cache
+    raise ConfigError(f"cache must be None (the shared cache), False or a mixprec SearchCache, got {type(cache).__name__}.")
 
 
 def _includes(nodes, ops) -> tuple:

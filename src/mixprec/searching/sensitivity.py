@@ -26,13 +26,14 @@ from ..calibrate import entry as calibration_entry
 from ..calibrate.shards import Shards
 from ..dtypes import dtype_name
 from ..errors import CalibrationError, MixedPrecisionWarning
-from ..ir.frontend import CapturedModel
+from ..ir.captured import CapturedModel
 from ..ir.graph_info import GraphInfo
 from ..plan import autocast, planner
 from ..plan.options import PlanningOptions, RuleOptions
 from ..plan.rules.ranges import IOBound
 from ..progress import Progress
-from .groups import LayerGroup, find_groups, int8_values, without_int8_operands
+from ..plan.quantization import calibration_grids
+from .groups import SEARCH_POLICY, LayerGroup, find_groups, int8_values, without_int8_operands
 from .metrics import run_batch
 from .shapes import BatchSizes
 from .trials import ProgramFailed, Trials
@@ -83,10 +84,13 @@ def build_study(
         cluster.ray()  # calibration over shards runs on the search's cluster (else on a local one of its own)
     # the int8 layers' boundaries are ranged in the same run (the plan carries these ranges to compile)
     values = int8_values(captured) if torch.int8 in options.lows else set()
-    calibrated = calibration_entry.run(captured, calibration_data, other_shapes=sizes.other, int8_values=values)
+    policy = SEARCH_POLICY  # the search quantizes int8 layers as the configurator's defaults do, unsmoothed
+    calibrated = calibration_entry.run(captured, calibration_data, other_shapes=sizes.other, int8_values=values,
+                                       estimator=policy.estimator, grids=calibration_grids(captured, values, policy))
     ranges = calibrated.int8_ranges
     if calibration_batches is None:  # compile calibrates int8 regions on the example inputs: so does the search
-        ranges = calibration_entry.run(captured, None, statistics=False).int8_ranges
+        ranges = calibration_entry.run(captured, None, statistics=False, estimator=policy.estimator,
+                                       grids=calibration_grids(captured, (), policy)).int8_ranges
     boundary = {name: r for name, r in calibrated.int8_ranges.items() if name in values}
     trials = Trials(captured, options.lows, options.metric, ranges, sizes, boundary)
     if cluster is not None:  # a distributed.Cluster: trials from here on run on its workers

@@ -32,7 +32,7 @@ import torch
 from ..calibrate.batch_graphs import CalibrationGraph, OtherShapes
 from ..calibrate.batches import Call, arrange, fit
 from ..errors import CalibrationError
-from ..ir.frontend import CapturedModel
+from ..ir.captured import CapturedModel
 from ..plan import planner
 from ..plan.options import PlanningOptions
 from ..plan.precision_plan import PrecisionPlan
@@ -92,7 +92,8 @@ def carried_plan(graph: CalibrationGraph, requests: PrecisionPlan, int8_ranges: 
             f"the model's graph at these batch sizes has no counterpart of layer(s) {', '.join(missing[:3])}, so the "
             "search cannot measure its plan on them; give eval batches of the example inputs' sizes."
         )
-    carried = PrecisionPlan({own[name]: _renamed(requests[name], own) for name in requests})
+    carried = PrecisionPlan({own[name]: _renamed(requests[name], own) for name in requests},
+                            policy=requests.policy)
     ranges = {own[name]: r for name, r in (int8_ranges or {}).items() if name in own}
     return planner.build_plan(graph.captured.info, PlanningOptions(plan=carried), int8_ranges=ranges)
 
@@ -110,7 +111,10 @@ def _renamed(decision, own: Mapping[str, str]):
             "inputs' sizes."
         )
     inputs = tuple((own[name], r) for name, r in spec.inputs)
-    return dataclasses.replace(decision, int8=dataclasses.replace(spec, inputs=inputs))
+    grids = tuple((own[name], g) for name, g in spec.grids)
+    smoothing = tuple((own[name], s) for name, s in spec.smoothing)
+    return dataclasses.replace(decision, int8=dataclasses.replace(spec, inputs=inputs, grids=grids,
+                                                                  smoothing=smoothing))
 
 
 class _Sized(torch.nn.Module):

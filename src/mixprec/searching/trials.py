@@ -15,7 +15,7 @@ is captured, normalised and analysed once and each trial only
 A trial is an *assignment*: a set of (layer, low type) pairs, every other candidate layer in fp32 (a bare layer
 name stands for the search's one low type). An int8 layer is what the configurator makes of an int8 module
 of one layer: int8 weights per output channel, its float inputs and its output quantized with the ranges the
-search's one calibration gave (``int8_ranges``, keyed by value name: ``groups.int8_boundary``).
+search's one calibration gave (``int8_ranges``, keyed by value name: ``groups.int8_requests``).
 
 Results are memoised by the assignment, so phase 2 reuses phase 1's single-group
 trials and a second search reuses all of them. A program that fails in low precision (a kernel
@@ -30,14 +30,14 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
-from .. import configurator
 from ..dtypes import dtype_name
-from ..ir.frontend import CapturedModel
+from ..ir.captured import CapturedModel
 from ..plan import planner
 from ..plan.options import PlanningOptions
-from ..plan.precision_plan import Int8Spec, NodePrecision, PrecisionPlan
+from ..plan.precision_plan import NodePrecision, PrecisionPlan
+from ..plan.quant_requests import QuantRequests
 from ..rewrite.pipeline import realise, reference
-from .groups import int8_boundary
+from .groups import SEARCH_POLICY, int8_requests
 from .shapes import carried_plan
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,8 @@ class Trials:
         values: Mapping | None = None,
     ):
         self.captured = captured
+        self.policy = SEARCH_POLICY  # how int8 layers are quantized (plan/quantization.py)
+        self._int8: dict[str, QuantRequests] = {}  # layer -> what its int8 quantizes (groups.int8_requests)
         self.sizes = sizes  # shapes.BatchSizes: batches of other sizes run the same plan on captures for them
         self.info = captured.info
         self.lows = tuple(low) if isinstance(low, (tuple, list)) else (low,)
@@ -105,17 +107,17 @@ class Trials:
             {
                 name: self.decision(name, dtype, reasons.get(name, f"search: lowered to {dtype_name(dtype)}"))
                 for name, dtype in sorted(self.assignment(lowered), key=lambda pair: pair[0])
-            }
+            },
+            policy=self.policy,
         )
 
     def decision(self, name: str, dtype: torch.dtype, reason: str) -> NodePrecision:
         """The plan request for one lowered layer (an int8 one with its boundary's calibrated ranges)."""
         if dtype != torch.int8:
             return NodePrecision(dtype, None, "plan", reason)
-        inputs, output = int8_boundary(self.captured, name)
-        # the output quantized on its way out only as the configurator does it (configurator.QUANTIZE_EXITS)
-        exit_range = self.values[output] if configurator.QUANTIZE_EXITS else None
-        spec = Int8Spec(tuple((value, self.values[value]) for value in inputs), exit_range)
+        if name not in self._int8:
+            self._int8[name] = int8_requests(self.captured, [name])
+        spec = self._int8[name].specs(self.values)[name]
         return NodePrecision(torch.int8, None, "plan", reason, None, spec)
 
     def plan(self, lowered: Iterable) -> PrecisionPlan:

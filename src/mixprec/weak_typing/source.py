@@ -60,7 +60,7 @@ def decide(
     """Decisions for the free layers: the cost model's minimum, with the measured numbers as reasons.
 
     ``uniform``: every free layer in this dtype where it can run (the whole-program check's
-    alternative, check.py); ``note`` is appended to every reason."""
+    alternative, choose.py); ``note`` is appended to every reason."""
     model = _model(info, decided, timings, options)
     if uniform is None:
         assign = model.minimise()

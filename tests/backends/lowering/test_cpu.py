@@ -62,15 +62,12 @@ def test_the_onednn_lowering_asks_it_for_its_grid_and_obeys(monkeypatch, caplog,
 
     import mixprec
     from mixprec.ops.quant import UINT8
-    from mixprec.rewrite import quantize as rewrite_quantize
-
-    monkeypatch.setattr(rewrite_quantize, "UNSIGNED_ACTIVATIONS", unsigned)
 
     model = ReluNet(32, layers=2).eval()
     x = torch.randn(4, 32)
     configurator = mixprec.MixedPrecisionConfigurator(model)
     configurator.set_precision(torch.nn.Linear, activation="int8")
-    plan = configurator.apply((x,))
+    plan = configurator.apply((x,), policy=mixprec.QuantPolicy(unsigned_activations=unsigned))
     asked = []
     monkeypatch.setattr(cpu, "int8_kernel_exact", lambda grid, weights=INT8_SYMMETRIC: asked.append(grid) or False)
     with caplog.at_level(logging.INFO, logger="mixprec.backends.lowering.qdq"):

@@ -19,7 +19,7 @@ from mixprec.ops.quant import UINT8_7BIT, quantize, quantize_weight
 
 pytestmark = pytest.mark.skipif(not onednn.is_available(), reason="torch without oneDNN int8 kernels")
 
-KERNEL = torch.ops.mixprec_kernels.int8_linear_u7.default
+KERNEL = torch.ops.mixprec_kernels.linear_u8s8.default
 EPS32 = 2.0**-24
 
 

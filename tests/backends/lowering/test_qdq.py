@@ -27,55 +27,32 @@ from mixprec.backends.lowering import cpu, onednn, qdq, run_passes
 from mixprec.errors import InvariantError
 from mixprec.ir.passes import GraphPass, PassResult
 from mixprec.ops.quant import quantize_weight
-from mixprec.rewrite import quantize as rewrite_quantize
+from mixprec.plan.quantization import QuantPolicy
 
 needs_onednn = pytest.mark.skipif(not onednn.is_available(), reason="torch without oneDNN int8 kernels")
 
-KERNEL = torch.ops.mixprec_kernels.int8_linear_u7.default
+KERNEL = torch.ops.mixprec_kernels.linear_u8s8.default
 MIXPREC_QDQ = ("mixprec.quantize_per_tensor", "mixprec.dequantize_per_tensor", "mixprec.dequantize_per_channel")
 
 
-def int8_plan(model, x, **kwargs):
+def int8_plan(model, x, policy=None, **kwargs):
     cfg = mixprec.MixedPrecisionConfigurator(model)
     cfg.set_precision(torch.nn.Linear, activation="int8", **kwargs)
-    return cfg.apply((x,))
+    return cfg.apply((x,), policy=policy)
 
 
 def lowered_count(module) -> int:
     return sum(1 for n in module.graph.nodes if n.target is KERNEL)
 
 
-@pytest.fixture
-def minmax_ranges(monkeypatch):
-    """Calibrated ranges are the values' min/max (the test's scale 1/16 is built from the input's absmax)."""
-    from mixprec.calibrate import int8_ranges
-
-    monkeypatch.setattr(int8_ranges, "DEFAULT_ESTIMATOR", "minmax")
-
-
-@pytest.fixture
-def symmetric_activations(monkeypatch):
-    """Every activation on the symmetric grid (the rewrite's choice before unsigned activations): the 7-bit path."""
-    monkeypatch.setattr(rewrite_quantize, "UNSIGNED_ACTIVATIONS", False)
-
-
-@pytest.fixture
-def no_smoothing(monkeypatch):
-    """No activation-outlier smoothing on signed Linear inputs: the layer's weights are the model's, on the grid."""
-    from mixprec import configurator
-
-    monkeypatch.setattr(configurator, "SMOOTHING_ALPHA", None)
-
-
-@pytest.fixture
-def quantized_exits(monkeypatch):
-    """int8 Linears' outputs quantized on their way out too (the configurator before round two): the lowering of
-    a layer whose output goes back onto the int8 grid."""
-    from mixprec import configurator
-
-    monkeypatch.setattr(configurator, "QUANTIZE_EXITS", True)
-
-
+# the policies of the tests below (plan/quantization.QuantPolicy): signed activations everywhere (the rewrite's
+# grid before unsigned activations: the 7-bit path), min/max ranges (the tests' scales are built from absmax), no
+# smoothing (the layer's weights are the model's, on the grid), exits quantized (a layer whose output goes back onto
+# the int8 grid: the configurator before round two)
+SIGNED = QuantPolicy(unsigned_activations=False)
+SIGNED_EXITS = QuantPolicy(unsigned_activations=False, quantize_exits=True)
+SIGNED_MINMAX_EXITS = QuantPolicy(unsigned_activations=False, estimator="minmax", quantize_exits=True)
+SIGNED_MINMAX_UNSMOOTHED = QuantPolicy(unsigned_activations=False, estimator="minmax", smoothing_alpha=None)
 # ---- the spellings ------------------------------------------------------------------------------------------
 SCALE = 0.0148547765776867
 
@@ -191,13 +168,12 @@ def _exact_model(width=256):
 
 @needs_onednn
 @pytest.mark.parametrize("backend", ["eager", "inductor"])
-@pytest.mark.usefixtures("symmetric_activations", "minmax_ranges", "quantized_exits")
 def test_lowered_layer_keeps_the_grid_round_half_even_and_the_clamp(backend):
     width = 256
     model = _exact_model(width)
     calib = torch.rand(8, width) * 7
     calib[0, 0] = 127 / 16  # the input's absmax: scale exactly 1/16
-    prog = mixprec.compile(model, (calib,), plan=int8_plan(model, calib), backend=backend)
+    prog = mixprec.compile(model, (calib,), plan=int8_plan(model, calib, policy=SIGNED_MINMAX_EXITS), backend=backend)
     module = prog.runner.module if backend == "inductor" else prog.runner
     assert lowered_count(module) == 1
     # halfway between grid points (k + 0.5) / 16, where round-half-even and round-half-away disagree,
@@ -228,12 +204,11 @@ def test_lowered_layer_keeps_the_grid_round_half_even_and_the_clamp(backend):
 
 @needs_onednn
 @pytest.mark.parametrize("backend", ["eager", "inductor"])
-@pytest.mark.usefixtures("symmetric_activations", "quantized_exits")
 def test_lowered_program_agrees_with_fake_quantization_within_fp32_rounding(backend):
     torch.manual_seed(1)
     model = ReluNet(256, layers=3).eval()
     x = torch.randn(16, 256)
-    prog = mixprec.compile(model, (x,), plan=int8_plan(model, x), backend=backend)
+    prog = mixprec.compile(model, (x,), plan=int8_plan(model, x, policy=SIGNED_EXITS), backend=backend)
     module = prog.runner.module if backend == "inductor" else prog.runner
     assert lowered_count(module) == 3
     x2 = torch.randn(16, 256) * 1.5  # call-time data beyond the calibrated range: clamped alike
@@ -249,14 +224,13 @@ def test_lowered_program_agrees_with_fake_quantization_within_fp32_rounding(back
 
 @needs_onednn
 @pytest.mark.parametrize("kind", ["vnni", "avx2"])
-@pytest.mark.usefixtures("symmetric_activations")
 def test_both_kinds_of_cpu_lower_the_same_7bit_layers(monkeypatch, kind):
     """The 7-bit grid is exact on every CPU's kernel (cpu.py): with or without VNNI the layers whose inputs are never
     negative run on it, with the same values (signed inputs: test_signed_inputs_run_on_the_kernel_only_with_vnni)."""
     torch.manual_seed(1)
     model = ReluNet(64, layers=3, relu_in=True).eval()
     x = torch.randn(8, 64)
-    plan = int8_plan(model, x)
+    plan = int8_plan(model, x, policy=SIGNED)
     before = mixprec.compile(model, (x,), plan=plan)
     monkeypatch.setattr(cpu, "has_int8_dot_product", lambda: kind == "vnni")
     prog = mixprec.compile(model, (x,), plan=plan)
@@ -340,7 +314,6 @@ def _signed_exact_model(width, *, w_max=60, layers=1, relu=False):
 
 @needs_onednn
 @pytest.mark.parametrize("backend", ["eager", "inductor"])
-@pytest.mark.usefixtures("symmetric_activations", "minmax_ranges", "no_smoothing")
 def test_a_signed_layer_on_the_kernel_is_the_fake_quantization_bit_for_bit(monkeypatch, backend):
     """Power-of-two scales (x: 1/16, weights: 2^-7) and |sums| < 2^24 grid units: every value is exact in float32,
     so the kernel's int32 sum and the fake quantization's float32 GEMM must give the same bits — a wrong zero point
@@ -350,7 +323,7 @@ def test_a_signed_layer_on_the_kernel_is_the_fake_quantization_bit_for_bit(monke
     model = _signed_exact_model(width)
     calib = torch.randn(8, width)
     calib[0, 0] = 127 / 16  # the input's absmax: scale exactly 1/16
-    plan = int8_plan(model, calib)
+    plan = int8_plan(model, calib, policy=SIGNED_MINMAX_UNSMOOTHED)
     monkeypatch.setattr(cpu, "has_int8_dot_product", lambda: True)
     prog = mixprec.compile(model, (calib,), plan=plan, backend=backend)
     module = prog.runner.module if backend == "inductor" else prog.runner
@@ -372,7 +345,6 @@ def test_a_signed_layer_on_the_kernel_is_the_fake_quantization_bit_for_bit(monke
 
 @needs_onednn
 @pytest.mark.parametrize("backend", ["eager", "inductor"])
-@pytest.mark.usefixtures("symmetric_activations", "minmax_ranges", "no_smoothing")
 def test_a_signed_layer_on_the_kernel_agrees_with_fake_quantization_within_fp32_rounding(monkeypatch, backend):
     """Scales that are not powers of two: the kernel's result is the exact integer sum scaled in float32 (a few
     float32 roundings of the exact value), the fake quantization's a float32 K-term sum (K roundings). Both bounds
@@ -383,7 +355,7 @@ def test_a_signed_layer_on_the_kernel_agrees_with_fake_quantization_within_fp32_
         model.fcs[0].weight.mul_(torch.rand(width, 1) * 3 + 0.1)  # per-channel scales 2^-7 * (0.1 .. 3.1)
         model.fcs[0].bias.copy_(torch.randn(width) * 0.1)
     calib = torch.randn(16, width)
-    plan = int8_plan(model, calib)
+    plan = int8_plan(model, calib, policy=SIGNED_MINMAX_UNSMOOTHED)
     monkeypatch.setattr(cpu, "has_int8_dot_product", lambda: True)
     prog = mixprec.compile(model, (calib,), plan=plan, backend=backend)
     quantize = torch.ops.mixprec.quantize_per_tensor.default
@@ -406,12 +378,11 @@ def test_a_signed_layer_on_the_kernel_agrees_with_fake_quantization_within_fp32_
 
 
 @needs_onednn
-@pytest.mark.usefixtures("symmetric_activations")
 def test_first_layer_of_a_relu_net_reads_the_signed_input_and_stays_without_vnni(monkeypatch):
     monkeypatch.setattr(cpu, "has_int8_dot_product", lambda: False)
     model = ReluNet(64, layers=3, relu_in=False).eval()
     x = torch.randn(4, 64)
-    prog = mixprec.compile(model, (x,), plan=int8_plan(model, x), backend="eager")
+    prog = mixprec.compile(model, (x,), plan=int8_plan(model, x, policy=SIGNED), backend="eager")
     lowered = [n.name for n in prog.runner.graph.nodes if n.target is KERNEL]
     assert lowered == ["linear_1_int8", "linear_2_int8"]
 
@@ -449,11 +420,10 @@ def test_nothing_is_lowered_where_the_kernels_are_missing(monkeypatch):
 
 
 @needs_onednn
-@pytest.mark.usefixtures("symmetric_activations")
 def test_packing_is_not_saved_and_happens_again_on_load(tmp_path):
     model = ReluNet(64, layers=2).eval()
     x = torch.randn(4, 64)
-    prog = mixprec.compile(model, (x,), plan=int8_plan(model, x), backend="eager")
+    prog = mixprec.compile(model, (x,), plan=int8_plan(model, x, policy=SIGNED), backend="eager")
     assert lowered_count(prog.runner) == 2
     assert not any(n.target is KERNEL for n in prog.exported_program.graph.nodes)  # the program is today's
     path = tmp_path / "prog.pt2"
@@ -473,12 +443,12 @@ def test_lowering_a_module_without_int8_layers_changes_nothing():
 
 
 # ---- the oneDNN table: an int8 layer read by bf16 layers (issue 22) -------------------------------------------
-def mixed_plan(model, x):
+def mixed_plan(model, x, policy=None):
     """int8 on the Linears, bf16 everywhere else: every int8 Linear's output is read through a cast to bf16."""
     cfg = mixprec.MixedPrecisionConfigurator(model)
     cfg.set_precision(model, activation="bf16")
     cfg.set_precision(torch.nn.Linear, activation="int8")
-    return cfg.apply((x,))
+    return cfg.apply((x,), policy=policy)
 
 
 def casts_to_bf16(graph) -> list[str]:
@@ -490,7 +460,6 @@ def casts_to_bf16(graph) -> list[str]:
 @needs_onednn
 @pytest.mark.parametrize("backend", ["eager", "inductor"])
 @pytest.mark.parametrize("bf16_cpu", [True, False], ids=["native-bf16", "no-bf16"])
-@pytest.mark.usefixtures("symmetric_activations")
 def test_an_int8_layer_read_in_bf16_writes_bf16_where_the_cpu_converts_natively(monkeypatch, backend, bf16_cpu):
     """Where the CPU has native bf16 the kernel writes bf16 and the float32 round trip (kernel -> f32 tensor ->
     cast) is gone from the graph the compiler gets; elsewhere (oneDNN's bf16 output is a reference kernel there)
@@ -500,7 +469,7 @@ def test_an_int8_layer_read_in_bf16_writes_bf16_where_the_cpu_converts_natively(
     torch.manual_seed(1)
     model = ReluNet(64, layers=3, relu_in=False).eval()
     x = torch.randn(16, 64)
-    plan = mixed_plan(model, x)
+    plan = mixed_plan(model, x, policy=SIGNED)
     monkeypatch.setattr(cpu, "has_native_bf16", lambda: bf16_cpu)
     monkeypatch.setattr(cpu, "has_int8_dot_product", lambda: False)  # the signed first layer: below, with VNNI
     prog = mixprec.compile(model, (x,), plan=plan, backend=backend)
@@ -527,7 +496,6 @@ def test_an_int8_layer_read_in_bf16_writes_bf16_where_the_cpu_converts_natively(
 @needs_onednn
 @pytest.mark.parametrize("backend", ["eager", "inductor"])
 @pytest.mark.parametrize("bf16_cpu", [True, False], ids=["native-bf16", "no-bf16"])
-@pytest.mark.usefixtures("symmetric_activations", "minmax_ranges", "no_smoothing")
 def test_a_signed_layer_read_in_bf16_writes_bf16_with_its_zero_point(monkeypatch, backend, bf16_cpu):
     """The two paths compose: on a VNNI CPU the signed first layer runs on the kernel (zero point 128) and, where
     the CPU has native bf16, writes bf16 with its cast gone like the 7-bit layers after it. The first layer's
@@ -536,7 +504,7 @@ def test_a_signed_layer_read_in_bf16_writes_bf16_with_its_zero_point(monkeypatch
     model = _signed_exact_model(64, layers=3, relu=True)
     x = torch.randn(16, 64)
     x[0, 0] = 5.0  # the calibrated absmax: scale 5 / 127
-    plan = mixed_plan(model, x)
+    plan = mixed_plan(model, x, policy=SIGNED_MINMAX_UNSMOOTHED)
     monkeypatch.setattr(cpu, "has_native_bf16", lambda: bf16_cpu)
     monkeypatch.setattr(cpu, "has_int8_dot_product", lambda: True)
     prog = mixprec.compile(model, (x,), plan=plan, backend=backend)
@@ -557,7 +525,6 @@ def test_a_signed_layer_read_in_bf16_writes_bf16_with_its_zero_point(monkeypatch
 
 
 @needs_onednn
-@pytest.mark.usefixtures("symmetric_activations")
 def test_a_layer_read_in_bf16_and_float32_keeps_writing_float32(monkeypatch):
     """Only where *every* consumer reads bf16: one float32 reader keeps the float32 output (and the casts)."""
 
@@ -572,7 +539,7 @@ def test_a_layer_read_in_bf16_and_float32_keeps_writing_float32(monkeypatch):
 
     monkeypatch.setattr(cpu, "has_native_bf16", lambda: True)
     model, x = TwoReaders().eval(), torch.randn(8, 32)
-    prog = mixprec.compile(model, (x,), plan=int8_plan(model, x), backend="eager")
+    prog = mixprec.compile(model, (x,), plan=int8_plan(model, x, policy=SIGNED), backend="eager")
     assert [n.args[5] for n in prog.runner.graph.nodes if n.target is KERNEL] == [torch.float32]
     with torch.inference_mode():
         assert torch.allclose(prog(x), prog.exported_program.module()(x), rtol=0, atol=1e-5)

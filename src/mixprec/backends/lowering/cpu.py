@@ -11,7 +11,7 @@ products decides whether the result is the exact integer sum mixprec's fake quan
   127 = 32258), wrong beyond — a full-range u8 or a shifted signed activation reaches 2 * 255 * 127 =
   64770. Measured: four int8 Linear(1024) layers on OpenVINO's int8 kernels, rel-L2 0.24 against the same
   quantized layers in float32; oneDNN's kernel on signed activations, rel-L2 0.19 against exact integer
-  arithmetic (bench/RESULTS.md, "OpenVINO backend" and "int8 linear layers on oneDNN's int8 kernels").
+  arithmetic (bench/log/2026-11.md, "OpenVINO backend" and "int8 linear layers on oneDNN's int8 kernels").
 
 So the question is asked with a grid (``ops/quant.py``): :func:`int8_kernel_exact` answers it from the grid
 and :func:`has_int8_dot_product`, the one place that reads the CPU. The grid is the one the kernel reads: the

@@ -1,4 +1,7 @@
-"""oneDNN's int8 linear kernel as an operator a graph can call: ``mixprec_kernels::int8_linear_u7``.
+"""oneDNN's int8 linear kernel as an operator a graph can call: ``mixprec_kernels::linear_u8s8``.
+
+Its name says its job: a linear layer of u8 activations (the full range [0, 255], with a zero point) times s8
+weights. (It was ``int8_linear_u7`` when it took 7-bit activations only.)
 
 The lowering (``qdq.py``, its ONEDNN table) replaces a fake-quantized int8 linear layer by this op where the CPU
 computes it exactly; here is what the op runs and how it finds its weight. The activation arrives as u8 with a
@@ -65,8 +68,8 @@ def pack_for(module: torch.nn.Module, weight_int8: torch.Tensor) -> int:
     return handle
 
 
-@torch.library.custom_op("mixprec_kernels::int8_linear_u7", mutates_args=())
-def int8_linear_u7(
+@torch.library.custom_op("mixprec_kernels::linear_u8s8", mutates_args=())
+def linear_u8s8(
     u: torch.Tensor, x_scale: float, w_scales: torch.Tensor, bias: torch.Tensor | None, handle: int,
     out_dtype: torch.dtype = torch.float32, x_zero_point: int = 0,
 ) -> torch.Tensor:
@@ -76,7 +79,7 @@ def int8_linear_u7(
     float32 and the result written as ``out_dtype`` (float32, or bfloat16 for a bf16 consumer:
     :data:`OUT_DTYPES`). ``x_zero_point`` is last so that the arguments before it keep their places."""
     if out_dtype not in OUT_DTYPES:
-        raise ValueError(f"mixprec: int8_linear_u7 writes {', '.join(map(str, OUT_DTYPES))}, not {out_dtype}")
+        raise ValueError(f"mixprec: linear_u8s8 writes {', '.join(map(str, OUT_DTYPES))}, not {out_dtype}")
     packed = _PACKED.get(handle)
     if packed is None:
         raise RuntimeError(f"mixprec: the packed int8 weight {handle} was freed with the module that owned it")
@@ -89,9 +92,9 @@ def int8_linear_u7(
     return out.reshape(*u.shape[:-1], w_scales.shape[0])
 
 
-@int8_linear_u7.register_fake
+@linear_u8s8.register_fake
 def _(u, x_scale, w_scales, bias, handle, out_dtype=torch.float32, x_zero_point=0):
     return u.new_empty((*u.shape[:-1], w_scales.shape[0]), dtype=out_dtype)
 
 
-KERNEL = torch.ops.mixprec_kernels.int8_linear_u7.default
+KERNEL = torch.ops.mixprec_kernels.linear_u8s8.default

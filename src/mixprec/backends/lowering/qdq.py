@@ -14,10 +14,10 @@ why every spelling below gives the custom ops' values bit for bit (tests/backend
     OPENVINO_FLOAT   as ATEN                      as ATEN                        as ATEN
     OPENVINO_INT8    quantized_decomposed.        quantized_decomposed.          as ATEN (Convert * scale)
                      quantize_per_tensor          dequantize_per_tensor
-    ONEDNN           linear(dq(q(x, s)), dq_channel(w), b)  ->  int8_linear_u7(quantize(x, s, UINT8_7BIT), s, ...)
-                                                            or  int8_linear_u7(quantize(x, s, UINT8_SHIFTED), s,
+    ONEDNN           linear(dq(q(x, s)), dq_channel(w), b)  ->  linear_u8s8(quantize(x, s, UINT8_7BIT), s, ...)
+                                                            or  linear_u8s8(quantize(x, s, UINT8_SHIFTED), s,
                                                                                ..., x_zero_point=128)
-                     linear(dq_u8(q_u8(x, s)), ...)         ->  int8_linear_u7(quantize(x, s, UINT8), s, ...)
+                     linear(dq_u8(q_u8(x, s)), ...)         ->  linear_u8s8(quantize(x, s, UINT8), s, ...)
 
 * **ATEN** (inductor): ATen ops fuse with their neighbours into one loop; inductor keeps the true division and
   rounds half to even (``std::nearbyint`` / ``_mm256_round_ps``), so its values are the custom ops'.
@@ -47,7 +47,7 @@ why every spelling below gives the custom ops' values bit for bit (tests/backend
       r = aten.relu(h)                                       r = aten.relu(h)
       r_q = mixprec.quantize_per_tensor(r, 0.013)            d = aten.div(r, 0.013)
       r_dq = mixprec.dequantize_per_tensor(r_q, 0.013, f32)  u = aten._to_copy(aten.clamp(aten.round(d), 0, 127), uint8)
-      w_dq = mixprec.dequantize_per_channel(w_int8, ...)     y = mixprec_kernels.int8_linear_u7(u, 0.013, ws, b, 3,
+      w_dq = mixprec.dequantize_per_channel(w_int8, ...)     y = mixprec_kernels.linear_u8s8(u, 0.013, ws, b, 3,
       y = aten.linear(r_dq, w_dq, b)                                                         f32, 0)
                                                              (f32 -> bf16 if only bf16 layers read y: see above)
 
@@ -245,7 +245,7 @@ _WEIGHT_AXIS = 0  # output channels of aten.linear's weight
 
 
 def _onednn_linear(node, ops, site):
-    """A fake-quantized int8 linear layer on ``int8_linear_u7`` (see the module docstring), else None."""
+    """A fake-quantized int8 linear layer on ``linear_u8s8`` (see the module docstring), else None."""
     match = _match_int8_linear(site.module, node)
     if match is None:
         return None
@@ -375,7 +375,7 @@ QDQ_OPENVINO_INT8 = _qdq_pass(OPENVINO_INT8)
 
 
 def _int8_linears(module) -> PassResult:
-    """Run the int8 linear layers of ``module`` (a backend's GraphModule) on ``int8_linear_u7`` where this CPU's
+    """Run the int8 linear layers of ``module`` (a backend's GraphModule) on ``linear_u8s8`` where this CPU's
     kernel is exact on their inputs' grid. Changes ``module`` in place (the backend's own, never the user's nor the
     saved one)."""
     if not onednn.is_available() or not isinstance(module, torch.fx.GraphModule):

@@ -39,7 +39,7 @@ import torch
 from ...backends import get_backend, known_backends
 from ...backends.options import BackendOptions
 from ...errors import ConfigError, FileFormatError, InvariantError
-from ...ir.frontend import program_parts
+from ...ir.captured import program_parts
 from ...ir.input_check import input_specs_of
 from ...plan.precision_plan import PrecisionPlan
 from ...settings import recorded as recorded_settings

@@ -6,7 +6,7 @@ import torch
 from models import AutocastRegions, Counter, SeedExplicit, ThreeLinears, TRTorchSeed
 from torch import nn
 
-from mixprec.ir.frontend import CapturedModel
+from mixprec.ir.captured import CapturedModel
 from mixprec.ir.graph_info import analyze
 from mixprec.ir.normalize import normalize
 from mixprec.ir.runner import run_user_outputs

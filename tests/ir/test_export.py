@@ -4,7 +4,7 @@ from models import DataDependent, SeedExplicit
 
 import mixprec
 from mixprec.errors import ConfigError, UnsupportedModelError
-from mixprec.ir.capture import as_input_tuple, capture
+from mixprec.ir.export import as_input_tuple, capture
 
 
 def test_unsupported_model_carries_torchs_reason():
@@ -76,7 +76,7 @@ class CachingDecoder(torch.nn.Module):
 def test_a_model_that_returns_a_cache_by_default_is_captured_without_it(caplog):
     model = CachingDecoder().eval()
     x = torch.randn(2, 4)
-    with caplog.at_level("INFO", logger="mixprec.ir.capture"):
+    with caplog.at_level("INFO", logger="mixprec.ir.export"):
         prog = mixprec.compile(model, (x,))
     assert model.config.use_cache is True  # the user's config as it was
     out = prog(x)

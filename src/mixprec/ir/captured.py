@@ -1,4 +1,4 @@
-"""The frontend: a captured, normalised, analysed model, and a weak hold on its capture.
+"""The captured model: captured (``export.py``), normalised and analysed once, and a weak hold on its capture.
 
 :class:`CapturedModel` is what every tool built on mixprec starts from — compile, the
 configurator, the search and the debugger's fp32 reference. It runs capture ->
@@ -32,7 +32,7 @@ import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
 
 from .call_signature import CallSignature, flat_user_inputs
-from .capture import as_input_kwargs, as_input_tuple, capture
+from .export import as_input_kwargs, as_input_tuple, capture
 from .graph_info import GraphInfo, analyze
 from .normalize import normalize
 from .work_program import WorkProgram

@@ -1,4 +1,4 @@
-"""Capture: nn.Module or ExportedProgram -> ExportedProgram (pre-decomposition ATen).
+"""torch.export, as mixprec runs it: nn.Module or ExportedProgram -> ExportedProgram (pre-decomposition ATen).
 
 ``torch.export.export`` gives a graph whose nodes are the ops the user's code called
 (aten.linear, aten.conv2d, aten.layer_norm, aten.scaled_dot_product_attention) and

@@ -1,0 +1,155 @@
+"""Quantization's one owner: the policy (:class:`QuantPolicy`) and the grid each quantized value is put on.
+
+Why an object, not switches: how int8 is made — the range estimator, the grid of activations the graph proves never
+negative, whether an int8 module's outputs are quantized on their way out, activation smoothing's alpha, which
+attention operands are quantized — used to be module globals of four modules (configurator, plan/int8_operands,
+rewrite/quantize), flipped by tests and bench scripts and read by the search through the configurator. A policy is
+passed as an argument (``MixedPrecisionConfigurator.apply(..., policy=)``), recorded in the plan's JSON
+(``PrecisionPlan.policy``) and shown in the configurator's log, so a plan says how it was quantized.
+
+**The grid** of every value an int8 layer quantizes is decided here, once (:func:`activation_grid`), and recorded in
+the plan (``Int8Spec.grids`` / ``Int8Spec.output_grid``): range calibration clips for it (``calibrate.entry.run(...,
+grids=)``), the rewrite quantizes on it (``rewrite/quantize.py``) and its check verifies it (``rewrite/verify.py``).
+The lowerings read the grid from the quantize ops the rewrite wrote (``ops.custom.GRID``). Grids in a plan are named
+(:data:`GRIDS`): ``"int8"`` is mixprec's signed symmetric int8 ([-127, 127], zero point 0), ``"uint8"`` the unsigned
+grid of values never negative ([0, 255], zero point 0; ``ops/quant.py``).
+
+The defaults are chosen by measurement (bench/int8_nncf.py, bench/log/2026-11.md "Issue 22 int8 vs NNCF" and "Issue 22
+round two: int8 numerics"): MSE clipping, the unsigned grid for non-negative values, no exit quantization (ResNet-50
+0.0467 -> 0.0352 rel-L2, trained MiniLM 0.464 -> 0.161 without it), smoothing alpha 0.8, the softmax probabilities
+of an attention's output matmul left float, SDPA's query and key quantized.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Collection, Mapping
+from types import MappingProxyType
+
+import torch
+
+from ..calibrate import smoothing
+from ..calibrate.int8_ranges import DEFAULT_ESTIMATOR, ESTIMATORS
+from ..errors import ConfigError
+from ..ir.marker_regions import calibration_targets
+from ..ir.sign import is_nonnegative
+from ..ops.quant import INT8_SYMMETRIC, UINT8, Grid
+
+# the grids a plan names: name -> Grid (signedness, range and zero point are the Grid's)
+GRIDS: Mapping[str, Grid] = MappingProxyType({"int8": INT8_SYMMETRIC, "uint8": UINT8})
+_SDPA_POSITIONS = (0, 1, 2)  # scaled_dot_product_attention's query, key, value
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantPolicy:
+    """How int8 is made; every field has the measured default (see the module docstring).
+
+    estimator: the int8 range estimator (``calibrate/int8_ranges.py``: "mse" or "minmax").
+    unsigned_activations: values the graph proves never negative go on the unsigned grid [0, 255].
+    quantize_exits: an int8 module's outputs are also quantized on their way out.
+    smoothing_alpha: activation smoothing of int8 Linears' inputs (``calibrate/smoothing.py``); None: none.
+    quantize_probabilities: the softmax probabilities (and v) of an attention's output matmul are quantized.
+    sdpa_operands: the positions of ``scaled_dot_product_attention``'s operands that are quantized.
+    weight_bits: bits of int8 layers' stored weights (8: per-channel int8; room for int4).
+    group_size: input channels per weight scale (None: one scale per output channel; room for grouped int4).
+    """
+
+    estimator: str = DEFAULT_ESTIMATOR
+    unsigned_activations: bool = True
+    quantize_exits: bool = False
+    smoothing_alpha: float | None = smoothing.DEFAULT_ALPHA
+    quantize_probabilities: bool = False
+    sdpa_operands: tuple[int, ...] = (0, 1)
+    weight_bits: int = 8
+    group_size: int | None = None
+
+    def __post_init__(self):
+        if self.estimator not in ESTIMATORS:
+            raise _bad("estimator", self.estimator, f"one of {', '.join(ESTIMATORS)}")
+        for name in ("unsigned_activations", "quantize_exits", "quantize_probabilities"):
+            if not isinstance(getattr(self, name), bool):
+                raise _bad(name, getattr(self, name), "True or False")
+        alpha = self.smoothing_alpha
+        if alpha is not None:
+            if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not (math.isfinite(alpha)
+                                                                                    and 0 <= alpha <= 1):
+                raise _bad("smoothing_alpha", alpha, "a number in [0, 1], or None for no smoothing")
+            object.__setattr__(self, "smoothing_alpha", float(alpha))
+        try:
+            positions = tuple(self.sdpa_operands)
+        except TypeError:
+            positions = None
+        if positions is None or not all(p in _SDPA_POSITIONS for p in positions) or len(set(positions)) != len(
+                positions):
+            raise _bad("sdpa_operands", self.sdpa_operands, "distinct positions among 0 (query), 1 (key), 2 (value)")
+        object.__setattr__(self, "sdpa_operands", positions)
+        if self.weight_bits != 8 or isinstance(self.weight_bits, bool):
+            raise _bad("weight_bits", self.weight_bits, "8 (the int8 layers' per-channel weights; int4 is not "
+                       "implemented yet)")
+        if self.group_size is not None:
+            raise _bad("group_size", self.group_size, "None (one scale per output channel; grouped scales are not "
+                       "implemented yet)")
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["sdpa_operands"] = list(self.sdpa_operands)
+        return out
+
+    @classmethod
+    def from_dict(cls, data) -> "QuantPolicy":
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"the plan's 'quant_policy' must be an object with the fields of QuantPolicy, got "
+                              f"{data!r}.")
+        unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ConfigError(f"the plan's 'quant_policy' has unknown fields {sorted(unknown)}; QuantPolicy has "
+                              f"{', '.join(f.name for f in dataclasses.fields(cls))}.")
+        return cls(**data)
+
+    def describe(self) -> str:
+        """One line for the configurator's log."""
+        return ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(self).items())
+
+
+DEFAULT_POLICY = QuantPolicy()
+
+
+def _bad(field: str, value, wanted: str) -> ConfigError:
+    return ConfigError(f"QuantPolicy.{field} must be {wanted}, got {value!r}.")
+
+
+def activation_grid(value: torch.fx.Node, policy: QuantPolicy, known: dict | None = None) -> Grid:
+    """The grid an int8 activation is quantized on: unsigned where the graph proves it never negative (``ir/sign.py``)
+    and the policy asks for it, else mixprec's symmetric int8. The one place this is decided."""
+    return UINT8 if policy.unsigned_activations and is_nonnegative(value, known) else INT8_SYMMETRIC
+
+
+def value_grids(graph: torch.fx.Graph, names: Collection[str], policy: QuantPolicy) -> dict[str, Grid]:
+    """The grid of each named value of ``graph`` (:func:`activation_grid`), for range calibration and the plan."""
+    known: dict = {}
+    wanted = set(names)
+    return {n.name: activation_grid(n, policy, known) for n in graph.nodes if n.name in wanted}
+
+
+def calibration_grids(captured, values: Collection[str], policy: QuantPolicy) -> dict[str, Grid]:
+    """The grids of everything ``calibrate.entry.run(captured, ..., int8_values=values)`` ranges: ``values`` and
+    the int8 marker regions' boundaries without ranges (their clipping is chosen for these grids)."""
+    return value_grids(captured.base.graph, set(values) | set(calibration_targets(captured.info)), policy)
+
+
+def grid_name(grid: Grid) -> str:
+    """The name a plan gives ``grid`` (:data:`GRIDS`)."""
+    for name, known in GRIDS.items():
+        if known == grid:
+            return name
+    raise ConfigError(f"grid [{grid.qmin}, {grid.qmax}] zero point {grid.zero_point} has no name in a plan; a plan "
+                      f"names the grids {', '.join(GRIDS)}.")
+
+
+def grid_named(name) -> Grid:
+    """The grid a plan names, or ConfigError saying which names exist."""
+    if name not in GRIDS:
+        raise ConfigError(f"int8 grid {name!r} is not one of {', '.join(GRIDS)} (\"int8\": signed [-127, 127], "
+                          "\"uint8\": unsigned [0, 255], both zero point 0).")
+    return GRIDS[name]

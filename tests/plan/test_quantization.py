@@ -1,0 +1,153 @@
+"""plan/quantization.py: the QuantPolicy (validated, recorded in the plan's JSON) and the one grid decision; plans of
+format version 1 (no grids, no policy) still load and compile to the same program."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from helpers import assert_same_outputs
+from models import ReluNet
+
+import mixprec
+from mixprec.ops.quant import INT8_SYMMETRIC, UINT8
+from mixprec.plan.precision_plan import Int8Spec, NodePrecision, PrecisionPlan
+from mixprec.plan.quantization import DEFAULT_POLICY, QuantPolicy, grid_named, value_grids
+
+M = torch.ops.mixprec
+
+# A plan written by main at 1b91d1d (format version 1: no grids, no policy) for ReluNet(4, layers=2, relu_in=False)
+# made after torch.manual_seed(0), int8 on both Linears, calibrated on the torch.randn(3, 4) drawn next (log emptied)
+V1_PLAN = (
+    '{"format": "mixprec.plan", "version": 1, "nodes": {"linear": {"precision": "int8", "accumulate": null, '
+    '"source": "plan", "reason": "request #1 set_precision(type torch.nn.modules.linear.Linear, activation=int8); '
+    'input x smoothed: divided per channel by s, weight columns multiplied by s (alpha 0.8)", "int8": {"inputs": '
+    '{"x": [-0.8811015486717224, 0.8643006682395935]}, "output": null, "smoothing": {"x": [0.5237262845039368, '
+    '1.685180425643921, 1.464570164680481, 1.495714545249939]}}}, "linear_1": {"precision": "int8", "accumulate": '
+    'null, "source": "plan", "reason": "request #1 set_precision(type torch.nn.modules.linear.Linear, '
+    'activation=int8)", "int8": {"inputs": {"relu": [0.0, 1.3580715656280518]}, "output": null}}}, "inputs": {}, '
+    '"outputs": {}, "log": ""}'
+)
+
+
+def _relu_net():
+    torch.manual_seed(0)
+    model = ReluNet(4, layers=2, relu_in=False).eval()
+    return model, torch.randn(3, 4)
+
+
+def _int8_plan(model, x, policy=None):
+    cfg = mixprec.MixedPrecisionConfigurator(model)
+    cfg.set_precision(torch.nn.Linear, activation="int8")
+    return cfg.apply((x,), policy=policy)
+
+
+def _quantize_ops(prog) -> list:
+    return [n.target for n in prog.exported_program.graph.nodes
+            if n.target in (M.quantize_per_tensor.default, M.quantize_per_tensor_u8.default)]
+
+
+def test_the_policy_has_the_measured_defaults_and_refuses_what_it_cannot_do():
+    policy = QuantPolicy()
+    assert (policy.estimator, policy.unsigned_activations, policy.quantize_exits, policy.smoothing_alpha,
+            policy.quantize_probabilities, policy.sdpa_operands) == ("mse", True, False, 0.8, False, (0, 1))
+    assert policy == DEFAULT_POLICY and hash(policy) == hash(DEFAULT_POLICY)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        policy.quantize_exits = True
+    for field, value, message in [
+        ("estimator", "p99", "estimator must be one of minmax, mse"),
+        ("unsigned_activations", 1, "must be True or False"),
+        ("smoothing_alpha", 1.5, r"a number in \[0, 1\]"),
+        ("smoothing_alpha", True, r"a number in \[0, 1\]"),
+        ("sdpa_operands", (0, 3), "positions among 0"),
+        ("weight_bits", 4, "int4 is not implemented"),
+        ("group_size", 128, "grouped scales are not implemented"),
+    ]:
+        with pytest.raises(mixprec.ConfigError, match=message):
+            QuantPolicy(**{field: value})
+    with pytest.raises(mixprec.ConfigError, match="policy must be a mixprec.QuantPolicy"):
+        mixprec.MixedPrecisionConfigurator(ReluNet(4)).apply((torch.randn(2, 4),), policy={"quantize_exits": True})
+
+
+def test_the_policy_round_trips_through_the_plan_json_and_shows_in_the_log():
+    model, x = _relu_net()
+    policy = QuantPolicy(quantize_exits=True, estimator="minmax", sdpa_operands=[0, 1, 2])
+    plan = _int8_plan(model, x, policy)
+    assert plan.policy == policy and policy.sdpa_operands == (0, 1, 2)
+    data = json.loads(plan.to_json())
+    assert data["version"] == 2 and data["quant_policy"]["quantize_exits"] is True
+    again = PrecisionPlan.from_json(plan.to_json())
+    assert again == plan and again.policy == policy
+    assert f"int8 policy: {policy.describe()}" in plan.log
+    assert "quantize_exits=True" in plan.log
+    with pytest.raises(mixprec.ConfigError, match="unknown fields \\['exits'\\]"):
+        QuantPolicy.from_dict({"exits": True})
+    assert PrecisionPlan().policy is None and "quant_policy" not in json.loads(PrecisionPlan().to_json())
+
+
+def test_the_grid_is_decided_once_and_recorded_in_the_plan():
+    """relu's output goes on the unsigned grid, the signed input on the symmetric one; without unsigned activations
+    both are symmetric; the plan records each and its JSON names them."""
+    model, x = _relu_net()
+    plan = _int8_plan(model, x)
+    assert plan["linear"].int8.input_grid("x") == INT8_SYMMETRIC
+    assert plan["linear_1"].int8.input_grid("relu") == UINT8
+    assert json.loads(plan.to_json())["nodes"]["linear_1"]["int8"]["grids"] == {"relu": "uint8"}
+    signed = _int8_plan(model, x, QuantPolicy(unsigned_activations=False))
+    assert signed["linear_1"].int8.input_grid("relu") == INT8_SYMMETRIC
+    exported = torch.export.export(model, (x,)).graph
+    assert value_grids(exported, {"relu", "x"}, DEFAULT_POLICY) == {"relu": UINT8, "x": INT8_SYMMETRIC}
+    exits = _int8_plan(model, x, QuantPolicy(quantize_exits=True))
+    assert exits["linear"].int8.output_grid == INT8_SYMMETRIC  # the Linear's output, before its relu: signed
+
+
+def test_the_rewrite_quantizes_on_the_plans_grid_not_one_it_derives():
+    """A plan that puts relu's output on the symmetric grid (hand-edited, or made with unsigned_activations=False)
+    is quantized there, although the graph proves it never negative."""
+    model, x = _relu_net()
+    plan = _int8_plan(model, x)
+    assert _quantize_ops(mixprec.compile(model, (x,), plan=plan)) == [M.quantize_per_tensor.default,
+                                                                        M.quantize_per_tensor_u8.default]
+    spec = plan["linear_1"].int8
+    edited = plan.with_nodes({"linear_1": dataclasses.replace(plan["linear_1"], int8=dataclasses.replace(
+        spec, grids=(("relu", "int8"),)))})
+    assert _quantize_ops(mixprec.compile(model, (x,), plan=edited)) == [M.quantize_per_tensor.default] * 2
+
+
+def test_a_version_1_plan_loads_and_compiles_to_the_program_of_todays_plan():
+    model, x = _relu_net()
+    old = PrecisionPlan.from_json(V1_PLAN)
+    assert old.policy is None and old["linear_1"].int8.input_grid("relu") is None
+    new = _int8_plan(model, x)
+    assert {n: d.int8.inputs for n, d in old.items()} == {n: d.int8.inputs for n, d in new.items()}
+    a, b = mixprec.compile(model, (x,), plan=old), mixprec.compile(model, (x,), plan=new)
+    assert _quantize_ops(a) == _quantize_ops(b)
+    probe = torch.randn(3, 4) * 2
+    assert_same_outputs(a(probe), b(probe), atol=0, rtol=0)
+
+
+def test_grids_in_a_plan_are_validated():
+    with pytest.raises(mixprec.ConfigError, match="int8 grid 'int4' is not one of int8, uint8"):
+        grid_named("int4")
+    with pytest.raises(mixprec.ConfigError, match="not among the quantized inputs"):
+        Int8Spec((("x", (-1.0, 1.0)),), grids=(("y", "int8"),))
+    with pytest.raises(mixprec.ConfigError, match="output is not quantized"):
+        Int8Spec((("x", (-1.0, 1.0)),), output_grid="uint8")
+    spec = Int8Spec((("x", (-1.0, 1.0)),))
+    text = PrecisionPlan({"l": NodePrecision(torch.int8, source="plan", int8=spec)}).to_json()
+    bad = text.replace('"output": null', '"output": null, "grids": {"x": "int3"}')
+    with pytest.raises(mixprec.ConfigError, match="'l'.*int8 grid 'int3'"):
+        PrecisionPlan.from_json(bad)
+
+
+def test_no_module_holds_a_quantization_switch():
+    """What the policy holds is no module global any more (issue 33: tests and bench scripts flipped them, the
+    search read one through the configurator)."""
+    import mixprec.configurator as configurator
+    from mixprec.plan import int8_operands
+    from mixprec.rewrite import quantize
+
+    for module, names in [(configurator, ("QUANTIZE_EXITS", "SMOOTHING_ALPHA")),
+                          (int8_operands, ("QUANTIZE_PROBABILITIES", "SDPA_OPERANDS")),
+                          (quantize, ("UNSIGNED_ACTIVATIONS",))]:
+        assert not [name for name in names if hasattr(module, name)], module.__name__
