@@ -18,7 +18,7 @@ def _seed():
 
 @pytest.fixture(autouse=True, scope="session")
 def _low_type_measured_faster():
-    """The tests written before autocast's speed check (issue 34, ``mixprec.plan.speed``) test rules and numerics
+    """The tests written before autocast's speed check (issue 34, ``mixprec.weak_typing.speed``) test rules and numerics
     with enable_autocast=True and expect bf16 layers; what they test must not depend on how fast this CPU runs
     bf16 (slower than fp32 on avx512_bf16 CPUs without AMX for some shapes, emulated on AVX2-only CPUs). So the
     check's measurer answers "the low type is 2x faster" for every layer here, which keeps today's plans. The
@@ -27,7 +27,7 @@ def _low_type_measured_faster():
     expect low-precision layers."""
     from helpers import FixedSpeed
 
-    from mixprec.plan import speed
+    from mixprec.weak_typing import speed
 
     with pytest.MonkeyPatch.context() as patch:  # session-wide: module-scoped fixtures compile before tests
         patch.setattr(speed, "MEASURER", FixedSpeed(2.0))

@@ -133,7 +133,7 @@ def run_in_threads(work, workers: int, *, start_together: bool = False) -> None:
 
 
 class FixedSpeed:
-    """An autocast speed measurer (``mixprec.plan.speed``'s interface) that answers a fixed speed-up of the low
+    """An autocast speed measurer (``mixprec.weak_typing.speed``'s interface) that answers a fixed speed-up of the low
     type over fp32: ``by_op`` per op packet ("aten.linear"), ``default`` for the rest. ``asked`` records each
     call (layer name, low type, backend), so a test sees what the check measured."""
 

@@ -35,7 +35,7 @@ from .output.report import (
     Report, build_graph, build_records, build_summary, computes_in_of, output_errors, with_runs_as,
 )
 from .output.report.summary import accelerated_types
-from .plan import autocast, planner, speed
+from .plan import autocast, planner
 from .plan.options import PlanningOptions, RuleOptions
 from .plan.precision_plan import PrecisionPlan
 from .plan.quantization import DEFAULT_POLICY, calibration_grids
@@ -44,6 +44,7 @@ from .rewrite.pipeline import realise, reference
 from .settings import CompileSettings
 from .weak_typing import choose as weak_choice
 from .weak_typing import source as weak_typing
+from .weak_typing import speed
 from .weak_typing.options import WeakTypingOptions
 from .weak_typing.timing import measure_layers
 
@@ -124,7 +125,7 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
         calibrated, prepared = _calibrate(captured, options)
     speed_summary = {}
     if prepared is not None and config.autocast_require_speedup:
-        with timer.phase("speed_check"):  # is the low type faster here? (plan/speed.py)
+        with timer.phase("speed_check"):  # is the low type faster here? (weak_typing/speed.py)
             prepared, speed_summary = _check_speed(captured, options, prepared, calibrated)
     timings = None
     if options.weak is not None:  # weak typing: time the free layers on this device first
@@ -177,7 +178,7 @@ def _calibrate(captured: CapturedModel, options: StageOptions):
 
 def _check_speed(captured: CapturedModel, options: StageOptions, prepared, calibrated):
     """(prepared, summary entries): the layers autocast would lower whose low type is not faster on this
-    machine and backend stay fp32 (``plan/speed.py``, the ``not_faster`` rule), with one warning; the slow-CPU
+    machine and backend stay fp32 (``weak_typing/speed.py``, the ``not_faster`` rule), with one warning; the slow-CPU
     warning of ``autocast.prepare`` only where something is still lowered."""
     ctx = prepared.context
     plan = planner.build_plan(captured.info, options.planning, ctx, int8_ranges=calibrated.int8_ranges)

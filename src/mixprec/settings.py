@@ -44,7 +44,7 @@ class CompileSettings:
     autocast_low_precision_embeddings: bool = False  # mixprec extension: store embedding tables in the low type
     autocast_included_nodes: tuple[re.Pattern, ...] = ()  # mixprec extension: force into the low type
     autocast_included_ops: frozenset[str] = frozenset()  # mixprec extension: force into the low type
-    autocast_require_speedup: bool = True  # mixprec extension: lower only where measured faster (plan/speed.py)
+    autocast_require_speedup: bool = True  # mixprec extension: lower only where measured faster (weak_typing/speed.py)
     use_fp32_acc: bool = False
     runtime_guard: str | None = None  # mixprec extension: "warn" | "raise" (backends/guard.py)
     enabled_precisions: frozenset[torch.dtype] = frozenset({torch.float32})

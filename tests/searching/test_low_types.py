@@ -15,6 +15,7 @@ from models import SensitiveByConstruction, zero_sum_rows
 import mixprec
 from mixprec.errors import ConfigError
 from mixprec.searching import SearchCache, latency
+from mixprec.weak_typing import timing
 from mixprec.searching.options import low_types
 from mixprec.searching.trials import Trials
 
@@ -219,7 +220,7 @@ def test_a_type_faster_only_in_some_rounds_gains_nothing():
     fp32 = [1.0] * 9
     noisy = [0.70, 0.70, 0.71, 0.70, 0.71, 0.72, 1.20, 1.30, 1.40]
     steady = [0.30, 0.32, 0.31, 0.29, 0.33, 0.30, 0.31, 0.45, 0.30]
-    seconds = latency.per_call_seconds({F32: fp32, I8: noisy, BF16: steady})
+    seconds = timing.per_call_seconds({F32: fp32, I8: noisy, BF16: steady})
     assert seconds[F32] == 1.0
     model = latency.CostModel("eager", {(k, d): v for k in latency.KINDS for d, v in seconds.items()})
     assert model.gain("aten.linear.default", 10**9, I8) <= 0.0

@@ -67,7 +67,7 @@ def prepare(
     """``example_args``: the flat user inputs of the example (their device is the program's);
     ``calibration``: the statistics of the one calibration (``calibrate.statistics.calibrate``: the loader's
     batches of any form and size, or the example inputs), which compile and search run before planning.
-    ``warn_slow=False``: the caller measures the low type's speed itself (``plan/speed.py``) and warns then."""
+    ``warn_slow=False``: the caller measures the low type's speed itself (``weak_typing/speed.py``) and warns then."""
     device = device_of(work, example_args)
     low = config.low_precision_type or default_low_precision(device)
     if warn_slow and slow_on_cpu(low, device):

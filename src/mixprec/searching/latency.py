@@ -46,6 +46,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from ..calibrate.batches import Call
+from ..weak_typing.timing import per_call_seconds  # the one statistic, shared with autocast's speed check
 
 ROUNDS = 3
 COST_ROUNDS = 9
@@ -167,22 +168,6 @@ def _paired(programs: Mapping[torch.dtype, torch.nn.Module], args: tuple) -> dic
                     programs[k](*args)
                 times[k].append((time.perf_counter() - start) / calls[k])
     return per_call_seconds(times)
-
-
-def per_call_seconds(times: Mapping[torch.dtype, list]) -> dict:
-    """Each type's seconds per call from paired rounds (``times[dtype][r]``: round r's sample): fp32's fastest
-    time x the *upper quartile* of the type's per-round ratio to fp32 — the time the type takes in all but its
-    worst quarter of rounds. The median let noise pass for a gain: on this shared 2-core machine a conv stack whose
-    ratios spread 0.52-1.40 once had a median just past ``MIN_SPEEDUP`` and a search put four ResNet-50
-    convolutions in int8 for it (bench/log/2026-11.md, issue 22 search); a real gain (an int8 or bf16 kernel: several
-    x) is faster in nearly every round and passes the quartile as well."""
-    fp32 = times[torch.float32]
-    out = {}
-    for k, samples in times.items():
-        ratios = [t / f for t, f in zip(samples, fp32)]
-        worst_quarter = statistics.quantiles(ratios, n=4, method="inclusive")[2] if len(ratios) > 1 else ratios[0]
-        out[k] = min(fp32) * worst_quarter
-    return out
 
 
 def _stack(kind: str, device: torch.device):

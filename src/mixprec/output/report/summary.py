@@ -73,7 +73,7 @@ def for_records(summary: dict, records: list[LayerRecord]) -> dict:
 
 def accelerated_types(low: str, faster: bool, speedup: float | None, backend: str, where: str,
                       classes: list[dict]) -> dict:
-    """``{"accelerated_types": ...}``: whether autocast's speed check (``plan/speed.py``) found the low type
+    """``{"accelerated_types": ...}``: whether autocast's speed check (``weak_typing/speed.py``) found the low type
     faster than fp32 on this machine and backend for the model (``types``: the ones it did), the model's
     measured speed-up and each shape class's (``{"op", "shapes", "layers", "speedup"}``, speedup None where not
     timed); {} when there was nothing to time. A report saved before the check existed has no such entry

@@ -1,7 +1,7 @@
 """A layer whose low type is not faster on this machine keeps fp32 (issue 34).
 
 With ``autocast_require_speedup=True`` (the default) compile measures, before planning, whether the low
-type is faster than float32 for the model's layer shapes on the chosen backend (``plan/speed.py``); the
+type is faster than float32 for the model's layer shapes on the chosen backend (``weak_typing/speed.py``); the
 layers it is not faster for are in ``RuleContext.not_faster`` with a reason that quotes the measurement
 ("bf16 0.64x fp32 on this CPU ..."). This rule turns that into a decision. An include
 (``autocast_included_nodes``/``_ops``) overrides it: the user asked for that layer in the low type.

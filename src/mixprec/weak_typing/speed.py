@@ -14,7 +14,7 @@ inputs of its shapes (a GEMM's speed does not depend on its values: weak typing'
 timing.py``, runs the whole program for real values and times every layer, a forward pass and many timings
 this check does without), in the layout the rewrite gives a lowered layer (``timing.as_rewritten``,
 ``timed_call``), in rounds in which both run back to back, the order alternating, each sample repeating the
-call for ``SAMPLE_SECONDS``; the low type's time is the search's cost model's (``searching.latency.
+call for ``SAMPLE_SECONDS``; the low type's time is the search's cost model's (``weak_typing.timing.
 per_call_seconds``): fp32's fastest time x the upper quartile of the per-round ratios, so load that comes and
 goes cancels and noise does not pass for a gain. A low type over ``EARLY_EXIT`` x slower in both of its first
 two calls, when they are long (bf16 emulated on an AVX2-only CPU: 65.7x, ``dtypes.cpu_runs_bf16_fast``), or in
@@ -55,9 +55,8 @@ from ..dtypes import dtype_name, is_float
 from ..ir.graph_info import GraphInfo
 from ..ops.names import op_name, packet_name
 from ..ops.table import CONV_2D_OPS
-from ..searching.latency import per_call_seconds
-from ..weak_typing.timing import as_rewritten, synchronize, timed_call
-from .precision_plan import PrecisionPlan
+from .timing import as_rewritten, per_call_seconds, synchronize, timed_call
+from ..plan.precision_plan import PrecisionPlan
 
 log = logging.getLogger(__name__)
 

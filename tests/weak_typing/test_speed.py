@@ -13,7 +13,8 @@ from helpers import FixedSpeed
 from models import ConvNet, ThreeLinears
 
 import mixprec
-from mixprec.plan import autocast, speed
+from mixprec.plan import autocast
+from mixprec.weak_typing import speed
 
 
 def _compile(model_cls, measurer, monkeypatch, **kw):
