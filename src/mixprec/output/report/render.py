@@ -154,7 +154,8 @@ def table(records: list[LayerRecord], summary: dict, *, kinds=("compute", "cast"
             kept[runs_as(r)] = kept.get(runs_as(r), 0) + 1
     if kept:
         counts = ", ".join(f"{n} {what}" for what, n in sorted(kept.items()))
-        lines.append(f"{RUNS_AS_MARK} computed by the backend in another type than planned (runs_as): {counts}")
+        lines += textwrap.wrap(f"{RUNS_AS_MARK} computed by the backend in another type than planned (runs_as): "
+                               f"{counts}", width, subsequent_indent="    ", break_on_hyphens=False)
     if notes:
         lines += ["", "reasons in full ([n] in the table):"]
         for text, n in notes.items():
