@@ -55,7 +55,7 @@ INSERTED_CASTS = frozenset({"cast", "param_cast", "acc_cast", "io_cast"})  # rol
 # class and data-* tokens the page's CSS and script read: a node's kind, a dtype's name (anything else: "other")
 KIND_TOKENS = frozenset({"input", "output", "compute", "movement", "cast", "other", "blocks"})
 DTYPE_TOKENS = frozenset(
-    {name for name in dir(torch) if isinstance(getattr(torch, name), torch.dtype)} | {"mixed", "none"}
+    {name for name, value in vars(torch).items() if isinstance(value, torch.dtype)} | {"mixed", "none"}
 )
 _CAST_LABEL = {"param_cast": "param \u2192 ", "acc_cast": "acc \u2192 ", "io_cast": "out \u2192 "}
 

@@ -73,7 +73,8 @@ def render_page(report, title: str = "mixprec report", extra_sections=()) -> str
         _legend(report, lay),
         f'<p class="note">{len(lay.boxes)} nodes drawn ({counts.get("compute", 0)} compute layers, '
         f"{counts.get('cast', 0)} casts); {lay.collapsed} data-movement and size nodes are collapsed into the "
-        f"edges.{_runs_note(lay)}{_left_out_note(lay)} Hover a node for its decision, click it to find its row in the table. Casts labelled "
+        f"edges.{_runs_note(lay)}{_left_out_note(lay)} Hover a node for its decision, click it to find its row in "
+        "the table. Casts labelled "
         "\u201cacc\u201d widen operands for fp32 accumulation, \u201cparam\u201d convert stored parameters, "
         "\u201cout\u201d restore output dtypes.</p>",
         '<div class="zoom"><button type="button" data-zoom="-1" title="smaller">\u2212</button>'
@@ -140,7 +141,8 @@ def _num(value, spec: str = ".3g") -> str:
 
 
 def _precision_bar(by) -> str:
-    by = {str(k): n for k, n in by.items() if _number(n) is not None and n >= 0} if isinstance(by, dict) else {}
+    by = by if isinstance(by, dict) else {}
+    by = {str(k): n for k, n in by.items() if _number(n) is not None and math.isfinite(n) and n >= 0}
     total = sum(by.values()) or 1
     keys = sorted(by, key=lambda k: (_PRECISION_ORDER.index(k) if k in _PRECISION_ORDER else 99, k))
     segments = "".join(
@@ -235,7 +237,7 @@ def _legend(report, lay) -> str:
 
 def _table_section(report) -> str:
     records = report.layers
-    precisions = sorted({dtype_name(r.precision) for r in records})
+    precisions = sorted({css_token(dtype_name(r.precision), DTYPE_TOKENS) for r in records})
     sources = sorted({r.source for r in records})
     kinds = sorted({css_token(r.kind, KIND_TOKENS) for r in records})
     head = "".join(
