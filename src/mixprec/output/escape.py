@@ -56,6 +56,8 @@ def cut(text: str, limit: int | None) -> str:
 def terminal(value, limit: int | None = FIELD_LIMIT) -> str:
     """One field as a terminal may show it: no control, format or bidi character (visible escapes instead),
     at most ``limit`` characters (None: all)."""
+    if isinstance(value, str) and (limit is None or len(value) <= limit) and value.isprintable():
+        return value  # the common case, in one pass in C
     text = cut(value if isinstance(value, str) else str(value), limit)
     return text if text.isprintable() else _SUSPECT.sub(_visible, text)
 

@@ -254,9 +254,10 @@ def _table_section(report) -> str:
         values = (str(i), name, kind, module, op, precision, acc, ins, outs, source, str(flops), reason)
         runs_as = (f' <span class="runs-as" title="the backend computes this layer in another type than planned">'
                    f"runs {_e(r.runs_as)}</span>" if r.runs_as else "")
+        shown = [_e(c) for c in cells]
         tds = "".join(
-            f'<td data-v="{_e(v)}">'
-            + (f'<span class="chip p-{precision}">{_e(c)}</span>{runs_as}' if k == 5 else _e(c))
+            f'<td data-v="{shown[k] if v is c else _e(v)}">'
+            + (f'<span class="chip p-{precision}">{shown[k]}</span>{runs_as}' if k == 5 else shown[k])
             + "</td>"
             for k, (c, v) in enumerate(zip(cells, values))
         )
