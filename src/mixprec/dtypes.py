@@ -87,8 +87,11 @@ def trt_name(dtype: torch.dtype) -> str:
 
 
 def dtype_from_name(name: str) -> torch.dtype:
-    """Inverse of :func:`dtype_name` for JSON round trips; raises ConfigError on unknown names."""
-    value = getattr(torch, name, None) if isinstance(name, str) else None
+    """Inverse of :func:`dtype_name` for JSON round trips; raises ConfigError on unknown names.
+
+    Looked up in torch's own namespace only: ``getattr(torch, name)`` would import the submodule a name
+    from a file names (``"_inductor"``) through torch's lazy ``__getattr__``."""
+    value = vars(torch).get(name) if isinstance(name, str) else None
     if not isinstance(value, torch.dtype):
         raise ConfigError(f"{name!r} is not a torch dtype name; expected e.g. 'float32' or 'bfloat16'.")
     return value

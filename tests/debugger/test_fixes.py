@@ -139,3 +139,17 @@ def test_fixes_must_be_a_count(fixes_):
     model, inputs = ThreeLinears().eval(), ThreeLinears.example_inputs()
     with pytest.raises(mixprec.ConfigError, match="fixes must be a count"):
         mixprec.debug(model, inputs, fixes=fixes_)
+
+
+@pytest.mark.parametrize("count", [1, 12])  # one line, and one name a line
+def test_fix_code_quotes_any_name_as_a_python_literal(count):
+    """The code is printed to be pasted: a name from a file closing its quote would run what follows."""
+    import ast
+
+    hostile = 'x", __import__("os").system("touch pwned"), "\\\n\x1b[2J\u202e'
+    names = tuple(f"{hostile}{i}" for i in range(count))
+    code = fixes.fix_code(names, plan_of="prog.plan", call="model, inputs", settings={}, measured=None)
+    calls = [n for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Call)]
+    assert not any(getattr(c.func, "id", None) == "__import__" for c in calls)
+    (listed,) = [n for n in ast.walk(ast.parse(code)) if isinstance(n, ast.List)]
+    assert ast.literal_eval(listed) == list(names)

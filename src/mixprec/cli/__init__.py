@@ -11,6 +11,10 @@ Exit codes: 0 success, 2 bad usage (unknown option, missing or unreadable file, 
 that does not give a model, settings mixprec rejects as given: ``ConfigError``), 1 a
 compile or run that failed. Errors are one paragraph on stderr; ``--debug`` adds the
 traceback. Subcommands register in ``_COMMANDS``.
+
+Every error goes through :func:`_error`, which shows it as ``output/escape.py`` shows a file's text
+(control, format and bidi characters as visible escapes, at most ``_ERROR_LIMIT`` characters): a message
+may quote a file's version, settings key or path, whatever raised it.
 """
 
 from __future__ import annotations
@@ -23,11 +27,13 @@ import textwrap
 import traceback
 
 from ..errors import ConfigError, FileFormatError, InputMismatchError, MixedPrecisionError
+from ..output.escape import terminal, terminal_lines
 from . import commands, search
 from .options import add_compile_options, option_hint
 from .spec import UsageError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+_ERROR_LIMIT = 4000  # characters of an error message shown (one that quotes megabytes of a file is cut)
 
 
 _PT2_TRUST = (
@@ -204,9 +210,9 @@ def _message(error: BaseException) -> str:
 
 def _error(command: str, message: str, error: BaseException | None) -> None:
     if error is not None:
-        traceback.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
+        sys.stderr.write(terminal_lines("".join(traceback.format_exception(type(error), error, error.__traceback__))))
     width = max(60, min(100, shutil.get_terminal_size((100, 24)).columns - 1))
-    text = " ".join(f"{command}: error: {message}".split())
+    text = terminal(" ".join(f"{command}: error: {message}".split()), _ERROR_LIMIT)
     sys.stderr.write(textwrap.fill(text, width=width, break_long_words=False, break_on_hyphens=False) + "\n")
 
 

@@ -1,6 +1,9 @@
 """The subcommands: each takes the parsed arguments and returns an exit code.
 
-Results go to stdout (what a script may parse); progress and errors go to stderr.
+Results go to stdout (what a script may parse); progress and errors go to stderr. A file's strings
+(layer names, reasons, versions, settings, output names) reach both: everything printed goes through
+``output/escape.py`` (:func:`say` here, the error printer in ``__init__.py``), so no control, format or
+bidi character from a file reaches the terminal.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..errors import InputMismatchError
+from ..output.escape import terminal, terminal_lines
 from ..progress import Progress
 from .quiet import held_back
 from .spec import UsageError, load_inputs, load_spec
@@ -26,15 +30,15 @@ def compile_command(args) -> int:
     progress = Progress(args.progress)
     check_writable(args.output, args.report, args.json)
     kwargs = compile_kwargs(args)
-    with progress.step(f"loading {args.spec}"):
+    with progress.step(f"loading {terminal(args.spec)}"):
         model, inputs, label = load_spec(args.spec)
     if args.inputs:
         inputs = load_inputs(args.inputs)
     if inputs is None:
         raise UsageError(f"{args.spec} carries no example inputs; pass --inputs FILE.pt (a tensor or a tuple of them).")
-    with progress.step(f"compiling {label}"), held_back("mixprec compile", args.debug):
+    with progress.step(f"compiling {terminal(label)}"), held_back("mixprec compile", args.debug):
         prog = mixprec.compile(model, inputs, **kwargs)
-    with progress.step(f"saving {args.output}"), held_back("mixprec compile", args.debug):
+    with progress.step(f"saving {terminal(args.output)}"), held_back("mixprec compile", args.debug):
         mixprec.save(prog, args.output)
     written = [args.output]
     if args.report:
@@ -45,9 +49,9 @@ def compile_command(args) -> int:
         written.append(args.json)
     from ..output.report.render import summary_text
 
-    print(f"compiled {label}")
-    print(summary_text(prog.report.summary))
-    print("wrote " + ", ".join(written))
+    say(f"compiled {label}")
+    say(summary_text(prog.report.summary))
+    say("wrote " + ", ".join(written))
     return 0
 
 
@@ -68,25 +72,24 @@ def report_command(args) -> int:
         meta, report = read_metadata(args.file)
         if report is None:
             raise UsageError(f"{args.file} holds no report.")
-        settings = ", ".join(f"{_printable(k)}={_printable(v)}" for k, v in sorted(meta.get("settings", {}).items()))
         header = [
-            f"program: {args.file} (mixprec {_printable(meta.get('mixprec_version'))}, torch "
-            f"{_printable(meta.get('torch_version'))}, compiled for backend {_printable(meta.get('backend', 'eager'))})",
-            "settings: " + (settings or "defaults"),
+            f"program: {terminal(args.file)} (mixprec {terminal(meta.get('mixprec_version'))}, torch "
+            f"{terminal(meta.get('torch_version'))}, compiled for backend {terminal(meta.get('backend', 'eager'))})",
+            _settings_line(meta.get("settings")),
         ]
     if args.layer_info:
-        print(layer_info(report.layers))
+        say(layer_info(report.layers))
     else:
-        print("\n".join(header))
-        print()
+        say("\n".join(header))
+        say()
         kinds = ("compute", "cast", "movement") if args.all else ("compute", "cast")
-        print(table(report.layers, report.summary, kinds=kinds))
+        say(table(report.layers, report.summary, kinds=kinds))
     if args.html:
         report.save_html(args.html, title=f"mixprec report: {os.path.basename(args.file)}")
-        print(f"wrote {args.html}")
+        say(f"wrote {args.html}")
     if args.json:
         write_text(args.json, report.to_json())
-        print(f"wrote {args.json}")
+        say(f"wrote {args.json}")
     return 0
 
 
@@ -94,7 +97,7 @@ def run_command(args) -> int:
     import mixprec
 
     progress = Progress(args.progress)
-    with progress.step(f"loading {args.file}"), held_back("mixprec run", args.debug):
+    with progress.step(f"loading {terminal(args.file)}"), held_back("mixprec run", args.debug):
         prog = mixprec.load(args.file, backend=args.backend)
     if args.inputs:
         inputs, origin = load_inputs(args.inputs), args.inputs
@@ -103,10 +106,10 @@ def run_command(args) -> int:
     else:
         raise UsageError(f"{args.file} stores no example inputs; pass --inputs FILE.pt (a tensor or a tuple of them).")
     backend = prog.settings.get("backend", "eager")
-    print(f"program: {args.file} (backend {backend})")
-    print(f"inputs ({origin}):")
+    say(f"program: {args.file} (backend {backend})")
+    say(f"inputs ({origin}):")
     for line in _describe(inputs):
-        print(f"  {line}")
+        say(f"  {line}")
     with progress.step(f"running {args.warmup} warm-up + {args.repeat} timed call(s)"):
         times = []
         start = time.perf_counter()
@@ -119,21 +122,29 @@ def run_command(args) -> int:
             start = time.perf_counter()
             outputs = prog(*inputs)
             times.append(time.perf_counter() - start)
-    print("outputs:")
+    say("outputs:")
     for line in _describe(outputs):
-        print(f"  {line}")
-    print(
+        say(f"  {line}")
+    say(
         f"time per call: median {statistics.median(times) * 1e3:.3f} ms, min {min(times) * 1e3:.3f} ms "
         f"({args.repeat} timed call(s) after {args.warmup} warm-up, {torch.get_num_threads()} thread(s))"
     )
     return 0
 
 
-def _printable(value, limit: int = 200) -> str:
-    """Text from a file as the terminal should show it: no control characters (escape sequences), bounded."""
-    text = str(value)
-    shown = "".join(c if c.isprintable() else "?" for c in text[:limit])
-    return shown + ("..." if len(text) > limit else "")
+def say(text: str = "") -> None:
+    """Print a result: its line breaks kept, every other control, format or bidi character shown escaped."""
+    print(terminal_lines(text))
+
+
+_SETTINGS_SHOWN = 50  # settings listed in the report's header (a file may hold thousands)
+
+
+def _settings_line(settings) -> str:
+    items = sorted(settings.items()) if isinstance(settings, dict) else []
+    text = ", ".join(f"{terminal(k)}={terminal(v)}" for k, v in items[:_SETTINGS_SHOWN])
+    more = f" (and {len(items) - _SETTINGS_SHOWN} more)" if len(items) > _SETTINGS_SHOWN else ""
+    return "settings: " + (text + more or "defaults")
 
 
 def _call(prog, inputs):
@@ -196,11 +207,11 @@ def debug_command(args) -> int:
                 f"{args.target} is already compiled, so compile options ({', '.join(sorted(kwargs))}) do not apply; "
                 "give a SPEC (file.py:function) to compile with them."
             )
-        with progress.step(f"loading {args.target}"), held_back("mixprec debug", args.debug):
+        with progress.step(f"loading {terminal(args.target)}"), held_back("mixprec debug", args.debug):
             prog = mixprec.load(args.target)
         inputs, label = prog.example_inputs, args.target
     else:
-        with progress.step(f"loading {args.target}"):
+        with progress.step(f"loading {terminal(args.target)}"):
             model, inputs, label = load_spec(args.target)
         prog = None
     if args.inputs:
@@ -208,19 +219,19 @@ def debug_command(args) -> int:
     if inputs is None:
         raise UsageError(f"{args.target} carries no example inputs; pass --inputs FILE.pt (a tensor or a tuple of them).")
     if prog is None:
-        with progress.step(f"compiling {label}"), held_back("mixprec debug", args.debug):
+        with progress.step(f"compiling {terminal(label)}"), held_back("mixprec debug", args.debug):
             prog = mixprec.compile(model, inputs, **kwargs)
-    with progress.step(f"comparing {label} with fp32 layer by layer"), held_back("mixprec debug", args.debug):
+    with progress.step(f"comparing {terminal(label)} with fp32 layer by layer"), held_back("mixprec debug", args.debug):
         found = mixprec.debug(prog, inputs, fixes=args.fixes)
-    print(text(found.layers, found.findings, found.summary, found.combined, max_rows=args.rows))
+    say(text(found.layers, found.findings, found.summary, found.combined, max_rows=args.rows))
     fix = found.culprit.fix if found.culprit is not None else None
     if args.fix_plan and fix is not None:
         write_text(args.fix_plan, fixed_plan(found.plan, fix.layers).to_json())
-        print(f"wrote {args.fix_plan}: the plan with fix #1 applied; compile it with --plan {args.fix_plan}")
+        say(f"wrote {args.fix_plan}: the plan with fix #1 applied; compile it with --plan {args.fix_plan}")
     elif args.fix_plan:
-        print(f"nothing to fix: {args.fix_plan} not written")
+        say(f"nothing to fix: {args.fix_plan} not written")
     elif fix is not None:
-        print("on the command line: --fix-plan PLAN.json writes the plan with fix #1 applied, for --plan PLAN.json")
+        say("on the command line: --fix-plan PLAN.json writes the plan with fix #1 applied, for --plan PLAN.json")
     if args.json:
         write_text(args.json, found.to_json())
     if args.html:

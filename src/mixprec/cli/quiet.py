@@ -19,6 +19,7 @@ import os
 import sys
 import warnings
 
+from ..output.escape import TEXT_LIMIT, terminal
 from ..output.serialize.outputs import OutputTypeWarning
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,7 +44,7 @@ def held_back(command: str, debug: bool):
         for w in caught:
             if issubclass(w.category, OutputTypeWarning):
                 continue
-            text = " ".join(str(w.message).split())
+            text = terminal(" ".join(str(w.message).split()), TEXT_LIMIT)  # may quote a file's strings
             if os.path.abspath(w.filename).startswith(_PACKAGE) or text.startswith("mixprec"):
                 if text not in seen:
                     seen.add(text)

@@ -48,7 +48,7 @@ def search_command(args) -> int:
 
     import mixprec
 
-    from .commands import check_writable, write_text
+    from .commands import check_writable, say, write_text
     from .spec import UsageError, call_function, load_inputs, load_spec
 
     check_writable(args.plan, args.json, args.plot)
@@ -79,5 +79,5 @@ def search_command(args) -> int:
     if args.plot:
         result.save_plot(args.plot)
     if not args.quiet:
-        print(result)
+        say(str(result))
     return 0

@@ -23,6 +23,8 @@ import zipfile
 
 import torch
 
+from ..output.escape import terminal
+
 
 class UsageError(Exception):
     """Bad usage: exit code 2 with this message."""
@@ -134,7 +136,8 @@ def _load_pt2(path: str) -> tuple[object, tuple | None, str]:
             f"`mixprec report {path}`."
         )
     print(
-        f"mixprec: warning: reading {path} with torch.export.load, which unpickles parts of the file and can run code "
+        f"mixprec: warning: reading {terminal(path)} with torch.export.load, which unpickles parts of the file "
+        "and can run code "
         "in it; compile only .pt2 files you exported yourself.",
         file=sys.stderr,
     )

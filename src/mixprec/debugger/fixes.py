@@ -27,6 +27,7 @@ Every fix is also code that does exactly what was measured: a plan edit passed t
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Iterable
 
@@ -220,9 +221,10 @@ def helps(before: float, after: float | None) -> bool:
 def fix_code(layers: tuple[str, ...], *, plan_of: str, call: str, settings: dict, measured: float | None) -> str:
     """Python that builds and compiles the fixed plan, runnable as pasted (``plan_of``: the expression of the
     debugged plan, e.g. ``prog.plan``; ``call``: compile's first arguments, e.g. ``model, inputs``)."""
-    names = ", ".join(f'"{n}"' for n in layers)
+    quoted = [json.dumps(n) for n in layers]  # a Python string literal whatever the name holds (a file's names)
+    names = ", ".join(quoted)
     if len(names) > 70:  # one name a line keeps every line short
-        names = "\n" + "".join(f'    "{n}",\n' for n in layers)
+        names = "\n" + "".join(f"    {n},\n" for n in quoted)
     extra = "".join(f", {k}={v}" for k, v in _compile_settings(settings).items())
     lines = [
         "import torch",

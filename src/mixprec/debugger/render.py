@@ -7,15 +7,18 @@ that were measured and do not lower the output error are listed in one line each
 
 The HTML section is a fragment (``<section class="mixprec-debug">``) with its own small
 style block, so the HTML report can embed it as it is.
+
+Names, modules, reasons and messages may come from a file (``mixprec debug FILE``): every one is shown
+through ``output/escape.py``, for the terminal or for the page.
 """
 
 from __future__ import annotations
 
-import html
 import math
 import textwrap
 
 from ..dtypes import short_name
+from ..output.escape import TEXT_LIMIT, html_text, terminal
 from ..output.report.render import grouped, layer_cell
 from ..output.report.text_table import WIDTH, Column, text_table
 from .records import Finding, Fix, LayerComparison
@@ -45,7 +48,7 @@ def _num(value: float) -> str:
 def _row(r: LayerComparison, mark: str) -> tuple[str, ...]:
     return (
         mark,
-        layer_cell(r.name, r.op),
+        layer_cell(terminal(r.name), terminal(r.op)),
         short_name(r.precision),
         _num(r.rel_l2_error),
         _num(r.max_abs_error),
@@ -81,7 +84,7 @@ def _percent(before: float, after: float) -> str:
 
 def _kept(fix: Fix) -> str:
     """'linear_9 (and 5 data-movement nodes after it)': what a fix keeps in fp32."""
-    compute = fix.compute or fix.layers
+    compute = [terminal(n) for n in fix.compute or fix.layers]
     names = ", ".join(compute) if len(compute) <= 4 else f"{len(compute)} layers ({', '.join(compute[:3])}, ...)"
     moved = len(fix.layers) - len(compute)
     if not moved:
@@ -102,7 +105,9 @@ def _effect(fix: Fix, before: float, low_before: float | None) -> str:
 
 
 def _code_lines(fix: Fix, where: str) -> list[str]:
-    return [f"   code ({where}):"] + [(_CODE_INDENT + line).rstrip() for line in fix.code.splitlines()]
+    return [f"   code ({where}):"] + [
+        (_CODE_INDENT + terminal(line, TEXT_LIMIT)).rstrip() for line in fix.code.splitlines()
+    ]
 
 
 def _names_note(findings: list[Finding]) -> str:
@@ -143,18 +148,19 @@ def findings_text(findings: list[Finding], summary: dict, combined: Fix | None =
         for i, f in idle:
             fix = f.fix
             lines += _wrapped(
-                f"'{f.layer}' (module '{f.module or '(top level)'}', {f.kind.replace('_', ' ')}): keeping "
+                f"'{terminal(f.layer)}' (module '{terminal(f.module) or '(top level)'}', "
+                f"{terminal(f.kind).replace('_', ' ')}): keeping "
                 f"{_kept(fix)} in fp32 gives rel L2 {_num(fix.rel_l2_error)}", "      ", f"#{i:<3} "
             )
     return "\n".join(lines)
 
 
 def _finding_lines(i: int, f: Finding, before: float, low_before, where: str) -> list[str]:
-    lines = _wrapped(f.message, "   ", f"#{i} ")
+    lines = _wrapped(terminal(f.message, TEXT_LIMIT), "   ", f"#{i} ")
     if f.fix is not None:
         lines += _wrapped(_effect(f.fix, before, low_before), "     ", "   ")
     for suggestion in f.suggestions:
-        lines += _wrapped(suggestion, "     ", "   also: ")
+        lines += _wrapped(terminal(suggestion, TEXT_LIMIT), "     ", "   also: ")
     if f.fix is not None:
         lines += _code_lines(f.fix, where)
     return lines
@@ -169,7 +175,7 @@ def text(
     lines = [f"mixprec debug: {s.get('layers_compared', len(layers))} layers compared with the fp32 value of "
              "the same tensor"]  # fmt: skip
     if s.get("reference"):
-        lines += _wrapped(s["reference"], "  ", "reference: ")
+        lines += _wrapped(terminal(s["reference"], TEXT_LIMIT), "  ", "reference: ")
     if "output_rel_l2_error" in s:
         lines.append(
             f"output error vs fp32: rel L2 {_num(s['output_rel_l2_error'])}, max abs {_num(s['output_max_abs_error'])}"
@@ -199,14 +205,16 @@ _STYLE = """<style>
 
 def html_section(layers: list[LayerComparison], findings: list[Finding], summary: dict) -> str:
     """The debugger's findings and per-layer table as an HTML fragment for the report page."""
-    e = html.escape
+    e = html_text
     parts = [f'<section class="mixprec-debug" id="debug">{_STYLE}', "<h2>Numerics against fp32</h2>"]
     before, low_before = summary.get("output_rel_l2_error", math.nan), summary.get("low_precision_flops_fraction")
     for i, finding in enumerate(findings, 1):
         items = "".join(f"<li>{e(s)}</li>" for s in finding.suggestions)
         fix = finding.fix
         effect = f"<p><b>{e(_effect(fix, before, low_before))}</b></p>" if fix is not None else ""
-        code = f"<pre><code>{e(fix.code)}</code></pre>" if fix is not None and finding.helps is not False else ""
+        code = ""
+        if fix is not None and finding.helps is not False:
+            code = "<pre><code>" + "\n".join(e(line) for line in fix.code.splitlines()) + "</code></pre>"
         parts.append(f'<div class="finding"><p>#{i} {e(finding.message)}</p>{effect}<ul>{items}</ul>{code}</div>')
     if not findings:
         parts.append("<p>No layer produced inf/NaN and no layer added error against fp32 on these inputs.</p>")

@@ -1,6 +1,6 @@
 """Repeated blocks drawn once: which boxes belong to a block, when blocks repeat, and the collapsed drawing."""
 
-from mixprec.output.report.blocks import block_of
+from mixprec.output.report.blocks import MAX_RUNS, block_of
 from mixprec.output.report.drawing import layout, render_svg
 
 
@@ -73,3 +73,15 @@ def test_a_run_that_would_close_a_cycle_is_drawn_in_full():
     assert lay.runs == () and {"q1", "q2", "q3"} <= {b.name for b in lay.boxes}
     for a, b in lay.edges:
         assert lay.boxes[a].rank < lay.boxes[b].rank
+
+
+def test_at_most_max_runs_runs_are_collapsed_the_longest_first():
+    """Each run tried costs a pass over the graph: a graph from a file may claim thousands of stacks."""
+    nodes, edges = [_node("x", "", "input", None, "input")], []
+    for family in range(MAX_RUNS + 20):
+        for block in range(3 if family < MAX_RUNS + 10 else 4):  # the last ten stacks are the longest
+            nodes.append(_node(f"f{family}_{block}", f"stack{family}.{block}.q"))
+            edges.append([len(nodes) - 2, len(nodes) - 1])
+    lay = layout({"nodes": nodes, "edges": edges}, [])
+    assert len(lay.runs) == MAX_RUNS
+    assert sum(len(run.blocks) == 3 for run in lay.runs) == 10  # the 4-block stacks are all collapsed

@@ -1,5 +1,8 @@
 """The HTML report page: self-contained, every layer in the table, the graph coloured by precision, escaped."""
 
+import copy
+import html.parser
+import json
 import re
 
 import pytest
@@ -134,3 +137,101 @@ def test_layers_the_backend_runs_otherwise_are_shown():
     assert "runs-as" not in re.search(r'<tr id="row-conv"[^>]*>.*?</tr>', page).group(0)
     assert "as the backend runs them: 1 f32 on openvino layers" in page
     assert "as the backend runs them" not in Report(layers[1:], _summary(), None).to_html()
+
+
+# --- strings from a file (issue 31): no markup, no attribute, no class token from the payload -----------------
+
+PAYLOAD = ('\x1b]0;pwned\x07\u202e"\'><script>alert(1)</script><img src=x onerror=alert(2)>'
+           "<svg onload=alert(3)>&amp;")  # fmt: skip
+
+
+class _Page(html.parser.HTMLParser):
+    """Every element's tag and attribute names, and every class token, as a browser would parse them."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.shape, self.classes = [], set()
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        self.shape.append((tag, tuple(sorted(name for name, _ in attrs))))
+        for name, value in attrs:
+            if name == "class":
+                self.classes.update((value or "").split())
+
+
+def _hostile(data: dict) -> dict:
+    """Every string field of a report's JSON that the reader accepts as free text, with the payload added."""
+    data = copy.deepcopy(data)
+    for layer in data["layers"]:
+        for key in ("name", "op", "module", "module_type", "source", "reason", "runs_as"):
+            layer[key] += PAYLOAD
+        for tensor in layer["inputs"] + layer["outputs"]:
+            tensor["name"] += PAYLOAD
+        layer["timings"] = {"bfloat16" + PAYLOAD: {"note" + PAYLOAD: PAYLOAD}}
+    for node in data["graph"]["nodes"]:
+        for key in ("name", "op", "module"):
+            node[key] += PAYLOAD
+        node["role"] = (node["role"] or "") + PAYLOAD
+    data["summary"]["compile_seconds"] = {"capture" + PAYLOAD: 1.0}
+    data["summary"]["runs_as"] = {"f32 on openvino" + PAYLOAD: 1}
+    return data
+
+
+@pytest.fixture(scope="module")
+def clean_and_hostile(seed_page):
+    report, _ = seed_page
+    data = json.loads(report.to_json())
+    for layer in data["layers"]:
+        layer["runs_as"] = "f32 on openvino"
+    data["summary"]["compile_seconds"] = {"capture": 1.0}
+    data["summary"]["runs_as"] = {"f32 on openvino": 1}
+    return Report.from_dict(data).to_html(), Report.from_dict(_hostile(data)).to_html(title="t" + PAYLOAD)
+
+
+def test_strings_from_a_file_add_no_element_attribute_or_class_to_the_page(clean_and_hostile):
+    clean, hostile = clean_and_hostile
+    assert PAYLOAD.count("script") and hostile.count("<script") == 1 and "<img" not in hostile
+    assert _Page(hostile).shape == _Page(clean).shape  # the same elements with the same attributes
+    assert _Page(hostile).classes <= _Page(clean).classes
+    for character in ("\x1b", "\x07", "\u202e"):  # shown as visible escapes, not written into the page
+        assert character not in hostile
+    assert "\\x1b]0;pwned\\x07\\u202e&quot;&#x27;&gt;&lt;script&gt;" in hostile
+
+
+def _record(name, kind="compute", precision=torch.float32, flops=10):
+    return LayerRecord(name, "aten.linear.default", "m", "M", precision, None, (), (), "default", "r", kind=kind,
+                       flops=flops)  # fmt: skip
+
+
+def test_a_report_built_with_any_values_still_makes_no_markup():
+    """The page does not rely on the reader: counts that are not numbers, kinds, dtypes and precision keys
+    outside the vocabulary (a Report built in Python, or a reader that let one through) are escaped or
+    replaced by a neutral class token."""
+    script = "<script>alert(1)</script>"
+    layers = [_record("a", kind=f'compute" onclick="{script}', flops=f"1{script}"), _record("b")]
+    graph = {
+        "nodes": [
+            {"name": "x", "kind": "input", "op": "input", "dtype": f'float32 hl" onclick="{script}', "role": None,
+             "module": ""},
+            {"name": "a", "kind": f"compute {script}", "op": "linear", "dtype": f"{script}", "role": script,
+             "module": "m"},
+            {"name": "b", "kind": "compute", "op": "linear", "dtype": ["float32"], "role": None, "module": "m"},
+        ],
+        "edges": [[0, 1], [1, 2]],
+    }  # fmt: skip
+    summary = {
+        **_summary(), "layers": script, "casts_inserted": script, "layers_by_precision": {f'"{script}': 1, "x": script},
+        "param_bytes_before": script, "param_bytes_after": 10, "low_precision_flops_fraction": script,
+        "total_flops": script, "compile_seconds": {script: script, "plan": 1.0}, "runs_as": {script: script},
+        "max_abs_error": script, "rel_l2_error": script,
+    }  # fmt: skip
+    page = Report(layers, summary, graph).to_html()
+    assert "<script>alert" not in page and "onclick" not in _attribute_names(page)
+    classes = _Page(page).classes
+    assert all(re.fullmatch(r"[a-z0-9_-]+", c) and "script" not in c and "onclick" not in c for c in classes)
+    assert {"k-other", "p-other", "p-none"} <= classes  # the tokens from outside the vocabulary
+
+
+def _attribute_names(page: str) -> set[str]:
+    return {name for _, names in _Page(page).shape for name in names}

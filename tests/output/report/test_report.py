@@ -185,7 +185,7 @@ def test_runs_as_round_trips_and_old_reports_still_load():
     del data["layers"][0]["runs_as"]  # a report written before the field
     assert Report.from_dict(data).layer("linear").runs_as is None
     data["layers"][0]["runs_as"] = 5
-    with pytest.raises(mixprec.ConfigError, match="runs_as"):
+    with pytest.raises(mixprec.FileFormatError, match="runs_as"):
         Report.from_dict(data)
 
 

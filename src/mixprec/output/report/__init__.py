@@ -7,10 +7,11 @@ import json
 import os
 
 from ... import jsondoc
-from ...errors import ConfigError, did_you_mean
+from ...errors import ConfigError, FileFormatError, did_you_mean
 from ..numerics import output_errors  # re-exported for compiler.py, which builds the summary
 from . import render
 from .graph_shape import build_graph
+from .reading import graph_fields, summary_fields
 from .records import LayerRecord, LayerTable, TensorRecord, build_records, computes_in_of, with_runs_as
 from .summary import build_summary, for_records
 
@@ -79,16 +80,17 @@ class Report(LayerTable):
 
     @classmethod
     def from_dict(cls, data) -> "Report":
+        """The report from its JSON form, every field checked (``reading.py``): a field that is not what mixprec
+        writes raises FileFormatError naming it (another format or version: ConfigError, as every document)."""
         jsondoc.check(data, fmt=_FORMAT, version=_VERSION, what="report")
-        try:
-            layers = [LayerRecord.from_dict(d) for d in data["layers"]]
-            summary = data["summary"]
-            graph = data.get("graph")
-            if not isinstance(summary, dict) or not (graph is None or isinstance(graph, dict)):
-                raise TypeError("'summary' and 'graph' must be objects")
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise ConfigError(f"this mixprec report is incomplete or damaged ({type(e).__name__}: {e}).") from e
-        return cls(layers, summary, graph)
+        unknown = set(data) - {"format", "version", "summary", "layers", "graph"}
+        if unknown or "layers" not in data or "summary" not in data or not isinstance(data["layers"], list):
+            raise FileFormatError(
+                "this mixprec report is incomplete or damaged: it must hold 'layers' (a list) and 'summary' "
+                f"({'an unknown field' if unknown else 'missing'}). Write it again with mixprec."
+            )
+        layers = [LayerRecord.from_dict(d, index=i) for i, d in enumerate(data["layers"])]
+        return cls(layers, summary_fields(data["summary"]), graph_fields(data.get("graph")))
 
     def to_html(self, title: str = "mixprec report", debug=None) -> str:
         """A self-contained page: the graph coloured by precision, the layer table, summary and error;

@@ -20,6 +20,8 @@ from __future__ import annotations
 import dataclasses
 import heapq
 
+MAX_RUNS = 32  # runs tried for collapsing, longest first
+
 
 @dataclasses.dataclass(frozen=True)
 class Run:
@@ -103,11 +105,14 @@ def collapse(boxes: list, edges: list[tuple[int, int]], blocks: list[str | None]
     """(boxes, edges, runs drawn): each run's blocks replaced by ``make_box(run, members)``, in topological order.
 
     A run whose box would sit on a cycle (a node outside the run both reads from it and feeds it) is
-    left drawn in full."""
+    left drawn in full, and so are the runs after the ``MAX_RUNS`` longest (a model has a few stacks;
+    a graph from a file may claim thousands)."""
     kept = []
     group = list(range(len(boxes)))  # box -> the node it is drawn as
-    for run in runs:
-        inside = {i for i, b in enumerate(blocks) if b in set(run.blocks)}
+    tried = set(sorted(range(len(runs)), key=lambda k: -len(runs[k].blocks))[:MAX_RUNS])
+    for run in (run for k, run in enumerate(runs) if k in tried):  # each trial is linear in boxes and edges
+        members = set(run.blocks)
+        inside = {i for i, b in enumerate(blocks) if b in members}
         trial = list(group)
         head = min(inside)
         for i in inside:

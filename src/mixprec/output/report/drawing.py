@@ -26,10 +26,14 @@ name, op and decision as a tooltip (``<title>``).
 from __future__ import annotations
 
 import dataclasses
-import html
+
+import torch
 
 from ...dtypes import short_name
+from ..escape import TEXT_LIMIT, css_token, cut
+from ..escape import html_text as _e
 from .blocks import Run, assign_blocks, collapse, repeated_runs
+from .placing import assign_ranks, assign_x, order_ranks
 
 NODE_W, NODE_H = 150, 32
 CAST_W, CAST_H = 84, 20
@@ -38,9 +42,21 @@ MAX_W = 320
 GAP_X, GAP_Y = 18, 14
 MARGIN = 16
 CHAR_W = 0.6  # average width of a character of the page's sans-serif font, per pixel of font size
+# A graph read from a file may hold anything up to the size mixprec reads; drawing it costs time and memory
+# per node and connection (a 462 KB graph once made a 2.7 GB page), so the drawing is capped: the largest
+# models mixprec compiles draw a few thousand nodes before their repeated blocks are collapsed.
+MAX_NODES = 3000  # drawn nodes (inputs, layers, casts, the output)
+MAX_GRAPH_NODES = 20_000  # nodes read, data movement included
+MAX_REACH = 16  # drawn nodes one node reads through collapsed ones (the nearest in graph order)
+MAX_EDGES = 4 * MAX_NODES
 SHOWN_KINDS = frozenset({"input", "output", "compute", "cast"})
 KEPT_SOURCES = frozenset({"autocast_rule", "torch_autocast"})
 INSERTED_CASTS = frozenset({"cast", "param_cast", "acc_cast", "io_cast"})  # roles of casts mixprec inserts
+# class and data-* tokens the page's CSS and script read: a node's kind, a dtype's name (anything else: "other")
+KIND_TOKENS = frozenset({"input", "output", "compute", "movement", "cast", "other", "blocks"})
+DTYPE_TOKENS = frozenset(
+    {name for name, value in vars(torch).items() if isinstance(value, torch.dtype)} | {"mixed", "none"}
+)
 _CAST_LABEL = {"param_cast": "param \u2192 ", "acc_cast": "acc \u2192 ", "io_cast": "out \u2192 "}
 
 
@@ -86,6 +102,8 @@ class Layout:
     ranks: int
     collapsed: int  # nodes not drawn
     runs: tuple[Run, ...] = ()  # repeated blocks drawn as one box each
+    left_out: int = 0  # nodes after the first MAX_NODES drawn ones (a graph too large to draw whole)
+    edges_left_out: int = 0  # connections beyond MAX_EDGES
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -95,8 +113,11 @@ class Layout:
 
 
 def layout(graph: dict, records: list, *, repeats: bool = True) -> Layout:
-    """``repeats=False``: draw every block in full."""
+    """``repeats=False``: draw every block in full. A graph larger than the caps (``MAX_NODES`` and the
+    others) is drawn in part, the first nodes in graph order, and the layout says how much was left out."""
     nodes = graph.get("nodes", [])
+    left_out = len(nodes) - _drawable(nodes)
+    nodes = nodes[: len(nodes) - left_out]
     by_name = {r.name: r for r in records}
     preds: list[list[int]] = [[] for _ in nodes]
     for src, dst in graph.get("edges", []):
@@ -110,28 +131,30 @@ def layout(graph: dict, records: list, *, repeats: bool = True) -> Layout:
         for p in preds[i]:
             for q in (p,) if shown[p] else reach[p]:
                 found[q] = None
-        reach.append(tuple(found))
+        reach.append(tuple(found) if len(found) <= MAX_REACH else tuple(sorted(found)[-MAX_REACH:]))
     boxes: list[Box] = []
     position: dict[int, int] = {}
     for i, node in enumerate(nodes):
         if not shown[i]:
             continue
-        record = by_name.get(node.get("name"))
+        record = by_name.get(node.get("name")) if isinstance(node.get("name"), str) else None
         position[i] = len(boxes)
         boxes.append(
             Box(
                 index=i,
-                name=str(node.get("name", "")),
-                kind=str(node.get("kind")),
-                op=str(node.get("op", "")),
-                dtype=node.get("dtype"),
-                module=str(node.get("module") or ""),
-                source=getattr(record, "source", ""),
-                reason=getattr(record, "reason", ""),
-                role=node.get("role"),
+                name=_text(node.get("name", "")),
+                kind=_text(node.get("kind")),
+                op=_text(node.get("op", "")),
+                dtype=_text(node["dtype"]) if isinstance(node.get("dtype"), str) else None,
+                module=_text(node.get("module") or ""),
+                source=_text(getattr(record, "source", "")),
+                reason=_text(getattr(record, "reason", "")),
+                role=_text(node["role"]) if isinstance(node.get("role"), str) else None,
             )
         )
     edges = sorted({(position[p], position[i]) for i in position for p in reach[i]})
+    edges_left_out = max(len(edges) - MAX_EDGES, 0)
+    edges = edges[:MAX_EDGES]
     drawn = len(boxes)
     runs: list[Run] = []
     if repeats:
@@ -154,86 +177,31 @@ def layout(graph: dict, records: list, *, repeats: bool = True) -> Layout:
                            run=run, strip=tuple(strips.get(run.like, ())))  # fmt: skip
 
             boxes, edges, runs = collapse(boxes, edges, blocks, runs, run_box)
-    _assign_ranks(boxes, edges)
-    order = _order(boxes, edges)
-    _assign_x(boxes, edges, order)
+    assign_ranks(boxes, edges)
+    assign_x(boxes, edges, order_ranks(boxes, edges), NODE_W + GAP_X, GAP_X)
     ranks = 1 + max((b.rank for b in boxes), default=0)
-    return Layout(boxes, edges, ranks, collapsed=len(nodes) - drawn, runs=tuple(runs))
+    return Layout(boxes, edges, ranks, collapsed=len(nodes) - drawn, runs=tuple(runs), left_out=left_out,
+                  edges_left_out=edges_left_out)
+
+
+def _drawable(nodes: list) -> int:
+    """How many of the graph's first nodes are drawn: at most MAX_NODES shown ones and MAX_GRAPH_NODES in all."""
+    count = 0
+    for i, node in enumerate(nodes[:MAX_GRAPH_NODES]):
+        count += node.get("kind") in SHOWN_KINDS
+        if count > MAX_NODES:
+            return i
+    return min(len(nodes), MAX_GRAPH_NODES)
+
+
+def _text(value) -> str:
+    """A string of a graph node as the page shows it at most (a file may hold megabytes in one name)."""
+    return cut(value if isinstance(value, str) else str(value), TEXT_LIMIT)
 
 
 def _signature(box: Box, block: str) -> tuple:
     """What must be equal for two blocks' boxes to be drawn as one (blocks.py)."""
     return (box.kind, box.op, box.dtype, box.role, box.module.removeprefix(block), box.kept)
-
-
-def _assign_ranks(boxes: list[Box], edges) -> None:
-    succ: dict[int, list[int]] = {}
-    pred: dict[int, list[int]] = {}
-    for a, b in edges:
-        succ.setdefault(a, []).append(b)
-        pred.setdefault(b, []).append(a)
-    for i, box in enumerate(boxes):
-        box.rank = 1 + max((boxes[p].rank for p in pred.get(i, ())), default=-1)
-    for i in reversed(range(len(boxes))):  # pull sources that are not inputs down to their consumers
-        box = boxes[i]
-        if box.kind != "input" and i not in pred and i in succ:
-            box.rank = max(0, min(boxes[s].rank for s in succ[i]) - 1)
-    last = max((b.rank for b in boxes if b.kind != "output"), default=-1)
-    for box in boxes:
-        if box.kind == "output":
-            box.rank = last + 1
-
-
-def _order(boxes: list[Box], edges, sweeps: int = 4) -> list[list[int]]:
-    ranks: dict[int, list[int]] = {}
-    for i, box in enumerate(boxes):
-        ranks.setdefault(box.rank, []).append(i)
-    order = [ranks.get(r, []) for r in range(1 + max(ranks, default=-1))]
-    pred: dict[int, list[int]] = {}
-    succ: dict[int, list[int]] = {}
-    for a, b in edges:
-        pred.setdefault(b, []).append(a)
-        succ.setdefault(a, []).append(b)
-
-    def place() -> dict[int, float]:
-        return {i: k - (len(row) - 1) / 2 for row in order for k, i in enumerate(row)}
-
-    for sweep in range(sweeps):
-        neighbours = pred if sweep % 2 == 0 else succ
-        rows = range(1, len(order)) if sweep % 2 == 0 else range(len(order) - 2, -1, -1)
-        for r in rows:
-            order[r] = _by_barycenter(order[r], neighbours, place())
-    return order
-
-
-def _by_barycenter(row: list[int], neighbours: dict[int, list[int]], pos: dict[int, float]) -> list[int]:
-    """A rank's nodes sorted by the mean position of their neighbours (ties keep the current order)."""
-    current = {i: k for k, i in enumerate(row)}
-
-    def key(i):
-        near = [pos[j] for j in neighbours.get(i, ()) if j in pos]
-        return (sum(near) / len(near) if near else pos[i], current[i])
-
-    return sorted(row, key=key)
-
-
-def _assign_x(boxes: list[Box], edges, order: list[list[int]]) -> None:
-    pred: dict[int, list[int]] = {}
-    for a, b in edges:
-        pred.setdefault(b, []).append(a)
-    step = NODE_W + GAP_X
-    for row in order:
-        desired = []
-        for k, i in enumerate(row):
-            xs = [boxes[p].x for p in pred.get(i, ()) if boxes[p].rank < boxes[i].rank]
-            desired.append(sum(xs) / len(xs) if xs else (k - (len(row) - 1) / 2) * step)
-        placed = list(desired)
-        for k in range(1, len(row)):
-            gap = (boxes[row[k - 1]].width + boxes[row[k]].width) / 2 + GAP_X
-            placed[k] = max(placed[k], placed[k - 1] + gap)
-        shift = (sum(desired) - sum(placed)) / len(row) if row else 0.0
-        for k, i in enumerate(row):
-            boxes[i].x = placed[k] + shift
 
 
 def render_svg(lay: Layout) -> str:
@@ -297,7 +265,7 @@ def labels(box: Box) -> tuple[str, str]:
 
 def _node(box: Box, cx: float, cy: float) -> str:
     dtype = box.dtype or ("mixed" if box.kind == "blocks" else "none")
-    classes = ["node", f"k-{box.kind}", f"p-{dtype}"]
+    classes = ["node", f"k-{css_token(box.kind, KIND_TOKENS)}", f"p-{css_token(dtype, DTYPE_TOKENS)}"]
     if box.kept:
         classes.append("kept")
     inserted = box.kind == "cast" and box.role in INSERTED_CASTS
@@ -323,23 +291,23 @@ def _node(box: Box, cx: float, cy: float) -> str:
         )
     text_y = cy + (4 if not sub else -2) - (6 if box.kind == "blocks" else 0)
     out = [
-        f'<g class="{" ".join(classes)}" data-name="{html.escape(box.name)}" data-precision="{html.escape(dtype)}" '
-        f'data-kind="{html.escape(box.kind)}" tabindex="0">',
-        f"<title>{html.escape(chr(10).join(tip))}</title>",
+        f'<g class="{" ".join(classes)}" data-name="{_e(box.name)}" data-precision="{_e(dtype)}" '
+        f'data-kind="{css_token(box.kind, KIND_TOKENS)}" tabindex="0">',
+        f"<title>{chr(10).join(_e(line) for line in tip)}</title>",
     ]
     if box.kind == "blocks":  # a stack of cards: the blocks it stands for
         out.append(
             f'<rect class="behind" x="{cx - w / 2 + 6:.1f}" y="{cy - h / 2 - 6:.1f}" width="{w}" height="{h}" rx="5"/>'
         )
     out.append(f'<rect x="{cx - w / 2:.1f}" y="{cy - h / 2:.1f}" width="{w}" height="{h}" rx="{rx:.0f}"/>')
-    out.append(f'<text x="{cx:.1f}" y="{text_y:.1f}">{html.escape(_fit(label, w, 12))}</text>')
+    out.append(f'<text x="{cx:.1f}" y="{text_y:.1f}">{_e(_fit(label, w, 12))}</text>')
     if sub:
-        out.append(f'<text class="sub" x="{cx:.1f}" y="{text_y + 13:.1f}">{html.escape(_fit(sub, w, 10))}</text>')
+        out.append(f'<text class="sub" x="{cx:.1f}" y="{text_y + 13:.1f}">{_e(_fit(sub, w, 10))}</text>')
     if box.strip:  # the precisions of one block's compute layers, in order
         step = (w - 20) / len(box.strip)
         y = cy + h / 2 - 12
         out += [
-            f'<rect class="strip p-{html.escape(d)}" x="{cx - w / 2 + 10 + k * step:.1f}" y="{y:.1f}" '
+            f'<rect class="strip p-{css_token(d, DTYPE_TOKENS)}" x="{cx - w / 2 + 10 + k * step:.1f}" y="{y:.1f}" '
             f'width="{max(step - 1, 1):.1f}" height="6"/>'
             for k, d in enumerate(box.strip)
         ]

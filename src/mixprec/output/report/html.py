@@ -19,12 +19,13 @@ made of it. The page is rendered from the report's data only (``Report.graph``,
 
 from __future__ import annotations
 
-import html
 import math
 from importlib import resources
 
 from ...dtypes import dtype_name
-from .drawing import KEPT_SOURCES, layout, render_svg
+from ..escape import css_token
+from ..escape import html_text as _e
+from .drawing import DTYPE_TOKENS, KEPT_SOURCES, KIND_TOKENS, layout, render_svg
 from .render import row_cells
 
 _PRECISION_ORDER = ("float32", "float64", "bfloat16", "float16", "int8")
@@ -61,18 +62,19 @@ def render_page(report, title: str = "mixprec report", extra_sections=()) -> str
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{html.escape(title)}</title>",
+        f"<title>{_e(title)}</title>",
         f"<style>\n{_asset('report.css')}\n</style>",
         "</head><body>",
-        f"<header><h1>{html.escape(title)}</h1>",
-        f'<p class="by">written by mixprec {html.escape(__version__)}</p></header>',
+        f"<header><h1>{_e(title)}</h1>",
+        f'<p class="by">written by mixprec {_e(__version__)}</p></header>',
         _summary_section(summary),
         _error_section(summary),
         '<section id="graph-section"><h2>Graph</h2>',
         _legend(report, lay),
         f'<p class="note">{len(lay.boxes)} nodes drawn ({counts.get("compute", 0)} compute layers, '
         f"{counts.get('cast', 0)} casts); {lay.collapsed} data-movement and size nodes are collapsed into the "
-        f"edges.{_runs_note(lay)} Hover a node for its decision, click it to find its row in the table. Casts labelled "
+        f"edges.{_runs_note(lay)}{_left_out_note(lay)} Hover a node for its decision, click it to find its row in "
+        "the table. Casts labelled "
         "\u201cacc\u201d widen operands for fp32 accumulation, \u201cparam\u201d convert stored parameters, "
         "\u201cout\u201d restore output dtypes.</p>",
         '<div class="zoom"><button type="button" data-zoom="-1" title="smaller">\u2212</button>'
@@ -87,12 +89,21 @@ def render_page(report, title: str = "mixprec report", extra_sections=()) -> str
     return "\n".join(parts)
 
 
+def _left_out_note(lay) -> str:
+    if not (lay.left_out or lay.edges_left_out):
+        return ""
+    return (
+        f" The graph is too large to draw whole: {lay.left_out:,} later nodes and {lay.edges_left_out:,} connections "
+        "are left out of the picture (every layer is in the table)."
+    )
+
+
 def _runs_note(lay) -> str:
     if not lay.runs:
         return ""
     runs = "; ".join(
-        f"{html.escape(run.label)} ({len(run.blocks)} block{'s' if len(run.blocks) > 1 else ''}) repeat "
-        f"{html.escape(run.like)}" for run in lay.runs
+        f"{_e(run.label)} ({len(run.blocks)} block{'s' if len(run.blocks) > 1 else ''}) repeat "
+        f"{_e(run.like)}" for run in lay.runs
     )
     return (
         f" Repeated blocks are drawn once: {runs} \u2014 the same ops, wiring and precisions, shown as one stacked box "
@@ -100,7 +111,19 @@ def _runs_note(lay) -> str:
     )
 
 
+def _number(value) -> float | int | None:
+    """A number from the summary (a report read from a file may hold anything there): None when not one."""
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _count(value) -> str:
+    """An integer count, formatted ("1,234"); anything else in its place as text."""
+    return _num(value, ",") if isinstance(value, int) and not isinstance(value, bool) else _num(value)
+
+
 def _fmt_bytes(n) -> str:
+    if _number(n) is None or not math.isfinite(n):
+        return _num(n)
     n = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
@@ -114,44 +137,52 @@ def _num(value, spec: str = ".3g") -> str:
         if isinstance(value, float) and not math.isfinite(value):
             return str(value)
         return format(value, spec)
-    return html.escape(str(value))
+    return _e(value)
 
 
-def _precision_bar(by: dict) -> str:
+def _precision_bar(by) -> str:
+    by = by if isinstance(by, dict) else {}
+    by = {str(k): n for k, n in by.items() if _number(n) is not None and math.isfinite(n) and n >= 0}
     total = sum(by.values()) or 1
     keys = sorted(by, key=lambda k: (_PRECISION_ORDER.index(k) if k in _PRECISION_ORDER else 99, k))
     segments = "".join(
-        f'<span class="seg p-{html.escape(k)}" style="width:{100 * by[k] / total:.2f}%" '
-        f'title="{html.escape(k)}: {by[k]}"></span>'
+        f'<span class="seg p-{css_token(k, DTYPE_TOKENS)}" style="width:{100 * by[k] / total:.2f}%" '
+        f'title="{_e(k)}: {_count(by[k])}"></span>'
         for k in keys
     )
-    labels = ", ".join(f'<span class="chip p-{html.escape(k)}">{html.escape(k)}</span> {by[k]}' for k in keys)
+    labels = ", ".join(
+        f'<span class="chip p-{css_token(k, DTYPE_TOKENS)}">{_e(k)}</span> {_count(by[k])}' for k in keys
+    )
     return f'<div class="bar">{segments}</div><div class="bar-labels">{labels}</div>'
 
 
 def _summary_section(summary: dict) -> str:
     by = summary.get("layers_by_precision", {})
-    frac = float(summary.get("low_precision_flops_fraction", 0.0) or 0.0)
+    frac = _number(summary.get("low_precision_flops_fraction"))
+    frac = min(max(frac, 0.0), 1.0) if frac is not None and math.isfinite(frac) else 0.0
     before, after = summary.get("param_bytes_before", 0), summary.get("param_bytes_after", 0)
-    change = f" ({(after - before) / before:+.0%})" if before else ""
-    seconds = summary.get("compile_seconds") or {}
-    compile_time = sum(v for v in seconds.values() if isinstance(v, (int, float)))
+    change = ""
+    if _number(before) and _number(after) is not None and math.isfinite(before) and math.isfinite(after):
+        change = f" ({(after - before) / before:+.0%})"
+    seconds = summary.get("compile_seconds")
+    seconds = {str(k): v for k, v in seconds.items() if _number(v) is not None} if isinstance(seconds, dict) else {}
+    compile_time = sum(seconds.values())
     cards = [
-        ("Layers", f"<b>{summary.get('layers', 0)}</b> compute layers{_precision_bar(by)}"),
+        ("Layers", f"<b>{_count(summary.get('layers', 0))}</b> compute layers{_precision_bar(by)}"),
         (
             "Low-precision FLOPs",
             f"<b>{frac:.1%}</b> of matmul/conv FLOPs"
             f'<div class="bar"><span class="seg low" style="width:{100 * frac:.2f}%"></span></div>'
             f'<div class="bar-labels">{_num(summary.get("total_flops", 0), ",")} FLOPs in all{_runs_as(summary)}</div>',
         ),
-        ("Casts inserted", f"<b>{summary.get('casts_inserted', 0)}</b> casts in the rewritten graph"),
+        ("Casts inserted", f"<b>{_count(summary.get('casts_inserted', 0))}</b> casts in the rewritten graph"),
         (
             "Parameter bytes",
             f"<b>{_fmt_bytes(after)}</b> stored{change}<div class='bar-labels'>{_fmt_bytes(before)} as captured</div>",
         ),
     ]
     if seconds:
-        phases = ", ".join(f"{html.escape(k)} {v:.2f}s" for k, v in seconds.items())
+        phases = ", ".join(f"{_e(k)} {v:.2f}s" for k, v in seconds.items())
         cards.append(("Compile time", f"<b>{compile_time:.2f} s</b><div class='bar-labels'>{phases}</div>"))
     body = "".join(f'<div class="card"><h3>{t}</h3>{c}</div>' for t, c in cards)
     return f'<section id="summary"><h2>Summary</h2><div class="cards">{body}</div></section>'
@@ -162,7 +193,7 @@ def _runs_as(summary: dict) -> str:
     counts = summary.get("runs_as")
     if not isinstance(counts, dict) or not counts:
         return ""
-    listed = ", ".join(f"{_num(n)} {html.escape(str(what))}" for what, n in counts.items())
+    listed = ", ".join(f"{_count(n)} {_e(what)}" for what, n in counts.items())
     return f'<br><span class="runs-as">as the backend runs them: {listed} layers</span>'
 
 
@@ -191,7 +222,8 @@ def _legend(report, lay) -> str:
         key=lambda k: (_PRECISION_ORDER.index(k) if k in _PRECISION_ORDER else 99, k),
     )
     items = [
-        f'<span class="key"><span class="swatch p-{html.escape(p)}"></span>{html.escape(p)}</span>' for p in present
+        f'<span class="key"><span class="swatch p-{css_token(p, DTYPE_TOKENS)}"></span>{_e(p)}</span>'
+        for p in present
     ]
     items.append('<span class="key"><span class="swatch cast"></span>cast inserted by mixprec</span>')
     items.append('<span class="key"><span class="swatch model-cast"></span>cast in the model (.to, autocast)</span>')
@@ -205,42 +237,45 @@ def _legend(report, lay) -> str:
 
 def _table_section(report) -> str:
     records = report.layers
-    precisions = sorted({dtype_name(r.precision) for r in records})
+    precisions = sorted({css_token(dtype_name(r.precision), DTYPE_TOKENS) for r in records})
     sources = sorted({r.source for r in records})
-    kinds = sorted({r.kind for r in records})
+    kinds = sorted({css_token(r.kind, KIND_TOKENS) for r in records})
     head = "".join(
-        f'<th data-key="{key}" data-type="{typ}" tabindex="0">{html.escape(label)}</th>' for label, key, typ in _COLUMNS
+        f'<th data-key="{key}" data-type="{typ}" tabindex="0">{_e(label)}</th>' for label, key, typ in _COLUMNS
     )
     rows = []
     for i, r in enumerate(records):
         name, module, op, prec, acc, ins, outs, source, reason = row_cells(r)
-        precision = dtype_name(r.precision)
+        precision = css_token(dtype_name(r.precision), DTYPE_TOKENS)
+        kind = css_token(r.kind, KIND_TOKENS)
         kept = r.kind == "compute" and precision in ("float32", "float64") and r.source in KEPT_SOURCES
-        cells = (str(i), name, r.kind, module, op, prec, acc, ins, outs, source, f"{r.flops:,}", reason)
-        values = (str(i), name, r.kind, module, op, precision, acc, ins, outs, source, str(r.flops), reason)
+        flops = r.flops if isinstance(r.flops, int) and not isinstance(r.flops, bool) else 0
+        cells = (str(i), name, kind, module, op, prec, acc, ins, outs, source, f"{flops:,}", reason)
+        values = (str(i), name, kind, module, op, precision, acc, ins, outs, source, str(flops), reason)
         runs_as = (f' <span class="runs-as" title="the backend computes this layer in another type than planned">'
-                   f"runs {html.escape(r.runs_as)}</span>" if r.runs_as else "")
+                   f"runs {_e(r.runs_as)}</span>" if r.runs_as else "")
+        shown = [_e(c) for c in cells]
         tds = "".join(
-            f'<td data-v="{html.escape(v)}">'
-            + (f'<span class="chip p-{precision}">{html.escape(c)}</span>{runs_as}' if k == 5 else html.escape(c))
+            f'<td data-v="{shown[k] if v is c else _e(v)}">'
+            + (f'<span class="chip p-{precision}">{shown[k]}</span>{runs_as}' if k == 5 else shown[k])
             + "</td>"
             for k, (c, v) in enumerate(zip(cells, values))
         )
-        classes = f"p-{precision} k-{r.kind}" + (" kept" if kept else "") + ("" if r.in_graph else " removed")
+        classes = f"p-{precision} k-{kind}" + (" kept" if kept else "") + ("" if r.in_graph else " removed")
         rows.append(
-            f'<tr id="row-{html.escape(name)}" class="{classes}" data-name="{html.escape(name)}" '
-            f'data-precision="{precision}" data-kind="{r.kind}" data-source="{html.escape(r.source)}"'
-            + (f' data-runs-as="{html.escape(r.runs_as)}"' if r.runs_as else "") + f">{tds}</tr>"
+            f'<tr id="row-{_e(name)}" class="{classes}" data-name="{_e(name)}" '
+            f'data-precision="{precision}" data-kind="{kind}" data-source="{_e(r.source)}"'
+            + (f' data-runs-as="{_e(r.runs_as)}"' if r.runs_as else "") + f">{tds}</tr>"
         )
 
     def options(values):
         return '<option value="">all</option>' + "".join(
-            f'<option value="{html.escape(v)}">{html.escape(v)}</option>' for v in values
+            f'<option value="{_e(v)}">{_e(v)}</option>' for v in values
         )
 
     kind_boxes = "".join(
-        f'<label><input type="checkbox" name="kind" value="{html.escape(k)}"'
-        f"{'' if k == 'movement' else ' checked'}> {html.escape(k)}</label>"
+        f'<label><input type="checkbox" name="kind" value="{_e(k)}"'
+        f"{'' if k == 'movement' else ' checked'}> {_e(k)}</label>"
         for k in kinds
     )
     controls = (

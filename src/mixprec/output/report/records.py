@@ -12,6 +12,7 @@ import torch
 from ...dtypes import dtype_from_name, dtype_name
 from ...ir.graph_info import META_ACC, META_ROLE, GraphInfo, tensor_metas
 from ...plan.precision_plan import PrecisionPlan
+from .reading import layer_fields
 
 
 class LayerTable:
@@ -82,16 +83,12 @@ class LayerRecord:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "LayerRecord":
-        d = dict(d)
-        d["precision"] = dtype_from_name(d["precision"])
-        d["accumulate"] = dtype_from_name(d["accumulate"]) if d.get("accumulate") else None
-        d["input_dtypes"] = tuple(dtype_from_name(v) for v in d["input_dtypes"])
-        d["output_dtypes"] = tuple(dtype_from_name(v) for v in d["output_dtypes"])
-        d["inputs"] = tuple(TensorRecord.from_dict(t) for t in d.get("inputs", ()))
-        d["outputs"] = tuple(TensorRecord.from_dict(t) for t in d.get("outputs", ()))
-        if d.get("runs_as") is not None and not isinstance(d["runs_as"], str):
-            raise TypeError(f"'runs_as' must be a string or null, not {type(d['runs_as']).__name__}")
+    def from_dict(cls, d: dict, index: int = 0) -> "LayerRecord":
+        """The record from its JSON form, every field checked (``reading.py``; FileFormatError names the field
+        of layer ``index``)."""
+        d = layer_fields(d, index)
+        d["inputs"] = tuple(TensorRecord(t["name"], tuple(t["shape"]), t["dtype"]) for t in d["inputs"])
+        d["outputs"] = tuple(TensorRecord(t["name"], tuple(t["shape"]), t["dtype"]) for t in d["outputs"])
         return cls(**d)
 
 

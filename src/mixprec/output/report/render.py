@@ -12,14 +12,21 @@ layer in full.
 A layer whose backend computes it in another type than planned (``LayerRecord.runs_as``, e.g.
 "f32 on openvino" for a bf16 layer OpenVINO keeps in f32) is marked ``*`` after its precision,
 and its reason begins with what it runs as.
+
+Every string of a record may come from a file (``mixprec report FILE``): each is shown through
+``output/escape.py`` (control, format and bidi characters as visible escapes, a field cut at a few
+hundred characters, a reason at a few thousand), so no escape sequence reaches the terminal and a
+layer name of megabytes costs no more than one of a few hundred characters.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 
 from ...dtypes import dtype_name, short_name, trt_name
-from .records import LayerRecord
+from ..escape import TEXT_LIMIT, terminal
+from .records import LayerRecord, TensorRecord
 from .text_table import WIDTH, Column, Heading, layout, render
 
 RUNS_AS_MARK = "*"
@@ -80,8 +87,25 @@ def row_cells(r: LayerRecord) -> tuple[str, ...]:
 
 
 def module_heading(module: str, module_type: str) -> Heading:
-    kind = module_type.rsplit(".", 1)[-1]
-    return Heading(f"{module or '(top level)'}" + (f" ({kind})" if kind else ""))
+    kind = terminal(module_type.rsplit(".", 1)[-1])
+    return Heading(f"{terminal(module) or '(top level)'}" + (f" ({kind})" if kind else ""))
+
+
+def for_terminal(r: LayerRecord) -> LayerRecord:
+    """The record with every string as a terminal may show it (``output/escape.py``)."""
+
+    def tensors(items) -> tuple[TensorRecord, ...]:
+        return tuple(dataclasses.replace(t, name=terminal(t.name)) for t in items)
+
+    timings = None
+    if r.timings:
+        timings = {terminal(k): {terminal(a): terminal(b) for a, b in v.items()} for k, v in r.timings.items()}
+    return dataclasses.replace(
+        r, name=terminal(r.name), op=terminal(r.op), module=terminal(r.module), module_type=terminal(r.module_type),
+        source=terminal(r.source), reason=terminal(r.reason, TEXT_LIMIT), kind=terminal(r.kind),
+        inputs=tensors(r.inputs), outputs=tensors(r.outputs), timings=timings,
+        runs_as=terminal(r.runs_as) if r.runs_as else r.runs_as,
+    )
 
 
 def grouped(records, cells) -> list:
@@ -96,7 +120,8 @@ def grouped(records, cells) -> list:
 
 
 def table(records: list[LayerRecord], summary: dict, *, kinds=("compute", "cast"), width: int = WIDTH) -> str:
-    shown = [r for r in records if r.kind in kinds]
+    hidden = sum(1 for r in records if r.kind not in kinds)
+    shown = [for_terminal(r) for r in records if r.kind in kinds]
     columns = list(_COLUMNS)
     with_acc = any(r.accumulate for r in shown)
     if not with_acc:
@@ -121,7 +146,6 @@ def table(records: list[LayerRecord], summary: dict, *, kinds=("compute", "cast"
         return head if len(head) <= room else head[: room - 1] + "\u2026"
 
     lines = render(columns, grouped(shown, lambda r: cells(r, reason_cell(r))), widths, width=width)
-    hidden = len(records) - len(shown)
     if hidden:
         lines.append(f"({hidden} data-movement nodes not shown; see report.layers)")
     kept = {}
@@ -130,7 +154,8 @@ def table(records: list[LayerRecord], summary: dict, *, kinds=("compute", "cast"
             kept[runs_as(r)] = kept.get(runs_as(r), 0) + 1
     if kept:
         counts = ", ".join(f"{n} {what}" for what, n in sorted(kept.items()))
-        lines.append(f"{RUNS_AS_MARK} computed by the backend in another type than planned (runs_as): {counts}")
+        lines += textwrap.wrap(f"{RUNS_AS_MARK} computed by the backend in another type than planned (runs_as): "
+                               f"{counts}", width, subsequent_indent="    ", break_on_hyphens=False)
     if notes:
         lines += ["", "reasons in full ([n] in the table):"]
         for text, n in notes.items():
@@ -141,7 +166,7 @@ def table(records: list[LayerRecord], summary: dict, *, kinds=("compute", "cast"
 
 
 def summary_text(summary: dict) -> str:
-    by = ", ".join(f"{k}: {v}" for k, v in summary["layers_by_precision"].items())
+    by = ", ".join(f"{terminal(k)}: {v}" for k, v in summary["layers_by_precision"].items())
     parts = [
         f"layers: {summary['layers']} ({by})",
         f"low-precision share of matmul/conv FLOPs: {summary['low_precision_flops_fraction']:.1%}",
@@ -154,7 +179,8 @@ def summary_text(summary: dict) -> str:
 
 
 def details(r: LayerRecord, *, width: int = WIDTH) -> str:
-    """Every field of one layer, in full, wrapped at ``width``."""
+    """Every field of one layer, in full (but for megabytes of it: ``output/escape.py``), wrapped at ``width``."""
+    r = for_terminal(r)
 
     def tensors(items) -> str:
         return "; ".join(f"{t.name} [{', '.join(map(str, t.shape))}] {dtype_name(t.dtype)}" for t in items) or "-"
@@ -203,6 +229,7 @@ def layer_info(records: list[LayerRecord]) -> str:
     for r in records:
         if r.kind == "movement" or not r.in_graph:
             continue
+        r = for_terminal(r)
         line = (
             f"Name: {r.name}, LayerType: {r.op}, Module: {r.module or '(top)'}, Inputs: {_tensors(r.inputs)}, "
             f"Outputs: {_tensors(r.outputs)}, Precision: {trt_name(r.precision)}"
