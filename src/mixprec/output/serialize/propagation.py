@@ -15,15 +15,18 @@ at the example sizes, and refuses the file (FileFormatError) when
   more than 64 (a chain of squarings reaches 2**(2**40) in forty nodes);
 * the memory of one call exceeds :data:`MULTIPLE` x (weights + inputs) + :data:`FLOOR`. The memory of a call is
   counted as eager PyTorch spends it: each tensor an operator returns lives from that operator to its last use
-  (views share their base's storage), plus, while an operator runs, the bytes of broadcast inputs it may copy to
-  make them contiguous and, for attention, its L x S score matrix (the math kernel's scratch);
+  (views share their base's storage), plus, while an operator runs, its scratch (``workspace.py``: the columns of
+  a convolution without a oneDNN path, the intermediates of a composite operator, attention's L x S scores, the
+  copies of broadcast inputs);
 * the user inputs, at the recorded sizes, exceed the bytes the file stores for its example inputs or
   :data:`MAX_UNSTORED_INPUT_BYTES` when it stores none: a backend that warms up on inputs made from these sizes
   (inductor) never materialises more than that.
 
 Dynamic dimensions are checked at the example sizes (each symbol at its recorded hint): a call with larger inputs
 allocates what the graph computes for them, as any model does. A data-dependent size (``nonzero``, ``item``) takes
-the upper bound of its recorded range (2**31 when unbounded, so an allocation sized by it fails the budget).
+the upper bound of its recorded range (2**31 when unbounded, so an allocation sized by it fails the budget), and
+the operator making it counts what it can allocate from its inputs; the file's record is not trusted: ``load``
+inserts a check of each such size against the value taken here into the program (``runtime_bounds.py``).
 Bodies of ``cond`` and autocast/grad regions are run like the graph; loops (``map``, ``scan``, ``while_loop``) are
 counted by their outputs.
 """
@@ -33,13 +36,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
 import operator
 
 import torch
 import torch.utils._pytree as pytree
 
 from ...errors import FileFormatError
+from . import runtime_bounds, workspace
 
 MULTIPLE = 16  # one call may use this many times the bytes of the weights and inputs ...
 FLOOR = 1 << 30  # ... plus this much (small models on large inputs: see bench/RESULTS.md, "Security round two")
@@ -48,7 +51,6 @@ MAX_SIZE = 1 << 63
 UNBOUNDED_DATA_DEPENDENT = 1 << 31
 
 _SIZE_FUNCTIONS_CHECKED_BEFORE = {operator.pow: 64, operator.lshift: 64}
-_ATTENTION = ("scaled_dot_product_attention", "_scaled_dot_product_flash_attention_for_cpu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +60,8 @@ class Footprint:
     weight_bytes: int
     input_bytes: int
     peak_bytes: int
+    # data-dependent node -> the value the fake run gave it (checked at the call: runtime_bounds.guard)
+    assumed: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @property
     def budget(self) -> int:
@@ -81,7 +85,7 @@ def check(exported_program, stored_input_bytes: int | None) -> Footprint:
                 f"{limit} mixprec makes for a program storing {stored_input_bytes or 0} bytes of example inputs."
             )
         _, peak = run.graph(exported_program.graph_module, inputs)
-    footprint = Footprint(run.weight_bytes, run.input_bytes, peak)
+    footprint = Footprint(run.weight_bytes, run.input_bytes, peak, run.assumed)
     if footprint.peak_bytes > footprint.budget:
         raise FileFormatError(
             f"one call of the program would use {footprint.peak_bytes / 2**30:.3g} GiB for tensors, more than "
@@ -97,6 +101,7 @@ class _Run:
         self.mode, self.program = mode, exported_program
         self.storage_bytes: dict[int, int] = {}  # storage -> its size when it was created (a view may not grow it)
         self.symbols: dict = {}  # sympy symbol -> the value the run gives it
+        self.assumed: dict = {}  # data-dependent node -> the value the run gave it
         self.weight_bytes = self.input_bytes = 0
         self._keep: list = []  # every fake tensor made, so no storage address is reused during the run
 
@@ -229,9 +234,11 @@ class _Run:
         if not isinstance(target, torch._ops.OpOverload):
             return self._size_arithmetic(node, target, args, kwargs), 0, 0
         try:
-            result = target(*args, **kwargs)
+            result, scratch = workspace.call(target, args, kwargs)
         except (DynamicOutputShapeException, DataDependentOutputException, UnsupportedOperatorException):
             result = self._from_recorded(node, node.meta.get("val"))  # data-dependent: sizes at their bounds
+            self.assumed[node] = result
+            return result, 0, runtime_bounds.own_allocation(node, target, args, kwargs, result)
         except FileFormatError:
             raise
         except Exception as e:  # torch's own refusal of the shapes or arguments the file gives this operator
@@ -239,7 +246,7 @@ class _Run:
                 f"the program's node {node.name!r} ({target}) cannot run on the sizes the file gives it "
                 f"({type(e).__name__}: {_first_line(e)})."
             ) from None
-        return result, 0, _transient(target, args, kwargs)
+        return result, 0, scratch
 
     def _higher_order(self, node, args, kwargs):
         name = node.target.name()
@@ -350,21 +357,6 @@ def _as_recorded(node, outputs):
     if isinstance(recorded, (list, tuple)) or len(outputs) != 1:
         return tuple(outputs)
     return outputs[0]
-
-
-def _transient(target, args, kwargs) -> int:
-    """Bytes an operator may use while it runs beyond what it returns (see the module docstring)."""
-    tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-    total = 0
-    for tensor in tensors:  # a broadcast (expanded) input a kernel may copy to make contiguous
-        logical = tensor.numel() * tensor.element_size()
-        if logical > tensor.untyped_storage().nbytes():
-            total += logical
-    if any(word in target._schema.name for word in _ATTENTION) and len(tensors) >= 2:
-        query, key = tensors[0], tensors[1]
-        if query.dim() >= 2 and key.dim() >= 2:
-            total += math.prod(query.shape[:-1]) * key.shape[-2] * 4  # the L x S scores, in float32
-    return total
 
 
 def _extent(sizes, strides, offset) -> int:

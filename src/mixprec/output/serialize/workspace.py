@@ -1,0 +1,134 @@
+"""Bytes an operator allocates while it runs beyond the tensors it returns: the scratch the load-time memory check
+(``propagation.py``) adds to a call's peak.
+
+A fake run sees only what an operator returns. Some CPU kernels allocate a large multiple of that while they run,
+and a file can pick the shapes that make the multiple huge (measured, ru_maxrss of one call, torch 2.13, 1 thread):
+
+* **Convolution without a oneDNN path** (float64; float16 and, on CPUs without avx512_bf16, bfloat16; integer
+  types; dilated, 3-D and transposed convolutions) unfolds its input into a columns buffer (``im2col``):
+  ``batch x C_in/groups x prod(kernel) x prod(out_spatial)`` elements for a convolution, ``batch x C_out/groups x
+  prod(kernel) x prod(in_spatial)`` for a transposed one. A float64 [1, 1, 1, 1] input, a [1, 1, 64, 64] kernel and
+  padding 63: 130.6 MiB at the call for a 32 KiB output (the formula: 128 MiB); the same as conv1d (K 4096), conv3d
+  (K 16), conv_transpose2d (64x64 input and kernel), and x4 for batch 4. Groups: per group, and the group outputs
+  are copied into the result once more. The count is the same whatever the dtype and CPU (float32 on oneDNN took
+  9 MiB where the formula says 64 MiB), so whether a file loads does not depend on the machine that loads it.
+* **Composite operators** (``aten.matmul``, ``aten.linear``, ... as a file may name them) run as several ATen
+  operators, whose intermediates the fake run never sees: a broadcast ``matmul`` of [256, 1, 1, 4096] and
+  [1, 256, 4096, 1] (8 MiB of inputs, 256 KiB of output) copies both sides to [65536, 4096] first, 2053 MiB. The
+  call runs under :class:`_Meter`, which sees each inner operator and counts every storage it makes.
+* **A copy of the input**: ``kthvalue``/``median``/``mode`` sort a copy of values and int64 indices (3x a float32
+  input measured), ``unique`` 5x, ``cdist`` 2x (:data:`_INPUT_COPIES`).
+
+Measured and small (no count): sort, topk, cumsum, max_pool2d_with_indices, index_select, embedding_bag, fft,
+im2col/col2im (their columns are their output or input). Attention's L x S scores are counted here too.
+"""
+
+from __future__ import annotations
+
+import math
+from types import MappingProxyType
+
+import torch
+import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+_CONVOLUTIONS = frozenset({
+    "convolution", "_convolution", "convolution_overrideable", "conv1d", "conv2d", "conv3d", "conv_transpose1d",
+    "conv_transpose2d", "conv_transpose3d", "_slow_conv2d_forward", "slow_conv3d", "slow_conv3d_forward",
+    "slow_conv_dilated2d", "slow_conv_dilated3d", "slow_conv_transpose2d", "slow_conv_transpose3d", "thnn_conv2d",
+    "mkldnn_convolution", "_conv_depthwise2d", "conv_depthwise3d", "_convolution_mode",
+})  # fmt: skip
+# copies of the first input an operator sorts or hashes while it runs, in multiples of the input's bytes (measured:
+# kthvalue 3.0x a float32 input, unique 4.8x, cdist 2.2x)
+_INPUT_COPIES = MappingProxyType({
+    "kthvalue": 3, "median": 3, "nanmedian": 3, "mode": 3, "_unique": 5, "_unique2": 5, "unique_dim": 5,
+    "unique_consecutive": 5, "unique_dim_consecutive": 5, "_cdist_forward": 3, "cdist": 3,
+})  # fmt: skip
+_ATTENTION = ("scaled_dot_product_attention", "_scaled_dot_product_flash_attention_for_cpu")
+
+
+def call(target, args, kwargs):
+    """(result, scratch bytes) of calling ``target`` on (fake) values: the scratch is what the operator and the
+    operators it runs as allocate and do not return, at most all of it at once."""
+    inputs = {_storage(t) for t in _tensors((args, kwargs))}
+    with _Meter(inputs) as meter:
+        result = target(*args, **kwargs)
+    returned = {_storage(t) for t in _tensors(result)}
+    intermediates = sum(n for key, n in meter.fresh.items() if key not in returned)
+    return result, intermediates + meter.scratch + broadcast_copies(args, kwargs)
+
+
+def scratch(target, args, kwargs, result) -> int:
+    """Bytes one ATen operator's kernel allocates beyond its result (the module docstring's formulas)."""
+    name = target._schema.name.split("::")[-1]
+    if name in _CONVOLUTIONS:
+        return _convolution(name, args, kwargs, result)
+    tensors = _tensors((args, kwargs))
+    if name in _INPUT_COPIES and tensors:
+        return _INPUT_COPIES[name] * tensors[0].numel() * tensors[0].element_size()
+    if any(word in name for word in _ATTENTION) and len(tensors) >= 2:
+        query, key = tensors[0], tensors[1]
+        if query.dim() >= 2 and key.dim() >= 2:
+            return math.prod(query.shape[:-1]) * key.shape[-2] * 4  # the L x S scores, in float32
+    return 0
+
+
+def broadcast_copies(args, kwargs) -> int:
+    """A broadcast (expanded) input a kernel may copy to make it contiguous: its logical bytes."""
+    total = 0
+    for tensor in _tensors((args, kwargs)):
+        logical = tensor.numel() * tensor.element_size()
+        if logical > tensor.untyped_storage().nbytes():
+            total += logical
+    return total
+
+
+def _convolution(name, args, kwargs, result) -> int:
+    tensors, outputs = _tensors((args, kwargs)), _tensors(result)
+    if len(tensors) < 2 or not outputs:
+        return 0
+    source, weight, out = tensors[0], tensors[1], outputs[0]
+    if weight.dim() < 3 or source.dim() < weight.dim() - 1:
+        return 0
+    general = name in ("convolution", "_convolution", "convolution_overrideable")
+    transposed = "transpose" in name or (general and len(args) > 6 and args[6] is True)
+    batched = source.dim() == weight.dim()
+    spatial = (source if transposed else out).shape[(2 if batched else 1) :]
+    columns = (source.shape[0] if batched else 1) * math.prod(weight.shape[1:]) * math.prod(spatial)
+    # groups: convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups),
+    # conv{1,2,3}d(input, weight, bias, stride, padding, dilation, groups), conv_transpose with output_padding first
+    position = 8 if general else 7 if "transpose" in name else 6
+    groups = args[position] if len(args) > position else kwargs.get("groups", 1)
+    copies = out.numel() * out.element_size() if isinstance(groups, int) and groups > 1 else 0
+    return columns * out.element_size() + copies
+
+
+class _Meter(TorchDispatchMode):
+    """Every ATen operator that runs inside one call: the storages it makes (``fresh``) and its own scratch (the
+    largest one: they do not coexist)."""
+
+    def __init__(self, inputs: set):
+        super().__init__()
+        self.fresh: dict[int, int] = {key: 0 for key in inputs}
+        self.scratch = 0
+        self._keep: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        if isinstance(func, torch._ops.OpOverload):
+            self.scratch = max(self.scratch, scratch(func, args, kwargs, result))
+        for tensor in _tensors(result):
+            key = _storage(tensor)
+            if key not in self.fresh:
+                self.fresh[key] = tensor.untyped_storage().nbytes()
+                self._keep.append(tensor)  # its address is not reused while the call runs
+        return result
+
+
+def _tensors(value) -> list:
+    return [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
+
+
+def _storage(tensor) -> int:
+    return tensor.untyped_storage()._cdata
