@@ -71,21 +71,22 @@ class Footprint:
 def check(exported_program, stored_input_bytes: int | None) -> Footprint:
     """Run ``exported_program`` on fake tensors at its example sizes; FileFormatError when it is not what it says.
 
-    ``stored_input_bytes``: the bytes of the example inputs the file stores (None when it stores none)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    mode = FakeTensorMode(allow_fallback_kernels=False, allow_non_fake_inputs=False)
-    run = _Run(mode, exported_program)
-    with mode, _quiet_fake_tensors():
-        inputs = run.placeholders()
-        limit = max(2 * (stored_input_bytes or 0), MAX_UNSTORED_INPUT_BYTES)
-        if run.input_bytes > limit:
-            raise FileFormatError(
-                f"the program's inputs take {run.input_bytes} bytes at their recorded sizes, more than the "
-                f"{limit} mixprec makes for a program storing {stored_input_bytes or 0} bytes of example inputs."
-            )
-        _, peak = run.graph(exported_program.graph_module, inputs)
-    footprint = Footprint(run.weight_bytes, run.input_bytes, peak, run.assumed)
+    ``stored_input_bytes``: the bytes of the example inputs the file stores (None when it stores none). A size that
+    depends on data and that the file leaves unbounded (above :data:`UNBOUNDED_DATA_DEPENDENT`) is taken at the
+    largest power of two that keeps the call within the budget, if any; the call checks it (``runtime_bounds.py``).
+    """
+    footprint, capped = _measure(exported_program, stored_input_bytes, UNBOUNDED_DATA_DEPENDENT)
+    low, high = -1, UNBOUNDED_DATA_DEPENDENT.bit_length() - 1  # exponents of the cap: ``high`` is over the budget
+    while capped and footprint.peak_bytes > footprint.budget and high - low > 1:
+        middle = (low + high) // 2
+        try:
+            attempt, _ = _measure(exported_program, stored_input_bytes, 1 << middle)
+        except FileFormatError:  # a cap too small for the program's own constraints
+            attempt = None
+        if attempt is not None and attempt.peak_bytes <= attempt.budget:
+            low, footprint = middle, attempt
+        else:
+            high = middle
     if footprint.peak_bytes > footprint.budget:
         raise FileFormatError(
             f"one call of the program would use {footprint.peak_bytes / 2**30:.3g} GiB for tensors, more than "
@@ -96,9 +97,28 @@ def check(exported_program, stored_input_bytes: int | None) -> Footprint:
     return footprint
 
 
+def _measure(exported_program, stored_input_bytes, cap: int) -> tuple[Footprint, bool]:
+    """(the footprint, whether a data-dependent size was taken at ``cap``) of one fake run."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode(allow_fallback_kernels=False, allow_non_fake_inputs=False)
+    run = _Run(mode, exported_program, cap)
+    with mode, _quiet_fake_tensors():
+        inputs = run.placeholders()
+        limit = max(2 * (stored_input_bytes or 0), MAX_UNSTORED_INPUT_BYTES)
+        if run.input_bytes > limit:
+            raise FileFormatError(
+                f"the program's inputs take {run.input_bytes} bytes at their recorded sizes, more than the "
+                f"{limit} mixprec makes for a program storing {stored_input_bytes or 0} bytes of example inputs."
+            )
+        _, peak = run.graph(exported_program.graph_module, inputs)
+    return Footprint(run.weight_bytes, run.input_bytes, peak, run.assumed), run.capped
+
+
 class _Run:
-    def __init__(self, mode, exported_program):
-        self.mode, self.program = mode, exported_program
+    def __init__(self, mode, exported_program, cap=UNBOUNDED_DATA_DEPENDENT):
+        self.mode, self.program, self.cap = mode, exported_program, cap
+        self.capped = False  # whether a data-dependent size was taken at ``cap``
         self.storage_bytes: dict[int, int] = {}  # storage -> its size when it was created (a view may not grow it)
         self.symbols: dict = {}  # sympy symbol -> the value the run gives it
         self.assumed: dict = {}  # data-dependent node -> the value the run gave it
@@ -126,7 +146,7 @@ class _Run:
         if not isinstance(tensor, torch.Tensor):
             return tensor
         fake = self.mode.from_tensor(tensor)
-        key = _storage(fake)
+        key = workspace.storage_key(fake)
         if key not in self.storage_bytes:
             self.storage_bytes[key] = fake.untyped_storage().nbytes()
             self.weight_bytes += self.storage_bytes[key]
@@ -144,7 +164,7 @@ class _Run:
             fake = torch.empty_strided(sizes, strides, dtype=value.dtype, device=value.device)
             self._keep.append(fake)
             if counts_as_input:  # a node's result is registered (and counted) by the graph run as a fresh storage
-                key = _storage(fake)
+                key = workspace.storage_key(fake)
                 self.storage_bytes[key] = fake.untyped_storage().nbytes()
                 self.input_bytes += self.storage_bytes[key]
             return fake
@@ -164,7 +184,7 @@ class _Run:
         shape_env = value.node.shape_env
         for symbol in sorted(expr.free_symbols, key=str):
             if symbol not in self.symbols:
-                self.symbols[symbol] = _value_of(symbol, shape_env)
+                self.symbols[symbol] = self._value_of(symbol, shape_env)
         result = expr.xreplace({s: sympy.sympify(self.symbols[s]) for s in expr.free_symbols})
         if isinstance(value, torch.SymBool):
             return bool(result)
@@ -173,6 +193,21 @@ class _Run:
         if not isinstance(result, sympy.Integer) or abs(int(result)) > MAX_SIZE:
             raise FileFormatError(f"the program's node {node.name!r} is recorded with a size that is not a size.")
         return int(result)
+
+    def _value_of(self, symbol, shape_env) -> int:
+        """A symbol's value in the run: its hint, else (data-dependent) its range's upper bound, at most the cap."""
+        hint = shape_env.backed_var_to_val.get(symbol) if hasattr(shape_env, "backed_var_to_val") else None
+        if hint is None:
+            hint = getattr(shape_env, "var_to_val", {}).get(symbol)
+        if hint is not None:
+            return int(hint) if getattr(hint, "is_integer", True) else hint
+        upper = getattr(shape_env.var_to_range.get(symbol), "upper", None)
+        try:
+            value = int(upper)
+        except (TypeError, ValueError, OverflowError, AttributeError):  # unbounded (int_oo: AttributeError)
+            value = self.cap + 1
+        self.capped |= value > self.cap
+        return min(value, self.cap) if value >= 0 else value
 
     # ---- the graph --------------------------------------------------------------------------------------------
 
@@ -204,8 +239,8 @@ class _Run:
                 result, nested, transient = self._call(node, args, kwargs)
                 self._compare(node, result)
             env[node] = result
-            for tensor in _tensors(result):
-                key = _storage(tensor)
+            for tensor in workspace.tensors_in(result):
+                key = workspace.storage_key(tensor)
                 self._keep.append(tensor)
                 if key not in self.storage_bytes:
                     self.storage_bytes[key] = tensor.untyped_storage().nbytes()
@@ -335,22 +370,6 @@ def quiet_logger(name: str, level: int):
         logger.setLevel(before)
 
 
-def _value_of(symbol, shape_env) -> int:
-    """A symbol's value in the run: its hint, else (data-dependent) the upper bound of its range."""
-    hint = shape_env.backed_var_to_val.get(symbol) if hasattr(shape_env, "backed_var_to_val") else None
-    if hint is None:
-        hint = getattr(shape_env, "var_to_val", {}).get(symbol)
-    if hint is not None:
-        return int(hint) if getattr(hint, "is_integer", True) else hint
-    bounds = shape_env.var_to_range.get(symbol)
-    upper = getattr(bounds, "upper", None)
-    try:
-        value = int(upper)
-    except (TypeError, ValueError, OverflowError):
-        return UNBOUNDED_DATA_DEPENDENT
-    return min(value, UNBOUNDED_DATA_DEPENDENT) if value >= 0 else value
-
-
 def _as_recorded(node, outputs):
     """A control-flow body's outputs in the form the node returns (a tuple, or its one tensor)."""
     recorded = node.meta.get("val")
@@ -364,14 +383,6 @@ def _extent(sizes, strides, offset) -> int:
     if any(s == 0 for s in sizes):
         return 0
     return offset + sum((n - 1) * abs(st) for n, st in zip(sizes, strides)) + 1
-
-
-def _storage(tensor) -> int:
-    return tensor.untyped_storage()._cdata
-
-
-def _tensors(value):
-    return [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
 
 
 def _attribute(module, target: str):

@@ -50,10 +50,10 @@ _ATTENTION = ("scaled_dot_product_attention", "_scaled_dot_product_flash_attenti
 def call(target, args, kwargs):
     """(result, scratch bytes) of calling ``target`` on (fake) values: the scratch is what the operator and the
     operators it runs as allocate and do not return, at most all of it at once."""
-    inputs = {_storage(t) for t in _tensors((args, kwargs))}
+    inputs = {storage_key(t) for t in tensors_in((args, kwargs))}
     with _Meter(inputs) as meter:
         result = target(*args, **kwargs)
-    returned = {_storage(t) for t in _tensors(result)}
+    returned = {storage_key(t) for t in tensors_in(result)}
     intermediates = sum(n for key, n in meter.fresh.items() if key not in returned)
     return result, intermediates + meter.scratch + broadcast_copies(args, kwargs)
 
@@ -63,7 +63,7 @@ def scratch(target, args, kwargs, result) -> int:
     name = target._schema.name.split("::")[-1]
     if name in _CONVOLUTIONS:
         return _convolution(name, args, kwargs, result)
-    tensors = _tensors((args, kwargs))
+    tensors = tensors_in((args, kwargs))
     if name in _INPUT_COPIES and tensors:
         return _INPUT_COPIES[name] * tensors[0].numel() * tensors[0].element_size()
     if any(word in name for word in _ATTENTION) and len(tensors) >= 2:
@@ -76,7 +76,7 @@ def scratch(target, args, kwargs, result) -> int:
 def broadcast_copies(args, kwargs) -> int:
     """A broadcast (expanded) input a kernel may copy to make it contiguous: its logical bytes."""
     total = 0
-    for tensor in _tensors((args, kwargs)):
+    for tensor in tensors_in((args, kwargs)):
         logical = tensor.numel() * tensor.element_size()
         if logical > tensor.untyped_storage().nbytes():
             total += logical
@@ -84,7 +84,7 @@ def broadcast_copies(args, kwargs) -> int:
 
 
 def _convolution(name, args, kwargs, result) -> int:
-    tensors, outputs = _tensors((args, kwargs)), _tensors(result)
+    tensors, outputs = tensors_in((args, kwargs)), tensors_in(result)
     if len(tensors) < 2 or not outputs:
         return 0
     source, weight, out = tensors[0], tensors[1], outputs[0]
@@ -118,17 +118,18 @@ class _Meter(TorchDispatchMode):
         result = func(*args, **kwargs)
         if isinstance(func, torch._ops.OpOverload):
             self.scratch = max(self.scratch, scratch(func, args, kwargs, result))
-        for tensor in _tensors(result):
-            key = _storage(tensor)
+        for tensor in tensors_in(result):
+            key = storage_key(tensor)
             if key not in self.fresh:
                 self.fresh[key] = tensor.untyped_storage().nbytes()
                 self._keep.append(tensor)  # its address is not reused while the call runs
         return result
 
 
-def _tensors(value) -> list:
+def tensors_in(value) -> list:
     return [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
 
 
-def _storage(tensor) -> int:
+def storage_key(tensor) -> int:
+    """The identity of a tensor's storage (views share it)."""
     return tensor.untyped_storage()._cdata
