@@ -24,9 +24,8 @@ at the example sizes, and refuses the file (FileFormatError) when
 
 Dynamic dimensions are checked at the example sizes (each symbol at its recorded hint): a call with larger inputs
 allocates what the graph computes for them, as any model does. A data-dependent size (``nonzero``, ``item``) takes
-the upper bound of its recorded range (2**31 when unbounded, so an allocation sized by it fails the budget), and
-the operator making it counts what it can allocate from its inputs; the file's record is not trusted: ``load``
-inserts a check of each such size against the value taken here into the program (``runtime_bounds.py``).
+its recorded upper bound, at most 2**31 or, when that is over the budget, the largest power of two within it; its
+operator counts what it can allocate from its inputs, and ``load`` makes the call check the size (``runtime_bounds``).
 Bodies of ``cond`` and autocast/grad regions are run like the graph; loops (``map``, ``scan``, ``while_loop``) are
 counted by their outputs.
 """
@@ -60,8 +59,7 @@ class Footprint:
     weight_bytes: int
     input_bytes: int
     peak_bytes: int
-    # data-dependent node -> the value the fake run gave it (checked at the call: runtime_bounds.guard)
-    assumed: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    assumed: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)  # data-dependent node -> value
 
     @property
     def budget(self) -> int:
@@ -71,22 +69,10 @@ class Footprint:
 def check(exported_program, stored_input_bytes: int | None) -> Footprint:
     """Run ``exported_program`` on fake tensors at its example sizes; FileFormatError when it is not what it says.
 
-    ``stored_input_bytes``: the bytes of the example inputs the file stores (None when it stores none). A size that
-    depends on data and that the file leaves unbounded (above :data:`UNBOUNDED_DATA_DEPENDENT`) is taken at the
-    largest power of two that keeps the call within the budget, if any; the call checks it (``runtime_bounds.py``).
-    """
+    ``stored_input_bytes``: the bytes of the example inputs the file stores (None when it stores none)."""
     footprint, capped = _measure(exported_program, stored_input_bytes, UNBOUNDED_DATA_DEPENDENT)
-    low, high = -1, UNBOUNDED_DATA_DEPENDENT.bit_length() - 1  # exponents of the cap: ``high`` is over the budget
-    while capped and footprint.peak_bytes > footprint.budget and high - low > 1:
-        middle = (low + high) // 2
-        try:
-            attempt, _ = _measure(exported_program, stored_input_bytes, 1 << middle)
-        except FileFormatError:  # a cap too small for the program's own constraints
-            attempt = None
-        if attempt is not None and attempt.peak_bytes <= attempt.budget:
-            low, footprint = middle, attempt
-        else:
-            high = middle
+    if capped and footprint.peak_bytes > footprint.budget:
+        footprint = _largest_cap_within_budget(exported_program, stored_input_bytes) or footprint
     if footprint.peak_bytes > footprint.budget:
         raise FileFormatError(
             f"one call of the program would use {footprint.peak_bytes / 2**30:.3g} GiB for tensors, more than "
@@ -97,8 +83,24 @@ def check(exported_program, stored_input_bytes: int | None) -> Footprint:
     return footprint
 
 
+def _largest_cap_within_budget(exported_program, stored_input_bytes) -> Footprint | None:
+    """The footprint at the largest power-of-two cap on data-dependent sizes that keeps the call within the budget."""
+    best, low, high = None, -1, UNBOUNDED_DATA_DEPENDENT.bit_length() - 1  # exponents: ``high`` is over the budget
+    while high - low > 1:
+        middle = (low + high) // 2
+        try:
+            attempt, _ = _measure(exported_program, stored_input_bytes, 1 << middle)
+        except FileFormatError:  # a cap too small for the program's own constraints
+            attempt = None
+        if attempt is not None and attempt.peak_bytes <= attempt.budget:
+            best, low = attempt, middle
+        else:
+            high = middle
+    return best
+
+
 def _measure(exported_program, stored_input_bytes, cap: int) -> tuple[Footprint, bool]:
-    """(the footprint, whether a data-dependent size was taken at ``cap``) of one fake run."""
+    """(the footprint, whether a data-dependent size was taken from its range) of one fake run."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode(allow_fallback_kernels=False, allow_non_fake_inputs=False)
@@ -118,7 +120,7 @@ def _measure(exported_program, stored_input_bytes, cap: int) -> tuple[Footprint,
 class _Run:
     def __init__(self, mode, exported_program, cap=UNBOUNDED_DATA_DEPENDENT):
         self.mode, self.program, self.cap = mode, exported_program, cap
-        self.capped = False  # whether a data-dependent size was taken at ``cap``
+        self.capped = False  # whether a data-dependent size was taken from its range (at most ``cap``)
         self.storage_bytes: dict[int, int] = {}  # storage -> its size when it was created (a view may not grow it)
         self.symbols: dict = {}  # sympy symbol -> the value the run gives it
         self.assumed: dict = {}  # data-dependent node -> the value the run gave it
@@ -206,7 +208,7 @@ class _Run:
             value = int(upper)
         except (TypeError, ValueError, OverflowError, AttributeError):  # unbounded (int_oo: AttributeError)
             value = self.cap + 1
-        self.capped |= value > self.cap
+        self.capped |= value > 0  # taken from the file's range: the budget may call for less
         return min(value, self.cap) if value >= 0 else value
 
     # ---- the graph --------------------------------------------------------------------------------------------

@@ -73,12 +73,16 @@ def own_allocation(node, target, args, kwargs, assumed) -> int:
 
 def guard(exported_program, assumed: dict) -> None:
     """Insert ``check_data_size`` next to each node of ``assumed`` (node -> the value the fake run gave it) in the
-    program's graphs, control-flow bodies included (in place)."""
+    program's graphs, control-flow bodies included (in place); the checks a saved program holds are replaced."""
     for module in exported_program.graph_module.modules():
         graph = getattr(module, "graph", None)
         if not isinstance(graph, torch.fx.Graph):
             continue
         changed = False
+        for node in list(graph.nodes):
+            if node.target is torch.ops.mixprec.check_data_size.default:  # a saved program's: this load's replace it
+                graph.erase_node(node)
+                changed = True
         for node in list(graph.nodes):
             if node in assumed:
                 changed |= _insert(graph, node, assumed[node])
