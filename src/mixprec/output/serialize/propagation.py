@@ -27,7 +27,7 @@ allocates what the graph computes for them, as any model does. A data-dependent 
 its recorded upper bound, at most 2**31 or, when that is over the budget, the largest power of two within it; its
 operator counts what it can allocate from its inputs, and ``load`` makes the call check the size (``runtime_bounds``).
 Bodies of ``cond`` and autocast/grad regions are run like the graph; loops (``map``, ``scan``, ``while_loop``) are
-counted by their outputs.
+counted by their outputs plus one turn of their body (what a turn allocates is freed before the next).
 """
 
 from __future__ import annotations
@@ -35,21 +35,19 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import operator
 
 import torch
 import torch.utils._pytree as pytree
 
 from ...errors import FileFormatError
-from . import runtime_bounds, workspace
+from . import runtime_bounds, size_arithmetic, workspace
 
 MULTIPLE = 16  # one call may use this many times the bytes of the weights and inputs ...
 FLOOR = 1 << 30  # ... plus this much (small models on large inputs: see bench/RESULTS.md, "Security round two")
 MAX_UNSTORED_INPUT_BYTES = 256 << 20  # inputs a program without stored example inputs may declare
-MAX_SIZE = 1 << 63
+MAX_SIZE = size_arithmetic.MAX_SIZE
 UNBOUNDED_DATA_DEPENDENT = 1 << 31
 
-_SIZE_FUNCTIONS_CHECKED_BEFORE = {operator.pow: 64, operator.lshift: 64}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -295,31 +293,17 @@ class _Run:
             position = 1 if name == "wrap_with_set_grad_enabled" else 4
             outputs, nested = self.graph(args[position], list(args[position + 1 :]))
             return _as_recorded(node, outputs), nested, 0
-        return self._from_recorded(node, node.meta.get("val")), 0, 0  # loops: counted by their outputs
+        bodies, inputs = _loop_bodies(name, args)  # loops: their outputs, and one turn of each body's memory
+        try:
+            nested = max((self.graph(body, list(inputs))[1] for body in bodies), default=0)
+        except FileFormatError:
+            raise
+        except Exception as e:  # a body that cannot run on what the loop gives it
+            raise FileFormatError(f"the program's loop {node.name!r} ({name}) cannot run its body ({e}).") from None
+        return self._from_recorded(node, node.meta.get("val")), nested, 0
 
     def _size_arithmetic(self, node, target, args, kwargs):
-        """``operator``/``math``/``torch.sym_*`` on plain numbers, kept inside torch's sizes."""
-        bound = _SIZE_FUNCTIONS_CHECKED_BEFORE.get(target)
-        if bound is not None and len(args) == 2 and isinstance(args[1], (int, float)):
-            base, amount = args
-            if abs(amount) > bound and not (target is operator.pow and isinstance(base, (int, float))
-                                            and abs(base) <= 1):  # fmt: skip
-                raise FileFormatError(
-                    f"the program's node {node.name!r} raises to a power or shifts by {str(amount)[:20]}; sizes stay "
-                    "below 2**63."
-                )
-        try:
-            result = target(*args, **kwargs)
-        except (ArithmeticError, ValueError, TypeError) as e:
-            raise FileFormatError(
-                f"the program's size arithmetic at node {node.name!r} fails ({type(e).__name__}: {e})."
-            ) from None
-        for value in pytree.tree_leaves(result):
-            if isinstance(value, int) and abs(value) > MAX_SIZE:
-                raise FileFormatError(
-                    f"the program's size arithmetic at node {node.name!r} leaves torch's sizes (2**63)."
-                )
-        return result
+        return size_arithmetic.evaluate(node, target, args, kwargs)
 
     def _compare(self, node, result) -> None:
         """The node computes what the file records for it: same dtypes, same shapes (symbols at this run's values)."""
@@ -370,6 +354,21 @@ def quiet_logger(name: str, level: int):
         yield
     finally:
         logger.setLevel(before)
+
+
+def _loop_bodies(name, args) -> tuple[list, list]:
+    """(body graphs, the inputs of one turn): while_loop(cond, body, carried, extra), scan(combine, init, xs, extra),
+    map_impl(body, xs, extra); a turn takes the first slice of each of ``xs`` (none when ``xs`` is empty)."""
+    if name == "while_loop":
+        return [args[0], args[1]], [*args[2], *args[3]]
+    position = 2 if name == "scan" else 1
+    slices = list(args[position])
+    if name not in ("scan", "map_impl") or any(not isinstance(x, torch.Tensor) or x.dim() == 0 for x in slices):
+        return [], []
+    if any(x.shape[0] == 0 for x in slices):
+        return [], []
+    inputs = [*args[1]] if name == "scan" else []
+    return [args[0]], [*inputs, *(x[0] for x in slices), *args[position + 1]]
 
 
 def _as_recorded(node, outputs):
