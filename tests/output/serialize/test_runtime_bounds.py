@@ -149,3 +149,43 @@ def test_an_operator_whose_data_dependent_memory_has_no_bound_is_refused():
         with pytest.raises(FileFormatError, match="node 'n' .* cannot bound"):
             runtime_bounds.own_allocation(SimpleNamespace(name="n"), torch.ops.aten.sort.default, (values,), {},
                                           (values, values))  # fmt: skip
+
+
+class Shrinking(torch.nn.Module):
+    """Sizes that get smaller as the data-dependent value grows: the fake run at its largest value counts less than
+    a call with a smaller one allocates."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+
+    def forward(self, counts):
+        n = counts.sum().item()
+        torch._check(n >= 0)
+        torch._check(n <= 1000)
+        if self.how == "subtract":
+            return torch.zeros(1000 - n)
+        if self.how == "negative":
+            return torch.zeros(n * -1 + 1000)
+        return torch.arange(n, 1000)
+
+
+@pytest.mark.parametrize("how, message", [("subtract", "subtracts it"), ("negative", "negative number"),
+                                          ("arange", "passes it to aten.arange.start")])  # fmt: skip
+def test_a_size_that_shrinks_as_data_grows_is_refused_at_load(how, message):
+    program = torch.export.export(Shrinking(how), (torch.tensor([1, 2]),))
+    with pytest.raises(FileFormatError, match=message):
+        propagation.check(program, stored_input_bytes=16)
+
+
+def test_sizes_that_grow_with_data_are_followed_without_refusal():
+    class Growing(torch.nn.Module):
+        def forward(self, counts):
+            n = counts.sum().item()
+            torch._check(n >= 0)
+            torch._check(n <= 1000)
+            return torch.zeros(2 * n + 1, (n - 1) // 2 + 1), torch.arange(n)
+
+    program = torch.export.export(Growing(), (torch.tensor([1, 2]),))
+    footprint = propagation.check(program, stored_input_bytes=16)
+    assert footprint.peak_bytes >= 2001 * 500 * 4  # at the largest n the file's range allows

@@ -122,6 +122,7 @@ class _Run:
         self.storage_bytes: dict[int, int] = {}  # storage -> its size when it was created (a view may not grow it)
         self.symbols: dict = {}  # sympy symbol -> the value the run gives it
         self.assumed: dict = {}  # data-dependent node -> the value the run gave it
+        self.tainted: set = set()  # the nodes whose value depends on a data-dependent one (runtime_bounds.follow)
         self.weight_bytes = self.input_bytes = 0
         self._keep: list = []  # every fake tensor made, so no storage address is reused during the run
 
@@ -237,6 +238,7 @@ class _Run:
                 args = pytree.tree_map_only(torch.fx.Node, lambda n: env[n], node.args)
                 kwargs = pytree.tree_map_only(torch.fx.Node, lambda n: env[n], node.kwargs)
                 result, nested, transient = self._call(node, args, kwargs)
+                runtime_bounds.follow(node, self.tainted, self.assumed)
                 self._compare(node, result)
             env[node] = result
             for tensor in workspace.tensors_in(result):

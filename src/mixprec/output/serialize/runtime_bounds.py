@@ -17,14 +17,19 @@ the call allocates 2 GiB (plus whatever uses the result: an ``index_select`` of 
   its value. A call whose data exceeds them raises FileFormatError before the larger size is used.
 
 Everything the fake run computed downstream used those assumed sizes, so a call that passes the checks stays within
-the budget the load checked, as long as larger data-dependent sizes make larger tensors (a size computed by
-subtracting one, ``zeros(K - n)``, is not bounded this way).
+the budget the load checked as long as a smaller data-dependent value never makes a larger tensor. :func:`follow`
+holds the program to that at load: a value computed from a data-dependent one may be added, multiplied by a
+non-negative number, divided, compared in a size assertion, taken a maximum or minimum of, and used as a size or a
+slice's end; it may not be subtracted, negated, a divisor, an ``arange``'s or a slice's start or step, or compared
+for any other use (``zeros(K - 1000 * n)`` at the assumed n is empty, at n = 0 it is K elements). Values entering a
+control-flow body are not followed into it.
 """
 
 from __future__ import annotations
 
 import math
 import operator
+from types import MappingProxyType
 
 import torch
 import torch.utils._pytree as pytree
@@ -40,6 +45,61 @@ _POST_CHECKED = frozenset({
 # checked before: the data decides the allocation itself (repeats), or the value is a size (item)
 _PRE_CHECKED = frozenset({"repeat_interleave", "item", "_local_scalar_dense"})
 _INT64 = 8
+# size arithmetic whose result grows with each argument that depends on data (``follow``); for these three, only
+# with the first argument: a data-dependent divisor makes a smaller result
+_GROWING = frozenset({
+    operator.add, operator.mul, operator.floordiv, operator.truediv, operator.mod, operator.getitem, operator.pos,
+    operator.index, operator.sub, math.floor, math.ceil, math.trunc, math.sqrt, torch.sym_max, torch.sym_min,
+    torch.sym_float, torch.sym_int, getattr(torch, "sym_sum", operator.add),
+})  # fmt: skip
+_FIRST_ONLY = frozenset({operator.sub, operator.floordiv, operator.truediv, operator.mod})
+_COMPARISONS = frozenset({operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge, operator.and_,
+                          operator.or_, operator.not_, operator.truth, torch.sym_not})  # fmt: skip
+_SIZE_CHECKS = frozenset({"_assert_scalar", "sym_constrain_range", "sym_constrain_range_for_size", "_assert_async"})
+# ATen arguments where a larger value makes a smaller tensor: (overload name, positions, keyword names)
+_SHRINKING_ARGUMENTS = MappingProxyType({
+    "arange.start": ((0,), ("start",)), "arange.start_step": ((0, 2), ("start", "step")),
+    "arange.start_out": ((0,), ("start",)), "slice.Tensor": ((2, 4), ("start", "step")),
+    "slice_copy.Tensor": ((2, 4), ("start", "step")), "linspace.default": ((0,), ("start",)),
+})  # fmt: skip
+
+
+def follow(node, tainted: set, assumed: dict) -> None:
+    """Mark ``node`` as depending on data when it is a data-dependent node or uses one (``tainted``); FileFormatError
+    when it uses such a value where a smaller value makes a larger size (the module docstring)."""
+    used = [n for n in node.all_input_nodes if n in tainted]
+    if node in assumed:
+        tainted.add(node)
+    if not used or node.op != "call_function":
+        return
+    tainted.add(node)
+    target = node.target
+    if target in _COMPARISONS:
+        if all(_name(u.target) in _SIZE_CHECKS or u.target in _COMPARISONS for u in node.users):
+            return
+    elif target in _GROWING:
+        arguments = list(node.args)
+        if target in _FIRST_ONLY and any(isinstance(a, torch.fx.Node) and a in tainted for a in arguments[1:]):
+            return _shrinks(node, "divides by it or subtracts it")
+        if target is operator.mul and (len(used) > 1 or any(isinstance(a, (int, float)) and a < 0 for a in arguments)):
+            return _shrinks(node, "multiplies it by a negative number or by itself")
+        return
+    elif isinstance(target, torch._ops.OpOverload):
+        positions, keywords = _SHRINKING_ARGUMENTS.get(f"{_name(target)}.{target._overloadname}", ((), ()))
+        given = [node.args[p] for p in positions if p < len(node.args)] + [node.kwargs.get(k) for k in keywords]
+        if not any(isinstance(a, torch.fx.Node) and a in tainted for a in given):
+            return
+    elif isinstance(target, torch._ops.HigherOrderOperator):
+        return
+    _shrinks(node, f"passes it to {target}")
+
+
+def _shrinks(node, how: str) -> None:
+    raise FileFormatError(
+        f"the program's node {node.name!r} {how}, using a size that depends on data where a smaller value makes a "
+        "larger tensor; mixprec bounds the memory of such sizes at their largest value, so it does not load this "
+        "program."
+    )
 
 
 def own_allocation(node, target, args, kwargs, assumed) -> int:
