@@ -62,23 +62,6 @@ def test_ordinary_convolutions_fit_their_budget_with_the_columns_counted():
     assert footprint.peak_bytes < footprint.budget
 
 
-def _fake_scratch(module, *inputs) -> int:
-    """The scratch the load-time check counts for the program's one convolution node."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from mixprec.output.serialize import workspace
-
-    program = _program(module, *inputs)
-    (node,) = [n for n in program.graph.nodes if n.op == "call_function"]
-    mode = FakeTensorMode()
-    with mode:
-        args = [mode.from_tensor(t) for t in (*(p for p in module.parameters()), *inputs)]
-        weight, source = args[0], args[1]
-        call_args = (source, weight, *node.args[2:])
-        _, scratch = workspace.call(node.target, call_args, dict(node.kwargs))
-    return scratch
-
-
 _MEASURE = """
 import json, sys, torch
 torch.set_num_threads(1)
@@ -89,37 +72,69 @@ def high_water():  # this process's peak resident set since the last reset (VmHW
         return int(next(line for line in fh if line.startswith("VmHWM")).split()[1]) * 1024
 
 
-case = json.loads(sys.argv[1])
-x = torch.zeros(case["input"], dtype=torch.float64)
-w = torch.zeros(case["weight"], dtype=torch.float64)
-convolve = getattr(torch.nn.functional, case["op"])
-with open("/proc/self/clear_refs", "w") as fh:
-    fh.write("5")  # reset the high-water mark to the current resident set
-before = high_water()
-y = convolve(x, w, **case["options"])
-print(json.dumps({"peak": high_water() - before, "out": y.nbytes}))
+peaks = {}
+for name, (setup, op, arguments) in json.loads(sys.argv[1]).items():
+    values = {"torch": torch, "f64": torch.float64}
+    exec(setup, values)
+    args = eval(arguments, values)
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")  # reset the high-water mark to the current resident set
+    before = high_water()
+    result = eval("torch.ops.aten." + op, values)(*args)
+    outputs = [t for t in torch.utils._pytree.tree_leaves(result) if isinstance(t, torch.Tensor)]
+    peaks[name] = {"peak": high_water() - before, "out": sum(t.untyped_storage().nbytes() for t in outputs)}
+    del result, outputs, args, values
+print(json.dumps(peaks))
 """
 
+_MHA = ("q = torch.zeros(1, 2048, 64); wi, bi = torch.zeros(192, 64), torch.zeros(192); "
+        "wo, bo = torch.zeros(64, 64), torch.zeros(64)")
+_CASES = {  # (setup, operator, arguments): every kernel allocates 64 MiB or more beyond its output
+    "conv2d columns": ("x = torch.zeros(1, 1, 1, 1, dtype=f64); w = torch.zeros(1, 1, 64, 64, dtype=f64)",
+                       "convolution.default", "(x, w, None, [1, 1], [63, 63], [1, 1], False, [0, 0], 1)"),
+    "batch and channels": ("x = torch.zeros(4, 2, 1, 1, dtype=f64); w = torch.zeros(1, 2, 32, 32, dtype=f64)",
+                           "convolution.default", "(x, w, None, [1, 1], [31, 31], [1, 1], False, [0, 0], 1)"),
+    "conv1d": ("x = torch.zeros(1, 1, 1, dtype=f64); w = torch.zeros(1, 1, 4096, dtype=f64)",
+               "conv1d.default", "(x, w, None, [1], [4095])"),
+    "conv3d": ("x = torch.zeros(1, 1, 1, 1, 1, dtype=f64); w = torch.zeros(1, 1, 16, 16, 16, dtype=f64)",
+               "conv3d.default", "(x, w, None, [1, 1, 1], [15, 15, 15])"),
+    "transposed": ("x = torch.zeros(1, 1, 64, 64, dtype=f64); w = torch.zeros(1, 1, 64, 64, dtype=f64)",
+                   "convolution.default", "(x, w, None, [1, 1], [0, 0], [1, 1], True, [0, 0], 1)"),
+    "backward": ("x = torch.zeros(1, 1, 1, 1, dtype=f64); w = torch.zeros(1, 1, 64, 64, dtype=f64); "
+                 "g = torch.zeros(1, 1, 64, 64, dtype=f64)", "convolution_backward.default",
+                 "(g, x, w, None, [1, 1], [63, 63], [1, 1], False, [0, 0], 1, [True, True, False])"),
+    "multi-head attention": (_MHA, "_native_multi_head_attention.default", "(q, q, q, 64, 8, wi, bi, wo, bo)"),
+    "encoder layer": (_MHA + "; n = torch.ones(64); l1, l1b = torch.zeros(256, 64), torch.zeros(256); "
+                      "l2, l2b = torch.zeros(64, 256), torch.zeros(64)", "_transformer_encoder_layer_fwd.default",
+                      "(q, 64, 8, wi, bi, wo, bo, True, False, 1e-5, n, n, n, n, l1, l1b, l2, l2b)"),
+    "broadcast matmul": ("a = torch.zeros(64, 1, 1, 4096); b = torch.zeros(1, 64, 4096, 1)", "matmul.default",
+                         "(a, b)"),
+    "kthvalue": ("x = torch.zeros(4096, 4096)", "kthvalue.default", "(x, 4)"),
+}
 
-@pytest.mark.parametrize(
-    "op, input_shape, weight_shape, options",
-    [
-        ("conv2d", [1, 1, 1, 1], [1, 1, 64, 64], {"padding": 63}),  # columns 128 MiB
-        ("conv2d", [4, 2, 1, 1], [1, 2, 32, 32], {"padding": 31}),  # batch and channels: 64 MiB
-        ("conv3d", [1, 1, 1, 1, 1], [1, 1, 16, 16, 16], {"padding": 15}),  # 128 MiB
-        ("conv_transpose2d", [1, 1, 64, 64], [1, 1, 64, 64], {}),  # C_out x kernel x input pixels: 128 MiB
-    ],
-)
-def test_the_convolution_formula_covers_the_measured_peak(op, input_shape, weight_shape, options):
-    case = {"op": op, "input": input_shape, "weight": weight_shape, "options": options}
+
+@pytest.fixture(scope="module")
+def measured() -> dict:
+    """Each case's peak resident set above the one before it, and its outputs' bytes, in one fresh process."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", _MEASURE, json.dumps(case)], capture_output=True, text=True,
-                          env=env, timeout=120, check=True)  # fmt: skip
-    measured = json.loads(done.stdout)
-    module = Conv(torch.zeros(weight_shape, dtype=torch.float64), transposed="transpose" in op, **options)
-    counted = _fake_scratch(module, torch.zeros(input_shape, dtype=torch.float64)) + measured["out"]
-    # float64 has no oneDNN path on any CPU: the kernel allocates its columns; the count covers the measured peak
-    # (the process's own high-water mark moves in pages and allocator chunks: within 8 MiB)
-    assert measured["peak"] >= 64 << 20
-    assert counted >= measured["peak"] - (8 << 20)
-    assert counted <= 1.1 * measured["peak"]
+    done = subprocess.run([sys.executable, "-c", _MEASURE, json.dumps(_CASES)], capture_output=True, text=True,
+                          env=env, timeout=300, check=True)  # fmt: skip
+    return json.loads(done.stdout)
+
+
+@pytest.mark.parametrize("case", list(_CASES))
+def test_the_scratch_formulas_cover_the_measured_peak(case, measured):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from mixprec.output.serialize import workspace
+
+    setup, op, arguments = _CASES[case]
+    with FakeTensorMode():
+        values = {"torch": torch, "f64": torch.float64}
+        exec(setup, values)
+        _, scratch = workspace.call(eval("torch.ops.aten." + op, values), eval(arguments, values), {})
+    peak, out = measured[case]["peak"], measured[case]["out"]
+    # the high-water mark moves in pages and allocator chunks: within 8 MiB; float64 has no oneDNN path on any CPU
+    assert peak - out >= 48 << 20
+    assert scratch + out >= peak - (8 << 20)
+    assert scratch + out <= 2.1 * peak

@@ -16,6 +16,9 @@ and a file can pick the shapes that make the multiple huge (measured, ru_maxrss 
   operators, whose intermediates the fake run never sees: a broadcast ``matmul`` of [256, 1, 1, 4096] and
   [1, 256, 4096, 1] (8 MiB of inputs, 256 KiB of output) copies both sides to [65536, 4096] first, 2053 MiB. The
   call runs under :class:`_Meter`, which sees each inner operator and counts every storage it makes.
+* **Fused attention** (``_native_multi_head_attention``, ``_transformer_encoder_layer_fwd``): each head's L x S
+  scores, 128 MiB measured for 8 heads of 2048 x 2048 (float32), plus the q/k/v projections and the feed-forward
+  hidden layer. ``convolution_backward`` (allowed like any ATen operator) unfolds like its forward: 130.5 MiB.
 * **A copy of the input**: ``kthvalue``/``median``/``mode`` sort a copy of values and int64 indices (3x a float32
   input measured), ``unique`` 5x, ``cdist`` 2x (:data:`_INPUT_COPIES`).
 
@@ -36,7 +39,8 @@ _CONVOLUTIONS = frozenset({
     "convolution", "_convolution", "convolution_overrideable", "conv1d", "conv2d", "conv3d", "conv_transpose1d",
     "conv_transpose2d", "conv_transpose3d", "_slow_conv2d_forward", "slow_conv3d", "slow_conv3d_forward",
     "slow_conv_dilated2d", "slow_conv_dilated3d", "slow_conv_transpose2d", "slow_conv_transpose3d", "thnn_conv2d",
-    "mkldnn_convolution", "_conv_depthwise2d", "conv_depthwise3d", "_convolution_mode",
+    "mkldnn_convolution", "_conv_depthwise2d", "conv_depthwise3d", "_convolution_mode", "convolution_backward",
+    "_nnpack_spatial_convolution",
 })  # fmt: skip
 # copies of the first input an operator sorts or hashes while it runs, in multiples of the input's bytes (measured:
 # kthvalue 3.0x a float32 input, unique 4.8x, cdist 2.2x)
@@ -66,6 +70,8 @@ def scratch(target, args, kwargs, result) -> int:
     tensors = tensors_in((args, kwargs))
     if name in _INPUT_COPIES and tensors:
         return _INPUT_COPIES[name] * tensors[0].numel() * tensors[0].element_size()
+    if name in ("_native_multi_head_attention", "_transformer_encoder_layer_fwd") and len(args) > 4:
+        return _fused_attention(name, args, tensors)
     if any(word in name for word in _ATTENTION) and len(tensors) >= 2:
         query, key = tensors[0], tensors[1]
         if query.dim() >= 2 and key.dim() >= 2:
@@ -83,8 +89,30 @@ def broadcast_copies(args, kwargs) -> int:
     return total
 
 
+def _fused_attention(name, args, tensors) -> int:
+    """PyTorch's fused MultiheadAttention / TransformerEncoderLayer: the heads' L x S scores, the q/k/v projections
+    and (the layer) its feed-forward hidden activations."""
+    query = tensors[0]
+    heads = args[4] if name == "_native_multi_head_attention" else args[2]
+    if not isinstance(heads, int) or query.dim() < 2:
+        return 0
+    keys = tensors[1].shape[-2] if name == "_native_multi_head_attention" else query.shape[-2]
+    rows = math.prod(query.shape[:-1])
+    total = rows * heads * keys * query.element_size() + 3 * query.numel() * query.element_size()
+    if name == "_transformer_encoder_layer_fwd" and len(tensors) > 11:  # ffn_weight_1: [hidden, embed]
+        total += rows * tensors[11].shape[0] * query.element_size()
+    return total
+
+
 def _convolution(name, args, kwargs, result) -> int:
     tensors, outputs = tensors_in((args, kwargs)), tensors_in(result)
+    if name == "convolution_backward":  # (grad_output, input, weight, bias_sizes, stride, padding, dilation,
+        # transposed, output_padding, groups, output_mask): the forward's columns, for the input's and the weight's
+        # gradients in turn
+        if len(tensors) < 3 or len(args) < 10:
+            return 0
+        forward = (tensors[1], tensors[2], None, *args[4:10])
+        return _convolution("convolution", forward, {}, tensors[0])
     if len(tensors) < 2 or not outputs:
         return 0
     source, weight, out = tensors[0], tensors[1], outputs[0]
