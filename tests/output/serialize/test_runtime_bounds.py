@@ -189,3 +189,21 @@ def test_sizes_that_grow_with_data_are_followed_without_refusal():
     program = torch.export.export(Growing(), (torch.tensor([1, 2]),))
     footprint = propagation.check(program, stored_input_bytes=16)
     assert footprint.peak_bytes >= 2001 * 500 * 4  # at the largest n the file's range allows
+
+
+def test_mixprec_run_refuses_stored_inputs_beyond_the_files_claim_with_exit_2(tmp_path, capsys):
+    from mixprec.cli import main
+    from mixprec.output.serialize import tensors
+
+    x, repeats = torch.randn(4, 3), torch.tensor([1, 2, 1, 0])
+    path = _saved(tmp_path, Repeat(), (x, repeats), max_val=4)
+    outer = crafting.members(path)
+    index, blob = tensors.pack((x, torch.tensor([1 << 24, 0, 0, 0])))  # the file's own example inputs
+    meta = json.loads(outer["mixprec.json"])
+    meta["example_inputs"] = index
+    crafted = crafting.with_digests({**outer, "mixprec.json": json.dumps(meta).encode(), "inputs.bin": blob})
+    crafting.write(path, crafted)
+    before = _rss_mib()
+    assert main(["run", str(path)]) == 2
+    assert "repeat_interleave produced 16777216 elements" in capsys.readouterr().err
+    assert _rss_mib() - before < 64
