@@ -207,3 +207,18 @@ def test_mixprec_run_refuses_stored_inputs_beyond_the_files_claim_with_exit_2(tm
     assert main(["run", str(path)]) == 2
     assert "repeat_interleave produced 16777216 elements" in capsys.readouterr().err
     assert _rss_mib() - before < 64
+
+
+def test_a_float_item_used_as_a_number_is_not_bounded_at_the_call():
+    class Scale(torch.nn.Module):
+        def forward(self, x, scale):
+            return x * scale.item()
+
+    x, scale = torch.randn(4), torch.tensor(2.0)
+    program = torch.export.export(Scale(), (x, scale))
+    footprint = propagation.check(program, stored_input_bytes=x.nbytes + scale.nbytes)
+    from mixprec.output.serialize import runtime_bounds
+
+    runtime_bounds.guard(program, footprint.assumed)
+    assert not [n for n in program.graph.nodes if n.target is torch.ops.mixprec.check_data_size.default]
+    torch.testing.assert_close(program.module()(x, torch.tensor(3e12)), x * 3e12)

@@ -52,6 +52,7 @@ _GROWING = frozenset({
     operator.index, operator.sub, math.floor, math.ceil, math.trunc, math.sqrt, torch.sym_max, torch.sym_min,
     torch.sym_float, torch.sym_int, getattr(torch, "sym_sum", operator.add),
 })  # fmt: skip
+_TO_INTEGER = frozenset({torch.sym_int, math.floor, math.ceil, math.trunc, operator.floordiv, operator.index})
 _FIRST_ONLY = frozenset({operator.sub, operator.floordiv, operator.truediv, operator.mod})
 _COMPARISONS = frozenset({operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge, operator.and_,
                           operator.or_, operator.not_, operator.truth, torch.sym_not})  # fmt: skip
@@ -170,6 +171,8 @@ def _insert(graph, node, assumed) -> bool:
         value = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
         if not isinstance(value, torch.Tensor) or value.dtype in (torch.bool, torch.complex64, torch.complex128):
             return False
+        if value.is_floating_point() and not any(u.target in _TO_INTEGER for u in node.users):
+            return False  # a float used as a number (a scale), not made a size
         with graph.inserting_before(node):
             graph.call_function(check, ([source], bounds.SCALAR, [_ceiling(assumed)]))
         return True
