@@ -2,13 +2,14 @@
 (``propagation.py``) adds to a call's peak.
 
 A fake run sees only what an operator returns. Some CPU kernels allocate a large multiple of that while they run,
-and a file can pick the shapes that make the multiple huge (measured, ru_maxrss of one call, torch 2.13, 1 thread):
+and a file can pick the shapes that make the multiple huge (measured: the rise of VmHWM over one call in a fresh
+process, torch 2.13, 1 thread; ``tests/output/serialize/test_workspace.py`` measures ten of them):
 
 * **Convolution without a oneDNN path** (float64; float16 and, on CPUs without avx512_bf16, bfloat16; integer
   types; dilated, 3-D and transposed convolutions) unfolds its input into a columns buffer (``im2col``):
   ``batch x C_in/groups x prod(kernel) x prod(out_spatial)`` elements for a convolution, ``batch x C_out/groups x
   prod(kernel) x prod(in_spatial)`` for a transposed one. A float64 [1, 1, 1, 1] input, a [1, 1, 64, 64] kernel and
-  padding 63: 130.6 MiB at the call for a 32 KiB output (the formula: 128 MiB); the same as conv1d (K 4096), conv3d
+  padding 63: 130.5 MiB at the call for a 32 KiB output (the formula: 128 MiB); the same as conv1d (K 4096), conv3d
   (K 16), conv_transpose2d (64x64 input and kernel), and x4 for batch 4. Groups: per group, and the group outputs
   are copied into the result once more. The count is the same whatever the dtype and CPU (float32 on oneDNN took
   9 MiB where the formula says 64 MiB), so whether a file loads does not depend on the machine that loads it.
