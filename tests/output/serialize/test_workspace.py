@@ -54,12 +54,27 @@ def test_a_broadcast_matmul_whose_copies_take_2_gib_is_refused():
 
 
 def test_ordinary_convolutions_fit_their_budget_with_the_columns_counted():
-    weight = torch.randn(64, 3, 7, 7)
-    program = _program(Conv(weight, stride=2, padding=3), torch.randn(2, 3, 224, 224))
-    footprint = propagation.check(program, stored_input_bytes=2 * 3 * 224 * 224 * 4)
-    out, columns = 2 * 64 * 112 * 112 * 4, 2 * 3 * 49 * 112 * 112 * 4
+    weight = torch.randn(64, 3, 7, 7, dtype=torch.bfloat16)  # bfloat16: native (columns) on CPUs without avx512_bf16
+    program = _program(Conv(weight, stride=2, padding=3), torch.randn(2, 3, 224, 224, dtype=torch.bfloat16))
+    footprint = propagation.check(program, stored_input_bytes=2 * 3 * 224 * 224 * 2)
+    out, columns = 2 * 64 * 112 * 112 * 2, 2 * 3 * 49 * 112 * 112 * 2
     assert footprint.peak_bytes == out + columns
     assert footprint.peak_bytes < footprint.budget
+
+
+def test_a_float32_convolution_on_onednn_counts_no_columns():
+    # [1, 64, 512, 512] float32 takes oneDNN on every x86 CPU: counting its 576 MiB of columns would be a false alarm
+    program = _program(Conv(torch.randn(64, 64, 3, 3), padding=1), torch.randn(1, 64, 512, 512))
+    footprint = propagation.check(program, stored_input_bytes=64 * 512 * 512 * 4)
+    assert footprint.peak_bytes == 64 * 512 * 512 * 4
+
+
+def test_a_small_float32_input_with_huge_padding_is_counted_on_the_native_path():
+    # batch 1, 18432 elements, a 3x3 kernel: PyTorch's native kernel (measured: 182 MiB for padding 50); padding 700
+    # makes 1403 x 1403 output pixels: 2048 x 9 x 1403**2 x 4 bytes = 135 GiB of columns for a 7.5 MiB output
+    program = _program(Conv(torch.zeros(1, 2048, 3, 3), padding=700), torch.zeros(1, 2048, 3, 3))
+    with pytest.raises(FileFormatError, match="would use 135 GiB"):
+        propagation.check(program, stored_input_bytes=2048 * 9 * 4)
 
 
 _MEASURE = """
@@ -110,6 +125,8 @@ _CASES = {  # (setup, operator, arguments): every kernel allocates 64 MiB or mor
     "broadcast matmul": ("a = torch.zeros(64, 1, 1, 4096); b = torch.zeros(1, 64, 4096, 1)", "matmul.default",
                          "(a, b)"),
     "kthvalue": ("x = torch.zeros(4096, 4096)", "kthvalue.default", "(x, 4)"),
+    "float32, small input": ("x = torch.zeros(1, 512, 3, 3); w = torch.zeros(1, 512, 3, 3)", "conv2d.default",
+                             "(x, w, None, [1, 1], [50, 50])"),
 }
 
 

@@ -11,8 +11,9 @@ process, torch 2.13, 1 thread; ``tests/output/serialize/test_workspace.py`` meas
   prod(kernel) x prod(in_spatial)`` for a transposed one. A float64 [1, 1, 1, 1] input, a [1, 1, 64, 64] kernel and
   padding 63: 130.5 MiB at the call for a 32 KiB output (the formula: 128 MiB); the same as conv1d (K 4096), conv3d
   (K 16), conv_transpose2d (64x64 input and kernel), and x4 for batch 4. Groups: per group, and the group outputs
-  are copied into the result once more. The count is the same whatever the dtype and CPU (float32 on oneDNN took
-  9 MiB where the formula says 64 MiB), so whether a file loads does not depend on the machine that loads it.
+  are copied into the result once more. float32 runs on oneDNN (9 MiB where the formula says 64 MiB) except for
+  small inputs (:func:`_needs_columns`); every other dtype is counted on every CPU, so whether a file loads does not
+  depend on the machine that loads it (bfloat16 takes oneDNN only where the CPU has avx512_bf16).
 * **Composite operators** (``aten.matmul``, ``aten.linear``, ... as a file may name them) run as several ATen
   operators, whose intermediates the fake run never sees: a broadcast ``matmul`` of [256, 1, 1, 4096] and
   [1, 256, 4096, 1] (8 MiB of inputs, 256 KiB of output) copies both sides to [65536, 4096] first, 2053 MiB. The
@@ -122,14 +123,40 @@ def _convolution(name, args, kwargs, result) -> int:
     general = name in ("convolution", "_convolution", "convolution_overrideable")
     transposed = "transpose" in name or (general and len(args) > 6 and args[6] is True)
     batched = source.dim() == weight.dim()
-    spatial = (source if transposed else out).shape[(2 if batched else 1) :]
-    columns = (source.shape[0] if batched else 1) * math.prod(weight.shape[1:]) * math.prod(spatial)
     # groups: convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups),
     # conv{1,2,3}d(input, weight, bias, stride, padding, dilation, groups), conv_transpose with output_padding first
     position = 8 if general else 7 if "transpose" in name else 6
     groups = args[position] if len(args) > position else kwargs.get("groups", 1)
-    copies = out.numel() * out.element_size() if isinstance(groups, int) and groups > 1 else 0
+    groups = groups if isinstance(groups, int) and groups >= 1 else 1
+    if not transposed and not _needs_columns(name, args, weight, source, batched, groups):
+        return 0
+    spatial = (source if transposed else out).shape[(2 if batched else 1) :]
+    columns = (source.shape[0] if batched else 1) * math.prod(weight.shape[1:]) * math.prod(spatial)
+    copies = out.numel() * out.element_size() if groups > 1 else 0  # per-group outputs, concatenated
     return columns * out.element_size() + copies
+
+
+def _needs_columns(name, args, weight, source, batched, groups) -> bool:
+    """Whether a (non-transposed) convolution may unfold its input. Not a 1x1 kernel without stride or padding (the
+    input is its own columns). float32 takes oneDNN except for small inputs (PyTorch's ``use_mkldnn``: batch 1, at
+    most 20480 elements, one group, a kernel not larger than 3 in both dims, 'for some case, native is faster'; and
+    1x1 kernels on one thread): measured, [1, 512, 3, 3] with a 3x3 kernel and padding 50 took its 182 MiB of columns
+    on 1 and 2 threads, [1, 512, 12, 12] 12 MiB. Every other dtype may take the native path on some CPU."""
+    stride, padding = (args[3] if len(args) > 3 else 1), (args[4] if len(args) > 4 else 0)
+    pointwise = all(k == 1 for k in weight.shape[2:])
+    plain = _all(stride, 1) and _all(padding, 0) and padding != "same"
+    if pointwise and plain and name in ("convolution", "_convolution", "conv1d", "conv2d", "conv3d"):
+        return False
+    if source.dtype != torch.float32:
+        return True
+    batch = source.shape[0] if batched else 1
+    small = batch <= 1 and source.numel() <= 20480 and groups == 1 and not all(k > 3 for k in weight.shape[2:])
+    return small or (pointwise and batch < 16)
+
+
+def _all(value, wanted) -> bool:
+    values = value if isinstance(value, (list, tuple)) else [value]
+    return all(v == wanted for v in values)
 
 
 class _Meter(TorchDispatchMode):
