@@ -9,7 +9,7 @@ the call allocates 2 GiB (plus whatever uses the result: an ``index_select`` of 
 
 * at load, :func:`own_allocation` counts what such an operator can allocate given its inputs (``nonzero``: one
   int64 row per element of its input; ``unique``: its sort; ...), whatever the file records; an operator of this
-  kind that is not in :data:`_POST_CHECKED`/:data:`_PRE_CHECKED` is refused, as its memory has no bound;
+  kind that is not in :data:`_POST_CHECKED` (nor ``repeat_interleave``, ``item``) is refused: no bound on its memory;
 * :func:`guard` then rewrites the loaded program so that each such node is checked at the call against the sizes
   the fake run gave it (``ops/bounds.py``'s ``check_data_size``): after ``nonzero`` & co. (their own allocation is
   bounded by their inputs and was counted), each output dim at most the assumed one, before any use; before
@@ -42,8 +42,6 @@ _POST_CHECKED = frozenset({
     "nonzero", "argwhere", "masked_select", "_unique", "_unique2", "unique_dim", "unique_consecutive",
     "unique_dim_consecutive", "index",
 })  # fmt: skip
-# checked before: the data decides the allocation itself (repeats), or the value is a size (item)
-_PRE_CHECKED = frozenset({"repeat_interleave", "item", "_local_scalar_dense"})
 _INT64 = 8
 # size arithmetic whose result grows with each argument that depends on data (``follow``); for these three, only
 # with the first argument: a data-dependent divisor makes a smaller result
@@ -111,7 +109,7 @@ def own_allocation(node, target, args, kwargs, assumed) -> int:
     results = [t for t in pytree.tree_leaves(assumed) if isinstance(t, torch.Tensor)]
     if not results:  # item(), equal(), is_nonzero(): a number, no tensor
         return 0
-    if name in _PRE_CHECKED and name == "repeat_interleave" and tensors:
+    if name == "repeat_interleave" and tensors:  # checked before it runs (guard): its result is at most assumed
         length = results[0].shape[0] if results[0].dim() else 1
         return length * _INT64 + sum(_nbytes(t) for t in tensors if not t.is_floating_point())  # index, cumsum
     if name in _POST_CHECKED and tensors:
