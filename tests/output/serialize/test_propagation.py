@@ -193,3 +193,48 @@ def test_data_dependent_sizes_are_counted_at_their_upper_bound(tmp_path):
     footprint = propagation.check(loaded.exported_program, stored_input_bytes=6 * 8 * 4 + 6 * 4)
     # linear's [6, 8] float32 result and the selected rows' [6, 8] (at the bound 6) alive together, plus indices
     assert footprint.peak_bytes >= 2 * 6 * 8 * 4
+
+
+class _Loops:
+    """One module per loop operator whose body allocates 4 GiB per turn and returns a few floats."""
+
+    class While(torch.nn.Module):
+        def forward(self, i, x):
+            from torch._higher_order_ops.while_loop import while_loop
+
+            return while_loop(lambda i, x: i < 3, lambda i, x: (i + 1, x + torch.zeros(1 << 30).sum()), (i, x))
+
+    class Scan(torch.nn.Module):
+        def forward(self, init, xs):
+            from torch._higher_order_ops.scan import scan
+
+            return scan(lambda c, x: (c + x, (c * x).clone() + torch.zeros(1 << 30).sum()), init, xs)
+
+    class Map(torch.nn.Module):
+        def forward(self, xs, y):
+            from torch._higher_order_ops.map import map as loop_map
+
+            return loop_map(lambda x, y: x + y + torch.zeros(1 << 30).sum(), xs, y)
+
+
+@pytest.mark.parametrize(
+    "module, inputs",
+    [(_Loops.While(), (torch.tensor(0), torch.randn(4))), (_Loops.Scan(), (torch.zeros(3), torch.randn(5, 3))),
+     (_Loops.Map(), (torch.randn(5, 3), torch.randn(3)))],  # fmt: skip
+)
+def test_what_one_turn_of_a_loop_body_allocates_is_counted(module, inputs):
+    program = torch.export.export(module, inputs)
+    with pytest.raises(FileFormatError, match="would use 4 GiB"):
+        propagation.check(program, stored_input_bytes=sum(t.nbytes for t in inputs))
+
+
+def test_a_loop_with_an_ordinary_body_passes():
+    class Add(torch.nn.Module):
+        def forward(self, xs, y):
+            from torch._higher_order_ops.map import map as loop_map
+
+            return loop_map(lambda x, y: x + y, xs, y)
+
+    xs, y = torch.randn(5, 3), torch.randn(3)
+    footprint = propagation.check(torch.export.export(Add(), (xs, y)), stored_input_bytes=xs.nbytes + y.nbytes)
+    assert footprint.peak_bytes == 5 * 3 * 4 + 3 * 4  # the map's output and one turn's row

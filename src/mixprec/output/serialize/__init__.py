@@ -45,7 +45,7 @@ from ...plan.precision_plan import PrecisionPlan
 from ...settings import recorded as recorded_settings
 from ..module import MixedPrecisionModule
 from ..report import Report
-from . import container, metadata, operators, outputs, propagation, raw_weights, safety, tensors, trust
+from . import container, metadata, operators, outputs, propagation, raw_weights, runtime_bounds, safety, tensors, trust
 from .metadata import FORMAT, FORMAT_VERSION
 
 log = logging.getLogger(__name__)
@@ -130,7 +130,8 @@ def load(path, *, backend: str | None = None):
     if example_inputs is not None:
         stored = sum(t.nbytes for t in torch.utils._pytree.tree_leaves(example_inputs) if isinstance(t, torch.Tensor))
     try:
-        propagation.check(ep, stored)  # shapes, views and memory on fake tensors, before anything real runs
+        footprint = propagation.check(ep, stored)  # shapes, views and memory on fake tensors, before anything runs
+        runtime_bounds.guard(ep, footprint.assumed)  # data-dependent sizes: checked at the call against those taken
     except FileFormatError as e:
         raise FileFormatError(f"{where}: {e}") from None
 

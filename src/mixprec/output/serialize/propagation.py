@@ -15,17 +15,19 @@ at the example sizes, and refuses the file (FileFormatError) when
   more than 64 (a chain of squarings reaches 2**(2**40) in forty nodes);
 * the memory of one call exceeds :data:`MULTIPLE` x (weights + inputs) + :data:`FLOOR`. The memory of a call is
   counted as eager PyTorch spends it: each tensor an operator returns lives from that operator to its last use
-  (views share their base's storage), plus, while an operator runs, the bytes of broadcast inputs it may copy to
-  make them contiguous and, for attention, its L x S score matrix (the math kernel's scratch);
+  (views share their base's storage), plus, while an operator runs, its scratch (``workspace.py``: the columns of
+  a convolution without a oneDNN path, the intermediates of a composite operator, attention's L x S scores, the
+  copies of broadcast inputs);
 * the user inputs, at the recorded sizes, exceed the bytes the file stores for its example inputs or
   :data:`MAX_UNSTORED_INPUT_BYTES` when it stores none: a backend that warms up on inputs made from these sizes
   (inductor) never materialises more than that.
 
 Dynamic dimensions are checked at the example sizes (each symbol at its recorded hint): a call with larger inputs
 allocates what the graph computes for them, as any model does. A data-dependent size (``nonzero``, ``item``) takes
-the upper bound of its recorded range (2**31 when unbounded, so an allocation sized by it fails the budget).
+its recorded upper bound, at most 2**31 or, when that is over the budget, the largest power of two within it; its
+operator counts what it can allocate from its inputs, and ``load`` makes the call check the size (``runtime_bounds``).
 Bodies of ``cond`` and autocast/grad regions are run like the graph; loops (``map``, ``scan``, ``while_loop``) are
-counted by their outputs.
+counted by their outputs plus one turn of their body (what a turn allocates is freed before the next).
 """
 
 from __future__ import annotations
@@ -33,22 +35,19 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
-import operator
 
 import torch
 import torch.utils._pytree as pytree
 
 from ...errors import FileFormatError
+from . import runtime_bounds, size_arithmetic, workspace
 
 MULTIPLE = 16  # one call may use this many times the bytes of the weights and inputs ...
 FLOOR = 1 << 30  # ... plus this much (small models on large inputs: see bench/RESULTS.md, "Security round two")
 MAX_UNSTORED_INPUT_BYTES = 256 << 20  # inputs a program without stored example inputs may declare
-MAX_SIZE = 1 << 63
+MAX_SIZE = size_arithmetic.MAX_SIZE
 UNBOUNDED_DATA_DEPENDENT = 1 << 31
 
-_SIZE_FUNCTIONS_CHECKED_BEFORE = {operator.pow: 64, operator.lshift: 64}
-_ATTENTION = ("scaled_dot_product_attention", "_scaled_dot_product_flash_attention_for_cpu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +57,7 @@ class Footprint:
     weight_bytes: int
     input_bytes: int
     peak_bytes: int
+    assumed: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)  # data-dependent node -> value
 
     @property
     def budget(self) -> int:
@@ -68,20 +68,9 @@ def check(exported_program, stored_input_bytes: int | None) -> Footprint:
     """Run ``exported_program`` on fake tensors at its example sizes; FileFormatError when it is not what it says.
 
     ``stored_input_bytes``: the bytes of the example inputs the file stores (None when it stores none)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    mode = FakeTensorMode(allow_fallback_kernels=False, allow_non_fake_inputs=False)
-    run = _Run(mode, exported_program)
-    with mode, _quiet_fake_tensors():
-        inputs = run.placeholders()
-        limit = max(2 * (stored_input_bytes or 0), MAX_UNSTORED_INPUT_BYTES)
-        if run.input_bytes > limit:
-            raise FileFormatError(
-                f"the program's inputs take {run.input_bytes} bytes at their recorded sizes, more than the "
-                f"{limit} mixprec makes for a program storing {stored_input_bytes or 0} bytes of example inputs."
-            )
-        _, peak = run.graph(exported_program.graph_module, inputs)
-    footprint = Footprint(run.weight_bytes, run.input_bytes, peak)
+    footprint, capped = _measure(exported_program, stored_input_bytes, UNBOUNDED_DATA_DEPENDENT)
+    if capped and footprint.peak_bytes > footprint.budget:
+        footprint = _largest_cap_within_budget(exported_program, stored_input_bytes) or footprint
     if footprint.peak_bytes > footprint.budget:
         raise FileFormatError(
             f"one call of the program would use {footprint.peak_bytes / 2**30:.3g} GiB for tensors, more than "
@@ -92,11 +81,48 @@ def check(exported_program, stored_input_bytes: int | None) -> Footprint:
     return footprint
 
 
+def _largest_cap_within_budget(exported_program, stored_input_bytes) -> Footprint | None:
+    """The footprint at the largest power-of-two cap on data-dependent sizes that keeps the call within the budget."""
+    best, low, high = None, -1, UNBOUNDED_DATA_DEPENDENT.bit_length() - 1  # exponents: ``high`` is over the budget
+    while high - low > 1:
+        middle = (low + high) // 2
+        try:
+            attempt, _ = _measure(exported_program, stored_input_bytes, 1 << middle)
+        except FileFormatError:  # a cap too small for the program's own constraints
+            attempt = None
+        if attempt is not None and attempt.peak_bytes <= attempt.budget:
+            best, low = attempt, middle
+        else:
+            high = middle
+    return best
+
+
+def _measure(exported_program, stored_input_bytes, cap: int) -> tuple[Footprint, bool]:
+    """(the footprint, whether a data-dependent size was taken from its range) of one fake run."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode(allow_fallback_kernels=False, allow_non_fake_inputs=False)
+    run = _Run(mode, exported_program, cap)
+    with mode, _quiet_fake_tensors():
+        inputs = run.placeholders()
+        limit = max(2 * (stored_input_bytes or 0), MAX_UNSTORED_INPUT_BYTES)
+        if run.input_bytes > limit:
+            raise FileFormatError(
+                f"the program's inputs take {run.input_bytes} bytes at their recorded sizes, more than the "
+                f"{limit} mixprec makes for a program storing {stored_input_bytes or 0} bytes of example inputs."
+            )
+        _, peak = run.graph(exported_program.graph_module, inputs)
+    return Footprint(run.weight_bytes, run.input_bytes, peak, run.assumed), run.capped
+
+
 class _Run:
-    def __init__(self, mode, exported_program):
-        self.mode, self.program = mode, exported_program
+    def __init__(self, mode, exported_program, cap=UNBOUNDED_DATA_DEPENDENT):
+        self.mode, self.program, self.cap = mode, exported_program, cap
+        self.capped = False  # whether a data-dependent size was taken from its range (at most ``cap``)
         self.storage_bytes: dict[int, int] = {}  # storage -> its size when it was created (a view may not grow it)
         self.symbols: dict = {}  # sympy symbol -> the value the run gives it
+        self.assumed: dict = {}  # data-dependent node -> the value the run gave it
+        self.tainted: set = set()  # the nodes whose value depends on a data-dependent one (runtime_bounds.follow)
         self.weight_bytes = self.input_bytes = 0
         self._keep: list = []  # every fake tensor made, so no storage address is reused during the run
 
@@ -121,7 +147,7 @@ class _Run:
         if not isinstance(tensor, torch.Tensor):
             return tensor
         fake = self.mode.from_tensor(tensor)
-        key = _storage(fake)
+        key = workspace.storage_key(fake)
         if key not in self.storage_bytes:
             self.storage_bytes[key] = fake.untyped_storage().nbytes()
             self.weight_bytes += self.storage_bytes[key]
@@ -139,7 +165,7 @@ class _Run:
             fake = torch.empty_strided(sizes, strides, dtype=value.dtype, device=value.device)
             self._keep.append(fake)
             if counts_as_input:  # a node's result is registered (and counted) by the graph run as a fresh storage
-                key = _storage(fake)
+                key = workspace.storage_key(fake)
                 self.storage_bytes[key] = fake.untyped_storage().nbytes()
                 self.input_bytes += self.storage_bytes[key]
             return fake
@@ -159,7 +185,7 @@ class _Run:
         shape_env = value.node.shape_env
         for symbol in sorted(expr.free_symbols, key=str):
             if symbol not in self.symbols:
-                self.symbols[symbol] = _value_of(symbol, shape_env)
+                self.symbols[symbol] = self._value_of(symbol, shape_env)
         result = expr.xreplace({s: sympy.sympify(self.symbols[s]) for s in expr.free_symbols})
         if isinstance(value, torch.SymBool):
             return bool(result)
@@ -168,6 +194,21 @@ class _Run:
         if not isinstance(result, sympy.Integer) or abs(int(result)) > MAX_SIZE:
             raise FileFormatError(f"the program's node {node.name!r} is recorded with a size that is not a size.")
         return int(result)
+
+    def _value_of(self, symbol, shape_env) -> int:
+        """A symbol's value in the run: its hint, else (data-dependent) its range's upper bound, at most the cap."""
+        hint = shape_env.backed_var_to_val.get(symbol) if hasattr(shape_env, "backed_var_to_val") else None
+        if hint is None:
+            hint = getattr(shape_env, "var_to_val", {}).get(symbol)
+        if hint is not None:
+            return int(hint) if getattr(hint, "is_integer", True) else hint
+        upper = getattr(shape_env.var_to_range.get(symbol), "upper", None)
+        try:
+            value = int(upper)
+        except (TypeError, ValueError, OverflowError, AttributeError):  # unbounded (int_oo: AttributeError)
+            value = self.cap + 1
+        self.capped |= value > 0  # taken from the file's range: the budget may call for less
+        return min(value, self.cap) if value >= 0 else value
 
     # ---- the graph --------------------------------------------------------------------------------------------
 
@@ -197,10 +238,11 @@ class _Run:
                 args = pytree.tree_map_only(torch.fx.Node, lambda n: env[n], node.args)
                 kwargs = pytree.tree_map_only(torch.fx.Node, lambda n: env[n], node.kwargs)
                 result, nested, transient = self._call(node, args, kwargs)
+                runtime_bounds.follow(node, self.tainted, self.assumed)
                 self._compare(node, result)
             env[node] = result
-            for tensor in _tensors(result):
-                key = _storage(tensor)
+            for tensor in workspace.tensors_in(result):
+                key = workspace.storage_key(tensor)
                 self._keep.append(tensor)
                 if key not in self.storage_bytes:
                     self.storage_bytes[key] = tensor.untyped_storage().nbytes()
@@ -229,9 +271,11 @@ class _Run:
         if not isinstance(target, torch._ops.OpOverload):
             return self._size_arithmetic(node, target, args, kwargs), 0, 0
         try:
-            result = target(*args, **kwargs)
+            result, scratch = workspace.call(target, args, kwargs)
         except (DynamicOutputShapeException, DataDependentOutputException, UnsupportedOperatorException):
             result = self._from_recorded(node, node.meta.get("val"))  # data-dependent: sizes at their bounds
+            self.assumed[node] = result
+            return result, 0, runtime_bounds.own_allocation(node, target, args, kwargs, result)
         except FileFormatError:
             raise
         except Exception as e:  # torch's own refusal of the shapes or arguments the file gives this operator
@@ -239,7 +283,7 @@ class _Run:
                 f"the program's node {node.name!r} ({target}) cannot run on the sizes the file gives it "
                 f"({type(e).__name__}: {_first_line(e)})."
             ) from None
-        return result, 0, _transient(target, args, kwargs)
+        return result, 0, scratch
 
     def _higher_order(self, node, args, kwargs):
         name = node.target.name()
@@ -251,31 +295,17 @@ class _Run:
             position = 1 if name == "wrap_with_set_grad_enabled" else 4
             outputs, nested = self.graph(args[position], list(args[position + 1 :]))
             return _as_recorded(node, outputs), nested, 0
-        return self._from_recorded(node, node.meta.get("val")), 0, 0  # loops: counted by their outputs
+        bodies, inputs = _loop_bodies(name, args)  # loops: their outputs, and one turn of each body's memory
+        try:
+            nested = max((self.graph(body, list(inputs))[1] for body in bodies), default=0)
+        except FileFormatError:
+            raise
+        except Exception as e:  # a body that cannot run on what the loop gives it
+            raise FileFormatError(f"the program's loop {node.name!r} ({name}) cannot run its body ({e}).") from None
+        return self._from_recorded(node, node.meta.get("val")), nested, 0
 
     def _size_arithmetic(self, node, target, args, kwargs):
-        """``operator``/``math``/``torch.sym_*`` on plain numbers, kept inside torch's sizes."""
-        bound = _SIZE_FUNCTIONS_CHECKED_BEFORE.get(target)
-        if bound is not None and len(args) == 2 and isinstance(args[1], (int, float)):
-            base, amount = args
-            if abs(amount) > bound and not (target is operator.pow and isinstance(base, (int, float))
-                                            and abs(base) <= 1):  # fmt: skip
-                raise FileFormatError(
-                    f"the program's node {node.name!r} raises to a power or shifts by {str(amount)[:20]}; sizes stay "
-                    "below 2**63."
-                )
-        try:
-            result = target(*args, **kwargs)
-        except (ArithmeticError, ValueError, TypeError) as e:
-            raise FileFormatError(
-                f"the program's size arithmetic at node {node.name!r} fails ({type(e).__name__}: {e})."
-            ) from None
-        for value in pytree.tree_leaves(result):
-            if isinstance(value, int) and abs(value) > MAX_SIZE:
-                raise FileFormatError(
-                    f"the program's size arithmetic at node {node.name!r} leaves torch's sizes (2**63)."
-                )
-        return result
+        return size_arithmetic.evaluate(node, target, args, kwargs)
 
     def _compare(self, node, result) -> None:
         """The node computes what the file records for it: same dtypes, same shapes (symbols at this run's values)."""
@@ -328,20 +358,19 @@ def quiet_logger(name: str, level: int):
         logger.setLevel(before)
 
 
-def _value_of(symbol, shape_env) -> int:
-    """A symbol's value in the run: its hint, else (data-dependent) the upper bound of its range."""
-    hint = shape_env.backed_var_to_val.get(symbol) if hasattr(shape_env, "backed_var_to_val") else None
-    if hint is None:
-        hint = getattr(shape_env, "var_to_val", {}).get(symbol)
-    if hint is not None:
-        return int(hint) if getattr(hint, "is_integer", True) else hint
-    bounds = shape_env.var_to_range.get(symbol)
-    upper = getattr(bounds, "upper", None)
-    try:
-        value = int(upper)
-    except (TypeError, ValueError, OverflowError):
-        return UNBOUNDED_DATA_DEPENDENT
-    return min(value, UNBOUNDED_DATA_DEPENDENT) if value >= 0 else value
+def _loop_bodies(name, args) -> tuple[list, list]:
+    """(body graphs, the inputs of one turn): while_loop(cond, body, carried, extra), scan(combine, init, xs, extra),
+    map_impl(body, xs, extra); a turn takes the first slice of each of ``xs`` (none when ``xs`` is empty)."""
+    if name == "while_loop":
+        return [args[0], args[1]], [*args[2], *args[3]]
+    position = 2 if name == "scan" else 1
+    slices = list(args[position])
+    if name not in ("scan", "map_impl") or any(not isinstance(x, torch.Tensor) or x.dim() == 0 for x in slices):
+        return [], []
+    if any(x.shape[0] == 0 for x in slices):
+        return [], []
+    inputs = [*args[1]] if name == "scan" else []
+    return [args[0]], [*inputs, *(x[0] for x in slices), *args[position + 1]]
 
 
 def _as_recorded(node, outputs):
@@ -352,34 +381,11 @@ def _as_recorded(node, outputs):
     return outputs[0]
 
 
-def _transient(target, args, kwargs) -> int:
-    """Bytes an operator may use while it runs beyond what it returns (see the module docstring)."""
-    tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-    total = 0
-    for tensor in tensors:  # a broadcast (expanded) input a kernel may copy to make contiguous
-        logical = tensor.numel() * tensor.element_size()
-        if logical > tensor.untyped_storage().nbytes():
-            total += logical
-    if any(word in target._schema.name for word in _ATTENTION) and len(tensors) >= 2:
-        query, key = tensors[0], tensors[1]
-        if query.dim() >= 2 and key.dim() >= 2:
-            total += math.prod(query.shape[:-1]) * key.shape[-2] * 4  # the L x S scores, in float32
-    return total
-
-
 def _extent(sizes, strides, offset) -> int:
     """Elements a strided tensor reaches in its storage (0 for an empty one)."""
     if any(s == 0 for s in sizes):
         return 0
     return offset + sum((n - 1) * abs(st) for n, st in zip(sizes, strides)) + 1
-
-
-def _storage(tensor) -> int:
-    return tensor.untyped_storage()._cdata
-
-
-def _tensors(value):
-    return [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
 
 
 def _attribute(module, target: str):
