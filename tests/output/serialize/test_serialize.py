@@ -172,6 +172,7 @@ def _fresh_load(tmp_path, prog, expected, *extra) -> list[dict]:
     (tmp_path / "plan.json").write_text(prog.plan.to_json())
     (tmp_path / "report.json").write_text(prog.report.to_json())
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(mixprec.__file__))  # the mixprec under test, not tests/
     result = subprocess.run(
         [sys.executable, "-c", _FRESH, str(path), str(tmp_path / "expected.pt"), str(tmp_path / "plan.json"),
          str(tmp_path / "report.json"), *extra],

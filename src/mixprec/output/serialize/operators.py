@@ -48,6 +48,29 @@ def _function_names() -> frozenset:
 _ALLOWED_FUNCTION_NAMES = _function_names()
 
 
+def target_name(target) -> str:
+    """The qualified name a program file gives ``target`` ("torch.ops.aten.linear.default", "_operator.getitem")."""
+    from torch._export.serde.serialize import GraphModuleSerializer
+
+    return GraphModuleSerializer.serialize_operator(None, target)
+
+
+def resolve(name: str):
+    """The operator or function ``name`` stands for, when :func:`allowed_target` allows it; else None.
+
+    Found by attribute lookups on ``torch.ops``' namespaces (already registered: nothing is imported) or in the
+    table of size functions."""
+    if not allowed_target(name):
+        return None
+    for function in _ALLOWED_FUNCTIONS:
+        if target_name(function) == name:
+            return function
+    match = _OPERATOR_TARGET.match(name)
+    namespace, op, overload = match.group(1), match.group(2), match.group(3)
+    packet = getattr(getattr(torch.ops, namespace), op)
+    return packet if overload is None else getattr(packet, overload)
+
+
 # Higher-order operators torch.export keeps from a model's control flow and grad/autocast regions; their bodies are
 # graphs checked node by node. Not allowed: anything that wraps effects or mutation (with_effects,
 # auto_functionalized, triton kernels, ...), which a mixprec compile does not produce.

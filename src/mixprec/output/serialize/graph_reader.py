@@ -1,0 +1,245 @@
+"""``graph.json`` read by mixprec: a strict parser of ``graph.py``'s schema that builds the program itself.
+
+No third-party reader sees the file's bytes: ``torch.export.load`` (which unpickles, hands shape text to sympy's
+parser and imports the modules pytree specs name) is never called. This module checks every field against the
+closed vocabulary ``graph.py`` writes and then constructs the objects:
+
+* node targets only through ``operators.resolve`` (the allow-list, then attribute lookups on ``torch.ops``'
+  namespaces: nothing is imported); a node may use only nodes before it in its own graph;
+* node names are checked against a plain-identifier pattern and must come out of FX's own namer unchanged (FX
+  pastes them into the module's source); the attributes holding control-flow bodies are named here
+  (``subgraph_<n>``), never from the file; bodies are graphs later in the list (no cycles);
+* symbolic sizes are single symbols (``s<digits>``) with integer hints and ranges, created in a ``ShapeEnv`` here:
+  no expression from the file is parsed;
+* every node's value (``node.meta["val"]``) is computed here by running the graph on fake tensors (recorded
+  metadata is not trusted, none is read), with size arithmetic kept inside torch's sizes;
+* the graph signature, range constraints and call signature (``specs.py``) are built from checked fields.
+
+After it, ``load`` runs ``operators.check_graphs`` (targets and string arguments, again, on what was built) and
+``propagation.check`` (shapes, views and the memory of one call).
+"""
+
+from __future__ import annotations
+
+import keyword
+import math
+import operator
+import re
+
+import torch
+from torch.export.graph_signature import (ConstantArgument, ExportGraphSignature, InputKind, InputSpec, OutputKind,
+                                          OutputSpec, SymIntArgument, TensorArgument)  # fmt: skip
+
+from ...errors import FileFormatError
+from . import operators, specs, weights
+from .graph import LAYOUTS, MEMORY_FORMATS, VERSION
+
+MAX_GRAPHS = 1000
+MAX_NODES = 1_000_000
+MAX_ARGUMENT_DEPTH = 32
+MAX_SIZE = 1 << 62
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,199}$")
+_SYMBOL = re.compile(r"^s\d{1,6}$")
+_DEVICE = re.compile(r"^(cpu|cuda|xpu|mps|meta)(:\d{1,3})?$")
+_INPUT_KINDS = {"parameter": InputKind.PARAMETER, "buffer": InputKind.BUFFER, "constant": InputKind.CONSTANT_TENSOR,
+                "user_input": InputKind.USER_INPUT}  # fmt: skip
+_OUTPUT_KINDS = {"user_output": OutputKind.USER_OUTPUT, "buffer_mutation": OutputKind.BUFFER_MUTATION,
+                 "user_input_mutation": OutputKind.USER_INPUT_MUTATION}  # fmt: skip
+_DOCUMENT_FIELDS = {"version", "graphs", "inputs", "symbols", "signature", "in_spec", "out_spec", "forward_arg_names",
+                    "weights"}  # fmt: skip
+_NODE_FIELDS = {"placeholder": {"name", "op"}, "get_attr": {"name", "op", "target"},
+                "call_function": {"name", "op", "target", "args", "kwargs"}, "output": {"name", "op", "args", "kwargs"}}
+
+
+def damaged(why: str) -> FileFormatError:
+    return FileFormatError(f"the program's graph.json is damaged ({why}); load files only from mixprec.save.")
+
+
+def read(document, weights_view, weights_size: int):
+    """(the ExportedProgram, the names of output types kept as OutputRecord)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    graphs, in_spec, out_spec, unrestored, names = _parse(document)
+    state, constants = weights.read(document["weights"], weights_view, weights_size)
+
+    shape_env = ShapeEnv(assume_static_by_default=True)
+    mode = FakeTensorMode(allow_fallback_kernels=False, allow_non_fake_inputs=False, shape_env=shape_env)
+    builder = _Builder(mode, shape_env)
+    modules = builder.modules(graphs)
+    root = modules[0]
+    signature = _signature(document["signature"], root.graph, state, constants)
+    with mode:
+        builder.symbols(document["symbols"])
+        inputs = builder.placeholders(root.graph, signature, document["inputs"], state, constants)
+        builder.run(root, inputs)
+    user_inputs = [s for s in signature.input_specs if s.kind == InputKind.USER_INPUT]
+    user_outputs = [s for s in signature.output_specs if s.kind == OutputKind.USER_OUTPUT]
+    if in_spec.num_leaves != len(user_inputs) or out_spec.num_leaves != len(user_outputs):
+        raise damaged("the input or output structure does not match the program's inputs and outputs")
+    return _program(root, signature, state, constants, builder.ranges(), in_spec, out_spec, names), unrestored
+
+
+def check(document) -> None:
+    """The document's schema, graphs, targets and specs (what :func:`read` checks before it reads any weight)."""
+    _parse(document)
+
+
+def _parse(document):
+    if not isinstance(document, dict) or set(document) != _DOCUMENT_FIELDS:
+        raise damaged(f"its fields are not {sorted(_DOCUMENT_FIELDS)}")
+    if document["version"] != VERSION:
+        raise damaged(f"schema version {str(document['version'])[:10]}, not {VERSION}")
+    graphs = _parse_graphs(document["graphs"])
+    in_spec, _ = specs.loads(document["in_spec"], "the program's input structure", records=False)
+    out_spec, unrestored = specs.loads(document["out_spec"], "the program's output structure", restore_types=True)
+    names = document["forward_arg_names"]
+    if names is not None and (not isinstance(names, list) or len(names) > 10_000
+                              or not all(isinstance(n, str) and _NAME.match(n) for n in names)):  # fmt: skip
+        raise damaged("forward_arg_names are not plain names")
+    return graphs, in_spec, out_spec, unrestored, names
+
+
+def _program(root, signature, state, constants, ranges, in_spec, out_spec, names):
+    from torch.export.exported_program import ExportedProgram, ModuleCallEntry, ModuleCallSignature
+
+    call = ModuleCallSignature(inputs=[], outputs=[], in_spec=in_spec, out_spec=out_spec, forward_arg_names=names)
+    try:
+        return ExportedProgram(root=root, graph=root.graph, graph_signature=signature, state_dict=state,
+                               range_constraints=ranges, module_call_graph=[ModuleCallEntry("", call)],
+                               constants=constants)  # fmt: skip
+    except Exception as e:  # torch's verifier on objects built from checked fields: the parts do not fit together
+        raise damaged(f"its parts do not form a program: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
+
+
+# ---- parsing ----------------------------------------------------------------------------------------------------
+
+
+def _parse_graphs(graphs) -> list[list[dict]]:
+    if not isinstance(graphs, list) or not 1 <= len(graphs) <= MAX_GRAPHS:
+        raise damaged(f"graphs is not a list of 1 to {MAX_GRAPHS} graphs")
+    total = 0
+    parsed = []
+    for index, graph in enumerate(graphs):
+        if not isinstance(graph, dict) or set(graph) != {"nodes"} or not isinstance(graph["nodes"], list):
+            raise damaged(f"graph {index} is not an object with a list of nodes")
+        total += len(graph["nodes"])
+        if total > MAX_NODES:
+            raise damaged(f"more than {MAX_NODES} nodes")
+        parsed.append(_parse_nodes(graph["nodes"], index, len(graphs)))
+    return parsed
+
+
+def _parse_nodes(nodes: list, index: int, count: int) -> list[dict]:
+    seen: set[str] = set()
+    placeholders_done = False
+    for position, node in enumerate(nodes):
+        op = node.get("op") if isinstance(node, dict) else None
+        if op not in _NODE_FIELDS or set(node) != _NODE_FIELDS[op]:
+            raise damaged(f"node {position} of graph {index} is not one of the node kinds mixprec writes")
+        name = node["name"]
+        if not isinstance(name, str) or not _NAME.match(name) or keyword.iskeyword(name) or name in seen:
+            raise damaged(f"node {position} of graph {index} has a name that is not a new plain identifier")
+        seen.add(name)
+        if op == "placeholder" and placeholders_done:
+            raise damaged(f"graph {index} has an input after its first operation")
+        placeholders_done = placeholders_done or op != "placeholder"
+        if (op == "output") != (position == len(nodes) - 1):
+            raise damaged(f"graph {index} does not end with its one output")
+        if op == "get_attr":
+            target = node["target"]
+            body = target.get("subgraph") if isinstance(target, dict) and set(target) == {"subgraph"} else None
+            if type(body) is not int or not index < body < count:
+                raise damaged(f"node {name!r} reads a body that is not a later graph")
+        elif op == "call_function":
+            if not isinstance(node["target"], str) or operators.resolve(node["target"]) is None:
+                raise FileFormatError(
+                    f"the program's node {name!r} calls {str(node['target'])[:120]!r}, which a mixprec compile never "
+                    "produces (mixprec programs call side-effect-free torch operators, casts and mixprec's own "
+                    "operators); refusing to build it."
+                )
+        if op in ("call_function", "output"):
+            if not isinstance(node["args"], list) or not isinstance(node["kwargs"], dict):
+                raise damaged(f"node {name!r}'s arguments are not a list and an object")
+            if not all(isinstance(k, str) and _NAME.match(k) for k in node["kwargs"]):
+                raise damaged(f"node {name!r} has a keyword argument that is not a plain name")
+            for value in (node["args"], *node["kwargs"].values()):
+                _check_argument(value, seen - {name}, 0, name)
+    if not nodes or nodes[-1]["op"] != "output":
+        raise damaged(f"graph {index} has no output")
+    return nodes
+
+
+def _check_argument(value, before: set, depth: int, where: str) -> None:
+    """The argument vocabulary (``graph.py``); node references only to nodes earlier in the same graph."""
+    if depth > MAX_ARGUMENT_DEPTH:
+        raise damaged(f"node {where!r}'s arguments nest more than {MAX_ARGUMENT_DEPTH} levels")
+    if value is None or isinstance(value, (bool, str)):
+        if isinstance(value, str) and len(value) > 10_000:
+            raise damaged(f"node {where!r} has a string argument of more than 10000 characters")
+        return
+    if type(value) is int:
+        if not -(1 << 63) <= value < 1 << 64:
+            raise damaged(f"node {where!r} has an integer beyond 64 bits")
+        return
+    if type(value) is float:
+        return
+    if isinstance(value, list):
+        for item in value:
+            _check_argument(item, before, depth + 1, where)
+        return
+    if not isinstance(value, dict):
+        raise damaged(f"node {where!r} has an argument of type {type(value).__name__}")
+    if len(value) != 1:
+        raise damaged(f"node {where!r} has an argument object that is not one tagged value")
+    ((tag, body),) = value.items()
+    check = _TAGS.get(tag)
+    if check is None or not check(body, before):
+        raise damaged(f"node {where!r} has an argument {tag[:20]!r} mixprec does not write")
+    if tag == "tuple":
+        for item in body:
+            _check_argument(item, before, depth + 1, where)
+
+
+_TAGS = {
+    "node": lambda body, before: isinstance(body, str) and body in before,
+    "tuple": lambda body, before: isinstance(body, list),
+    "float": lambda body, before: body in ("inf", "-inf", "nan"),
+    "dtype": lambda body, before: isinstance(body, str) and isinstance(_dtype(body), torch.dtype),
+    "device": lambda body, before: isinstance(body, str) and _DEVICE.match(body) is not None,
+    "layout": lambda body, before: body in LAYOUTS,
+    "memory_format": lambda body, before: body in MEMORY_FORMATS,
+}
+
+
+def _dtype(name: str):
+    from ...dtypes import dtype_name
+
+    dtype = getattr(torch, name, None) if re.match(r"^[a-z0-9_]{1,32}$", name) else None
+    return dtype if isinstance(dtype, torch.dtype) and dtype_name(dtype) == name else None
+
+
+def _value(value, env: dict):
+    """A checked argument as the Python value FX gets (node references resolved in ``env``)."""
+    if isinstance(value, list):
+        return [_value(v, env) for v in value]
+    if not isinstance(value, dict):
+        return value
+    ((tag, body),) = value.items()
+    if tag == "node":
+        return env[body]
+    if tag == "tuple":
+        return tuple(_value(v, env) for v in body)
+    if tag == "float":
+        return float(body)
+    if tag == "dtype":
+        return _dtype(body)
+    if tag == "device":
+        return torch.device(body)
+    return LAYOUTS[body] if tag == "layout" else MEMORY_FORMATS[body]
+
+
+# ---- building ---------------------------------------------------------------------------------------------------
+
+from .graph_build import Builder as _Builder  # noqa: E402  (the half that builds, split for length)
+from .graph_build import signature as _signature  # noqa: E402,F401
