@@ -240,14 +240,16 @@ def _hint(value):
     """A number, or a symbolic number's example value (None when it has none)."""
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         hint = value.node.hint
-        return None if hint is None else (int(hint) if isinstance(value, (torch.SymInt, torch.SymBool)) else float(hint))
+        if hint is None:
+            return None
+        return float(hint) if isinstance(value, torch.SymFloat) else int(hint)
     return value if isinstance(value, (int, float)) else None
 
 
 # ---- the graph signature ------------------------------------------------------------------------------------
 
 
-def signature(record, graph, state: dict, constants: dict) -> ExportGraphSignature:
+def build_signature(record, graph, state: dict, constants: dict) -> ExportGraphSignature:
     if not isinstance(record, dict) or set(record) != {"inputs", "outputs"}:
         raise _damaged("the signature is not an object of inputs and outputs")
     placeholders = [n.name for n in graph.nodes if n.op == "placeholder"]
@@ -258,7 +260,8 @@ def signature(record, graph, state: dict, constants: dict) -> ExportGraphSignatu
         raise _damaged("the signature's outputs are not a list")
     input_specs = []
     for entry in inputs:
-        if set(entry) - {"value"} != {"kind", "arg", "name", "target", "persistent"} or entry["kind"] not in _INPUT_KINDS:
+        fields = {"kind", "arg", "name", "target", "persistent"}
+        if set(entry) - {"value"} != fields or entry["kind"] not in _INPUT_KINDS:
             raise _damaged("an input of the signature is not one mixprec writes")
         kind, target = _INPUT_KINDS[entry["kind"]], entry["target"]
         if kind == InputKind.USER_INPUT:
@@ -279,7 +282,8 @@ def signature(record, graph, state: dict, constants: dict) -> ExportGraphSignatu
                 or entry["kind"] not in _OUTPUT_KINDS):  # fmt: skip
             raise _damaged("an output of the signature is not one mixprec writes")
         target = entry["target"]
-        if target is not None and not (isinstance(target, str) and strings.is_dotted_path(target) and len(target) < 1000):
+        dotted = isinstance(target, str) and strings.is_dotted_path(target) and len(target) < 1000
+        if target is not None and not dotted:
             raise _damaged("an output of the signature has a target that is not a dotted name")
         output_specs.append(OutputSpec(_OUTPUT_KINDS[entry["kind"]], _argument(entry), target))
     return ExportGraphSignature(input_specs=input_specs, output_specs=output_specs)

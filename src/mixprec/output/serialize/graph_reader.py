@@ -22,17 +22,15 @@ After it, ``load`` runs ``operators.check_graphs`` (targets and string arguments
 from __future__ import annotations
 
 import keyword
-import math
-import operator
 import re
 
 import torch
-from torch.export.graph_signature import (ConstantArgument, ExportGraphSignature, InputKind, InputSpec, OutputKind,
-                                          OutputSpec, SymIntArgument, TensorArgument)  # fmt: skip
+from torch.export.graph_signature import InputKind, OutputKind
 
 from ...errors import FileFormatError
 from . import operators, specs, weights
 from .graph import LAYOUTS, MEMORY_FORMATS, VERSION
+from .graph_build import Builder, build_signature
 
 MAX_GRAPHS = 1000
 MAX_NODES = 1_000_000
@@ -41,10 +39,6 @@ MAX_SIZE = 1 << 62
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,199}$")
 _SYMBOL = re.compile(r"^s\d{1,6}$")
 _DEVICE = re.compile(r"^(cpu|cuda|xpu|mps|meta)(:\d{1,3})?$")
-_INPUT_KINDS = {"parameter": InputKind.PARAMETER, "buffer": InputKind.BUFFER, "constant": InputKind.CONSTANT_TENSOR,
-                "user_input": InputKind.USER_INPUT}  # fmt: skip
-_OUTPUT_KINDS = {"user_output": OutputKind.USER_OUTPUT, "buffer_mutation": OutputKind.BUFFER_MUTATION,
-                 "user_input_mutation": OutputKind.USER_INPUT_MUTATION}  # fmt: skip
 _DOCUMENT_FIELDS = {"version", "graphs", "inputs", "symbols", "signature", "in_spec", "out_spec", "forward_arg_names",
                     "weights"}  # fmt: skip
 _NODE_FIELDS = {"placeholder": {"name", "op"}, "get_attr": {"name", "op", "target"},
@@ -65,10 +59,10 @@ def read(document, weights_view, weights_size: int):
 
     shape_env = ShapeEnv(assume_static_by_default=True)
     mode = FakeTensorMode(allow_fallback_kernels=False, allow_non_fake_inputs=False, shape_env=shape_env)
-    builder = _Builder(mode, shape_env)
+    builder = Builder(mode, shape_env)
     modules = builder.modules(graphs)
     root = modules[0]
-    signature = _signature(document["signature"], root.graph, state, constants)
+    signature = build_signature(document["signature"], root.graph, state, constants)
     with mode:
         builder.symbols(document["symbols"])
         inputs = builder.placeholders(root.graph, signature, document["inputs"], state, constants)
@@ -237,9 +231,3 @@ def _value(value, env: dict):
     if tag == "device":
         return torch.device(body)
     return LAYOUTS[body] if tag == "layout" else MEMORY_FORMATS[body]
-
-
-# ---- building ---------------------------------------------------------------------------------------------------
-
-from .graph_build import Builder as _Builder  # noqa: E402  (the half that builds, split for length)
-from .graph_build import signature as _signature  # noqa: E402,F401

@@ -5,8 +5,9 @@ torch operators can itself touch files (``aten.from_file(path, shared=True)`` th
 print, or advance the global random state. A mixprec compile produces only side-effect-free torch operators, casts,
 mixprec's own operators, control flow and size arithmetic, so a loaded program may call exactly those
 (:func:`allowed_target`, decided once per name from the operator's schema rather than from a list of names). The
-model JSON is checked with it before torch builds anything (``model_json.py``), and the graphs torch built are
-checked again node by node, control-flow bodies included (:func:`check_graphs`).
+program's graph.json is checked with it as it is parsed (``graph_reader.py``: a target is found only through
+:func:`resolve`), and the graphs built from it are checked again node by node, control-flow bodies included
+(:func:`check_graphs`).
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ _decided: dict[str, bool] = {}
 
 
 def allowed_target(target: str) -> bool:
-    """Whether a node may call ``target`` (as the model JSON names it) — decided from the op's schema, not its name.
+    """Whether a node may call ``target`` (as graph.json names it) — decided from the op's schema, not its name.
 
     * ``torch.ops.aten.*``: registered in the dispatcher; takes or returns a Tensor; not an ``out=`` overload; no
       Storage or file-name argument; no string argument that ``strings.py`` has not reviewed (a string can reach
@@ -173,7 +174,7 @@ def _aten_allowed(name: str, overload: str) -> bool:
 def check_graphs(exported_program) -> None:
     """Every node of every graph (bodies of control flow included) calls an allowed target (:func:`allowed_target`).
 
-    The model JSON was checked the same way before torch built anything; this checks what torch built from it.
+    graph.json was checked the same way as it was parsed; this checks what was built from it.
     """
     from torch._export.serde.serialize import GraphModuleSerializer
 

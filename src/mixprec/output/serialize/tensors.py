@@ -83,7 +83,8 @@ def unpack(index, blob: bytes):
         raise FileFormatError(f"the stored example inputs are damaged (they hold {e}).") from e
     if byteorder != sys.byteorder:
         raise FileFormatError(
-            f"the example inputs were stored on a {str(byteorder)[:10]}-endian machine and this one is {sys.byteorder}-endian."
+            f"the example inputs were stored on a {str(byteorder)[:10]}-endian machine and this one is "
+            f"{sys.byteorder}-endian."
         )
     if not isinstance(entries, list) or len(entries) != spec.num_leaves:
         raise FileFormatError("the stored example inputs are damaged (their index does not match their structure).")
