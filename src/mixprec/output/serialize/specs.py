@@ -64,15 +64,14 @@ def dumps(spec) -> dict:
 def _record_keys(spec) -> list[str] | None:
     """The field names of a namedtuple, or of a registered class whose context is its keys (ModelOutput)."""
     count = len(children(spec))
-    if spec.type is pytree.namedtuple:
-        keys = list(getattr(spec.context, "_fields", ()))
-    elif isinstance(spec.context, (list, tuple)):
-        keys = list(spec.context)
-    else:
-        return None
-    if len(keys) != count or not all(isinstance(k, str) for k in keys) or len(set(keys)) != count:
-        return None
-    return _keys_to_write(keys, str_only=True)
+    context = spec.context
+    candidates = [getattr(context, "_fields", None) if spec.type is pytree.namedtuple else None, context,
+                  context[0] if isinstance(context, (list, tuple)) and context else None]  # a dataclass: (names, ...)
+    for keys in candidates:
+        if (isinstance(keys, (list, tuple)) and len(keys) == count and all(isinstance(k, str) for k in keys)
+                and len(set(keys)) == count):  # fmt: skip
+            return _keys_to_write(list(keys), str_only=True)
+    return None
 
 
 def _keys_to_write(keys: list, str_only: bool = False) -> list:
