@@ -122,7 +122,8 @@ def _attack(tmp_path, saved, plant) -> dict:
     """Plant a module-naming spec into a saved file, put the attacker's module beside it (on sys.path, the working
     directory), and load it in a fresh process."""
     marker = tmp_path / "payload-ran"
-    (tmp_path / "evil_payload.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).touch()\nfactory = list\n")
+    payload = f"import pathlib\npathlib.Path({str(marker)!r}).touch()\nfactory = list\n"
+    (tmp_path / "evil_payload.py").write_text(payload)
     path = tmp_path / "crafted.mixprec.pt2"
     crafting.write(path, plant(crafting.members(saved)))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

@@ -261,7 +261,7 @@ def build_signature(record, graph, state: dict, constants: dict) -> ExportGraphS
     input_specs = []
     for entry in inputs:
         fields = {"kind", "arg", "name", "target", "persistent"}
-        if set(entry) - {"value"} != fields or entry["kind"] not in _INPUT_KINDS:
+        if set(entry) - {"value"} != fields or not isinstance(entry["kind"], str) or entry["kind"] not in _INPUT_KINDS:
             raise _damaged("an input of the signature is not one mixprec writes")
         kind, target = _INPUT_KINDS[entry["kind"]], entry["target"]
         if kind == InputKind.USER_INPUT:
@@ -279,7 +279,7 @@ def build_signature(record, graph, state: dict, constants: dict) -> ExportGraphS
     output_specs = []
     for entry in outputs:
         if (not isinstance(entry, dict) or set(entry) - {"value"} != {"kind", "arg", "name", "target"}
-                or entry["kind"] not in _OUTPUT_KINDS):  # fmt: skip
+                or not isinstance(entry["kind"], str) or entry["kind"] not in _OUTPUT_KINDS):  # fmt: skip
             raise _damaged("an output of the signature is not one mixprec writes")
         target = entry["target"]
         dotted = isinstance(target, str) and strings.is_dotted_path(target) and len(target) < 1000

@@ -22,13 +22,14 @@ After it, ``load`` runs ``operators.check_graphs`` (targets and string arguments
 from __future__ import annotations
 
 import keyword
+import logging
 import re
 
 import torch
 from torch.export.graph_signature import InputKind, OutputKind
 
 from ...errors import FileFormatError
-from . import operators, specs, weights
+from . import operators, propagation, specs, weights
 from .graph import LAYOUTS, MEMORY_FORMATS, VERSION
 from .graph_build import Builder, build_signature
 
@@ -62,8 +63,9 @@ def read(document, weights_view, weights_size: int):
     builder = Builder(mode, shape_env)
     modules = builder.modules(graphs)
     root = modules[0]
+    operators.check_graph_module(root)  # targets and string arguments, before any operator runs, even on fakes
     signature = build_signature(document["signature"], root.graph, state, constants)
-    with mode:
+    with mode, propagation.quiet_logger("torch._subclasses.fake_tensor", logging.CRITICAL):
         builder.symbols(document["symbols"])
         inputs = builder.placeholders(root.graph, signature, document["inputs"], state, constants)
         builder.run(root, inputs)
@@ -201,8 +203,8 @@ _TAGS = {
     "float": lambda body, before: body in ("inf", "-inf", "nan"),
     "dtype": lambda body, before: isinstance(body, str) and isinstance(_dtype(body), torch.dtype),
     "device": lambda body, before: isinstance(body, str) and _DEVICE.match(body) is not None,
-    "layout": lambda body, before: body in LAYOUTS,
-    "memory_format": lambda body, before: body in MEMORY_FORMATS,
+    "layout": lambda body, before: isinstance(body, str) and body in LAYOUTS,
+    "memory_format": lambda body, before: isinstance(body, str) and body in MEMORY_FORMATS,
 }
 
 

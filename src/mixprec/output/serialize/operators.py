@@ -176,9 +176,14 @@ def check_graphs(exported_program) -> None:
 
     graph.json was checked the same way as it was parsed; this checks what was built from it.
     """
+    check_graph_module(exported_program.graph_module)
+
+
+def check_graph_module(graph_module) -> None:
+    """:func:`check_graphs` on a GraphModule and the bodies it holds."""
     from torch._export.serde.serialize import GraphModuleSerializer
 
-    for module in exported_program.graph_module.modules():
+    for module in graph_module.modules():
         graph = getattr(module, "graph", None)
         if not isinstance(graph, torch.fx.Graph):
             continue
