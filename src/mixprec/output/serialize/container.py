@@ -174,6 +174,12 @@ def read(fh, path: str) -> tuple[dict, dict]:
     except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as e:
         raise FileFormatError(f"{path} is damaged: its {META} cannot be read ({e}).") from e
     metadata.check(meta, path)
+    unexpected = sorted(set(names) - {META, *STORED})
+    if unexpected:
+        raise FileFormatError(
+            f"{path} holds members mixprec does not write ({', '.join(repr(n[:60]) for n in unexpected[:3])}); "
+            "mixprec reads files of its own format only, and this one was changed after mixprec.save wrote it."
+        )
     views = {}
     for name in STORED:
         info = by_name.get(name)
