@@ -336,3 +336,28 @@ def test_a_graph_that_loops_through_its_bodies_is_refused(original, tmp_path):
     crafting.write(path, crafting.edit_graph(original, edit))
     with pytest.raises(mixprec.FileFormatError, match="later graph"):
         mixprec.load(path)
+
+
+def test_module_stacks_survive_the_round_trip(original, tmp_path):
+    path = tmp_path / "ok.mixprec.pt2"
+    crafting.write(path, original)
+    stacks = [n.meta.get("nn_module_stack") for n in mixprec.load(path).exported_program.graph.nodes
+              if n.op == "call_function"]  # fmt: skip
+    assert stacks[0] == {"L__self__": ("", "models.ThreeLinears"),
+                         "L__self__linear1": ("linear1", "torch.nn.modules.linear.Linear")}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "stack",
+    [[["L__self__", "fc1", "\x1b]0;owned\x07"]], [["L__self__", "fc1\nimport os", "T"]], "fc1", [["a", "b"]],
+     [["k", "p", "T"]] * 65],
+    ids=["escape", "newline", "text", "pair", "too-many"],
+)
+def test_module_stacks_are_plain_text(original, tmp_path, stack):
+    def edit(doc):
+        next(n for n in crafting.root(doc) if n["op"] == "call_function")["module_stack"] = stack
+
+    path = tmp_path / "stack.mixprec.pt2"
+    crafting.write(path, crafting.edit_graph(original, edit))
+    with pytest.raises(mixprec.FileFormatError, match="damaged"):
+        mixprec.load(path)

@@ -17,16 +17,19 @@ vocabulary that a reader of mixprec's own checks field by field, and from which 
 * ``symbols``: each symbolic size, its example value (hint) and range;
 * ``signature``: the kind of every input (parameter, buffer, constant, user input, with its target) and output
   (user output, buffer or user-input mutation);
-* ``in_spec`` / ``out_spec`` (``specs.py``) and the argument names;
+* ``in_spec`` / ``out_spec`` (``specs.py``), the argument names, and the dialect torch's verifier checks
+  (``ATEN`` or ``TRAINING``: the latter allows the in-place operators torch.export keeps);
 * ``weights``: the index of ``weights.bin``.
 
-Node metadata (``stack_trace``, ``nn_module_stack``) is not written: nothing a loaded program does reads it, and
-every value a node computes is recomputed at load by running the graph on fake tensors.
+Of a node's metadata only the modules it ran in are written (``module_stack``: the debugger names layers by them),
+as text of a small alphabet; no stack trace, no recorded value: every value a node computes is recomputed at load
+by running the graph on fake tensors.
 """
 
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 from torch.export.graph_signature import ConstantArgument, SymIntArgument, TensorArgument
@@ -63,6 +66,7 @@ def dump(ep) -> tuple[dict, list[torch.Tensor]]:
         "in_spec": specs.dumps(entry.in_spec),
         "out_spec": specs.dumps(entry.out_spec),
         "forward_arg_names": list(names) if names is not None else None,
+        "dialects": [_dialect(v) for v in ep.verifiers],
         "weights": weights.index_of(index),
     }
     return document, tensors
@@ -82,6 +86,9 @@ class _Writer:
             record = {"name": node.name, "op": node.op}
             if node.op == "call_function":
                 record["target"] = operators.target_name(node.target)
+                stack = _module_stack(node.meta.get("nn_module_stack"))
+                if stack:
+                    record["module_stack"] = stack
             elif node.op == "get_attr":
                 body = getattr(module, node.target, None)
                 if not isinstance(body, torch.fx.GraphModule):
@@ -140,6 +147,36 @@ class _Writer:
         lower, upper = (getattr(ranges, "lower", 0), getattr(ranges, "upper", None))
         self.symbols[str(expr)] = {"hint": int(value.node.hint), "min": _bound(lower), "max": _bound(upper)}
         return str(expr)
+
+
+DIALECTS = ("ATEN", "TRAINING")  # torch's verifiers, by the dialect name torch registers them under
+
+
+def _dialect(verifier) -> str:
+    if verifier.dialect not in DIALECTS:
+        raise ConfigError(f"cannot save this program: it is in the {verifier.dialect} dialect (mixprec writes "
+                          f"{' and '.join(DIALECTS)} programs).")  # fmt: skip
+    return verifier.dialect
+
+
+# The modules a node ran in (``nn_module_stack``: the debugger and reports name layers by them): text from a small
+# alphabet only, since it is shown on terminals and in generated comments; anything else is left out.
+MODULE_KEY = re.compile(r"^[A-Za-z0-9_.]{0,300}$")
+MODULE_PATH = re.compile(r"^[A-Za-z0-9_.]{0,300}$")
+MODULE_TYPE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.<>]{0,300}$")
+
+
+def _module_stack(stack) -> list | None:
+    if not isinstance(stack, dict):
+        return None
+    entries = []
+    for key, value in list(stack.items())[:64]:
+        path, kind = value if isinstance(value, tuple) and len(value) == 2 else ("", "")
+        kind = f"{kind.__module__}.{kind.__qualname__}" if isinstance(kind, type) else str(kind)
+        if isinstance(key, str) and isinstance(path, str) and MODULE_KEY.match(key) and MODULE_PATH.match(path) \
+                and MODULE_TYPE.match(kind):  # fmt: skip
+            entries.append([key, path, kind])
+    return entries or None
 
 
 def _bound(value):

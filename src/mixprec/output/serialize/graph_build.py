@@ -61,6 +61,8 @@ class Builder:
                     kwargs = {k: _value(v, env) for k, v in record["kwargs"].items()}
                     node = graph.create_node("call_function", operators.resolve(record["target"]), args, kwargs,
                                              name=name)  # fmt: skip
+                    if "module_stack" in record:  # checked text (graph_reader._module_stack_ok)
+                        node.meta["nn_module_stack"] = {k: (path, kind) for k, path, kind in record["module_stack"]}
                 else:
                     (result,) = record["args"] if len(record["args"]) == 1 else (None,)
                     if len(record["args"]) != 1 or record["kwargs"]:

@@ -30,7 +30,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from ...errors import FileFormatError
 from . import operators, propagation, specs, weights
-from .graph import LAYOUTS, MEMORY_FORMATS, VERSION
+from .graph import DIALECTS, LAYOUTS, MEMORY_FORMATS, MODULE_KEY, MODULE_PATH, MODULE_TYPE, VERSION
 from .graph_build import Builder, build_signature
 
 MAX_GRAPHS = 1000
@@ -41,7 +41,7 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,199}$")
 _SYMBOL = re.compile(r"^s\d{1,6}$")
 _DEVICE = re.compile(r"^(cpu|cuda|xpu|mps|meta)(:\d{1,3})?$")
 _DOCUMENT_FIELDS = {"version", "graphs", "inputs", "symbols", "signature", "in_spec", "out_spec", "forward_arg_names",
-                    "weights"}  # fmt: skip
+                    "dialects", "weights"}  # fmt: skip
 _NODE_FIELDS = {"placeholder": {"name", "op"}, "get_attr": {"name", "op", "target"},
                 "call_function": {"name", "op", "target", "args", "kwargs"}, "output": {"name", "op", "args", "kwargs"}}
 
@@ -55,7 +55,7 @@ def read(document, weights_view, weights_size: int):
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    graphs, in_spec, out_spec, unrestored, names = _parse(document)
+    graphs, in_spec, out_spec, unrestored, names, dialects = _parse(document)
     state, constants = weights.read(document["weights"], weights_view, weights_size)
 
     shape_env = ShapeEnv(assume_static_by_default=True)
@@ -73,7 +73,8 @@ def read(document, weights_view, weights_size: int):
     user_outputs = [s for s in signature.output_specs if s.kind == OutputKind.USER_OUTPUT]
     if in_spec.num_leaves != len(user_inputs) or out_spec.num_leaves != len(user_outputs):
         raise damaged("the input or output structure does not match the program's inputs and outputs")
-    return _program(root, signature, state, constants, builder.ranges(), in_spec, out_spec, names), unrestored
+    parts = (signature, state, constants, builder.ranges(), in_spec, out_spec, names, dialects)
+    return _program(root, *parts), unrestored
 
 
 def check(document) -> None:
@@ -93,17 +94,21 @@ def _parse(document):
     if names is not None and (not isinstance(names, list) or len(names) > 10_000
                               or not all(isinstance(n, str) and _NAME.match(n) for n in names)):  # fmt: skip
         raise damaged("forward_arg_names are not plain names")
-    return graphs, in_spec, out_spec, unrestored, names
+    dialects = document["dialects"]
+    if not isinstance(dialects, list) or not 1 <= len(dialects) <= 4 or not all(d in DIALECTS for d in dialects):
+        raise damaged(f"dialects is not a list of {' and '.join(DIALECTS)}")
+    return graphs, in_spec, out_spec, unrestored, names, dialects
 
 
-def _program(root, signature, state, constants, ranges, in_spec, out_spec, names):
+def _program(root, signature, state, constants, ranges, in_spec, out_spec, names, dialects):
+    from torch._export.verifier import load_verifier
     from torch.export.exported_program import ExportedProgram, ModuleCallEntry, ModuleCallSignature
 
     call = ModuleCallSignature(inputs=[], outputs=[], in_spec=in_spec, out_spec=out_spec, forward_arg_names=names)
     try:
         return ExportedProgram(root=root, graph=root.graph, graph_signature=signature, state_dict=state,
                                range_constraints=ranges, module_call_graph=[ModuleCallEntry("", call)],
-                               constants=constants)  # fmt: skip
+                               constants=constants, verifiers=[load_verifier(d) for d in dialects])  # fmt: skip
     except Exception as e:  # torch's verifier on objects built from checked fields: the parts do not fit together
         raise damaged(f"its parts do not form a program: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
 
@@ -131,7 +136,8 @@ def _parse_nodes(nodes: list, index: int, count: int) -> list[dict]:
     placeholders_done = False
     for position, node in enumerate(nodes):
         op = node.get("op") if isinstance(node, dict) else None
-        if op not in _NODE_FIELDS or set(node) != _NODE_FIELDS[op]:
+        if op not in _NODE_FIELDS or set(node) - {"module_stack"} != _NODE_FIELDS[op] or (
+                "module_stack" in node and (op != "call_function" or not _module_stack_ok(node["module_stack"]))):
             raise damaged(f"node {position} of graph {index} is not one of the node kinds mixprec writes")
         name = node["name"]
         if not isinstance(name, str) or not _NAME.match(name) or keyword.iskeyword(name) or name in seen:
@@ -164,6 +170,12 @@ def _parse_nodes(nodes: list, index: int, count: int) -> list[dict]:
     if not nodes or nodes[-1]["op"] != "output":
         raise damaged(f"graph {index} has no output")
     return nodes
+
+
+def _module_stack_ok(stack) -> bool:
+    return isinstance(stack, list) and len(stack) <= 64 and all(
+        isinstance(e, list) and len(e) == 3 and all(isinstance(t, str) for t in e) and MODULE_KEY.match(e[0])
+        and MODULE_PATH.match(e[1]) and MODULE_TYPE.match(e[2]) for e in stack)  # fmt: skip
 
 
 def _check_argument(value, before: set, depth: int, where: str) -> None:
