@@ -1,4 +1,5 @@
-"""The half of ``graph_reader.py`` that builds: FX graphs, symbols, fake values and the graph signature.
+"""The half of ``graph_reader.py`` that builds: FX graphs, symbols, fake values and the graph signature (and the
+vocabulary both halves share: names, symbols, devices, dtypes, argument values).
 
 Everything here runs on fields ``graph_reader.py`` has already checked against the schema; what is checked here is
 how they fit together (a signature naming the graph's inputs, symbols whose hints lie in their ranges, sizes that are
@@ -9,14 +10,17 @@ from __future__ import annotations
 
 import math
 import operator
+import re
 
 import torch
 import torch.utils._pytree as pytree
 from torch.export.graph_signature import (ConstantArgument, ExportGraphSignature, InputKind, InputSpec, OutputKind,
                                           OutputSpec, SymIntArgument, TensorArgument)  # fmt: skip
 
+from ...dtypes import dtype_name
 from ...errors import FileFormatError
 from . import operators, strings
+from .graph import LAYOUTS, MEMORY_FORMATS
 
 MAX_SIZE = 1 << 62
 _CHECKED_AMOUNT = {operator.pow: 64, operator.lshift: 64}
@@ -26,10 +30,38 @@ _OUTPUT_KINDS = {"user_output": OutputKind.USER_OUTPUT, "buffer_mutation": Outpu
                  "user_input_mutation": OutputKind.USER_INPUT_MUTATION}  # fmt: skip
 
 
-def _damaged(why: str) -> FileFormatError:
-    from .graph_reader import damaged
+NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,199}$")  # node, argument and signature names: plain identifiers
+SYMBOL = re.compile(r"^s\d{1,6}$")  # a symbolic size (torch's backed size symbols)
+DEVICE = re.compile(r"^(cpu|cuda|xpu|mps|meta)(:\d{1,3})?$")
 
-    return damaged(why)
+
+def damaged(why: str) -> FileFormatError:
+    return FileFormatError(f"the program's graph.json is damaged ({why}); load files only from mixprec.save.")
+
+
+def dtype_of(name: str):
+    dtype = getattr(torch, name, None) if re.match(r"^[a-z0-9_]{1,32}$", name) else None
+    return dtype if isinstance(dtype, torch.dtype) and dtype_name(dtype) == name else None
+
+
+def value_of(value, env: dict):
+    """A checked argument as the Python value FX gets (node references resolved in ``env``)."""
+    if isinstance(value, list):
+        return [value_of(v, env) for v in value]
+    if not isinstance(value, dict):
+        return value
+    ((tag, body),) = value.items()
+    if tag == "node":
+        return env[body]
+    if tag == "tuple":
+        return tuple(value_of(v, env) for v in body)
+    if tag == "float":
+        return float(body)
+    if tag == "dtype":
+        return dtype_of(body)
+    if tag == "device":
+        return torch.device(body)
+    return LAYOUTS[body] if tag == "layout" else MEMORY_FORMATS[body]
 
 
 class Builder:
@@ -42,8 +74,6 @@ class Builder:
 
     def modules(self, graphs: list[list[dict]]) -> list[torch.fx.GraphModule]:
         """One GraphModule per parsed graph, bodies first (a body is always a later graph)."""
-        from .graph_reader import _value
-
         built: dict[int, torch.fx.GraphModule] = {}
         for index in range(len(graphs) - 1, -1, -1):
             graph, holder, env = torch.fx.Graph(), torch.nn.Module(), {}
@@ -57,8 +87,8 @@ class Builder:
                     holder.add_module(attribute, built[body])
                     node = graph.create_node("get_attr", attribute, name=name)
                 elif op == "call_function":
-                    args = tuple(_value(a, env) for a in record["args"])
-                    kwargs = {k: _value(v, env) for k, v in record["kwargs"].items()}
+                    args = tuple(value_of(a, env) for a in record["args"])
+                    kwargs = {k: value_of(v, env) for k, v in record["kwargs"].items()}
                     node = graph.create_node("call_function", operators.resolve(record["target"]), args, kwargs,
                                              name=name)  # fmt: skip
                     if "module_stack" in record:  # checked text (graph_reader._module_stack_ok)
@@ -66,16 +96,16 @@ class Builder:
                 else:
                     (result,) = record["args"] if len(record["args"]) == 1 else (None,)
                     if len(record["args"]) != 1 or record["kwargs"]:
-                        raise _damaged(f"graph {index}'s output does not take one value")
-                    node = graph.output(_value(result, env))
+                        raise damaged(f"graph {index}'s output does not take one value")
+                    node = graph.output(value_of(result, env))
                     continue
                 if node.name != name:  # FX renamed it (a builtin's name, a clash): not a name FX can paste as is
-                    raise _damaged(f"the node name {name!r} is not one FX uses as is")
+                    raise damaged(f"the node name {name!r} is not one FX uses as is")
                 env[name] = node
             try:
                 built[index] = torch.fx.GraphModule(holder, graph)
             except Exception as e:  # FX's code generation on checked names and values
-                raise _damaged(f"graph {index} cannot be built ({type(e).__name__}: {str(e)[:200]})") from None
+                raise damaged(f"graph {index} cannot be built ({type(e).__name__}: {str(e)[:200]})") from None
         return [built[i] for i in range(len(graphs))]
 
     # ---- symbols and inputs -----------------------------------------------------------------------------------
@@ -83,18 +113,16 @@ class Builder:
     def symbols(self, symbols) -> None:
         import sympy
 
-        from .graph_reader import _SYMBOL
-
         if not isinstance(symbols, dict) or len(symbols) > 10_000:
-            raise _damaged("symbols is not an object of reasonable size")
+            raise damaged("symbols is not an object of reasonable size")
         for name, record in symbols.items():
-            if not _SYMBOL.match(name) or not isinstance(record, dict) or set(record) != {"hint", "min", "max"}:
-                raise _damaged(f"the symbol {name[:20]!r} is not a size symbol with a hint and a range")
+            if not SYMBOL.match(name) or not isinstance(record, dict) or set(record) != {"hint", "min", "max"}:
+                raise damaged(f"the symbol {name[:20]!r} is not a size symbol with a hint and a range")
             hint, low, high = record["hint"], record["min"], record["max"]
             if not all(type(n) is int for n in (hint, low)) or not (high is None or type(high) is int):
-                raise _damaged(f"the symbol {name!r}'s hint and range are not integers")
+                raise damaged(f"the symbol {name!r}'s hint and range are not integers")
             if not 0 <= low <= hint < MAX_SIZE or high is not None and not hint <= high < 1 << 63:
-                raise _damaged(f"the symbol {name!r}'s hint is not a size inside its range")
+                raise damaged(f"the symbol {name!r}'s hint is not a size inside its range")
             symbol = sympy.Symbol(name, integer=True, positive=True)
             self.shape_env.add_backed_var_to_val(symbol, hint)
             self.shape_env.constrain_symbol_range(symbol, compiler_min=low, compiler_max=high)
@@ -106,32 +134,30 @@ class Builder:
             return value
         if isinstance(value, str) and value in self.by_name:
             return self.by_name[value]
-        raise _damaged(f"{what} has a size that is neither a size nor a declared symbol")
+        raise damaged(f"{what} has a size that is neither a size nor a declared symbol")
 
     def placeholders(self, graph, signature, described, state, constants) -> list:
         if not isinstance(described, dict):
-            raise _damaged("inputs is not an object")
+            raise damaged("inputs is not an object")
         nodes = [n for n in graph.nodes if n.op == "placeholder"]
         values = []
         for node, spec in zip(nodes, signature.input_specs):
             if spec.kind == InputKind.USER_INPUT:
                 if node.name not in described:
-                    raise _damaged(f"the input {node.name!r} is not described")
-                value = self.input_value(described[node.name], node.name)
+                    raise damaged(f"the input {node.name!r} is not described")
+                value = self.inputvalue_of(described[node.name], node.name)
             else:
                 store = state if spec.target in state else constants
                 value = self.mode.from_tensor(store[spec.target], static_shapes=True)
             node.meta["val"] = value
             values.append(value)
         if set(described) != {s.arg.name for s in signature.input_specs if s.kind == InputKind.USER_INPUT}:
-            raise _damaged("inputs describes other values than the program's inputs")
+            raise damaged("inputs describes other values than the program's inputs")
         return values
 
-    def input_value(self, record, name: str):
-        from .graph_reader import _DEVICE, _dtype
-
+    def inputvalue_of(self, record, name: str):
         if not isinstance(record, dict) or len(record) != 1:
-            raise _damaged(f"the input {name!r} is not described by one tagged value")
+            raise damaged(f"the input {name!r} is not described by one tagged value")
         ((kind, body),) = record.items()
         if kind == "value" and (body is None or isinstance(body, (bool, int, str)) or type(body) is float):
             return body
@@ -139,24 +165,24 @@ class Builder:
             return self.size(body, f"the input {name!r}")
         fields = {"dtype", "shape", "device", "requires_grad", "memory_format", "strides"}
         if kind != "tensor" or not isinstance(body, dict) or set(body) != fields:
-            raise _damaged(f"the input {name!r} is not a described tensor or value")
-        dtype = _dtype(body["dtype"]) if isinstance(body["dtype"], str) else None
+            raise damaged(f"the input {name!r} is not a described tensor or value")
+        dtype = dtype_of(body["dtype"]) if isinstance(body["dtype"], str) else None
         shape, strides, layout = body["shape"], body["strides"], body["memory_format"]
-        if dtype is None or not isinstance(body["device"], str) or not _DEVICE.match(body["device"]):
-            raise _damaged(f"the input {name!r} has no known dtype or device")
+        if dtype is None or not isinstance(body["device"], str) or not DEVICE.match(body["device"]):
+            raise damaged(f"the input {name!r} has no known dtype or device")
         if not isinstance(shape, list) or len(shape) > 64 or not isinstance(body["requires_grad"], bool):
-            raise _damaged(f"the input {name!r}'s shape is not a list of at most 64 sizes")
+            raise damaged(f"the input {name!r}'s shape is not a list of at most 64 sizes")
         sizes = [self.size(s, f"the input {name!r}") for s in shape]
         device = torch.device(body["device"])
         if layout in ("contiguous_format", "channels_last") and strides is None:
             if layout == "channels_last" and len(sizes) != 4:
-                raise _damaged(f"the input {name!r} is channels_last but not 4-dimensional")
+                raise damaged(f"the input {name!r} is channels_last but not 4-dimensional")
             return torch.empty(sizes, dtype=dtype, device=device, memory_format=getattr(torch, layout))
         if layout is not None or not isinstance(strides, list) or len(strides) != len(sizes):
-            raise _damaged(f"the input {name!r}'s strides do not match its sizes")
+            raise damaged(f"the input {name!r}'s strides do not match its sizes")
         steps = [s for s in strides if type(s) is int and 0 <= s < MAX_SIZE]
         if len(steps) != len(strides):
-            raise _damaged(f"the input {name!r}'s strides are not sizes")
+            raise damaged(f"the input {name!r}'s strides are not sizes")
         return torch.empty_strided(sizes, steps, dtype=dtype, device=device)
 
     def ranges(self) -> dict:
@@ -253,50 +279,48 @@ def _hint(value):
 
 def build_signature(record, graph, state: dict, constants: dict) -> ExportGraphSignature:
     if not isinstance(record, dict) or set(record) != {"inputs", "outputs"}:
-        raise _damaged("the signature is not an object of inputs and outputs")
+        raise damaged("the signature is not an object of inputs and outputs")
     placeholders = [n.name for n in graph.nodes if n.op == "placeholder"]
     inputs, outputs = record["inputs"], record["outputs"]
     if not isinstance(inputs, list) or [i.get("name") if isinstance(i, dict) else None for i in inputs] != placeholders:
-        raise _damaged("the signature's inputs are not the graph's inputs in order")
+        raise damaged("the signature's inputs are not the graph's inputs in order")
     if not isinstance(outputs, list):
-        raise _damaged("the signature's outputs are not a list")
+        raise damaged("the signature's outputs are not a list")
     input_specs = []
     for entry in inputs:
         fields = {"kind", "arg", "name", "target", "persistent"}
         if set(entry) - {"value"} != fields or not isinstance(entry["kind"], str) or entry["kind"] not in _INPUT_KINDS:
-            raise _damaged("an input of the signature is not one mixprec writes")
+            raise damaged("an input of the signature is not one mixprec writes")
         kind, target = _INPUT_KINDS[entry["kind"]], entry["target"]
         if kind == InputKind.USER_INPUT:
             if target is not None or entry["persistent"] is not None:
-                raise _damaged("a user input of the signature has a target")
+                raise damaged("a user input of the signature has a target")
         else:
             store = state if kind == InputKind.PARAMETER or entry["persistent"] is True else constants
             if not isinstance(target, str) or target not in store or entry["arg"] != "tensor":
-                raise _damaged(f"the signature reads a weight {str(target)[:80]!r} the file does not store")
+                raise damaged(f"the signature reads a weight {str(target)[:80]!r} the file does not store")
             if kind == InputKind.BUFFER and not isinstance(entry["persistent"], bool):
-                raise _damaged("a buffer of the signature is neither persistent nor not")
+                raise damaged("a buffer of the signature is neither persistent nor not")
             if kind == InputKind.PARAMETER and not isinstance(state[target], torch.nn.Parameter):
-                raise _damaged(f"the signature's parameter {target!r} is not stored as a parameter")
+                raise damaged(f"the signature's parameter {target!r} is not stored as a parameter")
         input_specs.append(InputSpec(kind, _argument(entry), target, entry["persistent"]))
     output_specs = []
     for entry in outputs:
         if (not isinstance(entry, dict) or set(entry) - {"value"} != {"kind", "arg", "name", "target"}
                 or not isinstance(entry["kind"], str) or entry["kind"] not in _OUTPUT_KINDS):  # fmt: skip
-            raise _damaged("an output of the signature is not one mixprec writes")
+            raise damaged("an output of the signature is not one mixprec writes")
         target = entry["target"]
         dotted = isinstance(target, str) and strings.is_dotted_path(target) and len(target) < 1000
         if target is not None and not dotted:
-            raise _damaged("an output of the signature has a target that is not a dotted name")
+            raise damaged("an output of the signature has a target that is not a dotted name")
         output_specs.append(OutputSpec(_OUTPUT_KINDS[entry["kind"]], _argument(entry), target))
     return ExportGraphSignature(input_specs=input_specs, output_specs=output_specs)
 
 
 def _argument(entry):
-    from .graph_reader import _NAME
-
     name, arg = entry["name"], entry["arg"]
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise _damaged("an input or output of the signature has a name that is not a plain identifier")
+    if not isinstance(name, str) or not NAME.match(name):
+        raise damaged("an input or output of the signature has a name that is not a plain identifier")
     if arg == "tensor" and "value" not in entry:
         return TensorArgument(name=name)
     if arg == "symint" and "value" not in entry:
@@ -304,4 +328,4 @@ def _argument(entry):
     value = entry.get("value")
     if arg == "constant" and (value is None or isinstance(value, (bool, int, str)) or type(value) is float):
         return ConstantArgument(name=name, value=value)
-    raise _damaged("an input or output of the signature is not a tensor, size or constant")
+    raise damaged("an input or output of the signature is not a tensor, size or constant")

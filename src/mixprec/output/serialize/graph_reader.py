@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import keyword
 import logging
-import re
 
 import torch
 from torch.export.graph_signature import InputKind, OutputKind
@@ -31,23 +30,16 @@ from torch.export.graph_signature import InputKind, OutputKind
 from ...errors import FileFormatError
 from . import operators, propagation, specs, weights
 from .graph import DIALECTS, LAYOUTS, MEMORY_FORMATS, MODULE_KEY, MODULE_PATH, MODULE_TYPE, VERSION
-from .graph_build import Builder, build_signature
+from .graph_build import DEVICE, NAME, Builder, build_signature, damaged, dtype_of
 
 MAX_GRAPHS = 1000
 MAX_NODES = 1_000_000
 MAX_ARGUMENT_DEPTH = 32
 MAX_SIZE = 1 << 62
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,199}$")
-_SYMBOL = re.compile(r"^s\d{1,6}$")
-_DEVICE = re.compile(r"^(cpu|cuda|xpu|mps|meta)(:\d{1,3})?$")
 _DOCUMENT_FIELDS = {"version", "graphs", "inputs", "symbols", "signature", "in_spec", "out_spec", "forward_arg_names",
                     "dialects", "weights"}  # fmt: skip
 _NODE_FIELDS = {"placeholder": {"name", "op"}, "get_attr": {"name", "op", "target"},
                 "call_function": {"name", "op", "target", "args", "kwargs"}, "output": {"name", "op", "args", "kwargs"}}
-
-
-def damaged(why: str) -> FileFormatError:
-    return FileFormatError(f"the program's graph.json is damaged ({why}); load files only from mixprec.save.")
 
 
 def read(document, weights_view, weights_size: int):
@@ -92,7 +84,7 @@ def _parse(document):
     out_spec, unrestored = specs.loads(document["out_spec"], "the program's output structure", restore_types=True)
     names = document["forward_arg_names"]
     if names is not None and (not isinstance(names, list) or len(names) > 10_000
-                              or not all(isinstance(n, str) and _NAME.match(n) for n in names)):  # fmt: skip
+                              or not all(isinstance(n, str) and NAME.match(n) for n in names)):  # fmt: skip
         raise damaged("forward_arg_names are not plain names")
     dialects = document["dialects"]
     if not isinstance(dialects, list) or not 1 <= len(dialects) <= 4 or not all(d in DIALECTS for d in dialects):
@@ -140,7 +132,7 @@ def _parse_nodes(nodes: list, index: int, count: int) -> list[dict]:
                 "module_stack" in node and (op != "call_function" or not _module_stack_ok(node["module_stack"]))):
             raise damaged(f"node {position} of graph {index} is not one of the node kinds mixprec writes")
         name = node["name"]
-        if not isinstance(name, str) or not _NAME.match(name) or keyword.iskeyword(name) or name in seen:
+        if not isinstance(name, str) or not NAME.match(name) or keyword.iskeyword(name) or name in seen:
             raise damaged(f"node {position} of graph {index} has a name that is not a new plain identifier")
         seen.add(name)
         if op == "placeholder" and placeholders_done:
@@ -163,7 +155,7 @@ def _parse_nodes(nodes: list, index: int, count: int) -> list[dict]:
         if op in ("call_function", "output"):
             if not isinstance(node["args"], list) or not isinstance(node["kwargs"], dict):
                 raise damaged(f"node {name!r}'s arguments are not a list and an object")
-            if not all(isinstance(k, str) and _NAME.match(k) for k in node["kwargs"]):
+            if not all(isinstance(k, str) and NAME.match(k) for k in node["kwargs"]):
                 raise damaged(f"node {name!r} has a keyword argument that is not a plain name")
             for value in (node["args"], *node["kwargs"].values()):
                 _check_argument(value, seen - {name}, 0, name)
@@ -213,35 +205,8 @@ _TAGS = {
     "node": lambda body, before: isinstance(body, str) and body in before,
     "tuple": lambda body, before: isinstance(body, list),
     "float": lambda body, before: body in ("inf", "-inf", "nan"),
-    "dtype": lambda body, before: isinstance(body, str) and isinstance(_dtype(body), torch.dtype),
-    "device": lambda body, before: isinstance(body, str) and _DEVICE.match(body) is not None,
+    "dtype": lambda body, before: isinstance(body, str) and isinstance(dtype_of(body), torch.dtype),
+    "device": lambda body, before: isinstance(body, str) and DEVICE.match(body) is not None,
     "layout": lambda body, before: isinstance(body, str) and body in LAYOUTS,
     "memory_format": lambda body, before: isinstance(body, str) and body in MEMORY_FORMATS,
 }
-
-
-def _dtype(name: str):
-    from ...dtypes import dtype_name
-
-    dtype = getattr(torch, name, None) if re.match(r"^[a-z0-9_]{1,32}$", name) else None
-    return dtype if isinstance(dtype, torch.dtype) and dtype_name(dtype) == name else None
-
-
-def _value(value, env: dict):
-    """A checked argument as the Python value FX gets (node references resolved in ``env``)."""
-    if isinstance(value, list):
-        return [_value(v, env) for v in value]
-    if not isinstance(value, dict):
-        return value
-    ((tag, body),) = value.items()
-    if tag == "node":
-        return env[body]
-    if tag == "tuple":
-        return tuple(_value(v, env) for v in body)
-    if tag == "float":
-        return float(body)
-    if tag == "dtype":
-        return _dtype(body)
-    if tag == "device":
-        return torch.device(body)
-    return LAYOUTS[body] if tag == "layout" else MEMORY_FORMATS[body]
