@@ -50,6 +50,11 @@ def symbolic_cases(dynamic: dict[str, bytes], rng: random.Random, budget: int):
             def set_hint(d, k=symbol, v=hint):
                 d["symbols"][k]["hint"] = v
             cases.append((f"hint {symbol} = {str(hint)[:20]}", set_hint))
+        for bound in ("min", "max"):
+            for hint in HINTS:
+                def set_bound(d, k=symbol, b=bound, v=hint):
+                    d["symbols"][k][b] = v
+                cases.append((f"{bound} {symbol} = {str(hint)[:20]}", set_bound))
         for value in RANGES:
             def set_range(d, k=symbol, v=value):
                 d["symbols"][k] = v

@@ -14,6 +14,7 @@ import re
 
 import torch
 import torch.utils._pytree as pytree
+from torch.utils._sympy.numbers import int_oo
 from torch.export.graph_signature import (ConstantArgument, ExportGraphSignature, InputKind, InputSpec, OutputKind,
                                           OutputSpec, SymIntArgument, TensorArgument)  # fmt: skip
 
@@ -23,6 +24,7 @@ from . import operators, strings
 from .graph import LAYOUTS, MEMORY_FORMATS
 
 MAX_SIZE = 1 << 62
+_INFINITE = int_oo  # an unbounded range
 _CHECKED_AMOUNT = {operator.pow: 64, operator.lshift: 64}
 _INPUT_KINDS = {"parameter": InputKind.PARAMETER, "buffer": InputKind.BUFFER, "constant": InputKind.CONSTANT_TENSOR,
                 "user_input": InputKind.USER_INPUT}  # fmt: skip
@@ -125,7 +127,8 @@ class Builder:
                 raise damaged(f"the symbol {name!r}'s hint is not a size inside its range")
             symbol = sympy.Symbol(name, integer=True, positive=True)
             self.shape_env.add_backed_var_to_val(symbol, hint)
-            self.shape_env.constrain_symbol_range(symbol, compiler_min=low, compiler_max=high)
+            upper = _INFINITE if high is None else high
+            self.shape_env.constrain_symbol_range(symbol, compiler_min=low, compiler_max=upper)
             self.by_name[name] = self.shape_env.create_symintnode(symbol, hint=hint)
             self.bounds[symbol] = (low, high)
 
@@ -187,11 +190,10 @@ class Builder:
 
     def ranges(self) -> dict:
         from torch.fx.experimental.symbolic_shapes import symbol_is_type
-        from torch.utils._sympy.numbers import int_oo
         from torch.utils._sympy.symbol import SymT
         from torch.utils._sympy.value_ranges import ValueRanges
 
-        ranges = {symbol: ValueRanges(low, int_oo if high is None else high)
+        ranges = {symbol: ValueRanges(low, _INFINITE if high is None else high)
                   for symbol, (low, high) in self.bounds.items()}  # fmt: skip
         for symbol, bounds in self.shape_env.var_to_range.items():
             if symbol_is_type(symbol, SymT.UNBACKED_INT) and symbol not in ranges:

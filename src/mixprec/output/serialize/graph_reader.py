@@ -53,14 +53,19 @@ def read(document, weights_view, weights_size: int):
     shape_env = ShapeEnv(assume_static_by_default=True)
     mode = FakeTensorMode(allow_fallback_kernels=False, allow_non_fake_inputs=False, shape_env=shape_env)
     builder = Builder(mode, shape_env)
-    modules = builder.modules(graphs)
-    root = modules[0]
-    operators.check_graph_module(root)  # targets and string arguments, before any operator runs, even on fakes
-    signature = build_signature(document["signature"], root.graph, state, constants)
-    with mode, propagation.quiet_logger("torch._subclasses.fake_tensor", logging.CRITICAL):
-        builder.symbols(document["symbols"])
-        inputs = builder.placeholders(root.graph, signature, document["inputs"], state, constants)
-        builder.run(root, inputs)
+    try:
+        modules = builder.modules(graphs)
+        root = modules[0]
+        operators.check_graph_module(root)  # targets and string arguments, before any operator runs, even on fakes
+        signature = build_signature(document["signature"], root.graph, state, constants)
+        with mode, propagation.quiet_logger("torch._subclasses.fake_tensor", logging.CRITICAL):
+            builder.symbols(document["symbols"])
+            inputs = builder.placeholders(root.graph, signature, document["inputs"], state, constants)
+            builder.run(root, inputs)
+    except FileFormatError:
+        raise
+    except Exception as e:  # torch's own refusal (shape environment, FX) of parts that passed the schema
+        raise damaged(f"its parts do not fit together: {type(e).__name__}: {str(e).strip()[:200]}") from None
     user_inputs = [s for s in signature.input_specs if s.kind == InputKind.USER_INPUT]
     user_outputs = [s for s in signature.output_specs if s.kind == OutputKind.USER_OUTPUT]
     if in_spec.num_leaves != len(user_inputs) or out_spec.num_leaves != len(user_outputs):
@@ -128,7 +133,7 @@ def _parse_nodes(nodes: list, index: int, count: int) -> list[dict]:
     placeholders_done = False
     for position, node in enumerate(nodes):
         op = node.get("op") if isinstance(node, dict) else None
-        if op not in _NODE_FIELDS or set(node) - {"module_stack"} != _NODE_FIELDS[op] or (
+        if not isinstance(op, str) or op not in _NODE_FIELDS or set(node) - {"module_stack"} != _NODE_FIELDS[op] or (
                 "module_stack" in node and (op != "call_function" or not _module_stack_ok(node["module_stack"]))):
             raise damaged(f"node {position} of graph {index} is not one of the node kinds mixprec writes")
         name = node["name"]
