@@ -1,6 +1,6 @@
 """mixprec.save / mixprec.load: round trips against eager PyTorch, a fresh process without the model's
-code, files crafted to run code (more in test_crafted.py and test_specs.py), a damaged plan. Files that are not mixprec files or are damaged: test_container.py;
-another format or version: test_metadata.py."""
+code, files crafted to run code (more in test_crafted.py and test_specs.py), a damaged plan. Files that are not
+mixprec files or are damaged: test_container.py; another format or version: test_metadata.py."""
 
 from __future__ import annotations
 
@@ -350,3 +350,31 @@ def test_files_without_runs_as_load_and_a_damaged_one_is_refused(saved):
     _edit_meta(saved, lambda meta: meta["report"]["layers"][0].update(runs_as=["f32"]))
     with pytest.raises(mixprec.FileFormatError, match="plan, report or settings"):
         mixprec.load(saved)
+
+
+def test_load_hands_no_byte_of_the_file_to_a_third_party_reader(tmp_path, monkeypatch):
+    """Issue 31's design: torch.export.load, torch's pytree spec reader, sympy's parser, pickle and torch.load are
+    never called while loading (a dynamic batch and control flow included); a loaded program saves again."""
+    import sympy.parsing.sympy_parser
+
+    monkeypatch.setenv("MIXPREC_VERIFY_EACH", "0")
+    model = Branches().eval()
+    batch = torch.export.Dim("batch", min=2, max=64)
+    prog = mixprec.compile(model, (torch.randn(3, 4),), dynamic_shapes=({0: batch},))
+    path = tmp_path / "p.mixprec.pt2"
+    mixprec.save(prog, path)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a third-party reader was called while loading")
+
+    for owner, name in ((torch.export, "load"), (torch.utils._pytree, "treespec_loads"), (torch, "load"),
+                        (pickle, "loads"), (pickle, "load"), (sympy.parsing.sympy_parser, "parse_expr")):  # fmt: skip
+        monkeypatch.setattr(owner, name, refuse)
+    loaded = mixprec.load(path)
+    monkeypatch.undo()
+    x = torch.randn(5, 4)
+    with torch.no_grad():
+        assert_same_outputs(loaded(x), model(x))
+        assert_same_outputs(loaded(-x.abs()), model(-x.abs()))
+    mixprec.save(loaded, tmp_path / "again.mixprec.pt2")
+    assert_same_outputs(mixprec.load(tmp_path / "again.mixprec.pt2")(x), loaded(x))

@@ -177,3 +177,19 @@ def test_program_record_naming_an_unregistered_type_imports_nothing(saved, tmp_p
 
     result = _attack(tmp_path, saved, plant)
     assert not result["marker"] and not result["evil"]
+
+
+def test_mixprec_run_in_the_folder_exits_2_and_imports_nothing(saved, tmp_path):
+    """The reproduction of issue 31: `mixprec run FILE` in a downloaded folder holding the attacker's module."""
+    marker = tmp_path / "payload-ran"
+    payload = f"import pathlib\npathlib.Path({str(marker)!r}).touch()\nfactory = list\n"
+    (tmp_path / "evil_payload.py").write_text(payload)
+    path = tmp_path / "model.mixprec.pt2"
+    plant = _in_example_inputs(crafting.torch_spec_naming_factory("evil_payload"))
+    crafting.write(path, plant(crafting.members(saved)))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(mixprec.__file__)), str(tmp_path)])
+    run = subprocess.run([sys.executable, "-m", "mixprec", "run", path.name], capture_output=True, text=True,
+                         cwd=tmp_path, env=env, timeout=300)  # fmt: skip
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-2000:]
+    assert not marker.exists()
