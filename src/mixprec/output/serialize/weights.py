@@ -18,7 +18,7 @@ import sys
 import torch
 
 from ...dtypes import dtype_name
-from ...errors import FileFormatError
+from ...errors import ConfigError, FileFormatError
 from . import strings
 
 _MAX_SIZE = 1 << 62
@@ -35,6 +35,11 @@ def plan(state_dict: dict, constants: dict) -> tuple[list[dict], list[torch.Tens
     offset = 0
     for store, values in (("state", state_dict), ("constant", constants)):
         for name, tensor in values.items():
+            if tensor.device.type != "cpu":  # as in format 1: a file holds CPU weights, and load gives CPU tensors
+                raise ConfigError(
+                    f"cannot save this program: its tensor {name!r} is on {tensor.device}; a mixprec file holds CPU "
+                    "programs (compile the model on the CPU to save it)."
+                )
             use = {"name": name, "store": store, "param": isinstance(tensor, torch.nn.Parameter)}
             key = _identity(tensor)
             if key in seen:
@@ -57,14 +62,11 @@ def _identity(tensor: torch.Tensor):
 
 
 def write(sink, tensors: list[torch.Tensor]) -> None:
-    """Each tensor's bytes in order, from its own memory when it is a contiguous CPU tensor."""
+    """Each tensor's bytes in order (CPU tensors: :func:`plan`), from its own memory when it is contiguous."""
     for tensor in tensors:
         if tensor.numel() == 0:
             continue
-        data = tensor.detach()
-        if data.device.type != "cpu":
-            data = data.to("cpu")
-        data = data.contiguous()  # the tensor itself when it already is
+        data = tensor.detach().contiguous()  # the tensor itself when it already is
         sink.write(memoryview(data.reshape(-1).view(torch.uint8).numpy()))
 
 
@@ -80,9 +82,11 @@ def read(index, view, size: int) -> tuple[dict, dict]:
             got = view.readinto(buffer)
             if got != entry["nbytes"]:
                 raise FileFormatError("the program's weights are truncated.")
+        parameter = None  # one Parameter for every name that shares it (tied weights), as in the saved program
         for use in entry["uses"]:
-            value = torch.nn.Parameter(tensor, requires_grad=entry["requires_grad"]) if use["param"] else tensor
-            (state if use["store"] == "state" else constants)[use["name"]] = value
+            if use["param"] and parameter is None:
+                parameter = torch.nn.Parameter(tensor, requires_grad=entry["requires_grad"])
+            (state if use["store"] == "state" else constants)[use["name"]] = parameter if use["param"] else tensor
     return state, constants
 
 
