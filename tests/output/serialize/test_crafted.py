@@ -361,3 +361,14 @@ def test_module_stacks_are_plain_text(original, tmp_path, stack):
     crafting.write(path, crafting.edit_graph(original, edit))
     with pytest.raises(mixprec.FileFormatError, match="damaged"):
         mixprec.load(path)
+
+
+def test_graphs_beyond_the_node_budget_are_refused_before_anything_is_built(original, tmp_path, monkeypatch):
+    """A load costs time per node (parse, FX, two fake runs): the node count is bounded so a load stays < 20 s."""
+    from mixprec.output.serialize import graph_reader
+
+    path = tmp_path / "ok.mixprec.pt2"
+    crafting.write(path, original)
+    monkeypatch.setattr(graph_reader, "MAX_NODES", 5)
+    with pytest.raises(mixprec.FileFormatError, match="more than 5 nodes"):
+        mixprec.load(path)

@@ -49,6 +49,15 @@ def _function_names() -> frozenset:
 _ALLOWED_FUNCTION_NAMES = _function_names()
 
 
+def _functions_by_name() -> dict:
+    from torch._export.serde.serialize import GraphModuleSerializer
+
+    return {GraphModuleSerializer.serialize_operator(None, f): f for f in _ALLOWED_FUNCTIONS}
+
+
+_FUNCTIONS_BY_NAME = _functions_by_name()
+
+
 def target_name(target) -> str:
     """The qualified name a program file gives ``target`` ("torch.ops.aten.linear.default", "_operator.getitem")."""
     from torch._export.serde.serialize import GraphModuleSerializer
@@ -63,9 +72,8 @@ def resolve(name: str):
     table of size functions."""
     if not allowed_target(name):
         return None
-    for function in _ALLOWED_FUNCTIONS:
-        if target_name(function) == name:
-            return function
+    if name in _FUNCTIONS_BY_NAME:
+        return _FUNCTIONS_BY_NAME[name]
     match = _OPERATOR_TARGET.match(name)
     namespace, op, overload = match.group(1), match.group(2), match.group(3)
     packet = getattr(getattr(torch.ops, namespace), op)
