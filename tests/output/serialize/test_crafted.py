@@ -8,6 +8,7 @@ import io
 import json
 import subprocess
 import sys
+import time
 import tracemalloc
 import zipfile
 
@@ -363,12 +364,21 @@ def test_module_stacks_are_plain_text(original, tmp_path, stack):
         mixprec.load(path)
 
 
-def test_graphs_beyond_the_node_budget_are_refused_before_anything_is_built(original, tmp_path, monkeypatch):
+def test_graphs_beyond_the_node_budget_are_refused_before_anything_is_built(original, tmp_path):
     """A load costs time per node (parse, FX, two fake runs): the node count is bounded so a load stays < 20 s."""
     from mixprec.output.serialize import graph_reader
 
-    path = tmp_path / "ok.mixprec.pt2"
-    crafting.write(path, original)
-    monkeypatch.setattr(graph_reader, "MAX_NODES", 5)
-    with pytest.raises(mixprec.FileFormatError, match="more than 5 nodes"):
+    def edit(doc):
+        previous = crafting.user_input(doc)
+        for i in range(graph_reader.MAX_NODES):
+            crafting.root(doc).insert(len(doc["signature"]["inputs"]) + i, {
+                "name": f"r{i}", "op": "call_function", "target": "torch.ops.aten.relu.default",
+                "args": [{"node": previous}], "kwargs": {}})  # fmt: skip
+            previous = f"r{i}"
+
+    path = tmp_path / "long.mixprec.pt2"
+    crafting.write(path, crafting.edit_graph(original, edit))
+    start = time.perf_counter()
+    with pytest.raises(mixprec.FileFormatError, match=f"more than {graph_reader.MAX_NODES} nodes"):
         mixprec.load(path)
+    assert time.perf_counter() - start < 10
