@@ -102,6 +102,10 @@ def test_saving_a_structure_outside_the_vocabulary_says_so():
     _, spec = pytree.tree_flatten(collections.defaultdict(list, {"a": torch.ones(1)}))
     with pytest.raises(mixprec.ConfigError, match="defaultdict"):
         specs.dumps(spec)
+    _, spec = pytree.tree_flatten((Pair(torch.ones(1), torch.ones(1)),))
+    assert specs.dumps(spec)["c"][0]["t"] == "record"
+    with pytest.raises(mixprec.ConfigError, match="program's inputs"):
+        specs.dumps(spec, records=False)
 
 
 # ---- issue 31, item 1: the file names a module -----------------------------------------------------------------

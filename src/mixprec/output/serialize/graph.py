@@ -63,7 +63,7 @@ def dump(ep) -> tuple[dict, list[torch.Tensor]]:
         "inputs": writer.inputs(),
         "symbols": writer.symbols,
         "signature": _signature(ep.graph_signature),
-        "in_spec": specs.dumps(entry.in_spec),
+        "in_spec": specs.dumps(entry.in_spec, records=False),
         "out_spec": specs.dumps(entry.out_spec),
         "forward_arg_names": list(names) if names is not None else None,
         "dialects": [_dialect(v) for v in ep.verifiers],

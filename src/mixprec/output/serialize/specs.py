@@ -37,17 +37,23 @@ _SEQUENCES = {tuple: "tuple", list: "list"}
 # ---- writing --------------------------------------------------------------------------------------------------
 
 
-def dumps(spec) -> dict:
-    """``spec`` in the vocabulary above; ConfigError for a container outside it (a file could not restore it)."""
+def dumps(spec, records: bool = True) -> dict:
+    """``spec`` in the vocabulary above; ConfigError for a container outside it (a file could not restore it), or
+    for named outputs where ``records`` is False (the program's inputs: builtin containers only)."""
     if spec.is_leaf():
         return {"t": "leaf"}
-    kids = [dumps(c) for c in children(spec)]
+    kids = [dumps(c, records) for c in children(spec)]
     if spec.type is type(None):
         return {"t": "none"}
     if spec.type in _SEQUENCES:
         return {"t": _SEQUENCES[spec.type], "c": kids}
     if spec.type in _KEYED:
         return {"t": _KEYED[spec.type], "k": _keys_to_write(list(spec.context)), "c": kids}
+    if not records:
+        raise ConfigError(
+            f"cannot save a program taking a {type_name(spec.type)}: a mixprec file keeps a program's inputs in "
+            "tuples, lists, dicts and None."
+        )
     if spec.type is OutputRecord:
         name, keys = spec.context
         return {"t": "record", "name": name, "k": _keys_to_write(list(keys), str_only=True), "c": kids}
