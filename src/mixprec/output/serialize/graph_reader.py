@@ -35,7 +35,6 @@ from .graph_build import DEVICE, NAME, Builder, build_signature, damaged, dtype_
 MAX_GRAPHS = 1000
 MAX_NODES = 40_000  # over all graphs: a load costs ~0.35 ms a node (50 000 relus: 16.8 s); real programs < 20 000
 MAX_ARGUMENT_DEPTH = 32
-MAX_SIZE = 1 << 62
 _DOCUMENT_FIELDS = {"version", "graphs", "inputs", "symbols", "signature", "in_spec", "out_spec", "forward_arg_names",
                     "dialects", "weights"}  # fmt: skip
 _NODE_FIELDS = {"placeholder": {"name", "op"}, "get_attr": {"name", "op", "target"},
