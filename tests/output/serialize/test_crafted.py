@@ -382,3 +382,67 @@ def test_graphs_beyond_the_node_budget_are_refused_before_anything_is_built(orig
     with pytest.raises(mixprec.FileFormatError, match=f"more than {graph_reader.MAX_NODES} nodes"):
         mixprec.load(path)
     assert time.perf_counter() - start < 10
+
+
+class _Nested(torch.nn.Module):
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda x: torch.cond(x.mean() > 1, lambda y: y + 1, lambda y: y - 1, (x,)),
+                          lambda x: x * 2, (x,))  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def nested(tmp_path_factory) -> dict[str, bytes]:
+    import os
+
+    os.environ["MIXPREC_VERIFY_EACH"] = "0"  # the verifier's fake re-run does not follow cond's bodies
+    try:
+        prog = mixprec.compile(_Nested().eval(), (torch.randn(2, 4),))
+    finally:
+        del os.environ["MIXPREC_VERIFY_EACH"]
+    path = tmp_path_factory.mktemp("saved") / "nested.mixprec.pt2"
+    mixprec.save(prog, path)
+    return crafting.members(path)
+
+
+def test_nested_control_flow_round_trips(nested, tmp_path):
+    path = tmp_path / "nested.mixprec.pt2"
+    crafting.write(path, nested)
+    loaded = mixprec.load(path)
+    for x in (torch.full((2, 4), 2.0), torch.full((2, 4), 0.5), torch.full((2, 4), -1.0)):
+        assert torch.equal(loaded(x), _Nested()(x))
+
+
+def test_a_body_shared_by_two_nodes_is_refused(nested, tmp_path):
+    """Shared bodies make a DAG whose fake runs follow every path: 30 levels of shared conds would be 2**30 runs."""
+
+    def edit(doc):
+        reads = [n for g in doc["graphs"] for n in g["nodes"] if n["op"] == "get_attr"]
+        reads[1]["target"] = reads[0]["target"]
+
+    path = tmp_path / "shared.mixprec.pt2"
+    crafting.write(path, crafting.edit_graph(nested, edit))
+    with pytest.raises(mixprec.FileFormatError, match="more than one node|body of no node"):
+        mixprec.load(path)
+
+
+def test_control_flow_nested_beyond_the_budget_is_refused(original, tmp_path):
+    from mixprec.output.serialize import graph_reader
+
+    def edit(doc):
+        first = len(doc["graphs"])
+        inputs = len(doc["signature"]["inputs"])
+        crafting.root(doc).insert(inputs, {"name": "body", "op": "get_attr", "target": {"subgraph": first}})
+        for level in range(graph_reader.MAX_BODY_DEPTH + 1):
+            doc["graphs"].append({"nodes": [
+                {"name": "x", "op": "placeholder"},
+                {"name": "inner", "op": "get_attr", "target": {"subgraph": first + level + 1}},
+                {"name": "output", "op": "output", "args": [{"tuple": [{"node": "x"}]}], "kwargs": {}},
+            ]})  # fmt: skip
+        doc["graphs"].append({"nodes": [{"name": "x", "op": "placeholder"},
+                                        {"name": "output", "op": "output", "args": [{"tuple": [{"node": "x"}]}],
+                                         "kwargs": {}}]})  # fmt: skip
+
+    path = tmp_path / "deep-bodies.mixprec.pt2"
+    crafting.write(path, crafting.edit_graph(original, edit))
+    with pytest.raises(mixprec.FileFormatError, match="nests more than"):
+        mixprec.load(path)

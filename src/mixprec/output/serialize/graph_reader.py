@@ -35,6 +35,7 @@ from .graph_build import DEVICE, NAME, Builder, build_signature, damaged, dtype_
 MAX_GRAPHS = 1000
 MAX_NODES = 40_000  # over all graphs: a load costs ~0.35 ms a node (50 000 relus: 16.8 s); real programs < 20 000
 MAX_ARGUMENT_DEPTH = 32
+MAX_BODY_DEPTH = 8  # control flow inside control flow; torch.export writes a level per nested torch.cond
 _DOCUMENT_FIELDS = {"version", "graphs", "inputs", "symbols", "signature", "in_spec", "out_spec", "forward_arg_names",
                     "dialects", "weights"}  # fmt: skip
 _NODE_FIELDS = {"placeholder": {"name", "op"}, "get_attr": {"name", "op", "target"},
@@ -124,6 +125,18 @@ def _parse_graphs(graphs) -> list[list[dict]]:
         if total > MAX_NODES:
             raise damaged(f"more than {MAX_NODES} nodes")
         parsed.append(_parse_nodes(graph["nodes"], index, len(graphs)))
+    depth = [0] * len(parsed)  # each body read by exactly one node, at most MAX_BODY_DEPTH deep: a tree, so the
+    for index, nodes in enumerate(parsed):  # fake runs (which follow every branch) cost the nodes times the depth
+        for node in nodes:
+            if node["op"] == "get_attr":
+                body = node["target"]["subgraph"]
+                if depth[body]:
+                    raise damaged(f"graph {body} is the body of more than one node")
+                depth[body] = depth[index] + 1
+                if depth[body] > MAX_BODY_DEPTH:
+                    raise damaged(f"control flow nests more than {MAX_BODY_DEPTH} levels deep")
+    if not all(depth[1:]):
+        raise damaged("a graph is the body of no node")
     return parsed
 
 
