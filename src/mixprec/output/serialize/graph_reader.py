@@ -8,7 +8,9 @@ closed vocabulary ``graph.py`` writes and then constructs the objects:
   namespaces: nothing is imported); a node may use only nodes before it in its own graph;
 * node names are checked against a plain-identifier pattern and must come out of FX's own namer unchanged (FX
   pastes them into the module's source); the attributes holding control-flow bodies are named here
-  (``subgraph_<n>``), never from the file; bodies are graphs later in the list (no cycles);
+  (``subgraph_<n>``), never from the file; bodies are graphs later in the list, each read by one node, at most
+  :data:`MAX_BODY_DEPTH` deep (a tree: the fake runs, which follow every branch, cost nodes x depth), and all graphs
+  together hold at most :data:`MAX_NODES` nodes (a load costs time per node);
 * symbolic sizes are single symbols (``s<digits>``) with integer hints and ranges, created in a ``ShapeEnv`` here:
   no expression from the file is parsed;
 * every node's value (``node.meta["val"]``) is computed here by running the graph on fake tensors (recorded
