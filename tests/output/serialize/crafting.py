@@ -1,5 +1,8 @@
 """Building crafted mixprec files: take a real saved program apart, change a member or a field, put it back
-together with the outer checksums right (so the change reaches the checks that matter, not just the digest)."""
+together with the outer checksums right (so the change reaches the checks that matter, not just the digest).
+
+A file (format version 2) holds ``mixprec.json``, ``graph.json`` (mixprec's own schema: serialize/graph.py),
+``weights.bin`` and ``inputs.bin``."""
 
 from __future__ import annotations
 
@@ -9,7 +12,8 @@ import json
 import zipfile
 
 _META = "mixprec.json"
-_PROGRAM = "program.pt2"
+GRAPH = "graph.json"
+STORED = ("graph.json", "weights.bin", "inputs.bin")
 
 
 def members(source) -> dict[str, bytes]:
@@ -30,7 +34,7 @@ def with_digests(outer: dict[str, bytes]) -> dict[str, bytes]:
     """The outer members with mixprec.json's recorded sizes and SHA-256 matching the others again."""
     try:
         meta = json.loads(outer[_META])
-        for name in ("program.pt2", "inputs.bin"):
+        for name in STORED:
             if name in outer and isinstance(meta.get("members"), dict):
                 meta["members"][name] = {"size": len(outer[name]), "sha256": hashlib.sha256(outer[name]).hexdigest()}
         outer = {**outer, _META: json.dumps(meta).encode()}
@@ -39,28 +43,18 @@ def with_digests(outer: dict[str, bytes]) -> dict[str, bytes]:
     return outer
 
 
-def inner_name(inner: dict, suffix: str) -> str:
-    (name,) = [n for n in inner if n.endswith(suffix)]
-    return name
+def edit_graph(outer: dict[str, bytes], edit) -> dict[str, bytes]:
+    """``edit(document)`` changes the parsed graph.json in place."""
+    document = json.loads(outer[GRAPH])
+    edit(document)
+    return with_digests({**outer, GRAPH: json.dumps(document).encode()})
 
 
-def edit_program(outer: dict[str, bytes], edit) -> dict[str, bytes]:
-    """``edit(inner_members)`` changes the inner torch.export archive in place."""
-    inner = members(io.BytesIO(outer[_PROGRAM]))
-    edit(inner)
-    return with_digests({**outer, _PROGRAM: zip_bytes(inner)})
-
-
-def edit_model_json(outer: dict[str, bytes], edit) -> dict[str, bytes]:
-    """``edit(model)`` changes the parsed inner models/model.json in place."""
-
-    def change(inner):
-        name = inner_name(inner, "models/model.json")
-        model = json.loads(inner[name])
-        edit(model)
-        inner[name] = json.dumps(model).encode()
-
-    return edit_program(outer, change)
+def edit_meta(outer: dict[str, bytes], edit) -> dict[str, bytes]:
+    """``edit(meta)`` changes the parsed mixprec.json in place (its digests are made right again)."""
+    meta = json.loads(outer[_META])
+    edit(meta)
+    return with_digests({**outer, _META: json.dumps(meta).encode()})
 
 
 def write(path, outer: dict[str, bytes]) -> None:
@@ -68,87 +62,49 @@ def write(path, outer: dict[str, bytes]) -> None:
         fh.write(zip_bytes(outer))
 
 
-_UINT8_4 = {
-    "dtype": 1,
-    "sizes": [{"as_int": 4}],
-    "requires_grad": False,
-    "device": {"type": "cpu", "index": None},
-    "strides": [{"as_int": 1}],
-    "storage_offset": {"as_int": 0},
-    "layout": 7,
-}
+def root(document: dict) -> list[dict]:
+    """The nodes of the program's main graph."""
+    return document["graphs"][0]["nodes"]
 
 
-def add_file_write(model: dict, victim: str) -> None:
-    """Prepend ``t = aten.from_file(victim, shared=True, size=4, dtype=uint8); t.fill_(65)`` to the graph: on the
-    first call torch maps the file and writes 'AAAA' into it."""
-    graph = model["graph_module"]["graph"]
-    graph["tensor_values"]["evil"] = dict(_UINT8_4)
-    graph["tensor_values"]["evil_filled"] = dict(_UINT8_4)
+def prepend_node(document: dict, name: str, target: str, args: list, kwargs: dict | None = None) -> None:
+    """Put ``name = target(*args, **kwargs)`` first after the main graph's inputs (``{"node": n}`` refers to a
+    value)."""
+    nodes = root(document)
+    first = next(i for i, n in enumerate(nodes) if n["op"] != "placeholder")
+    nodes.insert(first, {"name": name, "op": "call_function", "target": target, "args": args,
+                         "kwargs": kwargs or {}})  # fmt: skip
 
-    def arg(name, value, kind=1):
-        return {"name": name, "arg": value, "kind": kind}
 
-    from_file = {
-        "target": "torch.ops.aten.from_file.default",
-        "inputs": [
-            arg("filename", {"as_string": victim}),
-            arg("shared", {"as_bool": True}, 2),
-            arg("size", {"as_int": 4}, 2),
-            arg("dtype", {"as_scalar_type": 1}, 2),
-        ],
-        "outputs": [{"as_tensor": {"name": "evil"}}],
-        "metadata": {},
-        "is_hop_single_tensor_return": None,
-        "name": "evil",
-    }
-    fill = {
-        "target": "torch.ops.aten.fill_.Scalar",
-        "inputs": [arg("self", {"as_tensor": {"name": "evil"}}), arg("value", {"as_int": 65})],
-        "outputs": [{"as_tensor": {"name": "evil_filled"}}],
-        "metadata": {},
-        "is_hop_single_tensor_return": None,
-        "name": "evil_filled",
-    }
-    graph["nodes"][:0] = [from_file, fill]
+def first_parameter(document: dict) -> str:
+    """The graph's name of the program's first parameter (``p_linear1_weight``)."""
+    return next(s["name"] for s in document["signature"]["inputs"] if s["kind"] == "parameter")
+
+
+def user_input(document: dict) -> str:
+    return next(s["name"] for s in document["signature"]["inputs"] if s["kind"] == "user_input")
+
+
+def add_file_write(document: dict, victim: str) -> None:
+    """``t = aten.from_file(victim, shared=True, size=4, dtype=uint8); t.fill_(65)`` first in the graph: run, it
+    maps the file and writes 'AAAA' into it."""
+    prepend_node(document, "evil_filled", "torch.ops.aten.fill_.Scalar", [{"node": "evil"}, 65])
+    prepend_node(document, "evil", "torch.ops.aten.from_file.default", [victim],
+                 {"shared": True, "size": 4, "dtype": {"dtype": "uint8"}})  # fmt: skip
+
+
+def add_assert_async(document: dict, message: str) -> None:
+    """``torch._assert_async(x.sum() > -1e30, message)`` on the graph's first input (always true, so the program
+    computes what it did): ``aten._assert_async.msg``, whose message inductor pastes into C++."""
+    x = user_input(document)
+    prepend_node(document, "crafted_assert", "torch.ops.aten._assert_async.msg", [{"node": "crafted_ok"}, message])
+    prepend_node(document, "crafted_ok", "torch.ops.aten.gt.Scalar", [{"node": "crafted_sum"}, -1e30])
+    prepend_node(document, "crafted_sum", "torch.ops.aten.sum.default", [{"node": x}])
 
 
 def touch_code(marker) -> str:
     """A Python expression that creates ``marker`` and is true."""
     return f"(__import__('pathlib').Path({str(marker)!r}).touch() is None)"
-
-
-def _scalar_meta(like: dict, dtype: int) -> dict:
-    return {**like, "dtype": dtype, "sizes": [], "strides": []}
-
-
-def add_assert_async(model: dict, message: str) -> None:
-    """Prepend ``torch._assert_async(x.sum() > -1e30, message)`` on the graph's first input (always true, so the
-    program computes what it did): ``aten._assert_async.msg``, whose message inductor pastes into C++."""
-    graph = model["graph_module"]["graph"]
-    specs = model["graph_module"]["signature"]["input_specs"]
-    user = [s["user_input"]["arg"]["as_tensor"]["name"] for s in specs if "user_input" in s]
-    x = user[0]
-    like = graph["tensor_values"][x]
-    graph["tensor_values"]["crafted_sum"] = _scalar_meta(like, like["dtype"])
-    graph["tensor_values"]["crafted_ok"] = _scalar_meta(like, 12)  # bool
-
-    def arg(name, value):
-        return {"name": name, "arg": value, "kind": 1}
-
-    def node(name, target, inputs, outputs):
-        return {"target": target, "inputs": inputs, "outputs": outputs, "metadata": {},
-                "is_hop_single_tensor_return": None, "name": name}  # fmt: skip
-
-    graph["nodes"][:0] = [
-        node("crafted_sum", "torch.ops.aten.sum.default", [arg("self", {"as_tensor": {"name": x}})],
-             [{"as_tensor": {"name": "crafted_sum"}}]),
-        node("crafted_ok", "torch.ops.aten.gt.Scalar",
-             [arg("self", {"as_tensor": {"name": "crafted_sum"}}), arg("other", {"as_float": -1e30})],
-             [{"as_tensor": {"name": "crafted_ok"}}]),
-        node("crafted_assert", "torch.ops.aten._assert_async.msg",
-             [arg("self", {"as_tensor": {"name": "crafted_ok"}}), arg("assert_msg", {"as_string": message})], []),
-    ]  # fmt: skip
 
 
 def cpp_touch_message(marker) -> str:
@@ -165,40 +121,18 @@ def set_backend(outer: dict[str, bytes], backend: str) -> dict[str, bytes]:
     return {**outer, _META: json.dumps(meta).encode()}
 
 
-def tensor_meta(sizes, dtype: int = 7, strides=None) -> dict:
-    """A TensorMeta record (dtype 7: float32) of a contiguous (or ``strides``) CPU tensor."""
-    if strides is None:
-        strides, step = [], 1
-        for size in reversed(sizes):
-            strides.insert(0, step)
-            step *= max(size, 1)
-    return {
-        "dtype": dtype, "sizes": [{"as_int": s} for s in sizes], "requires_grad": False,
-        "device": {"type": "cpu", "index": None}, "strides": [{"as_int": s} for s in strides],
-        "storage_offset": {"as_int": 0}, "layout": 7,
-    }  # fmt: skip
+# torch's own pytree spec text (what format version 1 stored and torch.utils._pytree.treespec_loads reads): a tuple
+# holding a defaultdict whose factory torch imports from the module the text names.
+def torch_spec_naming_factory(module: str, name: str = "factory") -> str:
+    return json.dumps([1, {"type": "builtins.tuple", "context": "null", "children_spec": [{
+        "type": "collections.defaultdict",
+        "context": {"default_factory_module": module, "default_factory_name": name, "dict_context": ["a"]},
+        "children_spec": [{"type": None, "context": None, "children_spec": []}]}]}])  # fmt: skip
 
 
-def prepend_node(model: dict, name: str, target: str, inputs: list, meta: dict | None) -> None:
-    """Put ``name = target(*inputs)`` first in the graph (``inputs``: (argument name, Argument, kind) triples);
-    ``meta``: the TensorMeta of its one tensor output, or None for no output."""
-    graph = model["graph_module"]["graph"]
-    if meta is not None:
-        graph["tensor_values"][name] = meta
-    graph["nodes"].insert(0, {
-        "target": target,
-        "inputs": [{"name": n, "arg": a, "kind": k} for n, a, k in inputs],
-        "outputs": [{"as_tensor": {"name": name}}] if meta is not None else [],
-        "metadata": {}, "is_hop_single_tensor_return": None, "name": name,
-    })  # fmt: skip
-
-
-def first_parameter(model: dict) -> str:
-    """The graph's name of the program's first parameter (``p_linear1_weight``)."""
-    specs = model["graph_module"]["signature"]["input_specs"]
-    return next(s["parameter"]["arg"]["name"] for s in specs if "parameter" in s)
-
-
-def user_input(model: dict) -> str:
-    specs = model["graph_module"]["signature"]["input_specs"]
-    return next(s["user_input"]["arg"]["as_tensor"]["name"] for s in specs if "user_input" in s)
+def torch_spec_naming_enum(module: str) -> str:
+    """A dict keyed by an enum whose class torch imports from ``module`` (the ``"__enum__"`` key's ``fqn``)."""
+    key = json.dumps([{"__enum__": True, "fqn": f"{module}:Key", "name": "A"}])
+    return json.dumps([1, {"type": "builtins.tuple", "context": "null", "children_spec": [{
+        "type": "builtins.dict", "context": key,
+        "children_spec": [{"type": None, "context": None, "children_spec": []}]}]}])  # fmt: skip

@@ -3,22 +3,23 @@
 From one real saved program (a model with parameters, a buffer and a lifted constant, compiled with bf16
 autocast) it builds, deterministically:
 
-* every outer member (mixprec.json, program.pt2, inputs.bin) removed, emptied, truncated, duplicated,
-  deflated, and bit-flipped at three places; the whole file truncated and bit-flipped at many places;
-* every member of the inner torch.export archive removed, emptied, truncated, duplicated, deflated and
-  bit-flipped, with the outer checksums recomputed so the change reaches the inner checks;
-* every JSON path of mixprec.json and of the inner model.json, weights config and constants config
-  removed or replaced by a wrong type (null, bool, numbers, strings, list, object), 100 000-deep nesting,
-  a Python payload and a quote-breaking name (again with the outer checksums recomputed);
+* every member (mixprec.json, graph.json, weights.bin, inputs.bin) removed, emptied, truncated, duplicated,
+  deflated, and bit-flipped at three places (and again with the checksums recomputed, so the change reaches the
+  reader); the whole file truncated and bit-flipped at many places;
+* every JSON path of mixprec.json and graph.json removed or replaced by a wrong type (null, bool, numbers,
+  strings, list, object), 100 000-deep nesting, a Python payload and a quote-breaking name (with the checksums
+  recomputed);
 
 then samples the JSON part down to a fixed budget with a seeded generator; adds the families of issue 25
-(``fuzz_mutations.py``: unbounded size expressions, hints and ranges of a program with a dynamic batch; string
-arguments and metadata that would be code if pasted unescaped, loaded with ``backend="inductor"`` too; every
-value of the backend field); and loads every case with ``mixprec.load``. A case passes when the load raises
-``FileFormatError`` or gives a program that runs (a plain load within ``CASE_SECONDS``); in either case no payload may have run
-(the sentinel file must not exist), no file may have been written (the sandbox directory holds only the case file,
-the victim file keeps its bytes), a plain load never runs on a backend the file names, and no warning repeats the
-file's control characters. Prints a JSON summary.
+and issue 31 (``fuzz_mutations.py``: unbounded or coded sizes, hints, ranges and symbol names of a program with a
+dynamic batch; string arguments and node fields that would be code if pasted unescaped, loaded with
+``backend="inductor"`` too; every value of the backend field; container specs naming a module beside the file or
+the installed ``this``); and loads every case with ``mixprec.load``. A case passes when the load raises
+``FileFormatError`` or gives a program that runs (a plain load within ``CASE_SECONDS``); in either case no payload
+may have run (the sentinel file must not exist, no module named by the file imported), no file may have been
+written (the sandbox directory holds only the case file, the attacker's module and the victim file, which keeps its
+bytes), a plain load never runs on a backend the file names, and no warning repeats the file's control characters.
+Prints a JSON summary.
 
     python tests/output/serialize/fuzz.py SANDBOX_DIR [JSON_BUDGET]     # FUZZ_SEED=N samples another part
 """
@@ -144,13 +145,13 @@ def build_cases(original: dict[str, bytes], marker: Path, budget: int, seed: int
     for position in sorted(rng.sample(range(1, len(whole)), 12)):
         fixed.append((f"file truncated to {position}", lambda p=position: whole[:p]))
 
-    inner = crafting.members(_io(original["program.pt2"]))
-    for label, entries in _member_mutations(inner):
-        fixed.append((f"inner {label}", lambda e=entries: _with_inner(original, e)))
+    stored = {k: v for k, v in original.items() if k != "mixprec.json"}
+    for label, entries in _member_mutations(stored):
+        if isinstance(entries, dict) and len(entries) == len(stored):  # emptied, truncated, flipped: the checksums
+            make = lambda e=entries: crafting.zip_bytes(crafting.with_digests({**original, **e}))  # noqa: E731
+            fixed.append((f"digested {label}", make))  # match again, so the change reaches the reader
 
-    documents = {"mixprec.json": json.loads(original["mixprec.json"])}
-    for suffix in ("models/model.json", "model_weights_config.json", "model_constants_config.json"):
-        documents[suffix] = json.loads(inner[crafting.inner_name(inner, suffix)])
+    documents = {"mixprec.json": json.loads(original["mixprec.json"]), "graph.json": json.loads(original["graph.json"])}
     everything = []
     values = _json_values(marker)
     for which, document in documents.items():
@@ -163,9 +164,8 @@ def build_cases(original: dict[str, bytes], marker: Path, budget: int, seed: int
         if which == "mixprec.json":
             json_cases.append((f"{which} {label}", lambda m=mutated: _outer({**original, "mixprec.json": _dumps(m)})))
         else:
-            name = crafting.inner_name(inner, which)
-            make = lambda m=mutated, n=name: _with_inner(original, {**inner, n: _dumps(m)})  # noqa: E731
-            json_cases.append((f"inner {which} {label}", make))
+            make = lambda m=mutated: crafting.zip_bytes(crafting.with_digests({**original, which: _dumps(m)}))  # noqa
+            json_cases.append((f"{which} {label}", make))
     return fixed, json_cases, len(everything)
 
 
@@ -185,11 +185,6 @@ def _outer(entries) -> bytes:
                 archive.writestr(zipfile.ZipInfo(k), v, compress_type=method)
         return buffer.getvalue()
     return crafting.zip_bytes(entries)
-
-
-def _with_inner(original, inner_entries) -> bytes:
-    program = _outer(inner_entries)
-    return crafting.zip_bytes(crafting.with_digests({**original, "program.pt2": program}))
 
 
 def _load_and_run(path, backend, inputs, label, failures, run_errors) -> str:
@@ -230,6 +225,9 @@ def main(sandbox: Path, budget: int, seed: int) -> dict:
     marker = sandbox / "payload-ran"
     victim = sandbox / "victim.txt"
     victim.write_bytes(b"untouched")
+    module = sandbox / "fuzz_payload.py"  # the attacker's module beside the file, importable (issue 31)
+    module.write_text(f"import pathlib\npathlib.Path({str(marker)!r}).touch()\nfactory = list\n")
+    sys.path.insert(0, str(sandbox))
     torch.manual_seed(0)
     model = Model().eval()
     inputs = (torch.randn(3, 8),)
@@ -249,11 +247,12 @@ def main(sandbox: Path, budget: int, seed: int) -> dict:
         "symbolic": fuzz_mutations.symbolic_cases(dynamic, random.Random(seed), SYMBOLIC_BUDGET),
         "strings": fuzz_mutations.string_cases(original, marker),
         "backend": fuzz_mutations.backend_cases(original),
+        "specs": fuzz_mutations.spec_cases(original, "fuzz_payload"),
     }
     round_two = [case for cases in families.values() for case in cases]
 
     case_path = sandbox / "case.mixprec.pt2"
-    expected_files = {case_path.name, victim.name}
+    expected_files = {case_path.name, victim.name, module.name, "__pycache__"}
     outcomes: dict[str, int] = {}
     failures, run_errors = [], []
     baseline = None
@@ -275,6 +274,10 @@ def main(sandbox: Path, budget: int, seed: int) -> dict:
             if marker.exists():
                 failures.append((label, "the payload ran"))
                 marker.unlink()
+            for name in ("this", "fuzz_payload"):
+                if name in sys.modules:
+                    failures.append((label, f"the file made mixprec import {name}"))
+                    del sys.modules[name]
             extra = {p.name for p in sandbox.iterdir()} - expected_files
             if extra or victim.read_bytes() != b"untouched":
                 failures.append((label, f"files written: {sorted(extra)}"))

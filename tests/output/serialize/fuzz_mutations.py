@@ -1,5 +1,5 @@
-"""The mutation families issue 25 adds to the fuzzing matrix (``fuzz.py``): symbolic sizes, string arguments and
-metadata, and the backend a file names.
+"""The mutation families issues 25 and 31 add to the fuzzing matrix (``fuzz.py``): symbolic sizes, string arguments
+and node fields, the backend a file names, and container specs that name modules (issue 31).
 
 Each family yields ``(label, make_bytes, backends)``: ``backends`` are the ``backend=`` values ``fuzz.py`` loads the
 case with (None: what a plain ``mixprec.load(path)`` does). String cases are loaded with ``backend="inductor"`` too:
@@ -8,81 +8,122 @@ a caller who trusts a file for inductor still never gets a string of it into gen
 
 from __future__ import annotations
 
-import io
 import json
 import random
 
 import crafting
 
-EXPRESSIONS = [
+SIZES = [
     "9**9**9**9",
     "Pow(Integer(3), Integer(10000000000000))",
-    "LShift(Integer(1), Integer(10000000000000))",
-    "Pow(Pow(Pow(Pow(Symbol('s77', positive=True, integer=True), 64), 64), 64), 64)",
+    "Symbol('s77', positive=True, integer=True)",
     "Integer(" + "9" * 4000 + ")",
-    "Float('1e999999999', precision=53)",
-    "Symbol('u99999999999999', integer=True)",
-    "Add(" * 500 + "1" + ")" * 500,
     "__import__('os').system('true')",
-    "Symbol('s77', positive=True, integer=True)**Symbol('s77', positive=True, integer=True)",
+    "s0*s0",
+    "u99999999999999",
+    2**63,
+    10**1000,
+    -1,
+    1.5,
+    None,
+    [],
 ]
 HINTS = [2**63, 10**1000, -1, 1.5, "3", None]
-RANGE_KEYS = ["u99999999999999", "s1234567890", "x); import os", "S77"]
-RANGE_VALUES = [{"min_val": 0, "max_val": 10**400}, {"min_val": "0", "max_val": 1}, {"min_val": 0}, [], None]
+SYMBOL_NAMES = ["u99999999999999", "s1234567890", "x); import os", "S77", "s0 ", ""]
+RANGES = [{"hint": 4, "min": 0, "max": 10**400}, {"hint": 4, "min": "0", "max": 8}, {"hint": 4, "min": 0},
+          {"hint": 4, "min": 5, "max": 8}, [], None]  # fmt: skip
 
 
 def symbolic_cases(dynamic: dict[str, bytes], rng: random.Random, budget: int):
-    """Every size expression, hint and range of a program with a dynamic batch, replaced by unbounded arithmetic."""
-    inner = crafting.members(io.BytesIO(dynamic["program.pt2"]))
-    model = json.loads(inner[crafting.inner_name(inner, "models/model.json")])
-    locations = []  # (tensor value, dimension) holding an expression
-    for value_name, meta in model["graph_module"]["graph"]["tensor_values"].items():
-        for dim, size in enumerate(meta["sizes"]):
-            if "as_expr" in size:
-                locations.append((value_name, dim))
+    """Every size of an input of a program with a dynamic batch, its symbol's hint, range and name, replaced by
+    unbounded arithmetic, code, or what is not a size."""
+    document = json.loads(dynamic[crafting.GRAPH])
     cases = []
-    for value_name, dim in locations:
-        for text in EXPRESSIONS:
-            cases.append((f"expr {value_name}[{dim}] = {text[:40]}", _set_size(value_name, dim, "expr_str", text)))
+    for name, described in document["inputs"].items():
+        for dim in range(len(described["tensor"]["shape"])):
+            for size in SIZES:
+                def set_size(d, n=name, i=dim, v=size):
+                    d["inputs"][n]["tensor"]["shape"][i] = v
+                cases.append((f"size {name}[{dim}] = {str(size)[:40]}", set_size))
+    for symbol in document["symbols"]:
         for hint in HINTS:
-            cases.append((f"hint {value_name}[{dim}] = {str(hint)[:20]}", _set_size(value_name, dim, "hint", hint)))
-    for key in RANGE_KEYS:
-        def add_range(m, k=key):
-            m["range_constraints"][k] = {"min_val": 0, "max_val": 10}
-        cases.append((f"range key {key}", add_range))
-    for value in RANGE_VALUES:
-        def set_range(m, v=value):
-            m["range_constraints"][next(iter(m["range_constraints"]))] = v
-        cases.append((f"range value {str(value)[:30]}", set_range))
+            def set_hint(d, k=symbol, v=hint):
+                d["symbols"][k]["hint"] = v
+            cases.append((f"hint {symbol} = {str(hint)[:20]}", set_hint))
+        for bound in ("min", "max"):
+            for hint in HINTS:
+                def set_bound(d, k=symbol, b=bound, v=hint):
+                    d["symbols"][k][b] = v
+                cases.append((f"{bound} {symbol} = {str(hint)[:20]}", set_bound))
+        for value in RANGES:
+            def set_range(d, k=symbol, v=value):
+                d["symbols"][k] = v
+            cases.append((f"range {symbol} = {str(value)[:30]}", set_range))
+        for new in SYMBOL_NAMES:
+            def rename(d, k=symbol, v=new):
+                text = json.dumps(d).replace(json.dumps(k), json.dumps(v))
+                d.clear()
+                d.update(json.loads(text))
+            cases.append((f"symbol {symbol} renamed {new!r}", rename))
     chosen = sorted(rng.sample(range(len(cases)), min(budget, len(cases))))
     return [(f"symbolic {cases[i][0]}", _bytes(dynamic, cases[i][1]), (None,)) for i in chosen]
 
 
 def string_cases(original: dict[str, bytes], marker) -> list:
-    """Assertion messages, string arguments and metadata that would be code if pasted unescaped."""
+    """Assertion messages, string arguments and node fields that would be code if pasted unescaped."""
     cpp = crafting.cpp_touch_message(marker)
     python = f"x\r{crafting.touch_code(marker)}"
     messages = [cpp, python, 'a"); b("', "ok */ int x; /* ok", "{0.__class__}", "input is finite"]
     cases = []
     for message in messages:
-        cases.append((f"assert message {message[:30]!r}", lambda m, t=message: crafting.add_assert_async(m, t)))
-    inner = crafting.members(io.BytesIO(original["program.pt2"]))
-    model = json.loads(inner[crafting.inner_name(inner, "models/model.json")])
-    for index, node in enumerate(model["graph_module"]["graph"]["nodes"]):
+        cases.append((f"assert message {message[:30]!r}", lambda d, t=message: crafting.add_assert_async(d, t)))
+    document = json.loads(original[crafting.GRAPH])
+    for index, node in enumerate(crafting.root(document)):
+        if node["op"] != "call_function":
+            continue
         for payload in (cpp, "tanh"):
-            def replace_last(m, i=index, p=payload):
-                m["graph_module"]["graph"]["nodes"][i]["inputs"][-1]["arg"] = {"as_string": p}
+            def replace_last(d, i=index, p=payload):
+                crafting.root(d)[i]["args"][-1] = p
             cases.append((f"node {index} last argument {payload[:20]!r}", replace_last))
-        for kind, value in (("as_strings", ["a", cpp]), ("as_operator", "torch.ops.aten.add.Tensor")):
-            def append(m, i=index, k=kind, v=value):
-                m["graph_module"]["graph"]["nodes"][i]["inputs"].append({"name": "extra", "arg": {k: v}, "kind": 2})
+        for kind, value in (("strings", ["a", cpp]), ("keyword", {"extra": cpp}), ("target", cpp)):
+            def append(d, i=index, k=kind, v=value):
+                node = crafting.root(d)[i]
+                if k == "strings":
+                    node["args"].append(v)
+                elif k == "keyword":
+                    node["kwargs"].update(v)
+                else:
+                    node["target"] = v
             cases.append((f"node {index} extra {kind}", append))
     for key in ("stack_trace", "nn_module_stack", "torch_fn", "source_fn_stack", "custom"):
         for payload in (python, "L__self__\n" + crafting.touch_code(marker), "\x1b]0;title\x07", "a\u2028b"):
-            def set_metadata(m, k=key, p=payload):
-                m["graph_module"]["graph"]["nodes"][0]["metadata"][k] = p
-            cases.append((f"metadata {key} {payload[:20]!r}", set_metadata))
+            def set_metadata(d, k=key, p=payload):
+                crafting.root(d)[-1][k] = p
+            cases.append((f"node field {key} {payload[:20]!r}", set_metadata))
     return [(f"strings {label}", _bytes(original, edit), (None, "inductor")) for label, edit in cases]
+
+
+# torch's own spec text naming a module (what pytree.treespec_loads imports), and mixprec records naming types
+def spec_cases(original: dict[str, bytes], module: str) -> list:
+    """Container specs that name a module (beside the file, or installed: ``this``) in every place a spec is kept."""
+    payloads = {
+        "factory beside": crafting.torch_spec_naming_factory(module),
+        "enum beside": crafting.torch_spec_naming_enum(module),
+        "factory this": crafting.torch_spec_naming_factory("this", "__name__"),
+        "enum this": crafting.torch_spec_naming_enum("this"),
+        "record beside": {"t": "record", "name": f"{module}.factory", "k": [], "c": []},
+        "record this": {"t": "record", "name": "this.Zen", "k": [], "c": []},
+        "defaultdict kind": {"t": "defaultdict", "module": module, "c": []},
+    }
+    cases = []
+    for label, payload in payloads.items():
+        def in_inputs(p=payload):
+            return crafting.zip_bytes(crafting.edit_meta(original, lambda m: m["example_inputs"].update(spec=p)))
+        cases.append((f"spec example inputs {label}", in_inputs, (None,)))
+        for field in ("in_spec", "out_spec"):
+            cases.append((f"spec {field} {label}", _bytes(original, lambda d, f=field, p=payload: d.update({f: p})),
+                          (None,)))  # fmt: skip
+    return cases
 
 
 BACKENDS = ["inductor", "openvino", "eager", "no-such-backend", "\x1b]0;owned\x07", "inductor\n", 1, None, []]
@@ -104,15 +145,5 @@ def backend_cases(original: dict[str, bytes]) -> list:
     return cases
 
 
-def _set_size(value_name, dim, field, value):
-    def edit(model):
-        size = model["graph_module"]["graph"]["tensor_values"][value_name]["sizes"][dim]["as_expr"]
-        if field == "hint":
-            size["hint"] = {"as_int": value}
-        else:
-            size[field] = value
-    return edit
-
-
 def _bytes(outer, edit):
-    return lambda: crafting.zip_bytes(crafting.edit_model_json(outer, edit))
+    return lambda: crafting.zip_bytes(crafting.edit_graph(outer, edit))

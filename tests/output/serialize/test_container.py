@@ -18,9 +18,9 @@ def test_truncated_file(saved):
 
 def test_damaged_member(saved):
     members = crafting.members(saved)
-    program = bytearray(members["program.pt2"])
-    program[len(program) // 2] ^= 0xFF
-    members["program.pt2"] = bytes(program)
+    weights = bytearray(members["weights.bin"])
+    weights[len(weights) // 2] ^= 0xFF
+    members["weights.bin"] = bytes(weights)
     crafting.write(saved, members)
     with pytest.raises(mixprec.FileFormatError, match="checksum"):
         mixprec.load(saved)

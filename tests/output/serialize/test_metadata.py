@@ -1,4 +1,4 @@
-"""mixprec.json's format name and version: another format, or a newer version, is refused with what to do."""
+"""mixprec.json's format name and version: another format, an older or newer version, is refused with what to do."""
 
 import json
 
@@ -18,7 +18,7 @@ def _edit_meta(path, edit) -> None:
 
 
 def test_newer_format_version(saved):
-    _edit_meta(saved, lambda meta: meta.update(format_version=2, mixprec_version="9.0"))
+    _edit_meta(saved, lambda meta: meta.update(format_version=3, mixprec_version="9.0"))
     with pytest.raises(mixprec.FileFormatError, match="Upgrade mixprec"):
         mixprec.load(saved)
 
@@ -26,4 +26,12 @@ def test_newer_format_version(saved):
 def test_wrong_format_name(saved):
     _edit_meta(saved, lambda meta: meta.update(format="something.else"))
     with pytest.raises(mixprec.FileFormatError, match="not a mixprec file"):
+        mixprec.load(saved)
+
+
+def test_version_1_is_refused_with_what_to_do(saved):
+    """Version 1 held torch.export.save's archive, which only torch.export.load reads (and it runs code a file
+    chooses): this mixprec does not read it, and says to save the program again."""
+    _edit_meta(saved, lambda meta: meta.update(format_version=1))
+    with pytest.raises(mixprec.FileFormatError, match="version 1.*torch.export.load.*save it again"):
         mixprec.load(saved)

@@ -1,10 +1,9 @@
 """mixprec.save / mixprec.load: round trips against eager PyTorch, a fresh process without the model's
-code, files crafted to run code, a damaged plan. Files that are not mixprec files or are damaged: test_container.py;
-another format or version: test_metadata.py."""
+code, files crafted to run code (more in test_crafted.py and test_specs.py), a damaged plan. Files that are not
+mixprec files or are damaged: test_container.py; another format or version: test_metadata.py."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import pickle
@@ -172,6 +171,7 @@ def _fresh_load(tmp_path, prog, expected, *extra) -> list[dict]:
     (tmp_path / "plan.json").write_text(prog.plan.to_json())
     (tmp_path / "report.json").write_text(prog.report.to_json())
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(mixprec.__file__))  # the mixprec under test, not tests/
     result = subprocess.run(
         [sys.executable, "-c", _FRESH, str(path), str(tmp_path / "expected.pt"), str(tmp_path / "plan.json"),
          str(tmp_path / "report.json"), *extra],
@@ -232,23 +232,11 @@ def _edit_meta(path, edit) -> None:
     _write(path, members)
 
 
-def _edit_program(path, edit) -> None:
-    """Change members of the inner torch.export archive, keeping the outer checksums right."""
-    members = _members(path)
-    inner = _members(io.BytesIO(members["program.pt2"]))
-    edit(inner)
-    buffer = io.BytesIO()
-    _write(buffer, inner)
-    members["program.pt2"] = buffer.getvalue()
-    meta = json.loads(members["mixprec.json"])
-    import hashlib
+def _edit_graph(path, edit) -> None:
+    """Change graph.json, keeping the checksums right (crafting.py)."""
+    from . import crafting
 
-    meta["members"]["program.pt2"] = {
-        "size": len(buffer.getvalue()),
-        "sha256": hashlib.sha256(buffer.getvalue()).hexdigest(),
-    }
-    members["mixprec.json"] = json.dumps(meta).encode()
-    _write(path, members)
+    crafting.write(path, crafting.edit_graph(crafting.members(path), edit))
 
 
 class _Payload:
@@ -259,81 +247,50 @@ class _Payload:
         return (os.system, (f"touch {self.marker}",))
 
 
-def _inner_name(inner: dict, suffix: str) -> str:
-    (name,) = [n for n in inner if n.endswith(suffix)]
-    return name
-
-
-@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
-def test_pickled_sample_inputs_are_refused_before_torch_reads_them(saved, tmp_path):
+@pytest.mark.parametrize("member", ["program.pt2", "data/constants/opaque_obj_0", "sample_inputs.pt"])
+def test_members_mixprec_does_not_write_are_refused_unread(saved, tmp_path, member):
+    """Version 1's pickled places (sample inputs, pickled weights, opaque objects) do not exist in version 2: a
+    member mixprec does not write is refused, and nothing in the file is ever unpickled."""
     marker = tmp_path / "ran"
-    _edit_program(
-        saved,
-        lambda inner: inner.update({_inner_name(inner, "sample_inputs/model.pt"): pickle.dumps(_Payload(marker))}),
-    )
-    with pytest.raises(mixprec.FileFormatError, match="pickled sample inputs"):
-        mixprec.load(saved)
-    assert not marker.exists()
-    # the payload is live: torch.export.load alone runs it (its weights_only=False fallback)
-    with pytest.raises(RuntimeError):  # after running the payload, torch fails on what it returned
-        torch.export.load(io.BytesIO(_members(saved)["program.pt2"]))
-    assert marker.exists(), "the crafted file does not exercise the danger it is meant to"
-
-
-def test_pickled_weights_are_refused(saved, tmp_path):
-    marker = tmp_path / "ran"
-
-    def edit(inner):
-        config_name = _inner_name(inner, "model_weights_config.json")
-        config = json.loads(inner[config_name])
-        fqn, entry = next(iter(config["config"].items()))
-        entry["use_pickle"] = True
-        inner[config_name] = json.dumps(config).encode()
-        inner[_inner_name(inner, "weights/" + entry["path_name"])] = pickle.dumps(_Payload(marker))
-
-    _edit_program(saved, edit)
-    with pytest.raises(mixprec.FileFormatError, match="pickle"):
+    members = _members(saved)
+    members[member] = pickle.dumps(_Payload(marker))
+    _write(saved, members)
+    with pytest.raises(mixprec.FileFormatError, match="does not write"):
         mixprec.load(saved)
     assert not marker.exists()
 
 
-def test_opaque_objects_are_refused(saved, tmp_path):
+def test_pickle_bytes_as_weights_are_only_bytes(saved, tmp_path):
+    from . import crafting
+
     marker = tmp_path / "ran"
-    _edit_program(
-        saved, lambda inner: inner.update({"archive/data/constants/opaque_obj_0": pickle.dumps(_Payload(marker))})
-    )
-    with pytest.raises(mixprec.FileFormatError, match="opaque_obj_0"):
+    members = crafting.members(saved)
+    members["weights.bin"] = pickle.dumps(_Payload(marker))
+    crafting.write(saved, crafting.with_digests(members))
+    with pytest.raises(mixprec.FileFormatError, match="weight index"):
         mixprec.load(saved)
     assert not marker.exists()
 
 
-def test_code_in_shape_expressions_is_refused(saved, tmp_path):
+def test_code_in_sizes_is_refused(saved, tmp_path):
     marker = tmp_path / "ran"
 
-    def edit(inner):
-        name = _inner_name(inner, "models/model.json")
-        model = json.loads(inner[name])
-        values = model["graph_module"]["graph"]["tensor_values"]
-        next(iter(values.values()))["sizes"][0] = {
-            "as_expr": {"expr_str": f"__import__('os').system('touch {marker}')", "hint": {"as_int": 1}}
-        }
-        inner[name] = json.dumps(model).encode()
+    def edit(doc):
+        (described,) = doc["inputs"].values()
+        described["tensor"]["shape"][0] = f"__import__('os').system('touch {marker}')"
 
-    _edit_program(saved, edit)
-    with pytest.raises(mixprec.FileFormatError, match="shape expression"):
+    _edit_graph(saved, edit)
+    with pytest.raises(mixprec.FileFormatError, match="size"):
         mixprec.load(saved)
     assert not marker.exists()
 
 
 def test_calls_to_non_operators_are_refused(saved, tmp_path):
-    def edit(inner):
-        name = _inner_name(inner, "models/model.json")
-        model = json.loads(inner[name])
-        model["graph_module"]["graph"]["nodes"][0]["target"] = "torch.load"
-        inner[name] = json.dumps(model).encode()
+    def edit(doc):
+        next(n for n in doc["graphs"][0]["nodes"] if n["op"] == "call_function")["target"] = "torch.load"
 
-    _edit_program(saved, edit)
-    with pytest.raises(mixprec.FileFormatError, match="torch.load|could not read"):
+    _edit_graph(saved, edit)
+    with pytest.raises(mixprec.FileFormatError, match="torch.load"):
         mixprec.load(saved)
 
 
@@ -393,3 +350,31 @@ def test_files_without_runs_as_load_and_a_damaged_one_is_refused(saved):
     _edit_meta(saved, lambda meta: meta["report"]["layers"][0].update(runs_as=["f32"]))
     with pytest.raises(mixprec.FileFormatError, match="plan, report or settings|'runs_as' must be a string"):
         mixprec.load(saved)
+
+
+def test_load_hands_no_byte_of_the_file_to_a_third_party_reader(tmp_path, monkeypatch):
+    """Issue 31's design: torch.export.load, torch's pytree spec reader, sympy's parser, pickle and torch.load are
+    never called while loading (a dynamic batch and control flow included); a loaded program saves again."""
+    import sympy.parsing.sympy_parser
+
+    monkeypatch.setenv("MIXPREC_VERIFY_EACH", "0")
+    model = Branches().eval()
+    batch = torch.export.Dim("batch", min=2, max=64)
+    prog = mixprec.compile(model, (torch.randn(3, 4),), dynamic_shapes=({0: batch},))
+    path = tmp_path / "p.mixprec.pt2"
+    mixprec.save(prog, path)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a third-party reader was called while loading")
+
+    for owner, name in ((torch.export, "load"), (torch.utils._pytree, "treespec_loads"), (torch, "load"),
+                        (pickle, "loads"), (pickle, "load"), (sympy.parsing.sympy_parser, "parse_expr")):  # fmt: skip
+        monkeypatch.setattr(owner, name, refuse)
+    loaded = mixprec.load(path)
+    monkeypatch.undo()
+    x = torch.randn(5, 4)
+    with torch.no_grad():
+        assert_same_outputs(loaded(x), model(x))
+        assert_same_outputs(loaded(-x.abs()), model(-x.abs()))
+    mixprec.save(loaded, tmp_path / "again.mixprec.pt2")
+    assert_same_outputs(mixprec.load(tmp_path / "again.mixprec.pt2")(x), loaded(x))

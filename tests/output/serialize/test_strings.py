@@ -1,5 +1,5 @@
-"""No string from a file can change the code a backend generates: string arguments are reviewed words or safe text,
-metadata holds no line breaks a comment could end at."""
+"""No string from a file can change the code a backend generates: string arguments are reviewed words or safe text
+(a file carries no node metadata at all: test_crafted.py)."""
 
 from __future__ import annotations
 
@@ -92,23 +92,6 @@ def test_other_values_are_refused(name, argument, value):
         strings.check_value(name, argument, value)
 
 
-def test_a_carriage_return_ends_a_python_comment():
-    """Why metadata may hold no \\r: Python's tokenizer ends a comment line there, so text after it is code."""
-    namespace = {}
-    exec(compile("# File: a.py:1 in f, code: x\rinjected = True\n", "<generated>", "exec"), namespace)
-    assert namespace.get("injected") is True
-    strings.check_metadata({"stack_trace": 'File "a.py", line 1, in forward\n    return x * 2'})
-    for metadata in (
-        {"stack_trace": 'File "a.py", line 1, in forward\n    x\rinjected = True'},
-        {"nn_module_stack": "L__self__,,__main__.M\nimport os"},
-        {"torch_fn": "mul_1;method_descriptor.mul\u2028x"},
-        {"custom": "\x1b]0;title\x07"},
-        {"stack_trace": 7},
-    ):
-        with pytest.raises(FileFormatError, match="metadata"):
-            strings.check_metadata(metadata)
-
-
 def test_strings_in_a_graph_torch_built_are_checked():
     graph = torch.fx.Graph()
     x = graph.placeholder("x")
@@ -133,16 +116,18 @@ def original(tmp_path_factory) -> dict[str, bytes]:
 
 
 _RAW_INDUCTOR = """
-import io, sys, torch
-ep = torch.export.load(io.BytesIO(open(sys.argv[1], "rb").read()))
-torch.compile(ep.module(), backend="inductor")(torch.randn(1, 10))
+import sys, torch
+def f(x):
+    torch.ops.aten._assert_async.msg(x.sum() > -1e30, sys.argv[1])
+    return x * 2
+torch.compile(f, backend="inductor")(torch.randn(1, 10))
 """
 
 
 def test_assert_message_with_cpp_is_refused_even_when_the_caller_asks_for_inductor(original, tmp_path):
     marker = tmp_path / "native-code-ran"
     crafted = crafting.set_backend(
-        crafting.edit_model_json(original, lambda m: crafting.add_assert_async(m, crafting.cpp_touch_message(marker))),
+        crafting.edit_graph(original, lambda d: crafting.add_assert_async(d, crafting.cpp_touch_message(marker))),
         "inductor",
     )
     path = tmp_path / "rce.mixprec.pt2"
@@ -151,48 +136,29 @@ def test_assert_message_with_cpp_is_refused_even_when_the_caller_asks_for_induct
         with pytest.raises(mixprec.FileFormatError, match="assert_msg"):
             mixprec.load(path, backend=backend)
     assert not marker.exists()
-    # the payload is live: plain torch reads the program, and inductor compiles the message into C++ that runs
-    # system() at the first call (in a fresh process with its own inductor cache, so nothing is left behind)
-    inner = tmp_path / "inner.pt2"
-    inner.write_bytes(crafted["program.pt2"])
+    # the payload is live: inductor compiles the same operator's message into C++ that runs system() at the first
+    # call (in a fresh process with its own inductor cache, so nothing is left behind)
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor-cache")}
-    run = subprocess.run([sys.executable, "-c", _RAW_INDUCTOR, str(inner)], capture_output=True, text=True,
-                         timeout=600, env=env)  # fmt: skip
+    run = subprocess.run([sys.executable, "-c", _RAW_INDUCTOR, crafting.cpp_touch_message(marker)],
+                         capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     assert marker.exists(), "the crafted message does not exercise the danger it is meant to"
 
 
 def test_the_same_program_with_a_plain_message_loads(original, tmp_path):
-    crafted = crafting.edit_model_json(original, lambda m: crafting.add_assert_async(m, "input is finite"))
+    crafted = crafting.edit_graph(original, lambda d: crafting.add_assert_async(d, "input is finite"))
     path = tmp_path / "assert.mixprec.pt2"
     crafting.write(path, crafted)
     (x,) = ThreeLinears.example_inputs()
     assert mixprec.load(path)(x).shape == (1, 40)
 
 
-@pytest.mark.parametrize(
-    "where, value",
-    [
-        ("stack_trace", 'File "a.py", line 1, in forward\n    x\r__import__("os").getcwd()'),
-        ("nn_module_stack", "L__self__,,__main__.M\n__import__('os')"),
-    ],
-)
-def test_metadata_that_could_end_a_comment_is_refused(original, tmp_path, where, value):
-    def edit(model):
-        model["graph_module"]["graph"]["nodes"][0]["metadata"][where] = value
-
-    path = tmp_path / "meta.mixprec.pt2"
-    crafting.write(path, crafting.edit_model_json(original, edit))
-    with pytest.raises(mixprec.FileFormatError, match="control characters or line breaks"):
-        mixprec.load(path)
-
-
 def test_strings_where_the_schema_wants_no_string_are_refused(original, tmp_path):
-    def edit(model):
-        node = model["graph_module"]["graph"]["nodes"][0]
-        node["inputs"][-1]["arg"] = {"as_strings": ["a", "b"]}
+    def edit(doc):
+        node = next(n for n in crafting.root(doc) if n["op"] == "call_function")
+        node["args"][-1] = ["a", "b"]
 
     path = tmp_path / "strings.mixprec.pt2"
-    crafting.write(path, crafting.edit_model_json(original, edit))
+    crafting.write(path, crafting.edit_graph(original, edit))
     with pytest.raises(mixprec.FileFormatError, match="strings"):
         mixprec.load(path)

@@ -81,8 +81,8 @@ def test_cli_run_follows_the_same_rule(inductor_file, capsys):
 
 def test_cli_refuses_the_crafted_native_code_file_with_exit_2(inductor_file, tmp_path, capsys):
     marker = tmp_path / "native-code-ran"
-    outer = crafting.edit_model_json(
-        crafting.members(inductor_file), lambda m: crafting.add_assert_async(m, crafting.cpp_touch_message(marker))
+    outer = crafting.edit_graph(
+        crafting.members(inductor_file), lambda d: crafting.add_assert_async(d, crafting.cpp_touch_message(marker))
     )
     path = tmp_path / "rce.mixprec.pt2"
     crafting.write(path, outer)

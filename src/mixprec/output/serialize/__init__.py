@@ -1,34 +1,39 @@
 """``mixprec.save`` / ``mixprec.load``: one file holding everything a compiled program is.
 
-The file is a zip archive (format ``mixprec.program``, version 1) with three members:
+The file is a zip archive (format ``mixprec.program``, version 2) with four members:
 
-* ``mixprec.json``: format name and version, the mixprec and torch versions that wrote
-  it, the settings and backend, the plan, the report, the output structure, the index of
-  the example inputs, and the size and SHA-256 of the other two members (``metadata.py``);
-* ``program.pt2``: the rewritten program exactly as ``torch.export.save`` writes it (so
-  it can be taken out and used with torch's own tools), with raw weights and no
-  pickled sample inputs;
-* ``inputs.bin``: the example inputs the program was compiled with, as raw bytes
-  (``tensors.py``), so ``mixprec run FILE`` needs nothing else.
+* ``mixprec.json``: format name and version, the mixprec and torch versions that wrote it, the settings and
+  backend, the plan, the report, the index of the example inputs, and the size and SHA-256 of the other members
+  (``metadata.py``);
+* ``graph.json``: the program in mixprec's own schema (``graph.py``): its graphs node by node, the descriptions of
+  its inputs and symbolic sizes, its signature, its input and output structure (``specs.py``) and the index of
+  ``weights.bin``;
+* ``weights.bin``: the parameters, buffers and constants as raw bytes (``weights.py``);
+* ``inputs.bin``: the example inputs the program was compiled with, as raw bytes (``tensors.py``), so
+  ``mixprec run FILE`` needs nothing else.
 
 This module is the sequence of each direction; the steps have their own modules: the zip container, streamed both
-ways (``container.py``), the weights written from their storage (``raw_weights.py``), the output structure
-(``outputs.py``), and the checks that make a load safe (``safety.py``, then ``operators.py`` and
-``propagation.py`` on what torch built).
+ways (``container.py``), the graph written (``graph.py``) and read (``graph_reader.py``, ``graph_build.py``), the
+weights (``weights.py``), the container specs (``specs.py``, ``outputs.py``), and the checks of what was built
+(``operators.py``, ``strings.py``, ``propagation.py``).
 
-Loading never runs code the file chooses: JSON is parsed (bounded in size and nesting, every
-field checked), tensors are raw bytes, and the program archive is checked before
-``torch.export.load`` sees it, because that function unpickles and evaluates parts of a file
-on its own and builds Python source from it (``safety.py`` has the details).
+**No third-party parser sees bytes from the file** (issue 31). Version 1 held ``torch.export.save``'s archive and
+was read by ``torch.export.load``, which unpickles, gives shape text to sympy's parser, and imports the modules a
+pytree spec names; each round of checks in front of it left another hole. Now JSON is parsed within bounds
+(``bounded_json.py``), every field is checked against the closed vocabulary mixprec writes, tensors are raw bytes
+read into tensors mixprec allocates, operators are found only on the allow-list (nothing is imported), names FX
+pastes into source are plain identifiers, symbolic sizes are single symbols with integer hints and ranges, and the
+graph, its values (fake tensors), its signature and the ExportedProgram are built by mixprec. Version-1 files are
+refused with a message saying to save them again with this mixprec.
 
-The model's source code is not needed: the program is a graph of torch
-operators. It runs on eager unless the caller names a backend (``load(path, backend=...)``):
-the backend recorded in the file is only a suggestion (``trust.py``).
+The model's source code is not needed: the program is a graph of torch operators. It runs on eager unless the
+caller names a backend (``load(path, backend=...)``): the backend recorded in the file is only a suggestion
+(``trust.py``).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import io
 import json
 import logging
 import os
@@ -39,14 +44,16 @@ import torch
 from ...backends import get_backend, known_backends
 from ...backends.options import BackendOptions
 from ...errors import ConfigError, FileFormatError, InvariantError
-from ...ir.captured import program_parts
 from ...ir.input_check import input_specs_of
 from ...plan.precision_plan import PrecisionPlan
 from ...settings import recorded as recorded_settings
 from ..module import MixedPrecisionModule
 from ..report import Report
-from . import container, metadata, operators, outputs, propagation, raw_weights, runtime_bounds, safety, tensors, trust
-from .metadata import FORMAT, FORMAT_VERSION
+from . import (
+    container, graph, graph_reader, metadata, operators, outputs, propagation, runtime_bounds, tensors, trust, weights,
+)
+from .bounded_json import MAX_JSON_BYTES, parse_json
+from .metadata import FORMAT, FORMAT_VERSION, GRAPH, INPUTS, WEIGHTS
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +70,6 @@ def save(prog, path) -> None:
         )
     ep = prog.exported_program
     _check_plain_tensors(ep)
-    out_spec = ep.call_spec.out_spec
-    portable_spec, replaced = outputs.portable(out_spec)
     inputs_index, blob = None, b""
     inputs_note = None
     if prog.example_inputs is not None:
@@ -76,14 +81,14 @@ def save(prog, path) -> None:
     else:
         inputs_note = "the program was not compiled by mixprec.compile with example inputs"
 
-    meta = metadata.for_program(prog, out_spec, replaced, inputs_index, inputs_note)
-    program = _for_saving(ep, portable_spec)
+    meta = metadata.for_program(prog, inputs_index, inputs_note)
+    document, stored = graph.dump(ep)
+    text = json.dumps(document, allow_nan=False, separators=(",", ":")).encode("utf-8")
 
-    def write_program(sink) -> None:
-        with raw_weights.written_in_place(), _quiet_torch_export():
-            torch.export.save(program, sink)
+    def check(views) -> None:  # what load parses first, parsed as load parses it (the weights are not read again)
+        graph_reader.check(_graph_document(views[GRAPH], os.fspath(path)))
 
-    container.write(os.fspath(path), meta, write_program, blob)
+    container.write(os.fspath(path), meta, lambda sink: weights.write(sink, stored), text, blob, check)
 
 
 def load(path, *, backend: str | None = None):
@@ -95,24 +100,27 @@ def load(path, *, backend: str | None = None):
     """
     path = os.fspath(path)
     with open(path, "rb") as fh:  # FileNotFoundError / IsADirectoryError say it best themselves
-        meta, program, blob = container.read(fh, path)
+        meta, views = container.read(fh, path)
         where = f"{path} (written by mixprec {meta['mixprec_version']} with torch {meta['torch_version']})"
         try:
-            safety.check_archive(program)
+            document = _graph_document(views[GRAPH], path)
+            ep, unrestored = graph_reader.read(document, views[WEIGHTS], views[WEIGHTS].seek(0, io.SEEK_END))
         except FileFormatError as e:
             raise FileFormatError(f"{where}: {e}") from None
-        program.seek(0)
-        try:
-            with _quiet_torch_export():
-                ep = torch.export.load(program)  # reads the weights from the file, one record at a time
-        except Exception as e:  # torch raises RuntimeError/AssertionError/KeyError/... for files it cannot read
-            raise FileFormatError(
-                f"{where}: torch {torch.__version__} could not read the program ({type(e).__name__}: "
-                f"{_first_line(e)}). Files are readable by the torch version that wrote them; compile the model "
-                "again with this version."
-            ) from e
-    safety.strip_guards(ep)  # before anything builds a module from the program
-    operators.check_graphs(ep)
+        blob = views[INPUTS].read()
+    try:
+        operators.check_graphs(ep)
+    except FileFormatError as e:
+        raise FileFormatError(f"{where}: {e}") from None
+    if unrestored:
+        note = (
+            f"outputs of type {', '.join(unrestored)} are returned as mixprec OutputRecord (a dict with attribute "
+            "access, same tensors) because that type is not registered in this process; import the module that "
+            "defines it (for transformers: import transformers.modeling_outputs) before mixprec.load to get the "
+            "original type back."
+        )
+        warnings.warn(f"mixprec.load: {note}", outputs.OutputTypeWarning, stacklevel=2)
+        log.info(note)
 
     try:
         plan = PrecisionPlan.from_json(json.dumps(meta["plan"]))
@@ -121,7 +129,6 @@ def load(path, *, backend: str | None = None):
     except (ConfigError, KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as e:
         raise FileFormatError(f"{where}: the plan, report or settings are damaged ({type(e).__name__}: {e}).") from e
 
-    ep = _with_outputs(ep, meta["outputs"], where)
     example_inputs = None
     if meta.get("example_inputs") is not None:
         example_inputs = tensors.unpack(meta["example_inputs"], blob)
@@ -161,7 +168,7 @@ def read_metadata(path) -> tuple[dict, object]:
     """(the file's metadata, its Report or None) without loading the program: JSON only."""
     path = os.fspath(path)
     with open(path, "rb") as fh:
-        meta, _, _ = container.read(fh, path)
+        meta, _ = container.read(fh, path)
     try:
         report = Report.from_dict(meta["report"]) if meta.get("report") is not None else None
     except (ConfigError, KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as e:
@@ -183,39 +190,13 @@ def _check_plain_tensors(ep) -> None:
                 )
 
 
-def _for_saving(ep, out_spec):
-    """The program with a portable output spec and without sample inputs (stored by mixprec)."""
-    graph = [
-        dataclasses.replace(entry, signature=dataclasses.replace(entry.signature, out_spec=out_spec))
-        if entry.fqn == "" and entry.signature is not None
-        else entry
-        for entry in ep.module_call_graph
-    ]
-    program = torch.export.ExportedProgram(**program_parts(ep, module_call_graph=graph))
-    program._guards_code = []  # mixprec checks inputs itself; load ignores guards (safety.strip_guards)
-    return program
-
-
-def _quiet_torch_export():
-    """torch.export.load logs a warning with a traceback before raising; the error we raise says it all."""
-    return propagation.quiet_logger("torch.export", logging.ERROR)
-
-
-def _with_outputs(ep, recorded: dict, where: str):
-    """Use the model's own output types when this process knows them (outputs.py)."""
-    replaced = recorded.get("replaced_types") or []
-    try:
-        spec, note = outputs.restore(recorded.get("spec"), ep.call_spec.out_spec, list(replaced))
-    except Exception as e:  # parsing text from the file: any failure means a damaged record
-        raise FileFormatError(f"{where}: the recorded output structure is damaged ({type(e).__name__}: {e}).") from e
-    if note is not None:
-        warnings.warn(f"mixprec.load: {note}", outputs.OutputTypeWarning, stacklevel=3)
-        log.info(note)
-    if spec is not ep.call_spec.out_spec:
-        for entry in ep.module_call_graph:
-            if entry.fqn == "" and entry.signature is not None:
-                entry.signature.out_spec = spec
-    return ep
+def _graph_document(view, path: str):
+    """graph.json parsed within mixprec's JSON bounds."""
+    size = view.seek(0, io.SEEK_END)
+    if size > MAX_JSON_BYTES:
+        raise FileFormatError(f"{path}: its {GRAPH} is {size} bytes, more than the {MAX_JSON_BYTES} mixprec reads.")
+    view.seek(0)
+    return parse_json(view.read(), f"{path}: its {GRAPH}")
 
 
 def _backend_options(settings: dict, backend: str, where: str) -> BackendOptions:

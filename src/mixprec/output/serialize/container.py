@@ -1,14 +1,14 @@
-"""The file itself: a zip archive of three members, written in one pass and read in place.
+"""The file itself: a zip archive of four members, written in one pass and read in place.
 
 Why a zip: the standard library reads it, members are found by name without reading the rest, and its central
 directory sits at the end, so a truncated file is detected before anything is parsed; the SHA-256 of each member
 (recorded in ``mixprec.json``) catches the rest of the damage.
 
-Both directions stream, so no second copy of the weights is ever made: :func:`write` has the program archive written
-straight into its stored member, hashed on the way (``mixprec.json``, which records the hashes, is written last),
-into a temporary file renamed into place only once the program passes the check load applies; :func:`read` checks
-each stored member's SHA-256 in chunks and returns a view of ``program.pt2`` in the file (:class:`_Window`), located
-from the member's local header (Python's zip reader would give a decompressing stream, not a seekable view).
+Both directions stream, so no second copy of the weights is ever made: :func:`write` has the weights written
+straight into their stored member, hashed on the way (``mixprec.json``, which records the hashes, is written last),
+into a temporary file renamed into place only once ``check`` accepts what was written; :func:`read` checks each
+stored member's SHA-256 in chunks and returns views of them in the file (:class:`_Window`), located from the
+member's local header (Python's zip reader would give a decompressing stream, not a seekable view).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import tempfile
 import zipfile
 
 from ...errors import FileFormatError
-from . import metadata, safety
+from . import metadata
 from .bounded_json import parse_json, read_bounded
-from .metadata import FORMAT, FORMAT_VERSION, INPUTS, META, PROGRAM
+from .metadata import FORMAT, FORMAT_VERSION, GRAPH, INPUTS, META, STORED, WEIGHTS
 
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed member times: the same program gives the same metadata
 # mixprec.json grows ~36 KB and ~2,200 JSON items per transformer layer (measured: BERT, 2 and 4 layers, autocast
@@ -71,31 +71,36 @@ class _HashingSink(io.RawIOBase):
         return self.size
 
 
-def write(path: str, meta: dict, write_program, blob: bytes) -> None:
+def write(path: str, meta: dict, write_weights, graph: bytes, blob: bytes, check=None) -> None:
     """Write to a temporary file beside ``path`` and rename it: a crash never leaves half a file.
 
-    ``write_program(sink)`` writes the program archive into its stored member as it goes (hashed on the way);
-    mixprec.json, which records the sizes and SHA-256 of the other members, is written last. Before the rename
-    the program is checked as load would check it: save never writes what load refuses.
+    ``write_weights(sink)`` writes the weights into their stored member as it goes (hashed on the way);
+    mixprec.json, which records the sizes and SHA-256 of the other members, is written last. Before the rename,
+    ``check(views)`` (the stored members as :func:`read` returns them) may refuse what was written: save never
+    writes what load refuses.
     """
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".mixprec-", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh, zipfile.ZipFile(fh, "w") as archive:
             archive.comment = f"{FORMAT} {FORMAT_VERSION}".encode()
-            info = zipfile.ZipInfo(PROGRAM, date_time=_ZIP_TIME)
+            info = zipfile.ZipInfo(WEIGHTS, date_time=_ZIP_TIME)
             info.compress_type = zipfile.ZIP_STORED
             with archive.open(info, "w", force_zip64=True) as member:  # size unknown until written
                 sink = _HashingSink(member)
-                write_program(sink)
-            members = {PROGRAM: {"size": sink.size, "sha256": sink.sha256.hexdigest()}, INPUTS: _digest(blob)}
+                write_weights(sink)
+            members = {WEIGHTS: {"size": sink.size, "sha256": sink.sha256.hexdigest()}, GRAPH: _digest(graph),
+                       INPUTS: _digest(blob)}  # fmt: skip
             text = json.dumps({**meta, "members": members}, indent=1).encode("utf-8")
-            for name, data, method in ((INPUTS, blob, zipfile.ZIP_STORED), (META, text, zipfile.ZIP_DEFLATED)):
+            for name, data, method in ((GRAPH, graph, zipfile.ZIP_STORED), (INPUTS, blob, zipfile.ZIP_STORED),
+                                       (META, text, zipfile.ZIP_DEFLATED)):  # fmt: skip
                 info = zipfile.ZipInfo(name, date_time=_ZIP_TIME)
                 info.compress_type = method
                 archive.writestr(info, data)
-        with open(tmp, "rb") as fh, zipfile.ZipFile(fh) as archive:
-            safety.check_archive(_stored_view(fh, archive.getinfo(PROGRAM), tmp))
+        if check is not None:
+            with open(tmp, "rb") as fh:
+                _, views = read(fh, tmp)
+                check(views)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -143,9 +148,9 @@ class _Window(io.RawIOBase):
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, (version .. sizes), name length, extra length
 
 
-def read(fh, path: str) -> tuple[dict, _Window, bytes]:
-    """(checked metadata, a view of program.pt2 in the file, the bytes of inputs.bin); members are checked
-    against their recorded size and SHA-256 by reading them in chunks."""
+def read(fh, path: str) -> tuple[dict, dict]:
+    """(checked metadata, {member: a view of it in the file} for the stored members); members are checked against
+    their recorded size and SHA-256 by reading them in chunks."""
     head = fh.read(4)
     try:
         archive = zipfile.ZipFile(fh)
@@ -174,8 +179,14 @@ def read(fh, path: str) -> tuple[dict, _Window, bytes]:
     except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as e:
         raise FileFormatError(f"{path} is damaged: its {META} cannot be read ({e}).") from e
     metadata.check(meta, path)
+    unexpected = sorted(set(names) - {META, *STORED})
+    if unexpected:
+        raise FileFormatError(
+            f"{path} holds members mixprec does not write ({', '.join(repr(n[:60]) for n in unexpected[:3])}); "
+            "mixprec reads files of its own format only, and this one was changed after mixprec.save wrote it."
+        )
     views = {}
-    for name in (PROGRAM, INPUTS):
+    for name in STORED:
         info = by_name.get(name)
         if info is None:
             raise FileFormatError(f"{path} is incomplete: the member {name} is missing.")
@@ -190,7 +201,7 @@ def read(fh, path: str) -> tuple[dict, _Window, bytes]:
             raise FileFormatError(f"{path} is damaged: {name} does not match its recorded size and checksum.")
         view.seek(0)
         views[name] = view
-    return meta, views[PROGRAM], views[INPUTS].read()
+    return meta, views
 
 
 def _stored_view(fh, info: zipfile.ZipInfo, path: str) -> _Window:

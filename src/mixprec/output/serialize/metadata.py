@@ -15,16 +15,17 @@ import torch
 
 from ..._version import __version__
 from ...errors import FileFormatError
-from . import outputs
 
 FORMAT = "mixprec.program"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 1: the program as torch.export.save's archive (read by torch.export.load: no longer read)
 META = "mixprec.json"  # the members of the file (a zip archive: container.py)
-PROGRAM = "program.pt2"
+GRAPH = "graph.json"
+WEIGHTS = "weights.bin"
 INPUTS = "inputs.bin"
+STORED = (GRAPH, WEIGHTS, INPUTS)  # stored as they are, read in place
 
 
-def for_program(prog, out_spec, replaced: list[str], inputs_index: dict | None, inputs_note: str | None) -> dict:
+def for_program(prog, inputs_index: dict | None, inputs_note: str | None) -> dict:
     """The metadata of ``prog`` (a MixedPrecisionModule) without ``members``, which the writer adds last."""
     settings = prog.settings
     return {
@@ -36,7 +37,6 @@ def for_program(prog, out_spec, replaced: list[str], inputs_index: dict | None, 
         "settings": settings,
         "plan": json.loads(prog.plan.to_json()),
         "report": prog.report.to_dict() if prog.report is not None else None,
-        "outputs": {"spec": outputs.dumps_or_none(out_spec), "replaced_types": replaced},
         "example_inputs": inputs_index,
         "example_inputs_note": inputs_note,
     }
@@ -49,7 +49,6 @@ def check(meta, path: str) -> None:
 
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_TYPE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.<>]{0,300}$")  # a qualified name, local classes' "<locals>" too
 
 def _check_fields(meta: dict, path: str) -> None:
     """The types of every field of mixprec.json (the plan and report are checked by their own readers)."""
@@ -66,7 +65,7 @@ def _check_fields(meta: dict, path: str) -> None:
     for field in ("mixprec_version", "torch_version", "backend"):
         if not isinstance(meta.get(field), str):
             bad(field, "a string")
-    for field in ("settings", "plan", "outputs", "members"):
+    for field in ("settings", "plan", "members"):
         if not isinstance(meta.get(field), dict):
             bad(field, "an object")
     for field in ("report", "example_inputs"):
@@ -74,15 +73,7 @@ def _check_fields(meta: dict, path: str) -> None:
             bad(field, "an object or null")
     if meta.get("example_inputs_note") is not None and not isinstance(meta["example_inputs_note"], str):
         bad("example_inputs_note", "a string or null")
-    recorded = meta["outputs"]
-    if recorded.get("spec") is not None and not isinstance(recorded["spec"], str):
-        bad("outputs.spec", "a string or null")
-    replaced = recorded.get("replaced_types", [])
-    if not isinstance(replaced, list) or not all(isinstance(t, str) for t in replaced):
-        bad("outputs.replaced_types", "a list of strings")
-    if not all(_TYPE_NAME.match(t) for t in replaced):  # repeated in a warning: no control characters
-        raise FileFormatError(f"{path} is damaged: {META} names an output type that is not a type name.")
-    for name in (PROGRAM, INPUTS):
+    for name in STORED:
         entry = meta["members"].get(name)
         if not isinstance(entry, dict):
             raise FileFormatError(f"{path} is incomplete: the member {name} is missing.")
@@ -102,6 +93,12 @@ def _check_header(meta, path: str) -> None:
         raise FileFormatError(
             f"{path} was written by mixprec {meta.get('mixprec_version')} in file format version {version}; this "
             f"mixprec reads version {FORMAT_VERSION}. Upgrade mixprec to load it."
+        )
+    if version == 1:
+        raise FileFormatError(
+            f"{path} uses file format version 1, whose program only torch.export.load reads, and that reader runs "
+            "code a file chooses; this mixprec reads its own format (version 2) only. Load the file with the mixprec "
+            "that wrote it, if you trust it, and save it again with this mixprec (or compile the model again)."
         )
     if version < FORMAT_VERSION:
         raise FileFormatError(

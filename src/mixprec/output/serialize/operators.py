@@ -5,8 +5,9 @@ torch operators can itself touch files (``aten.from_file(path, shared=True)`` th
 print, or advance the global random state. A mixprec compile produces only side-effect-free torch operators, casts,
 mixprec's own operators, control flow and size arithmetic, so a loaded program may call exactly those
 (:func:`allowed_target`, decided once per name from the operator's schema rather than from a list of names). The
-model JSON is checked with it before torch builds anything (``model_json.py``), and the graphs torch built are
-checked again node by node, control-flow bodies included (:func:`check_graphs`).
+program's graph.json is checked with it as it is parsed (``graph_reader.py``: a target is found only through
+:func:`resolve`), and the graphs built from it are checked again node by node, control-flow bodies included
+(:func:`check_graphs`).
 """
 
 from __future__ import annotations
@@ -48,6 +49,37 @@ def _function_names() -> frozenset:
 _ALLOWED_FUNCTION_NAMES = _function_names()
 
 
+def _functions_by_name() -> dict:
+    from torch._export.serde.serialize import GraphModuleSerializer
+
+    return {GraphModuleSerializer.serialize_operator(None, f): f for f in _ALLOWED_FUNCTIONS}
+
+
+_FUNCTIONS_BY_NAME = _functions_by_name()
+
+
+def target_name(target) -> str:
+    """The qualified name a program file gives ``target`` ("torch.ops.aten.linear.default", "_operator.getitem")."""
+    from torch._export.serde.serialize import GraphModuleSerializer
+
+    return GraphModuleSerializer.serialize_operator(None, target)
+
+
+def resolve(name: str):
+    """The operator or function ``name`` stands for, when :func:`allowed_target` allows it; else None.
+
+    Found by attribute lookups on ``torch.ops``' namespaces (already registered: nothing is imported) or in the
+    table of size functions."""
+    if not allowed_target(name):
+        return None
+    if name in _FUNCTIONS_BY_NAME:
+        return _FUNCTIONS_BY_NAME[name]
+    match = _OPERATOR_TARGET.match(name)
+    namespace, op, overload = match.group(1), match.group(2), match.group(3)
+    packet = getattr(getattr(torch.ops, namespace), op)
+    return packet if overload is None else getattr(packet, overload)
+
+
 # Higher-order operators torch.export keeps from a model's control flow and grad/autocast regions; their bodies are
 # graphs checked node by node. Not allowed: anything that wraps effects or mutation (with_effects,
 # auto_functionalized, triton kernels, ...), which a mixprec compile does not produce.
@@ -71,7 +103,7 @@ _decided: dict[str, bool] = {}
 
 
 def allowed_target(target: str) -> bool:
-    """Whether a node may call ``target`` (as the model JSON names it) — decided from the op's schema, not its name.
+    """Whether a node may call ``target`` (as graph.json names it) — decided from the op's schema, not its name.
 
     * ``torch.ops.aten.*``: registered in the dispatcher; takes or returns a Tensor; not an ``out=`` overload; no
       Storage or file-name argument; no string argument that ``strings.py`` has not reviewed (a string can reach
@@ -150,11 +182,16 @@ def _aten_allowed(name: str, overload: str) -> bool:
 def check_graphs(exported_program) -> None:
     """Every node of every graph (bodies of control flow included) calls an allowed target (:func:`allowed_target`).
 
-    The model JSON was checked the same way before torch built anything; this checks what torch built from it.
+    graph.json was checked the same way as it was parsed; this checks what was built from it.
     """
+    check_graph_module(exported_program.graph_module)
+
+
+def check_graph_module(graph_module) -> None:
+    """:func:`check_graphs` on a GraphModule and the bodies it holds."""
     from torch._export.serde.serialize import GraphModuleSerializer
 
-    for module in exported_program.graph_module.modules():
+    for module in graph_module.modules():
         graph = getattr(module, "graph", None)
         if not isinstance(graph, torch.fx.Graph):
             continue

@@ -1,33 +1,23 @@
 """Output structures that load in a process which never imports the model's code.
 
-An ExportedProgram rebuilds the model's output structure from a pytree spec stored by
-*type name*: a ``transformers`` model returns ``BaseModelOutput``, and its spec says
-"transformers.modeling_outputs.BaseModelOutput". ``torch.export.load`` refuses a file
-whose spec names a type the loading process has not registered, and importing a module
-because a file names it would run code the file chose. So:
-
-* at save, the program is written with a *portable* output spec: builtin containers
-  stay, and every other container becomes :class:`OutputRecord` (a dict with attribute
-  access that remembers the original type's name) or, when its keys are unknown, a
-  tuple; the original spec is kept beside it as text;
-* at load, the original spec is used when every type it names is registered in this
-  process (the user imported, say, ``transformers.modeling_outputs`` — their choice,
-  not the file's); otherwise the outputs come back as :class:`OutputRecord` and a
-  warning says how to get the original type.
+A transformers model returns ``BaseModelOutput``, a namedtuple model its own class: types the loading process may
+not have, and importing a module because a file names it would run code the file chose. So the output structure is
+written in ``specs.py``'s vocabulary, named outputs as a *record* of a type name and keys, and at load a record is
+the original class only when that class is registered with torch's pytree in this process (the user imported, say,
+``transformers.modeling_outputs``: their choice, not the file's); otherwise the outputs come back as
+:class:`OutputRecord`, a dict with attribute access that remembers the type's name, and a warning says how to get
+the original type (``OutputTypeWarning``).
 
 The leaves (the tensors) and their order are the same either way.
 """
 
 from __future__ import annotations
 
-import collections
 import json
 
 import torch.utils._pytree as pytree
 
 from ...errors import MixedPrecisionWarning
-
-_BUILTIN = (tuple, list, dict, collections.OrderedDict)
 
 
 class OutputTypeWarning(MixedPrecisionWarning):
@@ -115,67 +105,3 @@ def type_name(cls) -> str:
     if name and name != getattr(pytree, "NO_SERIALIZED_TYPE_NAME_FOUND", None):
         return name
     return f"{getattr(cls, '__module__', '?')}.{getattr(cls, '__qualname__', getattr(cls, '__name__', cls))}"
-
-
-def portable(spec) -> tuple[object, list[str]]:
-    """(the spec with only builtin containers and OutputRecord, names of the types replaced)."""
-    replaced: list[str] = []
-
-    def convert(node):
-        if node.is_leaf():
-            return node
-        kids = [convert(c) for c in children(node)]
-        if node.type in _BUILTIN or node.type is OutputRecord:
-            return pytree.TreeSpec(node.type, node.context, kids)
-        cls = node.context if isinstance(node.context, type) and hasattr(node.context, "_fields") else node.type
-        name = type_name(cls)  # a namedtuple's spec has the generic namedtuple type and the class as context
-        replaced.append(name)
-        keys = _keys(node)
-        if keys is not None:
-            return pytree.TreeSpec(OutputRecord, (name, tuple(keys)), kids)
-        return pytree.TreeSpec(tuple, None, kids)
-
-    return convert(spec), sorted(set(replaced))
-
-
-def _keys(node) -> list[str] | None:
-    """The names of a container's children, when its spec tells them."""
-    count = len(children(node))
-    fields = getattr(node.context, "_fields", None) if isinstance(node.context, type) else None  # a namedtuple
-    context = node.context
-    for candidate in (fields, context, context[0] if isinstance(context, (list, tuple)) and context else None):
-        if (
-            isinstance(candidate, (list, tuple))
-            and len(candidate) == count
-            and all(isinstance(k, str) for k in candidate)
-            and len(set(candidate)) == count
-        ):
-            return list(candidate)
-    return None
-
-
-def dumps_or_none(spec) -> str | None:
-    """The spec as text, or None when a type in it has no serialised name."""
-    try:
-        return pytree.treespec_dumps(spec)
-    except (NotImplementedError, TypeError, ValueError, KeyError):  # a type in it has no serialised name
-        return None
-
-
-def restore(original: str | None, fallback, replaced: list[str]):
-    """(the spec to use at load, a note when the portable one is kept)."""
-    if original is None or not replaced:
-        return fallback, None
-    try:
-        spec = pytree.treespec_loads(original)
-    except (NotImplementedError, TypeError, ValueError, KeyError, AttributeError):  # type not registered here
-        names = ", ".join(replaced)
-        return fallback, (
-            f"outputs of type {names} are returned as mixprec OutputRecord (a dict with attribute access, "
-            "same tensors) because that type is not registered in this process; import the module that "
-            "defines it (for transformers: import transformers.modeling_outputs) before mixprec.load to get "
-            "the original type back."
-        )
-    if spec.num_leaves != fallback.num_leaves:
-        return fallback, "the recorded output structure does not match the program's outputs; kept the portable one."
-    return spec, None

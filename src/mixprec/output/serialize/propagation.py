@@ -1,6 +1,6 @@
 """Shapes and memory of a loaded program, checked by running it on fake tensors before anything real runs.
 
-A program that passes ``safety.py`` is a graph of allowed operators, but its sizes are the file's: a graph can ask
+A program ``graph_reader.py`` built is a graph of allowed operators, but its sizes are the file's: a graph can ask
 for ``zeros([2**20, 2**20])`` (4 TiB), take an ``as_strided`` view past a weight's storage, or record a shape its
 operator does not compute; torch finds out only at the first call (a RuntimeError), and a backend that runs the
 program while loading (inductor's warm-up on inputs made from the recorded sizes: a [2**15, 2**15] placeholder

@@ -14,15 +14,10 @@ Where a program's strings go (read in torch 2.13's source):
   :data:`SAFE_TEXT`: letters, digits, spaces and operator signs, no quote, backslash, control character, brace,
   ``#``, ``?`` or comment delimiter — text that cannot end a string literal or a comment in Python or C++, whatever
   a code generator does with it. Lists of strings and strings where the schema wants another type are refused.
-* **node metadata** (``stack_trace``, ``nn_module_stack``, ``source_fn_stack``, ``torch_fn``, ``custom``). FX writes
-  ``stack_trace`` and ``custom`` into comments only when printing a graph verbosely (``GraphModule.print_readable``),
-  never into the code it compiles; inductor re-traces the module through dynamo, whose nodes carry dynamo's own
-  metadata, not the file's. Still, a ``\\r`` in a stack trace ends a Python comment line (Python's tokenizer treats
-  a lone carriage return as a line break), so every metadata string is refused when it holds a line break other
-  than ``\\n`` in a stack trace, or any other control character (:func:`check_metadata`).
+* **node metadata** (``stack_trace``, ``nn_module_stack``, ...): a mixprec file carries none (``graph.py``).
 * **names** (graph values, parameters, constants, arguments) become Python identifiers and attribute paths: each
   must be a plain identifier (:func:`is_identifier`) or dotted path (:func:`is_dotted_path`), checked where they
-  are read (``model_json.py``, ``payloads.py``); kernel and buffer names inductor derives from them are identifiers
+  are read (``graph_reader.py``, ``weights.py``); kernel and buffer names inductor derives from them are identifiers
   too.
 """
 
@@ -99,7 +94,6 @@ HIGHER_ORDER_CHOICES: dict[str, dict[int, frozenset]] = {
 }
 
 _FREE_TEXT_TYPES = ("str", "Dimname", "Any")
-_STRING_ARGUMENTS = frozenset({"as_string", "as_strings", "as_string_to_argument", "as_operator"})
 
 
 def reviewed(name: str, schema) -> bool:
@@ -140,27 +134,6 @@ def check_value(name: str, argument: str, value) -> None:
         raise _refused(name, argument, value)
 
 
-def check_node_json(node: dict) -> None:
-    """The string arguments of one node of the model JSON (``{"target", "inputs": [{"name", "arg"}], ...}``)."""
-    target, inputs = node.get("target"), node.get("inputs")
-    if not isinstance(inputs, list):
-        return  # the structure check reports it
-    for position, entry in enumerate(inputs):
-        if not isinstance(entry, dict) or not isinstance(entry.get("arg"), dict):
-            continue
-        kinds = set(entry["arg"]) & _STRING_ARGUMENTS
-        if not kinds:
-            continue
-        kind = kinds.pop()
-        value = entry["arg"][kind]
-        if kind != "as_string":
-            raise FileFormatError(
-                f"the program passes {kind.removeprefix('as_').replace('_', ' ')} to {str(target)[:80]}; mixprec "
-                "programs pass no such argument, so mixprec refuses it."
-            )
-        _check_target_string(target, entry.get("name"), position, value)
-
-
 def check_fx_node(node) -> None:
     """The same check on a node of a graph torch built: every ``str`` among its arguments is reviewed."""
     import torch
@@ -196,38 +169,6 @@ def is_identifier(value) -> bool:
 def is_dotted_path(value) -> bool:
     """A parameter, buffer, constant or submodule path: identifiers and indices joined by dots (or empty)."""
     return isinstance(value, str) and bool(_DOTTED.match(value))
-
-
-# Characters no metadata string may hold: control characters (a lone \r ends a Python comment line), Unicode line
-# and paragraph separators; "\n" only in stack traces, where torch writes one frame per line.
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
-MAX_METADATA_CHARS = 1 << 20
-
-
-def check_metadata(metadata) -> None:
-    """A node's metadata strings: bounded, no control characters, newlines only in ``stack_trace``."""
-    if not isinstance(metadata, dict):
-        raise FileFormatError("the program's node metadata is damaged (not an object).")
-    for key, value in metadata.items():
-        if not isinstance(value, str) or len(value) > MAX_METADATA_CHARS:
-            raise FileFormatError(f"the program's node metadata {str(key)[:40]!r} is not a string of reasonable size.")
-        if _CONTROL.search(value) or ("\n" in value and key != "stack_trace"):
-            raise FileFormatError(
-                f"the program's node metadata {str(key)[:40]!r} holds control characters or line breaks that torch "
-                "never writes there; refusing it."
-            )
-
-
-def _check_target_string(target, name, position: int, value) -> None:
-    match = re.match(r"^torch\.ops\.(aten|mixprec|higher_order)\.([A-Za-z_][A-Za-z0-9_]*)(?:\.[A-Za-z_0-9]+)?$",
-                     str(target))  # fmt: skip
-    if match is None:
-        raise FileFormatError(f"the program passes a string to {str(target)[:80]!r}; refusing it.")
-    namespace, op = match.groups()
-    if namespace == "higher_order":
-        _check_higher_order(op, position, value)
-    else:
-        check_value(op, name if isinstance(name, str) else "", value)
 
 
 def _check_higher_order(name: str, position: int, value) -> None:

@@ -4,8 +4,9 @@
 (``weights_only=True`` restricts the unpickler, but it is still an unpickler reading an
 untrusted program). The example inputs of a mixprec file are therefore stored the way
 safetensors stores weights: one blob of raw little-endian bytes and, in JSON, the
-structure (a pytree spec of builtin containers) and, per leaf, either a tensor's dtype,
-shape and byte range, or a plain JSON value (int, float, bool, str, None).
+structure (builtin containers in ``specs.py``'s vocabulary: torch's own spec reader imports
+modules a spec names) and, per leaf, either a tensor's dtype, shape and byte range, or a
+plain JSON value (int, float, bool, str, None).
 
 Reading checks every number against the blob before touching it, so a damaged index
 gives a :class:`FileFormatError`, never an out-of-range read.
@@ -21,6 +22,7 @@ import torch.utils._pytree as pytree
 
 from ...dtypes import dtype_name
 from ...errors import FileFormatError
+from . import specs
 from .outputs import children
 
 # Containers whose pytree spec torch serialises by itself (no registered type needed).
@@ -65,25 +67,24 @@ def pack(tree) -> tuple[dict, bytes]:
             entries.append({"value": leaf})
         else:
             raise Unstorable(f"a value of type {type(leaf).__name__}")
-    index = {"spec": pytree.treespec_dumps(spec), "leaves": entries, "byteorder": sys.byteorder}
+    index = {"spec": specs.dumps(spec), "leaves": entries, "byteorder": sys.byteorder}
     return index, bytes(blob)
 
 
 def unpack(index, blob: bytes):
     """The pytree :func:`pack` stored, tensors on the CPU."""
-    try:
-        spec = pytree.treespec_loads(index["spec"])
-        entries = index["leaves"]
-        byteorder = index["byteorder"]
-    except Exception as e:  # a damaged index: JSON types, unknown spec types, missing keys
-        raise FileFormatError(f"the stored example inputs are damaged ({type(e).__name__}: {e}).") from e
+    if not isinstance(index, dict) or set(index) != {"spec", "leaves", "byteorder"}:
+        raise FileFormatError("the stored example inputs are damaged (their index is not spec, leaves, byteorder).")
+    spec, _ = specs.loads(index["spec"], "the stored example inputs' structure", records=False)
+    entries, byteorder = index["leaves"], index["byteorder"]
     try:
         _check_containers(spec)
     except Unstorable as e:
         raise FileFormatError(f"the stored example inputs are damaged (they hold {e}).") from e
     if byteorder != sys.byteorder:
         raise FileFormatError(
-            f"the example inputs were stored on a {byteorder}-endian machine and this one is {sys.byteorder}-endian."
+            f"the example inputs were stored on a {str(byteorder)[:10]}-endian machine and this one is "
+            f"{sys.byteorder}-endian."
         )
     if not isinstance(entries, list) or len(entries) != spec.num_leaves:
         raise FileFormatError("the stored example inputs are damaged (their index does not match their structure).")

@@ -9,7 +9,7 @@ compiler and a cache. So:
 * ``load(path)`` runs the program on **eager** (ATen kernels, op by op; FX builds Python source from the checked
   names only; nothing is compiled or run at load);
 * ``load(path, backend=NAME)`` runs it on NAME: the caller trusts the file for that backend. mixprec's checks run
-  first all the same (operators, strings, shape expressions, shapes and memory), but what that backend does with
+  first all the same (operators, strings, sizes, shapes and memory), but what that backend does with
   a well-formed graph (compile time, its cache, its compiler's own limits) is then the caller's choice;
 * the recorded backend is a suggestion: a warning says ``compiled for inductor: load(path, backend='inductor')``.
 
