@@ -378,3 +378,32 @@ def test_load_hands_no_byte_of_the_file_to_a_third_party_reader(tmp_path, monkey
         assert_same_outputs(loaded(-x.abs()), model(-x.abs()))
     mixprec.save(loaded, tmp_path / "again.mixprec.pt2")
     assert_same_outputs(mixprec.load(tmp_path / "again.mixprec.pt2")(x), loaded(x))
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_pipe_or_device_is_refused_without_blocking(tmp_path, kind):
+    """`mixprec run FILE` on a FIFO blocked in open() forever, and a link to /dev/zero read until memory ran out:
+    load and read_metadata check that the path is a regular file before reading a byte."""
+    import os
+    import signal
+
+    from mixprec.output.serialize import read_metadata
+
+    path = tmp_path / "model.mixprec.pt2"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+
+    def interrupted(signum, frame):
+        raise TimeoutError("load blocked")
+
+    previous = signal.signal(signal.SIGALRM, interrupted)
+    signal.alarm(5)
+    try:
+        for read in (mixprec.load, read_metadata):
+            with pytest.raises(mixprec.FileFormatError, match="is not a regular file"):
+                read(path)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

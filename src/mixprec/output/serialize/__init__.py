@@ -37,6 +37,7 @@ import io
 import json
 import logging
 import os
+import stat
 import warnings
 
 import torch
@@ -99,7 +100,7 @@ def load(path, *, backend: str | None = None):
     graph into native code while loading). ``backend="inductor"`` means the caller trusts the file for that.
     """
     path = os.fspath(path)
-    with open(path, "rb") as fh:  # FileNotFoundError / IsADirectoryError say it best themselves
+    with _open_regular(path) as fh:  # FileNotFoundError / IsADirectoryError say it best themselves
         meta, views = container.read(fh, path)
         where = f"{path} (written by mixprec {meta['mixprec_version']} with torch {meta['torch_version']})"
         try:
@@ -167,7 +168,7 @@ def load(path, *, backend: str | None = None):
 def read_metadata(path) -> tuple[dict, object]:
     """(the file's metadata, its Report or None) without loading the program: JSON only."""
     path = os.fspath(path)
-    with open(path, "rb") as fh:
+    with _open_regular(path) as fh:
         meta, _ = container.read(fh, path)
     try:
         report = Report.from_dict(meta["report"]) if meta.get("report") is not None else None
@@ -208,6 +209,24 @@ def _backend_options(settings: dict, backend: str, where: str) -> BackendOptions
         return BackendOptions(backend, recorded.get("runtime_guard"))
     except (ConfigError, TypeError, ValueError) as e:
         raise FileFormatError(f"{where}: its settings are not valid for this mixprec ({e}).") from e
+
+
+def _open_regular(path: str):
+    """``path`` opened for reading once it is a regular file: a FIFO would block ``open()`` (and every read) forever
+    and a device (``/dev/zero``) never ends, so the file is opened without blocking and checked before a byte is
+    read (links are followed: the caller named the path)."""
+    if os.path.isdir(path):
+        raise IsADirectoryError(21, "Is a directory", path)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise FileFormatError(f"{path} is not a regular file (a pipe, device or socket): mixprec reads files only.")
+        if hasattr(os, "O_NONBLOCK"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _first_line(error: Exception) -> str:
