@@ -188,7 +188,7 @@ def _check_speed(captured: CapturedModel, options: StageOptions, prepared, calib
     message = result.warning()
     if message is not None:
         warnings.warn(message, MixedPrecisionWarning, stacklevel=3)  # compile (the user's line) -> here
-    if result.lowered > len(result.slower) and autocast.slow_on_cpu(ctx.low, device):
+    if not result.slower and autocast.slow_on_cpu(ctx.low, device):  # lowered as planned: warn as before
         autocast.warn_slow_on_cpu(ctx.low, stacklevel=3)
     summary = accelerated_types(
         dtype_name(ctx.low), result.faster, result.speedup, result.backend, result.where,
