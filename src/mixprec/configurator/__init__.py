@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from ..dtypes import parse_dtype, short_name
+from ..dtypes import short_name
 from ..errors import ConfigError
 from ..ir.export import as_input_tuple
 from ..ir.captured import CapturedModel
@@ -55,9 +55,10 @@ from ..plan.precision_plan import PrecisionPlan
 from ..plan.quantization import DEFAULT_POLICY, QuantPolicy
 from ..rewrite.pipeline import realise
 from .log import render_log
+from . import vocabulary
 from .resolve import resolve
 
-_PRECISIONS = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.int8})
+_IO_NAMES = ("fp32", "fp16", "bf16", "int16", "int8")  # AIMET: int16/int8 at the boundary too
 _IO_PRECISIONS = frozenset({torch.float32, torch.float16, torch.bfloat16})
 
 
@@ -85,13 +86,17 @@ class Request:
 class MixedPrecisionConfigurator:
     """Collects precision requests for ``model``; ``apply(inputs)`` turns them into a PrecisionPlan."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, inputs=None, calibration_dataloader=None):
+        """``inputs`` (AIMET's QuantSim holds its dummy input; so may the configurator): the example inputs ``apply()``
+        runs the model with when called without them; ``calibration_dataloader``: its default calibration data."""
         if not isinstance(model, torch.nn.Module):
             raise ConfigError(
                 f"MixedPrecisionConfigurator needs the torch.nn.Module whose modules the requests name, got "
                 f"{type(model).__name__}."
             )
         self._model = model
+        self._inputs = inputs
+        self._calibration = calibration_dataloader
         self._requests: list[Request] = []
 
     def set_precision(self, target, activation, param=None) -> None:
@@ -102,8 +107,9 @@ class MixedPrecisionConfigurator:
                 f"set_precision target {target!r} is not a module, a module type (e.g. torch.nn.Linear) or a "
                 "module path string (e.g. 'encoder.layers.3')."
             )
-        act = parse_dtype(activation, what="activation", allowed=_PRECISIONS)
-        par = parse_dtype(param, what="param", allowed=_PRECISIONS) if param is not None else None
+        act = vocabulary.precision(activation, "activation")
+        par = vocabulary.param_precision(param)
+        vocabulary.check_combination(f"set_precision(activation={activation!r}, param={param!r})", act, par)
         self._add("set_precision", target, act, par)
 
     def set_model_input_precision(self, activation) -> None:
@@ -129,7 +135,7 @@ class MixedPrecisionConfigurator:
         kind = type(target).__name__
         return f"{kind} '{path}'" if path else (f"{kind} (the model)" if path == "" else f"{kind} (not in the model)")
 
-    def apply(self, inputs, log_file=None, strict: bool = True, *, calibration_dataloader=None,
+    def apply(self, inputs=None, log_file=None, strict: bool = True, *, calibration_dataloader=None,
               policy: QuantPolicy | None = None) -> PrecisionPlan:
         """Resolve every request on the model run with ``inputs``; returns the plan (its log in ``plan.log``).
 
@@ -137,8 +143,19 @@ class MixedPrecisionConfigurator:
         (UserWarning) and takes the latest request. ``calibration_dataloader`` (a mixprec extension): the
         batches int8 ranges are calibrated on — any form and sizes ``mixprec.compile``'s calibration takes
         (tuples, dicts by forward's names, a DataLoader); without it, ``inputs``. ``policy`` (a mixprec extension):
-        how int8 requests are quantized (``mixprec.QuantPolicy``; None: the measured defaults).
+        how int8 requests are quantized (``mixprec.QuantPolicy``; None: the measured defaults). ``inputs`` and
+        ``calibration_dataloader`` left out: those given at construction (AIMET's ``apply()`` takes no arguments).
         """
+        if inputs is None:
+            inputs = self._inputs
+        if inputs is None:
+            raise ConfigError(
+                "apply() needs the model's example inputs to capture it: pass them at construction, "
+                "MixedPrecisionConfigurator(model, inputs) (then apply() takes no arguments, as AIMET's), or as "
+                "apply(inputs)."
+            )
+        if calibration_dataloader is None:
+            calibration_dataloader = self._calibration
         if not isinstance(strict, bool):
             raise ConfigError(f"strict must be True or False, got {strict!r}.")
         if policy is None:
@@ -160,8 +177,13 @@ class MixedPrecisionConfigurator:
 
 def _io_precisions(value, api: str):
     if isinstance(value, (list, tuple)):
-        return tuple(
-            parse_dtype(v, what=f"{api}[{i}]", allowed=_IO_PRECISIONS) if v is not None else None
-            for i, v in enumerate(value)
-        )
-    return parse_dtype(value, what=api, allowed=_IO_PRECISIONS)
+        return tuple(_io_precision(v, f"{api}[{i}]") if v is not None else None for i, v in enumerate(value))
+    return _io_precision(value, api)
+
+
+def _io_precision(value, what: str) -> torch.dtype:
+    dtype = vocabulary.precision(value, what, accepted=_IO_NAMES)
+    if dtype not in _IO_PRECISIONS:
+        raise ConfigError(f"{what}={value!r}: a quantize/dequantize pair at the model's boundary is not built yet "
+                          "(issue 32); use 'fp32', 'fp16' or 'bf16'.")
+    return dtype
