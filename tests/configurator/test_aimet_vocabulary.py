@@ -101,12 +101,25 @@ def test_dict_param_keys_and_a_bias_other_than_the_weight_are_refused(model):
         cfg.set_precision("head", activation="int8", param={"weight": "int8", "bias": "fp16"})
 
 
-@pytest.mark.parametrize("param", ["int8", "int4", {"weight": "int4"}, torch.int8])
+@pytest.mark.parametrize("param", ["int4", {"weight": "int4"}, torch.int4])
 @pytest.mark.parametrize("activation", ["fp32", "bf16", torch.float16])
-def test_weight_only_is_refused_until_it_is_built(model, activation, param):
-    """A float activation with int8/int4 weights is weight-only (W8A16/W4A16), not built yet: refused, where
-    param='int8' beside a float activation used to be accepted and run as something else."""
+def test_weight_only_int4_is_refused_until_it_is_built(model, activation, param):
+    """A float activation with int4 weights is weight-only W4A16, not built yet: refused, not run as another thing."""
     cfg = mixprec.MixedPrecisionConfigurator(model, INPUTS)
-    with pytest.raises(mixprec.ConfigError, match=r"weight-only int8/int4 weights with float activations are not "
+    with pytest.raises(mixprec.ConfigError, match=r"weight-only int4 weights with float activations are not "
                                                   r"available yet \(issue 32\)"):
         cfg.set_precision("head", activation=activation, param=param)
+
+
+def test_aimets_int8_weight_beside_a_float_activation_is_mixprecs_int8_weight_storage(model):
+    """param={'weight': 'int8'} with a float activation is what param='int8' always was: per-channel int8 weights
+    dequantized at use."""
+    plans = []
+    for param in ({"weight": "int8"}, "int8"):
+        cfg = mixprec.MixedPrecisionConfigurator(model, INPUTS)
+        cfg.set_precision("head", activation="fp32", param=param)
+        plans.append(cfg.apply())
+    assert [(d.precision, d.param_dtype) for d in plans[0].values()] == [(torch.float32, torch.int8)]
+    assert [(d.precision, d.param_dtype) for d in plans[1].values()] == [(torch.float32, torch.int8)]
+    assert_same_outputs(mixprec.compile(model, INPUTS, plan=plans[0])(*INPUTS),
+                        mixprec.compile(model, INPUTS, plan=plans[1])(*INPUTS))

@@ -6,10 +6,11 @@ becomes one torch dtype here, at the boundary, so the resolver and the log compa
 unknown spelling is a ConfigError listing what is accepted.
 
 What each combination of activation and weight precision means is decided here too (:func:`check_combination`):
-int8 activations with int8 (or unstated) weights are mixprec's int8; a float activation with int8/int4 weights is
-weight-only (W8A16/W4A16), which another part of issue 32 builds — until then it is refused, so nothing is silently
-run in another precision; int16 and int4 activations and int16 weights have no CPU kernel (simulated, issue 32:
-refused until the simulation is built).
+int8 activations with int8 (or unstated) weights are mixprec's int8; a float activation with int8 weights stores
+them per output channel in int8, dequantized at use (as ``param='int8'`` always did); int4 weights (weight-only
+W4A16, which another part of issue 32 builds) are refused until then, so nothing is silently run in another
+precision; int16 and int4 activations and int16 weights have no CPU kernel (simulated, issue 32: refused until the
+simulation is built).
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ _INTEGER = {"int16": torch.int16, "int4": torch.int4, "int8": torch.int8}
 _FLOATS = frozenset({torch.float32, torch.float16, torch.bfloat16})
 ACCEPTED = ("fp32", "fp16", "bf16", "int16", "int8", "int4")
 SIMULATED = frozenset({torch.int16, torch.int4})  # no CPU kernel: quantize-dequantize in float32 (issue 32)
-WEIGHT_ONLY = frozenset({torch.int8, torch.int4})  # as the weight of a float activation: W8A16 / W4A16
 
 
 def precision(value, what: str, accepted=ACCEPTED) -> torch.dtype:
@@ -76,10 +76,11 @@ def param_precision(value, what: str = "param") -> torch.dtype | None:
 
 def check_combination(what: str, activation: torch.dtype, param: torch.dtype | None) -> None:
     """Refuse the combinations that are not built yet, saying so, instead of running something else."""
-    if activation in _FLOATS and param in WEIGHT_ONLY:
+    if activation in _FLOATS and param == torch.int4:
         raise ConfigError(
-            f"{what}: weight-only int8/int4 weights with float activations are not available yet (issue 32); "
-            "ask for activation='int8' with int8 weights (mixprec's int8), or a float param."
+            f"{what}: weight-only int4 weights with float activations are not available yet (issue 32); "
+            "param={'weight': 'int8'} stores per-channel int8 weights dequantized at use, activation='int8' with "
+            "int8 weights is mixprec's int8."
         )
     if activation == torch.int8 and param == torch.int4:
         raise ConfigError(f"{what}: int4 weights are not available yet (issue 32); use param={{'weight': 'int8'}} "
