@@ -123,3 +123,19 @@ def test_aimets_int8_weight_beside_a_float_activation_is_mixprecs_int8_weight_st
     assert [(d.precision, d.param_dtype) for d in plans[1].values()] == [(torch.float32, torch.int8)]
     assert_same_outputs(mixprec.compile(model, INPUTS, plan=plans[0])(*INPUTS),
                         mixprec.compile(model, INPUTS, plan=plans[1])(*INPUTS))
+
+
+def test_an_input_precision_on_a_model_of_token_ids_is_not_dropped_silently():
+    """fp16 for the inputs of a model whose only input is token ids applies to nothing: strict raises, and
+    strict=False warns and says so in the log (it used to vanish without a word)."""
+    from models import TiedEmbedding
+
+    model, inputs = TiedEmbedding().eval(), TiedEmbedding.example_inputs()
+    cfg = mixprec.MixedPrecisionConfigurator(model, inputs)
+    cfg.set_model_input_precision(activation="fp16")
+    with pytest.raises(mixprec.ConfigError, match="no floating-point input"):
+        cfg.apply()
+    with pytest.warns(UserWarning, match="no floating-point input"):
+        plan = cfg.apply(strict=False)
+    assert "request #1 set_model_input_precision(fp16): the model has no floating-point input" in plan.log
+    assert "the request does nothing" in plan.log

@@ -201,7 +201,14 @@ class _Resolver:
                 continue
             wanted = request.activation
             if not isinstance(wanted, tuple):
-                out.update({i: (wanted, request.id) for i, d in enumerate(dtypes) if d is not None and d.is_floating_point})
+                floats = {i: (wanted, request.id) for i, d in enumerate(dtypes) if d is not None and d.is_floating_point}
+                if not floats:
+                    self.problem(
+                        f"request #{request.id} {api}({short_name(wanted)}): the model has no floating-point "
+                        f"{which} to give this precision (integer {which}s, e.g. token ids, keep their dtype)",
+                        "the request does nothing",
+                    )
+                out.update(floats)
                 continue
             if len(wanted) != len(dtypes):
                 self.problem(
