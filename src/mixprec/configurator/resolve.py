@@ -201,7 +201,8 @@ class _Resolver:
                 continue
             wanted = request.activation
             if not isinstance(wanted, tuple):
-                floats = {i: (wanted, request.id) for i, d in enumerate(dtypes) if d is not None and d.is_floating_point}
+                floats = {i: (wanted, request.id) for i, d in enumerate(dtypes)
+                          if d is not None and d.is_floating_point}
                 if not floats:
                     self.problem(
                         f"request #{request.id} {api}({short_name(wanted)}): the model has no floating-point "

@@ -22,7 +22,7 @@ import torch
 from ..dtypes import parse_dtype, short_name
 from ..errors import ConfigError
 
-# AIMET's names (and mixprec's "bf16"/"fp32") for the dtypes that have no alias in mixprec.dtypes
+# AIMET's integer names (int16 and int4 have no alias in mixprec.dtypes; int8 is parsed here too, as one table)
 _INTEGER = {"int16": torch.int16, "int4": torch.int4, "int8": torch.int8}
 _FLOATS = frozenset({torch.float32, torch.float16, torch.bfloat16})
 ACCEPTED = ("fp32", "fp16", "bf16", "int16", "int8", "int4")
