@@ -172,12 +172,15 @@ def search(
         eval_data=_eval_data(options, eval_dataloader, eval_batches),
         trials=study.trials.count - trials_before,
         seconds=round(time.perf_counter() - start, 4),
+        speedups=costs.speedups([g.op for g in study.groups if g.flops > 0], options.lows) if costs else {},
+        cost_backend=costs.backend if costs else None,
     )
     chosen = result.chosen
+    lowered_to = chosen.mix_text() if options.several else dtype_name(options.lows[0])
     progress.done(
-        f"{chosen.lowered}/{len(result.groups)} groups lowered to "
-        f"{chosen.mix_text() if options.several else dtype_name(options.lows[0])}, "
-        f"{chosen.low_precision_flops_fraction:.1%} of FLOPs in low precision, {options.metric.name} {chosen.metric:.2e}"
+        f"{chosen.lowered}/{len(result.groups)} groups lowered" + (f" to {lowered_to}" if chosen.lowered else "")
+        + f", {chosen.low_precision_flops_fraction:.1%} of FLOPs in low precision, {options.metric.name} "
+        f"{chosen.metric:.2e}" + (f"; {result.speed_text()}" if result.speedups else "")
     )
     return result
 
