@@ -137,3 +137,78 @@ def test_the_plan_carried_onto_another_capture_lowers_the_same_layers():
         assert len(mapped) >= len(primary) - 2
         assert {n: carried[n].precision for n in mapped} == {n: primary[p].precision for n, p in mapped.items()}
         assert sum(carried[n].precision == torch.bfloat16 for n in carried) >= len(lowered)
+
+
+class _Masked(torch.nn.Module):
+    """A forward with an optional argument: example inputs ``(x,)`` capture it at its default."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.out = torch.nn.Linear(8, 4)
+
+    def forward(self, x, mask=None):
+        h = self.fc(x)
+        if mask is not None:
+            h = h * mask.unsqueeze(-1)
+        return self.out(torch.relu(h))
+
+
+def _recording_metric(references):
+    def metric(out, ref):
+        references.append(ref)
+        return (out - ref).abs().max().item()
+
+    return metric
+
+
+def test_a_batch_with_a_forward_argument_the_example_left_out_is_measured_with_it():
+    """Issue 34: eval batches that carry a keyword forward takes but the example inputs did not pass (``mask`` beside
+    ``(x,)``) run on a capture of that call: the reference (and every trial) is the model called with the mask."""
+    torch.manual_seed(0)
+    model = _Masked().eval()
+    x = torch.randn(4, 6, 8)
+    masks = [torch.ones(4, 6), torch.ones(4, 6)]
+    masks[0][1:, 3:] = 0
+    masks[1][0, 1:] = 0
+    batches = [{"x": x, "mask": masks[0]}, {"x": x[:2], "mask": masks[1][:2]}, (x,)]
+    references = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mixprec.MixedPrecisionWarning)
+        result = mixprec.search(model, (x,), eval_dataloader=batches, metric=_recording_metric(references),
+                                tolerance=1.0, cache=False)
+    assert result.met and len(result.groups) >= 2
+    with torch.no_grad():
+        expected = [model(x, mask=masks[0]), model(x[:2], mask=masks[1][:2]), model(x)]
+    assert len(references) >= 3
+    for got, want in zip(references[:3], expected):
+        torch.testing.assert_close(got, want)
+    assert not torch.allclose(expected[0], model(x).detach())  # the mask changes the output: it was used
+
+
+def test_a_misspelt_extra_key_is_still_refused_with_the_name_meant():
+    model = _Masked().eval()
+    x = torch.randn(4, 6, 8)
+    with pytest.raises(mixprec.CalibrationError, match=r"eval_dataloader batch 0 gives argument 'maks'.*'mask'"):
+        mixprec.search(model, (x,), eval_dataloader=[{"x": x, "maks": torch.ones(4, 6)}], tolerance=1.0, cache=False)
+
+
+def test_bert_eval_batches_with_an_attention_mask_beside_example_ids_only():
+    """A collator's {input_ids, attention_mask} batches against example inputs (ids,): measured with the mask."""
+    model = _bert()
+    references = []
+
+    def metric(out, ref):
+        references.append(ref)
+        return ((out.last_hidden_state - ref.last_hidden_state).norm() / ref.last_hidden_state.norm()).item()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mixprec.MixedPrecisionWarning)
+        result = mixprec.search(model, (BATCHES[0]["input_ids"],), eval_dataloader=BATCHES[:2], metric=metric,
+                                tolerance=1.0, cache=False)
+    assert result.met
+    with torch.no_grad():
+        for ref, batch in zip(references[:2], BATCHES[:2]):
+            want = model(**batch).last_hidden_state
+            torch.testing.assert_close(ref.last_hidden_state, want)
+            assert not torch.allclose(want, model(batch["input_ids"]).last_hidden_state)  # the padded row differs

@@ -75,7 +75,8 @@ def build_study(
     base, info = captured.base, captured.info
     sizes = BatchSizes(captured)
     eval_batches = sizes.calls(eval_batches, "eval_dataloader")  # checked and captured for their sizes here
-    calibration_data = calibration_batches if calibration_batches is not None else eval_batches
+    calibration_data = (calibration_batches if calibration_batches is not None
+                        else [sizes.without_extra(call) for call in eval_batches])  # compile's call (shapes.py)
     progress.update("calibrating for the safety rules")
     # one calibration, as compile's (same batch forms and sizes, same recaptures), for the safety rules and the
     # int8 marker regions without ranges: these calibrate as compile(model, inputs, plan=...) will, on the same data
