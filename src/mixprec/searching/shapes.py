@@ -124,7 +124,7 @@ class BatchSizes:
 
     def other_sizes_used(self) -> bool:
         """Whether a batch seen so far runs on another capture than the example-shape one."""
-        return bool(self._held)
+        return bool(self._held or self._keyed)
 
     def graph(self, call: Call, where: str = "this call") -> CalibrationGraph | None:
         """The capture that runs ``call``: None for the example-shape one."""
