@@ -212,3 +212,31 @@ def test_bert_eval_batches_with_an_attention_mask_beside_example_ids_only():
             want = model(**batch).last_hidden_state
             torch.testing.assert_close(ref.last_hidden_state, want)
             assert not torch.allclose(want, model(batch["input_ids"]).last_hidden_state)  # the padded row differs
+
+
+def test_keyed_batches_of_every_length_share_one_dynamic_capture(monkeypatch):
+    """A collator pads each batch to its own length: the batches with a mask run on one capture for all lengths
+    (Dim.AUTO), not one capture (and one realisation per trial) per length; each still measured with its mask."""
+    from mixprec.ir import export as export_module
+
+    captures = []
+    export = export_module.export
+    def spy(model, args, kwargs=None, **options):
+        captures.append(("mask" in (kwargs or {}), options.get("dynamic_shapes") is not None))
+        return export(model, args, kwargs, **options)
+
+    monkeypatch.setattr(export_module, "export", spy)
+    torch.manual_seed(0)
+    model = _Masked().eval()
+    batches = []
+    for length in (6, 9, 11, 7):
+        mask = torch.ones(3, length)
+        mask[0, length // 2:] = 0
+        batches.append({"x": torch.randn(3, length, 8), "mask": mask})
+    references = []
+    mixprec.search(model, (batches[0]["x"],), eval_dataloader=batches, metric=_recording_metric(references),
+                   tolerance=1.0, cache=False, low_precision_type="int8")
+    assert [dynamic for masked, dynamic in captures if masked] == [True]  # one capture for the masked batches
+    with torch.no_grad():
+        for ref, batch in zip(references[:4], batches):
+            torch.testing.assert_close(ref, model(**batch))

@@ -17,8 +17,8 @@ when a batch first needs it, once per trial.
 
 Eval batches that give forward parameters the example inputs left to their defaults (a collator's
 ``attention_mask`` beside example inputs ``(input_ids,)``) compute something else than the example capture:
-such a batch runs on a capture of the model called with those keywords too (cached by the set of keys and
-the batch's shapes: ``BatchSizes.keyed``), the plan carried onto it as above, so the metric and the fp32
+such a batch runs on a capture of the model called with those keywords too (per set of keys, one dynamic
+capture for every size it takes, else one per shape: ``BatchSizes.keyed``), the plan carried onto it as above, so the metric and the fp32
 reference are those of the call the user's data makes. A key forward does not take is still refused with the
 name meant (``CallSignature``). Calibration without its own data (``calibration_dataloader=None``) reads those
 batches without the extra keys (compile's calibration takes the example inputs' call only): their statistics
@@ -102,29 +102,50 @@ class BatchSizes:
         return Call(call.args, {k: v for k, v in call.kwargs.items() if k not in extra}) if extra else call
 
     def keyed(self, call: Call, extra: tuple[str, ...], where: str) -> CalibrationGraph:
-        """The capture of the model called as ``call`` (with the ``extra`` keywords), made on first use."""
-        key = (extra, tuple((tuple(t.shape), t.dtype) for t in call.tensors()))
+        """The capture of the model called as ``call`` (with the ``extra`` keywords), made on first use: one with
+        every input dimension ``Dim.AUTO`` for all the sizes torch lets it take (a collator pads each batch to its
+        own length), else one at the call's exact shapes (as ``batch_graphs.OtherShapes`` does)."""
+        tensors = call.tensors()
+        dynamic = self._keyed.get((extra, None))
+        if dynamic is None:
+            dynamic = self._keyed[(extra, None)] = self._capture(call, extra, where, dynamic=True) or False
+        if dynamic and dynamic.fits(tensors):
+            return dynamic
+        key = (extra, tuple((tuple(t.shape), t.dtype) for t in tensors))
         graph = self._keyed.get(key)
         if graph is None:
-            from ..calibrate.batch_graphs import align
-            from ..ir.export import export
-
-            try:
-                ep = export(self.captured.model, tuple(call.args), dict(call.kwargs))
-            except Exception as e:  # torch could not capture the model called so
-                reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise CalibrationError(
-                    f"{where} gives {', '.join(extra)}, which the example inputs left to forward's defaults, and the "
-                    f"model cannot be captured called with them ({reason}); leave them out of the batches or add "
-                    "them to the example inputs."
-                ) from e
-            captured = CapturedModel(ep)
-            graph = self._keyed[key] = CalibrationGraph(captured, align(captured.base, self.captured.base))
+            graph = self._keyed[key] = self._capture(call, extra, where, dynamic=False)
         return graph
+
+    def _capture(self, call: Call, extra: tuple[str, ...], where: str, *, dynamic: bool) -> CalibrationGraph | None:
+        from torch.export import Dim, ShapesCollection
+
+        from ..calibrate.batch_graphs import align
+        from ..ir.export import export
+
+        shapes = None
+        if dynamic:
+            shapes = ShapesCollection()
+            for tensor in call.tensors():
+                if tensor.dim() > 0:  # sizes 0 and 1 torch would specialise anyway (and warn): left static
+                    shapes[tensor] = {axis: Dim.AUTO for axis in range(tensor.dim()) if tensor.shape[axis] > 1}
+        try:
+            ep = export(self.captured.model, tuple(call.args), dict(call.kwargs), dynamic_shapes=shapes)
+        except Exception as e:  # torch could not capture the model called so
+            if dynamic:
+                return None
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise CalibrationError(
+                f"{where} gives {', '.join(extra)}, which the example inputs left to forward's defaults, and the "
+                f"model cannot be captured called with them ({reason}); leave them out of the batches or add "
+                "them to the example inputs."
+            ) from e
+        captured = CapturedModel(ep)
+        return CalibrationGraph(captured, align(captured.base, self.captured.base))
 
     def other_sizes_used(self) -> bool:
         """Whether a batch seen so far runs on another capture than the example-shape one."""
-        return bool(self._held or self._keyed)
+        return bool(self._held) or any(self._keyed.values())
 
     def graph(self, call: Call, where: str = "this call") -> CalibrationGraph | None:
         """The capture that runs ``call``: None for the example-shape one."""
