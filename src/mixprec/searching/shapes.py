@@ -18,8 +18,8 @@ when a batch first needs it, once per trial.
 Eval batches that give forward parameters the example inputs left to their defaults (a collator's
 ``attention_mask`` beside example inputs ``(input_ids,)``) compute something else than the example capture:
 such a batch runs on a capture of the model called with those keywords too (per set of keys, one dynamic
-capture for every size it takes, else one per shape: ``BatchSizes.keyed``), the plan carried onto it as above, so the metric and the fp32
-reference are those of the call the user's data makes. A key forward does not take is still refused with the
+capture for every size it takes, else one per shape: ``BatchSizes.keyed``), the plan carried onto it as
+above, so the metric and the fp32 reference are those of the call the user's data makes. A key forward does not take is still refused with the
 name meant (``CallSignature``). Calibration without its own data (``calibration_dataloader=None``) reads those
 batches without the extra keys (compile's calibration takes the example inputs' call only): their statistics
 are then those of the default-argument call.
