@@ -240,3 +240,25 @@ def test_keyed_batches_of_every_length_share_one_dynamic_capture(monkeypatch):
     with torch.no_grad():
         for ref, batch in zip(references[:4], batches):
             torch.testing.assert_close(ref, model(**batch))
+
+
+def test_calibration_batches_with_the_extra_keyword_are_calibrated_with_it():
+    """The same collator's batches as calibration data run through the keyed capture (not refused): the int8 range
+    of ``out``'s input is the min/max of the masked call's values, not of the call without the mask."""
+    torch.manual_seed(0)
+    model = _Masked().eval()
+    x = torch.randn(4, 6, 8) * 3
+    mask = torch.zeros(4, 6)
+    mask[0, 0] = 1
+    masked = [{"x": x, "mask": mask}]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mixprec.MixedPrecisionWarning)
+        result = mixprec.search(model, (x,), eval_dataloader=masked, calibration_dataloader=masked,
+                                low_precision_type="int8", keep_fp32_fraction=0.0, cache=False)
+    out = next(g.name for g in result.groups if g.module == "out")
+    (_, (low, high)), = result.plan[out].int8.inputs
+    with torch.no_grad():
+        values = torch.relu(model.fc(x) * mask.unsqueeze(-1))
+        unmasked = torch.relu(model.fc(x)).max().item()
+    assert (low, high) == pytest.approx((values.min().item(), values.max().item()))
+    assert high < unmasked * 0.9

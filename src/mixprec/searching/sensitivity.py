@@ -75,8 +75,7 @@ def build_study(
     base, info = captured.base, captured.info
     sizes = BatchSizes(captured)
     eval_batches = sizes.calls(eval_batches, "eval_dataloader")  # checked and captured for their sizes here
-    calibration_data = (calibration_batches if calibration_batches is not None
-                        else [sizes.without_extra(call) for call in eval_batches])  # compile's call (shapes.py)
+    calibration_data = calibration_batches if calibration_batches is not None else eval_batches
     progress.update("calibrating for the safety rules")
     # one calibration, as compile's (same batch forms and sizes, same recaptures), for the safety rules and the
     # int8 marker regions without ranges: these calibrate as compile(model, inputs, plan=...) will, on the same data
@@ -86,7 +85,8 @@ def build_study(
     # the int8 layers' boundaries are ranged in the same run (the plan carries these ranges to compile)
     values = int8_values(captured) if torch.int8 in options.lows else set()
     policy = SEARCH_POLICY  # the search quantizes int8 layers as the configurator's defaults do, unsmoothed
-    calibrated = calibration_entry.run(captured, calibration_data, other_shapes=sizes.other, int8_values=values,
+    shapes = sizes if sizes.other is not None else None  # its captures: other sizes and keywords (shapes.py)
+    calibrated = calibration_entry.run(captured, calibration_data, other_shapes=shapes, int8_values=values,
                                        estimator=policy.estimator, grids=calibration_grids(captured, values, policy))
     ranges = calibrated.int8_ranges
     if calibration_batches is None:  # compile calibrates int8 regions on the example inputs: so does the search

@@ -19,10 +19,9 @@ Eval batches that give forward parameters the example inputs left to their defau
 ``attention_mask`` beside example inputs ``(input_ids,)``) compute something else than the example capture:
 such a batch runs on a capture of the model called with those keywords too (per set of keys, one dynamic
 capture for every size it takes, else one per shape: ``BatchSizes.keyed``), the plan carried onto it as
-above, so the metric and the fp32 reference are those of the call the user's data makes. A key forward does not take is still refused with the
-name meant (``CallSignature``). Calibration without its own data (``calibration_dataloader=None``) reads those
-batches without the extra keys (compile's calibration takes the example inputs' call only): their statistics
-are then those of the default-argument call.
+above, so the metric and the fp32 reference are those of the call the user's data makes. A key forward does
+not take is still refused with the name meant (``CallSignature``). The search's calibration runs its batches
+through the same captures (``BatchSizes.route``), so statistics and int8 ranges are those of those calls too.
 
 Why not the alternatives: padding every batch to one shape changes the values (attention over
 pad positions, statistics over padded rows); a dynamic capture as *the* capture renames nodes
@@ -92,14 +91,21 @@ class BatchSizes:
         extra = self.extra_keys(batch)
         if not extra:
             return arrange(batch, where, self.captured.signature)
-        rest = arrange(self.without_extra(batch), where, self.captured.signature)  # misspelt keys refused here
+        rest = Call(batch.args, {k: v for k, v in batch.kwargs.items() if k not in extra})
+        rest = arrange(rest, where, self.captured.signature)  # a misspelt key refused here
         call = Call(rest.args, {**rest.kwargs, **{name: batch.kwargs[name] for name in extra}})
         return arrange(call, where, self.keyed(call, extra, where).captured.signature)
 
-    def without_extra(self, call):
-        """``call`` without the keywords :meth:`extra_keys` names (what compile's calibration takes)."""
-        extra = self.extra_keys(call)
-        return Call(call.args, {k: v for k, v in call.kwargs.items() if k not in extra}) if extra else call
+    def route(self, batch, where: str) -> tuple[Call, CalibrationGraph | None]:
+        """A calibration batch as its call and the capture that runs it (None: the example-shape one), for
+        ``calibrate.statistics.collect``, which takes this object as its ``other_shapes``."""
+        call = self.arranged(batch, where)
+        return call, self.graph(call, where)
+
+    @property
+    def captures(self) -> int:
+        """How many times the model was captured again (for other sizes or keywords)."""
+        return (self.other.captures if self.other is not None else 0) + sum(1 for g in self._keyed.values() if g)
 
     def keyed(self, call: Call, extra: tuple[str, ...], where: str) -> CalibrationGraph:
         """The capture of the model called as ``call`` (with the ``extra`` keywords), made on first use: one with
