@@ -87,6 +87,24 @@ def test_eval_batches_of_other_sizes_are_refused_on_a_cluster(cluster, sensitive
         mixprec.search(model, inputs, eval_dataloader=data, cache=False, ray_address="auto", workers=2)
 
 
+class _Masked(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x, mask=None):
+        return self.fc(x) if mask is None else self.fc(x) * mask.unsqueeze(-1)
+
+
+def test_eval_batches_with_keywords_the_example_left_out_are_refused_on_a_cluster(cluster):
+    """Such a batch runs on a capture of its own call (tests/searching/test_shapes.py), which the workers lack."""
+    x = torch.randn(4, 6, 8)
+    data = [{"x": x, "mask": torch.ones(4, 6)}]
+    with pytest.raises(ConfigError, match="forward arguments the example inputs left out.*leave ray_address out"):
+        mixprec.search(_Masked().eval(), (x,), eval_dataloader=data, tolerance=1.0, cache=False, ray_address="auto",
+                       workers=2)
+
+
 def test_a_user_metric_and_another_model(cluster):
     torch.manual_seed(3)
     model = TRTorchSeed().eval()

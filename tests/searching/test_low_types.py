@@ -5,6 +5,7 @@ kinds of CPU the suite runs on — AVX2 only (bf16 emulated, int8 as float fake 
 fp32) and avx512_bf16 + VNNI (both faster, int8 fastest) — so that both branches run on any machine.
 """
 
+import io
 import math
 
 import pytest
@@ -231,3 +232,45 @@ def test_measure_costs_times_real_programs():
     """The eager int8 program is the search's int8 (fake quantization: float arithmetic plus quantize ops)."""
     costs = latency.measure_costs("eager", "matmul", (F32, I8), torch.device("cpu"))
     assert set(costs) == {F32, I8} and all(0 < v < 10 for v in costs.values())  # seconds per GFLOP
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize("backend", [None, "openvino"])
+def test_a_search_that_lowers_nothing_says_which_type_was_how_fast_where(model_and_data, monkeypatch, backend):
+    """Issue 34: every type slower than fp32 here (int8 0.41x, bf16 0.64x: the eager kernels of an avx512_bf16 + VNNI
+    Xeon without AMX) -> nothing lowered however small the sensitivities; the result and the progress line quote the
+    measured speed-up per type and the backend it was timed on, and never print an empty mix ("lowered to , ")."""
+    use_costs(monkeypatch, {F32: 10.0, BF16: 10.0 / 0.64, I8: 10.0 / 0.41})
+    model, inputs, data = model_and_data
+    stream = _Terminal()
+    result = mixprec.search(model, inputs, low_precision_type=("int8", "bf16"), eval_dataloader=data, tolerance=0.05,
+                            cache=False, progress_stream=stream, backend=backend)
+    assert result.chosen.lowered == 0
+    assert result.speedups == {"int8": {"matmul": 0.41}, "bfloat16": {"matmul": 0.64}}
+    assert result.cost_backend == (backend or "eager")
+    why = (f"speed-up over fp32 measured here on backend '{backend or 'eager'}': int8 0.41x, bfloat16 0.64x: "
+           "neither is faster here, so nothing was lowered")
+    assert why in str(result) and why in result.speed_text()
+    assert ("backend='openvino'" in result.speed_text()) == (backend is None)  # where else to look
+    last = stream.getvalue().split("\r\033[K")[-1]
+    assert "0/8 groups lowered, 0.0% of FLOPs" in last and why in last and "lowered to ," not in stream.getvalue()
+    again = mixprec.SearchResult.from_json(result.to_json())
+    assert again == result and again.speed_text() == result.speed_text()
+    fc1 = next(g for g in result.groups if g.module == "fc1")
+    assert (f"no low type is faster here: int8 0.41x, bfloat16 0.64x fp32 on {backend or 'eager'}"
+            in result.plan[fc1.name].reason)  # the plan says it per layer too (compile's report shows it)
+
+
+def test_a_type_slower_here_is_named_beside_the_one_used(model_and_data, monkeypatch):
+    use_costs(monkeypatch, {F32: 10.0, BF16: 10.0 / 0.64, I8: 2.5})
+    model, inputs, data = model_and_data
+    result = mixprec.search(model, inputs, low_precision_type=("int8", "bf16"), eval_dataloader=data, tolerance=0.05,
+                            cache=False)
+    assert result.chosen.lowered_by_type == {"int8": 3, "bfloat16": 0}
+    assert "'eager': int8 4.00x, bfloat16 0.64x (bfloat16 not faster here: not used" in str(result)
+    one = mixprec.search(model, inputs, low_precision_type="int8", eval_dataloader=data, tolerance=0.05, cache=False)
+    assert one.speedups == {} and one.speed_text() == "" and "speed-up" not in str(one)  # one type: nothing timed

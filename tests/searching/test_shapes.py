@@ -137,3 +137,128 @@ def test_the_plan_carried_onto_another_capture_lowers_the_same_layers():
         assert len(mapped) >= len(primary) - 2
         assert {n: carried[n].precision for n in mapped} == {n: primary[p].precision for n, p in mapped.items()}
         assert sum(carried[n].precision == torch.bfloat16 for n in carried) >= len(lowered)
+
+
+class _Masked(torch.nn.Module):
+    """A forward with an optional argument: example inputs ``(x,)`` capture it at its default."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.out = torch.nn.Linear(8, 4)
+
+    def forward(self, x, mask=None):
+        h = self.fc(x)
+        if mask is not None:
+            h = h * mask.unsqueeze(-1)
+        return self.out(torch.relu(h))
+
+
+def _recording_metric(references):
+    def metric(out, ref):
+        references.append(ref)
+        return (out - ref).abs().max().item()
+
+    return metric
+
+
+def test_a_batch_with_a_forward_argument_the_example_left_out_is_measured_with_it():
+    """Issue 34: eval batches that carry a keyword forward takes but the example inputs did not pass (``mask`` beside
+    ``(x,)``) run on a capture of that call: the reference (and every trial) is the model called with the mask."""
+    torch.manual_seed(0)
+    model = _Masked().eval()
+    x = torch.randn(4, 6, 8)
+    masks = [torch.ones(4, 6), torch.ones(4, 6)]
+    masks[0][1:, 3:] = 0
+    masks[1][0, 1:] = 0
+    batches = [{"x": x, "mask": masks[0]}, {"x": x[:2], "mask": masks[1][:2]}, (x,)]
+    references = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mixprec.MixedPrecisionWarning)
+        result = mixprec.search(model, (x,), eval_dataloader=batches, metric=_recording_metric(references),
+                                tolerance=1.0, cache=False)
+    assert result.met and len(result.groups) >= 2
+    with torch.no_grad():
+        expected = [model(x, mask=masks[0]), model(x[:2], mask=masks[1][:2]), model(x)]
+    assert len(references) >= 3
+    for got, want in zip(references[:3], expected):
+        torch.testing.assert_close(got, want)
+    assert not torch.allclose(expected[0], model(x).detach())  # the mask changes the output: it was used
+
+
+def test_a_misspelt_extra_key_is_still_refused_with_the_name_meant():
+    model = _Masked().eval()
+    x = torch.randn(4, 6, 8)
+    with pytest.raises(mixprec.CalibrationError, match=r"eval_dataloader batch 0 gives argument 'maks'.*'mask'"):
+        mixprec.search(model, (x,), eval_dataloader=[{"x": x, "maks": torch.ones(4, 6)}], tolerance=1.0, cache=False)
+
+
+def test_bert_eval_batches_with_an_attention_mask_beside_example_ids_only():
+    """A collator's {input_ids, attention_mask} batches against example inputs (ids,): measured with the mask."""
+    model = _bert()
+    references = []
+
+    def metric(out, ref):
+        references.append(ref)
+        return ((out.last_hidden_state - ref.last_hidden_state).norm() / ref.last_hidden_state.norm()).item()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mixprec.MixedPrecisionWarning)
+        result = mixprec.search(model, (BATCHES[0]["input_ids"],), eval_dataloader=BATCHES[:2], metric=metric,
+                                tolerance=1.0, cache=False)
+    assert result.met
+    with torch.no_grad():
+        for ref, batch in zip(references[:2], BATCHES[:2]):
+            want = model(**batch).last_hidden_state
+            torch.testing.assert_close(ref.last_hidden_state, want)
+            assert not torch.allclose(want, model(batch["input_ids"]).last_hidden_state)  # the padded row differs
+
+
+def test_keyed_batches_of_every_length_share_one_dynamic_capture(monkeypatch):
+    """A collator pads each batch to its own length: the batches with a mask run on one capture for all lengths
+    (Dim.AUTO), not one capture (and one realisation per trial) per length; each still measured with its mask."""
+    from mixprec.ir import export as export_module
+
+    captures = []
+    export = export_module.export
+    def spy(model, args, kwargs=None, **options):
+        captures.append(("mask" in (kwargs or {}), options.get("dynamic_shapes") is not None))
+        return export(model, args, kwargs, **options)
+
+    monkeypatch.setattr(export_module, "export", spy)
+    torch.manual_seed(0)
+    model = _Masked().eval()
+    batches = []
+    for length in (6, 9, 11, 7):
+        mask = torch.ones(3, length)
+        mask[0, length // 2:] = 0
+        batches.append({"x": torch.randn(3, length, 8), "mask": mask})
+    references = []
+    mixprec.search(model, (batches[0]["x"],), eval_dataloader=batches, metric=_recording_metric(references),
+                   tolerance=1.0, cache=False, low_precision_type="int8")
+    assert [dynamic for masked, dynamic in captures if masked] == [True]  # one capture for the masked batches
+    with torch.no_grad():
+        for ref, batch in zip(references[:4], batches):
+            torch.testing.assert_close(ref, model(**batch))
+
+
+def test_calibration_batches_with_the_extra_keyword_are_calibrated_with_it():
+    """The same collator's batches as calibration data run through the keyed capture (not refused): the int8 range
+    of ``out``'s input is the min/max of the masked call's values, not of the call without the mask."""
+    torch.manual_seed(0)
+    model = _Masked().eval()
+    x = torch.randn(4, 6, 8) * 3
+    mask = torch.zeros(4, 6)
+    mask[0, 0] = 1
+    masked = [{"x": x, "mask": mask}]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mixprec.MixedPrecisionWarning)
+        result = mixprec.search(model, (x,), eval_dataloader=masked, calibration_dataloader=masked,
+                                low_precision_type="int8", keep_fp32_fraction=0.0, cache=False)
+    out = next(g.name for g in result.groups if g.module == "out")
+    (_, (low, high)), = result.plan[out].int8.inputs
+    with torch.no_grad():
+        values = torch.relu(model.fc(x) * mask.unsqueeze(-1))
+        unmasked = torch.relu(model.fc(x)).max().item()
+    assert (low, high) == pytest.approx((values.min().item(), values.max().item()))
+    assert high < unmasked * 0.9

@@ -141,13 +141,16 @@ def collect(
     dicts keyed by forward's parameter names (what HF collators yield), or :class:`Call`.
     ``signature`` (a ``CallSignature``) maps keywords onto the captured call (without it a dict
     batch is refused). ``other_shapes`` (``batch_graphs.OtherShapes``) runs batches whose
-    sizes the captured graph does not take; without it they are refused.
+    sizes the captured graph does not take; without it they are refused. The search passes its
+    ``searching.shapes.BatchSizes`` instead: its ``route`` also runs a batch that gives forward
+    arguments the capture took at their defaults on a capture of that call.
     Every batch starts from the captured state of buffers the graph writes.
     ``histograms`` (node name -> range fixed by a first pass over the same batches): also count those values
     into fixed-bin histograms (``Calibration.histograms``, ``histogram.py``). ``channels``: node names whose
     per-channel ranges to keep too (``Calibration.channels``, ``channels.py``).
     """
     user_nodes = work.user_input_nodes()
+    route = getattr(other_shapes, "route", None)  # searching.shapes.BatchSizes: (call, graph or None) of a batch
     statistics = _Statistics(work)
     counted = HistogramObserver(histograms or {})
     per_channel = ChannelObserver(channels)
@@ -165,11 +168,16 @@ def collect(
     with torch.no_grad():
         for index, batch in enumerate(batches):
             where = f"calibration batch {index}"
-            call = arrange(batch, where, signature)
-            tensors = fit(call, user_nodes, where, resizable=other_shapes is not None)
-            target, run = work, runner
-            if tensors is None:  # sizes the captured graph does not take: a graph captured for them
-                graph = other_shapes.graph_for_batch(call, where, user_nodes)
+            target, run, graph = work, runner, None
+            if route is not None:  # the search's eval batches: also calls with keywords the capture left out
+                call, graph = route(batch, where)
+                tensors = call.tensors() if graph is not None else fit(call, user_nodes, where)
+            else:
+                call = arrange(batch, where, signature)
+                tensors = fit(call, user_nodes, where, resizable=other_shapes is not None)
+                if tensors is None:  # sizes the captured graph does not take: a graph captured for them
+                    graph = other_shapes.graph_for_batch(call, where, user_nodes)
+            if graph is not None:
                 if id(graph) not in runners:
                     graph_statistics = _Statistics(graph.work)
                     own = {other: histograms[primary] for other, primary in graph.names.items()

@@ -17,7 +17,8 @@ by gain per unit of error with the gains from a cost model measured per type on 
 Trials never re-capture the model (``trials.py``): the captured program is rewritten per plan.
 Eval and calibration batches take every form and size compile's calibration takes, through the same
 normaliser (``calibrate/batches.py``); batches of other sizes run each trial's plan on a capture for
-their sizes (``shapes.py``).
+their sizes (``shapes.py``), and batches that give forward arguments the example inputs left out on a
+capture of that call.
 The result (``result.py``) holds the plan for ``compile(..., plan=...)``, the measured pareto
 points with their latency (``latency.py``), every group's sensitivity, JSON and a plot.
 """
@@ -100,8 +101,10 @@ def search(
     eval_dataloader: the batches every trial is measured on, in the same forms and sizes as
         calibration_dataloader; a batch of other sizes than `inputs` runs the trial's plan on a capture
         for its sizes (``searching/shapes.py``), so the metric is what the plan's program gives on each
-        batch. None = the example inputs, so the tolerance is then only guaranteed on them. Kept in
-        memory with its fp32 outputs: a few batches are enough.
+        batch; a dict batch that also gives forward arguments the example inputs left at their defaults (a
+        collator's attention_mask beside inputs=(input_ids,)) runs on a capture of that call, with them.
+        None = the example inputs, so the tolerance is then only guaranteed on them. Kept in memory with its
+        fp32 outputs: a few batches are enough.
     cache: None = the process-wide cache, False = none, or a ``SearchCache``.
     progress_stream: where progress goes when it is a terminal (default stderr); otherwise
         progress is logged to "mixprec.search" at INFO.
@@ -160,7 +163,7 @@ def search(
         )
     # 4. the result: the pareto points timed, the plan, every group's sensitivity
     result = SearchResult(
-        plan=_plan(study, choice, options),
+        plan=_plan(study, choice, options, costs),
         pareto=_pareto(study, choice, eval_batches[0], progress),
         groups=_groups(study, choice),
         metric_name=options.metric.name,
@@ -172,12 +175,15 @@ def search(
         eval_data=_eval_data(options, eval_dataloader, eval_batches),
         trials=study.trials.count - trials_before,
         seconds=round(time.perf_counter() - start, 4),
+        speedups=costs.speedups([g.op for g in study.groups if g.flops > 0], options.lows) if costs else {},
+        cost_backend=costs.backend if costs else None,
     )
     chosen = result.chosen
+    lowered_to = chosen.mix_text() if options.several else dtype_name(options.lows[0])
     progress.done(
-        f"{chosen.lowered}/{len(result.groups)} groups lowered to "
-        f"{chosen.mix_text() if options.several else dtype_name(options.lows[0])}, "
-        f"{chosen.low_precision_flops_fraction:.1%} of FLOPs in low precision, {options.metric.name} {chosen.metric:.2e}"
+        f"{chosen.lowered}/{len(result.groups)} groups lowered" + (f" to {lowered_to}" if chosen.lowered else "")
+        + f", {chosen.low_precision_flops_fraction:.1%} of FLOPs in low precision, {options.metric.name} "
+        f"{chosen.metric:.2e}" + (f"; {result.speed_text()}" if result.speedups else "")
     )
     return result
 
@@ -233,7 +239,7 @@ def _pareto(study: Study, choice: Choice, batch: Call, progress: Progress) -> tu
     return tuple(sorted(points, key=lambda p: (p.low_precision_flops_fraction, p.lowered)))
 
 
-def _plan(study: Study, choice: Choice, options) -> PrecisionPlan:
+def _plan(study: Study, choice: Choice, options, costs=None) -> PrecisionPlan:
     if options.tolerance is not None:
         kept = f"lowering it too would exceed tolerance {options.tolerance:g}"
         if options.several:
@@ -253,8 +259,21 @@ def _plan(study: Study, choice: Choice, options) -> PrecisionPlan:
             decisions[group.name] = NodePrecision(torch.float32, None, "plan", f"search: kept in float32: {least.why}")
         else:
             why = f"search: kept in float32 (sensitivity {_sensitivities(study, group.name)}): {kept}"
-            decisions[group.name] = NodePrecision(torch.float32, None, "plan", why)
+            slow = _slow_here(study, group, costs) if options.several and costs is not None else ""
+            decisions[group.name] = NodePrecision(torch.float32, None, "plan", f"{why} ({slow})" if slow else why)
     return PrecisionPlan(decisions, policy=study.trials.policy)
+
+
+def _slow_here(study: Study, group, costs) -> str:
+    """"no low type is faster here: int8 0.41x, bfloat16 0.64x fp32 on eager" for a group no type gains on ("" if
+    one does); a FLOP-free group by the classes of the model's FLOP-carrying layers (it follows them: budget.py)."""
+    ops = [group.op] if group.flops > 0 else [g.op for g in study.groups if g.flops > 0]
+    lows = [d for d in study.lows if group.takes(d)]
+    if any(costs.speedup(latency.kind_of(op), d) >= latency.MIN_SPEEDUP for op in ops for d in lows):
+        return ""
+    measured = costs.speedups(ops, lows)
+    text = ", ".join(f"{t} " + "/".join(f"{x:.2f}x" for x in by_kind.values()) for t, by_kind in measured.items())
+    return f"no low type is faster here: {text} fp32 on {costs.backend}"
 
 
 def _sensitivities(study: Study, name: str) -> str:

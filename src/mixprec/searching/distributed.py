@@ -83,8 +83,9 @@ class Cluster:
             # the workers rebuild the program captured at the example inputs' sizes only (the payload)
             raise ConfigError(
                 "mixprec.search with ray_address runs every eval batch on the workers' copy of the program captured "
-                "at the example inputs' sizes, and some eval batches have other sizes. Give eval batches of the "
-                "example inputs' sizes (pad or bucket them) for a distributed search, or leave ray_address out."
+                "at the example inputs' sizes, and some eval batches have other sizes (or give forward arguments the "
+                "example inputs left out). Give eval batches like the example inputs (pad or bucket them) for a "
+                "distributed search, or leave ray_address out."
             )
         trials.pool = RayPool(self, trials, lambda lowered: describe(trials.info, lowered))
         self._trials = trials

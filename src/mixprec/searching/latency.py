@@ -46,6 +46,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from ..calibrate.batches import Call
+from ..dtypes import dtype_name
 from ..weak_typing.timing import per_call_seconds  # the one statistic, shared with autocast's speed check
 
 ROUNDS = 3
@@ -96,6 +97,12 @@ class CostModel:
 
     def speedup(self, kind: str, dtype: torch.dtype) -> float:
         return self.seconds_per_gflop[(kind, torch.float32)] / self.seconds_per_gflop[(kind, dtype)]
+
+    def speedups(self, ops, lows) -> dict:
+        """{type name: {class: speed-up over fp32}} for the classes of ``ops`` (every class when none), what a
+        search's result quotes so that a plan that lowers nothing says why (``SearchResult.speed_text``)."""
+        kinds = [k for k in KINDS if k in {kind_of(op) for op in ops}] or list(KINDS)
+        return {dtype_name(d): {k: round(self.speedup(k, d), 4) for k in kinds} for d in lows}
 
 
 _TABLES: dict[tuple, float] = {}  # (backend, device type, class, dtype) -> seconds per GFLOP, this process

@@ -85,7 +85,8 @@ def build_study(
     # the int8 layers' boundaries are ranged in the same run (the plan carries these ranges to compile)
     values = int8_values(captured) if torch.int8 in options.lows else set()
     policy = SEARCH_POLICY  # the search quantizes int8 layers as the configurator's defaults do, unsmoothed
-    calibrated = calibration_entry.run(captured, calibration_data, other_shapes=sizes.other, int8_values=values,
+    shapes = sizes if sizes.other is not None else None  # its captures: other sizes and keywords (shapes.py)
+    calibrated = calibration_entry.run(captured, calibration_data, other_shapes=shapes, int8_values=values,
                                        estimator=policy.estimator, grids=calibration_grids(captured, values, policy))
     ranges = calibrated.int8_ranges
     if calibration_batches is None:  # compile calibrates int8 regions on the example inputs: so does the search

@@ -15,6 +15,14 @@ names there and the planner fills in the rest as it does on the example capture,
 runs the same layers in the same dtypes at its own sizes. Each of those programs is realised
 when a batch first needs it, once per trial.
 
+Eval batches that give forward parameters the example inputs left to their defaults (a collator's
+``attention_mask`` beside example inputs ``(input_ids,)``) compute something else than the example capture:
+such a batch runs on a capture of the model called with those keywords too (per set of keys, one dynamic
+capture for every size it takes, else one per shape: ``BatchSizes.keyed``), the plan carried onto it as
+above, so the metric and the fp32 reference are those of the call the user's data makes. A key forward does
+not take is still refused with the name meant (``CallSignature``). The search's calibration runs its batches
+through the same captures (``BatchSizes.route``), so statistics and int8 ranges are those of those calls too.
+
 Why not the alternatives: padding every batch to one shape changes the values (attention over
 pad positions, statistics over padded rows); a dynamic capture as *the* capture renames nodes
 (size nodes shift fx's numbering), so its plans would not be compile's; one exact-shape capture
@@ -25,6 +33,7 @@ length) and a realisation per batch per trial, where the dynamic capture serves 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable, Mapping
 
 import torch
@@ -49,24 +58,106 @@ class BatchSizes:
         module = isinstance(model, torch.nn.Module)
         self.other = OtherShapes(model, captured.base, *captured.fresh()) if module else None
         self._held: dict[int, CalibrationGraph] = {}  # the graphs the eval batches need (OtherShapes may evict)
+        self._keyed: dict[tuple, CalibrationGraph] = {}  # (extra keys, shapes) -> a capture of that call
 
     def calls(self, batches, what: str) -> list[Call]:
-        """Each batch as a call in the captured structure, its capture made now: a batch that can never run
-        (an unknown or misspelt key, a wrong count, rank or dtype of inputs, sizes torch cannot capture) is
-        a CalibrationError naming it, as in compile's calibration."""
+        """Each batch as a call in the captured structure (or a keyed capture's), its capture made now: a batch
+        that can never run (an unknown or misspelt key, a wrong count, rank or dtype of inputs, sizes torch cannot
+        capture) is a CalibrationError naming it, as in compile's calibration."""
         out = []
         for index, batch in enumerate(batches):
-            call = arrange(batch, f"{what} batch {index}", self.captured.signature)
+            call = self.arranged(batch, f"{what} batch {index}")
             self.graph(call, f"{what} batch {index}")
             out.append(call)
         return out
 
+    def extra_keys(self, call) -> tuple[str, ...]:
+        """The keywords of ``call`` that name forward parameters the capture took at their defaults (module
+        docstring); () when the model cannot be captured again or its forward is unknown."""
+        signature = self.captured.signature
+        if not isinstance(call, Call) or self.other is None or signature is None or signature.forward is None:
+            return ()
+        parameters = signature.forward.parameters
+        plain = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        captured = set(signature.parameter_names())
+        return tuple(sorted(
+            name for name, value in call.kwargs.items()
+            if name not in captured and name in parameters and parameters[name].kind in plain
+            and not signature._is_default(name, value)
+        ))
+
+    def arranged(self, batch, where: str) -> Call:
+        """``batch`` as a call in the structure of the capture that runs it."""
+        extra = self.extra_keys(batch)
+        if not extra:
+            return arrange(batch, where, self.captured.signature)
+        rest = Call(batch.args, {k: v for k, v in batch.kwargs.items() if k not in extra})
+        rest = arrange(rest, where, self.captured.signature)  # a misspelt key refused here
+        call = Call(rest.args, {**rest.kwargs, **{name: batch.kwargs[name] for name in extra}})
+        return arrange(call, where, self.keyed(call, extra, where).captured.signature)
+
+    def route(self, batch, where: str) -> tuple[Call, CalibrationGraph | None]:
+        """A calibration batch as its call and the capture that runs it (None: the example-shape one), for
+        ``calibrate.statistics.collect``, which takes this object as its ``other_shapes``."""
+        call = self.arranged(batch, where)
+        return call, self.graph(call, where)
+
+    @property
+    def captures(self) -> int:
+        """How many times the model was captured again (for other sizes or keywords)."""
+        return (self.other.captures if self.other is not None else 0) + sum(1 for g in self._keyed.values() if g)
+
+    def keyed(self, call: Call, extra: tuple[str, ...], where: str) -> CalibrationGraph:
+        """The capture of the model called as ``call`` (with the ``extra`` keywords), made on first use: one with
+        every input dimension ``Dim.AUTO`` for all the sizes torch lets it take (a collator pads each batch to its
+        own length), else one at the call's exact shapes (as ``batch_graphs.OtherShapes`` does)."""
+        tensors = call.tensors()
+        dynamic = self._keyed.get((extra, None))
+        if dynamic is None:
+            dynamic = self._keyed[(extra, None)] = self._capture(call, extra, where, dynamic=True) or False
+        if dynamic and dynamic.fits(tensors):
+            return dynamic
+        key = (extra, tuple((tuple(t.shape), t.dtype) for t in tensors))
+        graph = self._keyed.get(key)
+        if graph is None:
+            graph = self._keyed[key] = self._capture(call, extra, where, dynamic=False)
+        return graph
+
+    def _capture(self, call: Call, extra: tuple[str, ...], where: str, *, dynamic: bool) -> CalibrationGraph | None:
+        from torch.export import Dim, ShapesCollection
+
+        from ..calibrate.batch_graphs import align
+        from ..ir.export import export
+
+        shapes = None
+        if dynamic:
+            shapes = ShapesCollection()
+            for tensor in call.tensors():
+                if tensor.dim() > 0:  # sizes 0 and 1 torch would specialise anyway (and warn): left static
+                    shapes[tensor] = {axis: Dim.AUTO for axis in range(tensor.dim()) if tensor.shape[axis] > 1}
+        try:
+            ep = export(self.captured.model, tuple(call.args), dict(call.kwargs), dynamic_shapes=shapes)
+        except Exception as e:  # torch could not capture the model called so
+            if dynamic:
+                return None
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise CalibrationError(
+                f"{where} gives {', '.join(extra)}, which the example inputs left to forward's defaults, and the "
+                f"model cannot be captured called with them ({reason}); leave them out of the batches or add "
+                "them to the example inputs."
+            ) from e
+        captured = CapturedModel(ep)
+        return CalibrationGraph(captured, align(captured.base, self.captured.base))
+
     def other_sizes_used(self) -> bool:
         """Whether a batch seen so far runs on another capture than the example-shape one."""
-        return bool(self._held)
+        return bool(self._held) or any(self._keyed.values())
 
     def graph(self, call: Call, where: str = "this call") -> CalibrationGraph | None:
         """The capture that runs ``call``: None for the example-shape one."""
+        extra = self.extra_keys(call)
+        if extra:
+            return self.keyed(call, extra, where)
         if fit(call, self.user_nodes, where, resizable=self.other is not None) is not None:
             return None
         tensors = call.tensors()
@@ -127,7 +218,7 @@ class _Sized(torch.nn.Module):
         self._programs: dict[int | None, torch.nn.Module] = {}
 
     def forward(self, *args, **kwargs):
-        call = arrange(Call(args, kwargs), "this call", self._sizes.captured.signature)  # keywords as forward's
+        call = self._sizes.arranged(Call(args, kwargs), "this call")  # keywords as forward's
         graph = self._sizes.graph(call)
         key = None if graph is None else id(graph)
         program = self._programs.get(key)
