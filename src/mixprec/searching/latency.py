@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
 import time
 from collections.abc import Callable, Mapping
 

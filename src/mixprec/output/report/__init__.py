@@ -7,7 +7,7 @@ import json
 import os
 
 from ... import jsondoc
-from ...errors import ConfigError, FileFormatError, did_you_mean
+from ...errors import FileFormatError, did_you_mean
 from ..numerics import output_errors  # re-exported for compiler.py, which builds the summary
 from . import render
 from .graph_shape import build_graph

@@ -8,24 +8,20 @@ sizes). See ``graph_reader.py``'s docstring for what the reader guarantees.
 
 from __future__ import annotations
 
-import math
-import operator
 import re
 
 import torch
-import torch.utils._pytree as pytree
 from torch.utils._sympy.numbers import int_oo
 from torch.export.graph_signature import (ConstantArgument, ExportGraphSignature, InputKind, InputSpec, OutputKind,
                                           OutputSpec, SymIntArgument, TensorArgument)  # fmt: skip
 
 from ...dtypes import dtype_name
 from ...errors import FileFormatError
-from . import operators, strings
+from . import operators, size_arithmetic, strings
 from .graph import LAYOUTS, MEMORY_FORMATS
 
 MAX_SIZE = 1 << 62
 _INFINITE = int_oo  # an unbounded range
-_CHECKED_AMOUNT = {operator.pow: 64, operator.lshift: 64}
 _INPUT_KINDS = {"parameter": InputKind.PARAMETER, "buffer": InputKind.BUFFER, "constant": InputKind.CONSTANT_TENSOR,
                 "user_input": InputKind.USER_INPUT}  # fmt: skip
 _OUTPUT_KINDS = {"user_output": OutputKind.USER_OUTPUT, "buffer_mutation": OutputKind.BUFFER_MUTATION,
@@ -245,35 +241,7 @@ class Builder:
             ) from None
 
     def size_arithmetic(self, node, target, args, kwargs):
-        bound = _CHECKED_AMOUNT.get(target)
-        if bound is not None and len(args) == 2:
-            amount = _hint(args[1])
-            base = _hint(args[0])
-            if amount is None or abs(amount) > bound and not (target is operator.pow and base is not None
-                                                              and abs(base) <= 1):  # fmt: skip
-                raise FileFormatError(
-                    f"the program's node {node.name!r} raises to a power or shifts by more than {bound}; sizes stay "
-                    "below 2**63."
-                )
-        try:
-            result = target(*args, **kwargs)
-        except (ArithmeticError, ValueError, TypeError) as e:
-            raise FileFormatError(f"the program's size arithmetic at node {node.name!r} fails ({e}).") from None
-        for value in pytree.tree_leaves(result):
-            number = _hint(value)
-            if isinstance(number, (int, float)) and not math.isnan(number) and abs(number) > 1 << 63:
-                raise FileFormatError(f"the program's size arithmetic at node {node.name!r} leaves torch's sizes.")
-        return result
-
-
-def _hint(value):
-    """A number, or a symbolic number's example value (None when it has none)."""
-    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        hint = value.node.hint
-        if hint is None:
-            return None
-        return float(hint) if isinstance(value, torch.SymFloat) else int(hint)
-    return value if isinstance(value, (int, float)) else None
+        return size_arithmetic.evaluate(node, target, args, kwargs)
 
 
 # ---- the graph signature ------------------------------------------------------------------------------------

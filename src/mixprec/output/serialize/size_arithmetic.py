@@ -5,8 +5,10 @@ forty nodes, so a power or a shift by more than 64 is refused before it is compu
 
 from __future__ import annotations
 
+import math
 import operator
 
+import torch
 import torch.utils._pytree as pytree
 
 from ...errors import FileFormatError
@@ -15,15 +17,26 @@ MAX_SIZE = 1 << 63
 _SIZE_FUNCTIONS_CHECKED_BEFORE = {operator.pow: 64, operator.lshift: 64}
 
 
+def hint_of(value):
+    """A number, or a symbolic number's example value (None when it has none: a data-dependent size)."""
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        hint = value.node.hint
+        if hint is None:
+            return None
+        return float(hint) if isinstance(value, torch.SymFloat) else int(hint)
+    return value if isinstance(value, (int, float)) else None
+
+
 def evaluate(node, target, args, kwargs):
-    """``operator``/``math``/``torch.sym_*`` on plain numbers, kept inside torch's sizes."""
+    """``operator``/``math``/``torch.sym_*`` on numbers or symbolic sizes, kept inside torch's sizes: the one check
+    of both fake runs of a load (the reader's, which fills every node's value, and propagation's memory count)."""
     bound = _SIZE_FUNCTIONS_CHECKED_BEFORE.get(target)
-    if bound is not None and len(args) == 2 and isinstance(args[1], (int, float)):
-        base, amount = args
-        if abs(amount) > bound and not (target is operator.pow and isinstance(base, (int, float))
-                                        and abs(base) <= 1):  # fmt: skip
+    if bound is not None and len(args) == 2:
+        base, amount = hint_of(args[0]), hint_of(args[1])
+        if amount is None or abs(amount) > bound and not (target is operator.pow and base is not None
+                                                          and abs(base) <= 1):  # fmt: skip
             raise FileFormatError(
-                f"the program's node {node.name!r} raises to a power or shifts by {str(amount)[:20]}; sizes stay "
+                f"the program's node {node.name!r} raises to a power or shifts by more than {bound}; sizes stay "
                 "below 2**63."
             )
     try:
@@ -33,7 +46,8 @@ def evaluate(node, target, args, kwargs):
             f"the program's size arithmetic at node {node.name!r} fails ({type(e).__name__}: {e})."
         ) from None
     for value in pytree.tree_leaves(result):
-        if isinstance(value, int) and abs(value) > MAX_SIZE:
+        number = hint_of(value)
+        if isinstance(number, (int, float)) and not math.isnan(number) and abs(number) > MAX_SIZE:
             raise FileFormatError(
                 f"the program's size arithmetic at node {node.name!r} leaves torch's sizes (2**63)."
             )
