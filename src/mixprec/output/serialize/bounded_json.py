@@ -85,14 +85,21 @@ def _inflated(fp, info: zipfile.ZipInfo, what: str) -> bytearray:
     return out
 
 
-def _raw_chunks(fp, info: zipfile.ZipInfo, what: str):
-    """The member's bytes as they lie in the archive (``compress_size`` of them, after its local header)."""
+def data_offset(fp, info: zipfile.ZipInfo, what: str) -> int:
+    """Where a member's bytes start in the archive: after its local header, whose own name and extra-field lengths
+    count (the central directory's may differ); the one reader of local headers (``container.py`` reads stored
+    members in place from it)."""
     fp.seek(info.header_offset)
     header = fp.read(_LOCAL_HEADER.size)
     if len(header) != _LOCAL_HEADER.size or _LOCAL_HEADER.unpack(header)[0] != b"PK\x03\x04":
         raise FileFormatError(f"{what} is damaged: its zip entry cannot be read.")
     _, name_length, extra_length = _LOCAL_HEADER.unpack(header)
-    position = info.header_offset + _LOCAL_HEADER.size + name_length + extra_length
+    return info.header_offset + _LOCAL_HEADER.size + name_length + extra_length
+
+
+def _raw_chunks(fp, info: zipfile.ZipInfo, what: str):
+    """The member's bytes as they lie in the archive (``compress_size`` of them, after its local header)."""
+    position = data_offset(fp, info, what)
     left = info.compress_size
     while left > 0:
         fp.seek(position)  # the zip reader may move the shared file between our reads

@@ -18,13 +18,12 @@ import hashlib
 import io
 import json
 import os
-import struct
 import tempfile
 import zipfile
 
 from ...errors import FileFormatError
 from . import metadata
-from .bounded_json import parse_json, read_bounded
+from .bounded_json import data_offset, parse_json, read_bounded
 from .metadata import FORMAT, FORMAT_VERSION, GRAPH, INPUTS, META, STORED, WEIGHTS
 
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed member times: the same program gives the same metadata
@@ -145,7 +144,6 @@ class _Window(io.RawIOBase):
         return done
 
 
-_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, (version .. sizes), name length, extra length
 
 
 def read(fh, path: str) -> tuple[dict, dict]:
@@ -209,12 +207,7 @@ def _stored_view(fh, info: zipfile.ZipInfo, path: str) -> _Window:
     name = info.filename
     if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size or info.flag_bits & 1:
         raise FileFormatError(f"{path} is damaged: {name} is compressed or encrypted (mixprec stores it as is).")
-    fh.seek(info.header_offset)
-    header = fh.read(_LOCAL_HEADER.size)
-    if len(header) != _LOCAL_HEADER.size or _LOCAL_HEADER.unpack(header)[0] != b"PK\x03\x04":
-        raise FileFormatError(f"{path} is damaged: the zip entry of {name} cannot be read.")
-    _, name_length, extra_length = _LOCAL_HEADER.unpack(header)
-    start = info.header_offset + _LOCAL_HEADER.size + name_length + extra_length
+    start = data_offset(fh, info, f"{path}: its {name}")
     if start + info.file_size > os.fstat(fh.fileno()).st_size:
         raise FileFormatError(f"{path} is damaged: {name} does not match its recorded size and checksum.")
     return _Window(fh, start, info.file_size)
