@@ -145,3 +145,24 @@ class FixedSpeed:
 
         self.asked += [(node.name, low, backend) for node in nodes]
         return [self.by_op.get(packet_name(op_name(node.target)), self.default) for node in nodes]
+
+
+def with_payload(report_json: dict, payload: str) -> dict:
+    """A copy of a report's JSON with ``payload`` added to every free-text field the reader accepts (layer names,
+    ops, modules, sources, reasons, runs_as, tensor names, timing keys; graph node names, ops, modules and roles):
+    what a crafted file can put wherever a report is printed or drawn."""
+    import copy
+
+    data = copy.deepcopy(report_json)
+    for layer in data["layers"]:
+        for key in ("name", "op", "module", "module_type", "source", "reason"):
+            layer[key] += payload
+        layer["runs_as"] = (layer.get("runs_as") or "f32 on ") + payload
+        for tensor in layer["inputs"] + layer["outputs"]:
+            tensor["name"] += payload
+        layer["timings"] = {"bfloat16" + payload: {"note" + payload: payload}}
+    for node in data["graph"]["nodes"]:
+        for key in ("name", "op", "module"):
+            node[key] += payload
+        node["role"] = (node.get("role") or "") + payload
+    return data

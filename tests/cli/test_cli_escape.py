@@ -6,6 +6,7 @@ import json
 import zipfile
 
 import pytest
+from helpers import with_payload
 from models import SeedExplicit
 
 import mixprec
@@ -29,18 +30,7 @@ def saved(tmp_path_factory):
 
 
 def _hostile_report(data: dict) -> dict:
-    data = json.loads(json.dumps(data))
-    for layer in data["layers"]:
-        for key in ("name", "op", "module", "module_type", "source", "reason"):
-            layer[key] += PAYLOAD
-        layer["runs_as"] = "f32 on " + PAYLOAD
-        for tensor in layer["inputs"] + layer["outputs"]:
-            tensor["name"] += PAYLOAD
-        layer["timings"] = {"bfloat16" + PAYLOAD: {"note" + PAYLOAD: PAYLOAD}}
-    for node in data["graph"]["nodes"]:
-        for key in ("name", "op", "module"):
-            node[key] += PAYLOAD
-    return data
+    return with_payload(data, PAYLOAD)
 
 
 def _with_meta(source, target, edit) -> None:

@@ -1,12 +1,12 @@
 """The HTML report page: self-contained, every layer in the table, the graph coloured by precision, escaped."""
 
-import copy
 import html.parser
 import json
 import re
 
 import pytest
 import torch
+from helpers import with_payload
 from models import AutocastRegions, SeedExplicit
 
 import mixprec
@@ -162,17 +162,7 @@ class _Page(html.parser.HTMLParser):
 
 def _hostile(data: dict) -> dict:
     """Every string field of a report's JSON that the reader accepts as free text, with the payload added."""
-    data = copy.deepcopy(data)
-    for layer in data["layers"]:
-        for key in ("name", "op", "module", "module_type", "source", "reason", "runs_as"):
-            layer[key] += PAYLOAD
-        for tensor in layer["inputs"] + layer["outputs"]:
-            tensor["name"] += PAYLOAD
-        layer["timings"] = {"bfloat16" + PAYLOAD: {"note" + PAYLOAD: PAYLOAD}}
-    for node in data["graph"]["nodes"]:
-        for key in ("name", "op", "module"):
-            node[key] += PAYLOAD
-        node["role"] = (node["role"] or "") + PAYLOAD
+    data = with_payload(data, PAYLOAD)
     data["summary"]["compile_seconds"] = {"capture" + PAYLOAD: 1.0}
     data["summary"]["runs_as"] = {"f32 on openvino" + PAYLOAD: 1}
     return data

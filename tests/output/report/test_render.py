@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from helpers import with_payload
 from models import SeedExplicit
 
 import mixprec
@@ -15,13 +16,7 @@ PAYLOAD = "\x1b]0;pwned\x07\x1b[2J\x9b31m\u202e\u2067\r\nfake line\ud800"
 @pytest.fixture(scope="module")
 def hostile():
     data = json.loads(mixprec.compile(SeedExplicit().eval(), SeedExplicit.example_inputs()).report.to_json())
-    for layer in data["layers"]:
-        for key in ("name", "op", "module", "module_type", "source", "reason"):
-            layer[key] += PAYLOAD
-        layer["runs_as"] = "f32 on " + PAYLOAD
-        for tensor in layer["inputs"] + layer["outputs"]:
-            tensor["name"] += PAYLOAD
-        layer["timings"] = {"bfloat16" + PAYLOAD: {"note" + PAYLOAD: PAYLOAD}}
+    data = with_payload(data, PAYLOAD)
     data["layers"][0]["name"] = "n" * 5_000_000 + PAYLOAD
     data["layers"][1]["reason"] = "r " * 2_500_000 + PAYLOAD
     return Report.from_dict(data)
