@@ -193,3 +193,27 @@ def test_the_real_check_runs_once_per_process_and_the_plan_follows_it(monkeypatc
     if not faster:
         assert all(f"bfloat16 {measured['speedup']:.2f}x fp32 on this CPU" in r.reason for r in records.values())
     assert first.report.summary["compile_seconds"]["speed_check"] > 0
+
+
+def test_a_huge_linear_class_is_timed_on_a_slice_within_the_flop_cap():
+    # GPT-2's lm_head ([1, 128, 768] x [50257, 768]) took the check 5.2 s: its class is timed on a slice of its
+    # output features whose FLOPs are within the cap; K (the summed dimension) is kept
+    x, w, b = torch.empty(1, 128, 768), torch.empty(50257, 768), torch.empty(50257)
+    cut = speed.bounded_linear((x, w, b))
+    m, k = cut[0].numel() // cut[0].shape[-1], cut[1].shape[1]
+    assert k == 768 and cut[1].shape[0] == cut[2].shape[0] < 50257
+    assert 2 * m * cut[1].shape[0] * k <= speed.FLOP_CAP and cut[1].shape[0] >= speed.MIN_SLICE
+    small = (torch.empty(8, 768), torch.empty(3072, 768))
+    assert speed.bounded_linear(small) is small  # within the cap: as it is
+
+
+def test_the_timed_call_of_a_linear_class_uses_the_bounded_arguments(monkeypatch):
+    monkeypatch.setattr(speed, "FLOP_CAP", 2 * 32 * 64 * 256)
+    monkeypatch.setattr(speed, "MIN_SLICE", 16)
+    seen = []
+    real = speed.timed_call
+    monkeypatch.setattr(speed, "timed_call", lambda t, a, kw, p: seen.append(a) or real(t, a, kw, p))
+    ep = torch.export.export(torch.nn.Linear(64, 4096).eval(), (torch.randn(1, 32, 64),))
+    node = next(n for n in ep.graph.nodes if n.target == torch.ops.aten.linear.default)
+    assert speed.time_speedup(node, torch.bfloat16, torch.device("cpu")) > 0
+    assert [a[1].shape for a in seen] == [(256, 64), (256, 64)]  # fp32 and bf16 calls alike

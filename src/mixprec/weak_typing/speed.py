@@ -65,6 +65,11 @@ BUDGET_SECONDS = 1.0  # past this, no further class is timed and a class's round
 ROUNDS = 5  # paired rounds per class (the upper quartile of 5 ratios is their 4th smallest)
 SAMPLE_SECONDS = 0.01  # one sample repeats a short call this long (a 0.1 ms GEMM alone is scheduler noise)
 EARLY_EXIT = 3.0  # a low type this many times slower in its first two calls (or rounds) needs no more
+# A linear class with more FLOPs than this is timed on a slice of its output features (then of its rows): GPT-2's
+# 50257-wide lm_head took the check 5.2 s (bench/log/2026-11.md), its samples being long. A GEMM this size (~10 ms
+# in fp32 on 2 cores) is far past the sizes where the kernels' blocking changes the fp32/low ratio.
+FLOP_CAP = 1e9
+MIN_SLICE = 1024  # output features (and rows) kept at least: a slice stays a GEMM of the same blocking
 # A choice, not a measurement: the model must gain this much to be lowered, since lowering adds casts and a
 # ratio near 1 is within what paired rounds on a shared machine resolve.
 REQUIRED_SPEEDUP = 1.05
@@ -232,12 +237,37 @@ def time_speedup(
     generator = torch.Generator().manual_seed(0)
     fp32_args, fp32_kwargs = _random_inputs(node, torch.float32, device, generator)
     low_args, low_kwargs = _random_inputs(node, low, device, generator)
+    if target == torch.ops.aten.linear.default:
+        fp32_args, low_args = bounded_linear(fp32_args), bounded_linear(low_args)
     low_args = as_rewritten(packet, low_args, channels_last)
     calls = {
         torch.float32: timed_call(target, fp32_args, fp32_kwargs, None),
         low: timed_call(target, low_args, low_kwargs, packet),
     }
     return _paired(calls, device, deadline)
+
+
+def bounded_linear(args: tuple) -> tuple:
+    """``aten.linear``'s arguments cut to at most :data:`FLOP_CAP` (module constant's comment): the weight's rows
+    (output features) first, down to :data:`MIN_SLICE`, then the input's rows; K, the summed dimension, is kept.
+    Arguments within the cap, or not of the plain (input, weight[, bias]) form, are returned as they are."""
+    if len(args) < 2 or not all(isinstance(a, torch.Tensor) for a in args[:2]) or args[1].dim() != 2:
+        return args
+    x, weight, bias = args[0], args[1], (args[2] if len(args) > 2 else None)
+    n, k = weight.shape
+    if x.dim() == 0 or x.shape[-1] != k or k == 0:
+        return args
+    m = x.numel() // k
+    if 2 * m * n * k <= FLOP_CAP:
+        return args
+    n_kept = min(n, max(MIN_SLICE, int(FLOP_CAP // (2 * m * k))))
+    m_kept = min(m, max(MIN_SLICE, int(FLOP_CAP // (2 * n_kept * k))))
+    if (n_kept, m_kept) == (n, m):
+        return args
+    x = x.reshape(m, k)[:m_kept] if m_kept < m else x
+    weight = weight[:n_kept].contiguous()
+    bias = bias[:n_kept].contiguous() if isinstance(bias, torch.Tensor) else bias
+    return (x, weight) + ((bias,) if len(args) > 2 else ()) + tuple(args[3:])
 
 
 def _paired(calls: dict, device: torch.device, deadline: float = math.inf) -> float:
