@@ -127,8 +127,8 @@ def test_a_version_1_plan_loads_and_compiles_to_the_program_of_todays_plan():
 
 
 def test_grids_in_a_plan_are_validated():
-    with pytest.raises(mixprec.ConfigError, match="int8 grid 'int4' is not one of int8, uint8"):
-        grid_named("int4")
+    with pytest.raises(mixprec.ConfigError, match="int8 grid 'int2' is not one of int8, uint8, int16, int4, uint4"):
+        grid_named("int2")
     with pytest.raises(mixprec.ConfigError, match="not among the quantized inputs"):
         Int8Spec((("x", (-1.0, 1.0)),), grids=(("y", "int8"),))
     with pytest.raises(mixprec.ConfigError, match="output is not quantized"):

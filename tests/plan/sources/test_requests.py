@@ -15,7 +15,7 @@ from mixprec.ir.graph_info import GraphInfo, NodeInfo
 from mixprec.plan.precision_plan import Int8Spec, NodePrecision, PrecisionPlan
 from mixprec.plan.sources import requests
 
-ALLOWED = "bfloat16, float16, float32, float64, int8"
+ALLOWED = "bfloat16, float16, float32, float64, int16, int4, int8"
 
 
 @pytest.fixture(scope="module")
