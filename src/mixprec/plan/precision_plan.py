@@ -184,7 +184,7 @@ class NodePrecision:
                 ["output"] if self.int8.output_grid is not None and self.int8.output_grid not in fits else [])
             if wrong:
                 raise ConfigError(f"a {dtype_name(self.precision)} layer quantizes {', '.join(wrong)} on another "
-                                  f"precision's grid; its grids are {', '.join(grid_name(g) for g in fits)}.")
+                                  f"precision's grid; its grids are {', '.join(sorted(grid_name(g) for g in fits))}.")
 
     @property
     def compute_dtype(self) -> torch.dtype:
