@@ -111,5 +111,29 @@ def test_the_verifier_rejects_a_reader_of_an_integer_input_that_skips_its_quanti
     dq = next(iter(quant.users))
     for reader in list(dq.users):
         reader.replace_input_with(dq, x)
-    with pytest.raises(InvariantError, match="model input 0 .* is read otherwise than through its torch.int16 quantize"):
+    with pytest.raises(InvariantError, match="model input 0 .* is read otherwise than through its torch.int16 quant"):
+        verify(ctx)
+
+
+def test_the_verifier_rejects_an_integer_output_that_skips_its_quantization():
+    from helpers import captured
+
+    from mixprec.errors import InvariantError
+    from mixprec.plan import planner
+    from mixprec.plan.options import PlanningOptions
+    from mixprec.rewrite.context import RewriteContext
+    from mixprec.rewrite.pipeline import rewrite
+    from mixprec.rewrite.verify import verify
+
+    model, inputs = _model()
+    base, info = captured(model, inputs)
+    requests = PrecisionPlan({}, outputs={0: torch.int16}, output_ranges={0: (-1.0, 1.0)})
+    plan = planner.build_plan(info, PlanningOptions(plan=requests))
+    work = rewrite(base.copy(), info, plan, keep_io_types=True, captured_output_dtypes=(torch.float32,))
+    ctx = RewriteContext(work, info, plan, True, (torch.float32,))
+    verify(ctx)
+    output = work.graph.output_node()
+    dq = output.args[0][0]
+    output.args = ((dq.args[0].args[0],),)  # the layer's value itself, not its int16 quantize/dequantize
+    with pytest.raises(InvariantError, match="output 0 .* does not leave through its torch.int16 quantize/dequantize"):
         verify(ctx)

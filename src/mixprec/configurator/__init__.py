@@ -32,6 +32,13 @@ are made — once, where they enter the module when they come from outside throu
 no operand (SDPA's mask): ``plan/int8_operands.py`` says which (SDPA: query and key; an attention's output matmul:
 none by default), and why.
 
+AIMET's int16 and int4 (``activation='int16'``, ``param={'weight': 'int4'}``, issue 32) have no CPU kernel: they are
+simulated as AIMET's QuantSim does — the same values as an int8 request quantized on the int16/int4 grid
+(``plan/quantization.py``) and dequantized at once, weights per output channel on the grid of their bits, the layer
+computed in float32 — and the layer's reason, the log and the report (``runs_as`` "simulated int16 (runs f32)") say
+so; their FLOPs are never counted as low-precision ones. Model inputs/outputs asked for int16 or int8 are quantized and
+dequantized at the boundary with ranges from the same calibration (``plan.input_ranges`` / ``output_ranges``).
+
 How int8 is made — estimator, grids, exits, smoothing, attention operands — is ``apply``'s ``policy``
 (``plan/quantization.QuantPolicy``, the measured defaults without one): recorded in the plan and shown in the log;
 each quantized value's grid is decided there and recorded in the plan's ``Int8Spec``.

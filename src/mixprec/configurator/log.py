@@ -63,8 +63,9 @@ def _simulated_lines(plan) -> list[str]:
                SIMULATED_PRECISIONS]
     lines = []
     if acts:
+        names = ", ".join(f"{n} ({short_name_of(plan[n].precision)})" for n in acts)
         lines.append(f"simulated (quantize -> dequantize on the int16/int4 grid, computed in float32: no CPU kernel; "
-                     f"not low-precision FLOPs): {', '.join(f'{n} ({short_name_of(plan[n].precision)})' for n in acts)}")
+                     f"not low-precision FLOPs): {names}")
     if weights:
         lines.append(f"simulated weights (per output channel, dequantized to float32 at use): "
                      f"{', '.join(f'{n} ({short_name_of(plan[n].param_dtype)})' for n in weights)}")
@@ -103,7 +104,8 @@ def _io_rows(requests, resolved):
     rows = []
     for which in ("input", "output"):
         for position, (dtype, request_id) in sorted(resolved.io_winners.get(which, {}).items()):
-            how = {torch.int16: " (simulated: quantize -> dequantize, float32)", torch.int8: " (quantize -> dequantize)"}
+            how = {torch.int16: " (simulated: quantize -> dequantize, float32)",
+                   torch.int8: " (quantize -> dequantize)"}
             rows.append((f"{which} {position}", short_name(dtype) + how.get(dtype, ""), f"#{request_id}"))
     return rows or [("(none requested)", "", "")]
 

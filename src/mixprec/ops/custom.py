@@ -177,7 +177,8 @@ def _simulated_pair(suffix: str, grid: Grid) -> tuple:
     q_op.register_fake(lambda x, scale: torch.empty_like(x, dtype=grid.dtype))
     dq_op.register_fake(lambda q, scale, dtype: torch.empty_like(q, dtype=dtype))
     packet = torch.ops.mixprec
-    return getattr(packet, f"quantize_per_tensor_{suffix}").default, getattr(packet, f"dequantize_per_tensor_{suffix}").default
+    return (getattr(packet, f"quantize_per_tensor_{suffix}").default,
+            getattr(packet, f"dequantize_per_tensor_{suffix}").default)
 
 
 # simulated grid -> its (quantize, dequantize) ops

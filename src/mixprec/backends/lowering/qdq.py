@@ -52,8 +52,8 @@ why every spelling below gives the custom ops' values bit for bit (tests/backend
                                                              (f32 -> bf16 if only bf16 layers read y: see above)
 
 A new grid is a parameter of the same rules (``ops.custom.GRID``), a new target a new table. The simulated grids
-(int16/int4, ``ops.custom.SIMULATED_OPS``) are the ATen arithmetic on every target (OpenVINO's included). Each lowering is a backend pass with a contract (``ir/passes.py``), checked by the
-verifier in tests (``__init__.py``).
+(int16/int4, ``ops.custom.SIMULATED_OPS``) are the ATen arithmetic on every target (OpenVINO's included). Each
+lowering is a backend pass with a contract (``ir/passes.py``), checked by the verifier in tests (``__init__.py``).
 """
 
 from __future__ import annotations
@@ -345,7 +345,7 @@ def _attr(module, node):
 
 # ---- the tables ---------------------------------------------------------------------------------------------
 # simulated grids (int16/int4, ``ops/custom.py``) are float arithmetic on every target: no kernel computes on them
-_SIMULATED = {op: rule for q, dq in SIMULATED_OPS.values() for op, rule in ((q, _aten_quantize), (dq, _aten_dequantize))}
+_SIMULATED = {op: rule for pair in SIMULATED_OPS.values() for op, rule in zip(pair, (_aten_quantize, _aten_dequantize))}
 _ATEN_RULES = MappingProxyType({
     _QUANT: _aten_quantize, _DEQUANT: _aten_dequantize, _QUANT_U8: _aten_quantize, _DEQUANT_U8: _aten_dequantize,
     _DEQUANT_CHANNEL: _aten_dequantize_channel, **_SIMULATED,

@@ -79,4 +79,5 @@ def _check_precisions(info: GraphInfo, name: str, entry) -> None:
 
 def _integer_weights(entry) -> bool:
     """int8 or int16 weights on any layer; int4 weights on an integer layer (simulated, issue 32)."""
-    return entry.param_dtype in WEIGHT_GRIDS and (entry.param_dtype != torch.int4 or entry.precision in INTEGER_PRECISIONS)
+    weights = entry.param_dtype
+    return weights in WEIGHT_GRIDS and (weights != torch.int4 or entry.precision in INTEGER_PRECISIONS)
