@@ -120,15 +120,9 @@ def _model(info, fixed, timings, options: WeakTypingOptions) -> CostModel:
         fixed,
         timings,
         keep_io_types=options.keep_io_types,
-        input_dtypes=_float_io(requested.inputs) if requested is not None else None,
-        output_dtypes=_float_io(requested.outputs) if requested is not None else None,
+        input_dtypes=dict(requested.inputs) if requested is not None else None,
+        output_dtypes=dict(requested.outputs) if requested is not None else None,
     )
-
-
-def _float_io(dtypes) -> dict:
-    """The model inputs/outputs a plan gives a float dtype: an int16/int8 one (quantize -> dequantize at the
-    boundary, issue 32) keeps its float dtype."""
-    return {i: d for i, d in dtypes.items() if d.is_floating_point}
 
 
 def _table(model: CostModel, name: str, timings: Timings) -> dict:
