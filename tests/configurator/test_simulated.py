@@ -186,3 +186,15 @@ def test_int8_model_outputs_are_quantized_at_the_boundary(model, inputs):
         want = fake_quant(model(*inputs), plan.output_ranges[0], "int8")
     torch.testing.assert_close(prog(*inputs), want, rtol=0, atol=0)
     assert prog(*inputs).dtype == torch.float32
+
+
+def test_an_int16_input_compiles_under_weak_typing(model, inputs):
+    """Weak typing times the free layers around a plan whose input is int16 and whose head is simulated."""
+    cfg = mixprec.MixedPrecisionConfigurator(model, inputs)
+    cfg.set_model_input_precision(activation="int16")
+    cfg.set_precision(model.fc, activation="int16")
+    plan = cfg.apply()
+    prog = mixprec.compile(model, inputs, plan=plan, use_explicit_typing=False,
+                           enabled_precisions={torch.float32, torch.bfloat16})
+    assert prog.plan["linear"].precision == torch.int16 and dict(prog.plan.inputs) == {0: torch.int16}
+    assert prog(*inputs).dtype == torch.float32
