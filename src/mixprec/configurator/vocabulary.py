@@ -23,12 +23,13 @@ import torch
 
 from ..dtypes import parse_dtype, short_name
 from ..errors import ConfigError
+from ..plan.quantization import SIMULATED_PRECISIONS
 
 # AIMET's integer names (int16 and int4 have no alias in mixprec.dtypes; int8 is parsed here too, as one table)
 _INTEGER = {"int16": torch.int16, "int4": torch.int4, "int8": torch.int8}
 _FLOATS = frozenset({torch.float32, torch.float16, torch.bfloat16})
 ACCEPTED = ("fp32", "fp16", "bf16", "int16", "int8", "int4")
-SIMULATED = frozenset({torch.int16, torch.int4})  # no CPU kernel: quantize-dequantize in float32 (issue 32)
+SIMULATED = SIMULATED_PRECISIONS  # no CPU kernel: quantize-dequantize in float32 (issue 32, plan/quantization.py)
 
 
 def precision(value, what: str, accepted=ACCEPTED) -> torch.dtype:
