@@ -95,11 +95,12 @@ def _calibrate(captured, data, planned, boundary, policy, channels):
     for planned_bits in planned.values():
         for name, grid in planned_bits.grids.items():
             wanted.setdefault(name, set()).add(grid)
-    for which, values in boundary.items():
-        for position, (name, grid) in values.items():
+    for values in boundary.values():
+        for name, grid in values.values():
             wanted.setdefault(name, set()).add(grid)
-    markers = calibration_grids(captured, (), policy)
-    chosen = {name: min(grids, key=grid_name) for name, grids in wanted.items()}
+    markers = calibration_grids(captured, (), policy)  # the marker regions' ranges come from the first run: their grid
+    chosen = {name: markers[name] if markers.get(name) in grids else min(grids, key=grid_name)
+              for name, grids in wanted.items()}
     calibrated = calibration_entry.run(captured, data, statistics=False, int8_values=set(wanted), channels=channels,
                                        estimator=policy.estimator, grids={**markers, **chosen})
     ranges = {(name, grid): calibrated.int8_ranges[name] for name, grid in chosen.items()}
