@@ -16,8 +16,9 @@ import torch
 from .errors import ConfigError
 
 FLOAT_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
-# What a plan may ask a layer to compute in: the float dtypes and int8 (quantized, with ranges).
-PLAN_PRECISIONS = FLOAT_DTYPES | {torch.int8}
+# What a plan may ask a layer to compute in: the float dtypes and int8 (quantized, with ranges), and the simulated
+# int16/int4 of issue 32 (quantize -> dequantize in float32, plan/quantization.py)
+PLAN_PRECISIONS = FLOAT_DTYPES | {torch.int8, torch.int16, torch.int4}
 LOW_PRECISION_FLOATS = frozenset({torch.float16, torch.bfloat16})
 
 _ALIASES = MappingProxyType(

@@ -320,12 +320,12 @@ def test_the_same_param_dtype_on_shared_parameters_is_fine():
 
 def test_bad_arguments_fail_at_the_call():
     cfg = mixprec.MixedPrecisionConfigurator(TwoBlocks())
-    with pytest.raises(mixprec.ConfigError, match="activation='int4'"):
-        cfg.set_precision("head", activation="int4")
+    with pytest.raises(mixprec.ConfigError, match="activation='int32'"):
+        cfg.set_precision("head", activation="int32")
     with pytest.raises(mixprec.ConfigError, match="not a module, a module type"):
         cfg.set_precision(42, activation="fp16")
     with pytest.raises(mixprec.ConfigError, match="set_model_input_precision\\[1\\]"):
-        cfg.set_model_input_precision([None, "int8"])
+        cfg.set_model_input_precision([None, "int4"])  # the boundary takes int16/int8 (AIMET's), not int4
     with pytest.raises(mixprec.ConfigError, match="needs the torch.nn.Module"):
         mixprec.MixedPrecisionConfigurator("model")
 

@@ -85,3 +85,45 @@ def test_the_log_is_rendered_from_the_resolution(model, monkeypatch):  # noqa: F
     assert isinstance(resolved, Resolution) and resolved.policy == mixprec.QuantPolicy()
     assert dict(resolved.decisions) == dict(plan) and resolved.winner and not resolved.problems
     assert "int8 policy: estimator=mse" in plan.log
+
+
+class _TwoReaders(nn.Module):
+    """One value read by two modules: the int8 one and the simulated int16 one quantize it each on its grid."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 4), nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.a(x) + self.b(x)
+
+
+def _two_reader_plan(x, policy=None):
+    torch.manual_seed(0)
+    model = _TwoReaders().eval()
+    cfg = mixprec.MixedPrecisionConfigurator(model, (x,))
+    cfg.set_precision(model.a, activation="int8")
+    cfg.set_precision(model.b, activation="int16")
+    cfg.set_model_output_precision(activation="int16")
+    return cfg.apply(policy=policy)
+
+
+def test_simulated_values_are_ranged_in_the_same_calibration_each_clipped_for_its_grid(monkeypatch):
+    """A value two precisions quantize: one calibration for every value (int8, int16, the model's output), then the
+    MSE clipping again for the grid it did not get the first time — int8's coarse step clips an outlier, int16's
+    fine one keeps the whole range; min/max ranges need no second run (issue 32)."""
+    x = torch.randn(256, 16)
+    x[0, 0] = 40.0  # an outlier
+    runs, passes = _counting(monkeypatch)
+    plan = _two_reader_plan(x, mixprec.QuantPolicy(smoothing_alpha=None))
+    assert len(runs) == 2 and runs[1]["int8_values"] == {"x"}  # the second: x again, for the other grid
+    assert set(runs[0]["int8_values"]) == {"x", "add"}  # the layers' input and the model's output at once
+    (int8_range,), (int16_range,) = (
+        [r for _, r in plan[name].int8.inputs] for name in ("linear", "linear_1"))
+    assert dict(plan["linear"].int8.grids)["x"].qmax == 127 and dict(plan["linear_1"].int8.grids)["x"].qmax == 32767
+    assert int8_range[1] < int16_range[1] == 40.0
+    assert set(plan.output_ranges) == {0}
+    runs.clear()
+    plan = _two_reader_plan(x, mixprec.QuantPolicy(smoothing_alpha=None, estimator="minmax"))
+    assert len(runs) == 1
+    assert plan["linear"].int8.input_range("x") == plan["linear_1"].int8.input_range("x") == (float(x.min()), 40.0)

@@ -84,3 +84,34 @@ def test_dequantize_per_channel_scales_each_output_channel():
     scales = torch.tensor([0.5, 0.25])
     out = torch.ops.mixprec.dequantize_per_channel(q, scales, 0, torch.float32)
     assert out.tolist() == [[0.5, -1.0], [0.75, 31.75]]
+
+
+def test_the_simulated_grids_quantize_as_written():
+    """int16 [-32767, 32767] as int16, int4 [-7, 7] as int8, uint4 [0, 15] as uint8 (issue 32): round half to
+    even of x / scale, clamped; the dequantize multiplies back in float32."""
+    from mixprec.ops.custom import GRID, PER_TENSOR_OPS, SIMULATED_OPS
+    from mixprec.ops.quant import INT4_SYMMETRIC, INT16_SYMMETRIC, UINT4
+
+    x = torch.tensor([-1e6, -2.5, -0.5, 0.5, 1.5, 2.5, 7.4, 7.6, 1e6])
+    for grid, dtype in ((INT16_SYMMETRIC, torch.int16), (INT4_SYMMETRIC, torch.int8), (UINT4, torch.uint8)):
+        q_op, dq_op = SIMULATED_OPS[grid]
+        assert PER_TENSOR_OPS[grid] == (q_op, dq_op) and GRID[q_op] == GRID[dq_op] == grid
+        q = q_op(x, 1.0)
+        want = torch.clamp(torch.round(x), grid.qmin, grid.qmax)
+        assert q.dtype == dtype and torch.equal(q.float(), want)
+        assert torch.equal(dq_op(q, 0.5, torch.bfloat16), (want * 0.5).bfloat16())
+    assert torch.equal(SIMULATED_OPS[INT4_SYMMETRIC][0](x, 1.0).float()[1:6], torch.tensor([-2., -0., 0., 2., 2.]))
+
+
+def test_the_simulated_ops_export_with_their_dtypes():
+    from mixprec.ops.custom import SIMULATED_OPS
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return tuple(dq(q(x, 0.1), 0.1, torch.float16) for q, dq in SIMULATED_OPS.values())
+
+    program = torch.export.export(M(), (torch.randn(4),))
+    quantized = [n.meta["val"].dtype for n in program.graph.nodes if "quantize_per_tensor_" in str(n.target)
+                 and "dequantize" not in str(n.target)]
+    assert quantized == [torch.int16, torch.int8, torch.uint8]
+    assert all(t.dtype == torch.float16 for t in program.module()(torch.randn(4)))

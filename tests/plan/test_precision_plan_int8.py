@@ -13,7 +13,7 @@ def test_int8_spec_round_trips_through_plan_json():
     again = PrecisionPlan.from_json(plan.to_json())
     assert again == plan
     assert again["conv2d_1"].int8.input_range("conv2d") == (-6.0, 6.5)
-    with pytest.raises(mixprec.ConfigError, match="only for int8 layers"):
+    with pytest.raises(mixprec.ConfigError, match=r"only for integer layers \(int8, int16, int4\), not float16"):
         NodePrecision(torch.float16, int8=spec)
     with pytest.raises(mixprec.ConfigError, match="min <= max"):
         Int8Spec(output=(2.0, 1.0))

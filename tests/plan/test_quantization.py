@@ -127,8 +127,8 @@ def test_a_version_1_plan_loads_and_compiles_to_the_program_of_todays_plan():
 
 
 def test_grids_in_a_plan_are_validated():
-    with pytest.raises(mixprec.ConfigError, match="int8 grid 'int4' is not one of int8, uint8"):
-        grid_named("int4")
+    with pytest.raises(mixprec.ConfigError, match="int8 grid 'int2' is not one of int8, uint8, int16, int4, uint4"):
+        grid_named("int2")
     with pytest.raises(mixprec.ConfigError, match="not among the quantized inputs"):
         Int8Spec((("x", (-1.0, 1.0)),), grids=(("y", "int8"),))
     with pytest.raises(mixprec.ConfigError, match="output is not quantized"):
@@ -151,3 +151,44 @@ def test_no_module_holds_a_quantization_switch():
                           (int8_operands, ("QUANTIZE_PROBABILITIES", "SDPA_OPERANDS")),
                           (quantize, ("UNSIGNED_ACTIVATIONS",))]:
         assert not [name for name in names if hasattr(module, name)], module.__name__
+
+
+def test_each_integer_precision_puts_a_value_on_its_own_grid():
+    """int8's decision carries over: int16 is always symmetric, int4 keeps int8's signedness (issue 32)."""
+    from mixprec.ops.quant import INT4_SYMMETRIC, INT16_SYMMETRIC, UINT4
+    from mixprec.plan.quantization import GRIDS, precision_grid
+
+    assert [precision_grid(g, torch.int16) for g in (INT8_SYMMETRIC, UINT8)] == [INT16_SYMMETRIC] * 2
+    assert [precision_grid(g, torch.int4) for g in (INT8_SYMMETRIC, UINT8)] == [INT4_SYMMETRIC, UINT4]
+    assert [precision_grid(g, torch.int8) for g in (INT8_SYMMETRIC, UINT8)] == [INT8_SYMMETRIC, UINT8]
+    assert {n: (g.qmin, g.qmax, g.dtype) for n, g in GRIDS.items() if n not in ("int8", "uint8")} == {
+        "int16": (-32767, 32767, torch.int16), "int4": (-7, 7, torch.int8), "uint4": (0, 15, torch.uint8)}
+
+
+def test_a_simulated_layer_round_trips_and_its_grids_must_be_its_precisions():
+    spec = Int8Spec((("x", (-1.0, 2.0)),), grids=(("x", "int16"),))
+    plan = PrecisionPlan({"l": NodePrecision(torch.int16, source="plan", int8=spec, param_dtype=torch.int4)})
+    again = PrecisionPlan.from_json(plan.to_json())
+    assert again == plan and again["l"].compute_dtype == torch.float32
+    assert json.loads(plan.to_json())["nodes"]["l"]["param_dtype"] == "int4"
+    with pytest.raises(mixprec.ConfigError, match="a int4 layer quantizes x on another precision's grid; its grids "
+                                                  "are int4, uint4"):
+        NodePrecision(torch.int4, int8=Int8Spec((("x", (-1.0, 2.0)),), grids=(("x", "uint8"),)))
+    with pytest.raises(mixprec.ConfigError, match="int8 layer quantizes x on another precision's grid"):
+        NodePrecision(torch.int8, int8=spec)
+
+
+def test_integer_model_inputs_and_outputs_carry_their_ranges():
+    plan = PrecisionPlan({}, inputs={0: torch.int16, 1: torch.float16}, outputs={0: torch.int8},
+                         input_ranges={0: (-3, 4)}, output_ranges={0: (0.0, 1.5)})
+    again = PrecisionPlan.from_json(plan.to_json())
+    assert again == plan and dict(again.input_ranges) == {0: (-3.0, 4.0)}
+    assert again.with_nodes({}).output_ranges == plan.output_ranges
+    assert plan != PrecisionPlan({}, inputs={0: torch.int16, 1: torch.float16}, outputs={0: torch.int8},
+                                 input_ranges={0: (-3, 5)}, output_ranges={0: (0.0, 1.5)})
+    with pytest.raises(mixprec.ConfigError, match="model input 0 is int16 but the plan has no range for it"):
+        PrecisionPlan({}, inputs={0: torch.int16})
+    with pytest.raises(mixprec.ConfigError, match="int4 is not a precision of the model's boundary"):
+        PrecisionPlan({}, outputs={0: torch.int4}, output_ranges={0: (0, 1)})
+    with pytest.raises(mixprec.ConfigError, match="output_ranges for output\\(s\\) \\[1\\], which it does not"):
+        PrecisionPlan({}, outputs={0: torch.int8}, output_ranges={0: (0, 1), 1: (0, 1)})

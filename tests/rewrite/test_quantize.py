@@ -12,7 +12,7 @@ from torch import nn
 
 import mixprec
 from mixprec.errors import InvariantError
-from mixprec.plan.precision_plan import NodePrecision, PrecisionPlan
+from mixprec.plan.precision_plan import Int8Spec, NodePrecision, PrecisionPlan
 from mixprec.rewrite.context import RewriteContext
 from mixprec.rewrite.pipeline import rewrite
 from mixprec.rewrite.verify import verify
@@ -237,3 +237,85 @@ def test_an_activation_the_graph_proves_non_negative_is_quantized_on_the_unsigne
     # the symmetric grid would give other values: what the test guards
     r_s = torch.clamp(torch.round(r / (r_max / 127)), -127, 127) * (r_max / 127)
     assert not torch.equal(r_s, r_q)
+
+
+# ---- simulated int16/int4 (issue 32): the same rewrite on other grids ---------------------------------------------
+def fake_quant_bits(t, lo, hi, qmax):
+    """Reference: symmetric per-tensor fake quantization on [-qmax, qmax]."""
+    scale = max(abs(lo), abs(hi)) / qmax
+    return torch.clamp(torch.round(t.float() / scale), -qmax, qmax) * scale
+
+
+def fake_quant_weight_bits(w, qmax):
+    scale = (w.abs().amax(dim=tuple(range(1, w.dim()))) / qmax).reshape(-1, *([1] * (w.dim() - 1)))
+    return torch.clamp(torch.round(w / scale), -qmax, qmax) * scale
+
+
+def _two_linears():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 6), nn.Tanh(), nn.Linear(6, 3)).eval()
+    x = torch.randn(5, 8)
+    names = [r.name for r in mixprec.compile(model, (x,)).report.layers if r.op == "aten.linear.default"]
+    return model, x, names
+
+
+@pytest.mark.parametrize("precision, grid, weights, qmax, stored", [
+    (torch.int16, "int16", None, (32767, 32767), torch.int16),
+    (torch.int16, "int16", torch.int4, (32767, 7), torch.int8),
+    (torch.int4, "int4", None, (7, 7), torch.int8),
+    (torch.int8, "int8", torch.int4, (127, 7), torch.int8),
+    (torch.int8, "int8", torch.int16, (127, 32767), torch.int16),
+])
+def test_simulated_layers_quantize_inputs_and_weights_on_their_grids(monkeypatch, precision, grid, weights, qmax,
+                                                                    stored):
+    """A hand-written plan: the first Linear at ``precision`` with its input range on ``grid`` and ``weights`` bits
+    (None: its precision's), against the reference written from the same numbers (int8 activations keep their fake
+    quantization on both kinds of CPU, not oneDNN's int32 sums: tests/backends/lowering/test_qdq.py)."""
+    from mixprec.backends.lowering import cpu
+
+    monkeypatch.setattr(cpu, "has_int8_dot_product", lambda: False)
+    model, x, names = _two_linears()
+    spec = Int8Spec((("input_1", (-2.0, 3.0)),), grids=(("input_1", grid),))
+    plan = PrecisionPlan({names[0]: NodePrecision(precision, source="plan", reason="sim", param_dtype=weights,
+                                                  int8=spec)})
+    prog = mixprec.compile(model, (x,), plan=plan)
+    with torch.no_grad():
+        h = F.linear(fake_quant_bits(x, -2.0, 3.0, qmax[0]), fake_quant_weight_bits(model[0].weight, qmax[1]),
+                     model[0].bias)
+        expected = model[2](model[1](h))
+    assert_same_outputs(prog(x), expected)
+    state = prog.exported_program.state_dict
+    (name,) = [k for k in state if k.startswith("0.weight_int") and not k.endswith("_scale")]
+    assert state[name].dtype == stored and int(state[name].abs().max()) == qmax[1]
+    assert "0.weight" not in state and state["0.bias"].dtype == torch.float32
+
+
+def test_int16_weights_on_a_float_layer_are_simulated_and_int4_ones_left_to_weight_only():
+    model, x, names = _two_linears()
+    plan = PrecisionPlan({names[0]: NodePrecision(torch.float32, source="plan", reason="w16",
+                                                  param_dtype=torch.int16)})
+    prog = mixprec.compile(model, (x,), plan=plan)
+    with torch.no_grad():
+        expected = model[2](model[1](F.linear(x, fake_quant_weight_bits(model[0].weight, 32767), model[0].bias)))
+    assert_same_outputs(prog(x), expected)
+    assert prog.exported_program.state_dict["0.weight_int16"].dtype == torch.int16
+    # int4 weights beside a float activation are weight-only kernels (issue 32's other half), never this rewrite's
+    from mixprec.rewrite.quantize import weight_grid
+
+    assert weight_grid(NodePrecision(torch.bfloat16, param_dtype=torch.int4), "aten.linear") is None
+    assert weight_grid(NodePrecision(torch.int8, param_dtype=torch.int4), "aten.linear").qmax == 7
+
+
+def test_the_verifier_rejects_a_simulated_weight_off_its_grid():
+    model, x, names = _two_linears()
+    base, info = captured(model, (x,))
+    spec = Int8Spec((("input_1", (-2.0, 3.0)),), grids=(("input_1", "int8"),))
+    plan = PrecisionPlan({names[0]: NodePrecision(torch.int8, source="plan", reason="w4", param_dtype=torch.int4,
+                                                  int8=spec)})
+    work = rewrite(base.copy(), info, plan, keep_io_types=True, captured_output_dtypes=(torch.float32,))
+    ctx = RewriteContext(work, info, plan, True, (torch.float32,))
+    verify(ctx)
+    stored = next(k for k in work.state_dict if k.endswith("_int4"))
+    work.state_dict[stored] = work.state_dict[stored] * 2  # int8 values beyond [-7, 7]: int8 weights, not int4
+    with pytest.raises(InvariantError, match=r"stored weight \(torch.int8\) is not on the grid \[-7, 7\]"):
+        verify(ctx)

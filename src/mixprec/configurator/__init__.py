@@ -32,6 +32,13 @@ are made — once, where they enter the module when they come from outside throu
 no operand (SDPA's mask): ``plan/int8_operands.py`` says which (SDPA: query and key; an attention's output matmul:
 none by default), and why.
 
+AIMET's int16 and int4 (``activation='int16'``, ``param={'weight': 'int4'}``, issue 32) have no CPU kernel: they are
+simulated as AIMET's QuantSim does — the same values as an int8 request quantized on the int16/int4 grid
+(``plan/quantization.py``) and dequantized at once, weights per output channel on the grid of their bits, the layer
+computed in float32 — and the layer's reason, the log and the report (``runs_as`` "simulated int16 (runs f32)") say
+so; their FLOPs are never counted as low-precision ones. Model inputs/outputs asked for int16 or int8 are quantized and
+dequantized at the boundary with ranges from the same calibration (``plan.input_ranges`` / ``output_ranges``).
+
 How int8 is made — estimator, grids, exits, smoothing, attention operands — is ``apply``'s ``policy``
 (``plan/quantization.QuantPolicy``, the measured defaults without one): recorded in the plan and shown in the log;
 each quantized value's grid is decided there and recorded in the plan's ``Int8Spec``.
@@ -58,8 +65,9 @@ from .log import render_log
 from . import vocabulary
 from .resolve import resolve
 
-_IO_NAMES = ("fp32", "fp16", "bf16", "int16", "int8")  # AIMET: int16/int8 at the boundary too
-_IO_PRECISIONS = frozenset({torch.float32, torch.float16, torch.bfloat16})
+# AIMET: int16/int8 at the boundary too: a quantize/dequantize pair there (rewrite/io_types.py), ranged by apply's
+# calibration
+_IO_NAMES = ("fp32", "fp16", "bf16", "int16", "int8")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,14 +173,16 @@ class MixedPrecisionConfigurator:
                               f"{type(policy).__name__}; pass QuantPolicy(...) or leave it out for the defaults.")
         captured = CapturedModel(self._model, as_input_tuple(inputs))
         resolved = resolve(self._model, captured, self._requests, strict, policy, calibration_dataloader)
-        plan = PrecisionPlan(resolved.decisions, inputs=resolved.inputs, outputs=resolved.outputs, policy=policy)
+        plan = PrecisionPlan(resolved.decisions, inputs=resolved.inputs, outputs=resolved.outputs, policy=policy,
+                             input_ranges=resolved.input_ranges, output_ranges=resolved.output_ranges)
         full = planner.build_plan(captured.info, PlanningOptions(plan=plan), int8_ranges=resolved.marker_ranges)
         realised = realise(captured, full, keep_io_types=True)
         text = render_log(self._requests, resolved, captured.info, full, realised)
         if log_file is not None:
             with open(os.fspath(log_file), "w", encoding="utf-8") as fh:
                 fh.write(text)
-        return PrecisionPlan(plan, inputs=plan.inputs, outputs=plan.outputs, log=text, policy=policy)
+        return PrecisionPlan(plan, inputs=plan.inputs, outputs=plan.outputs, log=text, policy=policy,
+                             input_ranges=plan.input_ranges, output_ranges=plan.output_ranges)
 
 
 def _io_precisions(value, api: str):
@@ -182,8 +192,4 @@ def _io_precisions(value, api: str):
 
 
 def _io_precision(value, what: str) -> torch.dtype:
-    dtype = vocabulary.precision(value, what, accepted=_IO_NAMES)
-    if dtype not in _IO_PRECISIONS:
-        raise ConfigError(f"{what}={value!r}: a quantize/dequantize pair at the model's boundary is not built yet "
-                          "(issue 32); use 'fp32', 'fp16' or 'bf16'.")
-    return dtype
+    return vocabulary.precision(value, what, accepted=_IO_NAMES)

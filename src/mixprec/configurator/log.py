@@ -10,13 +10,21 @@ the plan realised (the policy of its int8 requests on one line):
    quantize/dequantize) inserted on its inputs and output;
 4. the int8 Linear inputs smoothed (``calibrate/smoothing.py``): which value, read by which modules, the
    divisors' spread and the range then quantized.
+
+Simulated layers (int16/int4 activations or weights, issue 32) are listed after table 3, saying that they are
+quantize -> dequantize computed in float32; table 3 names the grid of every quantize/dequantize it shows.
 """
 
 from __future__ import annotations
 
+import torch
+
 from ..dtypes import short_name
 from ..ir.graph_info import META_ROLE
+from ..ops.custom import GRID
+from ..plan.quantization import SIMULATED_PRECISIONS, grid_name
 from ..rewrite.casting import is_mixprec_cast, origin_name, tensor_dtype
+from .vocabulary import short_name_of
 
 
 def render_log(requests, resolved, info, plan, realised) -> str:
@@ -35,12 +43,33 @@ def render_log(requests, resolved, info, plan, realised) -> str:
         parts += _section("4. Activation smoothing (int8 Linear inputs divided per channel by s; s multiplies the "
                           "weight columns)", ("input", "read by", "channels", "s min", "s max", "range of input / s"),
                           _smoothing_rows(resolved, info))
+    parts += _simulated_lines(plan)
     casts = sum(1 for n in realised.graph.nodes if is_mixprec_cast(n))
-    quantizers = sum(1 for n in realised.graph.nodes if n.meta.get(META_ROLE) == "quant")
-    parts.append(f"casts inserted: {casts}; int8 quantize points: {quantizers}")
+    grids: dict[str, int] = {}
+    for n in realised.graph.nodes:
+        if n.meta.get(META_ROLE) == "quant":
+            grids[grid_name(GRID[n.target])] = grids.get(grid_name(GRID[n.target]), 0) + 1
+    parts.append(f"casts inserted: {casts}; quantize points: {sum(grids.values())}"
+                 + (f" ({', '.join(f'{g}: {k}' for g, k in sorted(grids.items()))})" if grids else ""))
     if resolved.problems:
         parts += ["", "Requests not realised as asked (strict=False):"] + [f"  - {p}" for p in resolved.problems]
     return "\n".join(parts) + "\n"
+
+
+def _simulated_lines(plan) -> list[str]:
+    """The simulated layers: int16/int4 activations, or int16/int4 weights (quantize -> dequantize, float32)."""
+    acts = [n for n, d in plan.items() if d.precision in SIMULATED_PRECISIONS]
+    weights = [n for n, d in plan.items() if d.param_dtype in SIMULATED_PRECISIONS and d.precision not in
+               SIMULATED_PRECISIONS]
+    lines = []
+    if acts:
+        names = ", ".join(f"{n} ({short_name_of(plan[n].precision)})" for n in acts)
+        lines.append(f"simulated (quantize -> dequantize on the int16/int4 grid, computed in float32: no CPU kernel; "
+                     f"not low-precision FLOPs): {names}")
+    if weights:
+        lines.append(f"simulated weights (per output channel, dequantized to float32 at use): "
+                     f"{', '.join(f'{n} ({short_name_of(plan[n].param_dtype)})' for n in weights)}")
+    return [""] + lines if lines else []
 
 
 def _smoothing_rows(resolved, info):
@@ -75,7 +104,9 @@ def _io_rows(requests, resolved):
     rows = []
     for which in ("input", "output"):
         for position, (dtype, request_id) in sorted(resolved.io_winners.get(which, {}).items()):
-            rows.append((f"{which} {position}", short_name(dtype), f"#{request_id}"))
+            how = {torch.int16: " (simulated: quantize -> dequantize, float32)",
+                   torch.int8: " (quantize -> dequantize)"}
+            rows.append((f"{which} {position}", short_name(dtype) + how.get(dtype, ""), f"#{request_id}"))
     return rows or [("(none requested)", "", "")]
 
 
@@ -93,10 +124,12 @@ def _layer_rows(info, plan, realised):
             if is_mixprec_cast(inp):
                 casts.append(f"{inp.args[0].name}->{short_name(inp.args[1])}")
             elif inp.meta.get(META_ROLE) == "dequant":
-                casts.append(f"{origin_name(inp, through_quantize=True)}->int8")
+                per_tensor = inp.target in GRID and inp.target is not _PER_CHANNEL
+                bits = grid_name(GRID[inp.target]) if per_tensor else short_name_of(decision.stored_param_dtype)
+                casts.append(f"{origin_name(inp, through_quantize=True)}->{bits}")
         for user in node.users:
             if user.meta.get(META_ROLE) == "quant" and decision.int8 is not None and decision.int8.output is not None:
-                casts.append("output->int8")
+                casts.append(f"output->{grid_name(GRID[user.target])}")
             elif is_mixprec_cast(user) and user.meta.get(META_ROLE) in ("acc_cast", "io_cast"):
                 casts.append(f"output->{short_name(user.args[1])}")
         rows.append((
@@ -106,6 +139,9 @@ def _layer_rows(info, plan, realised):
             decision.source, ", ".join(casts) or "-",
         ))
     return rows
+
+
+_PER_CHANNEL = torch.ops.mixprec.dequantize_per_channel.default
 
 
 def _section(title, header, rows) -> list[str]:

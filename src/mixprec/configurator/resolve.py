@@ -6,6 +6,13 @@ to store them in different dtypes and the model input/output requests, each prob
 about with what is done instead. int8 requests are planned by ``plan/quant_requests.py`` (which values, grids,
 smoothing) and calibrated in one ``calibrate.entry.run`` with the int8 marker regions' ranges and the smoothed
 values' per-channel ranges. What the log shows is all in the Resolution (``log.py`` renders it).
+
+Simulated int16/int4 requests (issue 32) are planned by the same ``quant_requests``, one call per precision (the
+layers of one module share a boundary only with layers of their own precision), without activation smoothing
+(int8's device for its kernels; AIMET's QuantSim does not smooth), their values put on their precision's grid
+(``plan/quantization.precision_grid``); model inputs/outputs asked for int16/int8 are ranged too. All of them in the
+same calibration; a value that two precisions quantize on different grids gets its range clipped for each grid (a
+second pass over the data for those values only, and only with a clipping estimator: min/max ranges are the same).
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import dataclasses
 import difflib
 import warnings
 from collections.abc import Mapping
+from types import MappingProxyType
 
 import torch
 
@@ -21,9 +29,13 @@ from ..calibrate import entry as calibration_entry
 from ..dtypes import short_name
 from ..errors import ConfigError
 from ..ir.work_program import STORED_KINDS
+from ..ops.table import INT8_WEIGHT_OPS
 from ..plan.precision_plan import NodePrecision
 from ..plan.quant_requests import QuantRequests, Smoothed, quant_requests
-from ..plan.quantization import QuantPolicy, calibration_grids
+from ..plan.quantization import (
+    INTEGER_PRECISIONS, IO_GRIDS, SIMULATED_PRECISIONS, QuantPolicy, calibration_grids, grid_name, precision_grid,
+)
+from .vocabulary import short_name_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +52,8 @@ class Resolution:
     smoothed: Mapping[str, Smoothed]  # int8 Linear input -> its smoothing
     policy: QuantPolicy
     marker_ranges: Mapping[str, tuple[float, float]]  # int8 marker regions without ranges, calibrated
+    input_ranges: Mapping[int, tuple[float, float]] = dataclasses.field(default_factory=dict)  # int16/int8 inputs
+    output_ranges: Mapping[int, tuple[float, float]] = dataclasses.field(default_factory=dict)
 
 
 def resolve(model, captured, requests, strict: bool, policy: QuantPolicy, data) -> Resolution:
@@ -47,18 +61,58 @@ def resolve(model, captured, requests, strict: bool, policy: QuantPolicy, data) 
     (None: the example inputs)."""
     resolver = _Resolver(model, captured, strict)
     resolver.layers(requests)
-    int8 = quant_requests(captured, resolver.int8_groups(), policy)
-    calibrated = calibration_entry.run(
-        captured, data, statistics=False, int8_values=int8.values, channels=int8.channels,
-        estimator=policy.estimator, grids=calibration_grids(captured, int8.values, policy),
-    )
-    smoothed = int8.smoothing(calibrated.channels)
-    decisions = resolver.decisions(int8, int8.specs(calibrated.int8_ranges, smoothed))
     inputs, outputs = resolver.io_positions(requests, "input"), resolver.io_positions(requests, "output")
+    planned = {bits: quant_requests(captured, groups, policy) if bits == torch.int8 else _simulated(
+        quant_requests(captured, groups, dataclasses.replace(policy, smoothing_alpha=None)), bits)
+        for bits, groups in resolver.integer_groups().items()}
+    int8 = planned.get(torch.int8) or quant_requests(captured, [], policy)
+    boundary = resolver.boundary_values(inputs, outputs)
+    calibrated, ranges = _calibrate(captured, data, planned, boundary, policy, int8.channels)
+    smoothed = int8.smoothing(calibrated.channels)
+    specs = {}
+    for bits, planned_bits in planned.items():
+        mine = {n: ranges[(n, planned_bits.grids[n])] for n in planned_bits.values}
+        specs.update(planned_bits.specs(mine, smoothed if bits == torch.int8 else None))
+    decisions = resolver.decisions(planned, specs)
     return Resolution(
         decisions, inputs, outputs, dict(resolver.winner), dict(resolver.param), resolver.io_winners,
         tuple(resolver.problems), smoothed, policy, dict(calibrated.int8_ranges),
+        *({i: ranges[value] for i, value in boundary[which].items()} for which in ("input", "output")),
     )
+
+
+def _simulated(planned: QuantRequests, bits: torch.dtype) -> QuantRequests:
+    """``planned`` (int8's choice of values and grids) with every value on the grid of ``bits`` (int16, int4)."""
+    return dataclasses.replace(planned, grids=MappingProxyType(
+        {n: precision_grid(g, bits) for n, g in planned.grids.items()}))
+
+
+def _calibrate(captured, data, planned, boundary, policy, channels):
+    """(the calibration, (value, grid) -> range) of every value an integer layer or the model's boundary quantizes:
+    one pass (two with a clipping estimator, ``calibrate.entry.run``) for all, and more for the values that
+    several precisions quantize on different grids, with a clipping estimator (each grid clips for its own step)."""
+    wanted: dict[str, set] = {}
+    for planned_bits in planned.values():
+        for name, grid in planned_bits.grids.items():
+            wanted.setdefault(name, set()).add(grid)
+    for values in boundary.values():
+        for name, grid in values.values():
+            wanted.setdefault(name, set()).add(grid)
+    markers = calibration_grids(captured, (), policy)  # the marker regions' ranges come from the first run: their grid
+    chosen = {name: markers[name] if markers.get(name) in grids else min(grids, key=grid_name)
+              for name, grids in wanted.items()}
+    calibrated = calibration_entry.run(captured, data, statistics=False, int8_values=set(wanted), channels=channels,
+                                       estimator=policy.estimator, grids={**markers, **chosen})
+    ranges = {(name, grid): calibrated.int8_ranges[name] for name, grid in chosen.items()}
+    for grid in sorted({g for grids in wanted.values() for g in grids}, key=grid_name):
+        names = {name for name, grids in wanted.items() if grid in grids and (name, grid) not in ranges}
+        if names and policy.estimator == "minmax":
+            ranges.update({(name, grid): calibrated.int8_ranges[name] for name in names})
+        elif names:
+            again = calibration_entry.run(captured, data, statistics=False, int8_values=names,
+                                          estimator=policy.estimator, grids={**markers, **{n: grid for n in names}})
+            ranges.update({(name, grid): again.int8_ranges[name] for name in names})
+    return calibrated, ranges
 
 
 class _Resolver:
@@ -106,14 +160,28 @@ class _Resolver:
 
     def int8_groups(self) -> list[set[str]]:
         """The int8 layers grouped by module: a module's boundary is where its int8 values are quantized."""
-        groups: dict[str, set[str]] = {}
-        for name, request in self.winner.items():
-            if request.activation == torch.int8:
-                groups.setdefault(self.info[name].module, set()).add(name)
-        return list(groups.values())
+        return self.integer_groups().get(torch.int8, [])
 
-    def decisions(self, int8: QuantRequests, specs) -> dict[str, NodePrecision]:
+    def integer_groups(self) -> dict[torch.dtype, list[set[str]]]:
+        """The layers of each integer precision (int8, int16, int4) grouped by module, as :meth:`int8_groups`."""
+        groups: dict[torch.dtype, dict[str, set[str]]] = {}
+        for name, request in self.winner.items():
+            if request.activation in INTEGER_PRECISIONS:
+                groups.setdefault(request.activation, {}).setdefault(self.info[name].module, set()).add(name)
+        return {bits: list(by_module.values()) for bits, by_module in groups.items()}
+
+    def boundary_values(self, inputs, outputs) -> dict[str, dict[int, tuple[str, object]]]:
+        """"input"/"output" -> position -> (graph value, grid) of every model input/output asked for int16/int8."""
+        float_inputs = [n for n in self.base.user_input_nodes() if _dtype_of(n) is not None]
+        values = {"input": {i: float_inputs[i].name for i in inputs},
+                  "output": {i: v.name for i, v in self.base.user_output_nodes() if isinstance(v, torch.fx.Node)}}
+        return {which: {i: (values[which][i], IO_GRIDS[d]) for i, d in dtypes.items() if d in IO_GRIDS}
+                for which, dtypes in (("input", inputs), ("output", outputs))}
+
+    def decisions(self, planned: Mapping[torch.dtype, QuantRequests], specs) -> dict[str, NodePrecision]:
         out = {}
+        int8 = planned.get(torch.int8)
+        operandless = frozenset().union(*(p.operandless for p in planned.values()))
         for name, request in self.winner.items():
             activation, param = request.activation, self.param[name]
             reason = f"request #{request.id} set_precision({request.target_text()}, {request.precision_text()})"
@@ -121,12 +189,13 @@ class _Resolver:
             if smoothed:
                 reason += (f"; input {', '.join(smoothed)} smoothed: divided per channel by s, weight columns "
                            f"multiplied by s (alpha {int8.policy.smoothing_alpha})")
-            if activation == torch.int8 and name in int8.operandless:
+            if activation in INTEGER_PRECISIONS and name in operandless:
                 reason += ("; its operands stay float: the attention's output matmul reads the softmax probabilities "
                            "(plan/int8_operands.py, QuantPolicy.quantize_probabilities)")
             elif activation == torch.int8 and self.info[name].flops == 0:
                 reason += ("; no int8 arithmetic for this op: it computes in float32 on dequantized values, inside the "
                            "module's int8 region (only matmul, convolution and attention layers run int8)")
+            reason += _simulated_reason(activation, param if param is not None else activation, self.info[name])
             out[name] = NodePrecision(
                 activation, None, "plan", reason, param if param != activation else None, specs.get(name)
             )
@@ -226,6 +295,19 @@ class _Resolver:
                     continue
                 out[i] = (dtype, request.id)
         return {i: dtype for i, (dtype, _) in out.items()}
+
+
+def _simulated_reason(activation, weights, node) -> str:
+    """What the reason says of a layer simulated in part or whole (int16/int4 activations or weights)."""
+    parts = []
+    if activation in SIMULATED_PRECISIONS:
+        parts.append(f"simulated {short_name_of(activation)}: its inputs quantized -> dequantized on the "
+                     f"{short_name_of(activation)} grid, computed in float32 (no CPU kernel; AIMET QuantSim's "
+                     "semantics), not low-precision FLOPs")
+    if weights in SIMULATED_PRECISIONS and node.packet in INT8_WEIGHT_OPS:
+        parts.append(f"weights simulated {short_name_of(weights)} per output channel (symmetric), dequantized to "
+                     "float32 at use")
+    return "".join(f"; {p}" for p in parts)
 
 
 def _under(module: str, path: str) -> bool:

@@ -7,10 +7,12 @@ unknown spelling is a ConfigError listing what is accepted.
 
 What each combination of activation and weight precision means is decided here too (:func:`check_combination`):
 int8 activations with int8 (or unstated) weights are mixprec's int8; a float activation with int8 weights stores
-them per output channel in int8, dequantized at use (as ``param='int8'`` always did); int4 weights (weight-only
-W4A16, which another part of issue 32 builds) are refused until then, so nothing is silently run in another
-precision; int16 and int4 activations and int16 weights have no CPU kernel (simulated, issue 32: refused until the
-simulation is built).
+them per output channel in int8, dequantized at use (as ``param='int8'`` always did); int4 weights with float
+activations (weight-only W4A16, which another part of issue 32 builds) are refused until then, so nothing is
+silently run in another precision. int16 and int4 activations, int16 weights and int4 weights on integer
+activations have no CPU kernel: they are **simulated** (AIMET QuantSim's semantics: quantize -> dequantize on the
+int16/int4 grid, computed in float32; ``plan/quantization.py``), and the layer's reason, the log and the report
+(``runs_as``: "simulated int16 (runs f32)") say so.
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ import torch
 
 from ..dtypes import parse_dtype, short_name
 from ..errors import ConfigError
+from ..plan.quantization import SIMULATED_PRECISIONS
 
 # AIMET's integer names (int16 and int4 have no alias in mixprec.dtypes; int8 is parsed here too, as one table)
 _INTEGER = {"int16": torch.int16, "int4": torch.int4, "int8": torch.int8}
 _FLOATS = frozenset({torch.float32, torch.float16, torch.bfloat16})
 ACCEPTED = ("fp32", "fp16", "bf16", "int16", "int8", "int4")
-SIMULATED = frozenset({torch.int16, torch.int4})  # no CPU kernel: quantize-dequantize in float32 (issue 32)
+SIMULATED = SIMULATED_PRECISIONS  # no CPU kernel: quantize-dequantize in float32 (issue 32, plan/quantization.py)
 
 
 def precision(value, what: str, accepted=ACCEPTED) -> torch.dtype:
@@ -82,12 +85,6 @@ def check_combination(what: str, activation: torch.dtype, param: torch.dtype | N
             "param={'weight': 'int8'} stores per-channel int8 weights dequantized at use, activation='int8' with "
             "int8 weights is mixprec's int8."
         )
-    if activation == torch.int8 and param == torch.int4:
-        raise ConfigError(f"{what}: int4 weights are not available yet (issue 32); use param={{'weight': 'int8'}} "
-                          "with int8 activations.")
-    if activation in SIMULATED or param in SIMULATED:
-        raise ConfigError(f"{what}: simulated int16/int4 (quantize-dequantize in float32) is not built yet "
-                          "(issue 32); use 'int8', 'fp16', 'bf16' or 'fp32'.")
 
 
 def short_name_of(dtype: torch.dtype) -> str:

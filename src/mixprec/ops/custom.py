@@ -27,6 +27,12 @@ The arithmetic itself lives in ``ops/quant.py`` (the kernels below run it; every
 lowering spells the same ops). They are operators rather than a handful of ATen nodes so that
 the rewritten graph says what it does (one quantize, one dequantize) and a backend or an exporter
 can map them to its own quantize/dequantize (``backends/lowering/qdq.py``).
+
+Simulated grids (issue 32: AIMET's int16 and int4, ``ops/quant.py``) have a pair each, made by one function
+(:func:`_simulated_pair`): ``quantize_per_tensor_i16``/``dequantize_per_tensor_i16`` ([-32767, 32767] as int16),
+``_i4`` ([-7, 7] as int8), ``_u4`` ([0, 15] as uint8). One pair per grid rather than one pair taking the grid as
+arguments: every consumer of these ops (the verifier, the lowerings' tables, sign analysis, the OpenVINO audit, the
+loader's allow-list) reads the grid from the op (:data:`GRID`), and a program names what it simulates.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from types import MappingProxyType
 
 import torch
 
-from .quant import INT8_SYMMETRIC, UINT8, Grid, dequantize, quantize
+from .quant import INT4_SYMMETRIC, INT8_SYMMETRIC, INT16_SYMMETRIC, UINT4, UINT8, Grid, dequantize, quantize
 
 MARKER_NAMESPACE = "mixprec"
 
@@ -154,13 +160,43 @@ def _(q, scale, dtype):
     return torch.empty_like(q, dtype=dtype)
 
 
-QUANTIZE_OPS = frozenset({torch.ops.mixprec.quantize_per_tensor.default, torch.ops.mixprec.quantize_per_tensor_u8.default})
+def _simulated_pair(suffix: str, grid: Grid) -> tuple:
+    """The (quantize, dequantize) custom ops of a simulated grid: ``ops/quant.py``'s arithmetic on ``grid``."""
+
+    def quantize_kernel(x: torch.Tensor, scale: float) -> torch.Tensor:
+        return quantize(x, scale, grid)
+
+    def dequantize_kernel(q: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+        return dequantize(q, scale, dtype, grid)
+
+    where = f"[{grid.qmin}, {grid.qmax}] as {grid.dtype}"
+    quantize_kernel.__doc__ = f"Simulated: clamp(round(x / scale), {grid.qmin}, {grid.qmax}) stored {grid.dtype}."
+    dequantize_kernel.__doc__ = f"q * scale in float32 for q on {where}, converted to ``dtype``."
+    q_op = torch.library.custom_op(f"mixprec::quantize_per_tensor_{suffix}", mutates_args=())(quantize_kernel)
+    dq_op = torch.library.custom_op(f"mixprec::dequantize_per_tensor_{suffix}", mutates_args=())(dequantize_kernel)
+    q_op.register_fake(lambda x, scale: torch.empty_like(x, dtype=grid.dtype))
+    dq_op.register_fake(lambda q, scale, dtype: torch.empty_like(q, dtype=dtype))
+    packet = torch.ops.mixprec
+    return (getattr(packet, f"quantize_per_tensor_{suffix}").default,
+            getattr(packet, f"dequantize_per_tensor_{suffix}").default)
+
+
+# simulated grid -> its (quantize, dequantize) ops
+SIMULATED_OPS = MappingProxyType({
+    grid: _simulated_pair(suffix, grid) for suffix, grid in (("i16", INT16_SYMMETRIC), ("i4", INT4_SYMMETRIC),
+                                                             ("u4", UINT4))
+})
+QUANTIZE_OPS = frozenset(
+    {torch.ops.mixprec.quantize_per_tensor.default, torch.ops.mixprec.quantize_per_tensor_u8.default}
+    | {q for q, _ in SIMULATED_OPS.values()}
+)
 DEQUANTIZE_OPS = frozenset(
     {
         torch.ops.mixprec.dequantize_per_tensor.default,
         torch.ops.mixprec.dequantize_per_tensor_u8.default,
         torch.ops.mixprec.dequantize_per_channel.default,
     }
+    | {dq for _, dq in SIMULATED_OPS.values()}
 )
 # the grid each of them computes on; a backend's lowering reads it here
 GRID = MappingProxyType(
@@ -170,6 +206,7 @@ GRID = MappingProxyType(
         torch.ops.mixprec.dequantize_per_channel.default: INT8_SYMMETRIC,
         torch.ops.mixprec.quantize_per_tensor_u8.default: UINT8,
         torch.ops.mixprec.dequantize_per_tensor_u8.default: UINT8,
+        **{op: grid for grid, pair in SIMULATED_OPS.items() for op in pair},
     }
 )
 # the per-tensor (quantize, dequantize) pair of each activation grid
@@ -177,5 +214,6 @@ PER_TENSOR_OPS: "MappingProxyType[Grid, tuple]" = MappingProxyType(
     {
         INT8_SYMMETRIC: (torch.ops.mixprec.quantize_per_tensor.default, torch.ops.mixprec.dequantize_per_tensor.default),
         UINT8: (torch.ops.mixprec.quantize_per_tensor_u8.default, torch.ops.mixprec.dequantize_per_tensor_u8.default),
+        **SIMULATED_OPS,
     }
 )

@@ -25,6 +25,12 @@ what it hands the kernel for symmetric int8 activations that may be negative: q 
 values in the unsigned type the kernel reads (exact only on CPUs with VNNI/AMX). Zero-point activations of the
 program itself would be further :class:`Grid` values.
 
+**Simulated grids** (issue 32, AIMET's int16/int4): no CPU kernel computes on them, so a program quantizes onto
+them and dequantizes at once, and the layer computes in float32 — AIMET QuantSim's simulation. :data:`INT16_SYMMETRIC`
+is [-32767, 32767] stored as int16 (the int8 grid's rule: the most negative value is never produced);
+:data:`INT4_SYMMETRIC` [-7, 7] and :data:`UINT4` [0, 15] (values never negative) are stored one per int8/uint8
+element (torch has no 4-bit tensor arithmetic). Same arithmetic, other parameters.
+
 **Spelled as ATen ops.** The arithmetic is a function of an *interpreter* ``run(op, *args, **kwargs)``:
 :data:`EAGER` calls each ATen op now (the custom ops' kernels), a graph interpreter
 (``backends/lowering/qdq.py``) adds it as a node. Both therefore compute the same ops in the same order,
@@ -73,6 +79,10 @@ UINT8_7BIT = Grid(0, 127, torch.uint8)
 # any activation on INT8_SYMMETRIC as u8: q + 128 in [1, 255], zero point 128 — the same values (clamp(round(x / s),
 # -127, 127) + 128 == clamp(round(x / s) + 128, 1, 255)) in the type oneDNN reads, for a signed input
 UINT8_SHIFTED = Grid(1, 255, torch.uint8, zero_point=128)
+# simulated (quantize -> dequantize, computed in float32): AIMET's int16 and int4
+INT16_SYMMETRIC = Grid(-32767, 32767, torch.int16)
+INT4_SYMMETRIC = Grid(-7, 7, torch.int8)
+UINT4 = Grid(0, 15, torch.uint8)
 
 
 # ---- scales -----------------------------------------------------------------------------------------------

@@ -69,6 +69,8 @@ def build_plan(
         outputs=requested.outputs if requested is not None else None,
         log=requested.log if requested is not None else "",
         policy=requested.policy if requested is not None else None,
+        input_ranges=requested.input_ranges if requested is not None else None,
+        output_ranges=requested.output_ranges if requested is not None else None,
     )
 
 

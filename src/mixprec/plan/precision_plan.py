@@ -2,7 +2,9 @@
 
 A plan maps graph node names to :class:`NodePrecision` (compute dtype, accumulation
 dtype, who decided and why; for int8 layers the dynamic ranges of the values quantized). It can also fix the dtypes of model inputs and outputs
-(the configurator's ``set_model_input_precision``/``set_model_output_precision``).
+(the configurator's ``set_model_input_precision``/``set_model_output_precision``); an integer one (int16, int8:
+quantize -> dequantize at the boundary, ``rewrite/io_types.py``) with its calibrated range (``input_ranges``,
+``output_ranges``) on the grid ``plan/quantization.IO_GRIDS`` gives it.
 Plans are immutable; ``with_nodes`` returns an updated copy. The JSON form is stable
 and hand-editable, so a plan can be saved, edited and passed back to ``compile``.
 """
@@ -21,7 +23,9 @@ from .. import jsondoc
 from ..dtypes import PLAN_PRECISIONS, dtype_from_name, dtype_name
 from ..errors import ConfigError
 from ..ops.quant import Grid
-from .quantization import GRIDS, QuantPolicy, grid_name, grid_named
+from .quantization import (
+    ACTIVATION_GRIDS, GRIDS, INTEGER_PRECISIONS, IO_GRIDS, QuantPolicy, grid_name, grid_named,
+)
 
 SOURCES = ("explicit", "torch_autocast", "marker", "plan", "autocast_rule", "default", "weak_typing")
 
@@ -150,10 +154,13 @@ class NodePrecision:
     reason: a human sentence saying why.
     param_dtype: dtype its parameters are stored in when it differs from ``precision`` (cast at use;
         int8 means per-output-channel int8 convolution/linear weights, dequantized at use).
-    int8: quantization of an int8 layer's inputs/output (only with ``precision == torch.int8``).
+    int8: quantization of an integer layer's inputs/output (only with an integer precision: int8, or the
+        simulated int16/int4 of issue 32, ``plan/quantization.INTEGER_PRECISIONS``; the field keeps its name so
+        plans stay readable). Its grids must be its precision's (``plan/quantization.ACTIVATION_GRIDS``).
 
-    An int8 layer computes on dequantized values in float32 (``compute_dtype``): the values it
-    sees are exactly the int8 grid values, the arithmetic is float32's.
+    An integer layer computes on dequantized values in float32 (``compute_dtype``): the values it
+    sees are exactly the grid values, the arithmetic is float32's. ``param_dtype`` int8/int16/int4 on it: its
+    convolution/linear weights per output channel on that many bits (int16/int4: simulated, stored int16/int8).
     """
 
     precision: torch.dtype
@@ -168,13 +175,22 @@ class NodePrecision:
             raise ConfigError(f"NodePrecision.precision must be a torch dtype, got {self.precision!r}.")
         if self.source not in SOURCES:
             raise ConfigError(f"NodePrecision.source {self.source!r} is not one of {', '.join(SOURCES)}.")
-        if self.int8 is not None and self.precision != torch.int8:
-            raise ConfigError(f"NodePrecision.int8 is only for int8 layers, not {dtype_name(self.precision)}.")
+        if self.int8 is not None and self.precision not in INTEGER_PRECISIONS:
+            raise ConfigError(f"NodePrecision.int8 is only for integer layers (int8, int16, int4), not "
+                              f"{dtype_name(self.precision)}.")
+        if self.int8 is not None:
+            fits = ACTIVATION_GRIDS[self.precision]
+            wrong = [n for n, g in self.int8.grids if g not in fits] + (
+                ["output"] if self.int8.output_grid is not None and self.int8.output_grid not in fits else [])
+            if wrong:
+                raise ConfigError(f"a {dtype_name(self.precision)} layer quantizes {', '.join(wrong)} on another "
+                                  f"precision's grid; its grids are {', '.join(sorted(grid_name(g) for g in fits))}.")
 
     @property
     def compute_dtype(self) -> torch.dtype:
-        """The dtype the layer's arithmetic runs in: its precision, float32 for int8 (dequantized values)."""
-        return torch.float32 if self.precision == torch.int8 else self.precision
+        """The dtype the layer's arithmetic runs in: its precision, float32 for integer precisions (dequantized
+        values)."""
+        return torch.float32 if self.precision in INTEGER_PRECISIONS else self.precision
 
     @property
     def stored_param_dtype(self) -> torch.dtype:
@@ -223,10 +239,14 @@ class PrecisionPlan(Mapping):
         outputs: Mapping[int, torch.dtype] | None = None,
         log: str = "",
         policy: QuantPolicy | None = None,
+        input_ranges: Mapping[int, Range] | None = None,
+        output_ranges: Mapping[int, Range] | None = None,
     ):
         self._nodes = MappingProxyType(dict(nodes or {}))
         self.inputs = MappingProxyType(dict(inputs or {}))
         self.outputs = MappingProxyType(dict(outputs or {}))
+        self.input_ranges = _io_ranges(self.inputs, input_ranges, "input")
+        self.output_ranges = _io_ranges(self.outputs, output_ranges, "output")
         self.log = log
         if policy is not None and not isinstance(policy, QuantPolicy):
             raise ConfigError(f"PrecisionPlan's policy must be a mixprec QuantPolicy, got {type(policy).__name__}.")
@@ -244,10 +264,13 @@ class PrecisionPlan(Mapping):
     def __eq__(self, other) -> bool:
         if not isinstance(other, PrecisionPlan):
             return NotImplemented
-        return (dict(self._nodes), dict(self.inputs), dict(self.outputs)) == (
+        return (dict(self._nodes), dict(self.inputs), dict(self.outputs), dict(self.input_ranges),
+                dict(self.output_ranges)) == (
             dict(other._nodes),
             dict(other.inputs),
             dict(other.outputs),
+            dict(other.input_ranges),
+            dict(other.output_ranges),
         )
 
     __hash__ = None
@@ -261,7 +284,7 @@ class PrecisionPlan(Mapping):
 
     def with_nodes(self, updates: Mapping[str, NodePrecision]) -> "PrecisionPlan":
         return PrecisionPlan({**self._nodes, **updates}, inputs=self.inputs, outputs=self.outputs, log=self.log,
-                             policy=self.policy)
+                             policy=self.policy, input_ranges=self.input_ranges, output_ranges=self.output_ranges)
 
     def to_json(self, indent: int | None = 1) -> str:
         return json.dumps(
@@ -273,6 +296,9 @@ class PrecisionPlan(Mapping):
                 "outputs": {str(i): dtype_name(d) for i, d in self.outputs.items()},
                 "log": self.log,
                 **({"quant_policy": self.policy.to_dict()} if self.policy is not None else {}),
+                **{key: {str(i): list(r) for i, r in ranges.items()}
+                   for key, ranges in (("input_ranges", self.input_ranges), ("output_ranges", self.output_ranges))
+                   if ranges},
             },
             indent=indent,
         )
@@ -285,12 +311,12 @@ class PrecisionPlan(Mapping):
         if not isinstance(nodes, dict):
             raise ConfigError("the plan's 'nodes' must be an object mapping node names to decisions.")
 
-        def positions(key):
+        def positions(key, read=dtype_from_name):
             section = data.get(key, {}) or {}
             try:
-                return {int(i): dtype_from_name(d) for i, d in section.items()}
+                return {int(i): read(d) for i, d in section.items()}
             except (ValueError, AttributeError) as e:
-                raise ConfigError(f"the plan's '{key}' must map positions to dtype names ({e}).") from e
+                raise ConfigError(f"the plan's '{key}' must map positions to {key.split('_')[-1]} ({e}).") from e
 
         return cls(
             {name: NodePrecision.from_dict(d, where=repr(name)) for name, d in nodes.items()},
@@ -298,4 +324,22 @@ class PrecisionPlan(Mapping):
             outputs=positions("outputs"),
             log=str(data.get("log", "")),
             policy=QuantPolicy.from_dict(data["quant_policy"]) if data.get("quant_policy") is not None else None,
+            input_ranges=positions("input_ranges", lambda r: r),
+            output_ranges=positions("output_ranges", lambda r: r),
         )
+
+
+def _io_ranges(dtypes: Mapping[int, torch.dtype], ranges, which: str) -> Mapping[int, Range]:
+    """The ranges of the integer model inputs/outputs: one for each, none for another (ConfigError)."""
+    ranges = dict(ranges or {})
+    for position, dtype in dtypes.items():
+        if dtype in INTEGER_PRECISIONS and dtype not in IO_GRIDS:
+            raise ConfigError(f"model {which} {position}: {dtype_name(dtype)} is not a precision of the model's "
+                              f"boundary; use {', '.join(sorted(dtype_name(d) for d in IO_GRIDS))} or a float dtype.")
+        if dtype in IO_GRIDS and position not in ranges:
+            raise ConfigError(f"model {which} {position} is {dtype_name(dtype)} but the plan has no range for it "
+                              f"({which}_ranges); make the plan with the configurator, which calibrates it.")
+    stray = sorted(set(ranges) - {p for p, d in dtypes.items() if d in IO_GRIDS})
+    if stray:
+        raise ConfigError(f"the plan gives {which}_ranges for {which}(s) {stray}, which it does not quantize.")
+    return MappingProxyType({p: _range(r, f"model {which} {p}") for p, r in ranges.items()})

@@ -12,7 +12,16 @@ the plan (``Int8Spec.grids`` / ``Int8Spec.output_grid``): range calibration clip
 grids=)``), the rewrite quantizes on it (``rewrite/quantize.py``) and its check verifies it (``rewrite/verify.py``).
 The lowerings read the grid from the quantize ops the rewrite wrote (``ops.custom.GRID``). Grids in a plan are named
 (:data:`GRIDS`): ``"int8"`` is mixprec's signed symmetric int8 ([-127, 127], zero point 0), ``"uint8"`` the unsigned
-grid of values never negative ([0, 255], zero point 0; ``ops/quant.py``).
+grid of values never negative ([0, 255], zero point 0; ``ops/quant.py``); the simulated grids of AIMET's int16 and
+int4 (issue 32: no CPU kernel, quantize -> dequantize in float32, as AIMET's QuantSim) are ``"int16"`` ([-32767,
+32767] stored int16), ``"int4"`` ([-7, 7] stored int8) and ``"uint4"`` ([0, 15] stored uint8).
+
+**Integer precisions** (:data:`ACTIVATION_GRIDS`, :func:`precision_grid`): a layer of precision int8, int16 or int4
+quantizes the values entering it as int8 does (the same values, ``plan/quant_requests.py``) on its precision's grid:
+int8's decision (unsigned for a value the graph proves never negative) carries over to int4 (``"uint4"`` for such a
+value: at 4 bits the sign bit is a quarter of the resolution); int16 is always symmetric (no unsigned 16-bit grid:
+torch's uint16 has no arithmetic, and at 16 bits the sign bit costs nothing measurable). Weights
+(:data:`WEIGHT_GRIDS`) are symmetric per output channel on the grid of their bits.
 
 The defaults are chosen by measurement (bench/int8_nncf.py, bench/log/2026-11.md "Issue 22 int8 vs NNCF" and "Issue 22
 round two: int8 numerics"): MSE clipping, the unsigned grid for non-negative values, no exit quantization (ResNet-50
@@ -34,10 +43,26 @@ from ..calibrate.int8_ranges import DEFAULT_ESTIMATOR, ESTIMATORS
 from ..errors import ConfigError
 from ..ir.marker_regions import calibration_targets
 from ..ir.sign import is_nonnegative
-from ..ops.quant import INT8_SYMMETRIC, UINT8, Grid
+from ..ops.quant import INT4_SYMMETRIC, INT8_SYMMETRIC, INT16_SYMMETRIC, UINT4, UINT8, Grid
 
 # the grids a plan names: name -> Grid (signedness, range and zero point are the Grid's)
-GRIDS: Mapping[str, Grid] = MappingProxyType({"int8": INT8_SYMMETRIC, "uint8": UINT8})
+GRIDS: Mapping[str, Grid] = MappingProxyType({
+    "int8": INT8_SYMMETRIC, "uint8": UINT8, "int16": INT16_SYMMETRIC, "int4": INT4_SYMMETRIC, "uint4": UINT4,
+})
+# the integer precisions a layer may have (its Int8Spec quantizes its inputs) -> the grids of its activations
+ACTIVATION_GRIDS: Mapping[torch.dtype, frozenset] = MappingProxyType({
+    torch.int8: frozenset({INT8_SYMMETRIC, UINT8}), torch.int16: frozenset({INT16_SYMMETRIC}),
+    torch.int4: frozenset({INT4_SYMMETRIC, UINT4}),
+})
+INTEGER_PRECISIONS = frozenset(ACTIVATION_GRIDS)
+# no CPU kernel computes on these: quantize -> dequantize, computed in float32 (AIMET QuantSim's simulation)
+SIMULATED_PRECISIONS = frozenset({torch.int16, torch.int4})
+# the integer precisions of model inputs/outputs (AIMET: int16, int8) -> their grid (quantize -> dequantize there)
+IO_GRIDS: Mapping[torch.dtype, Grid] = MappingProxyType({torch.int16: INT16_SYMMETRIC, torch.int8: INT8_SYMMETRIC})
+# weight bits -> the grid of per-output-channel symmetric weights
+WEIGHT_GRIDS: Mapping[torch.dtype, Grid] = MappingProxyType({
+    torch.int8: INT8_SYMMETRIC, torch.int16: INT16_SYMMETRIC, torch.int4: INT4_SYMMETRIC,
+})
 _SDPA_POSITIONS = (0, 1, 2)  # scaled_dot_product_attention's query, key, value
 
 
@@ -125,6 +150,16 @@ def activation_grid(value: torch.fx.Node, policy: QuantPolicy, known: dict | Non
     return UINT8 if policy.unsigned_activations and is_nonnegative(value, known) else INT8_SYMMETRIC
 
 
+def precision_grid(grid: Grid, precision: torch.dtype) -> Grid:
+    """The grid a value goes on at ``precision`` (int8, int16 or int4) given int8's decision ``grid`` for it
+    (:func:`activation_grid`): int16 is symmetric, int4 keeps int8's signedness (see the module docstring)."""
+    if precision == torch.int16:
+        return INT16_SYMMETRIC
+    if precision == torch.int4:
+        return UINT4 if grid == UINT8 else INT4_SYMMETRIC
+    return grid
+
+
 def value_grids(graph: torch.fx.Graph, names: Collection[str], policy: QuantPolicy) -> dict[str, Grid]:
     """The grid of each named value of ``graph`` (:func:`activation_grid`), for range calibration and the plan."""
     known: dict = {}
@@ -151,5 +186,6 @@ def grid_named(name) -> Grid:
     """The grid a plan names, or ConfigError saying which names exist."""
     if name not in GRIDS:
         raise ConfigError(f"int8 grid {name!r} is not one of {', '.join(GRIDS)} (\"int8\": signed [-127, 127], "
-                          "\"uint8\": unsigned [0, 255], both zero point 0).")
+                          "\"uint8\": unsigned [0, 255], \"int16\": [-32767, 32767], \"int4\": [-7, 7], \"uint4\": "
+                          "[0, 15], all zero point 0).")
     return GRIDS[name]

@@ -31,6 +31,12 @@ Before::                                       After::
                                                    w_dq = mixprec.dequantize_per_channel(p_w_int8, p_w_scale, 0, float32)
                                                    conv = aten.conv2d(x_dq, w_dq, p_b)
 
+The simulated int16/int4 layers (issue 32, AIMET QuantSim's semantics) are the same rewrite on other grids: their
+inputs quantized on the grids the plan records (``plan/quantization.py``: int16 [-32767, 32767], int4 [-7, 7], uint4
+[0, 15], through the ops of ``ops.custom.SIMULATED_OPS``), their weights stored per output channel on the grid of
+their bits (``plan/quantization.WEIGHT_GRIDS``: int16 as int16, int4 as int8 values in [-7, 7]) and dequantized by
+the same per-channel dequantize; the arithmetic is float32's, as for int8.
+
 Runs after cast insertion (so every float input of an int8 layer is already float32) and
 before parameter storage (which then leaves the int8 weights alone).
 """
@@ -48,7 +54,7 @@ from ..ir.work_program import STORED_KINDS
 from ..ops.custom import DEQUANTIZE_OPS, PER_TENSOR_OPS, QUANTIZE_OPS
 from ..ops.names import op_name, packet_name
 from ..ops.quant import INT8_SYMMETRIC, Grid, quantize_weight, symmetric_scale
-from ..plan.quantization import DEFAULT_POLICY, activation_grid
+from ..plan.quantization import DEFAULT_POLICY, INTEGER_PRECISIONS, WEIGHT_GRIDS, activation_grid, precision_grid
 from ..ops.table import INT8_WEIGHT_OPS
 from .casting import first_compute_node, origin_name, short_name, tensor_dtype
 from .context import RewriteContext
@@ -57,17 +63,22 @@ WEIGHT_ARG = 1  # the weight of aten.linear / aten.convNd
 WEIGHT_AXIS = 0  # their output channels
 
 
-def input_grid(plan, spec, origin: str, value: torch.fx.Node, known: dict | None = None) -> Grid:
-    """The grid the plan gives int8 input ``origin`` (read as ``value``); for a plan without grids (version 1),
-    the one ``plan/quantization.activation_grid`` decides with the plan's policy."""
+def input_grid(plan, spec, origin: str, value: torch.fx.Node, known: dict | None = None,
+               precision: torch.dtype = torch.int8) -> Grid:
+    """The grid the plan gives input ``origin`` (read as ``value``) of a layer of integer ``precision``; for a plan
+    without grids (version 1, or written by hand), the one ``plan/quantization.activation_grid`` decides with the
+    plan's policy, on the layer's precision (``precision_grid``)."""
     grid = spec.input_grid(origin)
-    return grid if grid is not None else activation_grid(value, plan.policy or DEFAULT_POLICY, known)
+    return grid if grid is not None else precision_grid(
+        activation_grid(value, plan.policy or DEFAULT_POLICY, known), precision)
 
 
-def output_grid(plan, spec, node: torch.fx.Node, known: dict | None = None) -> Grid:
-    """The grid of an int8 layer's quantized output, as :func:`input_grid`."""
+def output_grid(plan, spec, node: torch.fx.Node, known: dict | None = None,
+                precision: torch.dtype = torch.int8) -> Grid:
+    """The grid of an integer layer's quantized output, as :func:`input_grid`."""
     grid = spec.output_grid
-    return grid if grid is not None else activation_grid(node, plan.policy or DEFAULT_POLICY, known)
+    return grid if grid is not None else precision_grid(
+        activation_grid(node, plan.policy or DEFAULT_POLICY, known), precision)
 
 
 def is_quant_node(node) -> bool:
@@ -78,9 +89,21 @@ def is_dequant_node(node) -> bool:
     return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in DEQUANTIZE_OPS
 
 
+def weight_grid(decision, packet: str) -> Grid | None:
+    """The grid a layer's weight is stored on per output channel: int8 weights (int8 layers, or ``param_dtype=int8``
+    on a float layer), int16 weights (simulated, any layer), int4 weights on an integer layer (simulated); else None
+    (int4 weights on a float layer are weight-only kernels, not this pass's)."""
+    if decision is None or packet not in INT8_WEIGHT_OPS:
+        return None
+    bits = decision.stored_param_dtype
+    if bits == torch.int4 and decision.precision not in INTEGER_PRECISIONS:
+        return None
+    return WEIGHT_GRIDS.get(bits)
+
+
 def weight_quantized(decision, packet: str) -> bool:
-    """Whether a layer's weight is stored as per-channel int8."""
-    return decision is not None and decision.stored_param_dtype == torch.int8 and packet in INT8_WEIGHT_OPS
+    """Whether a layer's weight is stored as per-channel integers (:func:`weight_grid`)."""
+    return weight_grid(decision, packet) is not None
 
 
 def stored_source(work, node):
@@ -133,23 +156,24 @@ def quantize(ctx: RewriteContext) -> PassResult:
                 value = inp
                 if divisors is not None and _smoothable(work, node, inp, divisors):
                     value, columns = _smoothed(ctx, node, inp, origin, divisors, smoothed), divisors
-                grid = input_grid(ctx.plan, spec, origin, value, signs)
-                node.replace_input_with(inp, _fake_quant(work.graph, value, symmetric_scale(value_range, grid), grid))
+                grid = input_grid(ctx.plan, spec, origin, value, signs, decision.precision)
+                node.replace_input_with(inp, fake_quant(work.graph, value, symmetric_scale(value_range, grid), grid))
                 changed = True
             if spec.output is not None:
-                grid = output_grid(ctx.plan, spec, node, signs)
-                dq = _fake_quant(work.graph, node, symmetric_scale(spec.output, grid), grid)
+                grid = output_grid(ctx.plan, spec, node, signs, decision.precision)
+                dq = fake_quant(work.graph, node, symmetric_scale(spec.output, grid), grid)
                 quant = dq.args[0]
                 node.replace_all_uses_with(dq, delete_user_cb=lambda user: user is not quant)
                 changed = True
-        if weight_quantized(decision, packet_name(op_name(node.target))):
-            changed |= _store_int8_weight(work, node, decision.compute_dtype, weights, columns)
+        bits = weight_grid(decision, packet_name(op_name(node.target)))
+        if bits is not None:
+            changed |= _store_int8_weight(work, node, decision.compute_dtype, weights, columns, bits)
     if changed:
         work.sync_output_specs()
     return PassResult(changed)
 
 
-def _fake_quant(graph: torch.fx.Graph, value: torch.fx.Node, scale: float, grid: Grid = INT8_SYMMETRIC) -> torch.fx.Node:
+def fake_quant(graph: torch.fx.Graph, value: torch.fx.Node, scale: float, grid: Grid = INT8_SYMMETRIC) -> torch.fx.Node:
     """dequantize(quantize(value)) with ``scale`` on ``grid``, one per (value, scale, grid); a value already on that
     grid is kept."""
     q_op, dq_op = PER_TENSOR_OPS[grid]
@@ -238,12 +262,12 @@ def _fold_into_layer_norm(ctx, value, origin, divisors) -> bool:
     return True
 
 
-def _store_int8_weight(work, layer, dtype, done, columns=None) -> bool:
+def _store_int8_weight(work, layer, dtype, done, columns=None, grid: Grid = INT8_SYMMETRIC) -> bool:
     weight = layer.args[WEIGHT_ARG] if len(layer.args) > WEIGHT_ARG else None
     placeholder, spec, chain = stored_source(work, weight)
     if placeholder is None:  # a weight computed at run time stays float
         return False
-    key = (placeholder, chain, columns)
+    key = (placeholder, chain, columns, grid)
     if key not in done:
         tensor = work.stored_tensor(spec)
         for cast_dtype in chain:  # the weight as the layer reads it (e.g. rounded by the model's .half())
@@ -251,10 +275,11 @@ def _store_int8_weight(work, layer, dtype, done, columns=None) -> bool:
         if columns is not None:  # a smoothed input: its divisors move into the weight's columns (a copy)
             tensor = (tensor.detach().double() * torch.tensor(columns, dtype=torch.float64, device=tensor.device)
                       ).to(tensor.dtype)
-        q, scales = quantize_weight(tensor, WEIGHT_AXIS, INT8_SYMMETRIC)
+        q, scales = quantize_weight(tensor, WEIGHT_AXIS, grid)
         suffix = "".join(f"_{short_name(d)}" for d in chain) + ("_smoothed" if columns is not None else "")
+        bits = "int8" if grid == INT8_SYMMETRIC else f"int{(grid.absmax + 1).bit_length()}"  # int16, int4
         nodes = []
-        for kind, value in (("int8", q), ("scale", scales)):
+        for kind, value in ((bits, q), (f"{bits}_scale" if bits != "int8" else "scale", scales)):
             node = work.add_stored_input(
                 spec, f"{spec.target}{suffix}_{kind}", _stored(value, spec), f"{placeholder.name}{suffix}_{kind}"
             )

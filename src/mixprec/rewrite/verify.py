@@ -13,7 +13,9 @@ the pass that just ran.
 4. (``int8``) every input an int8 layer quantizes is the dequantized int8 value of that
    input with the scale of its range, a quantized output is read only through its quantize
    node, weights stored as int8 reach their layer through a per-channel dequantize of an int8
-   tensor, and no float copy of such a weight is read;
+   tensor, and no float copy of such a weight is read; the same for the simulated int16/int4 layers on their grids
+   (weights stored per channel on the grid of their bits, their values within it); model inputs and outputs of
+   an integer precision are read / leave through the boundary's quantize/dequantize with their range's scale;
 5. (``output_dtypes``) graph outputs have the requested dtypes;
 6. (``meta``, ``deep=True``) the dtypes in node meta are the dtypes the ops really produce:
    the graph is re-run on fake tensors and every tensor's dtype compared.
@@ -45,6 +47,7 @@ from ..ops.custom import DEQUANTIZE_OPS, GRID, PER_TENSOR_OPS, QUANTIZE_OPS
 from ..ops.quant import symmetric_scale
 from ..ops.names import op_name, packet_name
 from ..plan.input_contract import required_input_dtype
+from ..plan.quantization import IO_GRIDS, WEIGHT_GRIDS
 from .casting import is_mixprec_cast, origin_name, tensor_dtype
 from .context import RewriteContext
 from .quantize import (
@@ -53,8 +56,10 @@ from .quantize import (
     is_quant_node,
     output_grid,
     stored_source,
-    weight_quantized,
+    weight_grid,
 )
+
+_WEIGHT_STORAGE = frozenset(g.dtype for g in WEIGHT_GRIDS.values())  # what a per-channel dequantize reads
 
 _CHEAP = frozenset(CHECKED) - {"meta"}
 
@@ -177,6 +182,10 @@ def _check_int8(ctx, graph, where):
             grid = GRID[node.target]
             if not is_float(tensor_dtype(node.args[0])) or tensor_dtype(node) != grid.dtype:
                 raise InvariantError(f"quantize {node.name}{where} must turn a float tensor into {grid.dtype}")
+        elif node.target is torch.ops.mixprec.dequantize_per_channel.default:
+            if tensor_dtype(node.args[0]) not in _WEIGHT_STORAGE:
+                raise InvariantError(f"dequantize {node.name}{where} reads {tensor_dtype(node.args[0])}, not a stored "
+                                     f"weight's integers ({', '.join(sorted(map(str, _WEIGHT_STORAGE)))})")
         elif is_dequant_node(node) and tensor_dtype(node.args[0]) != GRID[node.target].dtype:
             raise InvariantError(
                 f"dequantize {node.name}{where} reads {tensor_dtype(node.args[0])}, not {GRID[node.target].dtype}"
@@ -192,14 +201,14 @@ def _check_int8(ctx, graph, where):
                 if value_range is None:
                     continue
                 source = inp.args[0].args[0] if is_dequant_node(inp) and is_quant_node(inp.args[0]) else inp
-                grid = input_grid(ctx.plan, spec, origin, source)
+                grid = input_grid(ctx.plan, spec, origin, source, precision=decision.precision)
                 if not _on_grid(inp, symmetric_scale(value_range, grid), grid):
                     raise InvariantError(
                         f"int8 layer {node.name}{where} reads {inp.name}, which is not {origin_name(inp, through_quantize=True)} "
                         f"quantized with scale {symmetric_scale(value_range, grid):.6g} on [{grid.qmin}, {grid.qmax}]"
                     )
             if spec.output is not None:
-                grid = output_grid(ctx.plan, spec, node)
+                grid = output_grid(ctx.plan, spec, node, precision=decision.precision)
                 scale = symmetric_scale(spec.output, grid)
                 q_op = PER_TENSOR_OPS[grid][0]
                 if not node.users or not all(u.target is q_op and u.args[1] == scale for u in node.users):
@@ -207,15 +216,26 @@ def _check_int8(ctx, graph, where):
                         f"int8 layer {node.name}{where}: its output must be read only through its quantize node "
                         f"(scale {scale:.6g}); readers: {', '.join(u.name for u in node.users)}"
                     )
-        if weight_quantized(decision, packet_name(op_name(node.target))) and len(node.args) > 1:
+        bits = weight_grid(decision, packet_name(op_name(node.target)))
+        if bits is not None and len(node.args) > 1:
             weight = node.args[1]
             if is_dequant_node(weight):
-                if weight.args[0].op != "placeholder" or stored_source(ctx.work, weight.args[0])[0] is None:
+                _, stored, _ = stored_source(ctx.work, weight.args[0])
+                if weight.args[0].op != "placeholder" or stored is None:
                     raise InvariantError(f"layer {node.name}{where}: its int8 weight is not a stored int8 tensor")
+                _check_weight_grid(node, ctx.work.stored_tensor(stored), bits, where)
             elif stored_source(ctx.work, weight)[0] is not None:  # a float copy of a stored weight
                 raise InvariantError(
                     f"layer {node.name}{where} stores its weights in int8 but reads the float weight {weight.name}"
                 )
+
+
+def _check_weight_grid(layer, tensor, grid, where) -> None:
+    """A stored per-channel weight holds integers of its grid's dtype within the grid (int4: [-7, 7] as int8)."""
+    if tensor.dtype != grid.dtype or (tensor.numel() and not grid.qmin <= int(tensor.min()) <= int(tensor.max())
+                                      <= grid.qmax):
+        raise InvariantError(f"layer {layer.name}{where}: its stored weight ({tensor.dtype}) is not on the grid "
+                             f"[{grid.qmin}, {grid.qmax}] as {grid.dtype} its plan gives it")
 
 
 def _on_grid(value, scale, grid) -> bool:
@@ -232,6 +252,14 @@ def _check_inputs(ctx, where):
         if dtype is None or position >= len(float_inputs) or tensor_dtype(float_inputs[position]) == dtype:
             continue
         node = float_inputs[position]
+        if dtype in IO_GRIDS:
+            grid = IO_GRIDS[dtype]
+            q_op = PER_TENSOR_OPS[grid][0]
+            scale = symmetric_scale(ctx.plan.input_ranges[position], grid)
+            if not node.users or not all(u.target is q_op and u.args[1] == scale for u in node.users):
+                raise InvariantError(f"model input {position} ({node.name}){where} is read otherwise than through its "
+                                     f"{dtype} quantize (scale {scale:.6g}): {', '.join(u.name for u in node.users)}")
+            continue
         for user in node.users:
             if not (is_mixprec_cast(user) and user.meta.get(META_ROLE) == "io_cast" and user.args[1] == dtype):
                 raise InvariantError(
@@ -245,6 +273,12 @@ def _check_outputs(ctx, where):
         if current is None:
             continue
         wanted = ctx.plan.outputs.get(position)
+        if wanted in IO_GRIDS:
+            grid = IO_GRIDS[wanted]
+            if not _on_grid(value, symmetric_scale(ctx.plan.output_ranges[position], grid), grid):
+                raise InvariantError(f"output {position}{where} ({value.name}) does not leave through its {wanted} "
+                                     "quantize/dequantize")
+            wanted = None
         if wanted is None and ctx.keep_io_types:
             wanted = ctx.captured_output_dtypes[position]
         if wanted is not None and wanted != current:

@@ -543,3 +543,42 @@ def test_a_layer_read_in_bf16_and_float32_keeps_writing_float32(monkeypatch):
     assert [n.args[5] for n in prog.runner.graph.nodes if n.target is KERNEL] == [torch.float32]
     with torch.inference_mode():
         assert torch.allclose(prog(x), prog.exported_program.module()(x), rtol=0, atol=1e-5)
+
+
+# ---- the simulated grids (issue 32: int16/int4, quantize -> dequantize in float32 on every target) ------------
+class SimulatedFakeQuant(torch.nn.Module):
+    """Each simulated grid's pair (int16, int4, uint4) and an int16 per-channel weight."""
+
+    def __init__(self):
+        super().__init__()
+        from mixprec.ops.quant import INT16_SYMMETRIC
+
+        w, scales = quantize_weight(torch.randn(6, 5), grid=INT16_SYMMETRIC)
+        self.register_buffer("w", w)
+        self.register_buffer("w_scales", scales)
+
+    def forward(self, v):
+        from mixprec.ops.custom import SIMULATED_OPS
+
+        out = [torch.ops.mixprec.dequantize_per_channel(self.w, self.w_scales, 0, torch.float32)]
+        for q_op, dq_op in SIMULATED_OPS.values():
+            q = q_op(v, SCALE)
+            out += [q, dq_op(q, SCALE, torch.float32)]
+        return tuple(out)
+
+
+@pytest.mark.parametrize("table", [qdq.ATEN, qdq.OPENVINO_FLOAT, qdq.OPENVINO_INT8])
+def test_the_simulated_grids_are_the_aten_arithmetic_on_every_target_bit_for_bit(table):
+    """Every table (OpenVINO's int8 one too: no kernel computes on int16/int4) spells the simulated ops in ATen
+    float arithmetic, with the custom ops' values bit for bit, also under inductor."""
+    x = torch.cat([_boundary_values() * 300, _boundary_values() / 20])  # the int16 range's ends and int4's
+    fake_quant = SimulatedFakeQuant()
+    expected = fake_quant(x)
+    module = torch.export.export(fake_quant, (x,)).module()
+    assert qdq.lower(module, table).lowered
+    assert not any(str(n.target).startswith("mixprec.") for n in module.graph.nodes if n.op == "call_function")
+    assert not any(str(n.target).startswith("quantized_decomposed.") for n in module.graph.nodes)
+    runs = [module(x)] + ([torch.compile(module, backend="inductor", fullgraph=True)(x)] if table is qdq.ATEN else [])
+    for got in runs:
+        assert all(g.dtype == e.dtype and torch.equal(g, e) for g, e in zip(got, expected))
+    assert [t.dtype for t in expected[1::2]] == [torch.int16, torch.int8, torch.uint8]

@@ -15,7 +15,7 @@ from mixprec.ir.graph_info import GraphInfo, NodeInfo
 from mixprec.plan.precision_plan import Int8Spec, NodePrecision, PrecisionPlan
 from mixprec.plan.sources import requests
 
-ALLOWED = "bfloat16, float16, float32, float64, int8"
+ALLOWED = "bfloat16, float16, float32, float64, int16, int4, int8"
 
 
 @pytest.fixture(scope="module")
@@ -120,3 +120,14 @@ def test_int8_inputs_that_the_layer_does_not_read_are_named_with_what_it_reads(i
     message = rf"quantizes input\(s\) 'linear_1' of layer 'linear', which reads {reads}"
     with pytest.raises(ConfigError, match=message):
         requests.decide(info, plan)
+
+
+def test_int4_weights_are_taken_on_an_integer_layer_only(info):
+    """int4 weights beside int8/int16 activations are simulated (issue 32); beside float activations they would be
+    weight-only kernels, which this source does not take."""
+    for precision in (torch.int8, torch.int16):
+        plan = PrecisionPlan({"linear": NodePrecision(precision, param_dtype=torch.int4)})
+        assert requests.decide(info, plan)["linear"].param_dtype == torch.int4
+    assert requests.decide(info, PrecisionPlan({"linear": NodePrecision(torch.float32, param_dtype=torch.int16)}))
+    with pytest.raises(ConfigError, match="param_dtype=int4, which mixprec cannot use"):
+        requests.decide(info, PrecisionPlan({"linear": NodePrecision(torch.bfloat16, param_dtype=torch.int4)}))

@@ -51,9 +51,9 @@ why every spelling below gives the custom ops' values bit for bit (tests/backend
       y = aten.linear(r_dq, w_dq, b)                                                         f32, 0)
                                                              (f32 -> bf16 if only bf16 layers read y: see above)
 
-A new grid (zero-point activations) is a parameter of the same rules (``ops.custom.GRID``), a
-new target a new table. Each lowering is a backend pass with a contract (``ir/passes.py``), checked by the
-verifier in tests (``__init__.py``).
+A new grid is a parameter of the same rules (``ops.custom.GRID``), a new target a new table. The simulated grids
+(int16/int4, ``ops.custom.SIMULATED_OPS``) are the ATen arithmetic on every target (OpenVINO's included). Each
+lowering is a backend pass with a contract (``ir/passes.py``), checked by the verifier in tests (``__init__.py``).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ import torch
 from torch._guards import detect_fake_mode
 
 from ...ir.passes import GraphPass, PassResult
-from ...ops.custom import GRID
+from ...ops.custom import GRID, SIMULATED_OPS
 from ...ops.quant import UINT8, UINT8_7BIT, UINT8_SHIFTED, dequantize, quantize
 from . import cpu, onednn
 from ...ir.sign import is_nonnegative
@@ -344,9 +344,11 @@ def _attr(module, node):
 
 
 # ---- the tables ---------------------------------------------------------------------------------------------
+# simulated grids (int16/int4, ``ops/custom.py``) are float arithmetic on every target: no kernel computes on them
+_SIMULATED = {op: rule for pair in SIMULATED_OPS.values() for op, rule in zip(pair, (_aten_quantize, _aten_dequantize))}
 _ATEN_RULES = MappingProxyType({
     _QUANT: _aten_quantize, _DEQUANT: _aten_dequantize, _QUANT_U8: _aten_quantize, _DEQUANT_U8: _aten_dequantize,
-    _DEQUANT_CHANNEL: _aten_dequantize_channel,
+    _DEQUANT_CHANNEL: _aten_dequantize_channel, **_SIMULATED,
 })
 ATEN = Table("aten", _ATEN_RULES)
 OPENVINO_FLOAT = Table("openvino_float", _ATEN_RULES)
@@ -354,7 +356,7 @@ OPENVINO_INT8 = Table(
     "openvino_int8",
     MappingProxyType({
         _QUANT: _decomposed_quantize, _DEQUANT: _decomposed_dequantize, _QUANT_U8: _decomposed_quantize,
-        _DEQUANT_U8: _decomposed_dequantize, _DEQUANT_CHANNEL: _aten_dequantize_channel,
+        _DEQUANT_U8: _decomposed_dequantize, _DEQUANT_CHANNEL: _aten_dequantize_channel, **_SIMULATED,
     }),
 )
 ONEDNN = Table("onednn", MappingProxyType({aten.linear.default: _onednn_linear}), dead_code=True)

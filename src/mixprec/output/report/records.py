@@ -1,5 +1,9 @@
 """LayerRecord: what happened to one layer, read from the plan and the rewritten graph (and, in
-``runs_as``, from the backend that runs it)."""
+``runs_as``, from the backend that runs it).
+
+A simulated layer (int16/int4 activations, issue 32: quantize -> dequantize, computed in float32) always has
+``runs_as`` "simulated int16 (runs f32)" (:func:`simulated_runs_as`), on every backend: no kernel computes in its
+precision, so its FLOPs are float32's (:func:`runs_in`), never low-precision ones."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import torch
 from ...dtypes import dtype_from_name, dtype_name
 from ...ir.graph_info import META_ACC, META_ROLE, GraphInfo, tensor_metas
 from ...plan.precision_plan import PrecisionPlan
+from ...plan.quantization import INTEGER_PRECISIONS, SIMULATED_PRECISIONS
 from .reading import layer_fields
 
 
@@ -99,8 +104,19 @@ _RUNS_AS_NAMES = MappingProxyType({
 _RUNS_AS_DTYPES = MappingProxyType({name: dtype for dtype, name in _RUNS_AS_NAMES.items()})
 
 
+_SIMULATED = "simulated"
+
+
+def simulated_runs_as(precision: torch.dtype) -> str | None:
+    """``runs_as`` of a layer of a simulated precision ("simulated int16 (runs f32)"); None for any other."""
+    return f"{_SIMULATED} {dtype_name(precision)} (runs f32)" if precision in SIMULATED_PRECISIONS else None
+
+
 def runs_in(record: LayerRecord) -> torch.dtype:
-    """The dtype a layer computes in as its backend runs it: ``runs_as``'s type, else its precision."""
+    """The dtype a layer computes in as its backend runs it: ``runs_as``'s type, else its precision (float32 for a
+    simulated layer)."""
+    if record.runs_as and record.runs_as.startswith(_SIMULATED + " "):
+        return torch.float32
     if record.runs_as:
         dtype = _RUNS_AS_DTYPES.get(record.runs_as.split(" ", 1)[0])
         if dtype is not None:
@@ -122,8 +138,8 @@ def with_runs_as(records: list[LayerRecord], computes_in: Mapping[str, torch.dty
     out = []
     for record in records:
         dtype = computes_in.get(record.name)
-        runs_as = None
-        if dtype is not None and dtype != record.precision:
+        runs_as = simulated_runs_as(record.precision)
+        if runs_as is None and dtype is not None and dtype != record.precision:
             runs_as = f"{_RUNS_AS_NAMES.get(dtype, dtype)} on {backend}"
         out.append(record if runs_as == record.runs_as else dataclasses.replace(record, runs_as=runs_as))
     return out
@@ -141,7 +157,7 @@ def build_records(
         node = nodes.get(name)
         inputs, outputs = (), ()
         if node is not None:
-            int8 = decision.precision == torch.int8
+            int8 = decision.precision in INTEGER_PRECISIONS
             inputs = tuple(_tensor_records(_through_dq(_through_acc(node, inp), int8)) for inp in node.all_input_nodes)
             inputs = tuple(t for group in inputs for t in group)
             outputs = _output_records(node, int8)
@@ -163,6 +179,7 @@ def build_records(
                 outputs=outputs,
                 in_graph=node is not None,
                 timings=timings.get(name),
+                runs_as=simulated_runs_as(decision.precision),
             )
         )
     return records
