@@ -15,8 +15,8 @@ channels; symmetric or not: ``NodePrecision``), once per weight and layer dtype 
 scales are stored in the layer's dtype (the kernels take them so). The float weight leaves the program's state unless
 another layer still reads it. A weight the int4 kernel cannot take (N % 16 != 0, or a group other than 32..256) is
 stored as plain nibbles and dequantized at use (``packed=False``). A Linear whose input channels do not split in
-groups of ``weight_group`` (or, for int4, are odd) keeps its float weight, and a warning says so — as do
-convolutions with int4 weights (int8 weights of other layers are ``rewrite/quantize.py``'s per-channel int8).
+groups of ``weight_group`` gets one scale per output channel, one with an odd number of input channels and int4 weights
+keeps its float weight, and a warning says so — as do convolutions with int4 weights (int8 weights of other layers are ``rewrite/quantize.py``'s per-channel int8).
 
 Runs after cast insertion (the activation and bias already have the layer's dtype) and before parameter storage
 (which stores the bias in that dtype and leaves the integer weights alone).
@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 LINEAR = torch.ops.aten.linear.default
 INT8_OP = torch.ops.mixprec.linear_int8_weight.default
 INT4_OP = torch.ops.mixprec.linear_int4_weight.default
+BITS_NAMES = {torch.int8: "int8", torch.int4: "int4"}
 
 
 def weight_only_layer(decision, node) -> bool:
@@ -78,14 +79,18 @@ def _rewrite_linear(work, node, decision, stored) -> bool:
     tensor = work.stored_tensor(spec)
     out_features, in_features = tensor.shape
     group, bits = decision.weight_group, decision.param_dtype
-    if (group is not None and in_features % group) or (bits == torch.int4 and in_features % 2):
-        log.warning("layer %s keeps its float weight: its %d input channels do not split in groups of %s%s",
-                    node.name, in_features, group, " (int4 needs an even count)" if bits == torch.int4 else "")
+    if bits == torch.int4 and in_features % 2:
+        log.warning("layer %s keeps its float weight: int4 weights need an even number of input channels, it has %d",
+                    node.name, in_features)
         return False
+    if group is not None and in_features % group:
+        log.warning("layer %s: its %d input channels do not split in groups of %d; its weights get one scale per "
+                    "output channel", node.name, in_features, group)
+        group = None
     dtype = decision.compute_dtype
     key = (placeholder, bits, group, decision.weight_symmetric, dtype)
     if key not in stored:
-        stored[key] = _store(work, placeholder, spec, tensor, decision, dtype)
+        stored[key] = _store(work, placeholder, spec, tensor, decision, group, dtype)
     op, leading, trailing = stored[key]
     node.target = op
     node.args = (x, *leading, *trailing, bias)
@@ -99,28 +104,28 @@ def _rewrite_linear(work, node, decision, stored) -> bool:
     return True
 
 
-def _store(work, placeholder, spec, tensor, decision, dtype):
+def _store(work, placeholder, spec, tensor, decision, group, dtype):
     """The stored tensors of one weight: (op, stored placeholders, constant arguments after them)."""
-    group, symmetric = decision.weight_group, decision.weight_symmetric
+    symmetric = decision.weight_symmetric
     out_features, in_features = tensor.shape
-    suffix = f"_{short_name(decision.param_dtype)}" + (f"_g{group}" if group else "") + ("" if symmetric else "_asym")
-    suffix += f"_{short_name(dtype)}"
+    suffix = f"_{BITS_NAMES[decision.param_dtype]}" + (f"_g{group}" if group else "") + ("" if symmetric else "_asym")
+    suffix += f"_{short_name(dtype)}" if dtype != tensor.dtype else ""  # e.g. 'w_int4_g128_bf16_scale_zero'
 
     def add(kind, value):
-        target = f"{spec.target}{suffix}_{kind}"
-        node = work.add_stored_input(spec, target, _stored(value.contiguous(), spec), f"{placeholder.name}{suffix}_{kind}")
+        target = f"{spec.target}{suffix}{kind}"
+        node = work.add_stored_input(spec, target, _stored(value.contiguous(), spec), f"{placeholder.name}{suffix}{kind}")
         node.meta["val"] = _fake_like(placeholder.meta["val"], value)
         node.meta[META_ORIGIN] = placeholder.meta.get(META_ORIGIN, placeholder.name)
         return node
 
     if decision.param_dtype == torch.int8:
         q, scales, offsets = wo.quantize_int8(tensor, group, symmetric)
-        nodes = [add("int8", q), add("scale", scales.to(dtype))]
-        nodes.append(add("offset", offsets.to(dtype)) if offsets is not None else None)
+        nodes = [add("", q), add("_scale", scales.to(dtype))]
+        nodes.append(add("_offset", offsets.to(dtype)) if offsets is not None else None)
         return INT8_OP, tuple(nodes), ()
     u, scales, zeros = wo.quantize_int4(tensor, group, symmetric)
     packed = wo.int4_packable(out_features, in_features, group, tensor.device)
     weight = wo.pack_int4(u) if packed else wo.to_nibbles(u)
     both = wo.int4_scales_and_zeros(scales, zeros, in_features, group).to(dtype)
     kernel_group = in_features // both.shape[0]
-    return INT4_OP, (add("int4", weight), add("scale_zero", both)), (kernel_group, packed)
+    return INT4_OP, (add("", weight), add("_scale_zero", both)), (kernel_group, packed)
