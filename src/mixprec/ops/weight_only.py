@@ -178,6 +178,7 @@ def int4_scales_and_zeros(scales: torch.Tensor, zeros: torch.Tensor, in_features
 def linear_int8_weight(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None,
                        bias: torch.Tensor | None) -> torch.Tensor:
     """x @ (q * s + o).T + bias in x's dtype: ``aten._weight_int8pack_mm`` where it runs, else dequantized."""
+    check_int8_arguments(x, weight, scales, offsets, bias)
     lead, k = x.shape[:-1], x.shape[-1]
     flat = x.reshape(-1, k)
     if scales.shape[1] == 1 and x.device.type == "cpu" and x.dtype in KERNEL_DTYPES and weight.device == x.device:
@@ -196,6 +197,7 @@ def linear_int4_weight(x: torch.Tensor, weight: torch.Tensor, scales_and_zeros: 
                        packed: bool, bias: torch.Tensor | None) -> torch.Tensor:
     """x @ ((u - 8) * s + z).T + bias in x's dtype: ``aten._weight_int4pack_mm_for_cpu`` on a packed weight where it
     runs, else dequantized. ``group``: the kernel group of ``scales_and_zeros`` [K / group, N, 2]."""
+    check_int4_arguments(x, weight, scales_and_zeros, group, bias)
     lead, k = x.shape[:-1], x.shape[-1]
     flat = x.reshape(-1, k)
     if packed and x.device.type == "cpu" and x.dtype in KERNEL_DTYPES and weight.device == x.device:
@@ -212,12 +214,41 @@ def linear_int4_weight(x: torch.Tensor, weight: torch.Tensor, scales_and_zeros: 
 
 @linear_int8_weight.register_fake
 def _(x, weight, scales, offsets, bias):
+    check_int8_arguments(x, weight, scales, offsets, bias)
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
 @linear_int4_weight.register_fake
 def _(x, weight, scales_and_zeros, group, packed, bias):
+    check_int4_arguments(x, weight, scales_and_zeros, group, bias)
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+# ---- the ops' contracts (their fake kernels check them: a loaded program with other shapes is refused) -------------
+def check_int8_arguments(x, weight, scales, offsets, bias) -> None:
+    torch._check(weight.dtype == torch.int8 and weight.dim() == 2, lambda: "the int8 weight must be int8 [N, K]")
+    n, k = weight.shape
+    torch._check(x.dim() >= 1 and x.shape[-1] == k, lambda: f"the input's last size must be the weight's K = {k}")
+    torch._check(scales.dim() == 2 and scales.shape[0] == n and scales.shape[1] >= 1,
+                 lambda: f"the scales must be [{n}, groups]")
+    torch._check(k % scales.shape[1] == 0, lambda: f"{scales.shape[1]} groups do not split K = {k}")
+    torch._check(offsets is None or offsets.shape == scales.shape, lambda: "the offsets must have the scales' shape")
+    _check_bias(bias, n)
+
+
+def check_int4_arguments(x, weight, scales_and_zeros, group, bias) -> None:
+    torch._check(weight.dtype == torch.uint8 and weight.dim() == 2, lambda: "the int4 weight must be uint8 [N, K/2]")
+    n, k = weight.shape[0], 2 * weight.shape[1]
+    torch._check(x.dim() >= 1 and x.shape[-1] == k, lambda: f"the input's last size must be 2 * weight.shape[1] = {k}")
+    torch._check(group > 0 and k % group == 0, lambda: f"group {group} does not split K = {k}")
+    torch._check(scales_and_zeros.dim() == 3 and scales_and_zeros.shape[0] == k // max(group, 1)
+                 and scales_and_zeros.shape[1] == n and scales_and_zeros.shape[2] == 2,
+                 lambda: f"the scales and zeros must be [{k // max(group, 1)}, {n}, 2]")
+    _check_bias(bias, n)
+
+
+def _check_bias(bias, n) -> None:
+    torch._check(bias is None or (bias.dim() == 1 and bias.shape[0] == n), lambda: f"the bias must be [{n}]")
 
 
 WEIGHT_ONLY_OPS = frozenset({torch.ops.mixprec.linear_int8_weight.default, torch.ops.mixprec.linear_int4_weight.default})
