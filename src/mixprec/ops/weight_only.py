@@ -251,4 +251,6 @@ def _check_bias(bias, n) -> None:
     torch._check(bias is None or (bias.dim() == 1 and bias.shape[0] == n), lambda: f"the bias must be [{n}]")
 
 
-WEIGHT_ONLY_OPS = frozenset({torch.ops.mixprec.linear_int8_weight.default, torch.ops.mixprec.linear_int4_weight.default})
+WEIGHT_ONLY_OPS = frozenset(
+    {torch.ops.mixprec.linear_int8_weight.default, torch.ops.mixprec.linear_int4_weight.default}
+)

@@ -16,7 +16,8 @@ scales are stored in the layer's dtype (the kernels take them so). The float wei
 another layer still reads it. A weight the int4 kernel cannot take (N % 16 != 0, or a group other than 32..256) is
 stored as plain nibbles and dequantized at use (``packed=False``). A Linear whose input channels do not split in
 groups of ``weight_group`` gets one scale per output channel, one with an odd number of input channels and int4 weights
-keeps its float weight, and a warning says so — as do convolutions with int4 weights (int8 weights of other layers are ``rewrite/quantize.py``'s per-channel int8).
+keeps its float weight, and a warning says so — as do convolutions with int4 weights (int8 weights of other
+layers are ``rewrite/quantize.py``'s per-channel int8).
 
 Runs after cast insertion (the activation and bias already have the layer's dtype) and before parameter storage
 (which stores the bias in that dtype and leaves the integer weights alone).
@@ -113,7 +114,8 @@ def _store(work, placeholder, spec, tensor, decision, group, dtype):
 
     def add(kind, value):
         target = f"{spec.target}{suffix}{kind}"
-        node = work.add_stored_input(spec, target, _stored(value.contiguous(), spec), f"{placeholder.name}{suffix}{kind}")
+        stored = _stored(value.contiguous(), spec)
+        node = work.add_stored_input(spec, target, stored, f"{placeholder.name}{suffix}{kind}")
         node.meta["val"] = _fake_like(placeholder.meta["val"], value)
         node.meta[META_ORIGIN] = placeholder.meta.get(META_ORIGIN, placeholder.name)
         return node
