@@ -60,7 +60,8 @@ def weight_only(ctx: RewriteContext) -> PassResult:
         if not is_weight_only(decision) or node.op != "call_function":
             continue
         if node.target is not LINEAR:
-            if decision.param_dtype == torch.int4:
+            reads_weights = any(stored_source(work, a)[0] is not None for a in node.all_input_nodes)
+            if decision.param_dtype == torch.int4 and reads_weights:
                 log.warning("layer %s (%s) keeps float weights: weight-only int4 runs Linears only", node.name,
                             node.target)
             continue
