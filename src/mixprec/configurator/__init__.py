@@ -16,7 +16,10 @@ otherwise.)
 its parameters are stored in (cast at use when it differs). int8 activations quantize the values
 entering each module from outside it, with ranges calibrated on ``apply``'s ``calibration_dataloader`` (else
 the inputs given to it), in one pass with the ranges of int8 marker regions (``calibrate.entry``); int8
-parameters store convolution and linear weights per output channel. The value *leaving* an int8 module is the
+parameters store convolution and linear weights per output channel. A float ``activation`` with int8 or int4
+weights is weight-only (W8A16 / W4A16: ``set_precision(..., group_size=, symmetric=)``, ``vocabulary.py`` says
+why keywords; the Linears run the int8/int4 weight kernels, ``rewrite/weight_only.py``). The value *leaving* an
+int8 module is the
 dequantized result, as an int8 kernel delivers it (int32 sums scaled back to float): it is quantized where the
 next int8 module reads it, not on its way out — quantizing it there too costs accuracy (a conv's output
 before its batch norm and relu, on the signed grid; a Linear's output with the outliers of the residual stream)
