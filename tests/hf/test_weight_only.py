@@ -85,3 +85,17 @@ def test_weight_only_options_are_checked():
         mixprec.hf.compile_for_generation(model, weights="int4", lm_head="fp8")
     with pytest.raises(mixprec.ConfigError, match="not both"):
         mixprec.hf.compile_for_generation(model, weights="int4", plan=mixprec.PrecisionPlan())
+
+
+def test_a_weight_only_static_cache_program_round_trips_through_hf_save(tmp_path):
+    """mixprec.hf.save / load of a W4A16 static-cache decoder: the int4 weights come back packed, same tokens."""
+    model = _llama()
+    prompt = torch.randint(2, 64, (1, 6))
+    lm = mixprec.hf.compile_for_generation(model, prompt, static_cache=True, max_cache_len=32, weights="int4",
+                                           group_size=64)
+    loaded = mixprec.hf.load(mixprec.hf.save(lm, tmp_path / "lm"))
+    state = loaded.program.exported_program.state_dict
+    assert state["model.layers.1.self_attn.q_proj.weight_int4_g64"].dtype == torch.uint8
+    options = dict(attention_mask=torch.ones_like(prompt), max_new_tokens=8, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        assert torch.equal(loaded.generate(prompt, **options), lm.generate(prompt, **options))
