@@ -185,3 +185,19 @@ def test_batch_norm_with_fp32_statistics_on_low_precision_input_matches_torch_au
         mine = prog(*inputs)
     their_error = (theirs - expected).norm() / expected.norm()
     assert (mine - theirs).norm() / expected.norm() <= 0.25 * their_error  # bf16 statistics: 2x their error
+
+
+def test_weight_only_layers_call_the_int8_and_int4_kernels_as_extern_kernels():
+    """Inductor keeps mixprec's weight-only ops as calls (extern kernels) of the same eager kernels: the compiled
+    program equals the eager backend's, int8 and int4, fp32 and bf16 activations."""
+    model = torch.nn.Sequential(torch.nn.Linear(256, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64)).eval()
+    x = torch.randn(4, 256)
+    cfg = mixprec.MixedPrecisionConfigurator(model, (x,))
+    cfg.set_precision(model[0], activation="bf16", param={"weight": "int4"}, group_size=32)
+    cfg.set_precision(model[2], activation="fp32", param={"weight": "int8"}, symmetric=False)
+    plan = cfg.apply()
+    eager = mixprec.compile(model, (x,), plan=plan)
+    prog = mixprec.compile(model, (x,), plan=plan, backend="inductor")
+    assert torch.equal(prog(x), eager(x))
+    targets = {n.target for n in prog.exported_program.graph.nodes if n.op == "call_function"}
+    assert {torch.ops.mixprec.linear_int4_weight.default, torch.ops.mixprec.linear_int8_weight.default} <= targets

@@ -36,6 +36,7 @@ from ..plan.quantization import (
     INTEGER_PRECISIONS, IO_GRIDS, SIMULATED_PRECISIONS, QuantPolicy, calibration_grids, grid_name, precision_grid,
 )
 from .vocabulary import short_name_of
+from . import vocabulary
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,6 +200,7 @@ class _Resolver:
             out[name] = NodePrecision(
                 activation, None, "plan", reason, param if param != activation else None, specs.get(name)
             )
+            out[name] = vocabulary.weight_only_decision(out[name], request)  # weight-only: group, symmetry
         return out
 
     def _paths_of(self, request) -> list[str]:

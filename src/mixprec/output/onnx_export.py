@@ -38,10 +38,12 @@ from torch.export.graph_signature import OutputKind
 from ..dtypes import dtype_name, is_float
 from ..errors import ConfigError, UnsupportedModelError
 from ..ir.graph_info import META_ACC, META_ROLE, module_of
+from . import onnx_weight_only
 
 _REQUIRED = ("onnx", "onnxscript")
 _SCOPES = "pkg.torch.onnx.name_scopes"
 _ORIGINAL_NAME = "pkg.torch.onnx.original_node_name"
+_KEPT = frozenset({"Cast", "DequantizeLinear"})  # never folded into constants
 _BF16_OPSET = 22  # ONNX opset 22 added bfloat16 to Conv, ConvTranspose, MaxPool, AveragePool, ...
 
 
@@ -63,6 +65,9 @@ def export_onnx(prog, path, *, opset_version: int | None = None, optimize: bool 
     path = os.fspath(path)
     if opset_version is None and _holds(ep, torch.bfloat16):
         opset_version = _BF16_OPSET
+    weight_only = onnx_weight_only.holds_weight_only(ep)
+    if weight_only and (opset_version or 0) < onnx_weight_only.OPSET:
+        opset_version = onnx_weight_only.OPSET  # int4 DequantizeLinear with block_size
     try:
         onnx_program = torch.onnx.export(
             ep,
@@ -72,6 +77,7 @@ def export_onnx(prog, path, *, opset_version: int | None = None, optimize: bool 
             verbose=False,
             opset_version=opset_version,
             output_names=_output_names(ep),
+            custom_translation_table=onnx_weight_only.translations() if weight_only else None,
         )
     except Exception as e:  # the exporter raises many types; all mean "could not translate"
         raise UnsupportedModelError(
@@ -81,6 +87,8 @@ def export_onnx(prog, path, *, opset_version: int | None = None, optimize: bool 
             reason=str(e),
         ) from e
 
+    if weight_only:
+        onnx_weight_only.int4_initializers(onnx_program.model, ep)
     if optimize:
         onnx_program.optimize()
     else:
@@ -120,7 +128,8 @@ def _simplify(model) -> None:
 
     optimizer.inline(model)
     provenance = {v.name: dict(n.metadata_props) for n in model.graph.all_nodes() for v in n.outputs}
-    optimizer.fold_constants(model, should_fold=lambda node: False if node.op_type == "Cast" else None)
+    # nor DequantizeLinear: weight-only layers keep their int8/int4 initializers (onnx_weight_only.py)
+    optimizer.fold_constants(model, should_fold=lambda node: False if node.op_type in _KEPT else None)
     optimizer.remove_unused_nodes(model)
     for node in model.graph.all_nodes():  # a node the folder made in place of another keeps its provenance
         if not node.metadata_props:

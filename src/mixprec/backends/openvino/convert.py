@@ -13,6 +13,8 @@ private copy of the program — the program the user holds and saves is not chan
   ``backends/lowering/qdq.py`` (FakeQuantize patterns for OpenVINO's int8 kernels) where those kernels are
   exact on this CPU (``backends/lowering/cpu.py``), by the OPENVINO_FLOAT table (float32 fake quantization,
   today's numerics) elsewhere.
+* **weight-only layers** (``compressed.py``): int8/int4 weights as compressed constants OpenVINO fuses into its
+  weight-compressed FullyConnected.
 * **a flat tuple of output tensors** (``tensor_outputs``): outputs that are not tensors (``return y, 3``)
   are put back by the runner, which also rebuilds the output structure; OpenVINO's decoder takes neither.
 
@@ -36,6 +38,7 @@ from ...ops.quant import INT8_SYMMETRIC
 from ..lowering import cpu, run_passes
 from ..lowering.qdq import QDQ_OPENVINO_FLOAT, QDQ_OPENVINO_INT8
 from .audit import NodeNames
+from .compressed import LOWER_WEIGHT_ONLY, as_u4
 
 
 def import_openvino():
@@ -81,6 +84,7 @@ def convert_program(exported_program, *, int8_kernels: bool | None = None) -> Co
             # (the decomposed program, whose nodes name OpenVINO's operations): audit.NodeNames
             decoder = _decoder(prepared)
             model = ov.convert_model(decoder if decoder is not None else prepared)
+            as_u4(model)  # weight-only int4: u4 compressed constants (compressed.py)
     except Exception as e:  # OpConversionFailure, and whatever its decoder raises on odd graphs
         text = str(e)
         ops = _failed_ops(text)
@@ -120,7 +124,8 @@ def for_openvino(exported_program, *, int8_kernels: bool | None = None):
 
     kernels = int8_kernels_default() if int8_kernels is None else int8_kernels
     work = WorkProgram.from_exported(exported_program)
-    run_passes(work, (contiguous_state, QDQ_OPENVINO_INT8 if kernels else QDQ_OPENVINO_FLOAT, drop_constant_outputs))
+    run_passes(work, (contiguous_state, QDQ_OPENVINO_INT8 if kernels else QDQ_OPENVINO_FLOAT, LOWER_WEIGHT_ONLY,
+                      drop_constant_outputs))
     return work.to_exported()
 
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 import dataclasses
 import difflib
 
-import torch
 
 from ...dtypes import FLOAT_DTYPES, PLAN_PRECISIONS, dtype_name
 from ...errors import ConfigError
 from ...ir.graph_info import GraphInfo
 from ..precision_plan import NodePrecision, PrecisionPlan
-from ..quantization import INTEGER_PRECISIONS, WEIGHT_GRIDS
+from ..quantization import WEIGHT_GRIDS
 
 
 def decide(info: GraphInfo, requested: PrecisionPlan | None) -> dict[str, NodePrecision]:
@@ -70,6 +69,8 @@ def _check_precisions(info: GraphInfo, name: str, entry) -> None:
         )
     for field in ("accumulate", "param_dtype"):
         value = getattr(entry, field)
+        # int8/int16 weights on any layer; int4 weights weight-only on a float layer (W4A16) or simulated on an
+        # integer one
         if value is not None and value not in FLOAT_DTYPES and not (field == "param_dtype" and _integer_weights(entry)):
             raise ConfigError(
                 f"the plan gives layer '{name}' {field}={dtype_name(value)}, which mixprec cannot use; "
@@ -78,6 +79,6 @@ def _check_precisions(info: GraphInfo, name: str, entry) -> None:
 
 
 def _integer_weights(entry) -> bool:
-    """int8 or int16 weights on any layer; int4 weights on an integer layer (simulated, issue 32)."""
-    weights = entry.param_dtype
-    return weights in WEIGHT_GRIDS and (weights != torch.int4 or entry.precision in INTEGER_PRECISIONS)
+    """int8 or int16 weights on any layer; int4 weights on an integer layer (simulated, issue 32) or a float one
+    (weight-only W4A16)."""
+    return entry.param_dtype in WEIGHT_GRIDS

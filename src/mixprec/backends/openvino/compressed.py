@@ -1,0 +1,174 @@
+"""Weight-only layers on OpenVINO: compressed weight constants, which OpenVINO fuses into its weight-compressed
+FullyConnected (W8A16 / W4A16 run by OpenVINO's own kernels).
+
+OpenVINO converts no mixprec operator, and its CPU plugin recognises a compressed weight by its pattern::
+
+    Constant (i8 / u8 / u4) -> Convert (f32) -> [Subtract zero point] -> Multiply scale -> [Reshape] -> MatMul
+
+Two steps make that pattern:
+
+* :data:`LOWER_WEIGHT_ONLY`, a backend graph pass on the prepared copy of the program (``convert.py``), spells each
+  ``mixprec.linear_int8_weight`` / ``linear_int4_weight`` as those ATen ops around ``aten.linear``: int8 weights as
+  they are stored (i8 constant, per-channel or grouped scales, the asymmetric offset as a float zero point
+  ``-o / s``); int4 weights unpacked to one value per byte (u8 ``[N, K/group, group]``) with the zero point
+  ``8 - z / s`` (the same numbers as the kernel's ``(u - 8) * s + z``).
+* :func:`as_u4` on the converted ``openvino.Model``: the u8 constants of int4 weights become u4 constants (OpenVINO's
+  PyTorch frontend has no 4-bit tensor to read), and the Reshape that flattens grouped weights gets a constant shape
+  (the frontend computes it from the input's shape, which hides the pattern).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch._guards import detect_fake_mode
+
+from ...ir.passes import PassResult, backend_pass
+from ...ops import weight_only as wo
+
+aten = torch.ops.aten
+INT8_OP = torch.ops.mixprec.linear_int8_weight.default
+INT4_OP = torch.ops.mixprec.linear_int4_weight.default
+INT4_MAX = 15
+
+
+@backend_pass("weight_only_compressed")
+def lower_weight_only(work) -> PassResult:
+    """Each weight-only op as Convert/Subtract/Multiply of its stored integer weight, then ``aten.linear``."""
+    changed = False
+    for node in list(work.graph.nodes):
+        if node.op != "call_function" or node.target not in (INT8_OP, INT4_OP):
+            continue
+        x, bias = node.args[0], node.args[-1]
+        stored = _stored_values(work, node)
+        dtype = x.meta["val"].dtype
+        with work.graph.inserting_before(node):
+            weight = _decompressed(work, node, stored)
+            if dtype != torch.float32:  # the pattern OpenVINO fuses is in f32; its bf16 hint lowers the layer again
+                x = _convert(work.graph, x)
+                bias = _convert(work.graph, bias) if bias is not None else None
+        node.target, node.args, node.kwargs = aten.linear.default, (x, weight, bias), {}  # keeps its name and meta
+        if dtype != torch.float32:
+            node.meta["val"] = node.meta["val"].to(torch.float32)
+            with work.graph.inserting_after(node):
+                back = _convert(work.graph, node, dtype)
+            node.replace_all_uses_with(back, delete_user_cb=lambda user: user is not back)
+        changed = True
+    if changed:
+        for placeholder in [n for n in work.placeholders() if not n.users and work.input_spec_of(n) is not None]:
+            spec = work.input_spec_of(placeholder)
+            if spec.kind.name in ("PARAMETER", "BUFFER", "CONSTANT_TENSOR"):
+                work.remove_stored_input(placeholder)
+        work.graph.eliminate_dead_code()
+    return PassResult(changed)
+
+
+def _stored_values(work, node) -> dict:
+    def tensor(arg):
+        return None if arg is None else work.stored_tensor(work.input_spec_of(arg)).detach()
+
+    if node.target is INT8_OP:
+        _, q, scales, offsets, _ = node.args
+        return {"q": tensor(q), "scales": tensor(scales).float(), "offsets": tensor(offsets), "like": q}
+    _, weight, both, group, packed, _ = node.args
+    nibbles = wo.unpack_int4(tensor(weight)) if packed else tensor(weight)
+    both = tensor(both).float()
+    return {"u": wo.from_nibbles(nibbles).to(torch.uint8), "scales": both[..., 0].T.contiguous(),
+            "zeros": both[..., 1].T.contiguous(), "group": group, "like": weight}
+
+
+def _decompressed(work, node, stored) -> torch.fx.Node:
+    """The float32 weight [N, K], spelled as the compressed-weight pattern on new stored constants."""
+    graph = work.graph
+    like = work.input_spec_of(stored["like"])
+    name = stored["like"].name
+
+    def constant(kind, value):
+        value = value.contiguous()
+        if like.kind.name == "PARAMETER":
+            value = torch.nn.Parameter(value, requires_grad=False)
+        placeholder = work.add_stored_input(like, f"{like.target}_ov_{kind}", value, f"{name}_ov_{kind}")
+        placeholder.meta["val"] = _fake(stored["like"], value)
+        return placeholder
+
+    def call(op, *args):
+        out = graph.call_function(op, args)
+        out.meta["val"] = op(*[a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args])
+        return out
+
+    if node.target is INT8_OP:
+        q, scales, offsets = stored["q"], stored["scales"], stored["offsets"]
+        n, k = q.shape
+        groups = scales.shape[1]
+        values = _convert(graph, constant("int8", q.reshape(n, groups, k // groups)))
+        if offsets is not None:  # q * s + o == (q - (-o / s)) * s
+            values = call(aten.sub.Tensor, values, constant("zero_point", (-offsets.float() / scales)[..., None]))
+        weight = call(aten.mul.Tensor, values, constant("scale", scales[..., None]))
+    else:
+        u, scales, zeros = stored["u"], stored["scales"], stored["zeros"]
+        n, k = u.shape
+        groups = scales.shape[1]
+        values = _convert(graph, constant("uint4", u.reshape(n, groups, k // groups)))
+        zero_point = wo.INT4_MIDPOINT - zeros / scales  # (u - 8) * s + z == (u - (8 - z / s)) * s
+        values = call(aten.sub.Tensor, values, constant("zero_point", zero_point[..., None]))
+        weight = call(aten.mul.Tensor, values, constant("scale", scales[..., None]))
+    return call(aten.reshape.default, weight, [n, k])
+
+
+def _convert(graph, value, dtype=torch.float32) -> torch.fx.Node:
+    out = graph.call_function(aten._to_copy.default, (value,), {"dtype": dtype})
+    out.meta["val"] = value.meta["val"].to(dtype)
+    return out
+
+
+def _fake(template, real):
+    mode = detect_fake_mode((template.meta["val"],))
+    with mode if mode is not None else contextlib.nullcontext():
+        return torch.empty(real.shape, dtype=real.dtype)
+
+
+LOWER_WEIGHT_ONLY = lower_weight_only
+
+
+def as_u4(model) -> int:
+    """In the converted ``openvino.Model``: int4 weights' u8 constants (values 0..15) as u4 constants, and the
+    Reshape that flattens a grouped weight ([N, K/group, group] -> [N, K]) with a constant shape. Returns how many
+    int4 weights."""
+    import openvino as ov
+
+    count = 0
+    for op in model.get_ordered_ops():
+        if op.get_type_name() != "Constant" or op.get_element_type() not in (ov.Type.u8, ov.Type.i8):
+            continue
+        chain = _decompression_chain(op)
+        data = op.get_data()
+        if chain is None or data.ndim != 3:
+            continue
+        n, groups, group = data.shape
+        chain[-1].input(1).replace_source_output(ov.op.Constant(ov.Type.i64, ov.Shape([2]), [n, groups * group])
+                                                 .output(0))
+        if op.get_element_type() == ov.Type.u8 and data.max(initial=0) <= INT4_MAX:
+            u4 = ov.op.Constant(ov.Type.u4, ov.Shape(list(data.shape)), data.reshape(-1).astype("int64").tolist())
+            for target in op.output(0).get_target_inputs():
+                target.replace_source_output(u4.output(0))
+            count += 1
+    model.validate_nodes_and_infer_types()
+    return count
+
+
+def _decompression_chain(constant):
+    """[Convert, (Subtract), Multiply, Reshape] below a constant, each the only reader of the one before, or None."""
+    chain, op = [], constant
+    for wanted in ("Convert", "Subtract", "Multiply", "Reshape"):
+        readers = list(op.output(0).get_target_inputs())
+        if len(readers) != 1:
+            return None
+        reader = readers[0].get_node()
+        if reader.get_type_name() != wanted:
+            if wanted == "Subtract":  # symmetric weights: no zero point
+                continue
+            return None
+        op = reader
+        chain.append(op)
+    return chain
