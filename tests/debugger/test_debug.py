@@ -221,3 +221,31 @@ def test_the_budget_of_fixes_and_progress(caplog):
     assert [f.layer for f in unmeasured.findings][:1] == ["linear_1"]  # the heuristic's order: the output first
     with pytest.raises(ConfigError, match="fixes must be a count"):
         mixprec.debug(prog, inputs, fixes=-1)
+
+
+class _IntegerTarget(torch.nn.Module):
+    """Three Linears; the middle one is the one given an integer precision."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = torch.nn.Linear(64, 64), torch.nn.Linear(64, 64), torch.nn.Linear(64, 8)
+
+    def forward(self, x):
+        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+
+@pytest.mark.parametrize("activation,weight", [("int8", None), ("int4", None), ("int8", "int4"), ("bf16", "int4")])
+def test_names_a_layer_given_integer_activations_or_weights(activation, weight):
+    # issue 32: int8, simulated int4 and weight-only int4 layers add error as bf16 does; the debugger ignored them
+    # ("no layer added error" on AIMET's example with an int4 head adding 0.05 rel-L2)
+    torch.manual_seed(0)
+    model, x = _IntegerTarget().eval(), torch.randn(16, 64)
+    cfg = mixprec.MixedPrecisionConfigurator(model, (x,))
+    cfg.set_precision(model.b, activation=activation, param={"weight": weight} if weight else None,
+                      **({"group_size": 32} if activation == "bf16" else {}))
+    found = mixprec.debug(model, (x,), plan=cfg.apply())
+    culprit = found.culprit
+    assert culprit is not None and culprit.module == "b" and culprit.fix.helps
+    assert "Its plan:" in found.findings[0].message
+    if activation == "bf16":  # weight-only: a kernel, not a simulation
+        assert "weight-only int4" in found.findings[0].message and "simulated" not in found.findings[0].message

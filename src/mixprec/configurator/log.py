@@ -22,7 +22,7 @@ import torch
 from ..dtypes import short_name
 from ..ir.graph_info import META_ROLE
 from ..ops.custom import GRID
-from ..plan.quantization import SIMULATED_PRECISIONS, grid_name
+from ..plan.quantization import SIMULATED_PRECISIONS, grid_name, simulates_weights
 from ..rewrite.casting import is_mixprec_cast, origin_name, tensor_dtype
 from .vocabulary import short_name_of
 
@@ -59,7 +59,7 @@ def render_log(requests, resolved, info, plan, realised) -> str:
 def _simulated_lines(plan) -> list[str]:
     """The simulated layers: int16/int4 activations, or int16/int4 weights (quantize -> dequantize, float32)."""
     acts = [n for n, d in plan.items() if d.precision in SIMULATED_PRECISIONS]
-    weights = [n for n, d in plan.items() if d.param_dtype in SIMULATED_PRECISIONS and d.precision not in
+    weights = [n for n, d in plan.items() if simulates_weights(d.precision, d.param_dtype) and d.precision not in
                SIMULATED_PRECISIONS]
     lines = []
     if acts:

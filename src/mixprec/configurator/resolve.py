@@ -34,6 +34,7 @@ from ..plan.precision_plan import NodePrecision
 from ..plan.quant_requests import QuantRequests, Smoothed, quant_requests
 from ..plan.quantization import (
     INTEGER_PRECISIONS, IO_GRIDS, SIMULATED_PRECISIONS, QuantPolicy, calibration_grids, grid_name, precision_grid,
+    simulates_weights,
 )
 from .vocabulary import short_name_of
 from . import vocabulary
@@ -306,7 +307,7 @@ def _simulated_reason(activation, weights, node) -> str:
         parts.append(f"simulated {short_name_of(activation)}: its inputs quantized -> dequantized on the "
                      f"{short_name_of(activation)} grid, computed in float32 (no CPU kernel; AIMET QuantSim's "
                      "semantics), not low-precision FLOPs")
-    if weights in SIMULATED_PRECISIONS and node.packet in INT8_WEIGHT_OPS:
+    if simulates_weights(activation, weights) and node.packet in INT8_WEIGHT_OPS:
         parts.append(f"weights simulated {short_name_of(weights)} per output channel (symmetric), dequantized to "
                      "float32 at use")
     return "".join(f"; {p}" for p in parts)

@@ -123,6 +123,9 @@ def _message(c: fixes.Candidate, info: GraphInfo, plan: PrecisionPlan, largest: 
         )
     else:
         text = _jump_message(r, r.error_jump >= largest)
+    decision = plan.get(r.name)
+    if decision is not None and decision.reason and fixes.integer(decision):
+        text += f" Its plan: {decision.reason.rstrip('.')}."  # integer activations or weights: how they are made
     if not fixes.is_low(plan, r.name):
         producers = fixes.low_producers(r.name, info, plan)
         names = ", ".join(f"'{p}' (module '{info[p].module or '(top level)'}')" for p in producers)
@@ -164,7 +167,7 @@ def _jump_message(r: LayerComparison, largest: bool) -> str:
 
 def _suggestions(r: LayerComparison, info: GraphInfo, plan: PrecisionPlan, layers) -> tuple[str, ...]:
     """Other ways than the fix's plan edit to keep the layer in fp32, in the terms of whoever decided its dtype."""
-    if r.precision not in LOW_PRECISION_FLOATS:
+    if not fixes.is_low(plan, r.name):
         producers = fixes.low_producers(r.name, info, plan)
         if not producers:
             return ()
@@ -173,17 +176,20 @@ def _suggestions(r: LayerComparison, info: GraphInfo, plan: PrecisionPlan, layer
     decision = plan.get(r.name)
     source = decision.source if decision is not None else r.source
     absmax = _finite_max([r.ref_absmax, _input_absmax(r, info, layers)])
-    default = io_bound(DEFAULT, r.precision)  # autocast_max_output_threshold's default for this low type
+    # autocast_max_output_threshold's default for this low type (a range rule of low float types: integer layers and
+    # integer weights have none)
+    default = io_bound(DEFAULT, r.precision) if r.precision in LOW_PRECISION_FLOATS else None
+    over = default is not None and absmax > default.limit
     io_rule = (
         f"the IO range rule keeps a layer in fp32 when |value| on its inputs/outputs exceeds "
         f"autocast_max_output_threshold (default for {dtype_name(r.precision)}: {default.label}); this one reaches "
         f"{absmax:.3g}"
-    )
+    ) if default is not None else ""
     where = f"module '{r.module or '(top level)'}'"
     out = []
     if source in ("autocast_rule", "default"):
         out.append(f"under enable_autocast=True: autocast_excluded_nodes={{{_pattern(r)!r}}} keeps it in fp32")
-        if absmax > default.limit:
+        if over:
             out.append(io_rule + " (lower the threshold if you raised it)")
         return tuple(out)
     if source == "weak_typing":
@@ -202,7 +208,7 @@ def _suggestions(r: LayerComparison, info: GraphInfo, plan: PrecisionPlan, layer
     else:  # "explicit": the model's code
         reason = f" ({decision.reason})" if decision is not None and decision.reason else ""
         out.append(f"the model's code runs it in {dtype_name(r.precision)}{reason}; change the code")
-    if absmax > default.limit:
+    if over:
         out.append(f"with enable_autocast=True deciding it instead, {io_rule}, so autocast would keep it in fp32")
     return tuple(out)
 

@@ -15,7 +15,9 @@ Candidates, at most ``limit`` (their order is the heuristic that picks which to 
    rounding reaches the output as it is;
 3. the layers by error jump, largest first.
 
-A low-precision layer's fix keeps it in fp32; an fp32 layer whose error came with its inputs is
+"Low precision" is any decision that rounds more than fp32 (:func:`lowers`): a low float type, an integer
+precision (int8; the simulated int16/int4) or integer weights (weight-only W8A16/W4A16, simulated int16/int4
+weights) — int8's and int4's errors are found like bf16's. A low-precision layer's fix keeps it in fp32; an fp32 layer whose error came with its inputs is
 fixed by keeping its low-precision producers in fp32. Either way the data-movement nodes after
 the fixed layers that only followed their dtype (a view of the layer's output planned in bf16)
 go to fp32 with them: otherwise they would round the value again.
@@ -40,6 +42,7 @@ from ..ir.runner import run_user_outputs
 from ..output.numerics import output_errors
 from ..plan.follow import transparent
 from ..plan.precision_plan import NodePrecision, PrecisionPlan
+from ..plan.quantization import INTEGER_PRECISIONS, WEIGHT_GRIDS
 from ..rewrite.pipeline import realise
 from .records import LayerComparison
 
@@ -99,7 +102,7 @@ def roots_of(r: LayerComparison, info: GraphInfo, plan: PrecisionPlan) -> list[s
 
 def _out_of_range(r: LayerComparison, info: GraphInfo, plan: PrecisionPlan, by_name: dict) -> bool:
     """A low-precision layer that made inf/NaN and whose fp32 values, read or produced, exceed its type's range."""
-    if not is_low(plan, r.name) or r.new_nonfinite == 0:
+    if not is_low(plan, r.name) or r.new_nonfinite == 0 or r.precision not in LOW_PRECISION_FLOATS:
         return False
     return max(r.ref_absmax, input_absmax(r.name, info, by_name)) > torch.finfo(r.precision).max
 
@@ -122,7 +125,17 @@ def input_absmax(name: str, info: GraphInfo, by_name: dict) -> float:
 
 def is_low(plan: PrecisionPlan, name: str) -> bool:
     decision = plan.get(name)
-    return decision is not None and decision.precision in LOW_PRECISION_FLOATS
+    return decision is not None and lowers(decision)
+
+
+def lowers(decision: NodePrecision) -> bool:
+    """The decision rounds more than fp32: a low float type, an integer precision or integer weights."""
+    return decision.precision in LOW_PRECISION_FLOATS or integer(decision)
+
+
+def integer(decision: NodePrecision) -> bool:
+    """Integer activations (int8, simulated int16/int4) or integer weights (weight-only, simulated)."""
+    return decision.precision in INTEGER_PRECISIONS or decision.param_dtype in WEIGHT_GRIDS
 
 
 def low_producers(name: str, info: GraphInfo, plan: PrecisionPlan) -> list[str]:
@@ -136,7 +149,7 @@ def low_producers(name: str, info: GraphInfo, plan: PrecisionPlan) -> list[str]:
         decision = plan.get(p)
         if info[p].kind == "movement" or decision is None:
             stack.extend(info[p].input_dtypes)
-        elif decision.precision in LOW_PRECISION_FLOATS:
+        elif lowers(decision):
             found.append(p)
     return sorted(found, key=list(info).index)
 

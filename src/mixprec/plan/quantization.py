@@ -66,6 +66,12 @@ WEIGHT_GRIDS: Mapping[torch.dtype, Grid] = MappingProxyType({
 _SDPA_POSITIONS = (0, 1, 2)  # scaled_dot_product_attention's query, key, value
 
 
+def simulates_weights(precision: torch.dtype, param_dtype: torch.dtype | None) -> bool:
+    """Whether a layer's weights are simulated (quantize -> dequantize in float32): int16 weights on any layer, int4
+    weights on an integer layer. int4 (and int8) weights on a float layer are weight-only kernels, not a simulation."""
+    return param_dtype == torch.int16 or (param_dtype == torch.int4 and precision in INTEGER_PRECISIONS)
+
+
 @dataclasses.dataclass(frozen=True)
 class QuantPolicy:
     """How int8 is made; every field has the measured default (see the module docstring).
