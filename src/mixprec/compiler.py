@@ -35,6 +35,7 @@ from .output.report import (
     Report, build_graph, build_records, build_summary, computes_in_of, output_errors, with_runs_as,
 )
 from .output.report.summary import accelerated_types
+from .output.report.weights import parameter_bytes
 from .plan import autocast, planner
 from .plan.options import PlanningOptions, RuleOptions
 from .plan.precision_plan import PrecisionPlan
@@ -234,6 +235,7 @@ def _report(captured, options, plan, work, program, runner, errors, layer_timing
         param_bytes_before=stored_bytes(captured.exported.state_dict, captured.exported.constants),
         param_bytes_after=work.stored_bytes(),
         errors=errors,
+        parameter_bytes_by_precision=parameter_bytes(program),
         extra=extra,
     )
     return Report(records, summary, build_graph(program, records))

@@ -254,6 +254,8 @@ def _table_section(report) -> str:
         values = (str(i), name, kind, module, op, precision, acc, ins, outs, source, str(flops), reason)
         runs_as = (f' <span class="runs-as" title="the backend computes this layer in another type than planned">'
                    f"runs {_e(r.runs_as)}</span>" if r.runs_as else "")
+        runs_as += (f' <span class="weights" title="how its weights are stored">weights {_e(r.weights)}</span>'
+                    if getattr(r, "weights", None) else "")
         shown = [_e(c) for c in cells]
         tds = "".join(
             f'<td data-v="{shown[k] if v is c else _e(v)}">'

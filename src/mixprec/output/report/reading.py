@@ -21,7 +21,7 @@ from ...errors import ConfigError, FileFormatError
 LAYER_KINDS = frozenset({"compute", "movement", "cast"})
 NODE_KINDS = LAYER_KINDS | {"input", "output", "other"}
 _STRINGS = ("name", "op", "module", "module_type", "source", "reason")
-_OPTIONAL = ("accumulate", "kind", "flops", "inputs", "outputs", "in_graph", "timings", "runs_as")
+_OPTIONAL = ("accumulate", "kind", "flops", "inputs", "outputs", "in_graph", "timings", "runs_as", "weights")
 _COUNTS = ("layers", "casts_inserted", "param_bytes_before", "param_bytes_after")
 _HINT = " The report is damaged or was not written by mixprec: write it again with mixprec."
 
@@ -126,6 +126,7 @@ def layer_fields(d, index: int) -> dict:
         out["in_graph"] = in_graph
         out["timings"] = _timings(d.get("timings"))
         out["runs_as"] = None if d.get("runs_as") is None else _string(d["runs_as"], "runs_as")
+        out["weights"] = None if d.get("weights") is None else _string(d["weights"], "weights")
     except _Damaged as e:
         raise _fail(where, str(e)) from None
     return out
@@ -151,7 +152,8 @@ def summary_fields(summary) -> dict:
             _number(s[key], key)
         if "total_flops" in s:
             _integer(s["total_flops"], "total_flops")
-        for key, check in (("runs_as", _integer), ("compile_seconds", _number)):
+        for key, check in (("runs_as", _integer), ("compile_seconds", _number),
+                           ("parameter_bytes_by_precision", _integer)):
             for name, v in _object(s.get(key, {}), key).items():
                 check(v, f"{key}.{name[:40]}")
     except _Damaged as e:

@@ -18,6 +18,7 @@ from ...ir.graph_info import META_ACC, META_ROLE, GraphInfo, tensor_metas
 from ...plan.precision_plan import PrecisionPlan
 from ...plan.quantization import INTEGER_PRECISIONS, SIMULATED_PRECISIONS
 from .reading import layer_fields
+from .weights import weight_precisions
 
 
 class LayerTable:
@@ -71,6 +72,8 @@ class LayerRecord:
     timings: dict | None = None
     # what the backend computes the layer in where that differs from `precision` ("f32 on openvino"); API.md §2
     runs_as: str | None = None
+    # how its weights are stored when not in its precision ("int4, group 128, symmetric": weight-only; ``weights.py``)
+    weights: str | None = None
 
     def to_dict(self) -> dict:
         d = {}
@@ -82,7 +85,7 @@ class LayerRecord:
                 value = [dtype_name(v) for v in value]
             elif f.name in ("inputs", "outputs"):
                 value = [t.to_dict() for t in value]
-            elif f.name == "runs_as" and value is None:
+            elif f.name in ("runs_as", "weights") and value is None:
                 continue  # written only when set: reports and saved programs stay readable by mixprec before it
             d[f.name] = value
         return d
@@ -150,6 +153,7 @@ def build_records(
 ) -> list[LayerRecord]:
     """One record per planned layer; ``timings`` (layer name -> table) come from weak typing."""
     timings = timings or {}
+    weights = weight_precisions(plan)
     nodes = {n.name: n for n in graph.nodes}
     records = []
     for name, decision in plan.items():
@@ -180,6 +184,7 @@ def build_records(
                 in_graph=node is not None,
                 timings=timings.get(name),
                 runs_as=simulated_runs_as(decision.precision),
+                weights=weights.get(name) if node_info.kind == "compute" else None,
             )
         )
     return records

@@ -58,7 +58,15 @@ def runs_as(r) -> str | None:
 
 
 def precision_cell(r) -> str:
-    return short_name(r.precision) + (RUNS_AS_MARK if runs_as(r) else "")
+    """'bf16', 'bf16*' (runs as another type), 'bf16/w4' (int4 weights: weight-only)."""
+    return short_name(r.precision) + (RUNS_AS_MARK if runs_as(r) else "") + weights_mark(r)
+
+
+def weights_mark(r) -> str:
+    """'/w4', '/w8', '/w16' for a layer whose weights are stored as integers of those bits, else ''."""
+    weights = getattr(r, "weights", None) or ""
+    bits = weights.split(",", 1)[0].strip()
+    return f"/w{bits.removeprefix('int')}" if bits in ("int4", "int8", "int16") else ""
 
 
 def reason_text(r) -> str:
@@ -105,6 +113,7 @@ def for_terminal(r: LayerRecord) -> LayerRecord:
         source=terminal(r.source), reason=terminal(r.reason, TEXT_LIMIT), kind=terminal(r.kind),
         inputs=tensors(r.inputs), outputs=tensors(r.outputs), timings=timings,
         runs_as=terminal(r.runs_as) if r.runs_as else r.runs_as,
+        weights=terminal(r.weights) if r.weights else r.weights,
     )
 
 
@@ -171,11 +180,19 @@ def summary_text(summary: dict) -> str:
         f"layers: {summary['layers']} ({by})",
         f"low-precision share of matmul/conv FLOPs: {summary['low_precision_flops_fraction']:.1%}",
         f"casts inserted: {summary['casts_inserted']}",
-        f"parameter bytes: {summary['param_bytes_before']:,} -> {summary['param_bytes_after']:,}",
+        f"parameter bytes: {summary['param_bytes_before']:,} -> {summary['param_bytes_after']:,}"
+        + _by_precision(summary.get("parameter_bytes_by_precision")),
         f"error vs fp32 on the example inputs: max abs {summary['max_abs_error']:.3g}, "
         f"rel L2 {summary['rel_l2_error']:.3g}",
     ]
     return "\n".join(parts)
+
+
+def _by_precision(sizes) -> str:
+    """' (int4 1,234, bfloat16 5,678)': the stored bytes per precision, when the summary has them."""
+    if not sizes:
+        return ""
+    return " (" + ", ".join(f"{terminal(k)} {v:,}" for k, v in sizes.items()) + ")"
 
 
 def details(r: LayerRecord, *, width: int = WIDTH) -> str:
@@ -193,6 +210,8 @@ def details(r: LayerRecord, *, width: int = WIDTH) -> str:
     ]
     if runs_as(r):
         fields.append(("runs as", runs_as(r)))
+    if r.weights:
+        fields.append(("weights", r.weights))
     fields += [
         ("accumulate", dtype_name(r.accumulate) or "-"),
         ("source", r.source),

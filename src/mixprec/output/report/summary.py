@@ -22,6 +22,7 @@ def build_summary(
     param_bytes_before: int,
     param_bytes_after: int,
     errors: dict[str, float],
+    parameter_bytes_by_precision: dict[str, int] | None = None,
     extra: dict | None = None,
 ) -> dict:
     compute = [r for r in records if r.kind == "compute"]
@@ -38,6 +39,8 @@ def build_summary(
         "casts_inserted": casts_inserted,
         "param_bytes_before": param_bytes_before,
         "param_bytes_after": param_bytes_after,
+        **({"parameter_bytes_by_precision": dict(sorted(parameter_bytes_by_precision.items()))}
+           if parameter_bytes_by_precision else {}),
         "max_abs_error": errors["max_abs_error"],
         "rel_l2_error": errors["rel_l2_error"],
     }

@@ -34,8 +34,9 @@ def weight_precisions(plan) -> dict[str, str]:
 
 
 def parameter_bytes(prog) -> dict[str, int]:
-    """Precision name -> bytes of the program's stored tensors in it (each tensor counted once)."""
-    ep = prog.exported_program
+    """Precision name -> bytes of the program's stored tensors in it (each tensor counted once); ``prog``: a
+    compiled program or its ExportedProgram (the report's summary: ``parameter_bytes_by_precision``)."""
+    ep = getattr(prog, "exported_program", prog)
     int4 = _int4_weight_targets(ep)
     out: dict[str, int] = {}
     seen = set()
