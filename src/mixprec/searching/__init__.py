@@ -40,7 +40,7 @@ from ..errors import MixedPrecisionWarning
 from ..ir.export import as_input_tuple, refuse_meta_tensors
 from ..plan.precision_plan import NodePrecision, PrecisionPlan
 from ..progress import Progress
-from . import latency
+from . import holdout, latency
 from .budget import Choice, choose
 from .cache import SearchCache, study_key
 from .distributed import cluster_for
@@ -134,6 +134,8 @@ def search(
         included_ops=included_ops, backend=backend, cache=cache, ray_address=ray_address, workers=workers,
     )
     eval_batches = batch_list(eval_dataloader, "eval_dataloader") if eval_dataloader is not None else [Call(args)]
+    # some eval batches held out: the plan is chosen on the others and confirmed on them (holdout.py)
+    chosen_on, held_batches = holdout.split(eval_batches) if options.metric.uses_eval_data else (eval_batches, [])
     calibration = _calibration_data(calibration_dataloader)
     store = options.store if not isinstance(calibration, Shards) else None  # shards are not read here: no digest
     progress = Progress(stream=progress_stream, prefix="mixprec search: ", log=logging.getLogger("mixprec.search"))
@@ -144,7 +146,7 @@ def search(
         study = store.get(key, model, user_metric) if store is not None else None
         trials_before = study.trials.count if study is not None else 0
         if study is None:
-            study = build_study(model, args, options, eval_batches, calibration, progress, cluster)
+            study = build_study(model, args, options, chosen_on, calibration, progress, cluster, held_batches)
             if store is not None:
                 store.put(key, model, user_metric, study)
         # 3. budget (phase 2): the cost model of several low types, then the choice
@@ -152,8 +154,13 @@ def search(
         if options.several:
             progress.update("timing each low type on this machine (once per process)")
             costs = latency.cost_model(options.backend, options.lows, device)
-        with cluster.timing_on(study.trials, eval_batches[0]) if cluster is not None else contextlib.nullcontext():
+        with cluster.timing_on(study.trials, chosen_on[0]) if cluster is not None else contextlib.nullcontext():
             choice = choose(study, options, progress, costs)
+            if study.trials.held_out is not None:
+                progress.update(f"confirming the plan on {len(held_batches)} held-out batch(es)")
+            confirmed = holdout.confirm(study, options, lambda limit: choose(study, options, progress, costs, limit),
+                                        choice)
+            choice = confirmed.choice
     if not choice.met:
         warnings.warn(
             f"mixprec.search: the model as written already has {options.metric.name} {study.baseline:.3g} on the eval "
@@ -164,7 +171,7 @@ def search(
     # 4. the result: the pareto points timed, the plan, every group's sensitivity
     result = SearchResult(
         plan=_plan(study, choice, options, costs),
-        pareto=_pareto(study, choice, eval_batches[0], progress),
+        pareto=_pareto(study, choice, chosen_on[0], progress),
         groups=_groups(study, choice),
         metric_name=options.metric.name,
         low_precision_type=options.lows if options.several else options.lows[0],
@@ -173,6 +180,10 @@ def search(
         baseline=study.baseline,
         met=choice.met,
         eval_data=_eval_data(options, eval_dataloader, eval_batches),
+        held_out_metric=confirmed.held_out,
+        held_out_batches=len(held_batches),
+        held_out=_held_out(options, eval_dataloader, eval_batches, held_batches, calibration_dataloader),
+        chosen_within=confirmed.limit,
         trials=study.trials.count - trials_before,
         seconds=round(time.perf_counter() - start, 4),
         speedups=costs.speedups([g.op for g in study.groups if g.flops > 0], options.lows) if costs else {},
@@ -212,6 +223,19 @@ def _eval_data(options, loader, batches) -> str:
     if loader is None:
         return "the example inputs"
     return f"eval_dataloader ({len(batches)} batch{'es' if len(batches) != 1 else ''})"
+
+
+def _held_out(options, loader, batches, held, calibration_loader) -> str:
+    """How the eval data was split (holdout.py), or why nothing was held out."""
+    if not options.metric.uses_eval_data:
+        return "none: mixprec.Accuracy evaluates the plan on its own data"
+    if not held:
+        source = "the example inputs" if loader is None else "one eval batch"
+        return f"none: {source} (give two or more eval batches to hold some out)"
+    indices = holdout.held_indices(len(batches))
+    calibrated = "" if calibration_loader is not None else " or calibrated"
+    return (f"eval_dataloader batch{'es' if len(indices) > 1 else ''} {', '.join(map(str, indices))} (every third), "
+            f"not chosen{calibrated} on")
 
 
 def _pareto(study: Study, choice: Choice, batch: Call, progress: Progress) -> tuple[ParetoPoint, ...]:

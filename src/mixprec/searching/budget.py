@@ -63,8 +63,9 @@ class Choice:
     met: bool  # the chosen plan is within the tolerance (always True for keep_fp32_fraction)
 
 
-def choose(study: Study, options, progress: Progress, costs=None) -> Choice:
-    """``costs``: a ``latency.CostModel`` (needed with several low types)."""
+def choose(study: Study, options, progress: Progress, costs=None, tolerance: float | None = None) -> Choice:
+    """``costs``: a ``latency.CostModel`` (needed with several low types). ``tolerance``: a limit tighter than
+    ``options.tolerance`` to choose against (``holdout.confirm``, after a held-out check broke the budget)."""
     measured: dict[frozenset, float] = {frozenset(): study.baseline}
     lows = study.lows
     safe = [g for g in study.groups if math.isfinite(study.least(g.name).value)]
@@ -100,7 +101,7 @@ def choose(study: Study, options, progress: Progress, costs=None) -> Choice:
             metric(order[:point])
         return Choice(frozenset(order[:k]), measured, True)
 
-    tolerance = options.tolerance
+    tolerance = options.tolerance if tolerance is None else tolerance
     if study.baseline > tolerance:
         return Choice(frozenset(), measured, False)
     heavy = [g for g in safe if g.flops > 0]

@@ -34,7 +34,7 @@ from ..plan.rules.ranges import IOBound
 from ..progress import Progress
 from ..plan.quantization import calibration_grids
 from .groups import SEARCH_POLICY, LayerGroup, find_groups, int8_values, without_int8_operands
-from .metrics import run_batch
+from .metrics import make_metric, run_batch
 from .shapes import BatchSizes
 from .trials import ProgramFailed, Trials
 
@@ -66,10 +66,11 @@ class Study:
 
 def build_study(
     model, args: tuple, options, eval_batches: list, calibration_batches: list | None, progress: Progress,
-    cluster=None,
+    cluster=None, held_batches: list = (),
 ) -> Study:
     """``eval_batches``, ``calibration_batches``: ``calibrate.batches.Call`` s (or any batch form compile's
-    calibration takes), of any batch and sequence sizes (``shapes.py``)."""
+    calibration takes), of any batch and sequence sizes (``shapes.py``). ``held_batches``: eval batches held out
+    (``holdout.py``): neither calibrated nor measured on here, only prepared for ``Trials.confirm``."""
     progress.update("capturing the model")
     captured = CapturedModel(model, args)
     base, info = captured.base, captured.info
@@ -101,6 +102,9 @@ def build_study(
     if options.metric.uses_eval_data:
         _check_batches(reference, eval_batches)
     _prepare_metric(options.metric, reference, eval_batches)
+    if held_batches:  # after attach: the held-out checks run in this process, on captures for any sizes
+        trials.held_out = make_metric(options.metric.user)
+        _prepare_metric(trials.held_out, reference, sizes.calls(held_batches, "eval_dataloader (held out)"))
 
     strong = trials.plan(())
     rules = RuleOptions(

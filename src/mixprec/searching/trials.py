@@ -95,6 +95,9 @@ class Trials:
         # while set (a search's phase 2 on a cluster): each trial sent to the pool is also timed on this batch by
         # the worker that built its program (the pareto points' latencies, no rebuild on the driver)
         self.time_on = None
+        # the metric prepared on the held-out eval batches (holdout.py), None when nothing is held out
+        self.held_out = None
+        self._held_memo: dict[frozenset, float] = {}
 
     # ---- plans ---------------------------------------------------------------------------------
     def assignment(self, lowered: Iterable) -> frozenset:
@@ -180,6 +183,17 @@ class Trials:
             outcome = Outcome(float("inf"), f"fails in {types} ({e})")
         self._memo[key] = outcome
         return outcome
+
+    def confirm(self, lowered: Iterable) -> float:
+        """The metric of the plan lowering ``lowered`` on the held-out batches (memoised; run in this process)."""
+        key = self.assignment(lowered)
+        if key not in self._held_memo:
+            try:
+                self._held_memo[key] = self.held_out(self.program(key))
+            except ProgramFailed as e:
+                log.info("search held-out check with %d lowered layer(s) failed: %s", len(key), e)
+                self._held_memo[key] = float("inf")
+        return self._held_memo[key]
 
     def seconds(self, lowered: Iterable) -> float | None:
         """Seconds per call of the plan's program where a worker timed it after its trial (``time_on``), else None."""
