@@ -87,7 +87,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     import mixprec
     from mixprec.calibrate import entry
-    from mixprec.searching import budget, latency, sensitivity, trials
+    from mixprec.searching import latency, sensitivity, trials
     import mixprec.searching as searching
 
     _wrap(sensitivity, "CapturedModel", "capture (example shapes)")

@@ -141,19 +141,24 @@ def search(
     progress = Progress(stream=progress_stream, prefix="mixprec search: ", log=logging.getLogger("mixprec.search"))
     user_metric = metric.evaluate if isinstance(metric, Accuracy) else metric  # Accuracy(f) made anew: same f
     key = study_key(model, args, options.lows, user_metric, eval_batches, calibration) + (options.includes,)
+    if options.several:  # what a tolerance search leaves unmeasured depends on the backend's cost model
+        key += (options.backend, options.tolerance is not None)
     with cluster_for(options.ray_address, options.workers) as cluster:  # closed however the call ends
         # 2. sensitivity (phase 1): a cached study, or one measured now (and cached)
         study = store.get(key, model, user_metric) if store is not None else None
         trials_before = study.trials.count if study is not None else 0
-        if study is None:
-            study = build_study(model, args, options, chosen_on, calibration, progress, cluster, held_batches)
-            if store is not None:
-                store.put(key, model, user_metric, study)
-        # 3. budget (phase 2): the cost model of several low types, then the choice
+        # the cost model of several low types (once per process), first: options it rules out are not measured
         costs = None
         if options.several:
-            progress.update("timing each low type on this machine (once per process)")
+            if study is None:
+                progress.update("timing each low type on this machine (once per process)")
             costs = latency.cost_model(options.backend, options.lows, device)
+        if study is None:
+            pruning = costs if options.tolerance is not None else None  # keep_fp32_fraction may take any option
+            study = build_study(model, args, options, chosen_on, calibration, progress, cluster, held_batches, pruning)
+            if store is not None:
+                store.put(key, model, user_metric, study)
+        # 3. budget (phase 2): the choice, confirmed on the held-out batches
         with cluster.timing_on(study.trials, chosen_on[0]) if cluster is not None else contextlib.nullcontext():
             choice = choose(study, options, progress, costs)
             if study.trials.held_out is not None:
@@ -279,6 +284,9 @@ def _plan(study: Study, choice: Choice, options, costs=None) -> PrecisionPlan:
             s = study.sensitivity[group.name][dtype]
             why = f"search: lowered to {dtype_name(dtype)} (sensitivity {s.value:.2e})"
             decisions[group.name] = study.trials.decision(group.name, dtype, why)
+        elif not least.measured:  # no option the cost model leaves was worth a trial (budget.never_taken)
+            slow = (_slow_here(study, group, costs) if costs is not None else "") or least.why
+            decisions[group.name] = NodePrecision(torch.float32, None, "plan", f"search: kept in float32: {slow}")
         elif least.why is not None:
             decisions[group.name] = NodePrecision(torch.float32, None, "plan", f"search: kept in float32: {least.why}")
         else:
@@ -304,7 +312,8 @@ def _sensitivities(study: Study, name: str) -> str:
     measured = study.sensitivity[name]
     if len(measured) == 1:
         return f"{next(iter(measured.values())).value:.2e}"
-    return ", ".join(f"{dtype_name(d)} {s.value:.2e}" for d, s in measured.items())
+    return ", ".join(f"{dtype_name(d)} {s.value:.2e}" if s.measured else f"{dtype_name(d)} not measured (no faster)"
+                     for d, s in measured.items())
 
 
 def _groups(study: Study, choice: Choice) -> tuple[GroupSensitivity, ...]:
