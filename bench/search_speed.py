@@ -5,8 +5,8 @@
 
 BertModel from transformers' config (BERT-base widths, ``--layers`` layers, random weights, sdpa attention; the
 model of bench/search_int8.py and bench/int8_nncf.py), its last hidden state; batches of ``--batch`` x ``--seq``
-token ids with an all-ones attention mask, seeded: 4 calibration batches and 3 eval batches (the search holds one
-of them out to confirm its budget). ``mixprec.search(low_precision_type=--lows, backend=--backend)`` at the
+token ids with an all-ones attention mask, seeded: 4 calibration batches, 3 eval batches (the search holds one
+of them out to confirm its budget) and 3 new batches the plan's error is checked on afterwards. ``mixprec.search(low_precision_type=--lows, backend=--backend)`` at the
 default metric (rel-L2 against fp32), tolerance 5e-3 (about OpenVINO bf16's error on BERT-base), no cache.
 
 Phases are timed by wrapping the search's own functions (no change to mixprec): capture (``CapturedModel``), the
@@ -67,10 +67,10 @@ def bert(layers: int, batch: int, seq: int):
     model = LastHidden(transformers.BertModel(config, add_pooling_layer=False)).eval()
     gen = torch.Generator().manual_seed(1)
     batches = []
-    for _ in range(7):
+    for _ in range(10):
         ids = torch.randint(0, config.vocab_size, (batch, seq), generator=gen)
         batches.append((ids, torch.ones_like(ids)))
-    return model, batches[:4], batches[4:]
+    return model, batches[:4], batches[4:7], batches[7:]
 
 
 def main(argv=None) -> int:
@@ -102,7 +102,7 @@ def main(argv=None) -> int:
     for name in ("cost_model",):  # searching/__init__ imported latency as a module: wrapped above
         assert hasattr(latency, name)
 
-    model, calibration, held = bert(args.layers, args.batch, args.seq)
+    model, calibration, held, new = bert(args.layers, args.batch, args.seq)
     load = os.getloadavg()
     start = time.perf_counter()
     result = mixprec.search(model, held[0], low_precision_type=args.lows, tolerance=args.tolerance,
@@ -116,6 +116,16 @@ def main(argv=None) -> int:
     for label in sorted(TOTALS, key=lambda k: (k.startswith(" "), -TOTALS[k])):
         print(f"  {label:<36} {TOTALS[label]:8.1f} s  ({CALLS[label]} call(s))")
     print(str(result).split("\n\n")[0])
+    # plan quality on 3 batches the search never saw (eager program: the trials' numerics)
+    program = mixprec.compile(model, held[0], plan=result.plan)
+    with torch.no_grad():
+        outs, refs = [program(*b) for b in new], [model(*b) for b in new]
+    num = sum(float((o.double() - r.double()).pow(2).sum()) for o, r in zip(outs, refs))
+    den = sum(float(r.double().pow(2).sum()) for r in refs)
+    chosen = result.chosen
+    print(f"plan: {chosen.lowered} of {len(result.groups)} groups lowered ({chosen.mix_text()}), "
+          f"{chosen.low_precision_flops_fraction:.1%} of FLOPs low; rel-L2 on 3 new batches {(num / den) ** 0.5:.3e} "
+          f"(tolerance {args.tolerance:g}); latency in the search {chosen.latency_seconds * 1e3:.0f} ms")
     return 0
 
 

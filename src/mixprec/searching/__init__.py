@@ -14,6 +14,10 @@ is offered (``groups.py``: int8 for the FLOP-carrying ones), phase 2 spends the 
 by gain per unit of error with the gains from a cost model measured per type on this machine
 (``latency.py``; ``backend=`` names the backend whose speed counts).
 
+The tolerance holds on data the plan was not chosen on (``holdout.py``): some eval batches are held out, the
+plan confirmed on them and chosen again under a tighter limit until it holds there. With several types, options
+the cost model says can never be chosen (a type no faster than fp32 here) are not measured (``budget.never_taken``).
+
 Trials never re-capture the model (``trials.py``): the captured program is rewritten per plan.
 Eval and calibration batches take every form and size compile's calibration takes, through the same
 normaliser (``calibrate/batches.py``); batches of other sizes run each trial's plan on a capture for
@@ -104,7 +108,10 @@ def search(
         batch; a dict batch that also gives forward arguments the example inputs left at their defaults (a
         collator's attention_mask beside inputs=(input_ids,)) runs on a capture of that call, with them.
         None = the example inputs, so the tolerance is then only guaranteed on them. Kept in memory with its
-        fp32 outputs: a few batches are enough.
+        fp32 outputs: a few batches are enough. Of two or more batches every third (the second of two) is held
+        out (``holdout.py``): the plan is chosen (and, without calibration data, calibrated) on the others, then
+        confirmed on those, and chosen again under a tighter limit until it meets the tolerance there too;
+        ``result.held_out_metric`` is its metric on them.
     cache: None = the process-wide cache, False = none, or a ``SearchCache``.
     progress_stream: where progress goes when it is a terminal (default stderr); otherwise
         progress is logged to "mixprec.search" at INFO.
@@ -135,7 +142,7 @@ def search(
     )
     eval_batches = batch_list(eval_dataloader, "eval_dataloader") if eval_dataloader is not None else [Call(args)]
     # some eval batches held out: the plan is chosen on the others and confirmed on them (holdout.py)
-    chosen_on, held_batches = holdout.split(eval_batches) if options.metric.uses_eval_data else (eval_batches, [])
+    held_out = tuple(holdout.held_indices(len(eval_batches))) if options.metric.uses_eval_data else ()
     calibration = _calibration_data(calibration_dataloader)
     store = options.store if not isinstance(calibration, Shards) else None  # shards are not read here: no digest
     progress = Progress(stream=progress_stream, prefix="mixprec search: ", log=logging.getLogger("mixprec.search"))
@@ -155,14 +162,14 @@ def search(
             costs = latency.cost_model(options.backend, options.lows, device)
         if study is None:
             pruning = costs if options.tolerance is not None else None  # keep_fp32_fraction may take any option
-            study = build_study(model, args, options, chosen_on, calibration, progress, cluster, held_batches, pruning)
+            study = build_study(model, args, options, eval_batches, calibration, progress, cluster, held_out, pruning)
             if store is not None:
                 store.put(key, model, user_metric, study)
         # 3. budget (phase 2): the choice, confirmed on the held-out batches
-        with cluster.timing_on(study.trials, chosen_on[0]) if cluster is not None else contextlib.nullcontext():
+        with cluster.timing_on(study.trials, eval_batches[0]) if cluster is not None else contextlib.nullcontext():
             choice = choose(study, options, progress, costs)
             if study.trials.held_out is not None:
-                progress.update(f"confirming the plan on {len(held_batches)} held-out batch(es)")
+                progress.update(f"confirming the plan on {len(held_out)} held-out batch(es)")
             confirmed = holdout.confirm(study, options, lambda limit: choose(study, options, progress, costs, limit),
                                         choice)
             choice = confirmed.choice
@@ -176,7 +183,7 @@ def search(
     # 4. the result: the pareto points timed, the plan, every group's sensitivity
     result = SearchResult(
         plan=_plan(study, choice, options, costs),
-        pareto=_pareto(study, choice, chosen_on[0], progress),
+        pareto=_pareto(study, choice, eval_batches[0], progress),
         groups=_groups(study, choice),
         metric_name=options.metric.name,
         low_precision_type=options.lows if options.several else options.lows[0],
@@ -186,8 +193,8 @@ def search(
         met=choice.met,
         eval_data=_eval_data(options, eval_dataloader, eval_batches),
         held_out_metric=confirmed.held_out,
-        held_out_batches=len(held_batches),
-        held_out=_held_out(options, eval_dataloader, eval_batches, held_batches, calibration_dataloader),
+        held_out_batches=len(held_out) if study.trials.held_out is not None else 0,
+        held_out=_held_out(options, eval_dataloader, eval_batches, held_out, calibration_dataloader),
         chosen_within=confirmed.limit,
         trials=study.trials.count - trials_before,
         seconds=round(time.perf_counter() - start, 4),
@@ -237,9 +244,10 @@ def _held_out(options, loader, batches, held, calibration_loader) -> str:
     if not held:
         source = "the example inputs" if loader is None else "one eval batch"
         return f"none: {source} (give two or more eval batches to hold some out)"
-    indices = holdout.held_indices(len(batches))
+    indices = held
     calibrated = "" if calibration_loader is not None else " or calibrated"
-    return (f"eval_dataloader batch{'es' if len(indices) > 1 else ''} {', '.join(map(str, indices))} (every third), "
+    which = "every third" if len(batches) > 2 else "the second of two"
+    return (f"eval_dataloader batch{'es' if len(indices) > 1 else ''} {', '.join(map(str, indices))} ({which}), "
             f"not chosen{calibrated} on")
 
 

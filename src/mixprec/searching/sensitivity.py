@@ -68,18 +68,21 @@ class Study:
 
 def build_study(
     model, args: tuple, options, eval_batches: list, calibration_batches: list | None, progress: Progress,
-    cluster=None, held_batches: list = (), costs=None,
+    cluster=None, held_out: tuple = (), costs=None,
 ) -> Study:
     """``eval_batches``, ``calibration_batches``: ``calibrate.batches.Call`` s (or any batch form compile's
-    calibration takes), of any batch and sequence sizes (``shapes.py``). ``held_batches``: eval batches held out
-    (``holdout.py``): neither calibrated nor measured on here, only prepared for ``Trials.confirm``. ``costs``: the
+    calibration takes), of any batch and sequence sizes (``shapes.py``). ``held_out``: the indices of the eval
+    batches held out (``holdout.py``): neither calibrated nor measured on here, only prepared for
+    ``Trials.confirm``. ``costs``: the
     cost model of a several-type search with a tolerance: options it says can never be chosen are not measured
     (``budget.never_taken``)."""
     progress.update("capturing the model")
     captured = CapturedModel(model, args)
     base, info = captured.base, captured.info
     sizes = BatchSizes(captured)
-    eval_batches = sizes.calls(eval_batches, "eval_dataloader")  # checked and captured for their sizes here
+    every = sizes.calls(eval_batches, "eval_dataloader")  # checked and captured for their sizes here
+    held_batches = [b for i, b in enumerate(every) if i in held_out]
+    eval_batches = [b for i, b in enumerate(every) if i not in held_out]
     calibration_data = calibration_batches if calibration_batches is not None else eval_batches
     progress.update("calibrating for the safety rules")
     # one calibration, as compile's (same batch forms and sizes, same recaptures), for the safety rules and the
@@ -104,11 +107,11 @@ def build_study(
     progress.update("running the fp32 reference")
     reference = trials.reference()
     if options.metric.uses_eval_data:
-        _check_batches(reference, eval_batches)
+        _check_batches(reference, every)
     _prepare_metric(options.metric, reference, eval_batches)
-    if held_batches:  # after attach: the held-out checks run in this process, on captures for any sizes
+    if held_batches:  # the held-out checks run in this process
         trials.held_out = make_metric(options.metric.user)
-        _prepare_metric(trials.held_out, reference, sizes.calls(held_batches, "eval_dataloader (held out)"))
+        _prepare_metric(trials.held_out, reference, held_batches)
 
     strong = trials.plan(())
     rules = RuleOptions(
