@@ -10,6 +10,10 @@ With several types the result also quotes the cost model's measured speed-up of 
 backend it was timed on (``speedups``, ``cost_backend``): a type at most ``latency.MIN_SPEEDUP`` times fp32 gains
 nothing, so a search whose every type is slow here lowers nothing however small the sensitivities, and
 ``speed_text()`` (in ``str(result)`` and the search's last progress line) says so with the numbers.
+The budget on new data (``holdout.py``): ``held_out_metric`` is the chosen plan's metric on the eval batches it was
+not chosen on (None when none could be held out), ``held_out`` says which (or why none), ``chosen_within`` the
+limit it was chosen against on the others (below the tolerance after a held-out check broke it); ``str(result)``
+says "held-out error X on N batches (budget Y)".
 ``to_json``/``from_json`` round-trip (non-finite numbers are written as the strings "inf"/"nan"
 so that the JSON stays standard); ``save_plot`` draws the pareto curve and the sensitivities.
 """
