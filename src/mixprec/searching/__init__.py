@@ -166,7 +166,8 @@ def search(
             if store is not None:
                 store.put(key, model, user_metric, study)
         # 3. budget (phase 2): the choice, confirmed on the held-out batches
-        with cluster.timing_on(study.trials, eval_batches[0]) if cluster is not None else contextlib.nullcontext():
+        with cluster.timing_on(study.trials, eval_batches[0]) if cluster is not None else _timing(study.trials,
+                                                                                                   eval_batches[0]):
             choice = choose(study, options, progress, costs)
             if study.trials.held_out is not None:
                 progress.update(f"confirming the plan on {len(held_out)} held-out batch(es)")
@@ -209,6 +210,16 @@ def search(
         f"{chosen.metric:.2e}" + (f"; {result.speed_text()}" if result.speedups else "")
     )
     return result
+
+
+@contextlib.contextmanager
+def _timing(trials, batch):
+    """Phase 2 in this process: every trial it runs timed on ``batch`` right after its metric (``Trials.time_on``)."""
+    trials.time_on = batch
+    try:
+        yield
+    finally:
+        trials.time_on = None
 
 
 def _device(model, args) -> torch.device:

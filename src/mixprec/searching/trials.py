@@ -37,6 +37,7 @@ from ..plan.options import PlanningOptions
 from ..plan.precision_plan import NodePrecision, PrecisionPlan
 from ..plan.quant_requests import QuantRequests
 from ..rewrite.pipeline import realise, reference
+from . import latency
 from .groups import SEARCH_POLICY, int8_requests
 from .shapes import carried_plan
 
@@ -92,8 +93,8 @@ class Trials:
         self.count = 0  # trials run (memo misses)
         self._memo: dict[frozenset, Outcome] = {}
         self.pool = None  # a distributed.RayPool while a search call runs its trials on a cluster
-        # while set (a search's phase 2 on a cluster): each trial sent to the pool is also timed on this batch by
-        # the worker that built its program (the pareto points' latencies, no rebuild on the driver)
+        # while set (a search's phase 2): each trial run is also timed on this batch right after its metric, by the
+        # worker that built its program or here (the pareto points' latencies: no rebuild, no warm-up call)
         self.time_on = None
         # the metric prepared on the held-out eval batches (holdout.py), None when nothing is held out
         self.held_out = None
@@ -172,6 +173,8 @@ class Trials:
         if self.pool is not None:
             return self.measure_many([key])[0]
         self.count += 1
+        if timer is None and self.time_on is not None:  # phase 2 in this process: timed as a Ray worker times it
+            timer = lambda program: latency.measure({0: lambda: program}, self.time_on, warmup=0)[0]  # noqa: E731
         try:
             program = self.program(key)
             value = self.metric(program)  # the metric's runs warm the program up
