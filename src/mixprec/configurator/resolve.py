@@ -17,6 +17,7 @@ from collections.abc import Mapping
 
 import torch
 
+from ..calibrate import bias_correction
 from ..calibrate import entry as calibration_entry
 from ..dtypes import short_name
 from ..errors import ConfigError
@@ -53,7 +54,10 @@ def resolve(model, captured, requests, strict: bool, policy: QuantPolicy, data) 
         estimator=policy.estimator, grids=calibration_grids(captured, int8.values, policy),
     )
     smoothed = int8.smoothing(calibrated.channels)
-    decisions = resolver.decisions(int8, int8.specs(calibrated.int8_ranges, smoothed))
+    specs = int8.specs(calibrated.int8_ranges, smoothed)
+    if policy.bias_correction:
+        specs = bias_correction.corrected_specs(captured, data, specs)
+    decisions = resolver.decisions(int8, specs)
     inputs, outputs = resolver.io_positions(requests, "input"), resolver.io_positions(requests, "output")
     return Resolution(
         decisions, inputs, outputs, dict(resolver.winner), dict(resolver.param), resolver.io_winners,

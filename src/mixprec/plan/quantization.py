@@ -53,6 +53,8 @@ class QuantPolicy:
     sdpa_operands: the positions of ``scaled_dot_product_attention``'s operands that are quantized.
     weight_bits: bits of int8 layers' stored weights (8: per-channel int8; room for int4).
     group_size: input channels per weight scale (None: one scale per output channel; room for grouped int4).
+    bias_correction: each int8 Linear/convolution's bias cancels the mean output shift int8 causes on the
+        calibration data (``calibrate/bias_correction.py``; recorded per layer as ``Int8Spec.bias_shift``).
     """
 
     estimator: str = DEFAULT_ESTIMATOR
@@ -63,11 +65,12 @@ class QuantPolicy:
     sdpa_operands: tuple[int, ...] = (0, 1)
     weight_bits: int = 8
     group_size: int | None = None
+    bias_correction: bool = False
 
     def __post_init__(self):
         if self.estimator not in ESTIMATORS:
             raise _bad("estimator", self.estimator, f"one of {', '.join(ESTIMATORS)}")
-        for name in ("unsigned_activations", "quantize_exits", "quantize_probabilities"):
+        for name in ("unsigned_activations", "quantize_exits", "quantize_probabilities", "bias_correction"):
             if not isinstance(getattr(self, name), bool):
                 raise _bad(name, getattr(self, name), "True or False")
         alpha = self.smoothing_alpha
