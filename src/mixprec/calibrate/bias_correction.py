@@ -34,6 +34,7 @@ from .int8_ranges import readable_twice
 log = logging.getLogger(__name__)
 
 WEIGHT_AXIS = 0  # Linear and convolution weights: output channels first
+NOISE = 1e-5  # a shift below this fraction of the outputs' mean magnitude is float32 rounding, not int8's
 # the layers corrected: op packet -> the names of its arguments after (input, weight, bias)
 LAYERS = {"aten.linear": (), "aten.conv1d": ("stride", "padding", "dilation", "groups"),
           "aten.conv2d": ("stride", "padding", "dilation", "groups")}
@@ -70,6 +71,7 @@ class ShiftMeter:
         self.input_scale, self.input_grid, self.conv = input_scale, input_grid, conv
         self.total = torch.zeros(self.weight.shape[0], dtype=torch.float64, device=self.weight.device)
         self.count = 0
+        self.magnitude = 0.0  # sum of |float output| over the batches: what a float32 rounding error is relative to
 
     def _apply(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if self.conv is None:
@@ -85,15 +87,20 @@ class ShiftMeter:
                 xq = xq / self.divisors
             if self.input_scale is not None:
                 xq = fake_quant(xq, self.input_scale, self.input_grid)
-            diff = (self._apply(xq, self.qweight) - self._apply(x, self.weight)).double()
+            y = self._apply(x, self.weight)
+            diff = (self._apply(xq, self.qweight) - y).double()
+            self.magnitude += float(y.double().abs().sum())
             channel = diff.dim() - 1 if self.conv is None else 1
             dims = [d for d in range(diff.dim()) if d != channel]
             self.total += diff.sum(dim=dims)
             self.count += diff.numel() // diff.shape[channel]
 
     def shift(self) -> torch.Tensor:
-        """The mean shift per output channel (float32); zeros before any batch."""
-        return (self.total / max(self.count, 1)).float()
+        """The mean shift per output channel (float32); zeros before any batch, and where no channel moves by more
+        than float32 rounding of the outputs (:data:`NOISE` of their mean magnitude): int8 added no bias."""
+        shift = (self.total / max(self.count, 1)).float()
+        per_output = self.magnitude / max(self.count * shift.numel(), 1)
+        return shift if shift.numel() and float(shift.abs().max()) > NOISE * per_output else torch.zeros_like(shift)
 
 
 def corrected_bias(bias: torch.Tensor | None, shift: torch.Tensor) -> torch.Tensor:
@@ -177,7 +184,8 @@ def measure(captured, data, specs: Mapping) -> dict[str, torch.Tensor]:
 
 
 def corrected_specs(captured, data, specs: Mapping) -> dict:
-    """``specs`` with ``bias_shift`` set on every correctable int8 layer (:func:`measure`); others unchanged."""
-    shifts = measure(captured, data, specs)
+    """``specs`` with ``bias_shift`` set on every correctable int8 layer (:func:`measure`) whose output int8
+    shifts; others (no shift measured, or none at all: outputs unbiased) unchanged."""
+    shifts = {name: shift for name, shift in measure(captured, data, specs).items() if bool(shift.any())}
     return {name: (dataclasses.replace(spec, bias_shift=tuple(float(v) for v in shifts[name]))
                    if name in shifts else spec) for name, spec in specs.items()}
