@@ -36,7 +36,9 @@ every innermost attention module (a module whose class name holds "Attention" an
 BertSelfAttention, ViT's ViTAttention), which makes its matmuls between activations and its
 scaled_dot_product_attention int8 (``plan/int8_operands.py``), with ``/qkv`` quantizing SDPA's value too
 (``QuantPolicy.sdpa_operands``) and ``/probs`` the softmax probabilities and v of the output matmul
-(``QuantPolicy.quantize_probabilities``). ``--attention eager`` builds the transformers with
+(``QuantPolicy.quantize_probabilities``); ``/bc`` corrects each int8 Linear/Conv2d's bias by its mean output shift
+on the calibration batches (``QuantPolicy.bias_correction``, ``calibrate/bias_correction.py``), ``/nobc`` not.
+``--attention eager`` builds the transformers with
 ``attn_implementation="eager"`` (matmul, softmax, matmul instead of one scaled_dot_product_attention), for NNCF too. The configurator
 calibrates on the inputs of ``apply``: it gets the four calibration batches concatenated along the batch axis
 (the same values the four batches hold; min/max and histograms over the concatenation equal their merge), and
@@ -51,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
 import time
 import warnings
@@ -169,7 +172,9 @@ def innermost_attention(model) -> list[nn.Module]:
 
 def build_variants(model, batches, nncf, ov, transformer, estimators, backends, ptq=True):
     import mixprec
+    from mixprec.backends.lowering import cpu
 
+    int8_exact = cpu.has_int8_dot_product()
     calibration, held = batches[:CALIBRATION], batches[CALIBRATION:]
     example = held[0]
     variants = {"fp32 eager": model}
@@ -197,6 +202,9 @@ def build_variants(model, batches, nncf, ov, transformer, estimators, backends, 
         made["NNCF int8 PTQ (TRANSFORMER), FakeQuantize in float"] = time.perf_counter() - start
         variants["NNCF int8 PTQ (TRANSFORMER), FakeQuantize in float"] = _ov_call(
             core.compile_model(fake_quantize_in_float(quantized, ov), "CPU"))
+        if int8_exact:  # OpenVINO's int8 kernels compute the FakeQuantize arithmetic exactly only with VNNI/AMX
+            variants["NNCF int8 PTQ (TRANSFORMER), OpenVINO"] = _ov_call(core.compile_model(quantized, "CPU"))
+            made["NNCF int8 PTQ (TRANSFORMER), OpenVINO"] = made["NNCF int8 PTQ (TRANSFORMER), FakeQuantize in float"]
 
     for setting in estimators:
         estimator, *options = setting.split("/")
@@ -233,6 +241,8 @@ def policy_fields(estimator: str, options) -> dict:
         fields["sdpa_operands"] = (0, 1, 2)
     if "probs" in options:
         fields["quantize_probabilities"] = True
+    if "bc" in options or "nobc" in options:
+        fields["bias_correction"] = "bc" in options
     for o in options:
         if o == "nosq":
             fields["smoothing_alpha"] = None
@@ -276,7 +286,8 @@ def main(argv=None) -> int:
                              "/exits or /noexits (int8 modules' outputs quantized on their way out or not), "
                              "/sqALPHA or /nosq (activation smoothing of int8 Linears' inputs), /att (attention int8: "
                              "its matmuls and SDPA), /qkv (SDPA's value quantized too), /probs (the output matmul's "
-                             "probabilities and v quantized)")
+                             "probabilities and v quantized), /bc or /nobc (bias correction, "
+                             "QuantPolicy.bias_correction, or not)")
     parser.add_argument("--backends", default="openvino,eager", help="backends of the mixprec int8 programs")
     parser.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa",
                         help="attn_implementation of the transformers: one scaled_dot_product_attention or eager "
@@ -297,7 +308,7 @@ def main(argv=None) -> int:
 
     logging.getLogger("nncf").setLevel(logging.ERROR)
     print(f"# int8: mixprec vs NNCF, {harness.stamp()}")
-    print(f"machine: {harness.machine()}")
+    print(f"machine: {harness.machine()}; load average {os.getloadavg()}")
     from mixprec.backends.lowering import cpu
 
     print(f"int8 dot product (VNNI/AMX) per mixprec.backends.lowering.cpu: {cpu.has_int8_dot_product()}")
@@ -307,6 +318,7 @@ def main(argv=None) -> int:
     for name in args.models.split(","):
         rows += run_model(name.strip(), args.layers, args.rounds, nncf, ov, args.estimators.split(","),
                           args.backends.split(","), not args.no_nncf_ptq)
+        print(f"load average after {name.strip()}: {os.getloadavg()}")
         print(harness.table([r for r in rows if r["model"] == name.strip()],
                             ["model", "variant", "rel-L2 vs fp32", "ms", "x fp32 eager", "build s"]), flush=True)
     return 0

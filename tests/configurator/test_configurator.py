@@ -157,7 +157,8 @@ def test_int8_activation_quantizes_the_values_entering_the_module_with_calibrate
     from mixprec.backends.lowering import cpu
 
     assert mixprec.QuantPolicy().quantize_exits is False
-    policy = mixprec.QuantPolicy(quantize_exits=exits, smoothing_alpha=None)  # smoothing: the tests below
+    # smoothing: the tests below; bias correction (the model's biases, which the reference reads): its own tests
+    policy = mixprec.QuantPolicy(quantize_exits=exits, smoothing_alpha=None, bias_correction=False)
     # the program's fake quantization on either kind of CPU: with VNNI the eager backend runs this signed-input Linear
     # on oneDNN's int8 kernel, whose int32 sums differ from this float32 reference by float32 rounding
     # (tests/backends/lowering/test_qdq.py)
@@ -402,7 +403,7 @@ def test_smoothing_divides_an_int8_linear_input_per_channel_and_multiplies_the_w
     assert mixprec.QuantPolicy().smoothing_alpha == 0.8
     cfg = mixprec.MixedPrecisionConfigurator(model)
     cfg.set_precision(nn.Linear, activation="int8")
-    plan = cfg.apply((x,))
+    plan = cfg.apply((x,), policy=mixprec.QuantPolicy(bias_correction=False))  # the reference reads the biases
     prog = mixprec.compile(model, (x,), plan=plan)
     assert_unchanged(model, before)
     with torch.no_grad():
@@ -541,7 +542,7 @@ def test_int8_attention_quantizes_query_and_key_of_sdpa_made_in_the_module(monke
     model = OneModuleAttention().eval()
     x = torch.randn(2, 8, 32)
     plan, prog = compiled(model, (x,), lambda cfg, m: cfg.set_precision(m, activation="int8"),
-                          policy=mixprec.QuantPolicy(smoothing_alpha=None, estimator="minmax"))
+                          policy=mixprec.QuantPolicy(smoothing_alpha=None, estimator="minmax", bias_correction=False))
     spec = plan["scaled_dot_product_attention"].int8
     assert len(spec.inputs) == 2 and _reads(prog, "scaled_dot_product_attention")[:2] == [
         "mixprec.dequantize_per_tensor.default"] * 2

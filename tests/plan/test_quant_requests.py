@@ -42,7 +42,7 @@ def test_the_configurator_and_the_search_make_the_same_int8_layer():
     model, x, captured = _captured()
     cfg = mixprec.MixedPrecisionConfigurator(model)
     cfg.set_precision(model.fcs[1], activation="int8")
-    plan = cfg.apply((x,), policy=QuantPolicy(smoothing_alpha=None))
+    plan = cfg.apply((x,), policy=QuantPolicy(smoothing_alpha=None, bias_correction=False))  # the search's policy
     (layer,) = [n for n, d in plan.items() if d.int8 is not None]
     values = int8_values(captured)
     ranges = entry.run(captured, None, statistics=False, int8_values=values,

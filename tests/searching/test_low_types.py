@@ -121,8 +121,10 @@ def test_an_int8_group_is_the_configurators_int8_with_the_searchs_one_calibratio
     fc2 = next(g for g in result.groups if g.module == "fc2")
     cfg = mixprec.MixedPrecisionConfigurator(model)
     cfg.set_precision(model.fc2, activation="int8")
-    plan = cfg.apply(inputs, calibration_dataloader=data[:2], policy=mixprec.QuantPolicy(smoothing_alpha=None))
-    # the search measures the program's fake quantization; with VNNI the eager backend would run fc2 (signed input)
+    plan = cfg.apply(inputs, calibration_dataloader=data[:2], policy=mixprec.QuantPolicy(smoothing_alpha=None,
+                                                                                         bias_correction=False))
+    # the search's policy (groups.SEARCH_POLICY: no smoothing, no bias correction); the search measures the
+    # program's fake quantization; with VNNI the eager backend would run fc2 (signed input)
     # on oneDNN's int8 kernel, whose int32 sums differ by float32 rounding (tests/backends/lowering/test_qdq.py)
     monkeypatch.setattr(lowering_cpu, "has_int8_dot_product", lambda: False)
     prog = mixprec.compile(model, inputs, plan=plan)

@@ -25,6 +25,7 @@ from types import MappingProxyType
 
 import torch
 
+from ..calibrate import bias_correction
 from ..calibrate import entry as calibration_entry
 from ..dtypes import short_name
 from ..errors import ConfigError
@@ -74,7 +75,13 @@ def resolve(model, captured, requests, strict: bool, policy: QuantPolicy, data) 
     specs = {}
     for bits, planned_bits in planned.items():
         mine = {n: ranges[(n, planned_bits.grids[n])] for n in planned_bits.values}
-        specs.update(planned_bits.specs(mine, smoothed if bits == torch.int8 else None))
+        made = planned_bits.specs(mine, smoothed if bits == torch.int8 else None)
+        if bits == torch.int8 and policy.bias_correction:
+            # int8 layers with int8 weights (the shift is measured with them); simulated int16/int4 layers and
+            # weights are AIMET QuantSim's simulation as it is: their biases stay the model's
+            plain = {n: spec for n, spec in made.items() if resolver.param.get(n) in (None, torch.int8)}
+            made = {**made, **bias_correction.corrected_specs(captured, data, plain)}
+        specs.update(made)
     decisions = resolver.decisions(planned, specs)
     return Resolution(
         decisions, inputs, outputs, dict(resolver.winner), dict(resolver.param), resolver.io_winners,

@@ -62,6 +62,9 @@ class Int8Spec:
     smoothing: tuple[tuple[str, tuple[float, ...]], ...] = ()
     grids: tuple[tuple[str, Grid], ...] = ()
     output_grid: Grid | None = None
+    # per output channel: the mean shift int8 adds to the layer's output on calibration data, subtracted from its
+    # bias (bias correction, ``calibrate/bias_correction.py``; ``QuantPolicy.bias_correction``); () for none
+    bias_shift: tuple[float, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "inputs", tuple((str(n), _range(r, f"input {n}")) for n, r in self.inputs))
@@ -71,6 +74,7 @@ class Int8Spec:
         object.__setattr__(self, "grids", tuple((str(n), _grid(g)) for n, g in self.grids))
         if self.output_grid is not None:
             object.__setattr__(self, "output_grid", _grid(self.output_grid))
+        object.__setattr__(self, "bias_shift", _shift(self.bias_shift))
         if self.output_grid is not None and self.output is None:
             raise ConfigError("int8 output_grid is given for a layer whose output is not quantized (no 'output').")
         stray = set(dict(self.grids)) - set(dict(self.inputs))
@@ -94,6 +98,7 @@ class Int8Spec:
             **({"smoothing": {name: list(s) for name, s in self.smoothing}} if self.smoothing else {}),
             **({"grids": {name: grid_name(g) for name, g in self.grids}} if self.grids else {}),
             **({"output_grid": grid_name(self.output_grid)} if self.output_grid is not None else {}),
+            **({"bias_shift": list(self.bias_shift)} if self.bias_shift else {}),
         }
 
     @classmethod
@@ -112,7 +117,7 @@ class Int8Spec:
         output_grid = data.get("output_grid")
         return cls(tuple(inputs.items()), data.get("output"), tuple(smoothing.items()),
                    tuple((n, grid_named(g)) for n, g in grids.items()),
-                   grid_named(output_grid) if output_grid is not None else None)
+                   grid_named(output_grid) if output_grid is not None else None, data.get("bias_shift") or ())
 
 
 def _grid(value) -> Grid:
@@ -122,6 +127,16 @@ def _grid(value) -> Grid:
         raise ConfigError(f"an int8 grid must be a Grid or one of the names {', '.join(GRIDS)}, got {value!r}.")
     grid_name(value)  # a grid a plan can name, else ConfigError
     return value
+
+
+def _shift(value) -> tuple[float, ...]:
+    try:
+        out = tuple(float(v) for v in value)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"int8 bias_shift must be a list of numbers (one per output channel), got {value!r}.") from e
+    if not all(math.isfinite(v) for v in out):
+        raise ConfigError("int8 bias_shift must hold finite numbers, one per output channel.")
+    return out
 
 
 def _divisors(value, name) -> tuple[float, ...]:

@@ -26,7 +26,9 @@ torch's uint16 has no arithmetic, and at 16 bits the sign bit costs nothing meas
 The defaults are chosen by measurement (bench/int8_nncf.py, bench/log/2026-11.md "Issue 22 int8 vs NNCF" and "Issue 22
 round two: int8 numerics"): MSE clipping, the unsigned grid for non-negative values, no exit quantization (ResNet-50
 0.0467 -> 0.0352 rel-L2, trained MiniLM 0.464 -> 0.161 without it), smoothing alpha 0.8, the softmax probabilities
-of an attention's output matmul left float, SDPA's query and key quantized.
+of an attention's output matmul left float, SDPA's query and key quantized, bias correction on (issue 34: held-out
+rel-L2 on OpenVINO, 12-layer ViT-base 0.0429 -> 0.0423, ResNet-50 0.0335 -> 0.0216, 2-layer BERT-base 0.0101 ->
+0.0090; bench/int8_nncf.py ``/bc``).
 """
 
 from __future__ import annotations
@@ -84,6 +86,8 @@ class QuantPolicy:
     sdpa_operands: the positions of ``scaled_dot_product_attention``'s operands that are quantized.
     weight_bits: bits of int8 layers' stored weights (8: per-channel int8; room for int4).
     group_size: input channels per weight scale (None: one scale per output channel; room for grouped int4).
+    bias_correction: each int8 Linear/convolution's bias cancels the mean output shift int8 causes on the
+        calibration data (``calibrate/bias_correction.py``; recorded per layer as ``Int8Spec.bias_shift``).
     """
 
     estimator: str = DEFAULT_ESTIMATOR
@@ -94,11 +98,12 @@ class QuantPolicy:
     sdpa_operands: tuple[int, ...] = (0, 1)
     weight_bits: int = 8
     group_size: int | None = None
+    bias_correction: bool = True
 
     def __post_init__(self):
         if self.estimator not in ESTIMATORS:
             raise _bad("estimator", self.estimator, f"one of {', '.join(ESTIMATORS)}")
-        for name in ("unsigned_activations", "quantize_exits", "quantize_probabilities"):
+        for name in ("unsigned_activations", "quantize_exits", "quantize_probabilities", "bias_correction"):
             if not isinstance(getattr(self, name), bool):
                 raise _bad(name, getattr(self, name), "True or False")
         alpha = self.smoothing_alpha

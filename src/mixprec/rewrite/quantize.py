@@ -165,6 +165,8 @@ def quantize(ctx: RewriteContext) -> PassResult:
                 quant = dq.args[0]
                 node.replace_all_uses_with(dq, delete_user_cb=lambda user: user is not quant)
                 changed = True
+        if spec is not None and spec.bias_shift:  # before the weight is replaced by its int8 copy
+            changed |= _correct_bias(work, node, spec.bias_shift)
         bits = weight_grid(decision, packet_name(op_name(node.target)))
         if bits is not None:
             changed |= _store_int8_weight(work, node, decision.compute_dtype, weights, columns, bits)
@@ -303,6 +305,48 @@ def _store_int8_weight(work, layer, dtype, done, columns=None, grid: Grid = INT8
         weight = source
     if not placeholder.users:
         work.remove_stored_input(placeholder)
+    return True
+
+
+BIAS_ARG = 2  # the bias of aten.linear / aten.convNd
+
+
+def _correct_bias(work, layer, shift) -> bool:
+    """Give ``layer`` the bias ``bias - shift`` (bias correction, ``calibrate/bias_correction.py``): a new stored
+    copy (the model's bias and other layers reading it are untouched); a layer without a bias gets ``-shift``. A
+    bias computed at run time is left as it is."""
+    from ..calibrate.bias_correction import corrected_bias
+
+    bias = layer.args[BIAS_ARG] if len(layer.args) > BIAS_ARG else layer.kwargs.get("bias")
+    if bias is not None:
+        placeholder, spec, chain = stored_source(work, bias)
+        if placeholder is None or chain:
+            return False
+        tensor, name = work.stored_tensor(spec), placeholder.name
+    else:  # no bias: one is stored next to the layer's stored weight
+        placeholder, spec, _ = stored_source(work, layer.args[WEIGHT_ARG])
+        if placeholder is None:
+            return False
+        tensor, name = None, f"{layer.name}_bias"
+    shift = torch.tensor(shift, dtype=torch.float64)
+    if shift.numel() != (tensor.numel() if tensor is not None else layer.meta["val"].shape[
+            1 if packet_name(op_name(layer.target)) != "aten.linear" else -1]):
+        return False  # the plan was made for another layer shape
+    value = corrected_bias(tensor, shift.to(tensor.device if tensor is not None else placeholder.meta["val"].device))
+    if tensor is None:
+        value = value.to(layer.meta["val"].dtype)
+    target = f"{spec.target}_corrected_{layer.name}" if bias is not None else f"{spec.target}_bias_{layer.name}"
+    node = work.add_stored_input(spec, target, _stored(value, spec), f"{name}_corrected_{layer.name}")
+    node.meta["val"] = _fake_like(placeholder.meta["val"], value)
+    node.meta[META_ORIGIN] = placeholder.meta.get(META_ORIGIN, placeholder.name)
+    if bias is not None:
+        layer.replace_input_with(bias, node)
+        if not placeholder.users:
+            work.remove_stored_input(placeholder)
+    else:
+        args = list(layer.args) + [None] * (BIAS_ARG + 1 - len(layer.args))
+        args[BIAS_ARG] = node
+        layer.args = tuple(args)
     return True
 
 

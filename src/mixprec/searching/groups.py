@@ -102,7 +102,8 @@ def low_flops_fraction(info: GraphInfo, plan: PrecisionPlan, dtype: torch.dtype 
 
 # the search's int8 is the configurator's with the default policy, without activation smoothing: the search ranges
 # no channels (a smoothed input's divisors depend on every Linear reading it, a group holds one)
-SEARCH_POLICY = dataclasses.replace(DEFAULT_POLICY, smoothing_alpha=None)
+# and without bias correction (it is measured in the configurator's resolution, which the search does not run)
+SEARCH_POLICY = dataclasses.replace(DEFAULT_POLICY, smoothing_alpha=None, bias_correction=False)
 
 
 def int8_requests(captured, names) -> QuantRequests:

@@ -49,10 +49,13 @@ def lowered_count(module) -> int:
 # grid before unsigned activations: the 7-bit path), min/max ranges (the tests' scales are built from absmax), no
 # smoothing (the layer's weights are the model's, on the grid), exits quantized (a layer whose output goes back onto
 # the int8 grid: the configurator before round two)
-SIGNED = QuantPolicy(unsigned_activations=False)
-SIGNED_EXITS = QuantPolicy(unsigned_activations=False, quantize_exits=True)
-SIGNED_MINMAX_EXITS = QuantPolicy(unsigned_activations=False, estimator="minmax", quantize_exits=True)
-SIGNED_MINMAX_UNSMOOTHED = QuantPolicy(unsigned_activations=False, estimator="minmax", smoothing_alpha=None)
+# and the model's biases (no bias correction: the references are built from them)
+SIGNED = QuantPolicy(unsigned_activations=False, bias_correction=False)
+SIGNED_EXITS = QuantPolicy(unsigned_activations=False, quantize_exits=True, bias_correction=False)
+SIGNED_MINMAX_EXITS = QuantPolicy(unsigned_activations=False, estimator="minmax", quantize_exits=True,
+                                  bias_correction=False)
+SIGNED_MINMAX_UNSMOOTHED = QuantPolicy(unsigned_activations=False, estimator="minmax", smoothing_alpha=None,
+                                       bias_correction=False)
 # ---- the spellings ------------------------------------------------------------------------------------------
 SCALE = 0.0148547765776867
 

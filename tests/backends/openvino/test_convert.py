@@ -219,3 +219,51 @@ def test_int8_attention_runs_an_int8_matmul_on_openvino_kernels(monkeypatch):
     assert not _int8_attention_ran(["f32"]) and not _int8_attention_ran(["f32", "f32"])  # the check can fail
 
 
+
+
+def _bert_attention_layers(layers) -> list[dict]:
+    """The runtime layers that compute a BERT's attention scores: MatMul layers or fused layers made from its
+    scaled_dot_product_attention (OpenVINO's converted names keep the node's name)."""
+    return [layer for layer in layers if layer["type"] not in ("Const", "Input", "Output")
+            and any("scaled_dot_product_attention" in o for o in layer.get("originals", ()))]
+
+
+@pytest.mark.parametrize("attention", [False, True])
+def test_int8_bert_runs_its_attention_matmuls_in_int8_on_openvino_kernels(monkeypatch, attention):
+    """A small BERT from its config, int8 as NNCF's TRANSFORMER mode makes it: every Linear, and (``attention``)
+    every self-attention module, whose request quantizes the query and key its scaled_dot_product_attention reads.
+    On OpenVINO's int8 kernels (forced, as on a VNNI CPU) each layer's attention then runs in i8/u8 in the runtime
+    graph, as NNCF's model's does (bench/int8_nncf.py: one i8 attention Subgraph per layer on this avx512_vnni EPYC
+    and on the recorded Xeon); with the Linears alone it stays f32 — the check can fail. Held to the eager program
+    either way only on VNNI CPUs (without VNNI OpenVINO's int8 kernels saturate)."""
+    transformers = pytest.importorskip("transformers")
+    from mixprec.backends.openvino.audit import runtime_layers
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=128, vocab_size=100, attn_implementation="sdpa")
+    model = transformers.BertModel(config, add_pooling_layer=False).eval()
+    ids = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(1))
+    configurator = mixprec.MixedPrecisionConfigurator(model)
+    if attention:
+        configurator.set_precision(transformers.models.bert.modeling_bert.BertSelfAttention, activation="int8")
+    configurator.set_precision(nn.Linear, activation="int8")
+    plan = configurator.apply((ids,))
+    sdpa = [n for n in plan if "scaled_dot_product_attention" in n]  # the plan holds the layers asked for
+    assert len(sdpa) == (2 if attention else 0)
+    monkeypatch.setattr(cpu, "has_int8_dot_product", lambda: True)
+    prog = mixprec.compile(model, (ids,), plan=plan, backend="openvino")
+    compiled = next(m.compiled_model for m in prog.modules() if hasattr(m, "compiled_model"))
+    found = _bert_attention_layers(runtime_layers(compiled))
+    computing = [layer for layer in found if layer["type"] in ("MatMul", "Subgraph", "ScaledDotProductAttention")]
+    assert computing, found
+    int8 = [layer for layer in computing if layer["precision"] in ("i8", "u8")]
+    if attention:
+        assert all(plan[n].precision == torch.int8 for n in sdpa)  # q, k quantized where they enter (view)
+        assert len(int8) == 2, computing  # one int8 attention per layer
+    else:
+        assert not int8, computing
+    monkeypatch.undo()
+    if cpu.has_int8_dot_product():  # OpenVINO's int8 kernels are exact here: the eager program's values
+        eager = mixprec.compile(model, (ids,), plan=plan)
+        assert rel(prog(ids)[0], eager(ids)[0]) < 1e-4
