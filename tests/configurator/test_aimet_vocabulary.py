@@ -101,16 +101,6 @@ def test_dict_param_keys_and_a_bias_other_than_the_weight_are_refused(model):
         cfg.set_precision("head", activation="int8", param={"weight": "int8", "bias": "fp16"})
 
 
-@pytest.mark.parametrize("param", ["int4", {"weight": "int4"}, torch.int4])
-@pytest.mark.parametrize("activation", ["fp32", "bf16", torch.float16])
-def test_weight_only_int4_is_refused_until_it_is_built(model, activation, param):
-    """A float activation with int4 weights is weight-only W4A16, not built yet: refused, not run as another thing."""
-    cfg = mixprec.MixedPrecisionConfigurator(model, INPUTS)
-    with pytest.raises(mixprec.ConfigError, match=r"weight-only int4 weights with float activations are not "
-                                                  r"available yet \(issue 32\)"):
-        cfg.set_precision("head", activation=activation, param=param)
-
-
 def test_aimets_int8_weight_beside_a_float_activation_is_mixprecs_int8_weight_storage(model):
     """param={'weight': 'int8'} with a float activation is what param='int8' always was: per-channel int8 weights
     dequantized at use."""

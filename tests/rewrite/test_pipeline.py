@@ -49,8 +49,8 @@ def drop_a_cast(ctx):
 
 
 def test_every_pass_is_listed_with_the_formerly_hidden_input_rounding_first():
-    assert PIPELINE.names == ("round_inputs", "insert_casts", "quantize", "cast_params", "fp32_acc", "layout",
-                              "channels_last", "restore_outputs", "fold_casts")  # fmt: skip
+    assert PIPELINE.names == ("round_inputs", "insert_casts", "weight_only", "quantize", "cast_params", "fp32_acc",
+                              "layout", "channels_last", "restore_outputs", "fold_casts")  # fmt: skip
     assert all(isinstance(p, GraphPass) for p in PIPELINE.passes)
 
 
@@ -87,7 +87,7 @@ def test_input_rounding_breaks_the_graph_until_cast_insertion_restores_it():
     with torch.no_grad():
         expected = model(x.half().float())
     torch.testing.assert_close(run_user_outputs(out, [x])[0], expected, atol=1e-2, rtol=1e-2)
-    with pytest.raises(InvariantError, match="'quantize' requires \\['layer_dtypes'\\]"):
+    with pytest.raises(InvariantError, match="'weight_only' requires \\['layer_dtypes'\\]"):
         Pipeline([p for p in PIPELINE.passes if p is not insert_casts])
 
 

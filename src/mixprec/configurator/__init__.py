@@ -72,6 +72,8 @@ class Request:
     activation: Any  # dtype; for inputs/outputs a dtype or a tuple of (dtype | None)
     param: torch.dtype | None = None
     label: str = ""  # how the log names the target
+    weight_group: int | None = None  # weight-only: input channels per scale (None: per output channel)
+    weight_symmetric: bool = True
 
     def target_text(self) -> str:
         return self.label
@@ -80,7 +82,10 @@ class Request:
         if isinstance(self.activation, tuple):
             return "[" + ", ".join(short_name(d) if d is not None else "None" for d in self.activation) + "]"
         text = f"activation={short_name(self.activation)}"
-        return text + (f", param={short_name(self.param)}" if self.param is not None else "")
+        text += f", param={short_name(self.param)}" if self.param is not None else ""
+        if vocabulary.is_weight_only(self.activation, self.param):
+            text += f" ({vocabulary.describe_weight_only(self.param, self.weight_group, self.weight_symmetric)})"
+        return text
 
 
 class MixedPrecisionConfigurator:
@@ -99,8 +104,13 @@ class MixedPrecisionConfigurator:
         self._calibration = calibration_dataloader
         self._requests: list[Request] = []
 
-    def set_precision(self, target, activation, param=None) -> None:
-        """Set the precision of a module (leaf or non-leaf), of every module of a type, or of a module path."""
+    def set_precision(self, target, activation, param=None, *, group_size=None, symmetric: bool = True) -> None:
+        """Set the precision of a module (leaf or non-leaf), of every module of a type, or of a module path.
+
+        A float ``activation`` with ``param={'weight': 'int8'}`` or ``'int4'`` is weight-only (W8A16 / W4A16: the
+        Linears run int8/int4 weight kernels): ``group_size`` input channels share a scale (default: 128 for int4,
+        one scale per output channel for int8; ``'per_channel'`` asks for that explicitly), ``symmetric=False``
+        gives each group a zero offset too (min/max of the group mapped onto the whole grid)."""
         is_type = isinstance(target, type) and issubclass(target, torch.nn.Module)
         if not (isinstance(target, (torch.nn.Module, str)) or is_type):
             raise ConfigError(
@@ -109,8 +119,10 @@ class MixedPrecisionConfigurator:
             )
         act = vocabulary.precision(activation, "activation")
         par = vocabulary.param_precision(param)
-        vocabulary.check_combination(f"set_precision(activation={activation!r}, param={param!r})", act, par)
-        self._add("set_precision", target, act, par)
+        what = f"set_precision(activation={activation!r}, param={param!r})"
+        vocabulary.check_combination(what, act, par)
+        group, sym = vocabulary.weight_quantization(what, act, par, group_size, symmetric)
+        self._add("set_precision", target, act, par, group, sym)
 
     def set_model_input_precision(self, activation) -> None:
         """Round model inputs to this precision on entry: one value for every float input, or one per input
@@ -121,8 +133,9 @@ class MixedPrecisionConfigurator:
         """Give model outputs this dtype: one value for every float output, or one per output (None: untouched)."""
         self._add("set_model_output_precision", None, _io_precisions(activation, "set_model_output_precision"))
 
-    def _add(self, api, target, activation, param=None) -> None:
-        self._requests.append(Request(len(self._requests) + 1, api, target, activation, param, self._label(api, target)))
+    def _add(self, api, target, activation, param=None, group=None, symmetric=True) -> None:
+        self._requests.append(Request(len(self._requests) + 1, api, target, activation, param,
+                                      self._label(api, target), group, symmetric))
 
     def _label(self, api: str, target) -> str:
         if api != "set_precision":

@@ -24,6 +24,7 @@ from ..ir.work_program import STORED_KINDS
 from ..plan.precision_plan import NodePrecision
 from ..plan.quant_requests import QuantRequests, Smoothed, quant_requests
 from ..plan.quantization import QuantPolicy, calibration_grids
+from . import vocabulary
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +131,7 @@ class _Resolver:
             out[name] = NodePrecision(
                 activation, None, "plan", reason, param if param != activation else None, specs.get(name)
             )
+            out[name] = vocabulary.weight_only_decision(out[name], request)  # weight-only: group, symmetry
         return out
 
     def _paths_of(self, request) -> list[str]:

@@ -6,15 +6,21 @@ becomes one torch dtype here, at the boundary, so the resolver and the log compa
 unknown spelling is a ConfigError listing what is accepted.
 
 What each combination of activation and weight precision means is decided here too (:func:`check_combination`):
-int8 activations with int8 (or unstated) weights are mixprec's int8; a float activation with int8 weights stores
-them per output channel in int8, dequantized at use (as ``param='int8'`` always did); int4 weights (weight-only
-W4A16, which another part of issue 32 builds) are refused until then, so nothing is silently run in another
-precision; int16 and int4 activations and int16 weights have no CPU kernel (simulated, issue 32: refused until the
-simulation is built).
+int8 activations with int8 (or unstated) weights are mixprec's int8; a float activation with int8 or int4 weights is
+**weight-only** (W8A16 / W4A16, :func:`weight_only_decision`): its Linears run PyTorch's int8/int4 weight kernels on
+weights quantized per output channel or per group of input channels (``ops/weight_only.py``); int16 and int4
+activations and int16 weights have no CPU kernel (simulated, issue 32: refused until the simulation is built).
+
+Group size and symmetry of weight-only weights are keywords of ``set_precision`` (``group_size=``, ``symmetric=``),
+per request, not ``QuantPolicy`` fields: a policy describes how int8 activations are made for the whole plan, while a
+user mixes int4-g128 MLPs with int8-per-channel attention in one plan. Defaults: int4 in groups of
+:data:`DEFAULT_INT4_GROUP` input channels (per-channel int4 loses too much: one scale for thousands of weights),
+int8 one scale per output channel; symmetric.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 import torch
@@ -74,18 +80,59 @@ def param_precision(value, what: str = "param") -> torch.dtype | None:
     return weight
 
 
+DEFAULT_INT4_GROUP = 128
+WEIGHT_ONLY_BITS = frozenset({torch.int8, torch.int4})
+
+
+def is_weight_only(activation: torch.dtype, param: torch.dtype | None) -> bool:
+    """A float activation with int8/int4 weights: weight-only (W8A16 / W4A16)."""
+    return activation in _FLOATS and param in WEIGHT_ONLY_BITS
+
+
+def weight_quantization(what: str, activation, param, group_size, symmetric) -> tuple[int | None, bool]:
+    """(group, symmetric) of a request's weights: ``group_size`` checked, int4's default group filled in.
+
+    ``group_size`` is the number of input channels per scale ("per_channel" or None with int8: one scale per output
+    channel; None with int4: :data:`DEFAULT_INT4_GROUP`)."""
+    if not isinstance(symmetric, bool):
+        raise ConfigError(f"{what}: symmetric must be True or False, got {symmetric!r}.")
+    weight_only = is_weight_only(activation, param)
+    if not weight_only and (group_size is not None or not symmetric):
+        raise ConfigError(f"{what}: group_size and symmetric describe weight-only weights (a float activation with "
+                          "param={'weight': 'int8'} or 'int4'); leave them out for this request.")
+    if not weight_only:
+        return None, True
+    if group_size == "per_channel":
+        return None, symmetric
+    if group_size is None:
+        return (DEFAULT_INT4_GROUP if param == torch.int4 else None), symmetric
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size <= 0:
+        raise ConfigError(f"{what}: group_size must be a positive number of input channels (e.g. 128) or "
+                          f"'per_channel', got {group_size!r}.")
+    return group_size, symmetric
+
+
+def describe_weight_only(param: torch.dtype, group: int | None, symmetric: bool) -> str:
+    """'weight-only int4, group 128, symmetric' (the reason's and the log's words)."""
+    return (f"weight-only {short_name_of(param)}, " + (f"group {group}" if group else "per output channel")
+            + (", symmetric" if symmetric else ", asymmetric"))
+
+
+def weight_only_decision(decision, request):
+    """``decision`` with the weight-only fields of its request (group, symmetry); its reason, the request's text,
+    says "weight-only int4, group 128, symmetric" already (``Request.precision_text``)."""
+    if not is_weight_only(decision.precision, decision.param_dtype):
+        return decision
+    group, symmetric = getattr(request, "weight_group", None), getattr(request, "weight_symmetric", True)
+    return dataclasses.replace(decision, weight_group=group, weight_symmetric=symmetric)
+
+
 def check_combination(what: str, activation: torch.dtype, param: torch.dtype | None) -> None:
     """Refuse the combinations that are not built yet, saying so, instead of running something else."""
-    if activation in _FLOATS and param == torch.int4:
-        raise ConfigError(
-            f"{what}: weight-only int4 weights with float activations are not available yet (issue 32); "
-            "param={'weight': 'int8'} stores per-channel int8 weights dequantized at use, activation='int8' with "
-            "int8 weights is mixprec's int8."
-        )
     if activation == torch.int8 and param == torch.int4:
         raise ConfigError(f"{what}: int4 weights are not available yet (issue 32); use param={{'weight': 'int8'}} "
                           "with int8 activations.")
-    if activation in SIMULATED or param in SIMULATED:
+    if activation in SIMULATED or (param in SIMULATED and not is_weight_only(activation, param)):
         raise ConfigError(f"{what}: simulated int16/int4 (quantize-dequantize in float32) is not built yet "
                           "(issue 32); use 'int8', 'fp16', 'bf16' or 'fp32'.")
 

@@ -33,6 +33,7 @@ except ImportError as e:  # pragma: no cover - exercised only without transforme
 from .causal import CausalLMProgram, compile_causal
 from .files import load, save
 from .seq2seq import Seq2SeqLMProgram, compile_seq2seq
+from . import weight_only as weight_only_options
 
 __all__ = ["compile_for_generation", "CausalLMProgram", "Seq2SeqLMProgram", "save", "load"]
 
@@ -47,6 +48,9 @@ def compile_for_generation(
     max_cache_len: int | None = None,
     max_length: int | None = None,
     num_beams: int = 1,
+    weights: str | None = None,
+    group_size: int | None = None,
+    lm_head: str | None = "int8",
     **settings,
 ) -> CausalLMProgram | Seq2SeqLMProgram:
     """Compile a transformers model that generates for its ``generate()``: a causal LM (``LlamaForCausalLM``,
@@ -62,6 +66,11 @@ def compile_for_generation(
     ``static_cache=False``: dynamic batch and lengths (sequences up to ``max_length``, default the model's
     maximum). ``static_cache=True``: a KV cache of ``max_cache_len`` positions (default ``max_length`` or 256) for
     the example's number of prompts times ``num_beams`` sequences.
+
+    ``weights="int4"`` or ``"int8"`` (causal LMs): weight-only Linears (W4A16 / W8A16, real int4/int8 weight
+    kernels, ``hf/weight_only.py``) in the decoder, ``group_size`` input channels per scale (default: 128 for int4,
+    one scale per output channel for int8); ``lm_head`` the LM head's weights ("int8" by default, "int4", or None
+    for float); embeddings stay as they are.
     """
     if not isinstance(model, PreTrainedModel) or not model.can_generate():
         raise ConfigError(
@@ -74,7 +83,14 @@ def compile_for_generation(
         raise ConfigError(f"num_beams must be a positive int (beams per prompt in generate()), got {num_beams!r}.")
     if "input_features" in settings:  # the speech models' name for their main input
         input_ids = settings.pop("input_features") if input_ids is None else input_ids
+    weight_only = None
+    if weights is not None or group_size is not None:
+        weight_only_options.check(weights, lm_head, settings)
+        weight_only = (weights, group_size, lm_head)
     if getattr(model.config, "is_encoder_decoder", False):
+        if weight_only is not None:
+            raise ConfigError("weights= (weight-only Linears) is built for causal LMs; for an encoder-decoder model "
+                              "make a plan with MixedPrecisionConfigurator and param={'weight': 'int4'}.")
         return compile_seq2seq(model, input_ids, attention_mask, decoder_input_ids, static_cache=static_cache,
                                max_cache_len=max_cache_len, max_length=max_length, num_beams=num_beams,
                                settings=settings)
@@ -88,5 +104,5 @@ def compile_for_generation(
         raise ConfigError("input_ids must be a 2-D tensor of token ids (batch, sequence), e.g. tokenizer(...)"
                           ".input_ids.")
     return compile_causal(model, input_ids, attention_mask, static_cache=static_cache, max_cache_len=max_cache_len,
-                          max_length=max_length, num_beams=num_beams, settings=settings)
+                          max_length=max_length, num_beams=num_beams, settings=settings, weights=weight_only)
 

@@ -33,11 +33,15 @@ from .calibration import StaticCacheBatches
 from .modules import CausalLMLogits, CausalLMStaticCache
 from .parts import MAX_BATCH, cache_length, cache_rows, compile_part, default_length, generation_config_for
 from .parts import program_inputs, static_cache_length
+from .weight_only import weight_only_plan
 
 
 def compile_causal(model, input_ids, attention_mask, *, static_cache: bool, max_cache_len, max_length,
-                   num_beams: int, settings: dict) -> "CausalLMProgram":
-    """Compile a causal LM for ``generate()`` (module docstring)."""
+                   num_beams: int, settings: dict, weights=None) -> "CausalLMProgram":
+    """Compile a causal LM for ``generate()`` (module docstring). ``weights``: None, or (bits, group size, lm_head)
+    of weight-only Linears (``weight_only.py``)."""
+    if weights is not None:
+        settings = {**settings, "weights": weights}
     if static_cache:
         length = static_cache_length(model.config, max_cache_len, max_length, input_ids.shape[1])
         prog = _compile_static(model, input_ids.repeat_interleave(num_beams, dim=0), length, settings)
@@ -57,7 +61,9 @@ def _compile_full(model, input_ids, attention_mask, longest: int, settings):
     batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
     seq = torch.export.Dim("seq", min=1, max=int(longest))
     shapes = ({0: batch, 1: seq}, {0: batch, 1: seq})
-    return compile_part(CausalLMLogits(model), (input_ids, attention_mask), shapes, settings, "model")
+    wrapper = CausalLMLogits(model)
+    call = (input_ids, attention_mask)
+    return compile_part(wrapper, call, shapes, _with_plan(settings, call, wrapper), "model")
 
 
 def _compile_static(model, input_ids, max_cache_len: int, settings):
@@ -70,7 +76,19 @@ def _compile_static(model, input_ids, max_cache_len: int, settings):
     seq = torch.export.Dim("seq", min=1, max=max_cache_len - 1)
     call = {"input_ids": input_ids, "cache_position": torch.arange(input_ids.shape[1], device=input_ids.device)}
     shapes = {"input_ids": {1: seq}, "cache_position": {0: seq}}
-    return compile_part(CausalLMStaticCache(model, input_ids, max_cache_len), call, shapes, settings, "model")
+    wrapper = CausalLMStaticCache(model, input_ids, max_cache_len)
+    return compile_part(wrapper, call, shapes, _with_plan(settings, call, wrapper), "model")
+
+
+def _with_plan(settings: dict, call, wrapper) -> dict:
+    """``settings`` for mixprec.compile: the weight-only request (if any) made into a plan for the wrapper."""
+    settings = dict(settings)
+    weights = settings.pop("weights", None)
+    if weights is None:
+        return settings
+    bits, group_size, lm_head = weights
+    settings["plan"] = weight_only_plan(wrapper, call, bits, group_size, lm_head)
+    return settings
 
 
 class CausalLMProgram(GeneratesWithProgramCache, PreTrainedModel, GenerationMixin):

@@ -54,6 +54,7 @@ CHECKED = MappingProxyType(
         "inputs_rounded": "every model input the plan rounds is read only through its rounding cast",
         "layer_dtypes": "every layer computes in the plan's dtype and receives each float input in the dtype it needs",
         "int8": "int8 layers read their quantized inputs and int8 weights through quantize/dequantize",
+        "weight_only": "weight-only int8/int4 layers read stored integer weights and scales of consistent shapes",
         "output_dtypes": "the graph outputs have the dtypes the plan and keep_io_types ask for",
         "meta": "the dtypes in node meta are what the ops produce (fake-tensor re-run: tests only)",
     }

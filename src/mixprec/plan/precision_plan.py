@@ -151,6 +151,10 @@ class NodePrecision:
     param_dtype: dtype its parameters are stored in when it differs from ``precision`` (cast at use;
         int8 means per-output-channel int8 convolution/linear weights, dequantized at use).
     int8: quantization of an int8 layer's inputs/output (only with ``precision == torch.int8``).
+    weight_group: input channels per weight scale of int8/int4 weights (None: one scale per output channel).
+    weight_symmetric: the weights' grid is symmetric (scale only) rather than asymmetric (scale and offset).
+        A float layer with ``param_dtype`` int8 or int4 is weight-only (W8A16 / W4A16, ``ops/weight_only.py``):
+        its Linear weights are quantized with these two and run on the int8/int4 weight kernels.
 
     An int8 layer computes on dequantized values in float32 (``compute_dtype``): the values it
     sees are exactly the int8 grid values, the arithmetic is float32's.
@@ -162,6 +166,8 @@ class NodePrecision:
     reason: str = ""
     param_dtype: torch.dtype | None = None
     int8: Int8Spec | None = None
+    weight_group: int | None = None
+    weight_symmetric: bool = True
 
     def __post_init__(self):
         if not isinstance(self.precision, torch.dtype):
@@ -170,6 +176,7 @@ class NodePrecision:
             raise ConfigError(f"NodePrecision.source {self.source!r} is not one of {', '.join(SOURCES)}.")
         if self.int8 is not None and self.precision != torch.int8:
             raise ConfigError(f"NodePrecision.int8 is only for int8 layers, not {dtype_name(self.precision)}.")
+        _check_weight_quantization(self)
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -192,6 +199,10 @@ class NodePrecision:
             out["param_dtype"] = dtype_name(self.param_dtype)
         if self.int8 is not None:
             out["int8"] = self.int8.to_dict()
+        if self.weight_group is not None:
+            out["weight_group"] = self.weight_group
+        if not self.weight_symmetric:
+            out["weight_symmetric"] = False
         return out
 
     @classmethod
@@ -206,10 +217,34 @@ class NodePrecision:
                 reason=str(data.get("reason", "")),
                 param_dtype=dtype_from_name(data["param_dtype"]) if data.get("param_dtype") else None,
                 int8=Int8Spec.from_dict(data["int8"]) if data.get("int8") is not None else None,
+                weight_group=data.get("weight_group"),
+                weight_symmetric=data.get("weight_symmetric", True),
             )
         except ConfigError as e:
             allowed = ", ".join(sorted(dtype_name(d) for d in PLAN_PRECISIONS))
             raise ConfigError(f"plan entry {where}: {e} A plan may hold the precisions {allowed}.") from e
+
+
+WEIGHT_BITS = (torch.int8, torch.int4)  # the weights a group size and symmetry describe
+
+
+def _check_weight_quantization(decision: NodePrecision) -> None:
+    group, symmetric = decision.weight_group, decision.weight_symmetric
+    if not isinstance(symmetric, bool):
+        raise ConfigError(f"NodePrecision.weight_symmetric must be true or false, got {symmetric!r}.")
+    if group is not None and (isinstance(group, bool) or not isinstance(group, int) or group <= 0):
+        raise ConfigError(f"NodePrecision.weight_group must be a positive number of input channels (or null: one "
+                          f"scale per output channel), got {group!r}.")
+    if (group is not None or not symmetric) and decision.param_dtype not in WEIGHT_BITS:
+        raise ConfigError("NodePrecision.weight_group / weight_symmetric describe int8 or int4 weights; this layer "
+                          f"stores its parameters in {dtype_name(decision.stored_param_dtype)} (set param_dtype to "
+                          "int8 or int4).")
+
+
+def is_weight_only(decision: NodePrecision | None) -> bool:
+    """A float layer with int8/int4 weights: weight-only (W8A16 / W4A16)."""
+    return (decision is not None and decision.precision.is_floating_point
+            and decision.param_dtype in WEIGHT_BITS)
 
 
 class PrecisionPlan(Mapping):

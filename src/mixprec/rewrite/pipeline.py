@@ -1,7 +1,7 @@
 """The rewrite pipeline: realise a plan on a copy of the captured program.
 
-Every rewrite pass is listed here, in its fixed order: input rounding, cast insertion, int8
-quantize/dequantize, parameter storage, fp32 accumulation, matmul input layout, channels_last
+Every rewrite pass is listed here, in its fixed order: input rounding, cast insertion, weight-only
+int8/int4 Linears, int8 quantize/dequantize, parameter storage, fp32 accumulation, matmul input layout, channels_last
 convolutions, output dtypes, cast folding. Each declares its contract (``ir.passes.GraphPass``:
 requires / ensures / breaks); :class:`Pipeline` checks when it is built that each pass's
 requirements are met by the passes before it and that every checked fact holds at the end.
@@ -38,6 +38,7 @@ from .io_types import restore_outputs, round_inputs
 from .memory_format import channels_last_convolutions, contiguous_matmul_inputs
 from .quantize import quantize
 from .verify import verify
+from .weight_only import weight_only
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ PIPELINE = Pipeline(
     (
         round_inputs,
         insert_casts,
+        weight_only,  # before quantize: its Linears are no longer aten.linear there, so their weights stay its own
         QUANTIZE,
         cast_params,
         fp32_acc,

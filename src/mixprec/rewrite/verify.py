@@ -14,6 +14,8 @@ the pass that just ran.
    input with the scale of its range, a quantized output is read only through its quantize
    node, weights stored as int8 reach their layer through a per-channel dequantize of an int8
    tensor, and no float copy of such a weight is read;
+4b. (``weight_only``) every weight-only op's layer is a weight-only decision of its bits, and reads stored int8 (or
+   uint8 nibbles) weights and scales whose shapes fit its input (``rewrite/weight_only.py``);
 5. (``output_dtypes``) graph outputs have the requested dtypes;
 6. (``meta``, ``deep=True``) the dtypes in node meta are the dtypes the ops really produce:
    the graph is re-run on fake tensors and every tensor's dtype compared.
@@ -46,6 +48,7 @@ from ..ops.quant import symmetric_scale
 from ..ops.names import op_name, packet_name
 from ..plan.input_contract import required_input_dtype
 from .casting import is_mixprec_cast, origin_name, tensor_dtype
+from .weight_only_check import check_weight_only
 from .context import RewriteContext
 from .quantize import (
     is_dequant_node,
@@ -73,6 +76,8 @@ def verify(ctx: RewriteContext, *, stage: str = "", facts=None, deep: bool = Fal
         _check_layers(ctx, graph, where)
     if "int8" in facts:
         _check_int8(ctx, graph, where)
+    if "weight_only" in facts:
+        check_weight_only(ctx, graph, where)
     if "output_dtypes" in facts:
         _check_outputs(ctx, where)
     if "meta" in facts:

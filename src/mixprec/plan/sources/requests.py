@@ -69,7 +69,9 @@ def _check_precisions(info: GraphInfo, name: str, entry) -> None:
         )
     for field in ("accumulate", "param_dtype"):
         value = getattr(entry, field)
-        if value is not None and value not in FLOAT_DTYPES and not (field == "param_dtype" and value == torch.int8):
+        # int8 weights (int8 layers, or weight-only on a float layer) and int4 weights (weight-only, W4A16)
+        integer_weight = field == "param_dtype" and value in (torch.int8, torch.int4)
+        if value is not None and value not in FLOAT_DTYPES and not integer_weight:
             raise ConfigError(
                 f"the plan gives layer '{name}' {field}={dtype_name(value)}, which mixprec cannot use; "
                 f"{field} may be {_spelled(FLOAT_DTYPES)}."

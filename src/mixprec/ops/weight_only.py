@@ -1,0 +1,223 @@
+"""Weight-only int8 / int4 Linears (W8A16, W4A16): the weights' quantization and the ops that run PyTorch's kernels.
+
+Why: decoding a token reads every weight once, so on a CPU it is bound by memory bandwidth; int8 weights are half
+of bf16's bytes, int4 a quarter. PyTorch's CPU build has the kernels: ``aten._weight_int8pack_mm(x, w_int8[N, K],
+scales[N])`` and ``aten._weight_int4pack_mm_for_cpu(x, w_packed, group, scales_and_zeros[K/group, N, 2])``, the int4
+weight packed by ``aten._convert_weight_to_int4pack_for_cpu``. Both exist on AVX2 and AVX512 CPUs (no VNNI/AMX
+needed: they dequantize in registers and compute in float).
+
+**The numerics, written once** (what the kernels compute, what the fallbacks compute, what the tests compare)::
+
+    int8:  w' = q * s + o        q int8 [N, K]; s, o float32 [N, K/group] (o = 0 when symmetric)
+    int4:  w' = (u - 8) * s + z  u in [0, 15] [N, K]; s, z float32 [N, K/group] (z = 0 when symmetric)
+
+Weights are quantized from the weights (min/max per output channel, or per group of ``group`` input channels):
+symmetric int8 on [-127, 127] (s = max|w| / 127, o = 0), asymmetric int8 on [-128, 127] (s = (max - min) / 255,
+o = min + 128 s), symmetric int4 on [-7, 7] (s = max|w| / 7, u = q + 8, z = 0), asymmetric int4 on [0, 15]
+(s = (max - min) / 15, z = min + 8 s — the kernel's own zero form). ``group=None`` is one scale per output channel.
+
+**The ops** (``torch.ops.mixprec``; each has an eager kernel and a fake kernel, so programs export and inductor
+calls them as extern kernels)::
+
+    linear_int8_weight(x, weight int8 [N, K], scales [N, G], offsets [N, G] | None, bias | None)
+    linear_int4_weight(x, weight uint8 [N, K/2], scales_and_zeros [G, N, 2], group, packed, bias | None)
+
+Where the kernel runs and where the op falls back to dequantize + ``aten.linear`` (the same numerics, in the
+activation's dtype):
+
+* int8: the kernel for one scale per channel (G == 1), x float32/bfloat16/float16 on the CPU; the asymmetric offset
+  is added as ``sum(x) * o`` beside it (exact algebra). Grouped int8 (G > 1) and other devices dequantize.
+* int4: the kernel when the weight is ``packed`` (the rewrite packs when N % 16 == 0 and K % 32 == 0: the kernel's
+  constraints) and x is float32/bfloat16/float16 on the CPU. Per-channel int4 runs as groups of 256/128/64/32 with
+  the scale repeated (the kernel takes those group sizes only). An unpacked weight (plain nibbles, low nibble = even
+  input channel) and other devices dequantize.
+
+The int4 packed layout is the CPU kernel's and differs between CPU kinds (blocks of 64 output channels on AVX512, 32
+on AVX2): saved programs hold the plain nibbles (:func:`unpack_int4` recovers them on the CPU that packed them) and
+are packed at load on the CPU that runs them (``output/serialize``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+aten = torch.ops.aten
+
+KERNEL_DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
+INT4_KERNEL_GROUPS = (256, 128, 64, 32)  # the group sizes _weight_int4pack_mm_for_cpu takes
+INT4_N_MULTIPLE = 16  # _convert_weight_to_int4pack_for_cpu: N % 16 == 0
+INT8_SYMMETRIC_MAX = 127
+INT4_SYMMETRIC_MAX = 7
+INT4_MIDPOINT = 8
+
+
+# ---- quantization of weights --------------------------------------------------------------------------------------
+def groups_of(weight: torch.Tensor, group: int | None) -> torch.Tensor:
+    """``weight`` [N, K] as [N, G, group] (group None: [N, 1, K])."""
+    n, k = weight.shape
+    size = k if group is None else group
+    if size <= 0 or k % size:
+        raise ValueError(f"a weight with {k} input channels cannot be split in groups of {size}")
+    return weight.reshape(n, k // size, size)
+
+
+def quantize_int8(weight: torch.Tensor, group: int | None, symmetric: bool):
+    """(q int8 [N, K], scales float32 [N, G], offsets float32 [N, G] or None): w' = q * s + o."""
+    w = groups_of(weight.detach().to(torch.float32), group)
+    if symmetric:
+        scale = w.abs().amax(-1) / INT8_SYMMETRIC_MAX
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        q = torch.clamp(torch.round(w / scale[..., None]), -INT8_SYMMETRIC_MAX, INT8_SYMMETRIC_MAX)
+        return q.to(torch.int8).reshape(weight.shape), scale, None
+    lo, hi = w.amin(-1), w.amax(-1)
+    scale = (hi - lo) / 255
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.clamp(torch.round((w - lo[..., None]) / scale[..., None]) - 128, -128, 127)
+    return q.to(torch.int8).reshape(weight.shape), scale, lo + 128 * scale
+
+
+def quantize_int4(weight: torch.Tensor, group: int | None, symmetric: bool):
+    """(u int32 in [0, 15] [N, K], scales float32 [N, G], zeros float32 [N, G]): w' = (u - 8) * s + z."""
+    w = groups_of(weight.detach().to(torch.float32), group)
+    if symmetric:
+        scale = w.abs().amax(-1) / INT4_SYMMETRIC_MAX
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        q = torch.clamp(torch.round(w / scale[..., None]), -INT4_SYMMETRIC_MAX, INT4_SYMMETRIC_MAX) + INT4_MIDPOINT
+        return q.to(torch.int32).reshape(weight.shape), scale, torch.zeros_like(scale)
+    lo, hi = w.amin(-1), w.amax(-1)
+    scale = (hi - lo) / 15
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.clamp(torch.round((w - lo[..., None]) / scale[..., None]), 0, 15)
+    return q.to(torch.int32).reshape(weight.shape), scale, lo + INT4_MIDPOINT * scale
+
+
+def dequantize_int8(q: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None) -> torch.Tensor:
+    """q * s + o in float32, [N, K]."""
+    n, k = q.shape
+    w = q.to(torch.float32).reshape(n, scales.shape[1], -1) * scales[..., None]
+    if offsets is not None:
+        w = w + offsets[..., None]
+    return w.reshape(n, k)
+
+
+def dequantize_int4(u: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
+    """(u - 8) * s + z in float32, [N, K]."""
+    n, k = u.shape
+    w = (u.to(torch.float32).reshape(n, scales.shape[1], -1) - INT4_MIDPOINT) * scales[..., None] + zeros[..., None]
+    return w.reshape(n, k)
+
+
+# ---- int4 storage: plain nibbles, the CPU kernel's packing, and back ------------------------------------------------
+def int4_kernel_group(in_features: int, group: int | None) -> int | None:
+    """The group size the int4 kernel runs a layer with (per channel: the largest it takes that divides K)."""
+    if group is not None:
+        return group if group in INT4_KERNEL_GROUPS and in_features % group == 0 else None
+    return next((g for g in INT4_KERNEL_GROUPS if in_features % g == 0), None)
+
+
+def int4_packable(out_features: int, in_features: int, group: int | None, device: torch.device) -> bool:
+    """Whether the CPU int4 kernel takes this weight (else it is stored as plain nibbles and dequantized at use)."""
+    return (device.type == "cpu" and out_features % INT4_N_MULTIPLE == 0
+            and int4_kernel_group(in_features, group) is not None)
+
+
+def to_nibbles(u: torch.Tensor) -> torch.Tensor:
+    """u [N, K] (K even, values 0..15) as uint8 [N, K/2]: low nibble = even input channel, high = odd."""
+    u = u.to(torch.uint8)
+    return u[:, 0::2] | (u[:, 1::2] << 4)
+
+
+def from_nibbles(nibbles: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, K/2] -> int32 [N, K] in [0, 15]."""
+    n = nibbles.shape[0]
+    wide = nibbles.to(torch.int32)
+    return torch.stack([wide & 15, wide >> 4], dim=-1).reshape(n, -1)
+
+
+def pack_int4(u: torch.Tensor) -> torch.Tensor:
+    """u int32 [N, K] in [0, 15] in the layout of this CPU's int4 kernel (uint8 [N, K/2])."""
+    return aten._convert_weight_to_int4pack_for_cpu(u.to(torch.int32).contiguous(), 1)
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """The plain nibbles (uint8 [N, K/2]) of a weight :func:`pack_int4` packed on this CPU."""
+    n, half = packed.shape
+    order = _packing_order(n, 2 * half).to(packed.device)
+    flat = packed.reshape(-1).to(torch.int64)
+    nibble = torch.stack([flat & 15, flat >> 4], dim=-1).reshape(-1)
+    plain = torch.empty_like(nibble)
+    plain[order] = nibble
+    return to_nibbles(plain.reshape(n, 2 * half))
+
+
+@functools.lru_cache(maxsize=64)
+def _packing_order(n: int, k: int) -> torch.Tensor:
+    """For each nibble of a packed [n, k] weight, the flat index of the weight element it holds: learnt from the
+    kernel's packing itself (4 bits of every element's index packed at a time), so it is right on any CPU kind."""
+    index = torch.arange(n * k, dtype=torch.int64)
+    order = torch.zeros(n * k, dtype=torch.int64)
+    for shift in range(0, max(int(n * k - 1).bit_length(), 1), 4):
+        digit = ((index >> shift) & 15).to(torch.int32).reshape(n, k)
+        packed = pack_int4(digit).reshape(-1).to(torch.int64)
+        order |= torch.stack([packed & 15, packed >> 4], dim=-1).reshape(-1) << shift
+    return order
+
+
+def int4_scales_and_zeros(scales: torch.Tensor, zeros: torch.Tensor, in_features: int, group: int | None):
+    """The kernel's [K / kernel group, N, 2] float32 tensor of per-group (scale, zero) (per channel: repeated)."""
+    kernel_group = int4_kernel_group(in_features, group) or (in_features if group is None else group)
+    repeat = in_features // kernel_group // scales.shape[1]
+    both = torch.stack([scales, zeros], dim=-1).repeat_interleave(repeat, dim=1)  # [N, G', 2]
+    return both.transpose(0, 1).contiguous()
+
+
+# ---- the ops ------------------------------------------------------------------------------------------------------
+@torch.library.custom_op("mixprec::linear_int8_weight", mutates_args=())
+def linear_int8_weight(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None,
+                       bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ (q * s + o).T + bias in x's dtype: ``aten._weight_int8pack_mm`` where it runs, else dequantized."""
+    lead, k = x.shape[:-1], x.shape[-1]
+    flat = x.reshape(-1, k)
+    if scales.shape[1] == 1 and x.device.type == "cpu" and x.dtype in KERNEL_DTYPES and weight.device == x.device:
+        y = aten._weight_int8pack_mm(flat.contiguous(), weight, scales[:, 0].to(x.dtype))
+        if offsets is not None:
+            y = y + (flat.to(torch.float32).sum(-1, keepdim=True) * offsets[:, 0]).to(x.dtype)
+    else:
+        y = torch.nn.functional.linear(flat, dequantize_int8(weight, scales, offsets).to(x.dtype))
+    if bias is not None:
+        y = y + bias.to(x.dtype)
+    return y.reshape(*lead, weight.shape[0])
+
+
+@torch.library.custom_op("mixprec::linear_int4_weight", mutates_args=())
+def linear_int4_weight(x: torch.Tensor, weight: torch.Tensor, scales_and_zeros: torch.Tensor, group: int,
+                       packed: bool, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ ((u - 8) * s + z).T + bias in x's dtype: ``aten._weight_int4pack_mm_for_cpu`` on a packed weight where it
+    runs, else dequantized. ``group``: the kernel group of ``scales_and_zeros`` [K / group, N, 2]."""
+    lead, k = x.shape[:-1], x.shape[-1]
+    flat = x.reshape(-1, k)
+    if packed and x.device.type == "cpu" and x.dtype in KERNEL_DTYPES and weight.device == x.device:
+        y = aten._weight_int4pack_mm_for_cpu(flat.contiguous(), weight, group, scales_and_zeros.to(x.dtype))
+    else:
+        nibbles = unpack_int4(weight) if packed else weight
+        scales, zeros = scales_and_zeros[..., 0].transpose(0, 1), scales_and_zeros[..., 1].transpose(0, 1)
+        w = dequantize_int4(from_nibbles(nibbles).to(scales.device), scales, zeros)
+        y = torch.nn.functional.linear(flat, w.to(x.dtype))
+    if bias is not None:
+        y = y + bias.to(x.dtype)
+    return y.reshape(*lead, weight.shape[0])
+
+
+@linear_int8_weight.register_fake
+def _(x, weight, scales, offsets, bias):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@linear_int4_weight.register_fake
+def _(x, weight, scales_and_zeros, group, packed, bias):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+WEIGHT_ONLY_OPS = frozenset({torch.ops.mixprec.linear_int8_weight.default, torch.ops.mixprec.linear_int4_weight.default})

@@ -1,0 +1,87 @@
+"""compile_for_generation(..., weights="int4"|"int8", group_size=...): weight-only decoder Linears (int8 lm_head by
+default, embeddings as they are) whose greedy tokens equal those of the model with the same dequantized weights."""
+
+import copy
+
+import pytest
+import torch
+
+import mixprec
+
+transformers = pytest.importorskip("transformers")
+
+import mixprec.hf  # noqa: E402  (needs transformers)
+from mixprec.ops import weight_only as wo  # noqa: E402
+
+CONFIG = dict(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.1)
+INT4_OP = torch.ops.mixprec.linear_int4_weight.default
+INT8_OP = torch.ops.mixprec.linear_int8_weight.default
+
+
+def _llama():
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG)).eval()
+
+
+def _dequantized_model(model, weights, group, lm_head):
+    """The model with each Linear's weight replaced by its dequantized weight-only weight (the reference)."""
+    ref = copy.deepcopy(model)
+    head = ref.get_output_embeddings()
+    with torch.no_grad():
+        for module in ref.modules():
+            if not isinstance(module, torch.nn.Linear) or (module is head and lm_head is None):
+                continue
+            bits, g = (lm_head, None) if module is head else (weights, group)
+            if bits == "int4":
+                module.weight.copy_(wo.dequantize_int4(*wo.quantize_int4(module.weight, g, True)))
+            else:
+                module.weight.copy_(wo.dequantize_int8(*wo.quantize_int8(module.weight, g, True)))
+    return ref
+
+
+@pytest.mark.parametrize("weights,group,static_cache", [("int4", 32, True), ("int8", None, False)])
+def test_weight_only_generation_gives_the_dequantized_models_tokens(weights, group, static_cache):
+    model = _llama()
+    prompt = torch.randint(2, 64, (1, 6))
+    lm = mixprec.hf.compile_for_generation(model, prompt, static_cache=static_cache, max_cache_len=32,
+                                           weights=weights, group_size=group)
+    graph = lm.program.exported_program.graph
+    targets = [n.target for n in graph.nodes if n.op == "call_function"]
+    linears = 2 * 7  # q, k, v, o, gate, up, down per layer
+    if weights == "int4":
+        assert targets.count(INT4_OP) == linears and targets.count(INT8_OP) == 1  # the int8 lm_head
+    else:
+        assert targets.count(INT8_OP) == linears + 1
+    assert torch.ops.aten.linear.default not in targets
+    state = lm.program.exported_program.state_dict
+    assert state["model.embed_tokens.weight"].dtype == torch.float32  # embeddings as they are
+    reference = _dequantized_model(model, weights, group, "int8")
+    options = dict(max_new_tokens=12, do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(prompt))
+    with torch.no_grad():
+        expected = reference.generate(prompt, **options)
+        got = lm.generate(prompt, **options)
+        assert torch.equal(got, expected)
+        ids = expected[:, :10]
+        logits = lm(input_ids=ids).logits if not static_cache else None
+        if logits is not None:
+            torch.testing.assert_close(logits, reference(ids).logits, rtol=1e-4, atol=1e-4)
+    assert len(set(expected[0, 6:].tolist())) > 2  # varied tokens, not one repeated id
+
+
+def test_lm_head_none_keeps_the_heads_float_weights():
+    model = _llama()
+    lm = mixprec.hf.compile_for_generation(model, torch.randint(2, 64, (2, 5)), weights="int4", group_size=64,
+                                           lm_head=None)
+    state = lm.program.exported_program.state_dict
+    assert state["lm_head.weight"].dtype == torch.float32
+    assert state["model.layers.0.mlp.down_proj.weight_int4_g64"].dtype == torch.uint8
+
+
+def test_weight_only_options_are_checked():
+    model = _llama()
+    with pytest.raises(mixprec.ConfigError, match="weights must be one of 'int8', 'int4'"):
+        mixprec.hf.compile_for_generation(model, weights="int2")
+    with pytest.raises(mixprec.ConfigError, match="lm_head must be"):
+        mixprec.hf.compile_for_generation(model, weights="int4", lm_head="fp8")
+    with pytest.raises(mixprec.ConfigError, match="not both"):
+        mixprec.hf.compile_for_generation(model, weights="int4", plan=mixprec.PrecisionPlan())

@@ -1,0 +1,153 @@
+"""Weight-only int8/int4 ops: the kernels equal their dequantized reference, per channel and grouped, symmetric and
+asymmetric, fp32 and bf16 activations; the int4 packing round-trips on this CPU kind (and on AVX2's, in a
+subprocess with ATEN_CPU_CAPABILITY=avx2)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mixprec.ops import weight_only as wo
+
+N, K = 48, 512
+
+
+def _reference(x, w_dq, bias):
+    """The dequantized weight in the activation's dtype, then aten.linear (what the fallback computes)."""
+    return torch.nn.functional.linear(x, w_dq.to(x.dtype), None if bias is None else bias.to(x.dtype))
+
+
+def _close(y, ref):
+    """fp32: elementwise to float32 rounding; bf16: the result is rounded to bf16 (8 bits) and the kernel rounds its
+    scales to bf16, so relative L2 error within a few bf16 ulps of the fp32 product of the same inputs."""
+    assert y.dtype == ref.dtype
+    if y.dtype == torch.float32:
+        torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-4)
+    else:
+        exact = ref.float()
+        assert ((y.float() - exact).norm() / exact.norm()).item() < 6e-3
+
+
+def _fp32_reference(x, w_dq, bias):
+    """The dequantized weight times the activation's values in float32 (bf16 inputs are exact in float32)."""
+    y = torch.nn.functional.linear(x.float(), w_dq, None if bias is None else bias.to(x.dtype).float())
+    return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("group", [None, 64])
+def test_int8_weight_op_equals_dequantized_reference(dtype, symmetric, group):
+    w, bias = torch.randn(N, K), torch.randn(N)
+    x = torch.randn(2, 3, K).to(dtype)
+    q, s, o = wo.quantize_int8(w, group, symmetric)
+    assert q.dtype == torch.int8 and s.shape == (N, K // (group or K))
+    assert (o is None) == symmetric
+    w_dq = wo.dequantize_int8(q, s, o)
+    assert (w_dq - w).abs().max() <= s.max() / 2 + 1e-6  # within half a step of the grid
+    y = torch.ops.mixprec.linear_int8_weight(x, q, s, o, bias)
+    assert y.dtype == dtype and y.shape == (2, 3, N)
+    _close(y, _fp32_reference(x, w_dq, bias))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("group", [None, 32, 128])
+def test_int4_weight_op_equals_dequantized_reference(dtype, symmetric, group):
+    w, bias = torch.randn(N, K), torch.randn(N)
+    x = torch.randn(5, K).to(dtype)
+    u, s, z = wo.quantize_int4(w, group, symmetric)
+    assert int(u.min()) >= (1 if symmetric else 0) and int(u.max()) <= (15 if symmetric else 15)
+    w_dq = wo.dequantize_int4(u, s, z)
+    assert (w_dq - w).abs().max() <= s.max() / 2 + 1e-5
+    assert wo.int4_packable(N, K, group, x.device)
+    kernel_group = wo.int4_kernel_group(K, group)
+    sz = wo.int4_scales_and_zeros(s, z, K, group)
+    assert sz.shape == (K // kernel_group, N, 2)
+    y = torch.ops.mixprec.linear_int4_weight(x, wo.pack_int4(u), sz, kernel_group, True, bias)
+    _close(y, _fp32_reference(x, w_dq, bias))
+    # the unpacked (plain nibbles) form: the fallback, same numerics
+    y_plain = torch.ops.mixprec.linear_int4_weight(x, wo.to_nibbles(u), sz, kernel_group, False, bias)
+    _close(y_plain, _fp32_reference(x, w_dq, bias))
+
+
+def test_int4_symmetric_grid_values_are_recovered():
+    """Weights already on the symmetric int4 grid (every channel reaching +-7) keep their grid points."""
+    s = torch.rand(N, 1) + 0.5
+    ints = torch.randint(-7, 8, (N, K))
+    ints[:, 0] = 7
+    u, scales, zeros = wo.quantize_int4(ints.float() * s, None, True)
+    assert torch.equal(u - 8, ints.to(torch.int32))
+    torch.testing.assert_close(wo.dequantize_int4(u, scales, zeros), ints.float() * s, rtol=1e-6, atol=0)
+
+
+def test_fallbacks_where_the_kernel_cannot_run():
+    """float64 activations and a weight the int4 kernel cannot pack (N % 16 != 0) dequantize instead."""
+    w = torch.randn(24, 96)
+    x = torch.randn(3, 96, dtype=torch.float64)
+    q, s, o = wo.quantize_int8(w, None, True)
+    y = torch.ops.mixprec.linear_int8_weight(x, q, s, o, None)
+    torch.testing.assert_close(y, _reference(x, wo.dequantize_int8(q, s, o), None))
+    assert not wo.int4_packable(24, 96, None, x.device)
+    u, s4, z4 = wo.quantize_int4(w, None, False)
+    sz = wo.int4_scales_and_zeros(s4, z4, 96, None)
+    y4 = torch.ops.mixprec.linear_int4_weight(x, wo.to_nibbles(u), sz, 96 // sz.shape[0], False, None)
+    torch.testing.assert_close(y4, _reference(x, wo.dequantize_int4(u, s4, z4), None))
+
+
+def test_nibbles_round_trip_through_this_cpus_packing():
+    u = torch.randint(0, 16, (64, 256), dtype=torch.int32)
+    assert torch.equal(wo.from_nibbles(wo.to_nibbles(u)), u)
+    packed = wo.pack_int4(u)
+    assert not torch.equal(packed, wo.to_nibbles(u))  # the kernel's layout is not the plain one
+    assert torch.equal(wo.unpack_int4(packed), wo.to_nibbles(u))
+
+
+_AVX2_SCRIPT = """
+import torch
+from mixprec.ops import weight_only as wo
+torch.manual_seed(0)
+u = torch.randint(0, 16, (80, 256), dtype=torch.int32)
+packed = wo.pack_int4(u)
+assert torch.equal(wo.unpack_int4(packed), wo.to_nibbles(u))
+w = torch.randn(80, 256); q, s, z = wo.quantize_int4(w, 128, False)
+x = torch.randn(3, 256)
+y = torch.ops.mixprec.linear_int4_weight(x, wo.pack_int4(q), wo.int4_scales_and_zeros(s, z, 256, 128), 128, True, None)
+torch.testing.assert_close(y, x @ wo.dequantize_int4(q, s, z).T, rtol=1e-5, atol=1e-4)
+print(torch.backends.cpu.get_cpu_capability(), bytes(packed[0, :8].tolist()).hex())
+"""
+
+
+def test_avx2_packing_differs_and_round_trips():
+    """The packed layout is the CPU kind's (so saved files hold plain nibbles); on AVX2 the kernel and unpacking
+    work too."""
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", _AVX2_SCRIPT], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    capability, avx2_bytes = out.stdout.split()
+    assert capability == "AVX2"
+    torch.manual_seed(0)
+    here = wo.pack_int4(torch.randint(0, 16, (80, 256), dtype=torch.int32))
+    if torch.backends.cpu.get_cpu_capability() != "AVX2":  # on an AVX512 CPU the two layouts differ
+        assert bytes(here[0, :8].tolist()).hex() != avx2_bytes
+
+
+def test_ops_export_with_fake_kernels():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            u, s, z = wo.quantize_int4(torch.randn(N, K), 128, True)
+            self.register_buffer("w", wo.pack_int4(u))
+            self.register_buffer("sz", wo.int4_scales_and_zeros(s, z, K, 128))
+
+        def forward(self, x):
+            return torch.ops.mixprec.linear_int4_weight(x, self.w, self.sz, 128, True, None)
+
+    m = M()
+    ep = torch.export.export(m, (torch.randn(2, K),))
+    targets = {n.target for n in ep.graph.nodes if n.op == "call_function"}
+    assert torch.ops.mixprec.linear_int4_weight.default in targets
+    x = torch.randn(2, K)
+    torch.testing.assert_close(ep.module()(x), m(x))
