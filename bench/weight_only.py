@@ -7,10 +7,14 @@ every variant makes as many). Variants (``--variants``, all built from the one f
 
   fp32 eager            the model's own generate()
   bf16 eager            a bf16 copy of the model, its generate()
-  mixprec fp32|bf16     mixprec.hf.compile_for_generation(static_cache=True), strong typing | enable_autocast=True
+  mixprec fp32|bf16     mixprec.hf.compile_for_generation(static_cache=True) of the model | of its bf16 copy (strong
+                        typing: the program computes what the model computes)
   mixprec W8A16|W4A16 eager|inductor
-                        compile_for_generation(..., weights="int8"|"int4", group_size=128) on backend eager |
-                        inductor (bf16 activations), when this mixprec has the ``weights=`` option
+                        compile_for_generation(bf16 copy, static_cache=True, weights="int8"|"int4", group_size=None
+                        (per channel) | 128, backend="eager"|"inductor"): the decoder's Linears on
+                        aten._weight_int8pack_mm / _weight_int4pack_mm_for_cpu, lm_head int8 (its default), bf16
+                        activations; when this mixprec has the ``weights=`` option. (Not in the default list:
+                        "mixprec W8A32|W4A32 eager|inductor", the same on the fp32 model, fp32 activations.)
   openvino              ov.convert_model of the model (explicit KV-cache inputs/outputs) run by OpenVINO's CPU plugin
                         at its default precision (bf16 on a CPU with avx512_bf16), a greedy loop written here
   openvino+nncf INT8_ASYM | INT4_SYM g128
@@ -69,15 +73,14 @@ from zoo_models import MODELS, TASKS  # noqa: E402  (the trained MiniLM and CREP
 
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]  # bench/openvino.py would shadow openvino
 
+import mixprec  # noqa: E402
 import mixprec.hf  # noqa: E402
 
 VARIANTS = ("fp32 eager", "bf16 eager", "mixprec fp32", "mixprec bf16", "mixprec W8A16 eager", "mixprec W8A16 inductor",
             "mixprec W4A16 eager", "mixprec W4A16 inductor", "openvino", "openvino+nncf INT8_ASYM",
             "openvino+nncf INT4_SYM g128", "torchao int8", "torchao int4 g128")
+EXTRA = ("mixprec W8A32 eager", "mixprec W8A32 inductor", "mixprec W4A32 eager", "mixprec W4A32 inductor")
 GROUP = 128
-# bf16 activations; the speed check is off: with it (the default since 13c73bf) a static-cache program's decode step
-# is refused (InputMismatchError: input_ids compiled for the prompt's length), reported to the lead
-BF16 = {"enable_autocast": True, "autocast_require_speedup": False}
 
 
 def llama(layers: int) -> transformers.LlamaForCausalLM:
@@ -173,20 +176,16 @@ def hf_variant(name, lm, weight_bytes, note=""):
 
 
 def program_bytes(lm, model) -> int | None:
-    """Bytes of the program's tensors other than the embedding table and KV cache buffers (its Linear weights in
-    their stored form, scales included), counted once per storage; None when the program exposes no modules."""
-    embed = model.get_input_embeddings().weight
+    """Bytes of the program's weight tensors (names with "weight" or "bias": Linear weights in their stored form,
+    scales and zero points, norms) other than the embedding table's, counted once per storage; None if it has none."""
     seen, total = set(), 0
-    modules = [m for m in vars(lm).values() if isinstance(m, torch.nn.Module)] if not isinstance(lm, torch.nn.Module) \
-        else [lm]
-    for module in modules:
-        for name, t in list(module.named_parameters()) + list(module.named_buffers()):
-            if "cache" in name.lower() or t.shape == embed.shape and t.dtype == embed.dtype and "embed" in name:
-                continue
-            key = (t.untyped_storage().data_ptr(), t.storage_offset())
-            if key not in seen:
-                seen.add(key)
-                total += tensor_bytes(t)
+    for name, t in list(lm.named_parameters()) + list(lm.named_buffers()):
+        if not ("weight" in name or "bias" in name) or "embed" in name:
+            continue
+        key = (t.untyped_storage().data_ptr(), t.storage_offset())
+        if key not in seen:
+            seen.add(key)
+            total += tensor_bytes(t)
     return total or None
 
 
@@ -200,8 +199,7 @@ def mixprec_variant(name, model, ids, length, **settings):
 def has_weights_option() -> bool:
     import inspect
 
-    source = inspect.getsource(mixprec.hf)
-    return "weights" in source and "group_size" in source
+    return "weights" in inspect.signature(mixprec.hf.compile_for_generation).parameters
 
 
 # ---- OpenVINO (+ NNCF) -----------------------------------------------------------------------------------------
@@ -250,6 +248,9 @@ def convert_openvino(model, directory: str) -> str:
     return path
 
 
+DECOMPRESSION = ("Convert", "Subtract", "Multiply", "Reshape", "Unsqueeze", "Squeeze", "Transpose")
+
+
 def ov_weight_bytes(ov_model) -> int:
     """Bytes of the model's constants except the embedding's (those feeding a Gather of token ids)."""
     embedding = set()
@@ -257,11 +258,11 @@ def ov_weight_bytes(ov_model) -> int:
         if op.get_type_name() != "Gather":
             continue
         stack = [op.input_value(0).get_node()]
-        while stack:
+        while stack:  # up through the decompression ops only (a Gather of activations leads to MatMuls)
             node = stack.pop()
             if node.get_type_name() == "Constant":
                 embedding.add(node.get_friendly_name())
-            elif node.get_type_name() != "Parameter":
+            elif node.get_type_name() in DECOMPRESSION:
                 stack += [v.get_node() for v in node.input_values()]
     return sum(op.get_byte_size() for op in ov_model.get_ordered_ops()
                if op.get_type_name() == "Constant" and op.get_friendly_name() not in embedding)
@@ -312,7 +313,8 @@ def nncf_compress(mode_name, group_size=None):
     def compress(ov_model):
         mode = getattr(nncf.CompressWeightsMode, mode_name)
         options = {"group_size": group_size} if group_size else {}
-        return nncf.compress_weights(ov_model, mode=mode, **options)
+        with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):  # its progress bars and tables
+            return nncf.compress_weights(ov_model, mode=mode, **options)
 
     return compress
 
@@ -343,19 +345,23 @@ def missing(module: str) -> str | None:
 
 def builders(model, ids, length, wanted, ov_path):
     """name -> a function that builds the variant, or the reason it cannot run here."""
+    def bf16():
+        return cast_copy(model, torch.bfloat16)
+
     made = {
         "fp32 eager": lambda: hf_variant("fp32 eager", model, linear_bytes(model)),
-        "bf16 eager": lambda: hf_variant("bf16 eager", (lm := cast_copy(model, torch.bfloat16)), linear_bytes(lm)),
+        "bf16 eager": lambda: hf_variant("bf16 eager", (lm := bf16()), linear_bytes(lm)),
         "mixprec fp32": lambda: mixprec_variant("mixprec fp32", model, ids, length),
-        "mixprec bf16": lambda: mixprec_variant("mixprec bf16", model, ids, length, **BF16),
+        "mixprec bf16": lambda: mixprec_variant("mixprec bf16", bf16(), ids, length),
     }
     for bits in (8, 4):
         for backend in ("eager", "inductor"):
-            name = f"mixprec W{bits}A16 {backend}"
-            made[name] = (lambda bits=bits, backend=backend, name=name: mixprec_variant(
-                name, model, ids, length, weights=f"int{bits}", group_size=GROUP, backend=backend,
-                **BF16)) if has_weights_option() else \
-                "this mixprec's compile_for_generation has no weights= option (issue 32's wonly branch not merged)"
+            for activations in ("A16", "A32"):
+                name = f"mixprec W{bits}{activations} {backend}"
+                made[name] = (lambda bits=bits, backend=backend, name=name, activations=activations: mixprec_variant(
+                    name, bf16() if activations == "A16" else model, ids, length, weights=f"int{bits}",
+                    group_size=GROUP if bits == 4 else None, backend=backend)) if has_weights_option() else \
+                    "this mixprec's compile_for_generation has no weights= option (issue 32's wonly branch)"
     made["openvino"] = (lambda: openvino_variant("openvino", ov_path(), model.config)) if not missing("openvino") \
         else missing("openvino")
     for label, mode, group in (("INT8_ASYM", "INT8_ASYM", None), ("INT4_SYM g128", "INT4_SYM", GROUP)):
@@ -388,9 +394,9 @@ def decode_bench(args, bandwidth):
         return converted[0]
 
     wanted = ["fp32 eager"] + [v for v in args.variants.split(",") if v != "fp32 eager"]
-    unknown = [v for v in wanted if v not in VARIANTS]
+    unknown = [v for v in wanted if v not in VARIANTS + EXTRA]
     if unknown:
-        sys.exit(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
+        sys.exit(f"unknown variants {unknown}; known: {', '.join(VARIANTS + EXTRA)}")
     made = builders(model, ids, length, wanted, ov_path)
     print(f"\n### Llama, TinyLlama-1.1B's widths, {args.layers} layers ({params / 1e9:.2f} B parameters), random weights: "
           f"prompt {args.prompt}, {args.new} new tokens, batch 1, greedy, median of {args.rounds} "
@@ -522,6 +528,17 @@ def task_rows(name, model, args_, kwargs, task):
     runs = {"RTN int8 per channel (fp32 compute)": lambda: rtn_model(model, 8, None),
             f"RTN int4 g{GROUP} (fp32 compute)": lambda: rtn_model(model, 4, GROUP)}
     inputs = list(args_) + list(kwargs.values())
+    if has_weights_option():
+        def weight_only(bits):
+            from mixprec.configurator import MixedPrecisionConfigurator
+
+            cfg = MixedPrecisionConfigurator(model, tuple(inputs))
+            cfg.set_precision(torch.nn.Linear, activation=torch.float32, param={"weight": f"int{bits}"},
+                              group_size=GROUP if bits == 4 else None)
+            return mixprec.compile(model, tuple(inputs), plan=cfg.apply())
+
+        runs["mixprec W8A32 (Linear)"] = lambda: weight_only(8)
+        runs[f"mixprec W4A32 g{GROUP} (Linear)"] = lambda: weight_only(4)
     if not missing("openvino"):
         import openvino as ov
 
@@ -559,7 +576,7 @@ def task_rows(name, model, args_, kwargs, task):
         try:
             with torch.no_grad(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                out = make()(*args_, **kwargs)
+                out = make()(*inputs)
             rows.append({"model": name, "weights": label, "output rel-L2": rel_l2(out.float(), reference.float()),
                          "task metric vs fp32": task(out.float(), reference.float())})
         except Exception as e:
@@ -584,7 +601,8 @@ def task_bench():
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="4 layers, 1 round, interleaved (about 2 minutes)")
+    parser.add_argument("--quick", action="store_true", help="4 layers, 16 new tokens, 1 round, interleaved, "
+                        "no inductor variants (a smoke run: about 2 minutes on an idle 2-core machine)")
     parser.add_argument("--layers", type=int, default=22, help="22: TinyLlama-1.1B's depth")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--prompt", type=int, default=128)
@@ -595,16 +613,20 @@ def main():
     parser.add_argument("--bandwidth-gib", type=float, default=1.0)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     args = parser.parse_args()
-    if args.quick:
-        args.layers, args.interleave = 4, True
+    if args.quick:  # a smoke run: every kind of variant once, the inductor ones and plain OpenVINO left out
+        args.layers, args.interleave, args.rounds, args.new = 4, True, 1, 16
+        if args.variants == ",".join(VARIANTS):
+            args.variants = ",".join(v for v in VARIANTS if "inductor" not in v and v != "openvino")
     if args.threads:
         torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
     transformers.logging.set_verbosity_error()
-    with contextlib.suppress(ImportError):
+    if not missing("nncf"):
         import logging
 
-        logging.getLogger("nncf").setLevel(logging.ERROR)
+        import nncf
+
+        nncf.set_log_level(logging.ERROR)
     versions = []
     for peer in ("openvino", "nncf", "torchao"):
         if missing(peer):
@@ -618,9 +640,13 @@ def main():
     copy_bw, read_bw = memory_bandwidth(args.bandwidth_gib)
     print(f"memory bandwidth: copy of {args.bandwidth_gib:g} GiB {copy_bw / 2**30:.1f} GiB/s (read + written), "
           f"sum over it {read_bw / 2**30:.1f} GiB/s (read); the roofline uses the copy's", flush=True)
+    begin = time.perf_counter()
     decode_bench(args, copy_bw)
+    print(f"(decode bench {time.perf_counter() - begin:.0f} s)")
     if not args.no_tasks:
+        begin = time.perf_counter()
         task_bench()
+        print(f"(task metrics {time.perf_counter() - begin:.0f} s)")
     print(f"\nload average at the end {' '.join('%.2f' % x for x in os.getloadavg())}; peak RSS "
           f"{peak_rss_mb():.0f} MiB")
 
