@@ -251,8 +251,9 @@ def convert_openvino(model, directory: str) -> str:
 DECOMPRESSION = ("Convert", "Subtract", "Multiply", "Reshape", "Unsqueeze", "Squeeze", "Transpose")
 
 
-def ov_weight_bytes(ov_model) -> int:
-    """Bytes of the model's constants except the embedding's (those feeding a Gather of token ids)."""
+def ov_weight_bytes(ov_model, precision: str) -> int:
+    """Bytes of the model's constants except the embedding's (those feeding a Gather of token ids), f32 ones at the
+    width of the plugin's inference ``precision``."""
     embedding = set()
     for op in ov_model.get_ordered_ops():
         if op.get_type_name() != "Gather":
@@ -264,8 +265,13 @@ def ov_weight_bytes(ov_model) -> int:
                 embedding.add(node.get_friendly_name())
             elif node.get_type_name() in DECOMPRESSION:
                 stack += [v.get_node() for v in node.input_values()]
-    return sum(op.get_byte_size() for op in ov_model.get_ordered_ops()
-               if op.get_type_name() == "Constant" and op.get_friendly_name() not in embedding)
+    total = 0
+    for op in ov_model.get_ordered_ops():
+        if op.get_type_name() == "Constant" and op.get_friendly_name() not in embedding:
+            # the CPU plugin keeps f32 weights in its inference precision (bf16 here): count what it reads
+            wide = op.get_element_type().get_type_name() == "f32" and precision in ("bf16", "f16")
+            total += op.get_byte_size() // 2 if wide else op.get_byte_size()
+    return total
 
 
 def openvino_variant(name, path, config, compress=None):
@@ -276,8 +282,8 @@ def openvino_variant(name, path, config, compress=None):
     if compress is not None:
         ov_model = compress(ov_model)
     compiled = ov.Core().compile_model(ov_model, "CPU")
-    weight_bytes = ov_weight_bytes(ov_model)
-    precision = compiled.get_property("INFERENCE_PRECISION_HINT")
+    precision = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+    weight_bytes = ov_weight_bytes(ov_model, precision)
     del ov_model
     request = compiled.create_infer_request()
     layers = 2 * config.num_hidden_layers
