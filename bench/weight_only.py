@@ -14,7 +14,8 @@ every variant makes as many). Variants (``--variants``, all built from the one f
                         (per channel) | 128, backend="eager"|"inductor"): the decoder's Linears on
                         aten._weight_int8pack_mm / _weight_int4pack_mm_for_cpu, lm_head int8 (its default), bf16
                         activations; when this mixprec has the ``weights=`` option. (Not in the default list:
-                        "mixprec W8A32|W4A32 eager|inductor", the same on the fp32 model, fp32 activations.)
+                        "mixprec W8A32|W4A32 eager|inductor", the same on the fp32 model, fp32 activations; "mixprec
+                        W4A16 eager|inductor lm_head int4", lm_head="int4".)
   openvino              ov.convert_model of the model (explicit KV-cache inputs/outputs) run by OpenVINO's CPU plugin
                         at its default precision (bf16 on a CPU with avx512_bf16), a greedy loop written here
   openvino+nncf INT8_ASYM | INT4_SYM g128
@@ -79,7 +80,8 @@ import mixprec.hf  # noqa: E402
 VARIANTS = ("fp32 eager", "bf16 eager", "mixprec fp32", "mixprec bf16", "mixprec W8A16 eager", "mixprec W8A16 inductor",
             "mixprec W4A16 eager", "mixprec W4A16 inductor", "openvino", "openvino+nncf INT8_ASYM",
             "openvino+nncf INT4_SYM g128", "torchao int8", "torchao int4 g128")
-EXTRA = ("mixprec W8A32 eager", "mixprec W8A32 inductor", "mixprec W4A32 eager", "mixprec W4A32 inductor")
+EXTRA = ("mixprec W8A32 eager", "mixprec W8A32 inductor", "mixprec W4A32 eager", "mixprec W4A32 inductor",
+         "mixprec W4A16 eager lm_head int4", "mixprec W4A16 inductor lm_head int4")
 GROUP = 128
 
 
@@ -368,6 +370,11 @@ def builders(model, ids, length, wanted, ov_path):
                     name, bf16() if activations == "A16" else model, ids, length, weights=f"int{bits}",
                     group_size=GROUP if bits == 4 else None, backend=backend)) if has_weights_option() else \
                     "this mixprec's compile_for_generation has no weights= option (issue 32's wonly branch)"
+    for backend in ("eager", "inductor"):
+        name = f"mixprec W4A16 {backend} lm_head int4"
+        made[name] = (lambda backend=backend, name=name: mixprec_variant(
+            name, bf16(), ids, length, weights="int4", group_size=GROUP, lm_head="int4", backend=backend)) \
+            if has_weights_option() else "no weights= option"
     made["openvino"] = (lambda: openvino_variant("openvino", ov_path(), model.config)) if not missing("openvino") \
         else missing("openvino")
     for label, mode, group in (("INT8_ASYM", "INT8_ASYM", None), ("INT4_SYM g128", "INT4_SYM", GROUP)):
