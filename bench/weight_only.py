@@ -455,8 +455,11 @@ def decode_bench(args, bandwidth):
         for _ in range(args.rounds):
             time_it(name, variant)
         results[name]["load"] = "%.1f" % os.getloadavg()[0]
-        print(f"  {name}: decode {statistics.median(results[name]['decode']):.2f} tokens/s "
-              f"(load {results[name]['load']})", flush=True)
+        row = results[name]  # the row as it stands, so a run cut short still says what it measured
+        print(f"  {name}: decode {statistics.median(row['decode']):.3g} tokens/s, prefill "
+              f"{statistics.median(row['prefill']):.3g} s, {row['weight MiB/token']:.0f} MiB/token, logit rel-L2 "
+              f"{row['logit rel-L2']:.3g}, tokens = fp32 {row['tokens = fp32']}, build {row['build s']:.0f} s "
+              f"(load {row['load']})", flush=True)
         del variant
         gc.collect()
     for r in range(args.rounds if args.interleave else 0):
