@@ -22,7 +22,8 @@ every variant makes as many). Variants (``--variants``, all built from the one f
                         the same OpenVINO model after ``nncf.compress_weights`` (mode INT8_ASYM; INT4_SYM with
                         group_size=128 and NNCF's defaults: ratio 1, lm_head and embedding kept INT8_ASYM)
   torchao int8|int4     torchao's weight-only configs on a bf16 copy (Int8WeightOnlyConfig per row;
-                        PrototypeInt4WeightOnlyConfig group 128, the Int4OpaqueTensor on aten._weight_int4pack_mm_for_cpu,
+                        PrototypeInt4WeightOnlyConfig group 128, the Int4OpaqueTensor on
+                        aten._weight_int4pack_mm_for_cpu,
                         lm_head int8 as NNCF keeps it), eager; when torchao is installed
 
 Figures per variant: prefill seconds (the prompt's forward and the first token) and decode tokens/s (the NEW-1 later
@@ -42,6 +43,10 @@ channel for int8, per group of 128 inputs for int4, dequantized and run in fp32:
 computes), plus NNCF+OpenVINO and torchao where installed.
 
 NNCF and torchao are peers, not mixprec dependencies: imported here, skipped with the reason printed when missing.
+Measured with nncf 3.4.0 and torchao 0.18.0 installed beside the venv, not into it: ``pip install --target DIR
+--no-deps nncf==3.4.0 torchao==0.18.0 tabulate psutil pydot pyparsing scipy scikit-learn joblib threadpoolctl``,
+then ``PYTHONPATH=src:DIR``. torchao's Int4WeightOnlyConfig needs mslk (GPU kernels) in 0.18; its CPU int4 path is
+the prototype config used here.
 
     PYTHONPATH=src python bench/weight_only.py --quick
     PYTHONPATH=src python bench/weight_only.py --layers 22 [--rounds 2] [--variants ...] [--prompt 128] [--new 64]
@@ -411,7 +416,8 @@ def decode_bench(args, bandwidth):
     if unknown:
         sys.exit(f"unknown variants {unknown}; known: {', '.join(VARIANTS + EXTRA)}")
     made = builders(model, ids, length, wanted, ov_path)
-    print(f"\n### Llama, TinyLlama-1.1B's widths, {args.layers} layers ({params / 1e9:.2f} B parameters), random weights: "
+    print(f"\n### Llama, TinyLlama-1.1B's widths, {args.layers} layers ({params / 1e9:.2f} B parameters), random "
+          f"weights: "
           f"prompt {args.prompt}, {args.new} new tokens, batch 1, greedy, median of {args.rounds} "
           f"({'interleaved' if args.interleave else 'one variant at a time'})", flush=True)
     results, skipped, live = {}, {}, {}
@@ -507,7 +513,8 @@ def bars(results):
         err = (f"logit rel-L2 {results[w4]['logit rel-L2']:.3g} vs {results[ov4]['logit rel-L2']:.3g}"
                if w4 in results and ov4 in results else "")
         print(f"- bar ({backend}): W4A16 / OpenVINO+NNCF INT4_SYM {ratio(w4, ov4)} (>= 1.0x at <= its error; {err}); "
-              f"W4A16 / bf16 eager {ratio(w4, 'bf16 eager')} (>= 2.5x); W4A16 / mixprec bf16 {ratio(w4, 'mixprec bf16')}"
+              f"W4A16 / bf16 eager {ratio(w4, 'bf16 eager')} (>= 2.5x); "
+              f"W4A16 / mixprec bf16 {ratio(w4, 'mixprec bf16')}"
               f"; W8A16 / bf16 eager {ratio(w8, 'bf16 eager')} (>= 1.6x); of roofline: "
               f"{results[w4]['of roofline'] if w4 in results else 'n/a'} (>= 70%)")
 
