@@ -624,8 +624,8 @@ def task_bench():
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="4 layers, 16 new tokens, 1 round, interleaved, "
-                        "no inductor variants (a smoke run: about 2 minutes on an idle 2-core machine)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 4 layers, 16 new tokens, 1 round, "
+                        "interleaved, no inductor variants, no plain OpenVINO")
     parser.add_argument("--layers", type=int, default=22, help="22: TinyLlama-1.1B's depth")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--prompt", type=int, default=128)
