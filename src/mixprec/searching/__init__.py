@@ -14,6 +14,10 @@ is offered (``groups.py``: int8 for the FLOP-carrying ones), phase 2 spends the 
 by gain per unit of error with the gains from a cost model measured per type on this machine
 (``latency.py``; ``backend=`` names the backend whose speed counts).
 
+The tolerance holds on data the plan was not chosen on (``holdout.py``): some eval batches are held out, the
+plan confirmed on them and chosen again under a tighter limit until it holds there. With several types, options
+the cost model says can never be chosen (a type no faster than fp32 here) are not measured (``budget.never_taken``).
+
 Trials never re-capture the model (``trials.py``): the captured program is rewritten per plan.
 Eval and calibration batches take every form and size compile's calibration takes, through the same
 normaliser (``calibrate/batches.py``); batches of other sizes run each trial's plan on a capture for
@@ -40,7 +44,7 @@ from ..errors import MixedPrecisionWarning
 from ..ir.export import as_input_tuple, refuse_meta_tensors
 from ..plan.precision_plan import NodePrecision, PrecisionPlan
 from ..progress import Progress
-from . import latency
+from . import holdout, latency
 from .budget import Choice, choose
 from .cache import SearchCache, study_key
 from .distributed import cluster_for
@@ -104,7 +108,10 @@ def search(
         batch; a dict batch that also gives forward arguments the example inputs left at their defaults (a
         collator's attention_mask beside inputs=(input_ids,)) runs on a capture of that call, with them.
         None = the example inputs, so the tolerance is then only guaranteed on them. Kept in memory with its
-        fp32 outputs: a few batches are enough.
+        fp32 outputs: a few batches are enough. Of two or more batches every third (the second of two) is held
+        out (``holdout.py``): the plan is chosen (and, without calibration data, calibrated) on the others, then
+        confirmed on those, and chosen again under a tighter limit until it meets the tolerance there too;
+        ``result.held_out_metric`` is its metric on them.
     cache: None = the process-wide cache, False = none, or a ``SearchCache``.
     progress_stream: where progress goes when it is a terminal (default stderr); otherwise
         progress is logged to "mixprec.search" at INFO.
@@ -134,26 +141,39 @@ def search(
         included_ops=included_ops, backend=backend, cache=cache, ray_address=ray_address, workers=workers,
     )
     eval_batches = batch_list(eval_dataloader, "eval_dataloader") if eval_dataloader is not None else [Call(args)]
+    # some eval batches held out: the plan is chosen on the others and confirmed on them (holdout.py)
+    held_out = tuple(holdout.held_indices(len(eval_batches))) if options.metric.uses_eval_data else ()
     calibration = _calibration_data(calibration_dataloader)
     store = options.store if not isinstance(calibration, Shards) else None  # shards are not read here: no digest
     progress = Progress(stream=progress_stream, prefix="mixprec search: ", log=logging.getLogger("mixprec.search"))
     user_metric = metric.evaluate if isinstance(metric, Accuracy) else metric  # Accuracy(f) made anew: same f
     key = study_key(model, args, options.lows, user_metric, eval_batches, calibration) + (options.includes,)
+    if options.several:  # what a tolerance search leaves unmeasured depends on the backend's cost model
+        key += (options.backend, options.tolerance is not None)
     with cluster_for(options.ray_address, options.workers) as cluster:  # closed however the call ends
         # 2. sensitivity (phase 1): a cached study, or one measured now (and cached)
         study = store.get(key, model, user_metric) if store is not None else None
         trials_before = study.trials.count if study is not None else 0
-        if study is None:
-            study = build_study(model, args, options, eval_batches, calibration, progress, cluster)
-            if store is not None:
-                store.put(key, model, user_metric, study)
-        # 3. budget (phase 2): the cost model of several low types, then the choice
+        # the cost model of several low types (once per process), first: options it rules out are not measured
         costs = None
         if options.several:
-            progress.update("timing each low type on this machine (once per process)")
+            if study is None:
+                progress.update("timing each low type on this machine (once per process)")
             costs = latency.cost_model(options.backend, options.lows, device)
-        with cluster.timing_on(study.trials, eval_batches[0]) if cluster is not None else contextlib.nullcontext():
+        if study is None:
+            pruning = costs if options.tolerance is not None else None  # keep_fp32_fraction may take any option
+            study = build_study(model, args, options, eval_batches, calibration, progress, cluster, held_out, pruning)
+            if store is not None:
+                store.put(key, model, user_metric, study)
+        # 3. budget (phase 2): the choice, confirmed on the held-out batches
+        with cluster.timing_on(study.trials, eval_batches[0]) if cluster is not None else _timing(study.trials,
+                                                                                                   eval_batches[0]):
             choice = choose(study, options, progress, costs)
+            if study.trials.held_out is not None:
+                progress.update(f"confirming the plan on {len(held_out)} held-out batch(es)")
+            confirmed = holdout.confirm(study, options, lambda limit: choose(study, options, progress, costs, limit),
+                                        choice)
+            choice = confirmed.choice
     if not choice.met:
         warnings.warn(
             f"mixprec.search: the model as written already has {options.metric.name} {study.baseline:.3g} on the eval "
@@ -173,6 +193,10 @@ def search(
         baseline=study.baseline,
         met=choice.met,
         eval_data=_eval_data(options, eval_dataloader, eval_batches),
+        held_out_metric=confirmed.held_out,
+        held_out_batches=len(held_out) if study.trials.held_out is not None else 0,
+        held_out=_held_out(options, eval_dataloader, eval_batches, held_out, calibration_dataloader),
+        chosen_within=confirmed.limit,
         trials=study.trials.count - trials_before,
         seconds=round(time.perf_counter() - start, 4),
         speedups=costs.speedups([g.op for g in study.groups if g.flops > 0], options.lows) if costs else {},
@@ -186,6 +210,16 @@ def search(
         f"{chosen.metric:.2e}" + (f"; {result.speed_text()}" if result.speedups else "")
     )
     return result
+
+
+@contextlib.contextmanager
+def _timing(trials, batch):
+    """Phase 2 in this process: every trial it runs timed on ``batch`` right after its metric (``Trials.time_on``)."""
+    trials.time_on = batch
+    try:
+        yield
+    finally:
+        trials.time_on = None
 
 
 def _device(model, args) -> torch.device:
@@ -212,6 +246,20 @@ def _eval_data(options, loader, batches) -> str:
     if loader is None:
         return "the example inputs"
     return f"eval_dataloader ({len(batches)} batch{'es' if len(batches) != 1 else ''})"
+
+
+def _held_out(options, loader, batches, held, calibration_loader) -> str:
+    """How the eval data was split (holdout.py), or why nothing was held out."""
+    if not options.metric.uses_eval_data:
+        return "none: mixprec.Accuracy evaluates the plan on its own data"
+    if not held:
+        source = "the example inputs" if loader is None else "one eval batch"
+        return f"none: {source} (give two or more eval batches to hold some out)"
+    indices = held
+    calibrated = "" if calibration_loader is not None else " or calibrated"
+    which = "every third" if len(batches) > 2 else "the second of two"
+    return (f"eval_dataloader batch{'es' if len(indices) > 1 else ''} {', '.join(map(str, indices))} ({which}), "
+            f"not chosen{calibrated} on")
 
 
 def _pareto(study: Study, choice: Choice, batch: Call, progress: Progress) -> tuple[ParetoPoint, ...]:
@@ -255,6 +303,9 @@ def _plan(study: Study, choice: Choice, options, costs=None) -> PrecisionPlan:
             s = study.sensitivity[group.name][dtype]
             why = f"search: lowered to {dtype_name(dtype)} (sensitivity {s.value:.2e})"
             decisions[group.name] = study.trials.decision(group.name, dtype, why)
+        elif not least.measured:  # no option the cost model leaves was worth a trial (budget.never_taken)
+            slow = (_slow_here(study, group, costs) if costs is not None else "") or least.why
+            decisions[group.name] = NodePrecision(torch.float32, None, "plan", f"search: kept in float32: {slow}")
         elif least.why is not None:
             decisions[group.name] = NodePrecision(torch.float32, None, "plan", f"search: kept in float32: {least.why}")
         else:
@@ -280,7 +331,8 @@ def _sensitivities(study: Study, name: str) -> str:
     measured = study.sensitivity[name]
     if len(measured) == 1:
         return f"{next(iter(measured.values())).value:.2e}"
-    return ", ".join(f"{dtype_name(d)} {s.value:.2e}" for d, s in measured.items())
+    return ", ".join(f"{dtype_name(d)} {s.value:.2e}" if s.measured else f"{dtype_name(d)} not measured (no faster)"
+                     for d, s in measured.items())
 
 
 def _groups(study: Study, choice: Choice) -> tuple[GroupSensitivity, ...]:

@@ -10,6 +10,10 @@ With several types the result also quotes the cost model's measured speed-up of 
 backend it was timed on (``speedups``, ``cost_backend``): a type at most ``latency.MIN_SPEEDUP`` times fp32 gains
 nothing, so a search whose every type is slow here lowers nothing however small the sensitivities, and
 ``speed_text()`` (in ``str(result)`` and the search's last progress line) says so with the numbers.
+The budget on new data (``holdout.py``): ``held_out_metric`` is the chosen plan's metric on the eval batches it was
+not chosen on (None when none could be held out), ``held_out`` says which (or why none), ``chosen_within`` the
+limit it was chosen against on the others (below the tolerance after a held-out check broke it); ``str(result)``
+says "held-out error X on N batches (budget Y)".
 ``to_json``/``from_json`` round-trip (non-finite numbers are written as the strings "inf"/"nan"
 so that the JSON stays standard); ``save_plot`` draws the pareto curve and the sensitivities.
 """
@@ -88,6 +92,11 @@ class SearchResult:
     # several types: {type name: {class ("matmul"/"conv") of the model's layers: measured speed-up over fp32}}
     speedups: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
     cost_backend: str | None = None  # the backend the speed-ups were timed on ("eager", "openvino", ...)
+    # the budget on new data (holdout.py): the chosen plan's metric on eval batches it was not chosen on
+    held_out_metric: float | None = None  # None: nothing was held out
+    held_out_batches: int = 0
+    held_out: str = ""  # which batches were held out (and not calibrated on), or why none
+    chosen_within: float | None = None  # the limit the plan was chosen against (< tolerance after a tightening)
 
     @property
     def low_precision_types(self) -> tuple:
@@ -130,6 +139,17 @@ class SearchResult:
             text += "; the backend the plan is compiled with decides: search(..., backend='openvino') times its kernels"
         return text
 
+    def held_out_text(self) -> str:
+        """"held-out error 4.1e-03 on 1 batch (budget 1e-02): eval_dataloader batch 2 ..." or why none was held."""
+        if self.held_out_metric is None:
+            return f"held-out data: {self.held_out or 'none'}"
+        budget = f"budget {self.tolerance:g}" if self.tolerance is not None else "no tolerance: keep_fp32_fraction"
+        text = (f"held-out error {_fmt(self.held_out_metric)} on {self.held_out_batches} "
+                f"batch{'es' if self.held_out_batches != 1 else ''} ({budget}): {self.held_out}")
+        if self.tolerance is not None and self.chosen_within is not None and self.chosen_within < self.tolerance:
+            text += f"; chosen within a tightened {self.chosen_within:.3g} after a held-out check broke the budget"
+        return text
+
     def __str__(self) -> str:
         chosen = self.chosen
         budget = (
@@ -145,6 +165,7 @@ class SearchResult:
             f"{chosen.low_precision_flops_fraction:.1%} of FLOPs in low precision, "
             f"{self.metric_name} {_fmt(chosen.metric)} (model as written {_fmt(self.baseline)})"
             + ("" if self.met else "  ** the tolerance cannot be met: even the model as written exceeds it **"),
+            self.held_out_text(),
             *([self.speed_text()] if self.speedups else []),
             "",
             f"{'lowered':>7}  {'FLOPs low':>9}  {'metric':>9}  {'latency':>9}",
@@ -194,6 +215,10 @@ class SearchResult:
             "seconds": self.seconds,
             "speedups": {t: dict(by_kind) for t, by_kind in self.speedups.items()},
             "cost_backend": self.cost_backend,
+            "held_out_metric": _num(self.held_out_metric),
+            "held_out_batches": self.held_out_batches,
+            "held_out": self.held_out,
+            "chosen_within": _num(self.chosen_within),
             "pareto": [
                 {
                     "lowered": p.lowered,
@@ -273,6 +298,10 @@ class SearchResult:
                 speedups={str(t): {str(k): float(x) for k, x in by_kind.items()}
                           for t, by_kind in data.get("speedups", {}).items()},
                 cost_backend=data.get("cost_backend"),
+                held_out_metric=_unnum(data.get("held_out_metric")),
+                held_out_batches=int(data.get("held_out_batches", 0)),
+                held_out=str(data.get("held_out", "")),
+                chosen_within=_unnum(data.get("chosen_within")),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError(f"the search result JSON is incomplete or malformed ({type(e).__name__}: {e}).") from e

@@ -33,8 +33,9 @@ from ..plan.options import PlanningOptions, RuleOptions
 from ..plan.rules.ranges import IOBound
 from ..progress import Progress
 from ..plan.quantization import calibration_grids
+from .budget import never_taken
 from .groups import SEARCH_POLICY, LayerGroup, find_groups, int8_values, without_int8_operands
-from .metrics import run_batch
+from .metrics import make_metric, run_batch
 from .shapes import BatchSizes
 from .trials import ProgramFailed, Trials
 
@@ -44,6 +45,7 @@ class Sensitivity:
     value: float  # metric with only this group lowered; inf = must stay fp32
     followers: tuple[str, ...]  # nodes that change dtype with it (data movement following it)
     why: str | None = None  # why it is infinite
+    measured: bool = True  # False: an option the cost model rules out, not measured (budget.never_taken)
 
 
 class Study:
@@ -61,20 +63,26 @@ class Study:
 
     def least(self, name: str) -> Sensitivity:
         """The group's smallest sensitivity over the low types it takes (its one sensitivity in a one-type search)."""
-        return min(self.sensitivity[name].values(), key=lambda s: s.value)
+        return min(self.sensitivity[name].values(), key=lambda s: (s.value, not s.measured))
 
 
 def build_study(
     model, args: tuple, options, eval_batches: list, calibration_batches: list | None, progress: Progress,
-    cluster=None,
+    cluster=None, held_out: tuple = (), costs=None,
 ) -> Study:
     """``eval_batches``, ``calibration_batches``: ``calibrate.batches.Call`` s (or any batch form compile's
-    calibration takes), of any batch and sequence sizes (``shapes.py``)."""
+    calibration takes), of any batch and sequence sizes (``shapes.py``). ``held_out``: the indices of the eval
+    batches held out (``holdout.py``): neither calibrated nor measured on here, only prepared for
+    ``Trials.confirm``. ``costs``: the
+    cost model of a several-type search with a tolerance: options it says can never be chosen are not measured
+    (``budget.never_taken``)."""
     progress.update("capturing the model")
     captured = CapturedModel(model, args)
     base, info = captured.base, captured.info
     sizes = BatchSizes(captured)
-    eval_batches = sizes.calls(eval_batches, "eval_dataloader")  # checked and captured for their sizes here
+    every = sizes.calls(eval_batches, "eval_dataloader")  # checked and captured for their sizes here
+    held_batches = [b for i, b in enumerate(every) if i in held_out]
+    eval_batches = [b for i, b in enumerate(every) if i not in held_out]
     calibration_data = calibration_batches if calibration_batches is not None else eval_batches
     progress.update("calibrating for the safety rules")
     # one calibration, as compile's (same batch forms and sizes, same recaptures), for the safety rules and the
@@ -99,8 +107,11 @@ def build_study(
     progress.update("running the fp32 reference")
     reference = trials.reference()
     if options.metric.uses_eval_data:
-        _check_batches(reference, eval_batches)
+        _check_batches(reference, every)
     _prepare_metric(options.metric, reference, eval_batches)
+    if held_batches:  # the held-out checks run in this process
+        trials.held_out = make_metric(options.metric.user)
+        _prepare_metric(trials.held_out, reference, held_batches)
 
     strong = trials.plan(())
     rules = RuleOptions(
@@ -125,7 +136,7 @@ def build_study(
     groups = [g for g in find_groups(info, strong, safe, no_int8) if any(g.takes(d) for d in options.lows)]
     baseline = trials.measure(()).value
     study = Study(info, groups, trials, baseline)
-    _measure_groups(study, progress)
+    _measure_groups(study, progress, never_taken(groups, options.lows, costs) if costs is not None else {})
     return study
 
 
@@ -149,12 +160,14 @@ def _prepare_metric(metric, reference, batches: list) -> None:
         ) from e
 
 
-def _measure_groups(study: Study, progress: Progress) -> None:
+def _measure_groups(study: Study, progress: Progress, skip: dict) -> None:
+    """Every group's sensitivity in each type it takes, but for the options in ``skip`` ({(group, type): why})."""
     trials = study.trials
     before = trials.plan(())
     total = len(study.groups)
     if trials.pool is not None:  # every trial at once on the cluster; the loop below then reads the memo
-        singles = [((g.name, d),) for g in study.groups if g.unsafe is None for d in study.lows if g.takes(d)]
+        singles = [((g.name, d),) for g in study.groups if g.unsafe is None for d in study.lows
+                   if g.takes(d) and (g.name, d) not in skip]
         trials.measure_many(
             singles, lambda done, count: progress.update(f"sensitivity {done}/{count} trials on the Ray cluster")
         )
@@ -164,6 +177,9 @@ def _measure_groups(study: Study, progress: Progress) -> None:
         for dtype in (d for d in study.lows if group.takes(d)):
             if group.unsafe is not None:
                 measured[dtype] = Sensitivity(math.inf, (), f"safety rule: {group.unsafe}")
+                continue
+            if (group.name, dtype) in skip:
+                measured[dtype] = Sensitivity(math.inf, (), skip[(group.name, dtype)], measured=False)
                 continue
             outcome = trials.measure(((group.name, dtype),))
             after = trials.plan(((group.name, dtype),))

@@ -37,6 +37,7 @@ from ..plan.options import PlanningOptions
 from ..plan.precision_plan import NodePrecision, PrecisionPlan
 from ..plan.quant_requests import QuantRequests
 from ..rewrite.pipeline import realise, reference
+from . import latency
 from .groups import SEARCH_POLICY, int8_requests
 from .shapes import carried_plan
 
@@ -92,9 +93,12 @@ class Trials:
         self.count = 0  # trials run (memo misses)
         self._memo: dict[frozenset, Outcome] = {}
         self.pool = None  # a distributed.RayPool while a search call runs its trials on a cluster
-        # while set (a search's phase 2 on a cluster): each trial sent to the pool is also timed on this batch by
-        # the worker that built its program (the pareto points' latencies, no rebuild on the driver)
+        # while set (a search's phase 2): each trial run is also timed on this batch right after its metric, by the
+        # worker that built its program or here (the pareto points' latencies: no rebuild, no warm-up call)
         self.time_on = None
+        # the metric prepared on the held-out eval batches (holdout.py), None when nothing is held out
+        self.held_out = None
+        self._held_memo: dict[frozenset, float] = {}
 
     # ---- plans ---------------------------------------------------------------------------------
     def assignment(self, lowered: Iterable) -> frozenset:
@@ -169,6 +173,8 @@ class Trials:
         if self.pool is not None:
             return self.measure_many([key])[0]
         self.count += 1
+        if timer is None and self.time_on is not None:  # phase 2 in this process: timed as a Ray worker times it
+            timer = lambda program: latency.measure({0: lambda: program}, self.time_on, warmup=0)[0]  # noqa: E731
         try:
             program = self.program(key)
             value = self.metric(program)  # the metric's runs warm the program up
@@ -180,6 +186,17 @@ class Trials:
             outcome = Outcome(float("inf"), f"fails in {types} ({e})")
         self._memo[key] = outcome
         return outcome
+
+    def confirm(self, lowered: Iterable) -> float:
+        """The metric of the plan lowering ``lowered`` on the held-out batches (memoised; run in this process)."""
+        key = self.assignment(lowered)
+        if key not in self._held_memo:
+            try:
+                self._held_memo[key] = self.held_out(self.program(key))
+            except ProgramFailed as e:
+                log.info("search held-out check with %d lowered layer(s) failed: %s", len(key), e)
+                self._held_memo[key] = float("inf")
+        return self._held_memo[key]
 
     def seconds(self, lowered: Iterable) -> float | None:
         """Seconds per call of the plan's program where a worker timed it after its trial (``time_on``), else None."""
