@@ -85,7 +85,8 @@ def search(
         "w4a16", or several of them as a tuple, list or set (or "int8,bf16", "w4a16,w8a16,bf16"): a set, the
         order does not matter (fp16 and bf16 not together). "w8a16" / "w4a16" are weight-only (``types.py``): the
         Linear computes in bf16 (fp16 when fp16 is given too) on int8 weights per output channel / int4 weights in
-        groups of 128 input channels (the weight-only kernels), offered to Linear layers only. None = bf16 on CPU, fp16 on CUDA. One type: as many groups in it as the budget allows.
+        groups of 128 input channels (the weight-only kernels), offered to Linear layers only.
+        None = bf16 on CPU, fp16 on CUDA. One type: as many groups in it as the budget allows.
         Several: each group stays fp32 or takes one of them, chosen for the most time saved within the budget
         (``budget.py``; times from ``latency.py``'s cost model of this machine). int8 is the configurator's
         without activation smoothing (the search ranges no channels): int8 weights per output channel, the

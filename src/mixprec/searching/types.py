@@ -4,9 +4,11 @@ A weight-only type is not a dtype: the Linear computes in a 16-bit float ("a16":
 float low type is fp16) and its weights are stored in int8 or int4 and run on the weight-only kernels
 (``ops/weight_only.py``, ``rewrite/weight_only.py``) — what ``NodePrecision(bfloat16, param_dtype=int4,
 weight_group=128)`` plans. Why not the model's float32 activations: PyTorch's CPU kernels have no fast path for
-them — measured here (AMD EPYC, avx512_bf16, one thread, one row through a 2048x2048 Linear, /tmp script of the
-search helper): fp32 dense 1.69 ms, ``_weight_int8pack_mm`` 7.9 ms and ``_weight_int4pack_mm_for_cpu`` 18.2 ms on
-fp32 rows, but 0.63 ms and 0.22 ms on bf16 rows (bf16 dense 1.33 ms). The search handles its types as opaque hashable values (sensitivities, assignments, the
+them — measured here (AMD EPYC, avx512_bf16, one thread, one row through a 2048x2048 Linear:
+``bench/search_weight_only.py --kernels``): fp32 dense 1.69 ms, ``_weight_int8pack_mm`` 7.9 ms and ``_weight_int4pack_mm_for_cpu`` 18.2 ms on
+fp32 rows, but 0.63 ms and 0.22 ms on bf16 rows (bf16 dense 1.33 ms).
+
+The search handles its types as opaque hashable values (sensitivities, assignments, the
 cost model's table are keyed by them); the few places that need to know what a type *is* ask here:
 
 * :func:`is_float` — a float low type (the safety rules judge it; FLOP-free groups may take it);
