@@ -17,7 +17,7 @@ from mixprec.cli import main
 from mixprec.errors import ConfigError
 from mixprec.searching import SearchResult, latency
 from mixprec.searching.options import low_types
-from mixprec.searching.types import W4A16, W8A16
+from mixprec.dtypes import dtype_name
 
 transformers = pytest.importorskip("transformers")
 
@@ -25,7 +25,7 @@ F32, BF16, F16, I8 = torch.float32, torch.bfloat16, torch.float16, torch.int8
 INT4_OP = torch.ops.mixprec.linear_int4_weight.default
 INT8_OP = torch.ops.mixprec.linear_int8_weight.default
 # seconds per GFLOP of a decoder's Linears: int4 weights an eighth of fp32's bytes, int8 a quarter, bf16 half
-DECODE_TABLE = {F32: 10.0, BF16: 5.0, W8A16: 3.0, W4A16: 1.5, I8: 4.0}
+DECODE_TABLE = {"float32": 10.0, "bfloat16": 5.0, "w8a16": 3.0, "w4a16": 1.5, "int8": 4.0}
 LLAMA = dict(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=1, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.1)
 
@@ -35,8 +35,13 @@ def use_costs(monkeypatch, table=DECODE_TABLE) -> list:
     asked = []
     monkeypatch.setattr(latency, "_TABLES", {})
     monkeypatch.setattr(latency, "measure_costs", lambda backend, kind, dtypes, device: asked.append(
-        (kind, tuple(dtypes))) or {d: table[d] for d in dtypes})
+        (kind, names(dtypes))) or {d: table[dtype_name(d)] for d in dtypes})
     return asked
+
+
+def names(types) -> tuple:
+    """Search types by name (the weight-only ones are not dtypes; ``dtype_name`` names them too)."""
+    return tuple(dtype_name(t) for t in types)
 
 
 def rel_l2(got, expected) -> float:
@@ -65,10 +70,10 @@ def token_batches(rows: int, length: int, count: int = 3) -> list:
 
 
 def test_the_weight_only_spellings_are_search_types():
-    assert low_types(("w4a16", "w8a16", "bf16")) == low_types("w4a16, w8a16 ,bf16") == (W4A16, W8A16, BF16)
-    assert low_types({"bf16", "W4A16"}) == (W4A16, BF16) and low_types("w8a16") == (W8A16,)
-    assert low_types(("int8", "w8a16")) == (I8, W8A16)  # the int8 family first, then the floats
-    assert [str(t) for t in low_types("w4a16,w8a16")] == ["w4a16", "w8a16"]
+    three = low_types(("w4a16", "w8a16", "bf16"))
+    assert three == low_types("w4a16, w8a16 ,bf16") and names(three) == ("w4a16", "w8a16", "bfloat16")
+    assert low_types({"bf16", "W4A16"}) == (three[0], BF16) and low_types("w8a16") == (three[1],)
+    assert names(low_types(("w8a16", "int8"))) == ("int8", "w8a16")  # the int8 family first, then the floats
     # "a16": the weight-only layers compute in bf16, or in fp16 when the search's float type is fp16
     assert [t.activation for t in low_types(("w4a16", "w8a16", "bf16"))[:2]] == [BF16, BF16]
     assert low_types(("w4a16", "fp16"))[0].activation == F16
@@ -87,8 +92,8 @@ def test_a_three_type_search_of_a_tiny_llama_picks_weight_only_linears_and_compi
     result = mixprec.search(model, data[0], low_precision_type=("w4a16", "w8a16", "bf16"), tolerance=tolerance,
                             eval_dataloader=data, cache=False)
     assert {kind for kind, _ in asked} == {"decode", "conv"}
-    assert ("conv", (F32, BF16)) in asked  # convolutions take no weight-only type: not timed in them
-    assert result.low_precision_type == (W4A16, W8A16, BF16) and result.met
+    assert ("conv", ("float32", "bfloat16")) in asked  # convolutions take no weight-only type: not timed in them
+    assert names(result.low_precision_type) == ("w4a16", "w8a16", "bfloat16") and result.met
     assert result.chosen.metric <= tolerance and result.held_out_metric is not None
     by_type = {}
     for g in result.groups:
@@ -125,7 +130,7 @@ def test_w4a16_alone_lowers_only_linears_as_far_as_the_tolerance_allows():
     model, data = TokenMLP().eval(), token_batches(2, 4)
     result = mixprec.search(model, data[0], low_precision_type="w4a16", tolerance=1.0, eval_dataloader=data,
                             cache=False)
-    assert result.low_precision_type == W4A16
+    assert str(result.low_precision_type) == "w4a16"
     assert [g.name for g in result.groups] == ["linear", "linear_1"]  # embedding, gelu: no weight-only kernel
     assert [str(g.precision) for g in result.groups] == ["w4a16", "w4a16"]
     assert "gelu" not in result.plan and "linear" in result.plan and result.plan["linear"].param_dtype == torch.int4
@@ -157,15 +162,17 @@ def test_the_decode_class_is_timed_on_one_row_through_linears_larger_than_a_core
     assert x.shape == (1, 2048) and [m.weight.shape for m in model if isinstance(m, torch.nn.Linear)] == [
         (2048, 2048), (2048, 2048)]
     # measured for real (smaller, for the test's time): the weight-only programs build and run
+    monkeypatch.setattr(latency, "_TABLES", {})  # this process's table keeps no measurement of the small stack
     monkeypatch.setattr(latency, "DECODE_FEATURES", 256)
     monkeypatch.setattr(latency, "COST_ROUNDS", 2)
     monkeypatch.setattr(latency, "SAMPLE_SECONDS", 0.001)
-    seconds = latency.measure_costs("eager", latency.DECODE, (F32, W8A16, W4A16), torch.device("cpu"))
-    assert set(seconds) == {F32, W8A16, W4A16} and all(0 < s < math.inf for s in seconds.values())
-    model = latency.cost_model(None, (W4A16,), torch.device("cpu"), decode=True)
+    w8a16, w4a16 = low_types("w8a16,w4a16")[::-1]
+    seconds = latency.measure_costs("eager", latency.DECODE, (F32, w8a16, w4a16), torch.device("cpu"))
+    assert names(seconds) == ("float32", "w8a16", "w4a16") and all(0 < s < math.inf for s in seconds.values())
+    model = latency.cost_model(None, (w4a16,), torch.device("cpu"), decode=True)
     assert model.kind("aten.linear.default") == "decode" and model.kind("aten.conv2d.default") == "conv"
-    assert model.speedup("conv", W4A16) == 1.0  # not timed: no gain
-    assert set(model.speedups(["aten.linear.default"], (W4A16,))) == {"w4a16"}
+    assert model.speedup("conv", w4a16) == 1.0  # not timed: no gain
+    assert set(model.speedups(["aten.linear.default"], (w4a16,))) == {"w4a16"}
 
 
 def test_the_command_line_takes_weight_only_types_and_decode(tmp_path, monkeypatch):
