@@ -12,7 +12,9 @@ Two phases (AIMET's automatic mixed precision, with the budgets its users ask fo
 Several low types (``low_precision_type=("int8", "bf16")``): phase 1 measures every group in each type it
 is offered (``groups.py``: int8 for the FLOP-carrying ones), phase 2 spends the budget on the fastest mix,
 by gain per unit of error with the gains from a cost model measured per type on this machine
-(``latency.py``; ``backend=`` names the backend whose speed counts).
+(``latency.py``; ``backend=`` names the backend whose speed counts). "w8a16" and "w4a16" (``types.py``) are
+weight-only types of Linear groups, NNCF's ``ratio`` done by measurement; ``decode=True`` (or eval batches of a
+few tokens) costs the Linears in the decode shape, memory-bound, where their smaller weights gain.
 
 The tolerance holds on data the plan was not chosen on (``holdout.py``): some eval batches are held out, the
 plan confirmed on them and chosen again under a tighter limit until it holds there. With several types, options
