@@ -12,8 +12,8 @@ decode shape, ``searching/latency.py``): ``--eval`` batches the search measures 
 1. ``mixprec.search(model, ids, low_precision_type=("w4a16", "w8a16", "bf16"), tolerance=T)`` for each ``--tolerance``;
    its plan compiled (``compile(plan=...)``) and run on the test batches.
 2. NNCF's ``compress_weights(mode=INT4_SYM, group_size=128, ratio=r, dataset=eval batches)`` on a copy of the
-   PyTorch model (NNCF's defaults otherwise: lm_head and embeddings INT8_ASYM, the ratio over the other Linears,
-   layers ranked by its data-aware sensitivity), with ``r`` chosen so that its Linear weight bytes equal the
+   PyTorch model (NNCF's defaults otherwise: lm_head INT8_ASYM, the ratio over the other Linears, layers ranked by
+   its data-aware sensitivity; the embeddings kept float like the search's, or INT8_ASYM with --nncf-embeddings), with ``r`` chosen so that its Linear weight bytes equal the
    search plan's (clamped to 0..1: NNCF mixes int4 and int8 only, so a plan that keeps bf16/fp32 layers can weigh
    more than NNCF's ratio 0).
 
@@ -116,11 +116,15 @@ def nncf_ratio_for(model, target_bytes: int) -> float:
     return min(1.0, max(0.0, (fixed + int8 - target_bytes) / (int8 - int4)))
 
 
-def nncf_point(model, eval_data, test_data, ratio):
+def nncf_point(model, eval_data, test_data, ratio, embeddings=False):
     import nncf
 
+    # embeddings kept float (the bytes compared are the Linears'; the search leaves the gather's table as it is)
+    # unless --nncf-embeddings: NNCF's default, int8 embeddings, which adds their error to NNCF's
+    ignored = None if embeddings else nncf.IgnoredScope(types=["embedding"], validate=False)
     compressed = nncf.compress_weights(copy.deepcopy(model), mode=nncf.CompressWeightsMode.INT4_SYM,
-                                       group_size=GROUP, ratio=ratio, dataset=nncf.Dataset([a[0] for a in eval_data]))
+                                       group_size=GROUP, ratio=ratio, dataset=nncf.Dataset([a[0] for a in eval_data]),
+                                       ignored_scope=ignored)
     counts = {"int4": 0, "int8": 0}
     nbytes = 0
     for name, m in linears(compressed).items():
@@ -167,6 +171,8 @@ def main():
     parser.add_argument("--test", type=int, default=4)
     parser.add_argument("--tolerance", type=float, nargs="+", default=[0.05, 0.1, 0.2])
     parser.add_argument("--nncf-path", default=None, help="a directory NNCF was pip-installed into (--target)")
+    parser.add_argument("--nncf-embeddings", action="store_true", help="NNCF compresses the embeddings (int8) as by "
+                        "default (else they stay float, as the search's plan keeps their storage)")
     parser.add_argument("--kernels", action="store_true", help="only time the weight-only kernels")
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s)")
@@ -190,7 +196,7 @@ def main():
                 f"{c['w4a16']:>5}/{c['w8a16']}/{c['bfloat16']}/{c['float32']:<10}")
         try:
             ratio = nncf_ratio_for(model, s["bytes"])
-            n = nncf_point(model, eval_data, test_data, ratio)
+            n = nncf_point(model, eval_data, test_data, ratio, args.nncf_embeddings)
             line += (f"  {ratio:>10.3f}  {n['error']:>10.4e}  {n['bytes']:>11,}  "
                      f"{n['counts']['int4']:>4}/{n['counts']['int8']}")
         except ImportError:
