@@ -54,8 +54,8 @@ import torch
 
 from ..calibrate.batches import Call
 from ..dtypes import dtype_name
-from .types import WeightOnly
 from ..weak_typing.timing import per_call_seconds  # the one statistic, shared with autocast's speed check
+from .types import WeightOnly
 
 ROUNDS = 3
 COST_ROUNDS = 9
@@ -138,8 +138,8 @@ class CostModel:
         kinds = [k for k in every if k in {self.kind(op) for op in ops}] or list(every)
         return {dtype_name(d): {k: round(self.speedup(k, d), 4) for k in kinds} for d in lows}
 
-
     def kinds(self) -> tuple:
+        """The classes this table times: the matmul class as ``"decode"`` in the decode shape, convolutions."""
         return (DECODE, "conv") if self.decode else KINDS
 
 
