@@ -44,6 +44,7 @@ sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(
 import torch  # noqa: E402
 
 import mixprec  # noqa: E402
+from mixprec.dtypes import dtype_name  # noqa: E402  (names the weight-only types too: "w4a16")
 
 GROUP = 128
 
@@ -97,7 +98,7 @@ def search_point(model, eval_data, test_data, tolerance):
                             eval_dataloader=eval_data, cache=False, progress_stream=sys.stderr)
     seconds = time.perf_counter() - start
     program = mixprec.compile(model, eval_data[0], plan=result.plan)
-    types = {g.module: str(g.precision) for g in result.groups if g.op == "aten.linear.default"}
+    types = {g.module: dtype_name(g.precision) for g in result.groups if g.op == "aten.linear.default"}
     modules = linears(model)
     nbytes = sum(layer_bytes(types.get(name, "float32"), *m.weight.shape) for name, m in modules.items())
     counts = {t: sum(1 for v in types.values() if v == t) for t in ("w4a16", "w8a16", "bfloat16", "float32")}
