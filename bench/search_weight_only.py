@@ -27,6 +27,24 @@ sys.path, after the venv's packages).
 
     PYTHONPATH=src python bench/search_weight_only.py [--layers 4] [--tolerance 0.05 0.1 0.2] [--nncf-path DIR]
     PYTHONPATH=src python bench/search_weight_only.py --kernels   # the weight-only kernels on fp32 vs bf16 rows
+
+Measured 2026-11-27 (AMD EPYC, avx512_bf16, 2 cores shared with other jobs, OMP_NUM_THREADS=1, NNCF 3.4.0, torch
+2.13): the search's plan has less logit error than NNCF's ratio mix at (slightly less than) the same bytes::
+
+    4 layers, TinyLlama widths (241.7M Linear weights), --tolerance 0.1 0.05:
+    tolerance  search error  bytes        w4/w8/bf16/fp32  NNCF ratio  NNCF error  bytes        int4/int8
+    0.1        9.06e-02      219,500,544  7/22/0/0         0.263       2.19e-01    222,649,088  6/23
+    0.05       4.63e-02      235,993,600  3/26/0/0         0.070       7.61e-02    237,932,288  2/27
+    (search 160 s and 138 s; cost model in the decode shape: w4a16 3.27x, w8a16 2.16x, bf16 1.32x fp32)
+
+    --layers 2 --hidden 1024 --intermediate 2816 --heads 16 --kv-heads 4 --vocab 8000 (30.7M Linear weights):
+    0.05       2.92e-02      30,172,288   2/13/0/0         0.059       8.40e-02    30,304,704   1/14
+    0.1        9.67e-02      26,103,936   5/10/0/0         0.429       1.82e-01    26,994,112   4/11
+    0.2        1.56e-01      21,754,368   7/8/0/0          0.826       2.17e-01    22,778,560   7/8
+    (NNCF with every layer int8 on this shape: 2.21e-02 at 30,815,680 bytes)
+
+Random weights, not a trained model: the errors are larger than a trained Llama's, and which layers int4 hurts
+most is the random draw's; the comparison is like for like (same model, data, bytes).
 """
 
 from __future__ import annotations
