@@ -22,11 +22,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", metavar="SPEC", help="path/to/file.py:function returning (model, example_inputs), or a .pt2 file (read with "
         "torch.export.load, which unpickles it: give only .pt2 files you exported yourself)")
     parser.add_argument("--low-precision", "--low", dest="low", metavar="TYPE[,TYPE]", default=None,
-                        help="low precision type(s): bf16, fp16 or int8, or several comma-separated (e.g. int8,bf16: "
+                        help="low precision type(s): bf16, fp16, int8, w8a16 or w4a16 (weight-only int8/int4 Linears), "
+                        "or several comma-separated (e.g. int8,bf16 or w4a16,w8a16,bf16: "
                         "each layer group stays fp32 or takes the type that saves most time within the budget; "
                         "default: bf16 on CPU, fp16 on CUDA)")
     parser.add_argument("--backend", default=None, help="with several low types: the backend whose speed per type "
                         "the search weighs (e.g. openvino; default: the eager programs it measures)")
+    parser.add_argument("--decode", action=argparse.BooleanOptionalAction, default=None,
+                        help="with several low types: time Linears in the decode shape (one row, memory-bound), "
+                        "where w8a16/w4a16 gain (default: when every eval batch is token ids of at most 8 tokens)")
     budget = parser.add_mutually_exclusive_group()
     budget.add_argument("--tolerance", type=float, default=None, help="largest rel-L2 error against fp32 (default 1e-2)")
     budget.add_argument("--keep-fp32-fraction", type=float, default=None, metavar="F", help="keep this share of the most sensitive layer groups in fp32 (0..1)")
@@ -71,6 +75,7 @@ def search_command(args) -> int:
         ray_address=args.ray,
         workers=args.workers,
         backend=args.backend,
+        decode=args.decode,
     )
     if args.plan:
         write_text(args.plan, result.plan.to_json())

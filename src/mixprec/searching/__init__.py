@@ -12,7 +12,9 @@ Two phases (AIMET's automatic mixed precision, with the budgets its users ask fo
 Several low types (``low_precision_type=("int8", "bf16")``): phase 1 measures every group in each type it
 is offered (``groups.py``: int8 for the FLOP-carrying ones), phase 2 spends the budget on the fastest mix,
 by gain per unit of error with the gains from a cost model measured per type on this machine
-(``latency.py``; ``backend=`` names the backend whose speed counts).
+(``latency.py``; ``backend=`` names the backend whose speed counts). "w8a16" and "w4a16" (``types.py``) are
+weight-only types of Linear groups, NNCF's ``ratio`` done by measurement; ``decode=True`` (or eval batches of a
+few tokens) costs the Linears in the decode shape, memory-bound, where their smaller weights gain.
 
 The tolerance holds on data the plan was not chosen on (``holdout.py``): some eval batches are held out, the
 plan confirmed on them and chosen again under a tighter limit until it holds there. With several types, options
@@ -30,6 +32,7 @@ points with their latency (``latency.py``), every group's sensitivity, JSON and 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 import warnings
@@ -74,14 +77,18 @@ def search(
     ray_address=None,
     workers=None,
     backend=None,
+    decode=None,
 ) -> SearchResult:
     """Find a mixed-precision plan: as many layers in the low type as the budget allows.
 
     model, inputs: as for ``mixprec.compile`` (an nn.Module or ExportedProgram and its example
         positional inputs). Nothing is mutated.
-    low_precision_type: torch.float16 | torch.bfloat16 | torch.int8 | "fp16" | "bf16" | "int8", or several of
-        them as a tuple, list or set (or "int8,bf16"): a set, the order does not matter (fp16 and bf16 not
-        together). None = bf16 on CPU, fp16 on CUDA. One type: as many groups in it as the budget allows.
+    low_precision_type: torch.float16 | torch.bfloat16 | torch.int8 | "fp16" | "bf16" | "int8" | "w8a16" |
+        "w4a16", or several of them as a tuple, list or set (or "int8,bf16", "w4a16,w8a16,bf16"): a set, the
+        order does not matter (fp16 and bf16 not together). "w8a16" / "w4a16" are weight-only (``types.py``): the
+        Linear computes in bf16 (fp16 when fp16 is given too) on int8 weights per output channel / int4 weights in
+        groups of 128 input channels (the weight-only kernels), offered to Linear layers only.
+        None = bf16 on CPU, fp16 on CUDA. One type: as many groups in it as the budget allows.
         Several: each group stays fp32 or takes one of them, chosen for the most time saved within the budget
         (``budget.py``; times from ``latency.py``'s cost model of this machine). int8 is the configurator's
         without activation smoothing (the search ranges no channels): int8 weights per output channel, the
@@ -126,6 +133,9 @@ def search(
     backend: with several low types, the backend the plan will be compiled with ("openvino", "inductor", ...):
         the cost model times each type's kernels on it (a mixprec extension). None = the eager programs the
         trials run. Measured once per process.
+    decode: with several low types, time the matmul class in the decode shape (``latency.py``: one row through
+        Linears too large for the caches, memory-bound as a decoder's token steps are), where the weight-only
+        types gain. None = when every eval batch is token ids of at most 8 tokens (batch x sequence).
 
     Returns a :class:`SearchResult`: ``plan`` for ``compile(model, inputs, plan=result.plan)``,
     ``pareto``, ``groups`` (sensitivities), ``save_plot(path)``, ``to_json()``.
@@ -139,8 +149,11 @@ def search(
         device=device, low_precision_type=low_precision_type, tolerance=tolerance, metric=metric,
         keep_fp32_fraction=keep_fp32_fraction, eval_dataloader=eval_dataloader, included_nodes=included_nodes,
         included_ops=included_ops, backend=backend, cache=cache, ray_address=ray_address, workers=workers,
+        decode=decode,
     )
     eval_batches = batch_list(eval_dataloader, "eval_dataloader") if eval_dataloader is not None else [Call(args)]
+    if options.decode is None:  # a decoder's token steps: the cost model times them so (latency.py)
+        options = dataclasses.replace(options, decode=eval_dataloader is not None and latency.decoding(eval_batches))
     # some eval batches held out: the plan is chosen on the others and confirmed on them (holdout.py)
     held_out = tuple(holdout.held_indices(len(eval_batches))) if options.metric.uses_eval_data else ()
     calibration = _calibration_data(calibration_dataloader)
@@ -149,7 +162,7 @@ def search(
     user_metric = metric.evaluate if isinstance(metric, Accuracy) else metric  # Accuracy(f) made anew: same f
     key = study_key(model, args, options.lows, user_metric, eval_batches, calibration) + (options.includes,)
     if options.several:  # what a tolerance search leaves unmeasured depends on the backend's cost model
-        key += (options.backend, options.tolerance is not None)
+        key += (options.backend, options.tolerance is not None) + (("decode",) if options.decode else ())
     with cluster_for(options.ray_address, options.workers) as cluster:  # closed however the call ends
         # 2. sensitivity (phase 1): a cached study, or one measured now (and cached)
         study = store.get(key, model, user_metric) if store is not None else None
@@ -159,7 +172,7 @@ def search(
         if options.several:
             if study is None:
                 progress.update("timing each low type on this machine (once per process)")
-            costs = latency.cost_model(options.backend, options.lows, device)
+            costs = latency.cost_model(options.backend, options.lows, device, options.decode)
         if study is None:
             pruning = costs if options.tolerance is not None else None  # keep_fp32_fraction may take any option
             study = build_study(model, args, options, eval_batches, calibration, progress, cluster, held_out, pruning)
@@ -320,7 +333,7 @@ def _slow_here(study: Study, group, costs) -> str:
     one does); a FLOP-free group by the classes of the model's FLOP-carrying layers (it follows them: budget.py)."""
     ops = [group.op] if group.flops > 0 else [g.op for g in study.groups if g.flops > 0]
     lows = [d for d in study.lows if group.takes(d)]
-    if any(costs.speedup(latency.kind_of(op), d) >= latency.MIN_SPEEDUP for op in ops for d in lows):
+    if any(costs.speedup(costs.kind(op), d) >= latency.MIN_SPEEDUP for op in ops for d in lows):
         return ""
     measured = costs.speedups(ops, lows)
     text = ", ".join(f"{t} " + "/".join(f"{x:.2f}x" for x in by_kind.values()) for t, by_kind in measured.items())

@@ -49,13 +49,11 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-
-import torch
-
 from typing import TYPE_CHECKING
 
 from ..dtypes import dtype_name
 from ..progress import Progress
+from .types import is_float
 
 if TYPE_CHECKING:  # sensitivity.py asks never_taken() which options to measure
     from .sensitivity import Study
@@ -117,7 +115,7 @@ def choose(study: Study, options, progress: Progress, costs=None, tolerance: flo
         second = [(g.name, low) for g in sorted(free, key=lambda g: (s(g, low), g.index))]
     else:
         first = upgrades(heavy, lows, lambda g, d: s(g, d), gain)
-        floats = [d for d in lows if d != torch.int8]
+        floats = [d for d in lows if is_float(d)]
         fast = bool(floats) and any(gain(g, floats[0]) > 0 for g in heavy)  # faster on this model's layer classes
         second = [(g.name, floats[0]) for g in sorted(free, key=lambda g: (s(g, floats[0]), g.index))] if fast else []
     everything = first + second
@@ -135,7 +133,7 @@ def never_taken(groups, lows, costs) -> dict:
     leaves them fp32 then). The search does not measure them (``sensitivity.py``): on a CPU where bf16 is slower
     than fp32 that is every bf16 trial, most of a three-type search's phase 1."""
     heavy = [g for g in groups if g.flops > 0]
-    floats = [d for d in lows if d != torch.int8]
+    floats = [d for d in lows if is_float(d)]
     fast = bool(floats) and any(costs.gain(g.op, g.flops, floats[0]) > 0 for g in heavy)
     out = {}
     for g in groups:

@@ -25,7 +25,8 @@ kernel replace float arithmetic; an int8 norm, add or activation runs in float b
 dequantize (``rewrite/quantize.py``), which adds error and time and saves nothing. Its boundary is the
 configurator's for a module of one layer (:func:`int8_requests`, the int8 planner both ask); for a matmul between activations and for
 attention that is its operands (``plan/int8_operands.py``: SDPA's query and key, never its mask), and a layer whose
-operands int8 leaves float (an attention's output matmul) is not offered int8.
+operands int8 leaves float (an attention's output matmul) is not offered int8. The weight-only types (w8a16,
+w4a16: ``types.py``) are offered to Linear layers only: the weight-only kernels are Linears'.
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ from ..plan.precision_plan import PrecisionPlan
 from ..plan.quant_requests import QuantRequests, quant_requests
 from ..plan.quantization import DEFAULT_POLICY
 from ..plan.sources.autocast_rules import lowerable
+from .types import WeightOnly, in_type
+
+
+LINEAR_OP = "aten.linear.default"  # the layers the weight-only types are offered to (rewrite/weight_only.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +59,10 @@ class LayerGroup:
     int8: bool = True  # False: a matmul-class/attention layer whose operands int8 leaves float (int8_operands.py)
 
     def takes(self, dtype: torch.dtype) -> bool:
-        """Whether the search offers this low type to the group (int8: FLOP-carrying layers that it quantizes)."""
+        """Whether the search offers this low type to the group (int8: FLOP-carrying layers that it quantizes;
+        w8a16/w4a16: Linear layers)."""
+        if isinstance(dtype, WeightOnly):
+            return self.flops > 0 and self.op == LINEAR_OP
         return self.flops > 0 and self.int8 if dtype == torch.int8 else True
 
 
@@ -88,14 +96,15 @@ def find_groups(
 
 def low_flops_fraction(info: GraphInfo, plan: PrecisionPlan, dtype: torch.dtype | None = None) -> float:
     """Share of matmul/conv/attention FLOPs not computed in fp32/fp64 (the report's definition; int8 layers
-    count as low precision), or, given ``dtype``, computed in that type."""
+    and weight-only layers, in bf16 or fp16, count as low precision), or, given ``dtype``, in that search type
+    (``types.in_type``: a weight-only type's share is its Linears' FLOPs)."""
     total = low = 0
     for name, node in info.items():
         if node.kind != "compute":
             continue
         total += node.flops
         precision = plan[name].precision
-        if precision == dtype if dtype is not None else precision not in (torch.float32, torch.float64):
+        if in_type(plan[name], dtype) if dtype is not None else precision not in (torch.float32, torch.float64):
             low += node.flops
     return low / total if total else 0.0
 

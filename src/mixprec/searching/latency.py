@@ -27,6 +27,14 @@ bf16 for a noise-made 1.6x: bench/log/2026-11.md, issue 22 search); paired sampl
 under a concurrent 2-thread bench, 0.79x to 1.32x. The gains that matter are larger (issue 22's table, an
 avx512_bf16 + VNNI EPYC: OpenVINO's bf16 3.1-4.3x and NNCF's int8 6.1-7.8x fp32 eager).
 
+**The decode shape** (``search(decode=True)``, or eval batches of at most ``DECODE_TOKENS`` tokens): a decoder
+generating a token multiplies one row per sequence by every weight, so its Linears are bound by memory bandwidth,
+not by arithmetic: per FLOP, the weight-only types (w8a16, w4a16: a half and an eighth of fp32's weight bytes) gain
+there what the 128-row stack (compute-bound, where they dequantize for nothing) hides. The matmul class is then
+timed as the ``"decode"`` class: two ``DECODE_FEATURES``-square Linears (16 MiB of fp32 weights each, more than a
+core's caches hold) on ``DECODE_ROWS`` row. The same table, timing and gain rule; only the shape differs, and the
+table keeps both classes apart (a process may run a decode search and a prefill one).
+
 Why a per-machine table rather than timing each model's own plans: a model's programs are timed at the
 noise of a shared machine, and a plan chosen from noisy timings would differ between two runs on the same
 data (and between the in-process and the Ray search, which API.md says give the same plan). The table is
@@ -47,11 +55,16 @@ import torch
 from ..calibrate.batches import Call
 from ..dtypes import dtype_name
 from ..weak_typing.timing import per_call_seconds  # the one statistic, shared with autocast's speed check
+from .types import WeightOnly
 
 ROUNDS = 3
 COST_ROUNDS = 9
 SAMPLE_SECONDS = 0.05  # a timed sample repeats a call this long: a few-ms call is at the mercy of the scheduler
 KINDS = ("matmul", "conv")
+DECODE = "decode"  # the matmul class in the decode shape (module docstring)
+DECODE_TOKENS = 8  # eval batches of at most this many tokens (batch x sequence) are decoding: costed so
+DECODE_ROWS = 1
+DECODE_FEATURES = 2048
 MIN_SPEEDUP = 1.35
 
 
@@ -75,6 +88,20 @@ def measure(
     return {key: min(values) for key, values in times.items()}
 
 
+def decoding(batches) -> bool:
+    """Whether eval batches (``Call`` s) are a decoder's steps: each one's first tensor holds token ids (an integer
+    tensor, batch x sequence) of at most ``DECODE_TOKENS`` tokens in all."""
+    def tokens(batch) -> int | None:
+        args, kwargs = (batch.args, batch.kwargs) if isinstance(batch, Call) else (tuple(batch), {})
+        first = next((t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)), None)
+        if first is None or first.is_floating_point() or first.is_complex() or first.dtype == torch.bool:
+            return None
+        return first.numel()
+
+    counts = [tokens(b) for b in batches]
+    return bool(counts) and all(c is not None and 0 < c <= DECODE_TOKENS for c in counts)
+
+
 def kind_of(op: str) -> str:
     """The cost class of a layer's op: convolutions, or the matmul class (linear, matmul, bmm, attention)."""
     return "conv" if "conv" in op else "matmul"
@@ -82,14 +109,21 @@ def kind_of(op: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class CostModel:
-    """Seconds per GFLOP on this machine, by (class, precision); ``backend``: what built the timed programs."""
+    """Seconds per GFLOP on this machine, by (class, precision); ``backend``: what built the timed programs;
+    ``decode``: the matmul class was timed in the decode shape (the ``"decode"`` class)."""
 
     backend: str
     seconds_per_gflop: Mapping[tuple[str, torch.dtype], float]
+    decode: bool = False
+
+    def kind(self, op: str) -> str:
+        """The class of ``op`` in this table: :func:`kind_of`, the matmul class being ``"decode"`` in decode shape."""
+        kind = kind_of(op)
+        return DECODE if self.decode and kind == "matmul" else kind
 
     def gain(self, op: str, flops: int, dtype: torch.dtype) -> float:
         """Seconds saved per call by running a layer of ``flops`` FLOPs of ``op`` in ``dtype`` rather than fp32."""
-        kind = kind_of(op)
+        kind = self.kind(op)
         table = self.seconds_per_gflop
         saved = flops / 1e9 * (table[(kind, torch.float32)] - table[(kind, dtype)])
         return saved if self.speedup(kind, dtype) >= MIN_SPEEDUP else min(saved, 0.0)
@@ -100,25 +134,37 @@ class CostModel:
     def speedups(self, ops, lows) -> dict:
         """{type name: {class: speed-up over fp32}} for the classes of ``ops`` (every class when none), what a
         search's result quotes so that a plan that lowers nothing says why (``SearchResult.speed_text``)."""
-        kinds = [k for k in KINDS if k in {kind_of(op) for op in ops}] or list(KINDS)
+        every = self.kinds()
+        kinds = [k for k in every if k in {self.kind(op) for op in ops}] or list(every)
         return {dtype_name(d): {k: round(self.speedup(k, d), 4) for k in kinds} for d in lows}
+
+    def kinds(self) -> tuple:
+        """The classes this table times: the matmul class as ``"decode"`` in the decode shape, convolutions."""
+        return (DECODE, "conv") if self.decode else KINDS
 
 
 _TABLES: dict[tuple, float] = {}  # (backend, device type, class, dtype) -> seconds per GFLOP, this process
 
 
-def cost_model(backend: str | None, lows, device: torch.device) -> CostModel:
-    """The cost model of fp32 and ``lows`` for ``backend`` on ``device``, measured on first use in this process."""
+def cost_model(backend: str | None, lows, device: torch.device, decode: bool = False) -> CostModel:
+    """The cost model of fp32 and ``lows`` for ``backend`` on ``device``, measured on first use in this process
+    (``decode``: the matmul class in the decode shape)."""
     name = backend or "eager"
     device = torch.device(device)
     wanted = (torch.float32, *lows)
-    for kind in KINDS:
-        missing = [d for d in wanted if (name, device.type, kind, d) not in _TABLES]
+    kinds = CostModel(name, {}, decode).kinds()
+    for kind in kinds:
+        # convolutions take no weight-only type (groups.py): not timed, no gain (fp32's time)
+        timed = tuple(d for d in wanted if kind != "conv" or not isinstance(d, WeightOnly))
+        missing = [d for d in timed if (name, device.type, kind, d) not in _TABLES]
         if missing:
             _TABLES.update(
-                {(name, device.type, kind, d): s for d, s in measure_costs(name, kind, wanted, device).items()}
+                {(name, device.type, kind, d): s for d, s in measure_costs(name, kind, timed, device).items()}
             )
-    return CostModel(name, {(k, d): _TABLES[(name, device.type, k, d)] for k in KINDS for d in wanted})
+        for d in wanted:
+            if d not in timed:
+                _TABLES[(name, device.type, kind, d)] = _TABLES[(name, device.type, kind, torch.float32)]
+    return CostModel(name, {(k, d): _TABLES[(name, device.type, k, d)] for k in kinds for d in wanted}, decode)
 
 
 def measure_costs(backend: str, kind: str, dtypes, device: torch.device) -> dict:
@@ -178,7 +224,11 @@ def _paired(programs: Mapping[torch.dtype, torch.nn.Module], args: tuple) -> dic
 
 def _stack(kind: str, device: torch.device):
     generator = torch.Generator().manual_seed(0)
-    if kind == "conv":
+    if kind == DECODE:
+        size = DECODE_FEATURES
+        model = torch.nn.Sequential(torch.nn.Linear(size, size), torch.nn.GELU(), torch.nn.Linear(size, size))
+        x = torch.randn(DECODE_ROWS, size, generator=generator)
+    elif kind == "conv":
         model = torch.nn.Sequential(torch.nn.Conv2d(64, 64, 3, padding=1), torch.nn.ReLU(),
                                     torch.nn.Conv2d(64, 64, 3, padding=1))
         x = torch.randn(1, 64, 28, 28, generator=generator)

@@ -10,6 +10,8 @@ given does not matter, duplicates are ignored; kept here in the canonical order 
 is the classic search (as many groups in it as the budget allows); several make every group choose among
 fp32 and each of them by the latency model (``budget.py``, ``latency.py``). int8 is what the configurator's
 int8 is: per-channel int8 weights, the layer's float inputs and its output quantized with calibrated ranges.
+"w8a16" and "w4a16" are weight-only (``types.py``): the Linear computes in bf16 (fp16 beside fp16) on int8 /
+int4 weights.
 
 Data: the eval and calibration loaders are read once into lists of calls of forward
 (``calibrate.batches.batch_list``: tuples, tensors, dicts by forward's names), because every trial
@@ -29,14 +31,16 @@ from ..errors import ConfigError, MixedPrecisionWarning
 from ..settings import op_names, patterns
 from .cache import DEFAULT_CACHE, SearchCache
 from .metrics import Accuracy, make_metric
+from .types import SPELLINGS, W4A16, W8A16, is_float, weight_only, with_activation
 
 # rel-L2 error of the outputs against fp32: bf16 rounds to 2^-9 relative (3.9e-3 half-ULP), so 1e-2
 # leaves room for a few rounding steps in a row while catching any layer whose rounding is amplified.
 DEFAULT_TOLERANCE = 1e-2
 
-SEARCH_PRECISIONS = LOW_PRECISION_FLOATS | {torch.int8}
-# canonical order of several low types (results, JSON, trials): the int8 family first, then the floats
-ORDER = (torch.int8, torch.bfloat16, torch.float16)
+SEARCH_PRECISIONS = LOW_PRECISION_FLOATS | {torch.int8}  # the dtypes among the search types (types.py: the others)
+# canonical order of several low types (results, JSON, trials): the int8 family first (int8, then the weight-only
+# types), then the floats
+ORDER = (torch.int8, W4A16, W8A16, torch.bfloat16, torch.float16)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,12 +54,13 @@ class SearchOptions:
     store: object = dataclasses.field(default=None, compare=False)  # the SearchCache (None: no cache)
     ray_address: str | None = None  # where trials run (None: this process; distributed.py)
     workers: int | None = None  # trials at once on the cluster (None: its CPUs)
+    decode: bool | None = False  # the cost model times the matmul class in the decode shape (latency.py)
 
     @property
     def low(self) -> torch.dtype:
         """The float low type the safety rules judge against: the one float type given, else bf16 (int8 alone:
         the rules then only catch inf/NaN and ops that fix their output dtype, bf16's range being fp32's)."""
-        floats = [d for d in self.lows if d != torch.int8]
+        floats = [d for d in self.lows if is_float(d)]
         return floats[0] if floats else torch.bfloat16
 
     @property
@@ -65,7 +70,7 @@ class SearchOptions:
     @classmethod
     def from_arguments(
         cls, *, device, low_precision_type, tolerance, metric, keep_fp32_fraction, eval_dataloader,
-        included_nodes=(), included_ops=(), backend=None, cache=None, ray_address=None, workers=None,
+        included_nodes=(), included_ops=(), backend=None, cache=None, ray_address=None, workers=None, decode=False,
     ) -> "SearchOptions":
         """Every argument of ``mixprec.search`` that needs no data, validated (ConfigError) or warned about."""
         lows = low_types(low_precision_type) if low_precision_type is not None else (default_low_precision(device),)
@@ -114,26 +119,48 @@ class SearchOptions:
                 MixedPrecisionWarning,
                 stacklevel=3,
             )
-        return cls(lows, tolerance, keep_fp32_fraction, measure, includes, backend, store, ray_address, workers)
+        if decode is not None and not isinstance(decode, bool):
+            raise ConfigError(f"decode must be True, False or None (None: decided by the eval batches' sizes), got "
+                              f"{decode!r}.")
+        return cls(lows, tolerance, keep_fp32_fraction, measure, includes, backend, store, ray_address, workers,
+                   decode=decode)
 
 
 def low_types(value) -> tuple:
-    """``low_precision_type`` as a tuple of dtypes in :data:`ORDER`: one spelling, or several as a tuple, list,
-    set or a comma-separated string ("int8,bf16", the CLI's form)."""
+    """``low_precision_type`` as a tuple of search types in :data:`ORDER` (dtypes, and ``types.W8A16`` /
+    ``types.W4A16`` for "w8a16" / "w4a16"): one spelling, or several as a tuple, list, set or a comma-separated
+    string ("int8,bf16", "w4a16,bf16": the CLI's form)."""
     if isinstance(value, str) and "," in value:
         value = [v for v in value.split(",") if v.strip()]
     if isinstance(value, (tuple, list, set, frozenset)):
         if not value:
             raise ConfigError("low_precision_type must name at least one type, e.g. ('int8', 'bf16').")
-        chosen = {parse_dtype(v, what="low_precision_type", allowed=SEARCH_PRECISIONS) for v in value}
+        chosen = {_search_type(v) for v in value}
     else:
-        chosen = {parse_dtype(value, what="low_precision_type", allowed=SEARCH_PRECISIONS)}
+        chosen = {_search_type(value)}
     if chosen >= LOW_PRECISION_FLOATS:
         raise ConfigError(
             "low_precision_type names both float16 and bfloat16: a plan's float layers share one low float type "
             f"here; keep one of them (with int8 if wanted), got {sorted(dtype_name(d) for d in chosen)}."
         )
-    return tuple(d for d in ORDER if d in chosen)
+    lows = tuple(d for d in ORDER if d in chosen)
+    # "a16": the weight-only types compute in the search's 16-bit float (fp16 when it is given, else bf16)
+    return with_activation(lows, torch.float16 if torch.float16 in chosen else torch.bfloat16)
+
+
+def _search_type(value):
+    """One spelling of a search type: "w8a16" / "w4a16" (weight-only), or a dtype spelling of bf16, fp16, int8."""
+    found = weight_only(value)
+    if found is not None:
+        return found
+    try:
+        return parse_dtype(value, what="low_precision_type", allowed=SEARCH_PRECISIONS)
+    except ConfigError as e:
+        raise ConfigError(
+            f"low_precision_type={value!r} is not a type mixprec.search lowers to; use one of "
+            f"{', '.join(repr(s) for s in SPELLINGS)} (or torch.bfloat16, torch.float16, torch.int8), or several of "
+            "them as a tuple, e.g. ('w4a16', 'w8a16', 'bf16')."
+        ) from e
 
 
 def _store(cache):

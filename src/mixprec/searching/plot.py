@@ -25,7 +25,8 @@ from ..dtypes import dtype_name
 from ..errors import ConfigError
 
 _LOW, _KEPT, _UNSAFE, _CHOSEN = "#3b75af", "#ef8636", "#c44e52", "#c44e52"
-_TYPE_COLORS = {"int8": "#55a868", "bfloat16": _LOW, "float16": "#8172b2"}  # several types: colour per type
+_TYPE_COLORS = {"int8": "#55a868", "bfloat16": _LOW, "float16": "#8172b2", "w8a16": "#dd8452",
+                "w4a16": "#c44e52"}  # several types: colour per type
 
 
 def _pyplot():

@@ -28,7 +28,8 @@ from collections.abc import Mapping
 import torch
 
 from .. import jsondoc
-from ..dtypes import dtype_from_name, dtype_name
+from ..dtypes import dtype_name
+from .types import type_from_name
 from ..errors import ConfigError
 from ..plan.precision_plan import PrecisionPlan
 from .latency import MIN_SPEEDUP
@@ -46,7 +47,7 @@ class GroupSensitivity:
     module: str
     flops: int
     sensitivity: float  # the metric with only this group lowered (several types: in its least sensitive one); inf: fp32
-    precision: torch.dtype  # in the chosen plan
+    precision: torch.dtype  # in the chosen plan (a types.WeightOnly for w8a16/w4a16 layers)
     followers: tuple[str, ...] = ()  # data-movement nodes that change dtype with it
     reason: str = ""
     by_type: Mapping[str, float] = dataclasses.field(default_factory=dict)  # low type name -> sensitivity in it
@@ -125,7 +126,8 @@ class SearchResult:
             several = len(by_kind) > 1
             per_type.append(f"{name} " + " / ".join(
                 f"{x:.2f}x" + (f" ({_KINDS.get(k, k)})" if several else "") for k, x in by_kind.items()))
-        text = f"speed-up over fp32 measured here on backend '{self.cost_backend}': {', '.join(per_type)}"
+        shape = " in the decode shape" if any("decode" in by_kind for by_kind in self.speedups.values()) else ""
+        text = f"speed-up over fp32 measured here on backend '{self.cost_backend}'{shape}: {', '.join(per_type)}"
         slow = [name for name, by_kind in self.speedups.items() if all(x < MIN_SPEEDUP for x in by_kind.values())]
         if not slow:
             return text
@@ -276,7 +278,7 @@ class SearchResult:
                         g["module"],
                         int(g["flops"]),
                         _unnum(g["sensitivity"]),
-                        dtype_from_name(g["precision"]),
+                        type_from_name(g["precision"]),
                         tuple(g["followers"]),
                         g["reason"],
                         {str(t): _unnum(v) for t, v in g.get("by_type", {}).items()},
@@ -285,8 +287,8 @@ class SearchResult:
                 ),
                 metric_name=data["metric_name"],
                 low_precision_type=(
-                    tuple(dtype_from_name(n) for n in data["low_precision_type"])
-                    if isinstance(data["low_precision_type"], list) else dtype_from_name(data["low_precision_type"])
+                    tuple(type_from_name(n) for n in data["low_precision_type"])
+                    if isinstance(data["low_precision_type"], list) else type_from_name(data["low_precision_type"])
                 ),
                 tolerance=_unnum(data["tolerance"]),
                 keep_fp32_fraction=_unnum(data["keep_fp32_fraction"]),
@@ -307,7 +309,7 @@ class SearchResult:
             raise ConfigError(f"the search result JSON is incomplete or malformed ({type(e).__name__}: {e}).") from e
 
 
-_KINDS = {"matmul": "matmuls", "conv": "convolutions"}
+_KINDS = {"matmul": "matmuls", "conv": "convolutions", "decode": "matmuls, decode shape"}
 
 
 def _num(value):

@@ -15,7 +15,8 @@ is captured, normalised and analysed once and each trial only
 A trial is an *assignment*: a set of (layer, low type) pairs, every other candidate layer in fp32 (a bare layer
 name stands for the search's one low type). An int8 layer is what the configurator makes of an int8 module
 of one layer: int8 weights per output channel, its float inputs and its output quantized with the ranges the
-search's one calibration gave (``int8_ranges``, keyed by value name: ``groups.int8_requests``).
+search's one calibration gave (``int8_ranges``, keyed by value name: ``groups.int8_requests``). A w8a16/w4a16
+layer is a float32 Linear with int8/int4 weights (``types.decision``).
 
 Results are memoised by the assignment, so phase 2 reuses phase 1's single-group
 trials and a second search reuses all of them. A program that fails in low precision (a kernel
@@ -40,6 +41,8 @@ from ..rewrite.pipeline import realise, reference
 from . import latency
 from .groups import SEARCH_POLICY, int8_requests
 from .shapes import carried_plan
+from .types import WeightOnly
+from .types import decision as weight_only_decision
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +120,8 @@ class Trials:
 
     def decision(self, name: str, dtype: torch.dtype, reason: str) -> NodePrecision:
         """The plan request for one lowered layer (an int8 one with its boundary's calibrated ranges)."""
+        if isinstance(dtype, WeightOnly):  # float32 activations (the candidates' type), int8/int4 weights
+            return weight_only_decision(dtype, reason)
         if dtype != torch.int8:
             return NodePrecision(dtype, None, "plan", reason)
         if name not in self._int8:
