@@ -1,5 +1,6 @@
 """compile_for_generation(..., weights="int4"|"int8", group_size=...): weight-only decoder Linears (int8 lm_head by
-default, embeddings as they are) whose greedy tokens equal those of the model with the same dequantized weights."""
+default, embeddings as they are) with bf16 activations (W4A16 / W8A16) whose greedy tokens equal those of the model
+with the same dequantized weights whose Linears compute in bf16."""
 
 import copy
 
@@ -23,8 +24,17 @@ def _llama():
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG)).eval()
 
 
+def _bf16_linear(module):
+    """``module`` as a weight-only kernel computes: its input rounded to bf16, the (dequantized) weight exact, sums in
+    float32, the result rounded to bf16 (read back in float32 by the float32 layers after it)."""
+    def forward(x):
+        return torch.nn.functional.linear(x.bfloat16().float(), module.weight, module.bias).bfloat16().float()
+    module.forward = forward
+
+
 def _dequantized_model(model, weights, group, lm_head):
-    """The model with each Linear's weight replaced by its dequantized weight-only weight (the reference)."""
+    """The model with each Linear's weight replaced by its dequantized weight-only weight, computing in bf16 (the
+    reference)."""
     ref = copy.deepcopy(model)
     head = ref.get_output_embeddings()
     with torch.no_grad():
@@ -32,10 +42,12 @@ def _dequantized_model(model, weights, group, lm_head):
             if not isinstance(module, torch.nn.Linear) or (module is head and lm_head is None):
                 continue
             bits, g = (lm_head, None) if module is head else (weights, group)
-            if bits == "int4":
-                module.weight.copy_(wo.dequantize_int4(*wo.quantize_int4(module.weight, g, True)))
-            else:
-                module.weight.copy_(wo.dequantize_int8(*wo.quantize_int8(module.weight, g, True)))
+            quantized = (wo.quantize_int4 if bits == "int4" else wo.quantize_int8)(module.weight, g, True)
+            # the scales (and int4 zeros) as a bf16 layer stores them: in bf16, the kernels' type for them
+            quantized = [t.bfloat16().float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+                         for t in quantized]
+            module.weight.copy_((wo.dequantize_int4 if bits == "int4" else wo.dequantize_int8)(*quantized))
+            _bf16_linear(module)
     return ref
 
 
@@ -64,7 +76,8 @@ def test_weight_only_generation_gives_the_dequantized_models_tokens(weights, gro
         ids = expected[:, :10]
         logits = lm(input_ids=ids).logits if not static_cache else None
         if logits is not None:
-            torch.testing.assert_close(logits, reference(ids).logits, rtol=1e-4, atol=1e-4)
+            ref = reference(ids).logits  # the same values up to bf16 roundings (a few bf16 steps where they differ)
+            assert ((logits - ref).norm() / ref.norm()).item() < 1e-2
     assert len(set(expected[0, 6:].tolist())) > 2  # varied tokens, not one repeated id
 
 
@@ -74,7 +87,7 @@ def test_lm_head_none_keeps_the_heads_float_weights():
                                            lm_head=None)
     state = lm.program.exported_program.state_dict
     assert state["lm_head.weight"].dtype == torch.float32
-    assert state["model.layers.0.mlp.down_proj.weight_int4_g64"].dtype == torch.uint8
+    assert state["model.layers.0.mlp.down_proj.weight_int4_g64_bf16"].dtype == torch.uint8
 
 
 def test_weight_only_options_are_checked():
@@ -95,7 +108,7 @@ def test_a_weight_only_static_cache_program_round_trips_through_hf_save(tmp_path
                                            group_size=64)
     loaded = mixprec.hf.load(mixprec.hf.save(lm, tmp_path / "lm"))
     state = loaded.program.exported_program.state_dict
-    assert state["model.layers.1.self_attn.q_proj.weight_int4_g64"].dtype == torch.uint8
+    assert state["model.layers.1.self_attn.q_proj.weight_int4_g64_bf16"].dtype == torch.uint8
     options = dict(attention_mask=torch.ones_like(prompt), max_new_tokens=8, do_sample=False, pad_token_id=0)
     with torch.no_grad():
         assert torch.equal(loaded.generate(prompt, **options), lm.generate(prompt, **options))

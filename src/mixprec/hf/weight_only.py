@@ -4,8 +4,12 @@ Why: decoding reads every weight once per token, so a CPU decodes at the speed i
 quarter of bf16's bytes (``ops/weight_only.py``). The plan is the configurator's, made on the wrapper module that is
 compiled (``modules.py``: its graph layers are the program's): every ``nn.Linear`` of the decoder gets weight-only
 ``weights`` with ``group_size`` input channels per scale, the LM head ``lm_head`` (default int8: its rows are the
-logits, int4 there costs more accuracy than it saves bytes in most models; None keeps it float), in the model's
-float dtype (the activations are what they were; ``enable_autocast=True`` may still lower the other layers).
+logits, int4 there costs more accuracy than it saves bytes in most models; None keeps it float), with **16-bit
+activations** (the "A16": bf16, or fp16 for an fp16 model): PyTorch's CPU weight-only kernels are fast only there —
+on float32 rows they run 8-17x slower than a plain float32 Linear (one row through 2048x2048, one thread, this
+repository's AVX-512 EPYC: int4 7.2 ms, int8 3.5 ms, fp32 Linear 0.42 ms; bf16 rows: int4 0.22 ms, int8 0.21 ms;
+``bench/search_weight_only.py --kernels``), so a float32 model's weight-only Linears read and write bf16 (the casts
+around them are the rewrite's; ``enable_autocast=True`` may still lower the other layers).
 Embeddings are left as they are (a gather reads one row per token, not the whole table). ``generate()`` is unchanged.
 """
 
@@ -37,7 +41,8 @@ def weight_only_plan(wrapper, call, weights: str, group_size, lm_head):
     from ..configurator import MixedPrecisionConfigurator
 
     model = wrapper.hf_model
-    activation = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    floats = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    activation = torch.float16 if floats == torch.float16 else torch.bfloat16  # module docstring: the "A16"
     inputs = tuple(call.values()) if isinstance(call, dict) else tuple(call)
     cfg = MixedPrecisionConfigurator(wrapper, inputs)
     head = model.get_output_embeddings()
