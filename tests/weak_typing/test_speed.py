@@ -217,3 +217,16 @@ def test_the_timed_call_of_a_linear_class_uses_the_bounded_arguments(monkeypatch
     node = next(n for n in ep.graph.nodes if n.target == torch.ops.aten.linear.default)
     assert speed.time_speedup(node, torch.bfloat16, torch.device("cpu")) > 0
     assert [a[1].shape for a in seen] == [(256, 64), (256, 64)]  # fp32 and bf16 calls alike
+
+
+def test_timing_a_class_of_dynamic_shape_adds_no_guard_to_the_program():
+    # int() of a symbolic size specializes it: compile_for_generation(static_cache=True, enable_autocast=True) then
+    # refused its first decode step ("compiled for 6", the prompt's length) — the check had fixed the dimension
+    batch = torch.export.Dim("batch", min=2, max=64)
+    ep = torch.export.export(torch.nn.Linear(16, 32).eval(), (torch.randn(4, 16),), dynamic_shapes=({0: batch},))
+    node = next(n for n in ep.graph.nodes if n.target == torch.ops.aten.linear.default)
+    shape_env = node.meta["val"].shape[0].node.shape_env
+    before = (len(shape_env.guards), dict(shape_env.replacements))
+    assert speed.time_speedup(node, torch.bfloat16, torch.device("cpu")) > 0
+    assert (len(shape_env.guards), dict(shape_env.replacements)) == before
+    assert isinstance(node.meta["val"].shape[0], torch.SymInt)

@@ -52,7 +52,7 @@ from types import MappingProxyType
 import torch
 
 from ..dtypes import dtype_name, is_float
-from ..ir.graph_info import GraphInfo
+from ..ir.graph_info import GraphInfo, size_hint
 from ..ops.names import op_name, packet_name
 from ..ops.table import CONV_2D_OPS
 from .timing import as_rewritten, per_call_seconds, synchronize, timed_call
@@ -317,7 +317,7 @@ def _random_inputs(node: torch.fx.Node, dtype: torch.dtype, device: torch.device
         val = n.meta.get("val")
         if not isinstance(val, torch.Tensor):
             return val
-        shape = tuple(int(s) for s in val.shape)
+        shape = tuple(size_hint(s) for s in val.shape)  # never int(): it would specialize a dynamic size
         if is_float(val.dtype):
             return torch.randn(shape, generator=generator).to(device=device, dtype=dtype)
         if val.dtype == torch.bool:
