@@ -43,6 +43,14 @@ def _setup(model, batches):
     return trials, metric, names
 
 
+def _resumed(trials, lowered, prefix):
+    trials._resume = prefix  # as Trials.measure builds a phase-1 trial's program
+    try:
+        return trials.program(lowered)
+    finally:
+        trials._resume = None
+
+
 def _batches(count=2):
     torch.manual_seed(0)
     return [Call((torch.randn(3, 16),), {}) for _ in range(count)]
@@ -54,9 +62,9 @@ def test_a_trial_resumed_from_the_reference_gives_the_full_programs_metric_bit_f
     prefix = Prefix(trials.reference_module())
     for module in ("blocks.0", "blocks.2", "blocks.3"):
         full = metric(trials.program([names[module]]))
-        program = trials.program([names[module]], prefix)
+        program = _resumed(trials, [names[module]], prefix)
         assert metric(program) == full > 0
-    last = trials.program([names["blocks.3"]], prefix).module
+    last = _resumed(trials, [names["blocks.3"]], prefix).module
     assert isinstance(last, resume._Resumed)
     ops = [n for n in last.cut.graph.nodes if n.op == "call_function"]
     assert 0 < len(ops) < 10  # the last block and the outputs; the three blocks before it are not run
@@ -66,7 +74,7 @@ def test_a_trial_resumed_from_the_reference_gives_the_full_programs_metric_bit_f
 def test_a_batch_the_values_were_not_computed_from_runs_the_full_program():
     trials, metric, names = _setup(_Stack().eval(), _batches())
     prefix = Prefix(trials.reference_module())
-    program = trials.program([names["blocks.3"]], prefix)
+    program = _resumed(trials, [names["blocks.3"]], prefix)
     metric(program)
     x = metric.batches[0].args[0]
     copy = x.clone()  # equal values, another tensor: not looked up by equality
@@ -78,7 +86,7 @@ def test_a_program_that_writes_state_back_is_never_cut():
     trials, metric, names = _setup(_Counting().eval(), _batches())
     prefix = Prefix(trials.reference_module())
     assert prefix.broken
-    assert not isinstance(trials.program([names["lin"]], prefix).module, resume._Resumed)
+    assert not isinstance(_resumed(trials, [names["lin"]], prefix).module, resume._Resumed)
 
 
 def test_phase_one_resumes_its_trials_and_drops_the_values_after(monkeypatch):

@@ -98,6 +98,7 @@ class Trials:
         self.time_on = None
         # while set (phase 1, resume.py): trial programs on the example capture start from the reference's values
         self.prefix = None
+        self._resume = None  # the prefix while measure() builds a program it does not time
         # the metric prepared on the held-out eval batches (holdout.py), None when nothing is held out
         self.held_out = None
         self._held_memo: dict[frozenset, float] = {}
@@ -131,9 +132,10 @@ class Trials:
         return planner.build_plan(self.info, PlanningOptions(plan=self.requests(lowered)), int8_ranges=self.int8_ranges)
 
     # ---- programs ------------------------------------------------------------------------------
-    def program(self, lowered: Iterable, prefix=None) -> torch.nn.Module:
-        """``prefix``: a ``resume.Prefix``, the program on the example capture cut to resume from its values."""
+    def program(self, lowered: Iterable) -> torch.nn.Module:
+        """The plan's program (in a phase-1 trial, cut to resume from the reference's values: ``resume.py``)."""
         lowered = self.assignment(lowered)
+        prefix = self._resume
         if self.sizes is None:
             return self.build(self.plan(lowered), keep_io_types=True, prefix=prefix)
 
@@ -185,8 +187,10 @@ class Trials:
         self.count += 1
         if timer is None and self.time_on is not None:  # phase 2 in this process: timed as a Ray worker times it
             timer = lambda program: latency.measure({0: lambda: program}, self.time_on, warmup=0)[0]  # noqa: E731
-        try:  # a program phase 2 times runs in full (resume.py)
-            program = self.program(key, self.prefix if timer is None else None)
+        self._resume = self.prefix if timer is None else None  # a program phase 2 times runs in full (resume.py)
+        try:
+            program = self.program(key)
+            self._resume = None
             value = self.metric(program)  # the metric's runs warm the program up
             seconds = timer(program) if timer is not None else None
             outcome = Outcome(value, None, seconds)
@@ -194,6 +198,8 @@ class Trials:
             log.info("search trial with %d lowered layer(s) failed: %s", len(key), e)
             types = ", ".join(sorted({dtype_name(d) for _, d in key})) or "float32"
             outcome = Outcome(float("inf"), f"fails in {types} ({e})")
+        finally:
+            self._resume = None
         self._memo[key] = outcome
         return outcome
 
