@@ -11,6 +11,9 @@ causes), once per low type the group takes (``LayerGroup.takes``): ``study.sensi
 The one calibration ranges the int8 boundaries too (``groups.int8_values``), so an int8 trial quantizes
 with the ranges ``compile(..., plan=result.plan)`` will find in the plan. It is infinite when a safety
 rule keeps the group fp32, when the program fails in the low type, or when it makes outputs non-finite.
+
+A trial here runs only what lowering its group changes (``resume.py``): the nodes it shares with the fp32
+reference take the reference's values on the same batch, so the metric is the full program's, bit for bit.
 """
 
 from __future__ import annotations
