@@ -104,3 +104,12 @@ def test_phase_one_resumes_its_trials_and_drops_the_values_after(monkeypatch):
     for group in study.groups:
         full = metric(trials.program([(group.name, torch.bfloat16)]))
         assert study.sensitivity[group.name][torch.bfloat16].value == full
+
+
+def test_a_reference_that_cannot_be_interpreted_leaves_every_trial_running_in_full(monkeypatch):
+    trials, metric, names = _setup(_Stack().eval(), _batches())
+    prefix = Prefix(trials.reference_module())
+    full = metric(trials.program([names["blocks.3"]]))
+    monkeypatch.setattr(resume._Recorder, "run_node", lambda self, node: 1 / 0)
+    assert metric(_resumed(trials, [names["blocks.3"]], prefix)) == full  # not a failed trial
+    assert prefix.broken and not prefix._values

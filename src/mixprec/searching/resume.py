@@ -55,7 +55,10 @@ class Prefix:
                 return values
         if self.broken or len(self._values) >= MAX_BATCHES:
             return None
-        values = self._record(args, kwargs)
+        try:
+            values = self._record(args, kwargs)
+        except Exception:  # noqa: BLE001 - whatever keeps the reference from being interpreted: trials run in full
+            values = None
         if values is None:
             self.broken = True  # the inputs were not fed as the module feeds them: no trial is cut
             return None
