@@ -26,6 +26,7 @@ import argparse
 import collections
 import functools
 import os
+import resource
 import sys
 import time
 import warnings
@@ -125,8 +126,9 @@ def main(argv=None) -> int:
     print(f"{mixprec.__file__}")
     print(f"torch {torch.__version__}, {args.threads} threads, load average before {load[0]:.2f} "
           f"after {os.getloadavg()[0]:.2f}; BERT {args.layers} layers, {args.batch} x {args.seq} tokens")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
     print(f"search {total:.1f} s ({cpu:.1f} CPU s in this process, all threads), {result.trials} trials, "
-          f"{len(result.groups)} groups")
+          f"{len(result.groups)} groups; peak RSS {peak:.2f} GiB")
     for label in sorted(TOTALS, key=lambda k: (k.startswith(" "), -TOTALS[k])):
         print(f"  {label:<36} {TOTALS[label]:8.1f} s  ({CALLS[label]} call(s))")
     print(str(result).split("\n\n")[0])
