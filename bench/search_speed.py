@@ -16,7 +16,8 @@ model (``latency.cost_model``, once per process: a second search in the same pro
 (``budget.choose``; with the held-out checks since issue 34) and the pareto points' latencies
 (``latency.measure``); inside them, the trials (``Trials.measure``: realise and run). The phase wrapped in
 sensitivity.py is looked up there at call time, so the script times the code on PYTHONPATH, old or new. One
-sample: the load average is printed beside it (2 cores shared with other work: compare runs under one load).
+sample: the load average is printed beside it (2 cores shared with other work: compare runs under one load, e.g.
+old and new code started together), and the CPU seconds the search took in this process.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import argparse
 import collections
 import functools
 import os
+import resource
 import sys
 import time
 import warnings
@@ -115,16 +117,18 @@ def main(argv=None) -> int:
         latency.measure_costs = lambda backend, kind, dtypes, device: {d: 1.0 / given[d] for d in dtypes}
     model, calibration, held, new = bert(args.layers, args.batch, args.seq)
     load = os.getloadavg()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     result = mixprec.search(model, held[0], low_precision_type=args.lows, tolerance=args.tolerance,
                             eval_dataloader=held, calibration_dataloader=calibration, backend=args.backend,
                             cache=False)
-    total = time.perf_counter() - start
+    total, cpu = time.perf_counter() - start, time.process_time() - cpu
     print(f"# bench/search_speed.py {' '.join(sys.argv[1:] if argv is None else argv)}")
     print(f"{mixprec.__file__}")
     print(f"torch {torch.__version__}, {args.threads} threads, load average before {load[0]:.2f} "
           f"after {os.getloadavg()[0]:.2f}; BERT {args.layers} layers, {args.batch} x {args.seq} tokens")
-    print(f"search {total:.1f} s, {result.trials} trials, {len(result.groups)} groups")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    print(f"search {total:.1f} s ({cpu:.1f} CPU s in this process, all threads), {result.trials} trials, "
+          f"{len(result.groups)} groups; peak RSS {peak:.2f} GiB")
     for label in sorted(TOTALS, key=lambda k: (k.startswith(" "), -TOTALS[k])):
         print(f"  {label:<36} {TOTALS[label]:8.1f} s  ({CALLS[label]} call(s))")
     print(str(result).split("\n\n")[0])

@@ -70,6 +70,28 @@ def test_chunks_give_the_norm_of_the_whole_tensor():
     assert e["max_abs_error"] == d.abs().max().item()
 
 
+def test_finite_values_take_the_few_kernel_path_with_the_general_paths_numbers(monkeypatch):
+    # the search compares every trial's outputs: finite ones (the common case) must not pay for the per-position
+    # inf/NaN masks, and must give exactly what the general path gives
+    torch.manual_seed(0)
+    ref = torch.randn(CHUNK + 11) * 3
+    got = (ref + 1e-2 * torch.randn_like(ref)).bfloat16()
+    general = ErrorStats()
+    general.numel = ref.numel()
+    for start in range(0, ref.numel(), CHUNK):
+        general._add_chunk(got[start : start + CHUNK].double(), ref[start : start + CHUNK].double())
+    monkeypatch.setattr(ErrorStats, "_add_chunk", lambda *a: pytest.fail("finite values took the general path"))
+    fast = ErrorStats().add(got, ref)
+    assert vars(fast) == vars(general)
+    assert fast.max_abs_error == (got.double() - ref.double()).abs().max().item() > 0
+
+
+def test_values_whose_squares_overflow_fp64_take_the_general_path():
+    big = torch.tensor([1e200, 1.0], dtype=torch.float64)
+    e = output_errors(big * (1 + 1e-3), big)
+    assert e["max_abs_error"] == pytest.approx(1e197) and e["rel_l2_error"] == INF  # both sums overflow: inf
+
+
 def test_pooled_over_batches():
     a, b = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 3.0])
     stats = ErrorStats().add(a + 0.25, a).add(b, b)  # not the mean of the batches' ratios (0.177 and 0)

@@ -121,3 +121,43 @@ def test_upgrades_follow_each_groups_convex_hull_by_gain_per_error():
     assert steps == [("b", I8), ("a", BF16), ("a", I8)]
     gains[("a", I8)] = -1.0  # a type slower than fp32 is never offered
     assert upgrades([a], (I8, BF16), lambda g, d: s[(g.name, d)], lambda g, d: gains[(g.name, d)]) == [("a", BF16)]
+
+
+def test_furthest_probes_where_the_error_model_crosses_the_tolerance():
+    # errors that add in quadrature, 1.3x the model's: two trials close the bracket where bisection takes six
+    s = [0.001 * (1 + (i % 7)) for i in range(100)]
+    order = [(str(i), torch.bfloat16) for i in range(100)]
+    model = [math.sqrt(sum(x * x for x in s[:k])) for k in range(101)]
+    calls = []
+
+    def metric(lowered):
+        calls.append(len(lowered))
+        return 1.3 * model[len(lowered)]
+
+    tolerance = 1.3 * model[37] * 1.0001
+    assert _furthest((), order, metric, tolerance, model) == tuple(order[:37])
+    assert sorted(set(calls) - {0, 100}) == [37, 38]
+    calls.clear()
+    assert _furthest((), order, metric, tolerance) == tuple(order[:37]) and len(set(calls) - {100}) == 6
+
+
+def test_furthest_with_a_wrong_model_still_finds_bisections_boundary_in_few_trials():
+    order = [str(i) for i in range(100)]
+    for model in ([0.0] * 101, [float(k) ** 3 for k in range(101)], [100.0 - k for k in range(101)]):
+        calls = []
+
+        def metric(lowered):
+            calls.append(len(lowered))
+            return len(lowered) * 1.0
+
+        assert _furthest((), order, metric, 37.5, model) == tuple(order[:37])
+        assert len(set(calls)) <= 2 + 2 * math.ceil(math.log2(100))
+
+
+def test_choose_spends_fewer_trials_with_the_model_and_picks_the_same_plan():
+    groups = [(f"g{i}", 100 + i, 0.001 * (1 + i % 5)) for i in range(60)]
+    study = study_of(groups)
+    choice = choose(study, options(tolerance=0.01), Progress(stream=None))
+    assert len(choice.measured) <= 4  # baseline, everything, two probes
+    model = math.sqrt(sum(study.sensitivity[n][torch.bfloat16].value ** 2 for n, _ in choice.lowered))
+    assert model <= 0.01

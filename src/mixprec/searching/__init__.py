@@ -21,6 +21,8 @@ plan confirmed on them and chosen again under a tighter limit until it holds the
 the cost model says can never be chosen (a type no faster than fp32 here) are not measured (``budget.never_taken``).
 
 Trials never re-capture the model (``trials.py``): the captured program is rewritten per plan.
+Phase 1's trials resume from the fp32 reference's values (``resume.py``): only what lowering a group changes
+runs. Phase 2 probes where the sensitivities' error model crosses the tolerance (``budget._furthest``).
 Eval and calibration batches take every form and size compile's calibration takes, through the same
 normaliser (``calibrate/batches.py``); batches of other sizes run each trial's plan on a capture for
 their sizes (``shapes.py``), and batches that give forward arguments the example inputs left out on a

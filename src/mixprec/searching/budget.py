@@ -38,8 +38,10 @@ otherwise they stay fp32. ``keep_fp32_fraction`` lowers the same groups as with 
 to its option of most gain (its least sensitive type when no type gains).
 
 Everything lowered is tried first (often it fits). Otherwise each stage tries its whole list,
-then bisects for the longest prefix whose measured metric is within the tolerance: about
-log2(N) trials per stage. Every chosen point was measured, so it meets the tolerance on the eval
+then searches for the longest prefix whose measured metric is within the tolerance, probing where the
+quadrature model of the measured sensitivities, scaled to the metric measured at the bracket's ends, crosses
+the tolerance (:func:`_furthest`): two trials per stage where the model holds, about log2(N) (bisection's)
+to twice that where it does not. Every chosen point was measured, so it meets the tolerance on the eval
 data even where a curve is not monotone (the search may then stop short of a later point that
 would also fit).
 """
@@ -121,8 +123,9 @@ def choose(study: Study, options, progress: Progress, costs=None, tolerance: flo
     everything = first + second
     if metric(everything) <= tolerance:
         return Choice(frozenset(dict(everything).items()), measured, True)
-    chosen = _furthest((), first, metric, tolerance)
-    chosen = _furthest(chosen, second, metric, tolerance)
+    predict = lambda base, order: quadrature(study.baseline, base, order, s)  # noqa: E731
+    chosen = _furthest((), first, metric, tolerance, predict((), first))
+    chosen = _furthest(chosen, second, metric, tolerance, predict(chosen, second))
     return Choice(frozenset(dict(chosen).items()), measured, True)
 
 
@@ -176,19 +179,77 @@ def upgrades(groups, lows, sensitivity: Callable, gain: Callable) -> list[tuple]
     return [(name, dtype) for *_, name, dtype in sorted(steps, key=lambda t: t[:3])]
 
 
-def _furthest(base: Sequence[tuple], order: list[tuple], metric: Callable, tolerance: float) -> tuple:
-    """``base`` plus the longest prefix of ``order`` within the tolerance (``base`` alone is within it)."""
+def quadrature(baseline: float, base: Sequence[tuple], order: list[tuple], sensitivity: Callable) -> list[float]:
+    """The error model's metric of ``base`` plus each prefix of ``order`` (0..len): the baseline's and every
+    lowered group's sensitivity added in quadrature (a later item for a group replaces its earlier one)."""
+    current = dict(base)
+    total = baseline**2 + sum(sensitivity(_Named(n), d) ** 2 for n, d in current.items())
+    out = [math.sqrt(max(total, 0.0))]
+    for name, dtype in order:
+        if name in current:
+            total -= sensitivity(_Named(name), current[name]) ** 2
+        current[name] = dtype
+        total += sensitivity(_Named(name), dtype) ** 2
+        out.append(math.sqrt(max(total, 0.0)))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Named:  # what sensitivity(g, dtype) reads of a group
+    name: str
+
+
+def _furthest(
+    base: Sequence[tuple], order: list[tuple], metric: Callable, tolerance: float, model: list[float] | None = None
+) -> tuple:
+    """``base`` plus the longest prefix of ``order`` within the tolerance (``base`` alone is within it).
+
+    A bracket [lo, hi] (prefix lo within the tolerance, prefix hi not) shrinks to one step. With ``model`` (the
+    error model's metric of each prefix: :func:`quadrature`), each probe is where the model, scaled to the metric
+    measured at the bracket's ends (the ratio interpolated between them), crosses the tolerance: where the model
+    is good, two trials (the last prefix within, the next one beyond) where bisection takes log2(N). A probe that
+    leaves more than half the bracket twice in a row is followed by a bisection step, so a poor model costs at most
+    about twice bisection's trials. The bracket closes on adjacent prefixes either way: on a metric that grows with
+    the prefix it is the same plan bisection finds."""
     base = tuple(base)
     if not order or metric(base + tuple(order)) <= tolerance:
         return base + tuple(order)
     lo, hi = 0, len(order)  # prefix lo is within the tolerance, prefix hi is not
+    values = {hi: metric(base + tuple(order))}
+    if model is not None:
+        values[lo] = metric(base)
+    wide = 0  # consecutive probes that left more than half the bracket
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if metric(base + tuple(order[:mid])) <= tolerance:
+        if model is not None and wide < 2:
+            mid = _crossing(lo, hi, values, model, tolerance)
+        width = hi - lo
+        values[mid] = metric(base + tuple(order[:mid]))
+        if values[mid] <= tolerance:
             lo = mid
         else:
             hi = mid
+        wide = wide + 1 if model is not None and 2 * (hi - lo) > width else 0
     return base + tuple(order[:lo])
+
+
+def _crossing(lo: int, hi: int, values: dict, model: list[float], tolerance: float) -> int:
+    """The last prefix strictly inside (lo, hi) the scaled model puts within the tolerance (lo + 1 if none)."""
+
+    def ratio(k: int) -> float | None:
+        return values[k] / model[k] if model[k] > 0 and math.isfinite(values[k]) else None
+
+    r_lo, r_hi = ratio(lo), ratio(hi)
+    r_lo = r_hi if r_lo is None else r_lo
+    r_hi = r_lo if r_hi is None else r_hi
+    if r_lo is None:
+        return (lo + hi) // 2
+    best = lo + 1
+    for k in range(lo + 1, hi):
+        scale = r_lo + (r_hi - r_lo) * (k - lo) / (hi - lo)
+        if scale * model[k] <= tolerance:
+            best = k
+    return best
 
 
 def _lowered_for_fraction(total_groups: int, lowerable: int, fraction: float) -> int:

@@ -11,6 +11,9 @@ causes), once per low type the group takes (``LayerGroup.takes``): ``study.sensi
 The one calibration ranges the int8 boundaries too (``groups.int8_values``), so an int8 trial quantizes
 with the ranges ``compile(..., plan=result.plan)`` will find in the plan. It is infinite when a safety
 rule keeps the group fp32, when the program fails in the low type, or when it makes outputs non-finite.
+
+A trial here runs only what lowering its group changes (``resume.py``): the nodes it shares with the fp32
+reference take the reference's values on the same batch, so the metric is the full program's, bit for bit.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from ..plan.quantization import calibration_grids
 from .budget import never_taken
 from .groups import SEARCH_POLICY, LayerGroup, find_groups, int8_values, without_int8_operands
 from .metrics import make_metric, run_batch
+from .resume import Prefix
 from .shapes import BatchSizes
 from .trials import ProgramFailed, Trials
 
@@ -171,6 +175,17 @@ def _measure_groups(study: Study, progress: Progress, skip: dict) -> None:
         trials.measure_many(
             singles, lambda done, count: progress.update(f"sensitivity {done}/{count} trials on the Ray cluster")
         )
+    # trials here resume from the fp32 reference's values (resume.py); the values are dropped afterwards
+    trials.prefix = Prefix(trials.reference_module()) if trials.pool is None else None
+    try:
+        _measure_each(study, progress, skip, before)
+    finally:
+        trials.prefix = None
+    progress.update(f"sensitivity {total}/{total} groups")
+
+
+def _measure_each(study: Study, progress: Progress, skip: dict, before) -> None:
+    trials, total = study.trials, len(study.groups)
     for done, group in enumerate(study.groups):
         progress.update(f"sensitivity {done}/{total} groups")
         measured = study.sensitivity[group.name] = {}
@@ -190,4 +205,3 @@ def _measure_groups(study: Study, progress: Progress, skip: dict) -> None:
             if why is None and math.isinf(outcome.value):
                 why = "lowering it alone makes the outputs non-finite on the eval data"
             measured[dtype] = Sensitivity(outcome.value, followers, why)
-    progress.update(f"sensitivity {total}/{total} groups")

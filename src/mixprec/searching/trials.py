@@ -99,6 +99,9 @@ class Trials:
         # while set (a search's phase 2): each trial run is also timed on this batch right after its metric, by the
         # worker that built its program or here (the pareto points' latencies: no rebuild, no warm-up call)
         self.time_on = None
+        # while set (phase 1, resume.py): trial programs on the example capture start from the reference's values
+        self.prefix = None
+        self._resume = None  # the prefix while measure() builds a program it does not time
         # the metric prepared on the held-out eval batches (holdout.py), None when nothing is held out
         self.held_out = None
         self._held_memo: dict[frozenset, float] = {}
@@ -135,13 +138,15 @@ class Trials:
 
     # ---- programs ------------------------------------------------------------------------------
     def program(self, lowered: Iterable) -> torch.nn.Module:
+        """The plan's program (in a phase-1 trial, cut to resume from the reference's values: ``resume.py``)."""
         lowered = self.assignment(lowered)
+        prefix = self._resume
         if self.sizes is None:
-            return self.build(self.plan(lowered), keep_io_types=True)
+            return self.build(self.plan(lowered), keep_io_types=True, prefix=prefix)
 
         def build(graph):  # None: the example-shape capture; else the same requests carried onto another
             if graph is None:
-                return self.build(self.plan(lowered), keep_io_types=True)
+                return self.build(self.plan(lowered), keep_io_types=True, prefix=prefix)
             plan = carried_plan(graph, self.requests(lowered), self.int8_ranges)
             return self._guarded(realise(graph.captured, plan, keep_io_types=True, verify_each=False), graph.captured)
 
@@ -156,11 +161,18 @@ class Trials:
                                         graph.captured if graph else None)
         )
 
-    def build(self, plan: PrecisionPlan, *, keep_io_types: bool) -> torch.nn.Module:
-        return self._guarded(realise(self.captured, plan, keep_io_types=keep_io_types, verify_each=False))
+    def reference_module(self) -> torch.fx.GraphModule:
+        """The fp32 program on the example capture, unguarded (``resume.Prefix`` interprets it node by node)."""
+        return reference(self.captured, verify_each=False).runnable()
 
-    def _guarded(self, work, captured: CapturedModel | None = None) -> Guarded:
-        return Guarded(work.runnable(), (captured or self.captured).reset_state)
+    def build(self, plan: PrecisionPlan, *, keep_io_types: bool, prefix=None) -> torch.nn.Module:
+        return self._guarded(realise(self.captured, plan, keep_io_types=keep_io_types, verify_each=False),
+                             prefix=prefix)
+
+    def _guarded(self, work, captured: CapturedModel | None = None, prefix=None) -> Guarded:
+        module = work.runnable()
+        return Guarded(prefix.resumed(module) if prefix is not None else module,
+                       (captured or self.captured).reset_state)
 
     def lowered_flops(self, lowered: Iterable) -> int:
         """The matmul/conv/attention FLOPs of the layers ``lowered`` names (bare names or (layer, dtype) pairs):
@@ -180,8 +192,10 @@ class Trials:
         self.count += 1
         if timer is None and self.time_on is not None:  # phase 2 in this process: timed as a Ray worker times it
             timer = lambda program: latency.measure({0: lambda: program}, self.time_on, warmup=0)[0]  # noqa: E731
+        self._resume = self.prefix if timer is None else None  # a program phase 2 times runs in full (resume.py)
         try:
             program = self.program(key)
+            self._resume = None
             value = self.metric(program)  # the metric's runs warm the program up
             seconds = timer(program) if timer is not None else None
             outcome = Outcome(value, None, seconds)
@@ -189,6 +203,8 @@ class Trials:
             log.info("search trial with %d lowered layer(s) failed: %s", len(key), e)
             types = ", ".join(sorted({dtype_name(d) for _, d in key})) or "float32"
             outcome = Outcome(float("inf"), f"fails in {types} ({e})")
+        finally:
+            self._resume = None
         self._memo[key] = outcome
         return outcome
 
