@@ -677,3 +677,15 @@ class ReluNet(torch.nn.Module):
             if self.relu:
                 x = torch.relu(x)
         return x
+
+
+class TwoLinearMLP(nn.Module):
+    """Linear(256, 128) -> ReLU -> Linear(128, 64): widths the int4 weight kernel takes (groups of 32-128, N % 16 == 0)."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(256, 128)
+        self.down = nn.Linear(128, 64)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))

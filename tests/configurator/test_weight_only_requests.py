@@ -7,16 +7,8 @@ import torch
 from torch import nn
 
 import mixprec
+from models import TwoLinearMLP
 
-
-class MLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.up = nn.Linear(256, 128)
-        self.down = nn.Linear(128, 64)
-
-    def forward(self, x):
-        return self.down(torch.relu(self.up(x)))
 
 
 INPUTS = (torch.randn(2, 256),)
@@ -25,7 +17,7 @@ INPUTS = (torch.randn(2, 256),)
 @pytest.mark.parametrize("param", ["int4", {"weight": "int4"}, torch.int4])
 @pytest.mark.parametrize("activation", ["fp32", "bf16"])
 def test_int4_weights_with_a_float_activation_are_weight_only_group_128_by_default(activation, param):
-    model = MLP().eval()
+    model = TwoLinearMLP().eval()
     cfg = mixprec.MixedPrecisionConfigurator(model, INPUTS)
     cfg.set_precision(model.up, activation=activation, param=param)
     plan = cfg.apply()
@@ -40,7 +32,7 @@ def test_int4_weights_with_a_float_activation_are_weight_only_group_128_by_defau
 
 
 def test_group_size_and_symmetry_are_per_request():
-    model = MLP().eval()
+    model = TwoLinearMLP().eval()
     cfg = mixprec.MixedPrecisionConfigurator(model, INPUTS)
     cfg.set_precision(nn.Linear, activation="fp32", param={"weight": "int4"}, group_size=32, symmetric=False)
     cfg.set_precision(model.down, activation="bf16", param={"weight": "int8"})
@@ -54,7 +46,7 @@ def test_group_size_and_symmetry_are_per_request():
 
 
 def test_weight_only_keywords_are_checked():
-    model = MLP().eval()
+    model = TwoLinearMLP().eval()
     cfg = mixprec.MixedPrecisionConfigurator(model, INPUTS)
     with pytest.raises(mixprec.ConfigError, match="group_size must be a positive number"):
         cfg.set_precision(model.up, activation="fp32", param={"weight": "int4"}, group_size=0)

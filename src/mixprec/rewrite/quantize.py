@@ -299,13 +299,20 @@ def _store_int8_weight(work, layer, dtype, done, columns=None, grid: Grid = INT8
             )
         dq.meta = _meta(placeholder, dtype, "dequant")
     layer.replace_input_with(weight, dq)
-    while _is_plain_cast(weight) and not weight.users:  # the float weight's conversions nothing reads now
+    release_float_weight(work, weight, placeholder)
+    return True
+
+
+def release_float_weight(work, weight: torch.fx.Node, placeholder: torch.fx.Node) -> None:
+    """After a layer stopped reading ``weight`` (the float weight, or a conversion of ``placeholder``): the
+    conversions nothing reads now leave the graph, and the stored float weight leaves the program's state unless
+    another layer still reads it. The int8 weights here and the weight-only ones (``weight_only.py``) alike."""
+    while _is_plain_cast(weight) and not weight.users:
         source = weight.args[0]
         work.graph.erase_node(weight)
         weight = source
     if not placeholder.users:
         work.remove_stored_input(placeholder)
-    return True
 
 
 BIAS_ARG = 2  # the bias of aten.linear / aten.convNd

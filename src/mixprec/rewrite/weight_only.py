@@ -35,7 +35,7 @@ from ..ops import weight_only as wo
 from ..plan.precision_plan import is_weight_only
 from .casting import short_name
 from .context import RewriteContext
-from .quantize import _fake_like, _is_plain_cast, _stored, stored_source
+from .quantize import _fake_like, _stored, release_float_weight, stored_source
 
 log = logging.getLogger(__name__)
 
@@ -97,12 +97,7 @@ def _rewrite_linear(work, node, decision, stored) -> bool:
     node.target = op
     node.args = (x, *leading, *trailing, bias)
     node.kwargs = {}
-    while _is_plain_cast(weight) and not weight.users:  # the float weight's conversions nothing reads now
-        source = weight.args[0]
-        work.graph.erase_node(weight)
-        weight = source
-    if not placeholder.users:
-        work.remove_stored_input(placeholder)
+    release_float_weight(work, weight, placeholder)
     return True
 
 

@@ -15,18 +15,10 @@ from torch import nn
 
 import mixprec
 from mixprec.ops import weight_only as wo
+from models import TwoLinearMLP
 
 from . import crafting
 
-
-class MLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.up = nn.Linear(256, 128)
-        self.down = nn.Linear(128, 64)
-
-    def forward(self, x):
-        return self.down(torch.relu(self.up(x)))
 
 
 X = torch.randn(3, 256, generator=torch.Generator().manual_seed(1))
@@ -34,7 +26,7 @@ X = torch.randn(3, 256, generator=torch.Generator().manual_seed(1))
 
 def _program():
     torch.manual_seed(0)
-    model = MLP().eval()
+    model = TwoLinearMLP().eval()
     cfg = mixprec.MixedPrecisionConfigurator(model, (X,))
     cfg.set_precision(model.up, activation="fp32", param={"weight": "int4"}, group_size=32, symmetric=False)
     cfg.set_precision(model.down, activation="bf16", param={"weight": "int8"})
