@@ -348,12 +348,12 @@ def test_a_search_on_the_cluster_calibrates_a_dataset_on_it(cluster, sensitive):
 def test_phase_two_points_are_timed_by_the_workers_that_measured_them(cluster, sensitive, monkeypatch):
     """A pareto point measured in phase 2 on the cluster gets its latency from the worker that ran its trial (its
     program built and warm there); the driver times only the points measured before phase 2 (the fp32 baseline)."""
-    from mixprec.searching import latency
+    from mixprec.searching import timing
 
     model, inputs, data = sensitive
     timed_here = []
-    measure = latency.measure
-    monkeypatch.setattr(latency, "measure", lambda programs, batch, **kw: timed_here.extend(programs)
+    measure = timing.measure
+    monkeypatch.setattr(timing, "measure", lambda programs, batch, **kw: timed_here.extend(programs)
                         or measure(programs, batch, **kw))
     there = mixprec.search(model, inputs, eval_dataloader=data, cache=False, ray_address="auto", workers=2)
     assert all(p.latency_seconds > 0 for p in there.pareto)

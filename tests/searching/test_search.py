@@ -113,11 +113,11 @@ def test_phase_2_plans_are_timed_right_after_their_trial_not_built_again(sensiti
     """Issue 34 (a search 5x faster): a plan phase 2 measures is timed on its warm program right after its metric
     (as a Ray worker times it); only plans phase 1 measured (nothing or one group lowered) are built again to time."""
     model, inputs, data, _, _ = sensitive
-    from mixprec.searching import latency
+    from mixprec.searching import timing
 
     timed_again = []
-    measure = latency.measure
-    monkeypatch.setattr(latency, "measure", lambda programs, batch, **k: (
+    measure = timing.measure
+    monkeypatch.setattr(timing, "measure", lambda programs, batch, **k: (
         timed_again.extend(programs) if k.get("warmup", 1) else None) or measure(programs, batch, **k))
     result = mixprec.search(model, inputs, eval_dataloader=data, cache=False)
     assert len(result.pareto) > 3 and all(p.latency_seconds > 0 for p in result.pareto)

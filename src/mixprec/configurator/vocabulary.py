@@ -30,7 +30,7 @@ import torch
 
 from ..dtypes import parse_dtype, short_name
 from ..errors import ConfigError
-from ..plan.quantization import SIMULATED_PRECISIONS
+from ..plan.quantization import DEFAULT_INT4_GROUP, SIMULATED_PRECISIONS
 
 # AIMET's integer names (int16 and int4 have no alias in mixprec.dtypes; int8 is parsed here too, as one table)
 _INTEGER = {"int16": torch.int16, "int4": torch.int4, "int8": torch.int8}
@@ -84,7 +84,6 @@ def param_precision(value, what: str = "param") -> torch.dtype | None:
     return weight
 
 
-DEFAULT_INT4_GROUP = 128
 WEIGHT_ONLY_BITS = frozenset({torch.int8, torch.int4})
 
 

@@ -65,6 +65,9 @@ IO_GRIDS: Mapping[torch.dtype, Grid] = MappingProxyType({torch.int16: INT16_SYMM
 WEIGHT_GRIDS: Mapping[torch.dtype, Grid] = MappingProxyType({
     torch.int8: INT8_SYMMETRIC, torch.int16: INT16_SYMMETRIC, torch.int4: INT4_SYMMETRIC,
 })
+# weight-only int4's default group: input channels per scale (per-channel int4 loses too much: one scale for
+# thousands of weights); the configurator's default and the search's w4a16
+DEFAULT_INT4_GROUP = 128
 _SDPA_POSITIONS = (0, 1, 2)  # scaled_dot_product_attention's query, key, value
 
 

@@ -18,7 +18,7 @@ few tokens) costs the Linears in the decode shape, memory-bound, where their sma
 
 The tolerance holds on data the plan was not chosen on (``holdout.py``): some eval batches are held out, the
 plan confirmed on them and chosen again under a tighter limit until it holds there. With several types, options
-the cost model says can never be chosen (a type no faster than fp32 here) are not measured (``budget.never_taken``).
+the cost model says can never be chosen (a type no faster than fp32 here) are not measured (``pruning.never_taken``).
 
 Trials never re-capture the model (``trials.py``): the captured program is rewritten per plan.
 Phase 1's trials resume from the fp32 reference's values (``resume.py``): only what lowering a group changes
@@ -49,7 +49,7 @@ from ..errors import MixedPrecisionWarning
 from ..ir.export import as_input_tuple, refuse_meta_tensors
 from ..plan.precision_plan import NodePrecision, PrecisionPlan
 from ..progress import Progress
-from . import holdout, latency
+from . import holdout, latency, timing
 from .budget import Choice, choose
 from .cache import SearchCache, study_key
 from .distributed import cluster_for
@@ -286,7 +286,7 @@ def _pareto(study: Study, choice: Choice, batch: Call, progress: Progress) -> tu
     if missing:
         progress.update(f"timing {len(missing)} plan(s)")
         factories = {lowered: (lambda lowered=lowered: study.trials.program(lowered)) for lowered in missing}
-        study.latency.update(latency.measure(factories, batch))
+        study.latency.update(timing.measure(factories, batch))
     points = []
     for lowered, value in choice.measured.items():
         plan = study.trials.plan(lowered)
@@ -318,7 +318,7 @@ def _plan(study: Study, choice: Choice, options, costs=None) -> PrecisionPlan:
             s = study.sensitivity[group.name][dtype]
             why = f"search: lowered to {dtype_name(dtype)} (sensitivity {s.value:.2e})"
             decisions[group.name] = study.trials.decision(group.name, dtype, why)
-        elif not least.measured:  # no option the cost model leaves was worth a trial (budget.never_taken)
+        elif not least.measured:  # no option the cost model leaves was worth a trial (pruning.never_taken)
             slow = (_slow_here(study, group, costs) if costs is not None else "") or least.why
             decisions[group.name] = NodePrecision(torch.float32, None, "plan", f"search: kept in float32: {slow}")
         elif least.why is not None:

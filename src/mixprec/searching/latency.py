@@ -48,7 +48,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import torch
 
@@ -57,7 +57,6 @@ from ..dtypes import dtype_name
 from ..weak_typing.timing import per_call_seconds  # the one statistic, shared with autocast's speed check
 from .types import WeightOnly
 
-ROUNDS = 3
 COST_ROUNDS = 9
 SAMPLE_SECONDS = 0.05  # a timed sample repeats a call this long: a few-ms call is at the mercy of the scheduler
 KINDS = ("matmul", "conv")
@@ -66,26 +65,6 @@ DECODE_TOKENS = 8  # eval batches of at most this many tokens (batch x sequence)
 DECODE_ROWS = 1
 DECODE_FEATURES = 2048
 MIN_SPEEDUP = 1.35
-
-
-def measure(
-    programs: Mapping[object, Callable[[], torch.nn.Module]], batch, *, rounds: int = ROUNDS, warmup: int = 1
-) -> dict:
-    """Seconds per call of every program (built by the given factories) on ``batch`` (a tuple of positional
-    inputs or a ``calibrate.batches.Call``)."""
-    built = {key: factory() for key, factory in programs.items()}
-    args, kwargs = (batch.args, batch.kwargs) if isinstance(batch, Call) else (tuple(batch), {})
-    times: dict[object, list[float]] = {key: [] for key in built}
-    with torch.no_grad():
-        for _ in range(warmup):
-            for program in built.values():
-                program(*args, **kwargs)
-        for _ in range(rounds):
-            for key, program in built.items():
-                start = time.perf_counter()
-                program(*args, **kwargs)
-                times[key].append(time.perf_counter() - start)
-    return {key: min(values) for key, values in times.items()}
 
 
 def decoding(batches) -> bool:

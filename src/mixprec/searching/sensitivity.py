@@ -36,7 +36,7 @@ from ..plan.options import PlanningOptions, RuleOptions
 from ..plan.rules.ranges import IOBound
 from ..progress import Progress
 from ..plan.quantization import calibration_grids
-from .budget import never_taken
+from .pruning import never_taken
 from .groups import SEARCH_POLICY, LayerGroup, find_groups, int8_values, without_int8_operands
 from .metrics import make_metric, run_batch
 from .resume import Prefix
@@ -49,7 +49,7 @@ class Sensitivity:
     value: float  # metric with only this group lowered; inf = must stay fp32
     followers: tuple[str, ...]  # nodes that change dtype with it (data movement following it)
     why: str | None = None  # why it is infinite
-    measured: bool = True  # False: an option the cost model rules out, not measured (budget.never_taken)
+    measured: bool = True  # False: an option the cost model rules out, not measured (pruning.never_taken)
 
 
 class Study:
@@ -79,7 +79,7 @@ def build_study(
     batches held out (``holdout.py``): neither calibrated nor measured on here, only prepared for
     ``Trials.confirm``. ``costs``: the
     cost model of a several-type search with a tolerance: options it says can never be chosen are not measured
-    (``budget.never_taken``)."""
+    (``pruning.never_taken``)."""
     progress.update("capturing the model")
     captured = CapturedModel(model, args)
     base, info = captured.base, captured.info

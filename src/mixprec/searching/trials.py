@@ -38,9 +38,9 @@ from ..plan.options import PlanningOptions
 from ..plan.precision_plan import NodePrecision, PrecisionPlan
 from ..plan.quant_requests import QuantRequests
 from ..rewrite.pipeline import realise, reference
-from . import latency
 from .groups import SEARCH_POLICY, int8_requests
 from .shapes import carried_plan
+from . import timing
 from .types import WeightOnly
 from .types import decision as weight_only_decision
 
@@ -191,7 +191,7 @@ class Trials:
             return self.measure_many([key])[0]
         self.count += 1
         if timer is None and self.time_on is not None:  # phase 2 in this process: timed as a Ray worker times it
-            timer = lambda program: latency.measure({0: lambda: program}, self.time_on, warmup=0)[0]  # noqa: E731
+            timer = lambda program: timing.measure({0: lambda: program}, self.time_on, warmup=0)[0]  # noqa: E731
         self._resume = self.prefix if timer is None else None  # a program phase 2 times runs in full (resume.py)
         try:
             program = self.program(key)

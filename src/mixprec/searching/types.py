@@ -30,9 +30,9 @@ import dataclasses
 
 import torch
 
-from ..configurator.vocabulary import DEFAULT_INT4_GROUP
 from ..dtypes import dtype_from_name
 from ..plan.precision_plan import NodePrecision
+from ..plan.quantization import DEFAULT_INT4_GROUP
 
 
 @dataclasses.dataclass(frozen=True)

@@ -60,7 +60,7 @@ class TrialWorker:
 
     def measure(self, box: list, lowered: tuple, time_on=None) -> tuple:
         """("ok", value, failure, seconds) or ("raised", type, message, mixprec type): the driver raises it, naming
-        the group. ``time_on``: a batch to time the trial's program on once measured (``latency.measure``, no
+        the group. ``time_on``: a batch to time the trial's program on once measured (``timing.measure``, no
         warm-up: the metric's runs were it), for the pareto points of phase 2; seconds is None otherwise."""
         try:
             (ref,) = box
@@ -72,7 +72,7 @@ class TrialWorker:
                 self.loaded = ref.hex()
             timer = None
             if time_on is not None:
-                from .latency import measure
+                from .timing import measure
 
                 timer = lambda program: measure({0: lambda: program}, time_on, warmup=0)[0]  # noqa: E731
             outcome = self.trials.measure(lowered, timer=timer)
