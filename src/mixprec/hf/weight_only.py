@@ -6,10 +6,11 @@ compiled (``modules.py``: its graph layers are the program's): every ``nn.Linear
 ``weights`` with ``group_size`` input channels per scale, the LM head ``lm_head`` (default int8: its rows are the
 logits, int4 there costs more accuracy than it saves bytes in most models; None keeps it float), with **16-bit
 activations** (the "A16": bf16, or fp16 for an fp16 model): PyTorch's CPU weight-only kernels are fast only there —
-on float32 rows they run 8-17x slower than a plain float32 Linear (one row through 2048x2048, one thread, this
-repository's AVX-512 EPYC: int4 7.2 ms, int8 3.5 ms, fp32 Linear 0.42 ms; bf16 rows: int4 0.22 ms, int8 0.21 ms;
-``bench/search_weight_only.py --kernels``), so a float32 model's weight-only Linears read and write bf16 (the casts
-around them are the rewrite's; ``enable_autocast=True`` may still lower the other layers).
+on float32 rows they run 5-11x slower than a plain float32 Linear (one row through 2048x2048, one thread, the
+AVX-512 EPYC of bench/log "Issue 32: weight-only decode": int8 7.9 ms, int4 18.2 ms, fp32 Linear 1.69 ms; bf16 rows:
+int8 0.63 ms, int4 0.22 ms; ``bench/search_weight_only.py --kernels``), so a float32 model's weight-only Linears
+read and write bf16 (the casts around them are the rewrite's; ``enable_autocast=True`` may still lower the other
+layers).
 Embeddings are left as they are (a gather reads one row per token, not the whole table). ``generate()`` is unchanged.
 """
 
