@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import functools
 import importlib
 import sys
 import time
@@ -25,7 +24,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from harness import machine, stamp  # noqa: E402
+from harness import machine, stamp, time_calls  # noqa: E402
 from models import bert_base  # noqa: E402
 
 TOTAL: dict = collections.defaultdict(float)
@@ -36,20 +35,8 @@ WRAPPED = [("mixprec.calibrate.statistics", "collect"), ("mixprec.plan.autocast"
 
 
 def _wrap(module_name: str, attr: str) -> None:
-    module = importlib.import_module(module_name)
-    f = getattr(module, attr)
-    label = f"{module_name.removeprefix('mixprec.')}.{attr}"
-
-    @functools.wraps(f)
-    def timed(*a, **k):
-        start = time.perf_counter()
-        try:
-            return f(*a, **k)
-        finally:
-            TOTAL[label] += time.perf_counter() - start
-            CALLS[label] += 1
-
-    setattr(module, attr, timed)
+    time_calls(importlib.import_module(module_name), attr, f"{module_name.removeprefix('mixprec.')}.{attr}", TOTAL,
+               CALLS)
 
 
 def main() -> None:

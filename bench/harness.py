@@ -8,6 +8,7 @@ variant is the median over rounds; ratios are taken between medians of the same 
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import platform
 import statistics
@@ -90,3 +91,20 @@ def table(rows: list[dict], columns: list[str]) -> str:
     for row in rows:
         lines.append("| " + " | ".join(fmt(row.get(c, "")) for c in columns) + " |")
     return "\n".join(lines)
+
+
+def time_calls(owner, attr: str, label: str, totals: dict, calls: dict) -> None:
+    """Replace ``owner.attr`` by a wrapper that adds each call's seconds to ``totals[label]`` and counts it in
+    ``calls[label]`` (phase splits of the compile and search benches)."""
+    f = getattr(owner, attr)
+
+    @functools.wraps(f)
+    def timed(*a, **k):
+        start = time.perf_counter()
+        try:
+            return f(*a, **k)
+        finally:
+            totals[label] += time.perf_counter() - start
+            calls[label] += 1
+
+    setattr(owner, attr, timed)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import functools
 import os
 import resource
 import sys
@@ -35,6 +34,9 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from harness import time_calls  # noqa: E402
+
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]  # bench/openvino.py shadows openvino
 
 TOTALS: dict[str, float] = collections.defaultdict(float)
@@ -42,18 +44,7 @@ CALLS: dict[str, int] = collections.defaultdict(int)
 
 
 def _wrap(owner, attr: str, label: str) -> None:
-    f = getattr(owner, attr)
-
-    @functools.wraps(f)
-    def timed(*a, **k):
-        start = time.perf_counter()
-        try:
-            return f(*a, **k)
-        finally:
-            TOTALS[label] += time.perf_counter() - start
-            CALLS[label] += 1
-
-    setattr(owner, attr, timed)
+    time_calls(owner, attr, label, TOTALS, CALLS)
 
 
 def bert(layers: int, batch: int, seq: int):
