@@ -14,7 +14,7 @@ Phases are timed by wrapping the search's own functions (no change to mixprec): 
 calibration (``calibrate.entry.run``), the fp32 reference, sensitivity (``sensitivity._measure_groups``), the cost
 model (``latency.cost_model``, once per process: a second search in the same process skips it), the budget phase
 (``budget.choose``; with the held-out checks since issue 34) and the pareto points' latencies
-(``timing.measure``); inside them, the trials (``Trials.measure``: realise and run). The phase wrapped in
+(``searching._pareto``); inside them, the trials (``Trials.measure``: realise and run). The phase wrapped in
 sensitivity.py is looked up there at call time, so the script times the code on PYTHONPATH, old or new. One
 sample: the load average is printed beside it (2 cores shared with other work: compare runs under one load, e.g.
 old and new code started together), and the CPU seconds the search took in this process.
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     _wrap(sensitivity, "_measure_groups", "sensitivity")
     _wrap(searching, "choose", "budget (choose)")
     _wrap(latency, "cost_model", "cost model")
-    _wrap(latency, "measure", "pareto latencies")
+    _wrap(searching, "_pareto", "pareto latencies")
     _wrap(trials.Trials, "measure", "  trials: measure (realise + run)")
 
     if args.speedups:
