@@ -2,10 +2,11 @@
 plans phase 2 times right after their trial (``trials.py``) and of the Ray workers (``worker.py``). A module of its
 own so that the trials, which the cost model builds its timing programs with, need not import the cost model.
 
-A phase-2 trial's program is timed by a :class:`Stopwatch` (issue 34: BERT-base's search spent a fifth of its time
-in phase 2, three timed calls per trial beside the metric's two): the calls its metric makes anyway on batches of
-the latency batch's shapes are samples too, all but the program's first call (it realises the program and warms
-its allocator, as ``measure``'s warm-up call does); calls on the latency batch make up the rest.
+A phase-2 trial's program, and the model as written in phase 1, are timed by a :class:`Stopwatch` (issue 34:
+BERT-base's search spent a fifth of its time in phase 2, three timed calls per trial beside the metric's two): the
+calls its metric makes anyway on batches of the latency batch's shapes are samples too, all but the program's first
+call (it realises the program and warms its allocator, as ``measure``'s warm-up call does); calls on the latency
+batch make up the rest.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import time
 from collections.abc import Callable, Mapping
 
 import torch
-
 import torch.utils._pytree as pytree
 
 from ..calibrate.batches import Call
