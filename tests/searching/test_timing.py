@@ -72,3 +72,25 @@ class _Spy(torch.nn.Module):
     def forward(self, *args, **kwargs):
         self.calls.append(1)
         return self.module(*args, **kwargs)
+
+
+def test_a_stopwatch_compares_calls_whose_inputs_hold_arrays():
+    """A batch may carry a numpy array beside its tensors: its calls are compared by the array's type (an array's ==
+    is no truth value)."""
+    import numpy as np
+
+    calls = []
+    watch = Stopwatch((torch.ones(2, 3), np.ones(2)), samples=2)
+    timed = watch.wrap(_recording(calls))
+    for _ in range(3):
+        timed(torch.ones(2, 3), np.zeros(2))
+    assert watch(timed) > 0 and len(watch.times) == 2 and len(calls) == 3
+
+
+def _recording(calls):
+    class _Recording(torch.nn.Module):
+        def forward(self, x, a):
+            calls.append(a.shape)
+            return x
+
+    return _Recording()

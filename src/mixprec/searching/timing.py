@@ -91,6 +91,8 @@ class _Timed(torch.nn.Module):
 
 
 def _shapes(args: tuple, kwargs: dict) -> tuple:
-    """What a call's cost depends on in a captured program: its leaves' shapes and dtypes (other leaves as they are)."""
+    """What a call's cost depends on in a captured program: its tensors' shapes and dtypes, its plain values (other
+    leaves by type: an array's == is no truth value)."""
     leaves, spec = pytree.tree_flatten((args, kwargs))
-    return (spec, tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else x for x in leaves))
+    return (spec, tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor)
+                        else x if isinstance(x, (bool, int, float, str, type(None))) else type(x) for x in leaves))
