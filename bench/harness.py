@@ -93,18 +93,19 @@ def table(rows: list[dict], columns: list[str]) -> str:
     return "\n".join(lines)
 
 
-def time_calls(owner, attr: str, label: str, totals: dict, calls: dict) -> None:
+def time_calls(owner, attr: str, label: str, totals: dict, calls: dict, clock=time.perf_counter) -> None:
     """Replace ``owner.attr`` by a wrapper that adds each call's seconds to ``totals[label]`` and counts it in
-    ``calls[label]`` (phase splits of the compile and search benches)."""
+    ``calls[label]`` (phase splits of the compile and search benches); ``clock``: ``time.process_time`` for CPU
+    seconds."""
     f = getattr(owner, attr)
 
     @functools.wraps(f)
     def timed(*a, **k):
-        start = time.perf_counter()
+        start = clock()
         try:
             return f(*a, **k)
         finally:
-            totals[label] += time.perf_counter() - start
+            totals[label] += clock() - start
             calls[label] += 1
 
     setattr(owner, attr, timed)

@@ -14,10 +14,12 @@ Phases are timed by wrapping the search's own functions (no change to mixprec): 
 calibration (``calibrate.entry.run``), the fp32 reference, sensitivity (``sensitivity._measure_groups``), the cost
 model (``latency.cost_model``, once per process: a second search in the same process skips it), the budget phase
 (``budget.choose``; with the held-out checks since issue 34) and the pareto points' latencies
-(``timing.measure``); inside them, the trials (``Trials.measure``: realise and run). The phase wrapped in
+(``searching._pareto``); inside them, the trials (``Trials.measure``: realise and run). The phase wrapped in
 sensitivity.py is looked up there at call time, so the script times the code on PYTHONPATH, old or new. One
 sample: the load average is printed beside it (2 cores shared with other work: compare runs under one load, e.g.
-old and new code started together), and the CPU seconds the search took in this process.
+old and new code started together), and the CPU seconds the search and each phase took in this process. On a
+loaded machine compare CPU seconds at ``--threads 1``: with two threads on two busy cores OpenMP's threads wait
+for each other (issue 34's 557 s search took 300 CPU s that way; 86 CPU s at one thread).
 """
 
 from __future__ import annotations
@@ -41,10 +43,13 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]  # bench
 
 TOTALS: dict[str, float] = collections.defaultdict(float)
 CALLS: dict[str, int] = collections.defaultdict(int)
+CPU: dict[str, float] = collections.defaultdict(float)  # CPU seconds of this process per phase, all threads
+CPU_CALLS: dict[str, int] = collections.defaultdict(int)
 
 
 def _wrap(owner, attr: str, label: str) -> None:
     time_calls(owner, attr, label, TOTALS, CALLS)
+    time_calls(owner, attr, label, CPU, CPU_CALLS, clock=time.process_time)
 
 
 def bert(layers: int, batch: int, seq: int):
@@ -96,7 +101,7 @@ def main(argv=None) -> int:
     _wrap(sensitivity, "_measure_groups", "sensitivity")
     _wrap(searching, "choose", "budget (choose)")
     _wrap(latency, "cost_model", "cost model")
-    _wrap(latency, "measure", "pareto latencies")
+    _wrap(searching, "_pareto", "pareto latencies")
     _wrap(trials.Trials, "measure", "  trials: measure (realise + run)")
 
     if args.speedups:
@@ -121,7 +126,7 @@ def main(argv=None) -> int:
     print(f"search {total:.1f} s ({cpu:.1f} CPU s in this process, all threads), {result.trials} trials, "
           f"{len(result.groups)} groups; peak RSS {peak:.2f} GiB")
     for label in sorted(TOTALS, key=lambda k: (k.startswith(" "), -TOTALS[k])):
-        print(f"  {label:<36} {TOTALS[label]:8.1f} s  ({CALLS[label]} call(s))")
+        print(f"  {label:<36} {TOTALS[label]:8.1f} s  {CPU[label]:8.1f} CPU s  ({CALLS[label]} call(s))")
     print(str(result).split("\n\n")[0])
     # plan quality on 3 batches the search never saw (eager program: the trials' numerics)
     program = mixprec.compile(model, held[0], plan=result.plan)
@@ -130,6 +135,10 @@ def main(argv=None) -> int:
     num = sum(float((o.double() - r.double()).pow(2).sum()) for o, r in zip(outs, refs))
     den = sum(float(r.double().pow(2).sum()) for r in refs)
     chosen = result.chosen
+    by_op = collections.Counter(f"{g.op.removeprefix('aten.').split('.')[0]} {mixprec.dtypes.dtype_name(g.precision)}"
+                                for g in result.groups if g.precision != torch.float32)
+    unmeasured = sum(1 for g in result.groups if "not measured" in result.plan[g.name].reason)
+    print(f"lowered by op: {dict(sorted(by_op.items()))}; {unmeasured} group(s) kept fp32 unmeasured")
     print(f"plan: {chosen.lowered} of {len(result.groups)} groups lowered ({chosen.mix_text()}), "
           f"{chosen.low_precision_flops_fraction:.1%} of FLOPs low; rel-L2 on 3 new batches {(num / den) ** 0.5:.3e} "
           f"(tolerance {args.tolerance:g}); latency in the search {chosen.latency_seconds * 1e3:.0f} ms")

@@ -82,11 +82,11 @@ def test_a_trial_per_group_and_type(model_and_data, vnni, monkeypatch):
     singles = []
     measure = Trials.measure
 
-    def spy(self, lowered):
+    def spy(self, lowered, **kwargs):
         key = self.assignment(lowered)
         if len(key) == 1 and key not in self._memo:
             singles.append(next(iter(key)))
-        return measure(self, lowered)
+        return measure(self, lowered, **kwargs)
 
     monkeypatch.setattr(Trials, "measure", spy)
     result = mixprec.search(model, inputs, low_precision_type=("bf16", "int8"), eval_dataloader=data,

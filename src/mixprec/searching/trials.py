@@ -182,7 +182,8 @@ class Trials:
     # ---- measurements --------------------------------------------------------------------------
     def measure(self, lowered: Iterable, *, timer=None) -> Outcome:
         """The metric of the plan lowering ``lowered`` (memoised). ``timer`` (a Ray worker's, in phase 2): called
-        with the program just measured, warm from the metric's runs; its seconds per call go into the outcome."""
+        with the program just measured, warm from the metric's runs; its seconds per call go into the outcome. A
+        ``timing.Stopwatch`` (phase 2 here and on the workers) also times the metric's warm calls."""
         key = self.assignment(lowered)
         outcome = self._memo.get(key)
         if outcome is not None and (timer is None or outcome.seconds is not None):
@@ -191,11 +192,13 @@ class Trials:
             return self.measure_many([key])[0]
         self.count += 1
         if timer is None and self.time_on is not None:  # phase 2 in this process: timed as a Ray worker times it
-            timer = lambda program: timing.measure({0: lambda: program}, self.time_on, warmup=0)[0]  # noqa: E731
+            timer = timing.Stopwatch(self.time_on)
         self._resume = self.prefix if timer is None else None  # a program phase 2 times runs in full (resume.py)
         try:
             program = self.program(key)
             self._resume = None
+            if isinstance(timer, timing.Stopwatch):  # the metric's warm runs are timing samples too
+                program = timer.wrap(program)
             value = self.metric(program)  # the metric's runs warm the program up
             seconds = timer(program) if timer is not None else None
             outcome = Outcome(value, None, seconds)
