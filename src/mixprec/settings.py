@@ -45,7 +45,7 @@ class CompileSettings:
     autocast_included_nodes: tuple[re.Pattern, ...] = ()  # mixprec extension: force into the low type
     autocast_included_ops: frozenset[str] = frozenset()  # mixprec extension: force into the low type
     autocast_require_speedup: bool = True  # mixprec extension: lower only where measured faster (weak_typing/speed.py)
-    int8_require_speedup: bool = True  # mixprec extension: eager/inductor int8 only where measured faster (int8_speed.py)
+    int8_require_speedup: bool = True  # mixprec extension: int8 on eager/inductor only where faster (int8_speed.py)
     use_fp32_acc: bool = False
     runtime_guard: str | None = None  # mixprec extension: "warn" | "raise" (backends/guard.py)
     enabled_precisions: frozenset[torch.dtype] = frozenset({torch.float32})

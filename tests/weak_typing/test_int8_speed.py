@@ -16,7 +16,7 @@ import mixprec
 from mixprec.backends.lowering import cpu, onednn
 from mixprec.errors import ConfigError
 from mixprec.ops.quant import INT8_SYMMETRIC, UINT8, dequantize, quantize, quantize_weight
-from mixprec.weak_typing import int8_speed, speed, timing
+from mixprec.weak_typing import int8_calls, int8_speed, speed
 
 
 class ByLayer(FixedSpeed):
@@ -133,7 +133,7 @@ def test_int8_call_runs_the_layer_as_the_backend_does(monkeypatch, vnni):
     monkeypatch.setattr(onednn, "KERNEL", lambda *a: kernel_calls.append(a) or real(*a))
     gen = torch.Generator().manual_seed(0)
     x, w, b = torch.randn(2, 8, 64, generator=gen), torch.randn(32, 64, generator=gen), torch.randn(32, generator=gen)
-    call = timing.int8_call(torch.ops.aten.linear.default, (x, w, b), INT8_SYMMETRIC, "aten.linear")
+    call = int8_calls.int8_call(torch.ops.aten.linear.default, (x, w, b), INT8_SYMMETRIC, "aten.linear")
     out = call()
     assert len(kernel_calls) == (1 if vnni and onednn.is_available() else 0)
     if kernel_calls:
@@ -147,10 +147,10 @@ def test_int8_call_of_an_unsigned_input_is_the_kernel_only_with_vnni(monkeypatch
     real = onednn.KERNEL
     monkeypatch.setattr(onednn, "KERNEL", lambda *a: kernel_calls.append(a) or real(*a))
     x, w, b = torch.randn(4, 64), torch.randn(16, 64), torch.randn(16)
-    timing.int8_call(torch.ops.aten.linear.default, (x, w, b), UINT8, "aten.linear")()
+    int8_calls.int8_call(torch.ops.aten.linear.default, (x, w, b), UINT8, "aten.linear")()
     assert kernel_calls == []  # full-range u8 saturates int16 pair sums without VNNI: fake quantization
     # a non-negative input on the symmetric grid goes over as 7-bit u8: exact on every CPU
-    out = timing.int8_call(torch.ops.aten.linear.default, (x, w, b), INT8_SYMMETRIC, "aten.linear", True)()
+    out = int8_calls.int8_call(torch.ops.aten.linear.default, (x, w, b), INT8_SYMMETRIC, "aten.linear", True)()
     assert len(kernel_calls) == (1 if onednn.is_available() else 0)
     torch.testing.assert_close(out, _fake_quant_linear(x.abs(), w, b, INT8_SYMMETRIC), rtol=1e-4, atol=1e-4)
 
@@ -164,3 +164,24 @@ def test_the_real_measurer_times_int8_and_caches_it():
     assert first is not None and first > 0
     again = measurer.speedups([node], torch.int8, "eager", torch.device("cpu"), grids=[(INT8_SYMMETRIC, False)])
     assert again == [first] and measurer.timed == 1
+
+
+def test_a_memory_bound_linear_is_timed_on_weights_read_from_memory(monkeypatch):
+    """One token reads the whole weight per call: timed on copies whose float32 bytes are twice the last-level
+    cache (on one copy, read from cache, fp32 looked faster against int8 than it runs in a model)."""
+    monkeypatch.setattr(int8_calls, "last_level_cache_bytes", lambda: 1 << 20)
+    w = torch.randn(256, 256)  # 256 KiB in float32
+    assert int8_calls.weight_copies((torch.randn(1, 256), w)) == 8
+    assert int8_calls.weight_copies((torch.randn(int8_calls.MEMORY_BOUND_ROWS, 256), w)) == 1  # compute-bound
+    assert int8_calls.weight_copies((torch.randn(1, 4), torch.randn(4, 4))) == int8_calls.MAX_WEIGHT_COPIES
+    kernel_calls = []
+    real = onednn.KERNEL
+    monkeypatch.setattr(onednn, "KERNEL", lambda *a: kernel_calls.append(a[4]) or real(*a))
+    monkeypatch.setattr(cpu, "has_int8_dot_product", lambda: True)
+    call = int8_calls.int8_call(torch.ops.aten.linear.default, (torch.randn(1, 256), w, None), INT8_SYMMETRIC,
+                                "aten.linear", copies=3)
+    first = call()
+    for _ in range(5):
+        torch.testing.assert_close(call(), first)  # the same values from every copy
+    if onednn.is_available():
+        assert len(set(kernel_calls)) == 3  # three packed weights, in turn

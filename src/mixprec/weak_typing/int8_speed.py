@@ -11,7 +11,7 @@ dequantized at every call — always slower than float32 (the issue's Xeon: a re
 fp32 on eager, 0.74x on inductor). OpenVINO runs int8 on its own int8 kernels (1.26x-5.4x fp32) and is not gated.
 
 **What is measured**: the cost model autocast's speed check uses (``weak_typing/speed.py``, the same measurer, cache
-and paired rounds), with the int8 side being the layer's call as the backend makes it (``timing.int8_call``). Its
+and paired rounds), with the int8 side being the layer's call as the backend makes it (``int8_calls.int8_call``). Its
 classes: the int8 compute layers grouped by op, shapes and the grid their input arrives on (which decides the
 kernel), the largest FLOPs first, within the check's class count and time budget. Decided **per class** (unlike
 autocast's per-model decision, whose convolutions change the network's memory format): an int8 layer between

@@ -55,7 +55,8 @@ from ..dtypes import dtype_name, is_float
 from ..ir.graph_info import GraphInfo, size_hint
 from ..ops.names import op_name, packet_name
 from ..ops.table import CONV_2D_OPS
-from .timing import as_rewritten, int8_call, per_call_seconds, synchronize, timed_call
+from .int8_calls import int8_call, rotating, weight_copies, with_weight_copy
+from .timing import as_rewritten, per_call_seconds, synchronize, timed_call
 from ..plan.precision_plan import PrecisionPlan
 
 log = logging.getLogger(__name__)
@@ -231,7 +232,7 @@ def time_speedup(
 ) -> float | None:
     """fp32 seconds / ``low`` seconds of ``node``'s op on random inputs of its shapes (module docstring); past
     ``deadline`` (``time.perf_counter()``) no round after the second starts. int8 (``grid``: the input's grid and
-    whether it is never negative): the layer as the eager/inductor backends run it (``timing.int8_call``)."""
+    whether it is never negative): the layer as the eager/inductor backends run it (``int8_calls.int8_call``)."""
     target = node.target
     if not isinstance(target, torch._ops.OpOverload):
         return None  # not an op this check can time: no evidence against lowering it
@@ -243,12 +244,16 @@ def time_speedup(
     if target == torch.ops.aten.linear.default:
         fp32_args, low_args = bounded_linear(fp32_args), bounded_linear(low_args)
     if low == torch.int8:  # as the program runs it: float32 arguments, the int8 layer's own call
-        low_call = int8_call(target, low_args, grid[0], packet, grid[1]) if grid is not None and not low_kwargs else None
-        if low_call is None:
+        if grid is None or low_kwargs:
             return None
+        copies = weight_copies(low_args)  # weights read from memory, as in a model (int8_calls.weight_copies)
+        low_call = int8_call(target, low_args, grid[0], packet, grid[1], copies)
+        fp32_call = rotating([timed_call(target, with_weight_copy(fp32_args, i), fp32_kwargs, None)
+                              for i in range(copies)])
     else:
         low_call = timed_call(target, as_rewritten(packet, low_args, channels_last), low_kwargs, packet)
-    calls = {torch.float32: timed_call(target, fp32_args, fp32_kwargs, None), low: low_call}
+        fp32_call = timed_call(target, fp32_args, fp32_kwargs, None)
+    calls = {torch.float32: fp32_call, low: low_call}
     return _paired(calls, device, deadline)
 
 

@@ -189,46 +189,6 @@ def as_rewritten(packet: str, args: tuple, channels_last: bool) -> tuple:
     return tuple(args)
 
 
-def int8_call(target, args: tuple, grid, packet: str, nonnegative: bool = False):
-    """The call an int8 layer makes on the eager and inductor backends, on ``args`` (random float32 arguments of its
-    shapes): a linear layer on oneDNN's int8 kernel where the lowering puts it there (``backends/lowering/qdq.py``:
-    the kernel available and exact on this CPU for the grid its input is handed over on) — its input quantized
-    onto that grid, then the kernel with the weight packed once; any other int8 layer as its fake quantization —
-    each activation quantized and dequantized (``grid``), the weight dequantized per output channel at every call,
-    the op in float32. ``grid``: the plan's grid of the layer's input; ``nonnegative``: the graph proves the input
-    never negative (``ir/sign.py``); such inputs are made >= 0 here."""
-    from ..backends.lowering import cpu, onednn
-    from ..ops.quant import dequantize, quantize, quantize_weight
-
-    weighted = packet in {"aten.linear"} | set(CONV_2D_OPS)
-    nonnegative = nonnegative or grid.qmin >= 0
-    args = list(args)
-    for i, a in enumerate(args):
-        if isinstance(a, torch.Tensor) and is_float(a.dtype) and not (weighted and i >= 1) and nonnegative:
-            args[i] = a.abs()
-    scales = {i: float(a.abs().amax().clamp_min(1e-6)) / grid.absmax for i, a in enumerate(args)
-              if isinstance(a, torch.Tensor) and is_float(a.dtype) and not (weighted and i >= 1)}
-    weight = quantize_weight(args[1]) if weighted and isinstance(args[1], torch.Tensor) else None
-    x, rest = args[0], args[2:]
-    if packet == "aten.linear" and weight is not None and x.device.type == "cpu" and onednn.is_available():
-        on_kernel = cpu.kernel_grid(grid, nonnegative)
-        if cpu.int8_kernel_exact(on_kernel):
-            handle, packed = onednn.pack_weight(weight[0])
-            s, bias = scales[0], (rest[0] if rest else None)
-            # ``packed`` stays referenced by the closure: the handle's registry holds it weakly
-            return lambda: (packed, onednn.KERNEL(quantize(x, s, on_kernel), s, weight[1], bias, handle,
-                                                  torch.float32, on_kernel.zero_point))[1]
-
-    def fake_quant():
-        call = [dequantize(quantize(a, scales[i], grid), scales[i], torch.float32, grid) if i in scales else a
-                for i, a in enumerate(args)]
-        if weight is not None:
-            call[1] = dequantize(weight[0], weight[1], torch.float32, axis=0)
-        return target(*call)
-
-    return fake_quant
-
-
 def _time_layer(
     node, args, kwargs, captured: torch.dtype, precisions, device, timer, channels_last: bool = False
 ) -> LayerTiming:
