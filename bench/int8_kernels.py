@@ -24,7 +24,7 @@ Part 3 (``--region``, issue 34), a transformer's MLP region: [Linear(768, 3072) 
 2x128 tokens and on 1 token, every Linear int8 (signed inputs: on the kernel with VNNI), on eager, inductor and
 OpenVINO vs fp32 eager, interleaved; then where the time goes (torch.profiler, 3 calls): the int8 GEMM
 (onednn::qlinear_pointwise), the custom op's own overhead, the input quantization (div, round, add, clamp, the
-conversion to u8, and the smoothing multiplication), the rest. Programs are compiled with int8_require_speedup=False
+conversion to u8, and the smoothing multiplication: "elementwise"), the rest. Programs are compiled with int8_require_speedup=False
 (the int8 layers themselves are timed, not the speed gate's choice).
 
 Run: PYTHONPATH=src python bench/int8_kernels.py [--rows 1024] [--rounds 15] [--threads 2] [--region]
@@ -206,9 +206,11 @@ class MLPRegion(torch.nn.Module):
 
 
 # profiler row -> category of the split
+# (int8: the input's quantization, smoothing multiplication and u8 conversion; fp32: addmm's bias copy)
+_ELEMENTWISE = "elementwise (div, round, add, clamp, mul, copy_)"
 _SPLIT = {"onednn::qlinear_pointwise": "int8 GEMM", "mixprec_kernels::linear_u8s8": "custom op overhead",
-          "aten::div": "quantize", "aten::round": "quantize", "aten::add": "quantize", "aten::clamp": "quantize",
-          "aten::copy_": "quantize", "aten::mul": "quantize", "aten::addmm": "fp32 GEMM", "aten::gelu": "gelu"}
+          "aten::addmm": "fp32 GEMM", "aten::gelu": "gelu",
+          **{f"aten::{op}": _ELEMENTWISE for op in ("div", "round", "add", "clamp", "mul", "copy_")}}
 
 
 def profile_split(call, calls: int = 3) -> dict[str, float]:
