@@ -134,7 +134,7 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
             timings = _measure(captured, options.weak)
     with timer.phase("plan"):
         plan, layer_timings, weak_summary = _plan(captured, options, prepared, calibrated, timings)
-    if config.int8_require_speedup:
+    if config.int8_require_speedup and int8_speed.has_int8(plan):
         with timer.phase("int8_speed_check"):  # int8 on eager/inductor only where faster (weak_typing/int8_speed.py)
             plan, int8_summary = _check_int8_speed(captured, options, plan)
         weak_summary = {**weak_summary, **int8_summary}

@@ -185,3 +185,10 @@ def test_a_memory_bound_linear_is_timed_on_weights_read_from_memory(monkeypatch)
         torch.testing.assert_close(call(), first)  # the same values from every copy
     if onednn.is_available():
         assert len(set(kernel_calls)) == 3  # three packed weights, in turn
+
+
+def test_a_plan_without_int8_checks_nothing(monkeypatch):
+    measurer = FixedSpeed(0.41)
+    monkeypatch.setattr(speed, "MEASURER", measurer)
+    prog = mixprec.compile(ThreeLinears().eval(), ThreeLinears.example_inputs())
+    assert measurer.asked == [] and "int8_speed_check" not in prog.report.summary["compile_seconds"]

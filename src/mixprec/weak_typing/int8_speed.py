@@ -76,6 +76,11 @@ class Int8Check:
                                "classes": classes}}
 
 
+def has_int8(plan: PrecisionPlan) -> bool:
+    """Whether ``plan`` has an int8 layer (the gate has something to check)."""
+    return any(plan[name].precision == torch.int8 for name in plan)
+
+
 def check(info: GraphInfo, graph: torch.fx.Graph, plan: PrecisionPlan, backend: str, device: torch.device,
           measurer=None) -> Int8Check:
     """Whether int8 is faster than fp32 for each class of ``plan``'s int8 compute layers (``measurer.speedups(
