@@ -90,6 +90,10 @@ def test_the_decision_is_per_shape_class(monkeypatch):
     assert layers["linear"].precision == layers["linear_2"].precision == torch.int8
     (message,) = messages
     assert "for 1 of the 3 int8 layers" in message
+    (fp32,) = [n for n in prog.runner.graph.nodes if n.name == "linear_1"]
+    assert fp32.target is torch.ops.aten.linear.default and fp32.args[1].op == "get_attr"  # its float32 weight
+    ref = model(*inputs)
+    assert float((prog(*inputs) - ref).norm() / ref.norm()) < 1e-2  # int8 around a float32 layer: the model
 
 
 def test_int8_require_speedup_false_keeps_int8_and_measures_nothing(monkeypatch):
