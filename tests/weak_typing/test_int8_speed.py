@@ -117,7 +117,8 @@ def test_openvino_is_not_gated():
     measurer = FixedSpeed(0.41)
     result = int8_speed.check(info, graph, plan, "openvino", torch.device("cpu"), measurer)
     assert measurer.asked == [] and not result.slower and int8_speed.gated(plan, result) is plan
-    assert int8_speed.check(info, graph, plan, "eager", torch.device("cpu"), measurer).slower  # the same, gated
+    for gated_backend in ("eager", "inductor"):  # the same plan, gated
+        assert int8_speed.check(info, graph, plan, gated_backend, torch.device("cpu"), measurer).slower
 
 
 # ---- what the real measurer times ---------------------------------------------------------------------------
