@@ -37,6 +37,10 @@ what eager runs; inductor's CPU GEMMs and convolutions are extern calls to the s
 OpenVINO's CPU plugin runs oneDNN's too (issue 34: PyTorch's bf16 GEMMs 0.49-0.88x fp32, OpenVINO's bf16
 0.57x of its f32 on BERT-base), so their ratio is taken from these ops; the backend is part of the key and
 of the report so that a backend-specific measurer can replace this one without changing callers.
+
+**int8** (``weak_typing/int8_speed.py``, the gate of int8 layers on eager/inductor) asks the same measurer with
+``low=torch.int8``: the int8 side is then the layer's call as those backends make it (``int8_calls.py``: oneDNN's
+kernel after the input's quantization, or fake quantization), keyed also by the grid its input arrives on.
 """
 
 from __future__ import annotations
@@ -161,7 +165,7 @@ def _timed(node: torch.fx.Node, low: torch.dtype, device: torch.device, deadline
     try:
         return time_speedup(node, low, device, deadline, grid)
     except (RuntimeError, TypeError, ValueError) as e:  # e.g. symbolic sizes: no evidence either way
-        log.info("autocast speed check: %s not timed (%s)", node.name, e)
+        log.info("speed check (%s): %s not timed (%s)", dtype_name(low), node.name, e)
         return None
 
 
