@@ -20,7 +20,14 @@ program with every linear summed in fp64 and rounded once (the int8 grid, the sa
 A float32 rounding difference moves an element to the neighbouring grid point when the next quantization
 meets it near a rounding boundary, so the comparisons count the elements that differ.
 
-Run: PYTHONPATH=src python bench/int8_kernels.py [--rows 1024] [--rounds 15] [--threads 2]
+Part 3 (``--region``, issue 34), a transformer's MLP region: [Linear(768, 3072) + GELU + Linear(3072, 768)] x 2 on
+2x128 tokens and on 1 token, every Linear int8 (signed inputs: on the kernel with VNNI), on eager, inductor and
+OpenVINO vs fp32 eager, interleaved; then where the time goes (torch.profiler, 3 calls): the int8 GEMM
+(onednn::qlinear_pointwise), the custom op's own overhead, the input quantization (div, round, add, clamp, the
+conversion to u8, and the smoothing multiplication: "elementwise"), the rest. Programs are compiled with int8_require_speedup=False
+(the int8 layers themselves are timed, not the speed gate's choice).
+
+Run: PYTHONPATH=src python bench/int8_kernels.py [--rows 1024] [--rounds 15] [--threads 2] [--region]
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -35,6 +43,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import interleaved, machine, stamp, table  # noqa: E402
+
+# bench/ (this script's directory, first on sys.path) holds an openvino.py that would shadow the openvino package
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import mixprec  # noqa: E402
 from mixprec.backends.lowering import onednn  # noqa: E402
@@ -138,8 +149,8 @@ def program_part(rows_: int, width: int, layers: int, rounds: int) -> None:
         cfg = mixprec.MixedPrecisionConfigurator(model)
         cfg.set_precision(torch.nn.Linear, activation="int8")
         plan = cfg.apply((x,))
-        eager = mixprec.compile(model, (x,), plan=plan, backend="eager")
-        inductor = mixprec.compile(model, (x,), plan=plan, backend="inductor")
+        eager = mixprec.compile(model, (x,), plan=plan, backend="eager", int8_require_speedup=False)
+        inductor = mixprec.compile(model, (x,), plan=plan, backend="inductor", int8_require_speedup=False)
         fp32_inductor = mixprec.compile(model, (x,), backend="inductor")  # the same layers in fp32, fused
         fake = eager.exported_program.module()  # today's fake quantization, op by op
         lowered = sum(
@@ -179,6 +190,68 @@ def program_part(rows_: int, width: int, layers: int, rounds: int) -> None:
                            "rel-L2 vs exact sums", "elements off exact", "rel-L2 vs fp32"]))
 
 
+class MLPRegion(torch.nn.Module):
+    """[Linear(768, 3072) + GELU + Linear(3072, 768)] x 2: a BERT-base MLP twice."""
+
+    def __init__(self, width: int = 768, hidden: int = 3072):
+        super().__init__()
+        self.fcs = torch.nn.ModuleList(
+            torch.nn.Linear(*shape) for _ in range(2) for shape in ((width, hidden), (hidden, width)))
+
+    def forward(self, x):
+        for i, fc in enumerate(self.fcs):
+            x = fc(x)
+            x = torch.nn.functional.gelu(x) if i % 2 == 0 else x
+        return x
+
+
+# profiler row -> category of the split
+# (int8: the input's quantization, smoothing multiplication and u8 conversion; fp32: addmm's bias copy)
+_ELEMENTWISE = "elementwise (div, round, add, clamp, mul, copy_)"
+_SPLIT = {"onednn::qlinear_pointwise": "int8 GEMM", "mixprec_kernels::linear_u8s8": "custom op overhead",
+          "aten::addmm": "fp32 GEMM", "aten::gelu": "gelu",
+          **{f"aten::{op}": _ELEMENTWISE for op in ("div", "round", "add", "clamp", "mul", "copy_")}}
+
+
+def profile_split(call, calls: int = 3) -> dict[str, float]:
+    """ms per call by category (``_SPLIT``; self CPU time, the custom op's own time less the GEMM it calls)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            call()
+    split: dict[str, float] = {}
+    for row in prof.key_averages():
+        if row.key.startswith(("## Call CompiledFxGraph", "Torch-Compiled Region")):
+            key = "inductor kernels (fused quantize, gelu) + wrappers"
+        else:
+            key = _SPLIT.get(row.key, "other")
+        split[key] = split.get(key, 0.0) + row.self_cpu_time_total / 1e3 / calls
+    return split
+
+
+def region_part(rounds: int) -> None:
+    for tokens in ((2, 128), (1, 1)):
+        print(f"\n### MLP region, 768 -> 3072 -> 768 x 2, input {tokens[0]}x{tokens[1]}x768, every Linear int8")
+        torch.manual_seed(0)
+        model, x = MLPRegion().eval(), torch.randn(*tokens, 768)
+        cfg = mixprec.MixedPrecisionConfigurator(model)
+        cfg.set_precision(torch.nn.Linear, activation="int8")
+        plan = cfg.apply((x,))
+        variants = {"fp32 eager": model, "fp32 mixprec inductor": mixprec.compile(model, (x,), backend="inductor")}
+        for backend in ("eager", "inductor") + (("openvino",) if importlib.util.find_spec("openvino") else ()):
+            variants[f"int8 {backend}"] = mixprec.compile(model, (x,), plan=plan, backend=backend,
+                                                          int8_require_speedup=False)
+        times = interleaved({k: (lambda f=f: f(x)) for k, f in variants.items()}, rounds=rounds)
+        print(f"load average {os.getloadavg()}")
+        base = times["fp32 eager"]
+        print(table([{"variant": k, "ms": t * 1e3, "vs fp32 eager": f"{base / t:.2f}x"} for k, t in times.items()],
+                    ["variant", "ms", "vs fp32 eager"]))
+        for name in ("fp32 eager", "int8 eager", "int8 inductor"):
+            split = profile_split(lambda f=variants[name]: f(x))
+            print(f"{name}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in sorted(split.items(), key=lambda kv: -kv[1])))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1024)
@@ -187,12 +260,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--skip-kernel", action="store_true")
+    parser.add_argument("--region", action="store_true", help="only part 3: the MLP region and its profile")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.WARNING)
     print(f"{stamp()}\n{machine()}\nint8 kernels available: {onednn.is_available()}")
     if not onednn.is_available():
         print("this torch build has no oneDNN int8 linear kernels: nothing to measure")
+        return
+    if args.region:
+        region_part(args.rounds)
         return
     if not args.skip_kernel:
         kernel_part(args.rows, args.width, args.width, args.rounds)

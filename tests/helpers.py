@@ -140,7 +140,7 @@ class FixedSpeed:
     def __init__(self, default: float | None = 2.0, by_op: dict | None = None):
         self.default, self.by_op, self.asked = default, dict(by_op or {}), []
 
-    def speedups(self, nodes, low, backend, device):
+    def speedups(self, nodes, low, backend, device, grids=None):
         from mixprec.ops.names import op_name, packet_name
 
         self.asked += [(node.name, low, backend) for node in nodes]

@@ -45,7 +45,7 @@ from .rewrite.pipeline import realise, reference
 from .settings import CompileSettings
 from .weak_typing import choose as weak_choice
 from .weak_typing import source as weak_typing
-from .weak_typing import speed
+from .weak_typing import int8_speed, speed
 from .weak_typing.options import WeakTypingOptions
 from .weak_typing.timing import measure_layers
 
@@ -134,6 +134,10 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
             timings = _measure(captured, options.weak)
     with timer.phase("plan"):
         plan, layer_timings, weak_summary = _plan(captured, options, prepared, calibrated, timings)
+    if config.int8_require_speedup and int8_speed.has_int8(plan):
+        with timer.phase("int8_speed_check"):  # int8 on eager/inductor only where faster (weak_typing/int8_speed.py)
+            plan, int8_summary = _check_int8_speed(captured, options, plan)
+        weak_summary = {**weak_summary, **int8_summary}
     with timer.phase("rewrite"):
         work = realise(captured, plan, keep_io_types=config.keep_io_types)
         program = work.to_exported()
@@ -197,6 +201,17 @@ def _check_speed(captured: CapturedModel, options: StageOptions, prepared, calib
     )
     checked = dataclasses.replace(ctx, not_faster=result.slower)
     return dataclasses.replace(prepared, context=checked), summary
+
+
+def _check_int8_speed(captured: CapturedModel, options: StageOptions, plan):
+    """(plan, summary entries): the int8 layers whose shape class int8 is not faster for on this machine and backend
+    stay float32 (``weak_typing/int8_speed.py``), with one warning."""
+    device = autocast.device_of(captured.base, tuple(captured.flat_inputs(fresh=False)))
+    result = int8_speed.check(captured.info, captured.base.graph, plan, options.backend.backend, device)
+    message = result.warning()
+    if message is not None:
+        warnings.warn(message, MixedPrecisionWarning, stacklevel=3)  # compile (the user's line) -> here
+    return int8_speed.gated(plan, result), result.summary()
 
 
 def _measure(captured: CapturedModel, weak: WeakTypingOptions):

@@ -45,6 +45,7 @@ class CompileSettings:
     autocast_included_nodes: tuple[re.Pattern, ...] = ()  # mixprec extension: force into the low type
     autocast_included_ops: frozenset[str] = frozenset()  # mixprec extension: force into the low type
     autocast_require_speedup: bool = True  # mixprec extension: lower only where measured faster (weak_typing/speed.py)
+    int8_require_speedup: bool = True  # mixprec extension: int8 on eager/inductor only where faster (int8_speed.py)
     use_fp32_acc: bool = False
     runtime_guard: str | None = None  # mixprec extension: "warn" | "raise" (backends/guard.py)
     enabled_precisions: frozenset[torch.dtype] = frozenset({torch.float32})
@@ -120,7 +121,7 @@ def _validated(kwargs: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in (
         "use_explicit_typing", "enable_autocast", "use_fp32_acc", "keep_io_types", "debug", "autocast_keep_residual_stream",
-        "autocast_low_precision_embeddings", "autocast_require_speedup",
+        "autocast_low_precision_embeddings", "autocast_require_speedup", "int8_require_speedup",
     ):
         if name in kwargs:
             out[name] = _bool(kwargs, name)
@@ -300,7 +301,8 @@ _MAX_NAME = 200  # characters in an op, dtype or backend name
 _OP_NAME = re.compile(r"[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+){1,2}")  # 'aten.mm.default' as resolve_op_name writes it
 _BOOLS = frozenset(
     {"use_explicit_typing", "enable_autocast", "use_fp32_acc", "keep_io_types", "debug",
-     "autocast_keep_residual_stream", "autocast_low_precision_embeddings", "autocast_require_speedup"}
+     "autocast_keep_residual_stream", "autocast_low_precision_embeddings", "autocast_require_speedup",
+     "int8_require_speedup"}
 )  # fmt: skip
 _LOW_NAMES = frozenset(dtype_name(d) for d in LOW_PRECISION_FLOATS)
 _FLOAT_NAMES = frozenset(dtype_name(d) for d in FLOAT_DTYPES)

@@ -125,3 +125,10 @@ def test_no_require_speedup_maps_to_its_keyword():
     assert "autocast_require_speedup" not in _kwargs("--autocast")  # the default (True) is the keyword's own
     assert "--no-require-speedup sets autocast_require_speedup" in option_hint(
         "autocast_require_speedup only take effect with enable_autocast=True")
+
+
+def test_no_int8_require_speedup_maps_to_its_keyword():
+    assert _kwargs("--no-int8-require-speedup") == {"int8_require_speedup": False}
+    assert "int8_require_speedup" not in _kwargs()  # the default (True) is the keyword's own
+    assert "--no-int8-require-speedup sets int8_require_speedup" in option_hint(
+        "int8_require_speedup must be True or False, got 'x'.")

@@ -147,7 +147,7 @@ def test_one_slow_short_call_of_the_low_type_is_not_enough_to_judge_it():
 def test_the_budget_stops_timing_and_a_second_ask_gets_the_same_answer(monkeypatch):
     timed = []
 
-    def slow_timing(node, low, device, deadline):
+    def slow_timing(node, low, device, deadline, grid=None):
         timed.append(node)
         time.sleep(0.05)
         return 0.5

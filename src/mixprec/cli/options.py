@@ -17,6 +17,7 @@ One option per keyword (API.md §1 and §5), spelled as Torch-TensorRT users exp
     --enabled-precisions LIST    enabled_precisions (comma separated: fp32,bf16)
     --no-keep-io-types           keep_io_types=False
     --plan PLAN.json             plan=PrecisionPlan.from_json(...)
+    --no-int8-require-speedup    int8_require_speedup=False (mixprec extension)
     --backend NAME               backend (the names the backend registry knows)
     --debug                      debug=True
 
@@ -118,6 +119,12 @@ def add_compile_options(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--plan", metavar="JSON", help="a precision plan (PrecisionPlan JSON) to honour")
     g.add_argument(
+        "--no-int8-require-speedup",
+        action="store_true",
+        help="keep the plan's int8 layers int8 on eager/inductor even where int8 is measured no faster than fp32 "
+        "on this machine (by default they stay fp32 and the report quotes the measurement)",
+    )
+    g.add_argument(
         "--backend",
         choices=sorted(known_backends()),
         metavar="NAME",
@@ -134,6 +141,7 @@ _OPTION_OF = {
     "autocast_included_ops": "--include-ops",
     "autocast_low_precision_embeddings": "--low-precision-embeddings",
     "autocast_require_speedup": "--no-require-speedup",
+    "int8_require_speedup": "--no-int8-require-speedup",
     "autocast_max_output_threshold": "--max-output-threshold",
     "autocast_max_depth_of_reduction": "--max-depth-of-reduction",
     "autocast_calibration_dataloader": "--calibration-data",
@@ -207,6 +215,8 @@ def compile_kwargs(args: argparse.Namespace) -> dict:
         kwargs["keep_io_types"] = False
     if args.plan:
         kwargs["plan"] = _read_plan(args.plan)
+    if args.no_int8_require_speedup:
+        kwargs["int8_require_speedup"] = False
     if args.backend:
         kwargs["backend"] = args.backend
     if args.debug:

@@ -37,6 +37,10 @@ what eager runs; inductor's CPU GEMMs and convolutions are extern calls to the s
 OpenVINO's CPU plugin runs oneDNN's too (issue 34: PyTorch's bf16 GEMMs 0.49-0.88x fp32, OpenVINO's bf16
 0.57x of its f32 on BERT-base), so their ratio is taken from these ops; the backend is part of the key and
 of the report so that a backend-specific measurer can replace this one without changing callers.
+
+**int8** (``weak_typing/int8_speed.py``, the gate of int8 layers on eager/inductor) asks the same measurer with
+``low=torch.int8``: the int8 side is then the layer's call as those backends make it (``int8_calls.py``: oneDNN's
+kernel after the input's quantization, or fake quantization), keyed also by the grid its input arrives on.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ from ..dtypes import dtype_name, is_float
 from ..ir.graph_info import GraphInfo, size_hint
 from ..ops.names import op_name, packet_name
 from ..ops.table import CONV_2D_OPS
+from .int8_calls import int8_call, rotating, weight_copies, with_weight_copy
 from .timing import as_rewritten, per_call_seconds, synchronize, timed_call
 from ..plan.precision_plan import PrecisionPlan
 
@@ -134,31 +139,33 @@ class MeasuredSpeed:
         self._models: dict[tuple, tuple] = {}
         self.timed = 0  # classes timed so far (the rest came from the cache)
 
-    def speedups(self, nodes: list, low: torch.dtype, backend: str, device: torch.device) -> list:
+    def speedups(self, nodes: list, low: torch.dtype, backend: str, device: torch.device, grids=None) -> list:
         """The low type's speed-up over fp32 for each class ``nodes`` stand for, the largest first: the first is
-        always timed, the next while within ``MAX_CLASSES`` and ``BUDGET_SECONDS`` (None for the rest)."""
+        always timed, the next while within ``MAX_CLASSES`` and ``BUDGET_SECONDS`` (None for the rest). int8:
+        ``grids`` gives each node's (input grid, input never negative), which decide the kernel it runs on."""
         base = (_machine(device), torch.__version__, backend, str(device), low)
-        keys = [class_key(n) for n in nodes]
+        grids = list(grids) if grids is not None else [None] * len(nodes)
+        keys = [(class_key(n), g) if g is not None else class_key(n) for n, g in zip(nodes, grids)]
         model = (*base, tuple(keys))
         if model not in self._models:
             out, start = [], time.perf_counter()
-            for i, (node, key) in enumerate(zip(nodes, keys)):
+            for i, (node, key, grid) in enumerate(zip(nodes, keys, grids)):
                 if i >= MAX_CLASSES or (i > 0 and time.perf_counter() - start >= BUDGET_SECONDS):
                     out.append(None)
                     continue
                 if (*base, key) not in self._classes:
-                    self._classes[(*base, key)] = _timed(node, low, device, start + BUDGET_SECONDS)
+                    self._classes[(*base, key)] = _timed(node, low, device, start + BUDGET_SECONDS, grid)
                     self.timed += 1
                 out.append(self._classes[(*base, key)])
             self._models[model] = tuple(out)
         return list(self._models[model])
 
 
-def _timed(node: torch.fx.Node, low: torch.dtype, device: torch.device, deadline: float) -> float | None:
+def _timed(node: torch.fx.Node, low: torch.dtype, device: torch.device, deadline: float, grid) -> float | None:
     try:
-        return time_speedup(node, low, device, deadline)
+        return time_speedup(node, low, device, deadline, grid)
     except (RuntimeError, TypeError, ValueError) as e:  # e.g. symbolic sizes: no evidence either way
-        log.info("autocast speed check: %s not timed (%s)", node.name, e)
+        log.info("speed check (%s): %s not timed (%s)", dtype_name(low), node.name, e)
         return None
 
 
@@ -225,10 +232,11 @@ def class_key(node: torch.fx.Node):
 
 
 def time_speedup(
-    node: torch.fx.Node, low: torch.dtype, device: torch.device, deadline: float = math.inf
+    node: torch.fx.Node, low: torch.dtype, device: torch.device, deadline: float = math.inf, grid=None
 ) -> float | None:
     """fp32 seconds / ``low`` seconds of ``node``'s op on random inputs of its shapes (module docstring); past
-    ``deadline`` (``time.perf_counter()``) no round after the second starts."""
+    ``deadline`` (``time.perf_counter()``) no round after the second starts. int8 (``grid``: the input's grid and
+    whether it is never negative): the layer as the eager/inductor backends run it (``int8_calls.int8_call``)."""
     target = node.target
     if not isinstance(target, torch._ops.OpOverload):
         return None  # not an op this check can time: no evidence against lowering it
@@ -236,14 +244,20 @@ def time_speedup(
     channels_last = packet in CONV_2D_OPS
     generator = torch.Generator().manual_seed(0)
     fp32_args, fp32_kwargs = _random_inputs(node, torch.float32, device, generator)
-    low_args, low_kwargs = _random_inputs(node, low, device, generator)
+    low_args, low_kwargs = _random_inputs(node, torch.float32 if low == torch.int8 else low, device, generator)
     if target == torch.ops.aten.linear.default:
         fp32_args, low_args = bounded_linear(fp32_args), bounded_linear(low_args)
-    low_args = as_rewritten(packet, low_args, channels_last)
-    calls = {
-        torch.float32: timed_call(target, fp32_args, fp32_kwargs, None),
-        low: timed_call(target, low_args, low_kwargs, packet),
-    }
+    if low == torch.int8:  # as the program runs it: float32 arguments, the int8 layer's own call
+        if grid is None or low_kwargs:
+            return None
+        copies = weight_copies(low_args)  # weights read from memory, as in a model (int8_calls.weight_copies)
+        low_call = int8_call(target, low_args, grid[0], packet, grid[1], copies)
+        fp32_call = rotating([timed_call(target, with_weight_copy(fp32_args, i), fp32_kwargs, None)
+                              for i in range(copies)])
+    else:
+        low_call = timed_call(target, as_rewritten(packet, low_args, channels_last), low_kwargs, packet)
+        fp32_call = timed_call(target, fp32_args, fp32_kwargs, None)
+    calls = {torch.float32: fp32_call, low: low_call}
     return _paired(calls, device, deadline)
 
 

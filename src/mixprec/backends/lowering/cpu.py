@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from ...ops.quant import INT8_SYMMETRIC, Grid
+from ...ops.quant import INT8_SYMMETRIC, UINT8_7BIT, UINT8_SHIFTED, Grid
 
 INT16_MAX = 32767
 # /proc/cpuinfo flags of an int8 dot product into int32 (older torch has no probe of its own)
@@ -70,6 +70,16 @@ def kernel_u8_max(grid: Grid) -> int:
     point is subtracted in int32 after the sum), a signed one shifted by 128 (what oneDNN and OpenVINO do with s8
     activations)."""
     return grid.qmax - torch.iinfo(grid.dtype).min
+
+
+def kernel_grid(grid: Grid, nonnegative: bool) -> Grid:
+    """The grid the u8 kernel reads an activation of the program's ``grid`` on (the same values): the symmetric
+    int8 of x >= 0 is the 7-bit u8 grid (same scale, zero point 0), of any other x it is q + 128 on zero point 128;
+    an unsigned activation is u8 as it is. The one place this is decided (the oneDNN lowering, the int8 speed
+    check of ``weak_typing/int8_speed.py``)."""
+    if grid == INT8_SYMMETRIC:
+        return UINT8_7BIT if nonnegative else UINT8_SHIFTED
+    return grid
 
 
 def int8_kernel_exact(activations: Grid, weights: Grid = INT8_SYMMETRIC) -> bool:

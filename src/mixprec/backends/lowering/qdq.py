@@ -70,7 +70,7 @@ from torch._guards import detect_fake_mode
 
 from ...ir.passes import GraphPass, PassResult
 from ...ops.custom import GRID, SIMULATED_OPS
-from ...ops.quant import UINT8, UINT8_7BIT, UINT8_SHIFTED, dequantize, quantize
+from ...ops.quant import INT8_SYMMETRIC, UINT8, UINT8_7BIT, UINT8_SHIFTED, dequantize, quantize
 from . import cpu, onednn
 from ...ir.sign import is_nonnegative
 
@@ -250,10 +250,8 @@ def _onednn_linear(node, ops, site):
     if match is None:
         return None
     value, scale, weight_int8, w_scales, bias, grid = match
-    # symmetric int8 of x >= 0 is the 7-bit u8 grid (same scale, zero point 0); of any other x it is q + 128 on zero
-    # point 128; an unsigned activation is u8 as it is
-    if grid is UINT8_7BIT and not is_nonnegative(value, site.memo.setdefault("nonnegative", {})):
-        grid = UINT8_SHIFTED
+    if grid is UINT8_7BIT:
+        grid = cpu.kernel_grid(INT8_SYMMETRIC, is_nonnegative(value, site.memo.setdefault("nonnegative", {})))
     if not cpu.int8_kernel_exact(grid):
         site.kept[node.name] = f"this CPU's int8 kernel is not exact on {_NOT_EXACT[grid]} (no VNNI)"
         return None
