@@ -101,28 +101,32 @@ def quantize_int4(weight: torch.Tensor, group: int | None, symmetric: bool, scal
     return q.to(torch.int32).reshape(weight.shape), scale, zero
 
 
-def _search_signed(w: torch.Tensor, levels: int, scale_dtype, shrinks):
+def _search_signed(w: torch.Tensor, levels: int, scale_dtype, shrinks, rows: int = 64):
     """Per group of ``w`` [N, G, g]: the signed scale s and codes q in [-levels/2, levels/2 - 1] of the lowest squared
     error among the scales ``shrink * e / -(levels/2)`` (e: the group's weight of largest magnitude, with its sign, so
     at shrink 1 it lands on the grid's extra negative level exactly); s < 0 when e > 0 (``q * s`` is what every
-    backend computes)."""
+    backend computes). ``rows`` output channels at a time, so each shrink's pass stays in the CPU's caches."""
     low = levels // 2
     top = torch.where(w.amax(-1) > -w.amin(-1), w.amax(-1), w.amin(-1))  # ties: the negative end, as NNCF
     tiny = torch.finfo(torch.float32).tiny * low
     extreme = torch.where(top.abs() > tiny, top, torch.full_like(top, -tiny))  # an all-zero group: scale > 0, q = 0
-    best_scale, best_q, best_error = None, None, None
-    for shrink in shrinks:
-        scale = _stored_as(extreme * (-shrink / low), scale_dtype)
-        scale = torch.where(scale != 0, scale, extreme / -low)  # never 0 once rounded
-        q = torch.clamp(torch.round(w / scale[..., None]), -low, low - 1)
-        error = (q * scale[..., None] - w).square().sum(-1)
-        if best_error is None:
-            best_scale, best_q, best_error = scale, q, error
-            continue
-        better = error < best_error
-        best_scale = torch.where(better, scale, best_scale)
-        best_q = torch.where(better[..., None], q, best_q)
-        best_error = torch.where(better, error, best_error)
+    scales = torch.stack([_stored_as(extreme * (-shrink / low), scale_dtype) for shrink in shrinks])  # [S, N, G]
+    scales = torch.where(scales != 0, scales, extreme / -low)  # never 0 once rounded
+    best_scale, best_q = torch.empty_like(extreme), torch.empty_like(w)
+    for start in range(0, w.shape[0], rows):
+        part, best_error = w[start:start + rows], None
+        for scale in scales[:, start:start + rows]:
+            q = part / scale[..., None]
+            error = q.clone()
+            q.round_().clamp_(-low, low - 1)
+            error = error.sub_(q).square_().sum(-1) * scale.square()
+            if best_error is None:
+                best_scale[start:start + rows], best_q[start:start + rows], best_error = scale, q, error
+                continue
+            better = error < best_error
+            best_scale[start:start + rows] = torch.where(better, scale, best_scale[start:start + rows])
+            best_q[start:start + rows] = torch.where(better[..., None], q, best_q[start:start + rows])
+            best_error = torch.where(better, error, best_error)
     return best_scale, best_q
 
 
