@@ -206,3 +206,22 @@ def test_ops_export_with_fake_kernels():
     assert torch.ops.mixprec.linear_int4_weight.default in targets
     x = torch.randn(2, K)
     torch.testing.assert_close(ep.module()(x), m(x))
+
+
+def test_eager_calls_check_concrete_shapes_without_torch_check(monkeypatch):
+    """The eager kernels check their (concrete) arguments with plain comparisons: ``torch._check`` cost ~50 us a
+    call at load (as much as a small kernel; ~60 calls per decode step) and is only needed for symbolic shapes."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("torch._check called on concrete shapes")
+
+    w, x = torch.randn(N, K), torch.randn(1, K, dtype=torch.bfloat16)
+    q, s, _ = wo.quantize_int8(w, None, True)
+    u, s4, z4 = wo.quantize_int4(w, 128, True)
+    sz = wo.int4_scales_and_zeros(s4, z4, K, 128)
+    monkeypatch.setattr(torch, "_check", refuse)
+    torch.ops.mixprec.linear_int8_weight(x, q, s, None, None)
+    torch.ops.mixprec.linear_int4_weight(x, wo.pack_int4(u), sz, 128, True, None)
+    with pytest.raises(RuntimeError, match=r"the scales must be \[48, groups\]"):
+        torch.ops.mixprec.linear_int8_weight(x, q, s[:-1], None, None)
+    with pytest.raises(RuntimeError, match=r"the scales and zeros must be \[4, 48, 2\]"):
+        torch.ops.mixprec.linear_int4_weight(x, wo.pack_int4(u), sz[:, :-1], 128, True, None)

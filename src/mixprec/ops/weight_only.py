@@ -268,29 +268,39 @@ def _(x, weight, scales_and_zeros, group, packed, bias):
 
 # ---- the ops' contracts (their fake kernels check them: a loaded program with other shapes is refused) -------------
 def check_int8_arguments(x, weight, scales, offsets, bias) -> None:
-    torch._check(weight.dtype == torch.int8 and weight.dim() == 2, lambda: "the int8 weight must be int8 [N, K]")
+    _check(weight.dtype == torch.int8 and weight.dim() == 2, lambda: "the int8 weight must be int8 [N, K]")
     n, k = weight.shape
-    torch._check(x.dim() >= 1 and x.shape[-1] == k, lambda: f"the input's last size must be the weight's K = {k}")
-    torch._check(scales.dim() == 2 and scales.shape[0] == n and scales.shape[1] >= 1,
+    _check(x.dim() >= 1 and x.shape[-1] == k, lambda: f"the input's last size must be the weight's K = {k}")
+    _check(scales.dim() == 2 and scales.shape[0] == n and scales.shape[1] >= 1,
                  lambda: f"the scales must be [{n}, groups]")
-    torch._check(k % scales.shape[1] == 0, lambda: f"{scales.shape[1]} groups do not split K = {k}")
-    torch._check(offsets is None or offsets.shape == scales.shape, lambda: "the offsets must have the scales' shape")
+    _check(k % scales.shape[1] == 0, lambda: f"{scales.shape[1]} groups do not split K = {k}")
+    _check(offsets is None or offsets.shape == scales.shape, lambda: "the offsets must have the scales' shape")
     _check_bias(bias, n)
 
 
 def check_int4_arguments(x, weight, scales_and_zeros, group, bias) -> None:
-    torch._check(weight.dtype == torch.uint8 and weight.dim() == 2, lambda: "the int4 weight must be uint8 [N, K/2]")
+    _check(weight.dtype == torch.uint8 and weight.dim() == 2, lambda: "the int4 weight must be uint8 [N, K/2]")
     n, k = weight.shape[0], 2 * weight.shape[1]
-    torch._check(x.dim() >= 1 and x.shape[-1] == k, lambda: f"the input's last size must be 2 * weight.shape[1] = {k}")
-    torch._check(group > 0 and k % group == 0, lambda: f"group {group} does not split K = {k}")
-    torch._check(scales_and_zeros.dim() == 3 and scales_and_zeros.shape[0] == k // max(group, 1)
+    _check(x.dim() >= 1 and x.shape[-1] == k, lambda: f"the input's last size must be 2 * weight.shape[1] = {k}")
+    _check(group > 0 and k % group == 0, lambda: f"group {group} does not split K = {k}")
+    _check(scales_and_zeros.dim() == 3 and scales_and_zeros.shape[0] == k // max(group, 1)
                  and scales_and_zeros.shape[1] == n and scales_and_zeros.shape[2] == 2,
                  lambda: f"the scales and zeros must be [{k // max(group, 1)}, {n}, 2]")
     _check_bias(bias, n)
 
 
+def _check(condition, message) -> None:
+    """``torch._check``, with a plain-bool fast path: the eager kernels check concrete shapes on every call (a
+    decode step makes ~60 such calls), the fake kernels symbolic ones (``torch._check`` records those)."""
+    if condition is True:
+        return
+    if condition is False:
+        raise RuntimeError(message())
+    torch._check(condition, message)
+
+
 def _check_bias(bias, n) -> None:
-    torch._check(bias is None or (bias.dim() == 1 and bias.shape[0] == n), lambda: f"the bias must be [{n}]")
+    _check(bias is None or (bias.dim() == 1 and bias.shape[0] == n), lambda: f"the bias must be [{n}]")
 
 
 WEIGHT_ONLY_OPS = frozenset(
