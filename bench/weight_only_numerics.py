@@ -12,6 +12,7 @@ per channel on lm_head (``compile_for_generation``'s default) and leave the embe
 activations: the error includes bf16's).
 
     PYTHONPATH=src:/tmp/wbench-peers python bench/weight_only_numerics.py --layers 8 --new 16
+    PYTHONPATH=src:/tmp/wbench-peers python bench/weight_only_numerics.py --task minilm,crepe
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import transformers
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from harness import table  # noqa: E402
+import zoo_models  # noqa: E402,F401  (the trained MiniLM and CREPE; imported while bench/ is on the path)
 
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]  # bench/openvino.py would shadow openvino
 
@@ -123,6 +125,36 @@ def rel_l2(a, b):
     return float((a.double() - b.double()).norm() / b.double().norm())
 
 
+def task_rows(trained: str):
+    """The trained model's Linears (all of them, as bench/weight_only.py's "W4A32 g128 (Linear)" rows) on each int4
+    grid, float32 compute: output rel-L2 and the task metric against fp32."""
+    from zoo_models import MODELS, TASKS
+
+    model, args_, kwargs = MODELS[trained](batch=16, seed=0)
+    model = model.eval()
+    with torch.no_grad():
+        reference = model(*args_, **kwargs)
+    reference = getattr(reference, "last_hidden_state", reference)
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    grids = {"int4 before: [-7, 7], max|w|/7": before_int4, "int4 16 levels (signed scale)": mixprec_int4((1.0,)),
+             "int4 default: 16 levels + scale search": mixprec_int4(wo.INT4_SHRINKS),
+             "NNCF INT4_SYM g128 (weight lowering)": nncf_grid("INT4_SYM", GROUP)}
+    rows = []
+    for label, grid in grids.items():
+        model.load_state_dict(original)
+        with torch.no_grad():
+            for module in model.modules():
+                if isinstance(module, torch.nn.Linear):
+                    k = module.weight.shape[1]
+                    module.weight.copy_(grid(module.weight, GROUP if k % GROUP == 0 else None))
+            out = model(*args_, **kwargs)
+        out = getattr(out, "last_hidden_state", out)
+        rows.append({"model": trained, "weights": label, "output rel-L2": rel_l2(out.float(), reference.float()),
+                     "task metric vs fp32": TASKS[trained](out.float(), reference.float())})
+        print(rows[-1], flush=True)
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=8)
@@ -130,8 +162,14 @@ def main():
     parser.add_argument("--new", type=int, default=16)
     parser.add_argument("--only", default="", help="comma-separated row names (default: all)")
     parser.add_argument("--program", action="store_true", help="also the compiled bf16 W4A16 / W8A16 programs")
+    parser.add_argument("--task", default="", help="instead: trained models' task metrics (minilm,crepe)")
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    if args.task:
+        rows = [r for name in args.task.split(",") for r in task_rows(name)]
+        print(f"\n### Trained weights, every Linear's weights on each int4 grid (group {GROUP}), float32 compute")
+        print(table(rows, ["model", "weights", "output rel-L2", "task metric vs fp32"]))
+        return
     model = llama(args.layers)
     original = {k: v.clone() for k, v in model.state_dict().items()}
     ids = torch.randint(0, model.config.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(1))
