@@ -13,6 +13,33 @@ activations: the error includes bf16's).
 
     PYTHONPATH=src:/tmp/wbench-peers python bench/weight_only_numerics.py --layers 8 --new 16
     PYTHONPATH=src:/tmp/wbench-peers python bench/weight_only_numerics.py --task minilm,crepe
+
+Measured 2026-11-27 (AMD EPYC, 2 cores shared with other jobs, OMP_NUM_THREADS=1, torch 2.13, NNCF 3.4.0), 8 layers,
+prompt 128, 16 greedy tokens (before = main at 146ab14; the NNCF rows are NNCF's own functions on the same tensors)::
+
+    weights                                                   logit rel-L2   tokens = fp32
+    int4 before: [-7, 7], max|w|/7                            0.623          0%
+    int4 16 levels (signed scale)                             0.574          0%
+    int4 16 levels + scale search (INT4_SHRINKS, 6)           0.539          0%
+    int4 16 levels + finer search (13 shrinks 1.0..0.7)       0.536          6%
+    int4 default: search, bf16 scales, int8 lm_head default   0.538          0%
+    NNCF INT4_SYM g128 (+ INT8_ASYM lm_head, embedding)       0.574          0%
+    NNCF INT4_SYM g128 body, mixprec int8 lm_head             0.574          0%   (= mixprec 16 levels, exactly)
+    int8 before: [-127, 127] per channel                      0.0509         50%
+    int8 default (256 levels, bf16 scales)                    0.0493         56%
+    int8 256 levels + scale search (1.0..0.8)                 0.0494         56%
+    int8 asymmetric per channel                               0.0466         100%
+    NNCF INT8_ASYM (all Linears + embedding)                  0.0536         100%
+
+    --task minilm,crepe (every Linear, group 128, float32 compute):
+    minilm  int4 before            output rel-L2 0.354   cosine max |d| 0.17, nearest same 69%
+    minilm  int4 16 levels         0.312                 cosine max |d| 0.12, nearest same 81%
+    minilm  int4 default (search)  0.281                 cosine max |d| 0.096, nearest same 81%
+    minilm  NNCF INT4_SYM g128     0.312                 cosine max |d| 0.12, nearest same 81%
+    crepe   int4 before            0.0498                pitch max |d| 1.49 cents, argmax bins same 94%
+    crepe   int4 16 levels         0.0434                pitch max |d| 1 cents, argmax bins same 94%
+    crepe   int4 default (search)  0.0352                pitch max |d| 1.1 cents, argmax bins same 94%
+    crepe   NNCF INT4_SYM g128     0.0434                pitch max |d| 1 cents, argmax bins same 94%
 """
 
 from __future__ import annotations
