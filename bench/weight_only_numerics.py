@@ -187,7 +187,7 @@ def main():
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--new", type=int, default=16)
-    parser.add_argument("--only", default="", help="comma-separated row names (default: all)")
+    parser.add_argument("--only", default="", help="row names separated by \";\" (default: all)")
     parser.add_argument("--program", action="store_true", help="also the compiled bf16 W4A16 / W8A16 programs")
     parser.add_argument("--task", default="", help="instead: trained models' task metrics (minilm,crepe)")
     args = parser.parse_args()
@@ -225,7 +225,7 @@ def main():
         "NNCF INT8_ASYM (all Linears + embedding)": dict(body=nncf_grid("INT8_ASYM"), head=nncf_grid("INT8_ASYM"),
                                                         embed=nncf_grid("INT8_ASYM"), group=None),
     }
-    wanted = [r for r in args.only.split(",") if r] or list(rows)
+    wanted = [r for r in args.only.split(";") if r] or list(rows)
     results = []
     for name in wanted:
         begin = time.perf_counter()
