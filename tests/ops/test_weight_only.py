@@ -225,3 +225,23 @@ def test_eager_calls_check_concrete_shapes_without_torch_check(monkeypatch):
         torch.ops.mixprec.linear_int8_weight(x, q, s[:-1], None, None)
     with pytest.raises(RuntimeError, match=r"the scales and zeros must be \[4, 48, 2\]"):
         torch.ops.mixprec.linear_int4_weight(x, wo.pack_int4(u), sz[:, :-1], 128, True, None)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_constant_and_zero_groups_are_exact(bits, symmetric):
+    """A group of equal weights (zeros included) has no range: its scale is still a positive number (OpenVINO's
+    compressed constants divide by it: ``backends/openvino/compressed.py``) and its values come back exactly."""
+    w = torch.randn(N, K)
+    w[0] = 0.0
+    w[1, :128] = 0.25
+    w[2, :128] = -0.75
+    if bits == 4:
+        q = wo.quantize_int4(w, 128, symmetric, torch.bfloat16)
+        dq = wo.dequantize_int4(*q)
+    else:
+        q = wo.quantize_int8(w, 128, symmetric, torch.bfloat16)
+        dq = wo.dequantize_int8(*q)
+    assert bool((q[1] != 0).all()) and bool(torch.isfinite(q[1]).all())
+    assert torch.equal(dq[2, :128], w[2, :128])
+    assert torch.equal(dq[0], w[0]) and torch.equal(dq[1, :128], w[1, :128])

@@ -81,7 +81,7 @@ def quantize_int8(weight: torch.Tensor, group: int | None, symmetric: bool, scal
         scale, q = _search_signed(w, INT8_LEVELS, scale_dtype, shrinks)
         return q.to(torch.int8).reshape(weight.shape), scale, None
     lo, hi = w.amin(-1), w.amax(-1)
-    scale = _stored_as((hi - lo) / 255, scale_dtype)
+    scale = _stored_as(_positive((hi - lo) / 255, lo, 128), scale_dtype)
     offset = _stored_as(lo + 128 * scale, scale_dtype)
     q = torch.clamp(torch.round((w - offset[..., None]) / scale[..., None]), -128, 127)
     return q.to(torch.int8).reshape(weight.shape), scale, offset
@@ -96,7 +96,7 @@ def quantize_int4(weight: torch.Tensor, group: int | None, symmetric: bool, scal
         scale, q = _search_signed(w, INT4_LEVELS, scale_dtype, shrinks)
         return (q + INT4_MIDPOINT).to(torch.int32).reshape(weight.shape), scale, torch.zeros_like(scale)
     lo, hi = w.amin(-1), w.amax(-1)
-    scale = _stored_as((hi - lo) / 15, scale_dtype)
+    scale = _stored_as(_positive((hi - lo) / 15, lo, INT4_MIDPOINT), scale_dtype)
     zero = _stored_as(lo + INT4_MIDPOINT * scale, scale_dtype)
     q = torch.clamp(torch.round((w - zero[..., None]) / scale[..., None]) + INT4_MIDPOINT, 0, 15)
     return q.to(torch.int32).reshape(weight.shape), scale, zero
@@ -129,6 +129,14 @@ def _search_signed(w: torch.Tensor, levels: int, scale_dtype, shrinks, rows: int
             best_q[start:start + rows] = torch.where(better[..., None], q, best_q[start:start + rows])
             best_error = torch.where(better, error, best_error)
     return best_scale, best_q
+
+
+def _positive(scale: torch.Tensor, lo: torch.Tensor, half: int) -> torch.Tensor:
+    """An asymmetric scale, with a constant group's (0) as |lo| / half (1 for zeros): its offset lo + half * s is
+    then 2 lo or 0 and its code the lowest, both exact in any float dtype (a scale of 1 put the offset at lo + half,
+    which bf16 rounds: 0.25 came back as 0)."""
+    fallback = torch.where(lo != 0, lo.abs() / half, torch.ones_like(lo))
+    return torch.where(scale > 0, scale, fallback)
 
 
 def _stored_as(value: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
