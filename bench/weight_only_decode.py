@@ -4,8 +4,8 @@ A Llama of TinyLlama-1.1B's widths (``--layers``, random weights), ``mixprec.hf.
 cache: bf16 (a bf16 copy of the model), W8A16 and W4A16 (``weights="int8" | "int4"``, group 128, int8 lm_head).
 
 * ``--profile``: ``torch.profiler`` over ``--new`` greedy tokens of each program (prefill excluded), self CPU time
-  per op class (a generate() of 1 + new tokens minus one of 1): the weight-only kernels, attention, the static cache's updates, casts, the
-  rest of the ops, and the wall time outside any op (the program's interpreter, generate()'s own Python).
+  per op class (a generate() of 1 + new tokens minus one of 1): the weight-only kernels, attention, the static
+  cache's updates, casts, the rest of the ops, and the wall time outside any op (the program's interpreter, generate()'s own Python).
 * timing: the variants round-robin in one process (``--rounds``, medians), decode tokens/s from a streamer inside
   ``generate()``, at ``torch.set_num_threads(--threads)``; the load average printed beside.
 
