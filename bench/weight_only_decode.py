@@ -5,7 +5,8 @@ cache: bf16 (a bf16 copy of the model), W8A16 and W4A16 (``weights="int8" | "int
 
 * ``--profile``: ``torch.profiler`` over ``--new`` greedy tokens of each program (prefill excluded), self CPU time
   per op class (a generate() of 1 + new tokens minus one of 1): the weight-only kernels, attention, the static
-  cache's updates, casts, the rest of the ops, and the wall time outside any op (the program's interpreter, generate()'s own Python).
+  cache's updates, casts, the rest of the ops, and the wall time outside any op (the program's interpreter,
+  generate()'s own Python).
 * timing: the variants round-robin in one process (``--rounds``, medians), decode tokens/s from a streamer inside
   ``generate()``, at ``torch.set_num_threads(--threads)``; the load average printed beside.
 
