@@ -30,6 +30,9 @@ prompt 128, 16 greedy tokens (before = main at 146ab14; the NNCF rows are NNCF's
     int8 256 levels + scale search (1.0..0.8)                 0.0494         56%
     int8 asymmetric per channel                               0.0466         100%
     NNCF INT8_ASYM (all Linears + embedding)                  0.0536         100%
+    --program: compile_for_generation W4A16 (bf16 activations)  0.535        0%   (bench/log: 0.623 before; 0.576
+               OpenVINO + NNCF INT4_SYM g128, OpenVINO in bf16)
+    --program: compile_for_generation W8A16 (bf16 activations)  0.0458       81%  (before 0.0554; NNCF INT8_ASYM 0.065)
 
     --task minilm,crepe (every Linear, group 128, float32 compute):
     minilm  int4 before            output rel-L2 0.354   cosine max |d| 0.17, nearest same 69%
