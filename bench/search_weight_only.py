@@ -155,27 +155,56 @@ def nncf_point(model, eval_data, test_data, ratio, embeddings=False):
     return dict(error=rel_l2(compressed, model, test_data), bytes=nbytes, counts=counts)
 
 
-def kernels():
-    """One row through a 2048x2048 Linear: dense vs the weight-only kernels, on fp32 and on bf16 rows (ms)."""
-    n = k = 2048
-    weight = torch.randn(n, k)
+def kernels(rounds: int = 7):
+    """One row through a Linear: dense vs the weight-only kernels, on fp32 and on bf16 rows (ms, median of ``rounds``
+    interleaved rounds, each the mean of 10 calls). Shapes: 2048x2048 (a q/o projection: 4 MB of int8, which stays
+    in this CPU's caches between calls) and 32000x2048 (TinyLlama's lm_head: 65 MB of int8, read from memory), where
+    GB/s = the weight's bytes / time. "int8 as 2x int4": an int8 weight (per-channel scale s) split in two int4
+    halves, q = 16 hi + lo (hi in [-8, 7] with scale 16 s, lo in [0, 15] with scale s and zero 8 s): the same bytes
+    read by two int4 kernel calls, the results added (two bf16 roundings instead of one)."""
+    def split(q, scales, dtype, group=256):
+        n, k = q.shape
+        wide = q.to(torch.int32)
+        halves = []
+        for codes, scale, zero in (((wide >> 4) + 8, 16 * scales, 0 * scales), (wide & 15, scales, 8 * scales)):
+            sz = torch.stack([scale, zero], -1)[None].expand(k // group, n, 2).to(dtype).contiguous()
+            halves.append((torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.contiguous(), 1), group, sz))
+        return halves
 
-    def ms(f, repeats=20):
-        f()
-        start = time.perf_counter()
-        for _ in range(repeats):
-            f()
-        return (time.perf_counter() - start) / repeats * 1e3
+    def two_int4(x, halves):
+        (hi, group, sz_hi), (lo, _, sz_lo) = halves
+        return (torch.ops.aten._weight_int4pack_mm_for_cpu(x, hi, group, sz_hi)
+                + torch.ops.aten._weight_int4pack_mm_for_cpu(x, lo, group, sz_lo))
 
-    for dtype in (torch.float32, torch.bfloat16):
-        x = torch.randn(1, k, dtype=dtype)
-        q = torch.randint(-127, 127, (n, k), dtype=torch.int8)
+    print(f"load {os.getloadavg()[0]:.1f}")
+    for n, k in ((2048, 2048), (32000, 2048)):
+        weight = torch.randn(n, k)
+        q = torch.randint(-128, 128, (n, k), dtype=torch.int8)
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.randint(0, 16, (n, k), dtype=torch.int32), 1)
-        sz = torch.rand(k // GROUP, n, 2, dtype=dtype)
-        dense = weight.to(dtype)
-        print(f"{str(dtype):15} dense {ms(lambda: torch.nn.functional.linear(x, dense)):.3f}  "
-              f"int8pack {ms(lambda: torch.ops.aten._weight_int8pack_mm(x, q, torch.rand(n, dtype=dtype))):.3f}  "
-              f"int4pack {ms(lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, GROUP, sz)):.3f}")
+        for dtype in (torch.float32, torch.bfloat16):
+            x = torch.randn(1, k, dtype=dtype)
+            scales = torch.rand(n, dtype=dtype)
+            sz = torch.rand(k // GROUP, n, 2, dtype=dtype)
+            halves = split(q, scales.float(), dtype)
+            dense = weight.to(dtype)
+            calls = {"dense": lambda: torch.nn.functional.linear(x, dense),
+                     "int8pack": lambda: torch.ops.aten._weight_int8pack_mm(x, q, scales),
+                     "int4pack": lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, GROUP, sz),
+                     "int8 as 2x int4": lambda: two_int4(x, halves)}
+            times = {name: [] for name in calls}
+            for _ in range(rounds):
+                for name, f in calls.items():
+                    f()
+                    start = time.perf_counter()
+                    for _ in range(10):
+                        f()
+                    times[name].append((time.perf_counter() - start) / 10 * 1e3)
+            nbytes = {"dense": n * k * dense.element_size(), "int8pack": n * k, "int4pack": n * k // 2,
+                      "int8 as 2x int4": n * k}
+            print(f"{n}x{k} {str(dtype):15} " + "  ".join(
+                f"{name} {sorted(t)[len(t) // 2]:.3f} ms ({nbytes[name] / sorted(t)[len(t) // 2] / 1e6:.1f} GB/s)"
+                for name, t in times.items()))
+    print(f"load {os.getloadavg()[0]:.1f}")
 
 
 def main():

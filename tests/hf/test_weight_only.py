@@ -42,8 +42,9 @@ def _dequantized_model(model, weights, group, lm_head):
             if not isinstance(module, torch.nn.Linear) or (module is head and lm_head is None):
                 continue
             bits, g = (lm_head, None) if module is head else (weights, group)
-            quantized = (wo.quantize_int4 if bits == "int4" else wo.quantize_int8)(module.weight, g, True)
-            # the scales (and int4 zeros) as a bf16 layer stores them: in bf16, the kernels' type for them
+            # the codes chosen against the scales as a bf16 layer stores them (in bf16, the kernels' type for them)
+            quantized = (wo.quantize_int4 if bits == "int4" else wo.quantize_int8)(module.weight, g, True,
+                                                                                    torch.bfloat16)
             quantized = [t.bfloat16().float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
                          for t in quantized]
             module.weight.copy_((wo.dequantize_int4 if bits == "int4" else wo.dequantize_int8)(*quantized))

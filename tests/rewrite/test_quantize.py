@@ -31,6 +31,13 @@ def fake_quant(t, lo, hi):
     return torch.clamp(torch.round(t.float() / scale), -127, 127) * scale
 
 
+def weight_only_int8(w):
+    """Weight-only int8's grid (ops/weight_only.py: symmetric per channel on all 256 levels), dequantized."""
+    from mixprec.ops import weight_only as wo
+
+    return wo.dequantize_int8(*wo.quantize_int8(w, None, True))
+
+
 def fake_quant_weight(w):
     """Reference: symmetric int8 per output channel (dim 0), back in float32."""
     scale = (w.abs().amax(dim=tuple(range(1, w.dim()))) / 127).reshape(-1, *([1] * (w.dim() - 1)))
@@ -155,7 +162,7 @@ def test_weight_only_int8_stores_linear_weights_per_channel():
     plan = PrecisionPlan({names[0]: NodePrecision(torch.float32, source="plan", reason="w8", param_dtype=torch.int8)})
     prog = mixprec.compile(model, (x,), plan=plan)
     with torch.no_grad():
-        expected = model[2](model[1](F.linear(x, fake_quant_weight(model[0].weight), model[0].bias)))
+        expected = model[2](model[1](F.linear(x, weight_only_int8(model[0].weight), model[0].bias)))
     torch.testing.assert_close(prog(x), expected, rtol=1e-5, atol=1e-6)
     state = prog.exported_program.state_dict
     assert state["0.weight_int8"].dtype == torch.int8 and "0.weight" not in state
@@ -170,7 +177,7 @@ def test_a_tied_weight_keeps_its_float_copy_for_the_float_reader():
     prog = mixprec.compile(model, (ids,), plan=plan)
     with torch.no_grad():
         h = torch.tanh(model.proj(model.embed(ids)))
-        logits = F.linear(h, fake_quant_weight(model.embed.weight))
+        logits = F.linear(h, weight_only_int8(model.embed.weight))
     out = prog(ids)
     torch.testing.assert_close(out["logits"], logits, rtol=1e-5, atol=1e-5)  # the int8 weight kernel's sums
     # export reads the tied pair through one placeholder; the float copy the embedding reads stays

@@ -36,17 +36,17 @@ def _plan(model, x, bits, precision=torch.float32, group=None, symmetric=True):
                                            weight_group=group, weight_symmetric=symmetric) for n in names})
 
 
-def _dequantized(linear, bits, group, symmetric):
+def _dequantized(linear, bits, group, symmetric, scale_dtype=None):
     if bits == torch.int8:
-        return wo.dequantize_int8(*wo.quantize_int8(linear.weight, group, symmetric))
-    return wo.dequantize_int4(*wo.quantize_int4(linear.weight, group, symmetric))
+        return wo.dequantize_int8(*wo.quantize_int8(linear.weight, group, symmetric, scale_dtype))
+    return wo.dequantize_int4(*wo.quantize_int4(linear.weight, group, symmetric, scale_dtype))
 
 
-def _reference(model, x, bits, group, symmetric, dtype=torch.float32):
+def _reference(model, x, bits, group, symmetric, dtype=torch.float32, scale_dtype=None):
     with torch.no_grad():
-        h = torch.nn.functional.linear(x.to(dtype), _dequantized(model.up, bits, group, symmetric).to(dtype),
-                                       model.up.bias.to(dtype))
-        w = _dequantized(model.down, bits, group, symmetric).to(dtype)
+        h = torch.nn.functional.linear(x.to(dtype), _dequantized(model.up, bits, group, symmetric, scale_dtype).to(
+            dtype), model.up.bias.to(dtype))
+        w = _dequantized(model.down, bits, group, symmetric, scale_dtype).to(dtype)
         return torch.nn.functional.linear(torch.relu(h), w, model.down.bias.to(dtype))
 
 
@@ -83,8 +83,13 @@ def test_bf16_activations_keep_scales_in_bf16_and_compute_in_bf16():
     prog = mixprec.compile(model, (x,), plan=_plan(model, x, torch.int4, torch.bfloat16, group=64))
     state = prog.exported_program.state_dict
     assert state["up.weight_int4_g64_bf16_scale_zero"].dtype == torch.bfloat16
+    # the codes were chosen against the bf16 scales the program stores (and the 16-level grid with its search)
+    u, s, z = wo.quantize_int4(model.up.weight, 64, True, torch.bfloat16)
+    assert torch.equal(state["up.weight_int4_g64_bf16"], wo.pack_int4(u))
+    assert torch.equal(state["up.weight_int4_g64_bf16_scale_zero"], wo.int4_scales_and_zeros(s, z, 256, 64).to(
+        torch.bfloat16))
     out = prog(x)
-    ref = _reference(model, x, torch.int4, 64, True, torch.float32)
+    ref = _reference(model, x, torch.int4, 64, True, torch.float32, torch.bfloat16)
     assert float((out.float() - ref).norm() / ref.norm()) < 1e-2
 
 

@@ -11,10 +11,15 @@ needed: they dequantize in registers and compute in float).
     int8:  w' = q * s + o        q int8 [N, K]; s, o float32 [N, K/group] (o = 0 when symmetric)
     int4:  w' = (u - 8) * s + z  u in [0, 15] [N, K]; s, z float32 [N, K/group] (z = 0 when symmetric)
 
-Weights are quantized from the weights (min/max per output channel, or per group of ``group`` input channels):
-symmetric int8 on [-127, 127] (s = max|w| / 127, o = 0), asymmetric int8 on [-128, 127] (s = (max - min) / 255,
-o = min + 128 s), symmetric int4 on [-7, 7] (s = max|w| / 7, u = q + 8, z = 0), asymmetric int4 on [0, 15]
-(s = (max - min) / 15, z = min + 8 s — the kernel's own zero form). ``group=None`` is one scale per output channel.
+Weights are quantized from the weights (per output channel, or per group of ``group`` input channels), the codes
+chosen against the scales as stored (rounded to the layer's dtype first). Symmetric weights use every level of the
+grid, as NNCF's INT4_SYM: s = e / -8 (int4) or e / -128 (int8), e the group's weight of largest magnitude with its
+sign, so e lands on the extra negative level (-8 / -128) and s < 0 when e > 0; the other end reaches 7 / 127 steps.
+int4 searches the scale per group (:data:`INT4_SHRINKS`: s * shrink with the least squared error; 16 levels alone
+gave NNCF's INT4_SYM logit error, the search less: bench/weight_only_numerics.py). Asymmetric: int8 on [-128, 127]
+(s = (max - min) / 255, o = min + 128 s), int4 on [0, 15] (s = (max - min) / 15, z = min + 8 s — the kernel's own
+zero form). ``group=None`` is one scale per output channel. Every backend computes ``q * s (+ o)`` as stored, so a
+negative scale needs nothing of them.
 
 **The ops** (``torch.ops.mixprec``; each has an eager kernel and a fake kernel, so programs export and inductor
 calls them as extern kernels)::
@@ -48,9 +53,13 @@ aten = torch.ops.aten
 KERNEL_DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
 INT4_KERNEL_GROUPS = (256, 128, 64, 32)  # the group sizes _weight_int4pack_mm_for_cpu takes
 INT4_N_MULTIPLE = 16  # _convert_weight_to_int4pack_for_cpu: N % 16 == 0
-INT8_SYMMETRIC_MAX = 127
-INT4_SYMMETRIC_MAX = 7
+INT8_LEVELS, INT4_LEVELS = 256, 16  # symmetric weights use every level: q in [-128, 127] / [-8, 7]
 INT4_MIDPOINT = 8
+# scale search of symmetric weights (per group: the shrink of the max-magnitude scale with the least squared error).
+# 8-layer TinyLlama widths, logit rel-L2 (bench/weight_only_numerics.py's docstring): int4 16 levels 0.574 (= NNCF
+# INT4_SYM's), these 6 shrinks 0.538, 13 shrinks 1.0..0.7 0.536 at twice the time; int8 gains nothing from a search
+INT4_SHRINKS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75)
+INT8_SHRINKS = (1.0,)
 
 
 # ---- quantization of weights --------------------------------------------------------------------------------------
@@ -63,34 +72,76 @@ def groups_of(weight: torch.Tensor, group: int | None) -> torch.Tensor:
     return weight.reshape(n, k // size, size)
 
 
-def quantize_int8(weight: torch.Tensor, group: int | None, symmetric: bool):
-    """(q int8 [N, K], scales float32 [N, G], offsets float32 [N, G] or None): w' = q * s + o."""
+def quantize_int8(weight: torch.Tensor, group: int | None, symmetric: bool, scale_dtype: torch.dtype | None = None,
+                  shrinks: tuple[float, ...] = INT8_SHRINKS):
+    """(q int8 [N, K], scales float32 [N, G], offsets float32 [N, G] or None): w' = q * s + o. ``scale_dtype``: the
+    dtype the scales (and offsets) are stored in: they are rounded to it before the codes are chosen."""
     w = groups_of(weight.detach().to(torch.float32), group)
     if symmetric:
-        scale = w.abs().amax(-1) / INT8_SYMMETRIC_MAX
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-        q = torch.clamp(torch.round(w / scale[..., None]), -INT8_SYMMETRIC_MAX, INT8_SYMMETRIC_MAX)
+        scale, q = _search_signed(w, INT8_LEVELS, scale_dtype, shrinks)
         return q.to(torch.int8).reshape(weight.shape), scale, None
     lo, hi = w.amin(-1), w.amax(-1)
-    scale = (hi - lo) / 255
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    q = torch.clamp(torch.round((w - lo[..., None]) / scale[..., None]) - 128, -128, 127)
-    return q.to(torch.int8).reshape(weight.shape), scale, lo + 128 * scale
+    scale = _stored_as(_positive((hi - lo) / 255, lo, 128), scale_dtype)
+    offset = _stored_as(lo + 128 * scale, scale_dtype)
+    q = torch.clamp(torch.round((w - offset[..., None]) / scale[..., None]), -128, 127)
+    return q.to(torch.int8).reshape(weight.shape), scale, offset
 
 
-def quantize_int4(weight: torch.Tensor, group: int | None, symmetric: bool):
-    """(u int32 in [0, 15] [N, K], scales float32 [N, G], zeros float32 [N, G]): w' = (u - 8) * s + z."""
+def quantize_int4(weight: torch.Tensor, group: int | None, symmetric: bool, scale_dtype: torch.dtype | None = None,
+                  shrinks: tuple[float, ...] = INT4_SHRINKS):
+    """(u int32 in [0, 15] [N, K], scales float32 [N, G], zeros float32 [N, G]): w' = (u - 8) * s + z. ``scale_dtype``:
+    as :func:`quantize_int8`'s."""
     w = groups_of(weight.detach().to(torch.float32), group)
     if symmetric:
-        scale = w.abs().amax(-1) / INT4_SYMMETRIC_MAX
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-        q = torch.clamp(torch.round(w / scale[..., None]), -INT4_SYMMETRIC_MAX, INT4_SYMMETRIC_MAX) + INT4_MIDPOINT
-        return q.to(torch.int32).reshape(weight.shape), scale, torch.zeros_like(scale)
+        scale, q = _search_signed(w, INT4_LEVELS, scale_dtype, shrinks)
+        return (q + INT4_MIDPOINT).to(torch.int32).reshape(weight.shape), scale, torch.zeros_like(scale)
     lo, hi = w.amin(-1), w.amax(-1)
-    scale = (hi - lo) / 15
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    q = torch.clamp(torch.round((w - lo[..., None]) / scale[..., None]), 0, 15)
-    return q.to(torch.int32).reshape(weight.shape), scale, lo + INT4_MIDPOINT * scale
+    scale = _stored_as(_positive((hi - lo) / 15, lo, INT4_MIDPOINT), scale_dtype)
+    zero = _stored_as(lo + INT4_MIDPOINT * scale, scale_dtype)
+    q = torch.clamp(torch.round((w - zero[..., None]) / scale[..., None]) + INT4_MIDPOINT, 0, 15)
+    return q.to(torch.int32).reshape(weight.shape), scale, zero
+
+
+def _search_signed(w: torch.Tensor, levels: int, scale_dtype, shrinks, rows: int = 64):
+    """Per group of ``w`` [N, G, g]: the signed scale s and codes q in [-levels/2, levels/2 - 1] of the lowest squared
+    error among the scales ``shrink * e / -(levels/2)`` (e: the group's weight of largest magnitude, with its sign, so
+    at shrink 1 it lands on the grid's extra negative level exactly); s < 0 when e > 0 (``q * s`` is what every
+    backend computes). ``rows`` output channels at a time, so each shrink's pass stays in the CPU's caches."""
+    low = levels // 2
+    top = torch.where(w.amax(-1) > -w.amin(-1), w.amax(-1), w.amin(-1))  # ties: the negative end, as NNCF
+    tiny = torch.finfo(torch.float32).tiny * low
+    extreme = torch.where(top.abs() > tiny, top, torch.full_like(top, -tiny))  # an all-zero group: scale > 0, q = 0
+    scales = torch.stack([_stored_as(extreme * (-shrink / low), scale_dtype) for shrink in shrinks])  # [S, N, G]
+    scales = torch.where(scales != 0, scales, extreme / -low)  # never 0 once rounded
+    best_scale, best_q = torch.empty_like(extreme), torch.empty_like(w)
+    for start in range(0, w.shape[0], rows):
+        part, best_error = w[start:start + rows], None
+        for scale in scales[:, start:start + rows]:
+            q = part / scale[..., None]
+            error = q.clone()
+            q.round_().clamp_(-low, low - 1)
+            error = error.sub_(q).square_().sum(-1) * scale.square()
+            if best_error is None:
+                best_scale[start:start + rows], best_q[start:start + rows], best_error = scale, q, error
+                continue
+            better = error < best_error
+            best_scale[start:start + rows] = torch.where(better, scale, best_scale[start:start + rows])
+            best_q[start:start + rows] = torch.where(better[..., None], q, best_q[start:start + rows])
+            best_error = torch.where(better, error, best_error)
+    return best_scale, best_q
+
+
+def _positive(scale: torch.Tensor, lo: torch.Tensor, half: int) -> torch.Tensor:
+    """An asymmetric scale, with a constant group's (0) as |lo| / half (1 for zeros): its offset lo + half * s is
+    then 2 lo or 0 and its code the lowest, both exact in any float dtype (a scale of 1 put the offset at lo + half,
+    which bf16 rounds: 0.25 came back as 0)."""
+    fallback = torch.where(lo != 0, lo.abs() / half, torch.ones_like(lo))
+    return torch.where(scale > 0, scale, fallback)
+
+
+def _stored_as(value: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """``value`` (float32) rounded to ``dtype`` and back: the codes are chosen against the scales as stored."""
+    return value if dtype is None else value.to(dtype).to(torch.float32)
 
 
 def dequantize_int8(q: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None) -> torch.Tensor:
@@ -226,29 +277,39 @@ def _(x, weight, scales_and_zeros, group, packed, bias):
 
 # ---- the ops' contracts (their fake kernels check them: a loaded program with other shapes is refused) -------------
 def check_int8_arguments(x, weight, scales, offsets, bias) -> None:
-    torch._check(weight.dtype == torch.int8 and weight.dim() == 2, lambda: "the int8 weight must be int8 [N, K]")
+    _check(weight.dtype == torch.int8 and weight.dim() == 2, lambda: "the int8 weight must be int8 [N, K]")
     n, k = weight.shape
-    torch._check(x.dim() >= 1 and x.shape[-1] == k, lambda: f"the input's last size must be the weight's K = {k}")
-    torch._check(scales.dim() == 2 and scales.shape[0] == n and scales.shape[1] >= 1,
+    _check(x.dim() >= 1 and x.shape[-1] == k, lambda: f"the input's last size must be the weight's K = {k}")
+    _check(scales.dim() == 2 and scales.shape[0] == n and scales.shape[1] >= 1,
                  lambda: f"the scales must be [{n}, groups]")
-    torch._check(k % scales.shape[1] == 0, lambda: f"{scales.shape[1]} groups do not split K = {k}")
-    torch._check(offsets is None or offsets.shape == scales.shape, lambda: "the offsets must have the scales' shape")
+    _check(k % scales.shape[1] == 0, lambda: f"{scales.shape[1]} groups do not split K = {k}")
+    _check(offsets is None or offsets.shape == scales.shape, lambda: "the offsets must have the scales' shape")
     _check_bias(bias, n)
 
 
 def check_int4_arguments(x, weight, scales_and_zeros, group, bias) -> None:
-    torch._check(weight.dtype == torch.uint8 and weight.dim() == 2, lambda: "the int4 weight must be uint8 [N, K/2]")
+    _check(weight.dtype == torch.uint8 and weight.dim() == 2, lambda: "the int4 weight must be uint8 [N, K/2]")
     n, k = weight.shape[0], 2 * weight.shape[1]
-    torch._check(x.dim() >= 1 and x.shape[-1] == k, lambda: f"the input's last size must be 2 * weight.shape[1] = {k}")
-    torch._check(group > 0 and k % group == 0, lambda: f"group {group} does not split K = {k}")
-    torch._check(scales_and_zeros.dim() == 3 and scales_and_zeros.shape[0] == k // max(group, 1)
+    _check(x.dim() >= 1 and x.shape[-1] == k, lambda: f"the input's last size must be 2 * weight.shape[1] = {k}")
+    _check(group > 0 and k % group == 0, lambda: f"group {group} does not split K = {k}")
+    _check(scales_and_zeros.dim() == 3 and scales_and_zeros.shape[0] == k // max(group, 1)
                  and scales_and_zeros.shape[1] == n and scales_and_zeros.shape[2] == 2,
                  lambda: f"the scales and zeros must be [{k // max(group, 1)}, {n}, 2]")
     _check_bias(bias, n)
 
 
+def _check(condition, message) -> None:
+    """``torch._check``, with a plain-bool fast path: the eager kernels check concrete shapes on every call (a
+    decode step makes ~60 such calls), the fake kernels symbolic ones (``torch._check`` records those)."""
+    if condition is True:
+        return
+    if condition is False:
+        raise RuntimeError(message())
+    torch._check(condition, message)
+
+
 def _check_bias(bias, n) -> None:
-    torch._check(bias is None or (bias.dim() == 1 and bias.shape[0] == n), lambda: f"the bias must be [{n}]")
+    _check(bias is None or (bias.dim() == 1 and bias.shape[0] == n), lambda: f"the bias must be [{n}]")
 
 
 WEIGHT_ONLY_OPS = frozenset(

@@ -10,9 +10,10 @@ node name (the plan and the report find it) and its activation and bias as they 
                                                   (state: p_w_int4 uint8 [N, K/2] packed for this CPU's int4 kernel,
                                                    p_w_int4_sz [K/128, N, 2] in the layer's dtype; p_w gone)
 
-The weights are quantized from the stored float tensor (min/max per output channel, or per ``weight_group`` input
-channels; symmetric or not: ``NodePrecision``), once per weight and layer dtype however many layers read it; the
-scales are stored in the layer's dtype (the kernels take them so). The float weight leaves the program's state unless
+The weights are quantized from the stored float tensor (``ops/weight_only.py``: per output channel, or per
+``weight_group`` input channels; symmetric or not: ``NodePrecision``), once per weight and layer dtype however many
+layers read it; the scales are stored in the layer's dtype (the kernels take them so; the codes are chosen against
+them as stored). The float weight leaves the program's state unless
 another layer still reads it. A weight the int4 kernel cannot take (N % 16 != 0, or a group other than 32..256) is
 stored as plain nibbles and dequantized at use (``packed=False``). A Linear whose input channels do not split in
 groups of ``weight_group`` gets one scale per output channel, one with an odd number of input channels and int4 weights
@@ -117,11 +118,11 @@ def _store(work, placeholder, spec, tensor, decision, group, dtype):
         return node
 
     if decision.param_dtype == torch.int8:
-        q, scales, offsets = wo.quantize_int8(tensor, group, symmetric)
+        q, scales, offsets = wo.quantize_int8(tensor, group, symmetric, dtype)
         nodes = [add("", q), add("_scale", scales.to(dtype))]
         nodes.append(add("_offset", offsets.to(dtype)) if offsets is not None else None)
         return INT8_OP, tuple(nodes), ()
-    u, scales, zeros = wo.quantize_int4(tensor, group, symmetric)
+    u, scales, zeros = wo.quantize_int4(tensor, group, symmetric, dtype)
     packed = wo.int4_packable(out_features, in_features, group, tensor.device)
     weight = wo.pack_int4(u) if packed else wo.to_nibbles(u)
     both = wo.int4_scales_and_zeros(scales, zeros, in_features, group).to(dtype)
