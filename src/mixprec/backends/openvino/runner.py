@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import threading
 
 import torch
 import torch.utils._pytree as pytree
@@ -31,6 +32,7 @@ from ...ir.input_check import input_specs_of
 from .audit import NATIVE_CAPABILITY, audit, declared_precisions, int8_nodes, node_types, refusal, runtime_layers
 from .float_form import FLOAT_FORM_CONFIG, float_form
 from .convert import Converted, convert_program, first_line, import_openvino, version_of
+from .state import initial_values, make_stateful, variable_index
 from .io import (
     bind_inputs, check_no_mutations, set_input_shapes, to_ov_tensor, to_torch, user_input_names, user_outputs,
 )
@@ -70,10 +72,11 @@ class OpenVINORunner(torch.nn.Module):
         model = converted.model
         # OpenVINO's constants point into the prepared program's tensors: they must outlive the compiled model
         self.__dict__["_prepared"] = converted.prepared
-        self._input_ports = bind_inputs(model, self._user_inputs)
+        self._input_ports = bind_inputs(model, self._user_inputs, state=converted.state)
         set_input_shapes(ov, model, self._input_ports, self._specs)
         n_tensors = sum(1 for kind, _ in self._outputs if kind == "tensor")
-        if len(model.outputs) != n_tensors:
+        self._n_outputs = n_tensors
+        if len(model.outputs) != n_tensors + converted.state:
             raise UnsupportedModelError(
                 f"OpenVINO made {len(model.outputs)} outputs of this program's {n_tensors} output tensors "
                 "(it merges outputs that are the same value); run it with backend='eager' or 'inductor'."
@@ -85,6 +88,17 @@ class OpenVINORunner(torch.nn.Module):
         self.__dict__["_models"] = {}
         self._idle: queue.SimpleQueue = queue.SimpleQueue()
         self._idle.put(self._compiled.create_infer_request())
+        self._stateful = converted.state > 0
+        self._state_lock = threading.Lock()
+        self._carried: list = []  # (input index, value) of the written tensors carried from call to call
+        if self._stateful:  # the written tensors' values as the program holds them now (state.py)
+            values = initial_values(exported_program)
+            request = self._idle.get()
+            for variable in request.query_state():
+                variable.state = to_ov_tensor(values[variable_index(variable.name)].clone())
+            self._idle.put(request)
+            self._carried = [[len(self._input_ports) + j, to_ov_tensor(values[i].clone())]
+                             for j, i in enumerate(self._carried_positions)]
 
     def _compile(self, ov, core, exported_program, converted: Converted, stated):
         """Compile the float form (``float_form.py``: an f32 graph with bf16 inference precision, NNCF's form) where
@@ -94,6 +108,7 @@ class OpenVINORunner(torch.nn.Module):
         form = float_form(ov, stated, declared, names=converted.names, int8_nodes=int8_nodes(exported_program),
                           int8_kernels=converted.int8_kernels)
         if form is not None:
+            self._carried_positions = make_stateful(ov, form.model, converted.state)
             compiled = _compile_model(core, form.model, FLOAT_FORM_CONFIG)
             result = _judge(core, exported_program, converted, compiled, form.declared)
             if not result.narrower:
@@ -103,6 +118,7 @@ class OpenVINORunner(torch.nn.Module):
             log.info("OpenVINO ran %d layer(s) of the f32 form narrower than planned (%s); compiling the stated "
                      "types with f32 inference precision instead", len(result.narrower),
                      ", ".join(f"{m.layer}: {m.planned} -> {m.runs}" for m in result.narrower[:5]))
+        self._carried_positions = make_stateful(ov, stated, converted.state)
         compiled = _compile_model(core, stated, COMPILE_CONFIG)
         result = _judge(core, exported_program, converted, compiled, declared)
         if result.narrower:
@@ -123,15 +139,25 @@ class OpenVINORunner(torch.nn.Module):
         feed = {}
         for port, position in self._input_ports:
             feed[port] = to_ov_tensor(tensors[position])
-        try:
-            request = self._idle.get_nowait()
-        except queue.Empty:
-            request = self._compiled.create_infer_request()
-        try:
-            request.infer(feed, share_inputs=True)
-            results = [to_torch(request.get_output_tensor(i)) for i in range(len(self._compiled.outputs))]
-        finally:
-            self._idle.put(request)
+        if self._stateful:
+            with self._state_lock:  # the state is the one request's: calls take turns
+                request = self._idle.get()
+                try:
+                    feed.update(self._carried)
+                    results = _infer(request, feed, self._n_outputs)
+                    for j, entry in enumerate(self._carried):  # the written integers' new values, for the next call
+                        entry[1] = to_ov_tensor(to_torch(request.get_output_tensor(self._n_outputs + j)))
+                finally:
+                    self._idle.put(request)
+        else:
+            try:
+                request = self._idle.get_nowait()
+            except queue.Empty:
+                request = self._compiled.create_infer_request()
+            try:
+                results = _infer(request, feed, self._n_outputs)
+            finally:
+                self._idle.put(request)
         flat, it = [], iter(results)
         for kind, value in self._outputs:
             flat.append(next(it) if kind == "tensor" else value)
@@ -161,12 +187,18 @@ class OpenVINORunner(torch.nn.Module):
             ov = import_openvino()
             converted = convert_program(self._program)
             model = converted.model
-            set_input_shapes(ov, model, bind_inputs(model, self._user_inputs), self._specs)
+            set_input_shapes(ov, model, bind_inputs(model, self._user_inputs, state=converted.state), self._specs)
             if form == FORM_FLOAT:
                 model = float_form(ov, model, declared_precisions(model), names=converted.names,
                                    int8_nodes=int8_nodes(self._program), int8_kernels=converted.int8_kernels).model
+            make_stateful(ov, model, converted.state)
             self._models[form] = (converted.prepared, model)  # its constants share the prepared program's memory
         return self._models[form][1]
+
+
+def _infer(request, feed, n_outputs: int) -> list[torch.Tensor]:
+    request.infer(feed, share_inputs=True)
+    return [to_torch(request.get_output_tensor(i)) for i in range(n_outputs)]
 
 
 # ---- precisions -----------------------------------------------------------------------------
