@@ -87,9 +87,10 @@ import mixprec.hf  # noqa: E402
 # fp32 eager decode ran 3.0 tokens/s at 2 threads and 9.7 at 1 under the same load)
 OV_CONFIG: dict = {}
 VARIANTS = ("fp32 eager", "bf16 eager", "mixprec fp32", "mixprec bf16", "mixprec W8A16 eager", "mixprec W8A16 inductor",
-            "mixprec W4A16 eager", "mixprec W4A16 inductor", "openvino", "openvino+nncf INT8_ASYM",
+            "mixprec W8A16 openvino", "mixprec W4A16 eager", "mixprec W4A16 inductor", "mixprec W4A16 openvino", "openvino", "openvino+nncf INT8_ASYM",
             "openvino+nncf INT4_SYM g128", "torchao int8", "torchao int4 g128")
 EXTRA = ("mixprec W8A32 eager", "mixprec W8A32 inductor", "mixprec W4A32 eager", "mixprec W4A32 inductor",
+         "mixprec W8A32 openvino", "mixprec W4A32 openvino",
          "mixprec W4A16 eager lm_head int4", "mixprec W4A16 inductor lm_head int4")
 GROUP = 128
 
@@ -372,7 +373,7 @@ def builders(model, ids, length, wanted, ov_path):
         "mixprec bf16": lambda: mixprec_variant("mixprec bf16", bf16(), ids, length),
     }
     for bits in (8, 4):
-        for backend in ("eager", "inductor"):
+        for backend in ("eager", "inductor", "openvino"):
             for activations in ("A16", "A32"):
                 name = f"mixprec W{bits}{activations} {backend}"
                 made[name] = (lambda bits=bits, backend=backend, name=name, activations=activations: mixprec_variant(
@@ -511,7 +512,7 @@ def bars(results):
             return f"{x:.2f}x"
         return "n/a"
 
-    for backend in ("eager", "inductor"):
+    for backend in ("eager", "inductor", "openvino"):
         w4, w8 = f"mixprec W4A16 {backend}", f"mixprec W8A16 {backend}"
         ov4 = "openvino+nncf INT4_SYM g128"
         err = (f"logit rel-L2 {results[w4]['logit rel-L2']:.3g} vs {results[ov4]['logit rel-L2']:.3g}"

@@ -13,7 +13,8 @@ Dynamic dimensions: OpenVINO's frontend makes every dimension dynamic; the conve
 the program's input specs — static sizes static, dimensions captured as dynamic bounded by their ranges
 (``range_constraints``).
 
-Threads: an OpenVINO infer request runs one inference at a time; the runner keeps a pool of requests, takes
+Threads: OpenVINO runs each inference on ``torch.get_num_threads()`` threads as the runner is built. An OpenVINO
+infer request runs one inference at a time; the runner keeps a pool of requests, takes
 one per call (creating one when all are busy) and gives it back after copying the outputs out, so calls
 from several threads run concurrently on one compiled model (which OpenVINO documents as thread-safe).
 """
@@ -205,8 +206,11 @@ def _infer(request, feed, n_outputs: int) -> list[torch.Tensor]:
 
 
 def _compile_model(core, model, config):
+    # as many threads as torch's (torch.set_num_threads), not OpenVINO's own default of every core: one setting
+    # for both runtimes in one process (and a one-thread decode runs on one thread)
+    config = {**config, "INFERENCE_NUM_THREADS": torch.get_num_threads()}
     try:
-        return core.compile_model(model, DEVICE, dict(config))
+        return core.compile_model(model, DEVICE, config)
     except RuntimeError as e:
         raise UnsupportedModelError(
             f"OpenVINO could not compile this program for its CPU device: {first_line(e)}\n"
