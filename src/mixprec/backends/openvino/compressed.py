@@ -33,6 +33,12 @@ INT4_OP = torch.ops.mixprec.linear_int4_weight.default
 INT4_MAX = 15
 
 
+def weight_only_nodes(exported_program) -> list[str]:
+    """The program's weight-only layers (``mixprec.linear_int8_weight`` / ``linear_int4_weight`` nodes): the
+    lowering keeps their names on the ``aten.linear`` it makes, so OpenVINO's MatMul is named after them."""
+    return [n.name for n in exported_program.graph.nodes if n.op == "call_function" and n.target in (INT8_OP, INT4_OP)]
+
+
 @backend_pass("weight_only_compressed")
 def lower_weight_only(work) -> PassResult:
     """Each weight-only op as Convert/Subtract/Multiply of its stored integer weight, then ``aten.linear``."""
@@ -44,16 +50,8 @@ def lower_weight_only(work) -> PassResult:
         stored = _stored_values(work, node)
         dtype = x.meta["val"].dtype
         with work.graph.inserting_before(node):
-            weight = _decompressed(work, node, stored)
-            if dtype != torch.float32:  # the pattern OpenVINO fuses is in f32; its bf16 hint lowers the layer again
-                x = _convert(work.graph, x)
-                bias = _convert(work.graph, bias) if bias is not None else None
+            weight = _decompressed(work, node, stored, dtype)
         node.target, node.args, node.kwargs = aten.linear.default, (x, weight, bias), {}  # keeps its name and meta
-        if dtype != torch.float32:
-            node.meta["val"] = node.meta["val"].to(torch.float32)
-            with work.graph.inserting_after(node):
-                back = _convert(work.graph, node, dtype)
-            node.replace_all_uses_with(back, delete_user_cb=lambda user: user is not back)
         changed = True
     if changed:
         for placeholder in [n for n in work.placeholders() if not n.users and work.input_spec_of(n) is not None]:
@@ -79,8 +77,9 @@ def _stored_values(work, node) -> dict:
             "zeros": both[..., 1].T.contiguous(), "group": group, "like": weight}
 
 
-def _decompressed(work, node, stored) -> torch.fx.Node:
-    """The float32 weight [N, K], spelled as the compressed-weight pattern on new stored constants."""
+def _decompressed(work, node, stored, dtype) -> torch.fx.Node:
+    """The weight [N, K] in the activations' ``dtype``, spelled as the compressed-weight pattern on new stored
+    constants (scales and zero points in ``dtype``: what PyTorch's bf16 weight-only kernels read too)."""
     graph = work.graph
     like = work.input_spec_of(stored["like"])
     name = stored["like"].name
@@ -102,18 +101,19 @@ def _decompressed(work, node, stored) -> torch.fx.Node:
         q, scales, offsets = stored["q"], stored["scales"], stored["offsets"]
         n, k = q.shape
         groups = scales.shape[1]
-        values = _convert(graph, constant("int8", q.reshape(n, groups, k // groups)))
+        values = _convert(graph, constant("int8", q.reshape(n, groups, k // groups)), dtype)
         if offsets is not None:  # q * s + o == (q - (-o / s)) * s
-            values = call(aten.sub.Tensor, values, constant("zero_point", (-offsets.float() / scales)[..., None]))
-        weight = call(aten.mul.Tensor, values, constant("scale", scales[..., None]))
+            values = call(aten.sub.Tensor, values,
+                          constant("zero_point", (-offsets.float() / scales)[..., None].to(dtype)))
+        weight = call(aten.mul.Tensor, values, constant("scale", scales[..., None].to(dtype)))
     else:
         u, scales, zeros = stored["u"], stored["scales"], stored["zeros"]
         n, k = u.shape
         groups = scales.shape[1]
-        values = _convert(graph, constant("uint4", u.reshape(n, groups, k // groups)))
+        values = _convert(graph, constant("uint4", u.reshape(n, groups, k // groups)), dtype)
         zero_point = wo.INT4_MIDPOINT - zeros / scales  # (u - 8) * s + z == (u - (8 - z / s)) * s
-        values = call(aten.sub.Tensor, values, constant("zero_point", zero_point[..., None]))
-        weight = call(aten.mul.Tensor, values, constant("scale", scales[..., None]))
+        values = call(aten.sub.Tensor, values, constant("zero_point", zero_point[..., None].to(dtype)))
+        weight = call(aten.mul.Tensor, values, constant("scale", scales[..., None].to(dtype)))
     return call(aten.reshape.default, weight, [n, k])
 
 

@@ -182,6 +182,12 @@ def make_stateful(ov, model, count: int) -> list[int]:
         if not param.get_element_type().is_real():
             carried.append(i)
             continue
+        if result.get_element_type() != param.get_element_type():  # the float form computes a bf16 cache in f32
+            from openvino import opset13
+
+            value = result.input_value(0)
+            result.input(0).replace_source_output(opset13.convert(value, param.get_element_type()).output(0))
+            result.validate_and_infer_types()
         param.set_friendly_name(f"{VARIABLE_PREFIX}{i}")  # the variable is named param + result
         result.set_friendly_name(".value")
         pairs.append((param, result))
