@@ -59,7 +59,6 @@ def lower_weight_only(work) -> PassResult:
             if spec.kind.name in ("PARAMETER", "BUFFER", "CONSTANT_TENSOR"):
                 work.remove_stored_input(placeholder)
         work.graph.eliminate_dead_code()
-        work.sync_output_specs()  # a layer that was an output (a bf16 lm_head's logits) now reads through its cast
     return PassResult(changed)
 
 

@@ -92,8 +92,17 @@ class OpenVINORunner(torch.nn.Module):
         self._stateful = converted.state > 0
         self._state_lock = threading.Lock()
         self._carried: list = []  # (input index, value) of the written tensors carried from call to call
-        if self._stateful:  # the written tensors' values as the program holds them now (state.py)
-            values = initial_values(exported_program)
+        # the written tensors' values as the program holds them now (state.py): where every reset_state() starts
+        self.__dict__["_initial"] = [t.detach().clone() for t in initial_values(exported_program)]
+        self.reset_state()
+
+    def reset_state(self) -> None:
+        """Put the state of a program that writes its own tensors (a KV cache) back to its values when the runner was
+        built, as the compiler does with the program's tensors before each of its runs; nothing for other programs."""
+        if not self._stateful:
+            return
+        values = self._initial
+        with self._state_lock:
             request = self._idle.get()
             for variable in request.query_state():
                 variable.state = to_ov_tensor(values[variable_index(variable.name)].clone())
