@@ -14,14 +14,19 @@ every variant makes as many). Variants (``--variants``, all built from the one f
                         (per channel) | 128, backend="eager"|"inductor"|"openvino"): the decoder's Linears on
                         aten._weight_int8pack_mm / _weight_int4pack_mm_for_cpu (OpenVINO: compressed i8/u4 constants,
                         its FullyConnectedCompressed on bf16 activations, the KV cache in the request's variables),
-                        lm_head int8 (its default), bf16 activations; when this mixprec has the ``weights=`` option. (Not in the default list:
+                        lm_head int8 (its default), bf16 activations; when this mixprec has the ``weights=`` option.
+                        (Not in the default list:
                         "mixprec W8A32|W4A32 eager|inductor", the same on the fp32 model, fp32 activations; "mixprec
                         W4A16 eager|inductor lm_head int4", lm_head="int4".)
   openvino              ov.convert_model of the model (explicit KV-cache inputs/outputs) run by OpenVINO's CPU plugin
                         at its default precision (bf16 on a CPU with avx512_bf16), a greedy loop written here
   openvino+nncf INT8_ASYM | INT4_SYM g128
                         the same OpenVINO model after ``nncf.compress_weights`` (mode INT8_ASYM; INT4_SYM with
-                        group_size=128 and NNCF's defaults: ratio 1, lm_head and embedding kept INT8_ASYM)
+                        group_size=128 and NNCF's defaults: ratio 1, lm_head and embedding kept INT8_ASYM), compiled
+                        with OpenVINO's defaults: its CPU plugin quantizes those layers' activations to int8 per group
+                        of 32 at run time (dynamic quantization: W8A8/W4A8 kernels). Not in the default list:
+                        "openvino+nncf INT8_ASYM|INT4_SYM g128 no dynamic quantization", the same models with
+                        DYNAMIC_QUANTIZATION_GROUP_SIZE=0: bf16 activations, like mixprec's W8A16/W4A16
   torchao int8|int4     torchao's weight-only configs on a bf16 copy (Int8WeightOnlyConfig per row;
                         PrototypeInt4WeightOnlyConfig group 128, the Int4OpaqueTensor on
                         aten._weight_int4pack_mm_for_cpu,
@@ -88,8 +93,8 @@ import mixprec.hf  # noqa: E402
 # fp32 eager decode ran 3.0 tokens/s at 2 threads and 9.7 at 1 under the same load)
 OV_CONFIG: dict = {}
 VARIANTS = ("fp32 eager", "bf16 eager", "mixprec fp32", "mixprec bf16", "mixprec W8A16 eager", "mixprec W8A16 inductor",
-            "mixprec W8A16 openvino", "mixprec W4A16 eager", "mixprec W4A16 inductor", "mixprec W4A16 openvino", "openvino", "openvino+nncf INT8_ASYM",
-            "openvino+nncf INT4_SYM g128", "torchao int8", "torchao int4 g128")
+            "mixprec W8A16 openvino", "mixprec W4A16 eager", "mixprec W4A16 inductor", "mixprec W4A16 openvino",
+            "openvino", "openvino+nncf INT8_ASYM", "openvino+nncf INT4_SYM g128", "torchao int8", "torchao int4 g128")
 EXTRA = ("openvino+nncf INT8_ASYM no dynamic quantization", "openvino+nncf INT4_SYM g128 no dynamic quantization",
          "mixprec W8A32 eager", "mixprec W8A32 inductor", "mixprec W4A32 eager", "mixprec W4A32 inductor",
          "mixprec W8A32 openvino", "mixprec W4A32 openvino",

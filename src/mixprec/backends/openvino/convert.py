@@ -128,8 +128,8 @@ def for_openvino(exported_program, *, int8_kernels: bool | None = None):
 
     kernels = int8_kernels_default() if int8_kernels is None else int8_kernels
     work = WorkProgram.from_exported(exported_program)
-    run_passes(work, (state_as_io, contiguous_state, QDQ_OPENVINO_INT8 if kernels else QDQ_OPENVINO_FLOAT, LOWER_WEIGHT_ONLY,
-                      drop_constant_outputs))
+    run_passes(work, (state_as_io, contiguous_state, QDQ_OPENVINO_INT8 if kernels else QDQ_OPENVINO_FLOAT,
+                      LOWER_WEIGHT_ONLY, drop_constant_outputs))
     return work.to_exported()
 
 
