@@ -40,6 +40,19 @@ class ViewWriter(nn.Module):
         return self.cache.sum(0)
 
 
+class ViewThenWrite(nn.Module):
+    """Takes a view of its cache, then writes the cache: the view sees the write."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(4, 8), persistent=False)
+
+    def forward(self, x):
+        row = self.cache[0]
+        self.cache.index_copy_(0, torch.tensor([0]), x[None])
+        return row * 2
+
+
 def _calls(model, prog, steps=5):
     torch.manual_seed(1)
     for step in range(steps):
@@ -72,7 +85,8 @@ def test_the_state_lives_in_the_runner_not_in_copies_fed_per_call():
     assert {"MemoryInput", "MemoryOutput"} <= types  # the CPU plugin's ReadValue and Assign
 
 
-def test_a_write_through_a_view_is_refused_with_a_mixprec_error():
-    model = ViewWriter().eval()
+@pytest.mark.parametrize("module", [ViewWriter, ViewThenWrite])
+def test_a_write_through_or_after_a_view_is_refused_with_a_mixprec_error(module):
+    model = module().eval()
     with pytest.raises(UnsupportedModelError, match="through a view"):
         mixprec.compile(model, (torch.randn(8),), backend="openvino")

@@ -11,8 +11,8 @@ Two steps:
 * :func:`state_as_io` (a backend pass of ``convert.for_openvino``): every written stored tensor becomes a user
   input placed after the program's own inputs, each in-place write of it (``index_copy_``, ``copy_``) its
   functional form (``index_copy``, ``copy``) whose result later reads see, and its last value a user output placed
-  after the program's own outputs. Writes through a view of the tensor (``cache[:, :, 3].copy_(x)``) have no such
-  one-node form: UnsupportedModelError.
+  after the program's own outputs. Writes through a view of the tensor (``cache[:, :, 3].copy_(x)``), or after a
+  view of it was taken (the view would see the write), have no such one-node form: UnsupportedModelError.
 * :func:`make_stateful` (the runner, on the converted model): the trailing float inputs and outputs paired into
   OpenVINO variables; integer ones (scalar counters; the CPU plugin keeps no i64 variable) stay inputs and
   outputs the runner carries from call to call. :func:`initial_values` are the values the runner starts from.
@@ -57,19 +57,23 @@ def state_as_io(work) -> PassResult:
     nodes = [placeholders[s.arg.name] for s in specs]
     latest = {node: node for node in nodes}  # state placeholder -> its value now
     alias = {node: node for node in nodes}  # a node that is the state's storage -> its placeholder
+    view_of: dict = {}  # a view of a state's storage -> its placeholder
     for node in list(graph.nodes):
         if node.op != "call_function":
             continue
         written = _written_argument(node)
+        if written is not None and (written in view_of or (written in alias and alias[written] in view_of.values())):
+            state = view_of.get(written, alias.get(written))
+            raise UnsupportedModelError(
+                f"this program writes its stored tensor {state.name} through a view, or after reading it through one "
+                f"({node.target}): a view would see the write, a whole-tensor value would not. OpenVINO runs such a "
+                "program only where every write is a whole-tensor op; run it with backend='eager' or 'inductor'."
+            )
         if written is not None and written in alias:
             _functional(graph, node, latest, alias)
             continue
-        if _returns_alias(node.target) and node.args and node.args[0] in alias:
-            raise UnsupportedModelError(
-                f"this program reads or writes its stored tensor {alias[node.args[0]].name} through a view "
-                f"({node.target}); OpenVINO runs such a program only where every write is a whole-tensor op. "
-                "Run it with backend='eager' or 'inductor'."
-            )
+        if _returns_alias(node.target) and node.args and (node.args[0] in alias or node.args[0] in view_of):
+            view_of[node] = alias.get(node.args[0], view_of.get(node.args[0]))
         node.args = _map(node.args, latest, alias)
         node.kwargs = _map(node.kwargs, latest, alias)
     values = [next(t[s.target] for t in (work.state_dict, work.constants) if s.target in t) for s in specs]
@@ -122,6 +126,7 @@ def _functional(graph, node, latest: dict, alias: dict) -> None:
     node.replace_all_uses_with(new)
     graph.erase_node(node)
     latest[state] = new
+    alias[new] = state  # later reads of this value read the state as it is then (the in-place result aliased it)
 
 
 def _map(value, latest: dict, alias: dict):
