@@ -11,8 +11,9 @@ Two steps:
 * :func:`state_as_io` (a backend pass of ``convert.for_openvino``): every written stored tensor becomes a user
   input placed after the program's own inputs, each in-place write of it (``index_copy_``, ``copy_``) its
   functional form (``index_copy``, ``copy``) whose result later reads see, and its last value a user output placed
-  after the program's own outputs. Writes through a view of the tensor (``cache[:, :, 3].copy_(x)``), or after a
-  view of it was taken (the view would see the write), have no such one-node form: UnsupportedModelError.
+  after the program's own outputs; a whole-tensor alias (``aten.to`` to its own dtype) is the tensor. Writes through
+  a view of part of it (``cache[:, :, 3].copy_(x)``), or while a view taken before is read after (the view would see
+  the write), have no such one-node form: UnsupportedModelError.
 * :func:`make_stateful` (the runner, on the converted model): the trailing float inputs and outputs paired into
   OpenVINO variables; integer ones (scalar counters; the CPU plugin keeps no i64 variable) stay inputs and
   outputs the runner carries from call to call. :func:`initial_values` are the values the runner starts from.
@@ -57,23 +58,29 @@ def state_as_io(work) -> PassResult:
     nodes = [placeholders[s.arg.name] for s in specs]
     latest = {node: node for node in nodes}  # state placeholder -> its value now
     alias = {node: node for node in nodes}  # a node that is the state's storage -> its placeholder
-    view_of: dict = {}  # a view of a state's storage -> its placeholder
+    view_of: dict = {}  # a view of part of a state's storage -> its placeholder
+    order = {node: i for i, node in enumerate(graph.nodes)}
     for node in list(graph.nodes):
         if node.op != "call_function":
             continue
         written = _written_argument(node)
-        if written is not None and (written in view_of or (written in alias and alias[written] in view_of.values())):
-            state = view_of.get(written, alias.get(written))
-            raise UnsupportedModelError(
-                f"this program writes its stored tensor {state.name} through a view, or after reading it through one "
-                f"({node.target}): a view would see the write, a whole-tensor value would not. OpenVINO runs such a "
-                "program only where every write is a whole-tensor op; run it with backend='eager' or 'inductor'."
-            )
+        if written is not None and written in view_of:
+            _refuse_view(view_of[written], node, "through a view")
         if written is not None and written in alias:
+            state = alias[written]
+            if any(order.get(user, -1) > order[node] for view, of in view_of.items() if of is state
+                   for user in view.users):
+                _refuse_view(state, node, "while a view of it is read later (a view would see the write)")
             _functional(graph, node, latest, alias)
             continue
-        if _returns_alias(node.target) and node.args and (node.args[0] in alias or node.args[0] in view_of):
-            view_of[node] = alias.get(node.args[0], view_of.get(node.args[0]))
+        source = node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else None
+        if source is not None and _returns_alias(node.target) and (source in alias or source in view_of):
+            state = alias.get(source, view_of.get(source))
+            if _same(node, state, shape=True) and source in alias:
+                alias[node] = state  # the whole tensor under another name (aten.to to its own dtype, a view as is)
+            elif _same(node, state, shape=False):
+                view_of[node] = state
+            # else: another dtype, a copy (aten.to), which a write does not reach
         node.args = _map(node.args, latest, alias)
         node.kwargs = _map(node.kwargs, latest, alias)
     values = [next(t[s.target] for t in (work.state_dict, work.constants) if s.target in t) for s in specs]
@@ -92,6 +99,21 @@ def state_as_io(work) -> PassResult:
     output.args = (tuple(outputs),)
     work.written = type(work.written)({})
     return PassResult(True)
+
+
+def _same(node: torch.fx.Node, state: torch.fx.Node, *, shape: bool) -> bool:
+    """Whether ``node``'s value has the state's dtype (and shape): then it is (part of) the state's storage."""
+    a, b = node.meta.get("val"), state.meta.get("val")
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return True  # unknown: assume it aliases (the safe side: writes through it are refused)
+    return a.dtype == b.dtype and (not shape or tuple(a.shape) == tuple(b.shape))
+
+
+def _refuse_view(state: torch.fx.Node, node: torch.fx.Node, how: str):
+    raise UnsupportedModelError(
+        f"this program writes its stored tensor {state.name} {how} ({node.target}); OpenVINO runs a program that "
+        "writes its tensors only where each write is a whole-tensor op. Run it with backend='eager' or 'inductor'."
+    )
 
 
 def _written_argument(node: torch.fx.Node):
