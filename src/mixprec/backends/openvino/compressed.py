@@ -3,7 +3,12 @@ FullyConnected (W8A16 / W4A16 run by OpenVINO's own kernels).
 
 OpenVINO converts no mixprec operator, and its CPU plugin recognises a compressed weight by its pattern::
 
-    Constant (i8 / u8 / u4) -> Convert (f32) -> [Subtract zero point] -> Multiply scale -> [Reshape] -> MatMul
+    Constant (i8 / u8 / u4) -> Convert (f32|bf16) -> [Subtract zero point] -> Multiply scale -> [Reshape] -> MatMul
+
+in the activations' type: a W4A16/W8A16 layer's bf16 (scales and zero points stored bf16, as PyTorch's bf16 kernels
+read them), so the program's stated types run the FullyConnectedCompressed on bf16 activations — a Convert of an f32
+pattern to bf16 is not fused (OpenVINO folds the weight to a dense bf16 constant), and an f32 pattern between casts
+ran the layer on f32 activations (brgemm f32: 3x a bf16 layer's time per decode step at TinyLlama's widths).
 
 Two steps make that pattern:
 
