@@ -9,18 +9,24 @@ every variant makes as many). Variants (``--variants``, all built from the one f
   bf16 eager            a bf16 copy of the model, its generate()
   mixprec fp32|bf16     mixprec.hf.compile_for_generation(static_cache=True) of the model | of its bf16 copy (strong
                         typing: the program computes what the model computes)
-  mixprec W8A16|W4A16 eager|inductor
+  mixprec W8A16|W4A16 eager|inductor|openvino
                         compile_for_generation(bf16 copy, static_cache=True, weights="int8"|"int4", group_size=None
-                        (per channel) | 128, backend="eager"|"inductor"): the decoder's Linears on
-                        aten._weight_int8pack_mm / _weight_int4pack_mm_for_cpu, lm_head int8 (its default), bf16
-                        activations; when this mixprec has the ``weights=`` option. (Not in the default list:
+                        (per channel) | 128, backend="eager"|"inductor"|"openvino"): the decoder's Linears on
+                        aten._weight_int8pack_mm / _weight_int4pack_mm_for_cpu (OpenVINO: compressed i8/u4 constants,
+                        its FullyConnectedCompressed on bf16 activations, the KV cache in the request's variables),
+                        lm_head int8 (its default), bf16 activations; when this mixprec has the ``weights=`` option.
+                        (Not in the default list:
                         "mixprec W8A32|W4A32 eager|inductor", the same on the fp32 model, fp32 activations; "mixprec
                         W4A16 eager|inductor lm_head int4", lm_head="int4".)
   openvino              ov.convert_model of the model (explicit KV-cache inputs/outputs) run by OpenVINO's CPU plugin
                         at its default precision (bf16 on a CPU with avx512_bf16), a greedy loop written here
   openvino+nncf INT8_ASYM | INT4_SYM g128
                         the same OpenVINO model after ``nncf.compress_weights`` (mode INT8_ASYM; INT4_SYM with
-                        group_size=128 and NNCF's defaults: ratio 1, lm_head and embedding kept INT8_ASYM)
+                        group_size=128 and NNCF's defaults: ratio 1, lm_head and embedding kept INT8_ASYM), compiled
+                        with OpenVINO's defaults: its CPU plugin quantizes those layers' activations to int8 per group
+                        of 32 at run time (dynamic quantization: W8A8/W4A8 kernels). Not in the default list:
+                        "openvino+nncf INT8_ASYM|INT4_SYM g128 no dynamic quantization", the same models with
+                        DYNAMIC_QUANTIZATION_GROUP_SIZE=0: bf16 activations, like mixprec's W8A16/W4A16
   torchao int8|int4     torchao's weight-only configs on a bf16 copy (Int8WeightOnlyConfig per row;
                         PrototypeInt4WeightOnlyConfig group 128, the Int4OpaqueTensor on
                         aten._weight_int4pack_mm_for_cpu,
@@ -87,11 +93,18 @@ import mixprec.hf  # noqa: E402
 # fp32 eager decode ran 3.0 tokens/s at 2 threads and 9.7 at 1 under the same load)
 OV_CONFIG: dict = {}
 VARIANTS = ("fp32 eager", "bf16 eager", "mixprec fp32", "mixprec bf16", "mixprec W8A16 eager", "mixprec W8A16 inductor",
-            "mixprec W4A16 eager", "mixprec W4A16 inductor", "openvino", "openvino+nncf INT8_ASYM",
-            "openvino+nncf INT4_SYM g128", "torchao int8", "torchao int4 g128")
-EXTRA = ("mixprec W8A32 eager", "mixprec W8A32 inductor", "mixprec W4A32 eager", "mixprec W4A32 inductor",
+            "mixprec W8A16 openvino", "mixprec W4A16 eager", "mixprec W4A16 inductor", "mixprec W4A16 openvino",
+            "openvino", "openvino+nncf INT8_ASYM", "openvino+nncf INT4_SYM g128", "torchao int8", "torchao int4 g128")
+EXTRA = ("openvino+nncf INT8_ASYM no dynamic quantization", "openvino+nncf INT4_SYM g128 no dynamic quantization",
+         "mixprec W8A32 eager", "mixprec W8A32 inductor", "mixprec W4A32 eager", "mixprec W4A32 inductor",
+         "mixprec W8A32 openvino", "mixprec W4A32 openvino",
          "mixprec W4A16 eager lm_head int4", "mixprec W4A16 inductor lm_head int4")
 GROUP = 128
+# OpenVINO's CPU plugin quantizes the activations of FullyConnected layers with int8/int4 weights to int8 per group of
+# 32 at run time by default (DYNAMIC_QUANTIZATION_GROUP_SIZE): NNCF's INT4/INT8 models run W4A8/W8A8 kernels that way.
+# mixprec's W4A16/W8A16 keep the plan's bf16 activations (the runner sets 0); the "... no dynamic quantization"
+# variants are NNCF's models with that setting too, the like-for-like comparison.
+NO_DYNAMIC_QUANTIZATION = {"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
 
 
 def llama(layers: int) -> transformers.LlamaForCausalLM:
@@ -188,9 +201,15 @@ def hf_variant(name, lm, weight_bytes, note=""):
 
 def program_bytes(lm, model) -> int | None:
     """Bytes of the program's weight tensors (names with "weight" or "bias": Linear weights in their stored form,
-    scales and zero points, norms) other than the embedding table's, counted once per storage; None if it has none."""
+    scales and zero points, norms) other than the embedding table's, counted once per storage; None if it has none.
+    An OpenVINO program holds no torch tensors: its ExportedProgram's, which OpenVINO's constants hold as stored."""
     seen, total = set(), 0
-    for name, t in list(lm.named_parameters()) + list(lm.named_buffers()):
+    named = list(lm.named_parameters()) + list(lm.named_buffers())
+    if not named and hasattr(lm.program, "exported_program"):
+        program = lm.program.exported_program
+        named = list(program.state_dict.items()) + [(n, t) for n, t in program.constants.items()
+                                                     if isinstance(t, torch.Tensor)]
+    for name, t in named:
         if not ("weight" in name or "bias" in name) or "embed" in name:
             continue
         key = (t.untyped_storage().data_ptr(), t.storage_offset())
@@ -285,14 +304,14 @@ def ov_weight_bytes(ov_model, precision: str) -> int:
     return total
 
 
-def openvino_variant(name, path, config, compress=None):
+def openvino_variant(name, path, config, compress=None, extra_config=None):
     import numpy as np
     import openvino as ov
 
     ov_model = ov.Core().read_model(path)
     if compress is not None:
         ov_model = compress(ov_model)
-    compiled = ov.Core().compile_model(ov_model, "CPU", OV_CONFIG)
+    compiled = ov.Core().compile_model(ov_model, "CPU", {**OV_CONFIG, **(extra_config or {})})
     precision = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
     weight_bytes = ov_weight_bytes(ov_model, precision)
     del ov_model
@@ -372,7 +391,7 @@ def builders(model, ids, length, wanted, ov_path):
         "mixprec bf16": lambda: mixprec_variant("mixprec bf16", bf16(), ids, length),
     }
     for bits in (8, 4):
-        for backend in ("eager", "inductor"):
+        for backend in ("eager", "inductor", "openvino"):
             for activations in ("A16", "A32"):
                 name = f"mixprec W{bits}{activations} {backend}"
                 made[name] = (lambda bits=bits, backend=backend, name=name, activations=activations: mixprec_variant(
@@ -390,6 +409,11 @@ def builders(model, ids, length, wanted, ov_path):
         name = f"openvino+nncf {label}"
         made[name] = (lambda name=name, mode=mode, group=group: openvino_variant(
             name, ov_path(), model.config, nncf_compress(mode, group))) if not missing("nncf") else missing("nncf")
+    for label, mode, group in (("INT8_ASYM", "INT8_ASYM", None), ("INT4_SYM g128", "INT4_SYM", GROUP)):
+        name = f"openvino+nncf {label} no dynamic quantization"
+        made[name] = (lambda name=name, mode=mode, group=group: openvino_variant(
+            name, ov_path(), model.config, nncf_compress(mode, group), NO_DYNAMIC_QUANTIZATION)) \
+            if not missing("nncf") else missing("nncf")
     for bits, name in ((8, "torchao int8"), (4, "torchao int4 g128")):
         made[name] = (lambda bits=bits, name=name: torchao_variant(name, model, bits)) if not missing("torchao") \
             else missing("torchao")
@@ -493,8 +517,11 @@ def decode_bench(args, bandwidth):
         row["roofline tokens/s"] = roofline
         row["of roofline"] = f"{row['decode tokens/s'] / roofline:.0%}"
         rows.append(row)
+    roofline_column = f"roofline tokens/s ({torch.get_num_threads()} thr)"
+    for row in rows:
+        row[roofline_column] = row["roofline tokens/s"]
     columns = ["variant", "decode tokens/s", "vs fp32", "vs bf16", "prefill s", "weight MiB/token",
-               "roofline tokens/s", "of roofline", "logit rel-L2", "tokens = fp32", "build s"]
+               roofline_column, "of roofline", "logit rel-L2", "tokens = fp32", "build s"]
     if not args.interleave:
         columns.append("load")
     print(table(rows, columns + ["note"]))
@@ -511,7 +538,7 @@ def bars(results):
             return f"{x:.2f}x"
         return "n/a"
 
-    for backend in ("eager", "inductor"):
+    for backend in ("eager", "inductor", "openvino"):
         w4, w8 = f"mixprec W4A16 {backend}", f"mixprec W8A16 {backend}"
         ov4 = "openvino+nncf INT4_SYM g128"
         err = (f"logit rel-L2 {results[w4]['logit rel-L2']:.3g} vs {results[ov4]['logit rel-L2']:.3g}"
@@ -666,7 +693,8 @@ def main():
     print(f"command: python bench/weight_only.py {' '.join(sys.argv[1:])}; load average at start "
           f"{' '.join('%.2f' % x for x in os.getloadavg())}")
     copy_bw, read_bw = memory_bandwidth(args.bandwidth_gib)
-    print(f"memory bandwidth: copy of {args.bandwidth_gib:g} GiB {copy_bw / 2**30:.1f} GiB/s (read + written), "
+    print(f"memory bandwidth at {torch.get_num_threads()} thread(s) (the decode's: --threads sets torch's and "
+          f"OpenVINO's): copy of {args.bandwidth_gib:g} GiB {copy_bw / 2**30:.1f} GiB/s (read + written), "
           f"sum over it {read_bw / 2**30:.1f} GiB/s (read); the roofline uses the copy's", flush=True)
     begin = time.perf_counter()
     decode_bench(args, copy_bw)

@@ -101,12 +101,16 @@ class _State:
     def __init__(self, captured: CapturedModel, program=None):
         self.captured = captured
         self.saved = [(t, t.detach().clone()) for t in written_tensors(program)] if program is not None else []
+        self.runner = None  # a backend runner that keeps its own copy of the state (OpenVINO's) resets it too
 
     def reset(self) -> None:
         with torch.no_grad():
             for tensor, value in self.saved:
                 tensor.copy_(value)
         self.captured.reset_state()
+        reset_runner = getattr(self.runner, "reset_state", None)
+        if reset_runner is not None:
+            reset_runner()
 
 
 def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModule:  # noqa: A001 (API.md's name)
@@ -144,6 +148,7 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
         state = _State(captured, program)  # the program's state as captured, before any run
     with timer.phase("backend"):
         runner = get_backend(options.backend.backend)(program, options.backend)
+        state.runner = runner
         state.reset()
     with timer.phase("report"):
         errors = _errors_against_fp32(runner, program, captured, calibrated.reference_outputs, state)

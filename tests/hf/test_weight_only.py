@@ -113,3 +113,33 @@ def test_a_weight_only_static_cache_program_round_trips_through_hf_save(tmp_path
     options = dict(attention_mask=torch.ones_like(prompt), max_new_tokens=8, do_sample=False, pad_token_id=0)
     with torch.no_grad():
         assert torch.equal(loaded.generate(prompt, **options), lm.generate(prompt, **options))
+
+
+@pytest.mark.parametrize("weights,group,static_cache", [("int4", 32, True), ("int8", None, True), ("int4", 32, False)])
+def test_weight_only_decoding_on_openvino_gives_the_eager_programs_tokens(weights, group, static_cache):
+    """backend="openvino": generate() runs (it died with StopIteration: transformers' ``device`` is the first
+    parameter's, and an OpenVINO program holds none), the static KV cache lives in OpenVINO's request, and the greedy
+    tokens are the eager weight-only program's, with logits close (the same bf16 activations, OpenVINO's kernels)."""
+    pytest.importorskip("openvino")
+    torch.manual_seed(0)
+    model = _llama()
+    prompt = torch.randint(2, 64, (1, 6))
+    out = {}
+    for backend in ("eager", "openvino"):
+        lm = mixprec.hf.compile_for_generation(model, prompt, static_cache=static_cache, max_cache_len=32,
+                                               max_length=32, weights=weights, group_size=group, backend=backend)
+        assert lm.device == torch.device("cpu")
+        out[backend] = lm.generate(prompt, max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0,
+                                   output_logits=True, return_dict_in_generate=True)
+    # greedy tokens equal step after step, until a step whose top two logits are closer than the two programs' logits
+    # differ (a near-tie of the random model, decided by rounding): both runs are then on the same tokens so far
+    same = 0  # new tokens equal
+    for got, want in zip(out["openvino"].logits, out["eager"].logits):
+        assert ((got - want).norm() / want.norm()).item() < 0.03  # every step on the same tokens, the cache's included
+        if got.argmax() != want.argmax():
+            top = want.topk(2).values[0]
+            assert (top[0] - top[1]).item() <= 2 * (got - want).abs().max().item(), "not a near-tie"
+            break
+        same += 1
+    tokens = prompt.shape[1] + same
+    assert out["openvino"].sequences[:, :tokens].tolist() == out["eager"].sequences[:, :tokens].tolist()

@@ -14,6 +14,8 @@ them; another backend (OpenVINO keeps its own copy) refuses beam search with a s
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from transformers.cache_utils import DynamicCache
 
@@ -87,6 +89,14 @@ class GeneratesWithProgramCache:
         if self.static_cache and kwargs.get("past_key_values") is None:
             kwargs["past_key_values"] = ProgramCache(self.cached_program(), self._sequences)
         return super().generate(*args, **kwargs)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the program's tensors are; a program that holds none (OpenVINO keeps its own copy of the weights)
+        takes and returns CPU tensors. (transformers' ``device`` is the first parameter's: a StopIteration here.)"""
+        for tensor in itertools.chain(self.parameters(), self.buffers()):
+            return tensor.device
+        return torch.device("cpu")
 
     def get_input_embeddings(self):
         return None

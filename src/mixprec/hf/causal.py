@@ -14,7 +14,8 @@
 model's config: ``lm.generate(input_ids, max_new_tokens=..., do_sample=..., num_beams=...)`` is
 transformers' ``generate()``, and ``lm(input_ids=...)`` returns ``CausalLMOutputWithPast``.
 
-The program owns its KV cache: the model is never written (``ir/written_state.py``). Numerics: under
+The program owns its KV cache: the model is never written (``ir/written_state.py``); on backend="openvino" the cache
+lives in OpenVINO's infer request as variables (``backends/openvino/state.py``). Numerics: under
 strong typing (the default) the logits are eager PyTorch's; with ``enable_autocast=True`` the usual
 rules decide.
 """

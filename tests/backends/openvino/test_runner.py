@@ -245,3 +245,16 @@ def test_batch_norm_with_fp32_statistics_on_low_precision_input_runs(low):
         with torch.autocast("cpu", dtype=low):
             theirs = model(*inputs).float()
     assert rel(prog(*inputs), expected) <= 10 * rel(theirs, expected)
+
+
+def test_openvino_runs_on_torchs_thread_count():
+    """OpenVINO's inference threads are torch's (torch.set_num_threads) when the program is built, not every core:
+    a one-thread decode bench timed OpenVINO programs on all cores beside one-thread PyTorch."""
+    model = ThreeLinears().eval()
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        prog = mixprec.compile(model, (torch.randn(2, 10),), backend="openvino")
+    finally:
+        torch.set_num_threads(before)
+    assert prog.runner.compiled_model.get_property("INFERENCE_NUM_THREADS") == 1

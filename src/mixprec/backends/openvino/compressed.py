@@ -3,7 +3,12 @@ FullyConnected (W8A16 / W4A16 run by OpenVINO's own kernels).
 
 OpenVINO converts no mixprec operator, and its CPU plugin recognises a compressed weight by its pattern::
 
-    Constant (i8 / u8 / u4) -> Convert (f32) -> [Subtract zero point] -> Multiply scale -> [Reshape] -> MatMul
+    Constant (i8 / u8 / u4) -> Convert (f32|bf16) -> [Subtract zero point] -> Multiply scale -> [Reshape] -> MatMul
+
+in the activations' type: a W4A16/W8A16 layer's bf16 (scales and zero points stored bf16, as PyTorch's bf16 kernels
+read them), so the program's stated types run the FullyConnectedCompressed on bf16 activations — a Convert of an f32
+pattern to bf16 is not fused (OpenVINO folds the weight to a dense bf16 constant), and an f32 pattern between casts
+ran the layer on f32 activations (brgemm f32: 3x a bf16 layer's time per decode step at TinyLlama's widths).
 
 Two steps make that pattern:
 
@@ -33,6 +38,12 @@ INT4_OP = torch.ops.mixprec.linear_int4_weight.default
 INT4_MAX = 15
 
 
+def weight_only_nodes(exported_program) -> list[str]:
+    """The program's weight-only layers (``mixprec.linear_int8_weight`` / ``linear_int4_weight`` nodes): the
+    lowering keeps their names on the ``aten.linear`` it makes, so OpenVINO's MatMul is named after them."""
+    return [n.name for n in exported_program.graph.nodes if n.op == "call_function" and n.target in (INT8_OP, INT4_OP)]
+
+
 @backend_pass("weight_only_compressed")
 def lower_weight_only(work) -> PassResult:
     """Each weight-only op as Convert/Subtract/Multiply of its stored integer weight, then ``aten.linear``."""
@@ -44,16 +55,8 @@ def lower_weight_only(work) -> PassResult:
         stored = _stored_values(work, node)
         dtype = x.meta["val"].dtype
         with work.graph.inserting_before(node):
-            weight = _decompressed(work, node, stored)
-            if dtype != torch.float32:  # the pattern OpenVINO fuses is in f32; its bf16 hint lowers the layer again
-                x = _convert(work.graph, x)
-                bias = _convert(work.graph, bias) if bias is not None else None
+            weight = _decompressed(work, node, stored, dtype)
         node.target, node.args, node.kwargs = aten.linear.default, (x, weight, bias), {}  # keeps its name and meta
-        if dtype != torch.float32:
-            node.meta["val"] = node.meta["val"].to(torch.float32)
-            with work.graph.inserting_after(node):
-                back = _convert(work.graph, node, dtype)
-            node.replace_all_uses_with(back, delete_user_cb=lambda user: user is not back)
         changed = True
     if changed:
         for placeholder in [n for n in work.placeholders() if not n.users and work.input_spec_of(n) is not None]:
@@ -78,8 +81,9 @@ def _stored_values(work, node) -> dict:
             "zeros": both[..., 1].T.contiguous(), "group": group, "like": weight}
 
 
-def _decompressed(work, node, stored) -> torch.fx.Node:
-    """The float32 weight [N, K], spelled as the compressed-weight pattern on new stored constants."""
+def _decompressed(work, node, stored, dtype) -> torch.fx.Node:
+    """The weight [N, K] in the activations' ``dtype``, spelled as the compressed-weight pattern on new stored
+    constants (scales and zero points in ``dtype``: what PyTorch's bf16 weight-only kernels read too)."""
     graph = work.graph
     like = work.input_spec_of(stored["like"])
     name = stored["like"].name
@@ -101,18 +105,19 @@ def _decompressed(work, node, stored) -> torch.fx.Node:
         q, scales, offsets = stored["q"], stored["scales"], stored["offsets"]
         n, k = q.shape
         groups = scales.shape[1]
-        values = _convert(graph, constant("int8", q.reshape(n, groups, k // groups)))
+        values = _convert(graph, constant("int8", q.reshape(n, groups, k // groups)), dtype)
         if offsets is not None:  # q * s + o == (q - (-o / s)) * s
-            values = call(aten.sub.Tensor, values, constant("zero_point", (-offsets.float() / scales)[..., None]))
-        weight = call(aten.mul.Tensor, values, constant("scale", scales[..., None]))
+            values = call(aten.sub.Tensor, values,
+                          constant("zero_point", (-offsets.float() / scales)[..., None].to(dtype)))
+        weight = call(aten.mul.Tensor, values, constant("scale", scales[..., None].to(dtype)))
     else:
         u, scales, zeros = stored["u"], stored["scales"], stored["zeros"]
         n, k = u.shape
         groups = scales.shape[1]
-        values = _convert(graph, constant("uint4", u.reshape(n, groups, k // groups)))
+        values = _convert(graph, constant("uint4", u.reshape(n, groups, k // groups)), dtype)
         zero_point = wo.INT4_MIDPOINT - zeros / scales  # (u - 8) * s + z == (u - (8 - z / s)) * s
-        values = call(aten.sub.Tensor, values, constant("zero_point", zero_point[..., None]))
-        weight = call(aten.mul.Tensor, values, constant("scale", scales[..., None]))
+        values = call(aten.sub.Tensor, values, constant("zero_point", zero_point[..., None].to(dtype)))
+        weight = call(aten.mul.Tensor, values, constant("scale", scales[..., None].to(dtype)))
     return call(aten.reshape.default, weight, [n, k])
 
 

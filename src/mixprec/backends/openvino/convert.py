@@ -39,6 +39,7 @@ from ..lowering import cpu, run_passes
 from ..lowering.qdq import QDQ_OPENVINO_FLOAT, QDQ_OPENVINO_INT8
 from .audit import NodeNames
 from .compressed import LOWER_WEIGHT_ONLY, as_u4
+from .state import state_as_io, written_specs
 
 
 def import_openvino():
@@ -62,6 +63,7 @@ class Converted:
     prepared: object
     names: NodeNames
     int8_kernels: bool
+    state: int = 0  # how many written tensors the model takes and returns last (state.py: variables when compiled)
 
 
 def convert(exported_program, *, int8_kernels: bool | None = None):
@@ -85,6 +87,8 @@ def convert_program(exported_program, *, int8_kernels: bool | None = None) -> Co
             decoder = _decoder(prepared)
             model = ov.convert_model(decoder if decoder is not None else prepared)
             as_u4(model)  # weight-only int4: u4 compressed constants (compressed.py)
+            # written tensors: trailing inputs/outputs, made OpenVINO variables before compiling (state.py)
+            state = len(written_specs(exported_program.graph_signature.input_specs, exported_program.graph))
     except Exception as e:  # OpConversionFailure, and whatever its decoder raises on odd graphs
         text = str(e)
         ops = _failed_ops(text)
@@ -96,7 +100,7 @@ def convert_program(exported_program, *, int8_kernels: bool | None = None) -> Co
         ) from e
     graph = getattr(getattr(decoder, "pt_module", None), "graph", None)
     names = NodeNames.of(graph, prepared, exported_program) if graph is not None else NodeNames()
-    return Converted(model, prepared, names, kernels)
+    return Converted(model, prepared, names, kernels, state)
 
 
 def _decoder(prepared):
@@ -124,8 +128,8 @@ def for_openvino(exported_program, *, int8_kernels: bool | None = None):
 
     kernels = int8_kernels_default() if int8_kernels is None else int8_kernels
     work = WorkProgram.from_exported(exported_program)
-    run_passes(work, (contiguous_state, QDQ_OPENVINO_INT8 if kernels else QDQ_OPENVINO_FLOAT, LOWER_WEIGHT_ONLY,
-                      drop_constant_outputs))
+    run_passes(work, (state_as_io, contiguous_state, QDQ_OPENVINO_INT8 if kernels else QDQ_OPENVINO_FLOAT,
+                      LOWER_WEIGHT_ONLY, drop_constant_outputs))
     return work.to_exported()
 
 

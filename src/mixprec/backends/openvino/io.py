@@ -50,16 +50,18 @@ def user_outputs(exported_program) -> list[tuple[str, object]]:
     return out
 
 
-def bind_inputs(model, names: list[str]) -> list[tuple[int, int]]:
+def bind_inputs(model, names: list[str], state: int = 0) -> list[tuple[int, int]]:
     """(OpenVINO input index, position among the call's tensors) for every input the model kept.
 
     OpenVINO keeps the program's input order; when it dropped inputs (unused ones), the others are
-    matched by name (OpenVINO may name an input after the argument, "input", where fx says "input_1")."""
-    if len(model.inputs) == len(names):
+    matched by name (OpenVINO may name an input after the argument, "input", where fx says "input_1").
+    The last ``state`` inputs are the program's written tensors (``state.py``), none of the call's."""
+    inputs = list(model.inputs)[:len(model.inputs) - state]
+    if len(inputs) == len(names):
         return [(i, i) for i in range(len(names))]
     position = {name: i for i, name in enumerate(names)}
     ports = []
-    for index, port in enumerate(model.inputs):
+    for index, port in enumerate(inputs):
         hits = [position[n] for n in port.get_names() if n in position]
         if not hits:
             raise UnsupportedModelError(

@@ -13,7 +13,8 @@ Dynamic dimensions: OpenVINO's frontend makes every dimension dynamic; the conve
 the program's input specs — static sizes static, dimensions captured as dynamic bounded by their ranges
 (``range_constraints``).
 
-Threads: an OpenVINO infer request runs one inference at a time; the runner keeps a pool of requests, takes
+Threads: OpenVINO runs each inference on ``torch.get_num_threads()`` threads as the runner is built. An OpenVINO
+infer request runs one inference at a time; the runner keeps a pool of requests, takes
 one per call (creating one when all are busy) and gives it back after copying the outputs out, so calls
 from several threads run concurrently on one compiled model (which OpenVINO documents as thread-safe).
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import threading
 
 import torch
 import torch.utils._pytree as pytree
@@ -31,6 +33,7 @@ from ...ir.input_check import input_specs_of
 from .audit import NATIVE_CAPABILITY, audit, declared_precisions, int8_nodes, node_types, refusal, runtime_layers
 from .float_form import FLOAT_FORM_CONFIG, float_form
 from .convert import Converted, convert_program, first_line, import_openvino, version_of
+from .state import initial_values, make_stateful, variable_index
 from .io import (
     bind_inputs, check_no_mutations, set_input_shapes, to_ov_tensor, to_torch, user_input_names, user_outputs,
 )
@@ -70,10 +73,11 @@ class OpenVINORunner(torch.nn.Module):
         model = converted.model
         # OpenVINO's constants point into the prepared program's tensors: they must outlive the compiled model
         self.__dict__["_prepared"] = converted.prepared
-        self._input_ports = bind_inputs(model, self._user_inputs)
+        self._input_ports = bind_inputs(model, self._user_inputs, state=converted.state)
         set_input_shapes(ov, model, self._input_ports, self._specs)
         n_tensors = sum(1 for kind, _ in self._outputs if kind == "tensor")
-        if len(model.outputs) != n_tensors:
+        self._n_outputs = n_tensors
+        if len(model.outputs) != n_tensors + converted.state:
             raise UnsupportedModelError(
                 f"OpenVINO made {len(model.outputs)} outputs of this program's {n_tensors} output tensors "
                 "(it merges outputs that are the same value); run it with backend='eager' or 'inductor'."
@@ -85,6 +89,26 @@ class OpenVINORunner(torch.nn.Module):
         self.__dict__["_models"] = {}
         self._idle: queue.SimpleQueue = queue.SimpleQueue()
         self._idle.put(self._compiled.create_infer_request())
+        self._stateful = converted.state > 0
+        self._state_lock = threading.Lock()
+        self._carried: list = []  # (input index, value) of the written tensors carried from call to call
+        # the written tensors' values as the program holds them now (state.py): where every reset_state() starts
+        self.__dict__["_initial"] = [t.detach().clone() for t in initial_values(exported_program)]
+        self.reset_state()
+
+    def reset_state(self) -> None:
+        """Put the state of a program that writes its own tensors (a KV cache) back to its values when the runner was
+        built, as the compiler does with the program's tensors before each of its runs; nothing for other programs."""
+        if not self._stateful:
+            return
+        values = self._initial
+        with self._state_lock:
+            request = self._idle.get()
+            for variable in request.query_state():
+                variable.state = to_ov_tensor(values[variable_index(variable.name)].clone())
+            self._idle.put(request)
+            self._carried = [[len(self._input_ports) + j, to_ov_tensor(values[i].clone())]
+                             for j, i in enumerate(self._carried_positions)]
 
     def _compile(self, ov, core, exported_program, converted: Converted, stated):
         """Compile the float form (``float_form.py``: an f32 graph with bf16 inference precision, NNCF's form) where
@@ -94,6 +118,7 @@ class OpenVINORunner(torch.nn.Module):
         form = float_form(ov, stated, declared, names=converted.names, int8_nodes=int8_nodes(exported_program),
                           int8_kernels=converted.int8_kernels)
         if form is not None:
+            self._carried_positions = make_stateful(ov, form.model, converted.state)
             compiled = _compile_model(core, form.model, FLOAT_FORM_CONFIG)
             result = _judge(core, exported_program, converted, compiled, form.declared)
             if not result.narrower:
@@ -103,6 +128,7 @@ class OpenVINORunner(torch.nn.Module):
             log.info("OpenVINO ran %d layer(s) of the f32 form narrower than planned (%s); compiling the stated "
                      "types with f32 inference precision instead", len(result.narrower),
                      ", ".join(f"{m.layer}: {m.planned} -> {m.runs}" for m in result.narrower[:5]))
+        self._carried_positions = make_stateful(ov, stated, converted.state)
         compiled = _compile_model(core, stated, COMPILE_CONFIG)
         result = _judge(core, exported_program, converted, compiled, declared)
         if result.narrower:
@@ -123,15 +149,25 @@ class OpenVINORunner(torch.nn.Module):
         feed = {}
         for port, position in self._input_ports:
             feed[port] = to_ov_tensor(tensors[position])
-        try:
-            request = self._idle.get_nowait()
-        except queue.Empty:
-            request = self._compiled.create_infer_request()
-        try:
-            request.infer(feed, share_inputs=True)
-            results = [to_torch(request.get_output_tensor(i)) for i in range(len(self._compiled.outputs))]
-        finally:
-            self._idle.put(request)
+        if self._stateful:
+            with self._state_lock:  # the state is the one request's: calls take turns
+                request = self._idle.get()
+                try:
+                    feed.update(self._carried)
+                    results = _infer(request, feed, self._n_outputs)
+                    for j, entry in enumerate(self._carried):  # the written integers' new values, for the next call
+                        entry[1] = to_ov_tensor(to_torch(request.get_output_tensor(self._n_outputs + j)))
+                finally:
+                    self._idle.put(request)
+        else:
+            try:
+                request = self._idle.get_nowait()
+            except queue.Empty:
+                request = self._compiled.create_infer_request()
+            try:
+                results = _infer(request, feed, self._n_outputs)
+            finally:
+                self._idle.put(request)
         flat, it = [], iter(results)
         for kind, value in self._outputs:
             flat.append(next(it) if kind == "tensor" else value)
@@ -161,20 +197,29 @@ class OpenVINORunner(torch.nn.Module):
             ov = import_openvino()
             converted = convert_program(self._program)
             model = converted.model
-            set_input_shapes(ov, model, bind_inputs(model, self._user_inputs), self._specs)
+            set_input_shapes(ov, model, bind_inputs(model, self._user_inputs, state=converted.state), self._specs)
             if form == FORM_FLOAT:
                 model = float_form(ov, model, declared_precisions(model), names=converted.names,
                                    int8_nodes=int8_nodes(self._program), int8_kernels=converted.int8_kernels).model
+            make_stateful(ov, model, converted.state)
             self._models[form] = (converted.prepared, model)  # its constants share the prepared program's memory
         return self._models[form][1]
+
+
+def _infer(request, feed, n_outputs: int) -> list[torch.Tensor]:
+    request.infer(feed, share_inputs=True)
+    return [to_torch(request.get_output_tensor(i)) for i in range(n_outputs)]
 
 
 # ---- precisions -----------------------------------------------------------------------------
 
 
 def _compile_model(core, model, config):
+    # as many threads as torch's (torch.set_num_threads), not OpenVINO's own default of every core: one setting
+    # for both runtimes in one process (and a one-thread decode runs on one thread)
+    config = {**config, "INFERENCE_NUM_THREADS": torch.get_num_threads()}
     try:
-        return core.compile_model(model, DEVICE, dict(config))
+        return core.compile_model(model, DEVICE, config)
     except RuntimeError as e:
         raise UnsupportedModelError(
             f"OpenVINO could not compile this program for its CPU device: {first_line(e)}\n"
