@@ -127,3 +127,44 @@ def test_simulated_values_are_ranged_in_the_same_calibration_each_clipped_for_it
     plan = _two_reader_plan(x, mixprec.QuantPolicy(smoothing_alpha=None, estimator="minmax"))
     assert len(runs) == 1
     assert plan["linear"].int8.input_range("x") == plan["linear_1"].int8.input_range("x") == (float(x.min()), 40.0)
+
+
+class _EagerAttention(nn.Module):
+    """q @ k^T, softmax, @ v in one module, its projections Linears of their own (``key_int8=False``: k's made by a
+    float Linear)."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = (p(x).view(b, t, 2, 8).transpose(1, 2) for p in (self.q, self.k, self.v))
+        probs = torch.softmax(q @ k.transpose(-1, -2) / 8 ** 0.5, dim=-1)
+        return (probs @ v).transpose(1, 2).reshape(b, t, 16)
+
+
+def _attention_plan(policy=None, key_int8=True):
+    torch.manual_seed(0)
+    model = _EagerAttention().eval()
+    cfg = mixprec.MixedPrecisionConfigurator(model)
+    cfg.set_precision(nn.Linear, activation="int8")
+    if not key_int8:
+        cfg.set_precision(model.k, activation="fp32")
+    return cfg.apply((torch.randn(2, 6, 16),), policy=policy)
+
+
+def test_int8_on_the_projections_reaches_the_attention_scores_matmul():
+    """int8 Linears making q and k give the scores matmul between them int8 by default (issue 34, as NNCF's
+    TRANSFORMER mode), both operands quantized, its reason and the log saying why; the output matmul reads the
+    softmax probabilities and stays float (``QuantPolicy.quantize_probabilities``); not with
+    ``int8_attention=False``, nor when one operand comes from a float layer."""
+    plan = _attention_plan()
+    matmuls = [n for n in plan if n.startswith("matmul")]
+    assert matmuls == ["matmul"], list(plan)  # the scores; probs @ v is not reached
+    assert plan["matmul"].precision == torch.int8 and len(plan["matmul"].int8.inputs) == 2
+    assert "int8 attention as NNCF's TRANSFORMER mode" in plan["matmul"].reason and "linear, linear_1" in plan[
+        "matmul"].reason
+    assert "int8 attention (QuantPolicy.int8_attention" in plan.log and "matmul" in plan.log
+    assert not any(n.startswith("matmul") for n in _attention_plan(mixprec.QuantPolicy(int8_attention=False)))
+    assert not any(n.startswith("matmul") for n in _attention_plan(key_int8=False))

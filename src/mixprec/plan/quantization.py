@@ -91,6 +91,9 @@ class QuantPolicy:
     group_size: input channels per weight scale (None: one scale per output channel; room for grouped int4).
     bias_correction: each int8 Linear/convolution's bias cancels the mean output shift int8 causes on the
         calibration data (``calibrate/bias_correction.py``; recorded per layer as ``Int8Spec.bias_shift``).
+    int8_attention: the configurator's int8 on the layers that make an attention's operands (its query and key
+        projections) reaches the attention's matmuls that no request covers, as NNCF's TRANSFORMER mode quantizes
+        them (``configurator/resolve.py``); False: they stay float unless asked for.
     """
 
     estimator: str = DEFAULT_ESTIMATOR
@@ -102,11 +105,13 @@ class QuantPolicy:
     weight_bits: int = 8
     group_size: int | None = None
     bias_correction: bool = True
+    int8_attention: bool = True
 
     def __post_init__(self):
         if self.estimator not in ESTIMATORS:
             raise _bad("estimator", self.estimator, f"one of {', '.join(ESTIMATORS)}")
-        for name in ("unsigned_activations", "quantize_exits", "quantize_probabilities", "bias_correction"):
+        for name in ("unsigned_activations", "quantize_exits", "quantize_probabilities", "bias_correction",
+                     "int8_attention"):
             if not isinstance(getattr(self, name), bool):
                 raise _bad(name, getattr(self, name), "True or False")
         alpha = self.smoothing_alpha

@@ -228,14 +228,15 @@ def _bert_attention_layers(layers) -> list[dict]:
             and any("scaled_dot_product_attention" in o for o in layer.get("originals", ()))]
 
 
-@pytest.mark.parametrize("attention", [False, True])
-def test_int8_bert_runs_its_attention_matmuls_in_int8_on_openvino_kernels(monkeypatch, attention):
-    """A small BERT from its config, int8 as NNCF's TRANSFORMER mode makes it: every Linear, and (``attention``)
-    every self-attention module, whose request quantizes the query and key its scaled_dot_product_attention reads.
-    On OpenVINO's int8 kernels (forced, as on a VNNI CPU) each layer's attention then runs in i8/u8 in the runtime
-    graph, as NNCF's model's does (bench/int8_nncf.py: one i8 attention Subgraph per layer on this avx512_vnni EPYC
-    and on the recorded Xeon); with the Linears alone it stays f32 — the check can fail. Held to the eager program
-    either way only on VNNI CPUs (without VNNI OpenVINO's int8 kernels saturate)."""
+@pytest.mark.parametrize("request_", ["attention module", "linears", "linears, int8_attention=False"])
+def test_int8_bert_runs_its_attention_matmuls_in_int8_on_openvino_kernels(monkeypatch, request_):
+    """A small BERT from its config, int8 as NNCF's TRANSFORMER mode makes it: every Linear, and its self-attention
+    module either asked for (``attention module``) or reached by default because int8 makes its query and key
+    (``linears``: ``QuantPolicy.int8_attention``, issue 34), whose scaled_dot_product_attention then reads them
+    quantized. On OpenVINO's int8 kernels (forced, as on a VNNI CPU) each layer's attention runs in i8/u8 in the
+    runtime graph, as NNCF's model's does (bench/int8_nncf.py: one i8 attention Subgraph per layer on this
+    avx512_vnni EPYC and on the recorded Xeon); with ``int8_attention=False`` it stays f32 — the check can fail. Held
+    to the eager program either way only on VNNI CPUs (without VNNI OpenVINO's int8 kernels saturate)."""
     transformers = pytest.importorskip("transformers")
     from mixprec.backends.openvino.audit import runtime_layers
 
@@ -245,12 +246,17 @@ def test_int8_bert_runs_its_attention_matmuls_in_int8_on_openvino_kernels(monkey
     model = transformers.BertModel(config, add_pooling_layer=False).eval()
     ids = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(1))
     configurator = mixprec.MixedPrecisionConfigurator(model)
-    if attention:
+    if request_ == "attention module":
         configurator.set_precision(transformers.models.bert.modeling_bert.BertSelfAttention, activation="int8")
     configurator.set_precision(nn.Linear, activation="int8")
-    plan = configurator.apply((ids,))
-    sdpa = [n for n in plan if "scaled_dot_product_attention" in n]  # the plan holds the layers asked for
-    assert len(sdpa) == (2 if attention else 0)
+    off = request_.endswith("False")
+    plan = configurator.apply((ids,), policy=mixprec.QuantPolicy(int8_attention=not off))
+    sdpa = [n for n in plan if "scaled_dot_product_attention" in n]  # the plan holds the layers int8 reaches
+    assert len(sdpa) == (0 if off else 2) and all(plan[n].precision == torch.int8 for n in sdpa)
+    if request_ == "linears":  # reached by default: its reason and the log say why
+        assert all("int8 attention as NNCF's TRANSFORMER mode" in plan[n].reason for n in sdpa)
+        assert "int8 attention (QuantPolicy.int8_attention" in plan.log
+        assert all(len(plan[n].int8.inputs) == 2 for n in sdpa)  # query and key, not value nor mask
     monkeypatch.setattr(cpu, "has_int8_dot_product", lambda: True)
     prog = mixprec.compile(model, (ids,), plan=plan, backend="openvino")
     compiled = next(m.compiled_model for m in prog.modules() if hasattr(m, "compiled_model"))
@@ -258,11 +264,10 @@ def test_int8_bert_runs_its_attention_matmuls_in_int8_on_openvino_kernels(monkey
     computing = [layer for layer in found if layer["type"] in ("MatMul", "Subgraph", "ScaledDotProductAttention")]
     assert computing, found
     int8 = [layer for layer in computing if layer["precision"] in ("i8", "u8")]
-    if attention:
-        assert all(plan[n].precision == torch.int8 for n in sdpa)  # q, k quantized where they enter (view)
-        assert len(int8) == 2, computing  # one int8 attention per layer
-    else:
+    if off:
         assert not int8, computing
+    else:
+        assert len(int8) == 2, computing  # one int8 attention per layer
     monkeypatch.undo()
     if cpu.has_int8_dot_product():  # OpenVINO's int8 kernels are exact here: the eager program's values
         eager = mixprec.compile(model, (ids,), plan=plan)
