@@ -66,8 +66,8 @@ class Resolution:
     marker_ranges: Mapping[str, tuple[float, float]]  # int8 marker regions without ranges, calibrated
     input_ranges: Mapping[int, tuple[float, float]] = dataclasses.field(default_factory=dict)  # int16/int8 inputs
     output_ranges: Mapping[int, tuple[float, float]] = dataclasses.field(default_factory=dict)
-    # int8 attention layers no request covered -> the int8 layers their operands come from (QuantPolicy.int8_attention)
-    attention: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    # layers no request covered that int8 reaches -> ("attention" | "residual add", the int8 layers they read)
+    implied: Mapping[str, tuple[str, tuple[str, ...]]] = dataclasses.field(default_factory=dict)
 
 
 def resolve(model, captured, requests, strict: bool, policy: QuantPolicy, data) -> Resolution:
@@ -75,7 +75,7 @@ def resolve(model, captured, requests, strict: bool, policy: QuantPolicy, data) 
     (None: the example inputs)."""
     resolver = _Resolver(model, captured, strict)
     resolver.layers(requests)
-    attention = resolver.int8_attention(policy)
+    implied = resolver.implied_int8(policy)
     inputs, outputs = resolver.io_positions(requests, "input"), resolver.io_positions(requests, "output")
     planned = {bits: quant_requests(captured, groups, policy) if bits == torch.int8 else _simulated(
         quant_requests(captured, groups, dataclasses.replace(policy, smoothing_alpha=None)), bits)
@@ -99,7 +99,7 @@ def resolve(model, captured, requests, strict: bool, policy: QuantPolicy, data) 
         decisions, inputs, outputs, dict(resolver.winner), dict(resolver.param), resolver.io_winners,
         tuple(resolver.problems), smoothed, policy, dict(calibrated.int8_ranges),
         *({i: ranges[value] for i, value in boundary[which].items()} for which in ("input", "output")),
-        attention,
+        implied,
     )
 
 
@@ -149,7 +149,7 @@ class _Resolver:
         self.winner: dict[str, object] = {}
         self.param: dict[str, torch.dtype | None] = {}
         self.io_winners: dict[str, dict[int, tuple[torch.dtype, int]]] = {}
-        self.attention: dict[str, tuple[str, ...]] = {}
+        self.implied: dict[str, tuple[str, tuple[str, ...]]] = {}
         self.paths: dict[int, list[str]] = {}
         for path, module in model.named_modules(remove_duplicate=False):
             self.paths.setdefault(id(module), []).append(path)
@@ -181,26 +181,37 @@ class _Resolver:
                 self.param[name] = request.param
         self._shared_parameters()
 
-    def int8_attention(self, policy: QuantPolicy) -> dict[str, tuple[str, ...]]:
-        """int8 for the matmul-class and attention layers no request covers whose quantized operands all come from
-        int8 layers with weights (see the module docstring; none without ``policy.int8_attention``): each gets the
-        request of its first operand's layer. Returns layer -> the layers its operands come from."""
-        if not policy.int8_attention:
-            return {}
+    def implied_int8(self, policy: QuantPolicy) -> dict[str, tuple[str, tuple[str, ...]]]:
+        """int8 for the layers no request covers that int8 reaches (see the module docstring): attention matmuls
+        whose quantized operands all come from int8 layers with weights (``policy.int8_attention``), adds of two
+        same-shaped values one of which an int8 convolution makes (``policy.quantize_residuals``). Each gets the
+        request of the first such layer. Returns layer -> ("attention" | "residual add", the int8 layers it reads)."""
         stored = frozenset(s.arg.name for s in self.base.input_specs
                            if s.kind in STORED_KINDS and hasattr(s.arg, "name"))
         for node in self.base.graph.nodes:
-            if node.name not in self.info or node.name in self.winner or not int8_operands.is_operand_op(node):
+            if node.name not in self.info or node.name in self.winner:
                 continue
-            sources = [_made_by(value) for value in int8_operands.operands(node, stored, policy)]
-            if not sources or not all(
-                    s is not None and s.name in self.winner and self.winner[s.name].activation == torch.int8
-                    and self.info[s.name].packet in INT8_WEIGHT_OPS for s in sources):
+            if policy.int8_attention and int8_operands.is_operand_op(node):
+                kind, sources = "attention", [_made_by(v) for v in int8_operands.operands(node, stored, policy)]
+                if not sources or not all(self._int8_with_weights(s) for s in sources):
+                    continue
+            elif policy.quantize_residuals and _is_residual_add(node):
+                kind, sources = "residual add", [_made_by(v, _NORMS) for v in node.args[:2]]
+                sources = [s for s in sources if self._int8_with_weights(s, convolution=True)]
+                if not sources:
+                    continue
+            else:
                 continue
             self.winner[node.name] = self.winner[sources[0].name]
             self.param[node.name] = None
-            self.attention[node.name] = tuple(dict.fromkeys(s.name for s in sources))
-        return dict(self.attention)
+            self.implied[node.name] = (kind, tuple(dict.fromkeys(s.name for s in sources)))
+        return dict(self.implied)
+
+    def _int8_with_weights(self, node, convolution: bool = False) -> bool:
+        if node is None or node.name not in self.winner or self.winner[node.name].activation != torch.int8:
+            return False
+        packet = self.info[node.name].packet
+        return packet in INT8_WEIGHT_OPS and (not convolution or packet.startswith("aten.conv"))
 
     def int8_groups(self) -> list[set[str]]:
         """The int8 layers grouped by module: a module's boundary is where its int8 values are quantized."""
@@ -229,9 +240,8 @@ class _Resolver:
         for name, request in self.winner.items():
             activation, param = request.activation, self.param[name]
             reason = f"request #{request.id} set_precision({request.target_text()}, {request.precision_text()})"
-            if name in self.attention:
-                reason += (f" on the layers its operands come from ({', '.join(self.attention[name])}): int8 attention "
-                           "as NNCF's TRANSFORMER mode makes it (QuantPolicy.int8_attention=False keeps it float)")
+            if name in self.implied:
+                reason += _implied_reason(*self.implied[name])
             smoothed = [inp for inp, _ in specs[name].smoothing] if name in specs else []
             if smoothed:
                 reason += (f"; input {', '.join(smoothed)} smoothed: divided per channel by s, weight columns "
@@ -358,9 +368,31 @@ def _simulated_reason(activation, weights, node) -> str:
     return "".join(f"; {p}" for p in parts)
 
 
-def _made_by(value: torch.fx.Node) -> torch.fx.Node | None:
-    """The node that makes ``value``, followed back through movement ops (view, transpose, getitem, ...)."""
-    while value.op == "call_function" and packet_name(op_name(value.target)) in MOVEMENT_OPS:
+_NORMS = frozenset({"aten._native_batch_norm_legit_no_training", "aten.batch_norm", "aten.native_batch_norm"})
+_ADDS = frozenset({"aten.add", "aten.add_"})
+
+
+def _implied_reason(kind: str, sources: tuple[str, ...]) -> str:
+    if kind == "attention":
+        return (f" on the layers its operands come from ({', '.join(sources)}): int8 attention as NNCF's TRANSFORMER "
+                "mode makes it (QuantPolicy.int8_attention=False keeps it float)")
+    return (f" on the convolution(s) it adds ({', '.join(sources)}): a residual add, both inputs quantized as NNCF "
+            "does, so OpenVINO adds in the int8 convolution (QuantPolicy.quantize_residuals=False keeps it float)")
+
+
+def _is_residual_add(node: torch.fx.Node) -> bool:
+    """An add of two float tensors of one shape (not a bias or a mask broadcast onto a value)."""
+    if node.op != "call_function" or packet_name(op_name(node.target)) not in _ADDS or len(node.args) < 2:
+        return False
+    vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in node.args[:2]]
+    return (all(isinstance(v, torch.Tensor) and v.dtype.is_floating_point for v in vals)
+            and vals[0].shape == vals[1].shape and (len(node.args) < 3 and node.kwargs.get("alpha", 1) == 1))
+
+
+def _made_by(value: torch.fx.Node, through=frozenset()) -> torch.fx.Node | None:
+    """The node that makes ``value``, followed back through movement ops (view, transpose, getitem, ...) and the
+    ops in ``through`` (their first argument)."""
+    while value.op == "call_function" and packet_name(op_name(value.target)) in MOVEMENT_OPS | through:
         if not value.args or not isinstance(value.args[0], torch.fx.Node):
             return None
         value = value.args[0]

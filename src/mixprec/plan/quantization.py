@@ -94,6 +94,9 @@ class QuantPolicy:
     int8_attention: the configurator's int8 on the layers that make an attention's operands (its query and key
         projections) reaches the attention's matmuls that no request covers, as NNCF's TRANSFORMER mode quantizes
         them (``configurator/resolve.py``); False: they stay float unless asked for.
+    quantize_residuals: an add no request covers that adds an int8 convolution's output (through batch norm) to a
+        value of its shape gets both inputs quantized, as NNCF does, so that OpenVINO computes the sum (and ReLU)
+        inside the u8 convolution (``configurator/resolve.py``); False: it adds in float.
     """
 
     estimator: str = DEFAULT_ESTIMATOR
@@ -106,12 +109,13 @@ class QuantPolicy:
     group_size: int | None = None
     bias_correction: bool = True
     int8_attention: bool = True
+    quantize_residuals: bool = True
 
     def __post_init__(self):
         if self.estimator not in ESTIMATORS:
             raise _bad("estimator", self.estimator, f"one of {', '.join(ESTIMATORS)}")
         for name in ("unsigned_activations", "quantize_exits", "quantize_probabilities", "bias_correction",
-                     "int8_attention"):
+                     "int8_attention", "quantize_residuals"):
             if not isinstance(getattr(self, name), bool):
                 raise _bad(name, getattr(self, name), "True or False")
         alpha = self.smoothing_alpha
