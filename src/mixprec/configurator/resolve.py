@@ -37,8 +37,7 @@ from ..calibrate import entry as calibration_entry
 from ..dtypes import short_name
 from ..errors import ConfigError
 from ..ir.work_program import STORED_KINDS
-from ..ops.names import op_name, packet_name
-from ..ops.table import INT8_WEIGHT_OPS, MOVEMENT_OPS
+from ..ops.table import INT8_WEIGHT_OPS
 from ..plan import int8_operands
 from ..plan.precision_plan import NodePrecision
 from ..plan.quant_requests import QuantRequests, Smoothed, quant_requests
@@ -192,11 +191,13 @@ class _Resolver:
             if node.name not in self.info or node.name in self.winner:
                 continue
             if policy.int8_attention and int8_operands.is_operand_op(node):
-                kind, sources = "attention", [_made_by(v) for v in int8_operands.operands(node, stored, policy)]
+                operands = int8_operands.operands(node, stored, policy)
+                kind, sources = "attention", [int8_operands.made_by(v) for v in operands]
                 if not sources or not all(self._int8_with_weights(s) for s in sources):
                     continue
-            elif policy.quantize_residuals and _is_residual_add(node):
-                kind, sources = "residual add", [_made_by(v, _NORMS) for v in node.args[:2]]
+            elif policy.quantize_residuals and int8_operands.is_residual_add(node):
+                made = [int8_operands.made_by(v, int8_operands.NORMS) for v in node.args[:2]]
+                kind, sources = "residual add", made
                 sources = [s for s in sources if self._int8_with_weights(s, convolution=True)]
                 if not sources:
                     continue
@@ -368,35 +369,12 @@ def _simulated_reason(activation, weights, node) -> str:
     return "".join(f"; {p}" for p in parts)
 
 
-_NORMS = frozenset({"aten._native_batch_norm_legit_no_training", "aten.batch_norm", "aten.native_batch_norm"})
-_ADDS = frozenset({"aten.add", "aten.add_"})
-
-
 def _implied_reason(kind: str, sources: tuple[str, ...]) -> str:
     if kind == "attention":
         return (f" on the layers its operands come from ({', '.join(sources)}): int8 attention as NNCF's TRANSFORMER "
                 "mode makes it (QuantPolicy.int8_attention=False keeps it float)")
     return (f" on the convolution(s) it adds ({', '.join(sources)}): a residual add, both inputs quantized as NNCF "
             "does, so OpenVINO adds in the int8 convolution (QuantPolicy.quantize_residuals=False keeps it float)")
-
-
-def _is_residual_add(node: torch.fx.Node) -> bool:
-    """An add of two float tensors of one shape (not a bias or a mask broadcast onto a value)."""
-    if node.op != "call_function" or packet_name(op_name(node.target)) not in _ADDS or len(node.args) < 2:
-        return False
-    vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in node.args[:2]]
-    return (all(isinstance(v, torch.Tensor) and v.dtype.is_floating_point for v in vals)
-            and vals[0].shape == vals[1].shape and (len(node.args) < 3 and node.kwargs.get("alpha", 1) == 1))
-
-
-def _made_by(value: torch.fx.Node, through=frozenset()) -> torch.fx.Node | None:
-    """The node that makes ``value``, followed back through movement ops (view, transpose, getitem, ...) and the
-    ops in ``through`` (their first argument)."""
-    while value.op == "call_function" and packet_name(op_name(value.target)) in MOVEMENT_OPS | through:
-        if not value.args or not isinstance(value.args[0], torch.fx.Node):
-            return None
-        value = value.args[0]
-    return value if value.op == "call_function" else None
 
 
 def _under(module: str, path: str) -> bool:

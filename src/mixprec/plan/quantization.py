@@ -28,7 +28,11 @@ round two: int8 numerics"): MSE clipping, the unsigned grid for non-negative val
 0.0467 -> 0.0352 rel-L2, trained MiniLM 0.464 -> 0.161 without it), smoothing alpha 0.8, the softmax probabilities
 of an attention's output matmul left float, SDPA's query and key quantized, bias correction on (issue 34: held-out
 rel-L2 on OpenVINO, 12-layer ViT-base 0.0429 -> 0.0423, ResNet-50 0.0335 -> 0.0216, 2-layer BERT-base 0.0101 ->
-0.0090; bench/int8_nncf.py ``/bc``).
+0.0090; bench/int8_nncf.py ``/bc``), and two defaults that make the configurator's int8 program the one NNCF makes
+(issue 34; ``configurator/resolve.py``): int8 on an attention's query/key projections reaches its matmuls
+(``int8_attention``), and an int8 convolution's residual add gets both inputs quantized (``quantize_residuals``), so
+that OpenVINO runs one i8 attention per transformer layer and adds inside the u8 convolutions (bench/log/2026-11.md
+"Issue 34: the configurator's int8 as NNCF's").
 """
 
 from __future__ import annotations
