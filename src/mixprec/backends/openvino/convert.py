@@ -12,7 +12,11 @@ private copy of the program — the program the user holds and saves is not chan
 * **int8 regions** (``qdq_lowered``): mixprec's quantize/dequantize spelled by the OPENVINO_INT8 table of
   ``backends/lowering/qdq.py`` (FakeQuantize patterns for OpenVINO's int8 kernels) where those kernels are
   exact on this CPU (``backends/lowering/cpu.py``), by the OPENVINO_FLOAT table (float32 fake quantization,
-  today's numerics) elsewhere.
+  today's numerics) elsewhere; then (``openvino_int8_grid``) mixprec's symmetric grid [-127, 127] spelled
+  [-128, 127]: FakeQuantize levels 256, same scale and steps (only a value below -127.5 steps lands on -128, not
+  -127). With 255 levels OpenVINO's low-precision passes re-map a signed activation feeding a Convolution onto u8
+  with a second rounding: ViT-base's patch convolution alone 0.0255 rel-L2 on OpenVINO vs 0.0123 on eager, 0.0122
+  with 256 levels (bench/log/2026-11.md "Issue 34: the configurator's int8 as NNCF's").
 * **weight-only layers** (``compressed.py``): int8/int4 weights as compressed constants OpenVINO fuses into its
   weight-compressed FullyConnected.
 * **a flat tuple of output tensors** (``tensor_outputs``): outputs that are not tensors (``return y, 3``)
@@ -124,8 +128,8 @@ def for_openvino(exported_program, *, int8_kernels: bool | None = None):
 
     kernels = int8_kernels_default() if int8_kernels is None else int8_kernels
     work = WorkProgram.from_exported(exported_program)
-    run_passes(work, (contiguous_state, QDQ_OPENVINO_INT8 if kernels else QDQ_OPENVINO_FLOAT, LOWER_WEIGHT_ONLY,
-                      drop_constant_outputs))
+    qdq = (QDQ_OPENVINO_INT8, openvino_int8_grid) if kernels else (QDQ_OPENVINO_FLOAT,)
+    run_passes(work, (contiguous_state, *qdq, LOWER_WEIGHT_ONLY, drop_constant_outputs))
     return work.to_exported()
 
 
@@ -140,6 +144,21 @@ def contiguous_state(work) -> PassResult:
                 store[name] = torch.nn.Parameter(contiguous, requires_grad=False) if isinstance(
                     value, torch.nn.Parameter) else contiguous
                 changed = True
+    return PassResult(changed)
+
+
+@backend_pass("openvino_int8_grid")
+def openvino_int8_grid(work) -> PassResult:
+    """Symmetric int8 quantize/dequantize pairs on [-128, 127] (FakeQuantize levels 256; why: the module docstring)."""
+    import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers torch.ops.quantized_decomposed)
+
+    qd = torch.ops.quantized_decomposed
+    pairs = {qd.quantize_per_tensor.default, qd.dequantize_per_tensor.default}
+    changed = False
+    for node in work.graph.nodes:
+        if node.op == "call_function" and node.target in pairs and tuple(node.args[2:6]) == _SYMMETRIC:
+            node.args = (*node.args[:3], -128, *node.args[4:])
+            changed = True
     return PassResult(changed)
 
 
@@ -162,6 +181,9 @@ def drop_constant_outputs(work) -> PassResult:
         for entry in work.module_call_graph
     ]
     return PassResult(True)
+
+
+_SYMMETRIC = (0, INT8_SYMMETRIC.qmin, INT8_SYMMETRIC.qmax, INT8_SYMMETRIC.dtype)  # zero point, qmin, qmax, dtype
 
 
 def _failed_ops(text: str) -> list[str]:
