@@ -12,11 +12,12 @@ private copy of the program — the program the user holds and saves is not chan
 * **int8 regions** (``qdq_lowered``): mixprec's quantize/dequantize spelled by the OPENVINO_INT8 table of
   ``backends/lowering/qdq.py`` (FakeQuantize patterns for OpenVINO's int8 kernels) where those kernels are
   exact on this CPU (``backends/lowering/cpu.py``), by the OPENVINO_FLOAT table (float32 fake quantization,
-  today's numerics) elsewhere; then (``openvino_int8_grid``) mixprec's symmetric grid [-127, 127] spelled
-  [-128, 127]: FakeQuantize levels 256, same scale and steps (only a value below -127.5 steps lands on -128, not
-  -127). With 255 levels OpenVINO's low-precision passes re-map a signed activation feeding a Convolution onto u8
-  with a second rounding: ViT-base's patch convolution alone 0.0255 rel-L2 on OpenVINO vs 0.0123 on eager, 0.0122
-  with 256 levels (bench/log/2026-11.md "Issue 34: the configurator's int8 as NNCF's").
+  today's numerics) elsewhere; then (``openvino_int8_grid``) mixprec's symmetric grid [-127, 127] of a
+  convolution's input spelled [-128, 127]: FakeQuantize levels 256, same scale and steps (only a value below -127.5
+  steps lands on -128, not -127; Linears and matmuls, exact with 255 levels, keep them). With 255 levels OpenVINO's
+  low-precision passes re-map a signed activation feeding a Convolution onto u8 with a second rounding: ViT-base's
+  patch convolution alone 0.0255 rel-L2 on OpenVINO vs 0.0123 on eager, 0.0122 with 256 levels (bench/log/2026-11.md
+  "Issue 34: the configurator's int8 as NNCF's").
 * **weight-only layers** (``compressed.py``): int8/int4 weights as compressed constants OpenVINO fuses into its
   weight-compressed FullyConnected.
 * **a flat tuple of output tensors** (``tensor_outputs``): outputs that are not tensors (``return y, 3``)
@@ -38,6 +39,7 @@ import torch.utils._pytree as pytree
 
 from ...errors import ConfigError, UnsupportedModelError
 from ...ir.passes import PassResult, backend_pass
+from ...ops.names import op_name, packet_name
 from ...ops.quant import INT8_SYMMETRIC
 from ..lowering import cpu, run_passes
 from ..lowering.qdq import QDQ_OPENVINO_FLOAT, QDQ_OPENVINO_INT8
@@ -149,17 +151,28 @@ def contiguous_state(work) -> PassResult:
 
 @backend_pass("openvino_int8_grid")
 def openvino_int8_grid(work) -> PassResult:
-    """Symmetric int8 quantize/dequantize pairs on [-128, 127] (FakeQuantize levels 256; why: the module docstring)."""
+    """Symmetric int8 quantize/dequantize pairs read by a convolution on [-128, 127] (FakeQuantize levels 256; why:
+    the module docstring)."""
     import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers torch.ops.quantized_decomposed)
 
     qd = torch.ops.quantized_decomposed
-    pairs = {qd.quantize_per_tensor.default, qd.dequantize_per_tensor.default}
     changed = False
-    for node in work.graph.nodes:
-        if node.op == "call_function" and node.target in pairs and tuple(node.args[2:6]) == _SYMMETRIC:
+    for dq in list(work.graph.nodes):
+        if dq.op != "call_function" or dq.target is not qd.dequantize_per_tensor.default:
+            continue
+        q = dq.args[0]
+        if (tuple(dq.args[2:6]) != _SYMMETRIC or not isinstance(q, torch.fx.Node)
+                or q.target is not qd.quantize_per_tensor.default or tuple(q.args[2:6]) != _SYMMETRIC
+                or not any(_is_convolution(user) for user in dq.users)):
+            continue
+        for node in (q, dq):
             node.args = (*node.args[:3], -128, *node.args[4:])
-            changed = True
+        changed = True
     return PassResult(changed)
+
+
+def _is_convolution(node) -> bool:
+    return node.op == "call_function" and packet_name(op_name(node.target)) in _CONVOLUTIONS
 
 
 @backend_pass("tensor_outputs", ensures={"tensor_outputs"})
@@ -183,6 +196,7 @@ def drop_constant_outputs(work) -> PassResult:
     return PassResult(True)
 
 
+_CONVOLUTIONS = frozenset({"aten.conv1d", "aten.conv2d", "aten.conv3d", "aten.convolution", "aten._convolution"})
 _SYMMETRIC = (0, INT8_SYMMETRIC.qmin, INT8_SYMMETRIC.qmax, INT8_SYMMETRIC.dtype)  # zero point, qmin, qmax, dtype
 
 
