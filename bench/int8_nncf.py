@@ -37,7 +37,10 @@ BertSelfAttention, ViT's ViTAttention), which makes its matmuls between activati
 scaled_dot_product_attention int8 (``plan/int8_operands.py``), with ``/qkv`` quantizing SDPA's value too
 (``QuantPolicy.sdpa_operands``) and ``/probs`` the softmax probabilities and v of the output matmul
 (``QuantPolicy.quantize_probabilities``); ``/bc`` corrects each int8 Linear/Conv2d's bias by its mean output shift
-on the calibration batches (``QuantPolicy.bias_correction``, ``calibrate/bias_correction.py``), ``/nobc`` not.
+on the calibration batches (``QuantPolicy.bias_correction``, ``calibrate/bias_correction.py``), ``/nobc`` not;
+``/noatt`` leaves the attention's matmuls float unless ``/att`` asks for them (``QuantPolicy.int8_attention=False``:
+by default int8 on the query/key projections reaches them), ``/nores`` the residual adds of int8 convolutions
+(``QuantPolicy.quantize_residuals=False``: by default both their inputs are quantized, as NNCF does).
 ``--attention eager`` builds the transformers with
 ``attn_implementation="eager"`` (matmul, softmax, matmul instead of one scaled_dot_product_attention), for NNCF too. The configurator
 calibrates on the inputs of ``apply``: it gets the four calibration batches concatenated along the batch axis
@@ -70,6 +73,7 @@ harness = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(harness)
 
 CALIBRATION, HELD_OUT = 4, 2
+OV_CONFIG: dict = {}  # --threads: INFERENCE_NUM_THREADS of every OpenVINO program, the peers' and mixprec's
 
 
 # ---- models: (module with a positional forward returning one tensor, list of 6 input tuples) ------------------
@@ -183,17 +187,17 @@ def build_variants(model, batches, nncf, ov, transformer, estimators, backends, 
     start = time.perf_counter()
     ov_model = ov.convert_model(model, example_input=example)
     core = ov.Core()
-    variants["OpenVINO default"] = _ov_call(core.compile_model(ov_model, "CPU"))
+    variants["OpenVINO default"] = _ov_call(core.compile_model(ov_model, "CPU", OV_CONFIG))
     made["OpenVINO default"] = time.perf_counter() - start
 
     dataset = nncf.Dataset(calibration, lambda batch: [t.numpy() for t in batch])
     if ptq or not transformer:
         start = time.perf_counter()
         quantized = nncf.quantize(ov.convert_model(model, example_input=example), dataset, subset_size=CALIBRATION * 64)
-        variants["NNCF int8 PTQ, OpenVINO"] = _ov_call(core.compile_model(quantized, "CPU"))
+        variants["NNCF int8 PTQ, OpenVINO"] = _ov_call(core.compile_model(quantized, "CPU", OV_CONFIG))
         made["NNCF int8 PTQ, OpenVINO"] = time.perf_counter() - start
         variants["NNCF int8 PTQ, FakeQuantize in float"] = _ov_call(
-            core.compile_model(fake_quantize_in_float(quantized, ov), "CPU"))
+            core.compile_model(fake_quantize_in_float(quantized, ov), "CPU", OV_CONFIG))
 
     if transformer:  # NNCF's recommended setting for transformers (SmoothQuant, attention patterns ignored)
         start = time.perf_counter()
@@ -201,9 +205,10 @@ def build_variants(model, batches, nncf, ov, transformer, estimators, backends, 
                                   model_type=nncf.ModelType.TRANSFORMER)
         made["NNCF int8 PTQ (TRANSFORMER), FakeQuantize in float"] = time.perf_counter() - start
         variants["NNCF int8 PTQ (TRANSFORMER), FakeQuantize in float"] = _ov_call(
-            core.compile_model(fake_quantize_in_float(quantized, ov), "CPU"))
+            core.compile_model(fake_quantize_in_float(quantized, ov), "CPU", OV_CONFIG))
         if int8_exact:  # OpenVINO's int8 kernels compute the FakeQuantize arithmetic exactly only with VNNI/AMX
-            variants["NNCF int8 PTQ (TRANSFORMER), OpenVINO"] = _ov_call(core.compile_model(quantized, "CPU"))
+            variants["NNCF int8 PTQ (TRANSFORMER), OpenVINO"] = _ov_call(
+                core.compile_model(quantized, "CPU", OV_CONFIG))
             made["NNCF int8 PTQ (TRANSFORMER), OpenVINO"] = made["NNCF int8 PTQ (TRANSFORMER), FakeQuantize in float"]
 
     for setting in estimators:
@@ -243,6 +248,10 @@ def policy_fields(estimator: str, options) -> dict:
         fields["quantize_probabilities"] = True
     if "bc" in options or "nobc" in options:
         fields["bias_correction"] = "bc" in options
+    if "noatt" in options:
+        fields["int8_attention"] = False
+    if "nores" in options:
+        fields["quantize_residuals"] = False
     for o in options:
         if o == "nosq":
             fields["smoothing_alpha"] = None
@@ -287,16 +296,26 @@ def main(argv=None) -> int:
                              "/sqALPHA or /nosq (activation smoothing of int8 Linears' inputs), /att (attention int8: "
                              "its matmuls and SDPA), /qkv (SDPA's value quantized too), /probs (the output matmul's "
                              "probabilities and v quantized), /bc or /nobc (bias correction, "
-                             "QuantPolicy.bias_correction, or not)")
+                             "QuantPolicy.bias_correction, or not), /noatt (int8_attention=False), /nores "
+                             "(quantize_residuals=False)")
     parser.add_argument("--backends", default="openvino,eager", help="backends of the mixprec int8 programs")
     parser.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa",
                         help="attn_implementation of the transformers: one scaled_dot_product_attention or eager "
                              "matmul/softmax/matmul")
     parser.add_argument("--batch", type=int, default=2, help="batch size of bert and vit (minilm: 8 sentences)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch.set_num_threads and OpenVINO's INFERENCE_NUM_THREADS (mixprec's too) "
+                             "(default: theirs)")
     parser.add_argument("--no-nncf-ptq", action="store_true",
                         help="transformers: NNCF in its TRANSFORMER mode only (saves a quantization per model)")
     args = parser.parse_args(argv)
     ATTENTION.update(implementation=args.attention, batch=args.batch)
+    if args.threads:
+        from mixprec.backends.openvino import runner
+
+        torch.set_num_threads(args.threads)
+        OV_CONFIG["INFERENCE_NUM_THREADS"] = args.threads
+        runner.COMPILE_CONFIG["INFERENCE_NUM_THREADS"] = args.threads  # mixprec's int8 programs on as many threads
     try:
         import nncf
         import openvino as ov

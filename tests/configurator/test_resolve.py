@@ -127,3 +127,77 @@ def test_simulated_values_are_ranged_in_the_same_calibration_each_clipped_for_it
     plan = _two_reader_plan(x, mixprec.QuantPolicy(smoothing_alpha=None, estimator="minmax"))
     assert len(runs) == 1
     assert plan["linear"].int8.input_range("x") == plan["linear_1"].int8.input_range("x") == (float(x.min()), 40.0)
+
+
+class _EagerAttention(nn.Module):
+    """q @ k^T, softmax, @ v in one module, its projections Linears of their own (``key_int8=False``: k's made by a
+    float Linear)."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = (p(x).view(b, t, 2, 8).transpose(1, 2) for p in (self.q, self.k, self.v))
+        probs = torch.softmax(q @ k.transpose(-1, -2) / 8 ** 0.5, dim=-1)
+        return (probs @ v).transpose(1, 2).reshape(b, t, 16)
+
+
+def _attention_plan(policy=None, key_int8=True):
+    torch.manual_seed(0)
+    model = _EagerAttention().eval()
+    cfg = mixprec.MixedPrecisionConfigurator(model)
+    cfg.set_precision(nn.Linear, activation="int8")
+    if not key_int8:
+        cfg.set_precision(model.k, activation="fp32")
+    return cfg.apply((torch.randn(2, 6, 16),), policy=policy)
+
+
+def test_int8_on_the_projections_reaches_the_attention_scores_matmul():
+    """int8 Linears making q and k give the scores matmul between them int8 by default (issue 34, as NNCF's
+    TRANSFORMER mode), both operands quantized, its reason and the log saying why; the output matmul reads the
+    softmax probabilities and stays float (``QuantPolicy.quantize_probabilities``); not with
+    ``int8_attention=False``, nor when one operand comes from a float layer."""
+    plan = _attention_plan()
+    matmuls = [n for n in plan if n.startswith("matmul")]
+    assert matmuls == ["matmul"], list(plan)  # the scores; probs @ v is not reached
+    assert plan["matmul"].precision == torch.int8 and len(plan["matmul"].int8.inputs) == 2
+    assert "int8 attention as NNCF's TRANSFORMER mode" in plan["matmul"].reason and "linear, linear_1" in plan[
+        "matmul"].reason
+    assert "int8 attention (QuantPolicy.int8_attention" in plan.log and "matmul" in plan.log
+    assert not any(n.startswith("matmul") for n in _attention_plan(mixprec.QuantPolicy(int8_attention=False)))
+    assert not any(n.startswith("matmul") for n in _attention_plan(key_int8=False))
+
+
+class _Residual(nn.Module):
+    """relu(bn(conv(x)) + x) and fc(y) + y: a CNN's residual add and a transformer's."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn, self.fc = nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4), nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x)) + x)
+        return self.fc(y) + y
+
+
+def test_int8_convolutions_quantize_both_inputs_of_their_residual_add():
+    """An add of an int8 convolution's output (through batch norm) and a value of its shape gets both inputs
+    quantized by default (issue 34, ``QuantPolicy.quantize_residuals``: NNCF's quantization of a CNN, which lets
+    OpenVINO add inside the u8 convolution); a Linear's residual add stays float (NNCF's TRANSFORMER mode leaves
+    adds float), and so does the convolution's with ``quantize_residuals=False``."""
+    torch.manual_seed(0)
+    model = _Residual().eval()
+    x = torch.randn(2, 4, 8, 8)
+    cfg = mixprec.MixedPrecisionConfigurator(model)
+    cfg.set_precision(nn.Conv2d, activation="int8")
+    cfg.set_precision(nn.Linear, activation="int8")
+    plan = cfg.apply((x,))
+    adds = [n for n in plan if n.startswith("add")]
+    assert len(adds) == 1 and plan[adds[0]].precision == torch.int8
+    assert len(plan[adds[0]].int8.inputs) == 2  # the convolution's (batch norm's) output and x
+    assert "a residual add, both inputs quantized as NNCF does" in plan[adds[0]].reason
+    assert "int8 residual adds (QuantPolicy.quantize_residuals" in plan.log
+    off = cfg.apply((x,), policy=mixprec.QuantPolicy(quantize_residuals=False))
+    assert not [n for n in off if n.startswith("add")]

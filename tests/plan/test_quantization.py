@@ -192,3 +192,15 @@ def test_integer_model_inputs_and_outputs_carry_their_ranges():
         PrecisionPlan({}, outputs={0: torch.int4}, output_ranges={0: (0, 1)})
     with pytest.raises(mixprec.ConfigError, match="output_ranges for output\\(s\\) \\[1\\], which it does not"):
         PrecisionPlan({}, outputs={0: torch.int8}, output_ranges={0: (0, 1), 1: (0, 1)})
+
+
+def test_int8_attention_is_a_checked_switch_that_round_trips():
+    """QuantPolicy.int8_attention (issue 34): on by default, a bool, recorded in the plan's policy; an old plan's
+    policy without the field reads as the default."""
+    assert QuantPolicy().int8_attention is True
+    with pytest.raises(mixprec.ConfigError, match="int8_attention must be True or False"):
+        QuantPolicy(int8_attention="no")
+    off = QuantPolicy(int8_attention=False)
+    assert QuantPolicy.from_dict(off.to_dict()) == off
+    old = {k: v for k, v in QuantPolicy().to_dict().items() if k != "int8_attention"}
+    assert QuantPolicy.from_dict(old).int8_attention is True

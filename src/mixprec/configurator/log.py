@@ -33,6 +33,14 @@ def render_log(requests, resolved, info, plan, realised) -> str:
         (f"#{r.id}", r.api, r.target_text(), r.precision_text()) for r in requests
     ] or [("-", "(no requests)", "", "")])
     parts.append(f"int8 policy: {resolved.policy.describe()}")
+    attention = [n for n, (kind, _) in resolved.implied.items() if kind == "attention"]
+    residual = [n for n, (kind, _) in resolved.implied.items() if kind == "residual add"]
+    if attention:
+        parts.append(f"int8 attention (QuantPolicy.int8_attention; its query/key made by int8 layers, as NNCF's "
+                     f"TRANSFORMER mode): {', '.join(attention)}")
+    if residual:
+        parts.append(f"int8 residual adds (QuantPolicy.quantize_residuals; both inputs quantized, as NNCF does for "
+                     f"int8 convolutions): {', '.join(residual)}")
     parts += _section("2. Effective precision per module", ("module", "type", "activation", "param", "request"),
                       _module_rows(resolved, info, plan))
     parts += _section("   Model inputs and outputs", ("value", "precision", "request"), _io_rows(requests, resolved))

@@ -13,6 +13,13 @@ layers of one module share a boundary only with layers of their own precision), 
 (``plan/quantization.precision_grid``); model inputs/outputs asked for int16/int8 are ranged too. All of them in the
 same calibration; a value that two precisions quantize on different grids gets its range clipped for each grid (a
 second pass over the data for those values only, and only with a clipping estimator: min/max ranges are the same).
+
+**int8 attention** (issue 34, ``QuantPolicy.int8_attention``): ``set_precision(nn.Linear, "int8")`` names the
+projections, not the attention's matmuls between activations (``scaled_dot_product_attention``, ``q @ k^T``), which
+sit in the attention module; left float they cost the speed NNCF's TRANSFORMER mode gets there (one i8 attention
+Subgraph per layer on OpenVINO, bench/log/2026-11.md "Issue 34: int8 vs NNCF"). So a matmul-class or attention layer
+that no request covers and whose quantized operands (``plan/int8_operands.py``: query and key) all come, through
+movement ops, from int8 layers with weights gets int8 under their request, its reason and the log saying so.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from ..dtypes import short_name
 from ..errors import ConfigError
 from ..ir.work_program import STORED_KINDS
 from ..ops.table import INT8_WEIGHT_OPS
+from ..plan import int8_operands
 from ..plan.precision_plan import NodePrecision
 from ..plan.quant_requests import QuantRequests, Smoothed, quant_requests
 from ..plan.quantization import (
@@ -57,6 +65,8 @@ class Resolution:
     marker_ranges: Mapping[str, tuple[float, float]]  # int8 marker regions without ranges, calibrated
     input_ranges: Mapping[int, tuple[float, float]] = dataclasses.field(default_factory=dict)  # int16/int8 inputs
     output_ranges: Mapping[int, tuple[float, float]] = dataclasses.field(default_factory=dict)
+    # layers no request covered that int8 reaches -> ("attention" | "residual add", the int8 layers they read)
+    implied: Mapping[str, tuple[str, tuple[str, ...]]] = dataclasses.field(default_factory=dict)
 
 
 def resolve(model, captured, requests, strict: bool, policy: QuantPolicy, data) -> Resolution:
@@ -64,6 +74,7 @@ def resolve(model, captured, requests, strict: bool, policy: QuantPolicy, data) 
     (None: the example inputs)."""
     resolver = _Resolver(model, captured, strict)
     resolver.layers(requests)
+    implied = resolver.implied_int8(policy)
     inputs, outputs = resolver.io_positions(requests, "input"), resolver.io_positions(requests, "output")
     planned = {bits: quant_requests(captured, groups, policy) if bits == torch.int8 else _simulated(
         quant_requests(captured, groups, dataclasses.replace(policy, smoothing_alpha=None)), bits)
@@ -87,6 +98,7 @@ def resolve(model, captured, requests, strict: bool, policy: QuantPolicy, data) 
         decisions, inputs, outputs, dict(resolver.winner), dict(resolver.param), resolver.io_winners,
         tuple(resolver.problems), smoothed, policy, dict(calibrated.int8_ranges),
         *({i: ranges[value] for i, value in boundary[which].items()} for which in ("input", "output")),
+        implied,
     )
 
 
@@ -136,6 +148,7 @@ class _Resolver:
         self.winner: dict[str, object] = {}
         self.param: dict[str, torch.dtype | None] = {}
         self.io_winners: dict[str, dict[int, tuple[torch.dtype, int]]] = {}
+        self.implied: dict[str, tuple[str, tuple[str, ...]]] = {}
         self.paths: dict[int, list[str]] = {}
         for path, module in model.named_modules(remove_duplicate=False):
             self.paths.setdefault(id(module), []).append(path)
@@ -167,6 +180,40 @@ class _Resolver:
                 self.param[name] = request.param
         self._shared_parameters()
 
+    def implied_int8(self, policy: QuantPolicy) -> dict[str, tuple[str, tuple[str, ...]]]:
+        """int8 for the layers no request covers that int8 reaches (see the module docstring): attention matmuls
+        whose quantized operands all come from int8 layers with weights (``policy.int8_attention``), adds of two
+        same-shaped values one of which an int8 convolution makes (``policy.quantize_residuals``). Each gets the
+        request of the first such layer. Returns layer -> ("attention" | "residual add", the int8 layers it reads)."""
+        stored = frozenset(s.arg.name for s in self.base.input_specs
+                           if s.kind in STORED_KINDS and hasattr(s.arg, "name"))
+        for node in self.base.graph.nodes:
+            if node.name not in self.info or node.name in self.winner:
+                continue
+            if policy.int8_attention and int8_operands.is_operand_op(node):
+                operands = int8_operands.operands(node, stored, policy)
+                kind, sources = "attention", [int8_operands.made_by(v) for v in operands]
+                if not sources or not all(self._int8_with_weights(s) for s in sources):
+                    continue
+            elif policy.quantize_residuals and int8_operands.is_residual_add(node):
+                made = [int8_operands.made_by(v, int8_operands.NORMS) for v in node.args[:2]]
+                kind, sources = "residual add", made
+                sources = [s for s in sources if self._int8_with_weights(s, convolution=True)]
+                if not sources:
+                    continue
+            else:
+                continue
+            self.winner[node.name] = self.winner[sources[0].name]
+            self.param[node.name] = None
+            self.implied[node.name] = (kind, tuple(dict.fromkeys(s.name for s in sources)))
+        return dict(self.implied)
+
+    def _int8_with_weights(self, node, convolution: bool = False) -> bool:
+        if node is None or node.name not in self.winner or self.winner[node.name].activation != torch.int8:
+            return False
+        packet = self.info[node.name].packet
+        return packet in INT8_WEIGHT_OPS and (not convolution or packet.startswith("aten.conv"))
+
     def int8_groups(self) -> list[set[str]]:
         """The int8 layers grouped by module: a module's boundary is where its int8 values are quantized."""
         return self.integer_groups().get(torch.int8, [])
@@ -194,6 +241,8 @@ class _Resolver:
         for name, request in self.winner.items():
             activation, param = request.activation, self.param[name]
             reason = f"request #{request.id} set_precision({request.target_text()}, {request.precision_text()})"
+            if name in self.implied:
+                reason += _implied_reason(*self.implied[name])
             smoothed = [inp for inp, _ in specs[name].smoothing] if name in specs else []
             if smoothed:
                 reason += (f"; input {', '.join(smoothed)} smoothed: divided per channel by s, weight columns "
@@ -318,6 +367,14 @@ def _simulated_reason(activation, weights, node) -> str:
         parts.append(f"weights simulated {short_name_of(weights)} per output channel (symmetric), dequantized to "
                      "float32 at use")
     return "".join(f"; {p}" for p in parts)
+
+
+def _implied_reason(kind: str, sources: tuple[str, ...]) -> str:
+    if kind == "attention":
+        return (f" on the layers its operands come from ({', '.join(sources)}): int8 attention as NNCF's TRANSFORMER "
+                "mode makes it (QuantPolicy.int8_attention=False keeps it float)")
+    return (f" on the convolution(s) it adds ({', '.join(sources)}): a residual add, both inputs quantized as NNCF "
+            "does, so OpenVINO adds in the int8 convolution (QuantPolicy.quantize_residuals=False keeps it float)")
 
 
 def _under(module: str, path: str) -> bool:

@@ -27,6 +27,10 @@ Which operands (:data:`OPERANDS`, by op; chosen by measurement, bench/int8_nncf.
 
 The attention mask of SDPA (and any other non-operand input) is never an operand: an additive float mask holds
 ``finfo.min``, which no per-tensor grid of the scores' range can carry.
+
+Where int8 reaches layers no request names (``configurator/resolve.py``, issue 34): :func:`made_by` follows an
+operand back to the layer that makes it (an attention whose query and key int8 Linears make gets int8), and
+:func:`is_residual_add` tells a residual add (an int8 convolution's, through its batch norm: both inputs quantized).
 """
 
 from __future__ import annotations
@@ -157,3 +161,27 @@ def _chain_entry(value: torch.fx.Node, group, entries):
         value = source
         exclusive = exclusive and len(value.users) == 1
     return None
+
+
+# batch norms OpenVINO folds into the convolution before them (made_by follows a residual add back through them)
+NORMS = frozenset({"aten._native_batch_norm_legit_no_training", "aten.batch_norm", "aten.native_batch_norm"})
+_ADDS = frozenset({"aten.add", "aten.add_"})
+
+
+def is_residual_add(node: torch.fx.Node) -> bool:
+    """An add of two float tensors of one shape (not a bias or a mask broadcast onto a value)."""
+    if node.op != "call_function" or packet_name(op_name(node.target)) not in _ADDS or len(node.args) < 2:
+        return False
+    vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in node.args[:2]]
+    return (all(isinstance(v, torch.Tensor) and v.dtype.is_floating_point for v in vals)
+            and vals[0].shape == vals[1].shape and (len(node.args) < 3 and node.kwargs.get("alpha", 1) == 1))
+
+
+def made_by(value: torch.fx.Node, through=frozenset()) -> torch.fx.Node | None:
+    """The node that makes ``value``, followed back through movement ops (view, transpose, getitem, ...) and the
+    ops in ``through`` (their first argument)."""
+    while value.op == "call_function" and packet_name(op_name(value.target)) in MOVEMENT_OPS | through:
+        if not value.args or not isinstance(value.args[0], torch.fx.Node):
+            return None
+        value = value.args[0]
+    return value if value.op == "call_function" else None

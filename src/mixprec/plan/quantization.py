@@ -28,7 +28,11 @@ round two: int8 numerics"): MSE clipping, the unsigned grid for non-negative val
 0.0467 -> 0.0352 rel-L2, trained MiniLM 0.464 -> 0.161 without it), smoothing alpha 0.8, the softmax probabilities
 of an attention's output matmul left float, SDPA's query and key quantized, bias correction on (issue 34: held-out
 rel-L2 on OpenVINO, 12-layer ViT-base 0.0429 -> 0.0423, ResNet-50 0.0335 -> 0.0216, 2-layer BERT-base 0.0101 ->
-0.0090; bench/int8_nncf.py ``/bc``).
+0.0090; bench/int8_nncf.py ``/bc``), and two defaults that make the configurator's int8 program the one NNCF makes
+(issue 34; ``configurator/resolve.py``): int8 on an attention's query/key projections reaches its matmuls
+(``int8_attention``), and an int8 convolution's residual add gets both inputs quantized (``quantize_residuals``), so
+that OpenVINO runs one i8 attention per transformer layer and adds inside the u8 convolutions (bench/log/2026-11.md
+"Issue 34: the configurator's int8 as NNCF's").
 """
 
 from __future__ import annotations
@@ -91,6 +95,12 @@ class QuantPolicy:
     group_size: input channels per weight scale (None: one scale per output channel; room for grouped int4).
     bias_correction: each int8 Linear/convolution's bias cancels the mean output shift int8 causes on the
         calibration data (``calibrate/bias_correction.py``; recorded per layer as ``Int8Spec.bias_shift``).
+    int8_attention: the configurator's int8 on the layers that make an attention's operands (its query and key
+        projections) reaches the attention's matmuls that no request covers, as NNCF's TRANSFORMER mode quantizes
+        them (``configurator/resolve.py``); False: they stay float unless asked for.
+    quantize_residuals: an add no request covers that adds an int8 convolution's output (through batch norm) to a
+        value of its shape gets both inputs quantized, as NNCF does, so that OpenVINO computes the sum (and ReLU)
+        inside the u8 convolution (``configurator/resolve.py``); False: it adds in float.
     """
 
     estimator: str = DEFAULT_ESTIMATOR
@@ -102,11 +112,14 @@ class QuantPolicy:
     weight_bits: int = 8
     group_size: int | None = None
     bias_correction: bool = True
+    int8_attention: bool = True
+    quantize_residuals: bool = True
 
     def __post_init__(self):
         if self.estimator not in ESTIMATORS:
             raise _bad("estimator", self.estimator, f"one of {', '.join(ESTIMATORS)}")
-        for name in ("unsigned_activations", "quantize_exits", "quantize_probabilities", "bias_correction"):
+        for name in ("unsigned_activations", "quantize_exits", "quantize_probabilities", "bias_correction",
+                     "int8_attention", "quantize_residuals"):
             if not isinstance(getattr(self, name), bool):
                 raise _bad(name, getattr(self, name), "True or False")
         alpha = self.smoothing_alpha

@@ -228,14 +228,15 @@ def _bert_attention_layers(layers) -> list[dict]:
             and any("scaled_dot_product_attention" in o for o in layer.get("originals", ()))]
 
 
-@pytest.mark.parametrize("attention", [False, True])
-def test_int8_bert_runs_its_attention_matmuls_in_int8_on_openvino_kernels(monkeypatch, attention):
-    """A small BERT from its config, int8 as NNCF's TRANSFORMER mode makes it: every Linear, and (``attention``)
-    every self-attention module, whose request quantizes the query and key its scaled_dot_product_attention reads.
-    On OpenVINO's int8 kernels (forced, as on a VNNI CPU) each layer's attention then runs in i8/u8 in the runtime
-    graph, as NNCF's model's does (bench/int8_nncf.py: one i8 attention Subgraph per layer on this avx512_vnni EPYC
-    and on the recorded Xeon); with the Linears alone it stays f32 — the check can fail. Held to the eager program
-    either way only on VNNI CPUs (without VNNI OpenVINO's int8 kernels saturate)."""
+@pytest.mark.parametrize("request_", ["attention module", "linears", "linears, int8_attention=False"])
+def test_int8_bert_runs_its_attention_matmuls_in_int8_on_openvino_kernels(monkeypatch, request_):
+    """A small BERT from its config, int8 as NNCF's TRANSFORMER mode makes it: every Linear, and its self-attention
+    module either asked for (``attention module``) or reached by default because int8 makes its query and key
+    (``linears``: ``QuantPolicy.int8_attention``, issue 34), whose scaled_dot_product_attention then reads them
+    quantized. On OpenVINO's int8 kernels (forced, as on a VNNI CPU) each layer's attention runs in i8/u8 in the
+    runtime graph, as NNCF's model's does (bench/int8_nncf.py: one i8 attention Subgraph per layer on this
+    avx512_vnni EPYC and on the recorded Xeon); with ``int8_attention=False`` it stays f32 — the check can fail. Held
+    to the eager program either way only on VNNI CPUs (without VNNI OpenVINO's int8 kernels saturate)."""
     transformers = pytest.importorskip("transformers")
     from mixprec.backends.openvino.audit import runtime_layers
 
@@ -245,12 +246,17 @@ def test_int8_bert_runs_its_attention_matmuls_in_int8_on_openvino_kernels(monkey
     model = transformers.BertModel(config, add_pooling_layer=False).eval()
     ids = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(1))
     configurator = mixprec.MixedPrecisionConfigurator(model)
-    if attention:
+    if request_ == "attention module":
         configurator.set_precision(transformers.models.bert.modeling_bert.BertSelfAttention, activation="int8")
     configurator.set_precision(nn.Linear, activation="int8")
-    plan = configurator.apply((ids,))
-    sdpa = [n for n in plan if "scaled_dot_product_attention" in n]  # the plan holds the layers asked for
-    assert len(sdpa) == (2 if attention else 0)
+    off = request_.endswith("False")
+    plan = configurator.apply((ids,), policy=mixprec.QuantPolicy(int8_attention=not off))
+    sdpa = [n for n in plan if "scaled_dot_product_attention" in n]  # the plan holds the layers int8 reaches
+    assert len(sdpa) == (0 if off else 2) and all(plan[n].precision == torch.int8 for n in sdpa)
+    if request_ == "linears":  # reached by default: its reason and the log say why
+        assert all("int8 attention as NNCF's TRANSFORMER mode" in plan[n].reason for n in sdpa)
+        assert "int8 attention (QuantPolicy.int8_attention" in plan.log
+        assert all(len(plan[n].int8.inputs) == 2 for n in sdpa)  # query and key, not value nor mask
     monkeypatch.setattr(cpu, "has_int8_dot_product", lambda: True)
     prog = mixprec.compile(model, (ids,), plan=plan, backend="openvino")
     compiled = next(m.compiled_model for m in prog.modules() if hasattr(m, "compiled_model"))
@@ -258,12 +264,92 @@ def test_int8_bert_runs_its_attention_matmuls_in_int8_on_openvino_kernels(monkey
     computing = [layer for layer in found if layer["type"] in ("MatMul", "Subgraph", "ScaledDotProductAttention")]
     assert computing, found
     int8 = [layer for layer in computing if layer["precision"] in ("i8", "u8")]
-    if attention:
-        assert all(plan[n].precision == torch.int8 for n in sdpa)  # q, k quantized where they enter (view)
-        assert len(int8) == 2, computing  # one int8 attention per layer
-    else:
+    if off:
         assert not int8, computing
+    else:
+        assert len(int8) == 2, computing  # one int8 attention per layer
     monkeypatch.undo()
     if cpu.has_int8_dot_product():  # OpenVINO's int8 kernels are exact here: the eager program's values
         eager = mixprec.compile(model, (ids,), plan=plan)
         assert rel(prog(ids)[0], eager(ids)[0]) < 1e-4
+
+
+def _residual_adds_in_float(layers) -> list[dict]:
+    """The runtime layers that compute a residual add on their own, outside a convolution (its sum post-op)."""
+    return [layer for layer in layers if layer["type"] not in ("Convolution", "Const", "Input", "Output")
+            and any("aten.add" in o for o in layer.get("originals", ()))]
+
+
+@pytest.mark.parametrize("residuals", [True, False])
+def test_int8_resnet_adds_its_residuals_inside_the_u8_convolutions_on_openvino_kernels(monkeypatch, residuals):
+    """A ResNet's int8 convolutions (``set_precision(nn.Conv2d, "int8")``): by default both inputs of each residual
+    add are quantized (``QuantPolicy.quantize_residuals``, issue 34, as NNCF quantizes a CNN), and OpenVINO's CPU
+    plugin (int8 kernels forced, as on a VNNI CPU) then computes every add inside a u8 convolution (its sum post-op):
+    no runtime layer adds on its own. With ``quantize_residuals=False`` each add (+ ReLU + quantize) is an f32
+    layer of its own, the gap to NNCF's speed on ResNet-50 (bench/log/2026-11.md) — the check can fail."""
+    transformers = pytest.importorskip("transformers")
+    from mixprec.backends.openvino.audit import runtime_layers
+
+    torch.manual_seed(0)
+    config = transformers.ResNetConfig(embedding_size=16, hidden_sizes=[32, 64], depths=[2, 1],
+                                       layer_type="bottleneck")
+    model = transformers.ResNetModel(config).eval()
+    x = torch.randn(2, 3, 64, 64)
+    configurator = mixprec.MixedPrecisionConfigurator(model)
+    configurator.set_precision(nn.Conv2d, activation="int8")
+    plan = configurator.apply((x,), policy=mixprec.QuantPolicy(quantize_residuals=residuals))
+    adds = [n for n in plan if n.startswith("add")]
+    assert len(adds) == (3 if residuals else 0)
+    assert all(len(plan[n].int8.inputs) == 2 and "residual add" in plan[n].reason for n in adds)
+    monkeypatch.setattr(cpu, "has_int8_dot_product", lambda: True)
+    prog = mixprec.compile(model, (x,), plan=plan, backend="openvino")
+    compiled = next(m.compiled_model for m in prog.modules() if hasattr(m, "compiled_model"))
+    layers = runtime_layers(compiled)
+    alone = _residual_adds_in_float(layers)
+    if residuals:
+        # the last add feeds no int8 layer: its ReLU may stay apart, the add itself is in the convolution
+        assert not alone, alone
+        fused = [layer for layer in layers if layer["type"] == "Convolution" and layer["precision"] == "u8"
+                 and any("aten.add" in o for o in layer["originals"])]
+        assert len(fused) == 3, [layer for layer in layers if layer["type"] == "Convolution"]
+    else:
+        assert len(alone) == 3, alone
+    monkeypatch.undo()
+    if cpu.has_int8_dot_product():  # exact int8 kernels: an int8 ResNet's accuracy (avx512_vnni EPYC: 0.019 rel-L2)
+        assert rel(prog(x).last_hidden_state, model(x).last_hidden_state) < 0.05
+
+
+class _SignedConv(nn.Module):
+    """A patch-embedding convolution (ViT's) reading signed values: its int8 input is on the symmetric grid."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 64, 8, stride=8)
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+def test_signed_int8_convolution_input_is_read_exactly_by_openvino(monkeypatch):
+    """mixprec's symmetric int8 grid [-127, 127] is handed to OpenVINO as [-128, 127] (FakeQuantize levels 256,
+    ``convert.openvino_int8_grid``): with 255 levels OpenVINO re-mapped a signed input of a u8 Convolution with a
+    second rounding — ViT-base's patch convolution 0.0255 rel-L2 vs eager's 0.0123 on this avx512_vnni EPYC (issue
+    34). The converted model's FakeQuantize has 256 levels on any CPU; on a VNNI CPU the convolution matches the
+    eager program (it was 0.022 from it)."""
+    torch.manual_seed(0)
+    model = _SignedConv().eval()
+    x = torch.randn(2, 3, 64, 64)
+    configurator = mixprec.MixedPrecisionConfigurator(model)
+    configurator.set_precision(nn.Conv2d, activation="int8")
+    plan = configurator.apply((x,))
+    monkeypatch.setattr(cpu, "has_int8_dot_product", lambda: True)
+    prog = mixprec.compile(model, (x,), plan=plan, backend="openvino")
+    runner = next(m for m in prog.modules() if hasattr(m, "compiled_model"))
+    levels = [op.get_attributes()["levels"] for op in runner.converted_model.get_ordered_ops()
+              if op.get_type_name() == "FakeQuantize"]
+    assert levels == [256], levels
+    monkeypatch.undo()
+    if cpu.has_int8_dot_product():  # exact int8 kernels: the eager program's values
+        eager = mixprec.compile(model, (x,), plan=plan)
+        assert rel(prog(x), eager(x)) < 1e-3
+        assert 1e-4 < rel(eager(x), model(x))  # the plan is int8
