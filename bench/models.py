@@ -95,3 +95,17 @@ MODELS = {
     "gpt2_small": gpt2_small,
     "vit_base": vit_base,
 }
+
+
+def tinyllama(layers: int = 22):
+    """TinyLlama-1.1B's config (22 layers) or its widths with fewer layers; random weights, seeded (the weight-only
+    benches: weight_only.py, weight_only_numerics.py, weight_only_decode.py)."""
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=layers, num_attention_heads=32,
+        num_key_value_heads=4, max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=10000.0,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).eval()

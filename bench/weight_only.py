@@ -81,6 +81,7 @@ import transformers
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from harness import cpu_flags, machine, peak_rss_mb, stamp, table  # noqa: E402
+from models import tinyllama  # noqa: E402
 from zoo_models import MODELS, TASKS  # noqa: E402  (the trained MiniLM and CREPE, with their task metrics)
 
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]  # bench/openvino.py would shadow openvino
@@ -105,17 +106,6 @@ GROUP = 128
 # mixprec's W4A16/W8A16 keep the plan's bf16 activations (the runner sets 0); the "... no dynamic quantization"
 # variants are NNCF's models with that setting too, the like-for-like comparison.
 NO_DYNAMIC_QUANTIZATION = {"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
-
-
-def llama(layers: int) -> transformers.LlamaForCausalLM:
-    """TinyLlama-1.1B's config (22 layers) or its widths with fewer layers; random weights."""
-    config = transformers.LlamaConfig(
-        vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=layers, num_attention_heads=32,
-        num_key_value_heads=4, max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=10000.0,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(config).eval()
 
 
 def cast_copy(model, dtype):
@@ -425,7 +415,7 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def decode_bench(args, bandwidth):
-    model = llama(args.layers)
+    model = tinyllama(args.layers)
     params = sum(p.numel() for p in model.parameters())
     ids = torch.randint(0, model.config.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(1))
     length = args.prompt + args.new + 2

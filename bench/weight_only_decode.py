@@ -19,13 +19,17 @@ import argparse
 import collections
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
-import transformers
 
-import mixprec
-import mixprec.hf
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from models import tinyllama  # noqa: E402
+
+import mixprec  # noqa: E402
+import mixprec.hf  # noqa: E402
 
 GROUP = 128
 CLASSES = (  # (class, substrings of the profiler's op names), first match wins
@@ -36,16 +40,6 @@ CLASSES = (  # (class, substrings of the profiler's op names), first match wins
     ("casts", ("aten::to", "_to_copy", "aten::copy_")),
     ("dense matmul", ("aten::mm", "aten::addmm", "aten::linear", "aten::matmul")),
 )
-
-
-def llama(layers: int) -> transformers.LlamaForCausalLM:
-    config = transformers.LlamaConfig(
-        vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=layers, num_attention_heads=32,
-        num_key_value_heads=4, max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=10000.0,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(config).eval()
 
 
 class Clock:
@@ -122,7 +116,7 @@ def main():
     parser.add_argument("--variants", default="bf16,W8A16,W4A16")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    model = llama(args.layers).to(torch.bfloat16)
+    model = tinyllama(args.layers).to(torch.bfloat16)
     ids = torch.randint(0, model.config.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(1))
     length = args.prompt + args.new + 2
     settings = {"bf16": {}, "W8A16": {"weights": "int8"},

@@ -54,11 +54,11 @@ import time
 from pathlib import Path
 
 import torch
-import transformers
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from harness import table  # noqa: E402
+from models import tinyllama  # noqa: E402
 import zoo_models  # noqa: E402,F401  (the trained MiniLM and CREPE; imported while bench/ is on the path)
 
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]  # bench/openvino.py would shadow openvino
@@ -68,17 +68,6 @@ import mixprec.hf  # noqa: E402
 from mixprec.ops import weight_only as wo  # noqa: E402
 
 GROUP = 128
-
-
-def llama(layers: int) -> transformers.LlamaForCausalLM:
-    """TinyLlama-1.1B's config with ``layers`` layers, random weights (as bench/weight_only.py's)."""
-    config = transformers.LlamaConfig(
-        vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=layers, num_attention_heads=32,
-        num_key_value_heads=4, max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=10000.0,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(config).eval()
 
 
 # ---- weight grids: each maps a float weight [N, K] to its dequantized float32 values -------------------------------
@@ -200,7 +189,7 @@ def main():
         print(f"\n### Trained weights, every Linear's weights on each int4 grid (group {GROUP}), float32 compute")
         print(table(rows, ["model", "weights", "output rel-L2", "task metric vs fp32"]))
         return
-    model = llama(args.layers)
+    model = tinyllama(args.layers)
     original = {k: v.clone() for k, v in model.state_dict().items()}
     ids = torch.randint(0, model.config.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(1))
     ref_logits, ref_tokens = run(model, ids, args.new)
