@@ -45,7 +45,8 @@ harness = peers.harness
 
 def _runs_bf16(compiled) -> bool:
     try:
-        return "bf16" in str(compiled.get_property("INFERENCE_PRECISION_HINT")).lower()
+        hint = str(compiled.get_property("INFERENCE_PRECISION_HINT")).lower()  # "<Type: 'bfloat16'>" in 2026.4
+        return "bf16" in hint or "bfloat16" in hint
     except Exception:  # noqa: BLE001 (an older OpenVINO without the property)
         return False
 
