@@ -8,9 +8,9 @@ This is a cheap measurement for the pareto plot, not a benchmark.
 
 **The cost model** (:func:`cost_model`), for ``search(low_precision_type=("int8", "bf16"))``: what a FLOP
 costs in each precision on this machine, so that the budget phase (``budget.py``) can tell what lowering a
-group to int8 or to bf16 *saves*. Measured, never assumed from CPU flags: two small layer stacks — two
-512x512 linear layers on 128 rows (the matmul class: linear, matmul, attention) and two 64-channel 3x3
-convolutions on 28x28 (the convolution class) — are realised through mixprec's own rewrite with every layer
+group to int8 or to bf16 *saves*. Measured, never assumed from CPU flags: two layer stacks — two 768x768
+linear layers on 256 rows (the matmul class: linear, matmul, attention; a BERT-base layer's width and a short
+sequence) and two 128-channel 3x3 convolutions on 28x28 (the convolution class; a ResNet stage's) — are realised through mixprec's own rewrite with every layer
 in fp32, then every layer in each low type (int8 as the search's int8: per-channel weights, calibrated
 boundaries), built by the backend the plan is meant for (``search(backend=...)``; None = the eager programs
 the trials run), timed in ``COST_ROUNDS`` rounds of back-to-back samples (each repeats its call
@@ -26,6 +26,11 @@ of 5-7 rounds of one call gave OpenVINO's bf16 0.22x to 1.85x fp32 from run to r
 bf16 for a noise-made 1.6x: bench/log/2026-11.md, issue 22 search); paired samples of 50 ms, 6 runs per class
 under a concurrent 2-thread bench, 0.79x to 1.32x. The gains that matter are larger (issue 22's table, an
 avx512_bf16 + VNNI EPYC: OpenVINO's bf16 3.1-4.3x and NNCF's int8 6.1-7.8x fp32 eager).
+Why these sizes (issue 34): the stacks were 512x512 on 128 rows and 64 channels, calls of under a millisecond
+at 2 threads, where a call's fixed cost (the runner's conversions, OpenVINO's request) hides the kernels' speed:
+on that EPYC, 2 threads, OpenVINO's bf16 timed 1.17-1.43x its f32 there (below ``MIN_SPEEDUP``: a search on
+openvino placed no bf16 and kept 67-81% of BERT-base's FLOPs f32, 0.61x OpenVINO's all-bf16 default) and 1.69x
+(matmul) / 1.68x (conv) at these sizes; int8 2.0x -> 2.85x / 2.76x (bench/log/2026-11.md, issue 34's cost model).
 
 **The decode shape** (``search(decode=True)``, or eval batches of at most ``DECODE_TOKENS`` tokens): a decoder
 generating a token multiplies one row per sequence by every weight, so its Linears are bound by memory bandwidth,
@@ -65,6 +70,8 @@ DECODE_TOKENS = 8  # eval batches of at most this many tokens (batch x sequence)
 DECODE_ROWS = 1
 DECODE_FEATURES = 2048
 MIN_SPEEDUP = 1.35
+MATMUL_ROWS, MATMUL_FEATURES = 256, 768  # the stacks' sizes (module docstring: why these)
+CONV_CHANNELS, CONV_SIZE = 128, 28
 
 
 def decoding(batches) -> bool:
@@ -208,10 +215,11 @@ def _stack(kind: str, device: torch.device):
         model = torch.nn.Sequential(torch.nn.Linear(size, size), torch.nn.GELU(), torch.nn.Linear(size, size))
         x = torch.randn(DECODE_ROWS, size, generator=generator)
     elif kind == "conv":
-        model = torch.nn.Sequential(torch.nn.Conv2d(64, 64, 3, padding=1), torch.nn.ReLU(),
-                                    torch.nn.Conv2d(64, 64, 3, padding=1))
-        x = torch.randn(1, 64, 28, 28, generator=generator)
+        model = torch.nn.Sequential(torch.nn.Conv2d(CONV_CHANNELS, CONV_CHANNELS, 3, padding=1), torch.nn.ReLU(),
+                                    torch.nn.Conv2d(CONV_CHANNELS, CONV_CHANNELS, 3, padding=1))
+        x = torch.randn(1, CONV_CHANNELS, CONV_SIZE, CONV_SIZE, generator=generator)
     else:
-        model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.GELU(), torch.nn.Linear(512, 512))
-        x = torch.randn(128, 512, generator=generator)
+        size = MATMUL_FEATURES
+        model = torch.nn.Sequential(torch.nn.Linear(size, size), torch.nn.GELU(), torch.nn.Linear(size, size))
+        x = torch.randn(MATMUL_ROWS, size, generator=generator)
     return model.eval().to(device), (x.to(device),)
