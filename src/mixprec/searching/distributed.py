@@ -79,13 +79,13 @@ class Cluster:
 
     def attach(self, trials) -> None:
         """Run ``trials``' measurements on this cluster until :meth:`close` (workers start on the first miss)."""
-        if trials.sizes is not None and trials.sizes.other_sizes_used():
-            # the workers rebuild the program captured at the example inputs' sizes only (the payload)
+        if trials.sizes is not None and trials.sizes.resized():
+            # the workers rebuild the program captured at the example inputs' sizes and the keyed captures only
             raise ConfigError(
                 "mixprec.search with ray_address runs every eval batch on the workers' copy of the program captured "
-                "at the example inputs' sizes, and some eval batches have other sizes (or give forward arguments the "
-                "example inputs left out). Give eval batches like the example inputs (pad or bucket them) for a "
-                "distributed search, or leave ray_address out."
+                "at the example inputs' sizes, and some eval batches have other sizes (batches that also give forward "
+                "arguments the example inputs left out may: their own capture travels). Give eval batches like the "
+                "example inputs (pad or bucket them) for a distributed search, or leave ray_address out."
             )
         trials.pool = RayPool(self, trials, lambda lowered: describe(trials.info, lowered))
         self._trials = trials
@@ -216,16 +216,13 @@ class RayPool:
         from ray import cloudpickle
 
         captured = self.trials.captured
-        buffer = io.BytesIO()
-        try:
-            torch.export.save(captured.exported, buffer)
-        except Exception as e:
-            raise ConfigError(
-                f"mixprec.search cannot send this model to Ray workers: torch.export.save fails on its captured "
-                f"program ({type(e).__name__}: {_first_line(e)}). Search without ray_address."
-            ) from e
+        sizes = self.trials.sizes
+        keyed = sizes.keyed_graphs() if sizes is not None else []
         data = {
-            "program": buffer.getvalue(),
+            "program": _saved(captured.exported),
+            # the captures of calls with keywords the example inputs left out (shapes.py), as the program travels
+            "keyed": [(extra, _saved(graph.captured.exported), graph.names, tuple(graph.captured.info))
+                      for extra, graph in keyed],
             "args": captured.args,
             "kwargs": captured.kwargs,
             "lows": self.trials.lows,
@@ -304,6 +301,21 @@ class RayPool:
                     actor.forget.remote()
             self.actors = []
             self._payload_ref = None
+
+
+def _saved(program) -> bytes:
+    """``program`` (an ExportedProgram) as ``torch.export.save`` bytes."""
+    import torch
+
+    buffer = io.BytesIO()
+    try:
+        torch.export.save(program, buffer)
+    except Exception as e:
+        raise ConfigError(
+            f"mixprec.search cannot send this model to Ray workers: torch.export.save fails on its captured "
+            f"program ({type(e).__name__}: {_first_line(e)}). Search without ray_address."
+        ) from e
+    return buffer.getvalue()
 
 
 def release() -> None:

@@ -151,7 +151,15 @@ class BatchSizes:
 
     def other_sizes_used(self) -> bool:
         """Whether a batch seen so far runs on another capture than the example-shape one."""
-        return bool(self._held) or any(self._keyed.values())
+        return self.resized() or bool(self.keyed_graphs())
+
+    def resized(self) -> bool:
+        """Whether a batch seen so far without extra keywords runs on a capture for other sizes."""
+        return bool(self._held)
+
+    def keyed_graphs(self) -> list[tuple[tuple[str, ...], CalibrationGraph]]:
+        """(extra keywords, capture) of every keyed capture made so far, each once (what a Ray worker rebuilds)."""
+        return [(key[0], graph) for key, graph in self._keyed.items() if graph]
 
     def graph(self, call: Call, where: str = "this call") -> CalibrationGraph | None:
         """The capture that runs ``call``: None for the example-shape one."""
