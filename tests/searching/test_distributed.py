@@ -251,6 +251,47 @@ def test_the_worker_rebuilds_the_drivers_program(cluster, sensitive):
     assert worker.trials.count == 1
 
 
+def test_the_worker_rebuilds_the_keyed_captures_and_routes_each_batch_to_its_own():
+    """The keyed capture travels as torch.export bytes with its node map (plain strings: no model, no user object
+    beyond today's payload); the worker runs a masked batch on it and a batch without the mask on the example's."""
+    import pickle
+
+    from mixprec.calibrate.batches import Call
+    from mixprec.ir.captured import CapturedModel
+    from mixprec.searching.distributed import RayPool
+    from mixprec.searching.metrics import RelL2
+    from mixprec.searching.shapes import BatchSizes
+    from mixprec.searching.trials import Trials
+
+    torch.manual_seed(0)
+    model = _Masked().eval()
+    x = torch.randn(4, 6, 8)
+    mask = torch.ones(4, 6)
+    mask[1:, 3:] = 0
+    captured = CapturedModel(model, (x,))
+    sizes = BatchSizes(captured)
+    calls = sizes.calls([Call((), {"x": x, "mask": mask}), Call((x * 2,), {})], "eval_dataloader")  # as search's
+    trials = Trials(captured, torch.bfloat16, RelL2(), sizes=sizes)
+    trials.metric.prepare(trials.reference(), calls)
+    payload = RayPool(Cluster("auto", 1), trials, str).payload()
+    ((extra, program, shared, names, nodes),) = pickle.loads(payload)["keyed"]
+    assert extra == ("mask",) and set(shared) == {"fc.weight", "fc.bias"}
+    assert all(isinstance(n, str) for pair in names.items() for n in pair) and all(isinstance(n, str) for n in nodes)
+    assert {t.device.type for t in torch.export.load(io.BytesIO(program)).state_dict.values()} == {"meta"}
+    worker = TrialWorker(torch.get_num_threads())
+    worker.load(payload)
+    keyed = worker.trials.sizes.keyed[0][1].captured.exported.state_dict  # the weights travel once
+    assert all(keyed[n] is worker.trials.captured.exported.state_dict[n] for n in shared)
+    (name,) = [n for n, node in trials.info.items() if node.module == "fc"]
+    assert worker.trials.measure((name,)) == trials.measure((name,))
+    ran = []
+    program = worker.trials.program((name,))
+    program._build = lambda graph, build=program._build: ran.append(graph) or build(graph)
+    for call in calls:
+        program(*call.args, **call.kwargs)
+    assert ran[0] is worker.trials.sizes.keyed[0][1] and ran[1] is None  # the masked call's capture, the example's
+
+
 def test_more_workers_than_cpus_runs_as_many_as_there_are_cpus(cluster, sensitive):
     """An actor takes a CPU: asking for more than the cluster has would leave trials waiting forever."""
     model, inputs, data = sensitive

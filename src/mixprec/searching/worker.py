@@ -1,8 +1,10 @@
 """The Ray actor that measures search trials (``distributed.py`` says how a search spreads over a cluster).
 
 A worker holds one search's program and eval data at a time: it loads the payload the driver put into Ray's object
-store on its first trial of that search, rebuilds ``CapturedModel`` and ``Trials`` from it, and measures trials
-exactly as one process does; an exception is reported back with its type, never dropped.
+store on its first trial of that search, rebuilds ``CapturedModel`` and ``Trials`` from it (and the captures of
+calls with keywords the example inputs left out, with a ``KeyedCalls`` that picks the capture for each call, as
+``shapes.BatchSizes`` does on the driver), and measures trials exactly as one process does; an exception is reported
+back with its type, never dropped.
 """
 
 from __future__ import annotations
@@ -49,8 +51,9 @@ class TrialWorker:
 
         data = pickle.loads(payload)
         captured = _rebuilt(data["program"], data["nodes"], data["args"], data["kwargs"])
-        keyed = [(extra, CalibrationGraph(_rebuilt(program, nodes), names))
-                 for extra, program, names, nodes in data["keyed"]]
+        weights = captured.exported.state_dict  # the keyed captures' weights are these (distributed._light)
+        keyed = [(extra, CalibrationGraph(_rebuilt(program, nodes, shared=shared, weights=weights), names))
+                 for extra, program, shared, names, nodes in data["keyed"]]
         sizes = KeyedCalls(captured, keyed) if keyed else None  # none: every batch runs on the example capture
         self.trials = Trials(captured, data["lows"], data["metric"], data["ranges"], sizes, data["values"])
 
@@ -77,14 +80,24 @@ class TrialWorker:
         return ("ok", outcome.value, outcome.failure, outcome.seconds)
 
 
-def _rebuilt(program: bytes, nodes: tuple, args: tuple = (), kwargs: dict | None = None):
+def _rebuilt(program: bytes, nodes: tuple, args: tuple = (), kwargs: dict | None = None, *, shared: tuple = (),
+             weights: dict | None = None):
     """The driver's ``CapturedModel`` rebuilt from its program's ``torch.export.save`` bytes, checked to name the
-    driver's nodes (plans name layers by them)."""
+    driver's nodes (plans name layers by them); the ``shared`` weights, sent as meta tensors, are ``weights``'."""
     import torch
 
     from ..ir.captured import CapturedModel
 
-    captured = CapturedModel(torch.export.load(io.BytesIO(program)), args, kwargs)
+    ep = torch.export.load(io.BytesIO(program))
+    for name in shared:
+        held, tensor = ep.state_dict[name], weights.get(name)
+        if tensor is None or (tensor.shape, tensor.dtype) != (held.shape, held.dtype):
+            raise errors.InvariantError(
+                f"a Ray worker found no weight {name!r} of shape {tuple(held.shape)} in the example capture for a "
+                "keyed capture that shares it. A mixprec bug; please report."
+            )
+        ep.state_dict[name] = tensor
+    captured = CapturedModel(ep, args, kwargs)
     names = tuple(captured.info)
     if names != nodes:
         raise errors.InvariantError(
