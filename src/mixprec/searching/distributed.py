@@ -13,11 +13,12 @@ worker holds the program and the eval data and rebuilds each trial's program loc
   ``torch.export.save`` bytes with their node map to the example capture (names only), because a worker holds no
   model to capture again and an nn.Module is no payload (it need not pickle, and its code would run there); a
   worker (``worker.KeyedCalls``) runs each batch on the capture for its keywords and sizes, as this process does.
-  Their weights are the example capture's (the model's tensors, captured again): they travel once, a keyed capture's
-  bytes hold meta tensors in their place and a worker puts the example capture's back (``_light``), so a keyed
-  capture costs the payload its graph (one for a collator's batches: one dynamic capture takes every length). Batches of other sizes without such keywords are refused (a ConfigError).
-  All of it is pickled once into one bytes object and put into Ray's object store once (``ray.put``); each task carries only its
-  object reference, and a worker loads it on its first trial of the search, never per trial.
+  Their weights are the example capture's (the model's tensors, captured again): they travel once, a keyed
+  capture's bytes hold meta tensors in their place and a worker puts the example capture's back (``_light``), so a
+  keyed capture costs the payload its graph (one for a collator's batches: one dynamic capture takes every length).
+  Batches of other sizes without such keywords are refused (a ConfigError).
+  All of it is pickled once into one bytes object and put into Ray's object store once (``ray.put``); each task
+  carries only its object reference, and a worker loads it on its first trial of the search, never per trial.
 * A worker re-builds ``CapturedModel`` from the ExportedProgram (capture returns an
   ExportedProgram as it is; normalise and analyse are deterministic) and checks that it found
   the driver's node names, so plans name the same layers; then ``Trials.measure`` runs there
@@ -219,7 +220,6 @@ class RayPool:
 
     def payload(self) -> bytes:
         """Everything a worker needs, pickled once (the ExportedProgram through torch.export.save)."""
-        import torch
         from ray import cloudpickle
 
         captured = self.trials.captured
@@ -329,7 +329,6 @@ def _light(program, main) -> tuple[bytes, tuple[str, ...]]:
     """``program``'s ``torch.export.save`` bytes without the weights it shares with ``main`` (the very tensors: the
     model's, captured again), meta tensors of their shapes in their place, and those weights' names: a worker takes
     them from ``main``'s, so a keyed capture costs the payload its graph, not another copy of the weights."""
-    import torch
     from torch.export import ExportedProgram
 
     from ..ir.captured import program_parts

@@ -21,7 +21,8 @@ such a batch runs on a capture of the model called with those keywords too (per 
 capture for every size it takes, else one per shape: ``BatchSizes.keyed``), the plan carried onto it as
 above, so the metric and the fp32 reference are those of the call the user's data makes. A key forward does
 not take is still refused with the name meant (``CallSignature``). The search's calibration runs its batches
-through the same captures (``BatchSizes.route``), so statistics and int8 ranges are those of those calls too.
+through the same captures (``BatchSizes.route``), so statistics and int8 ranges are those of those calls too. A
+search on Ray sends the keyed captures to its workers (``distributed.py``); batches of other sizes alone it refuses.
 
 Why not the alternatives: padding every batch to one shape changes the values (attention over
 pad positions, statistics over padded rows); a dynamic capture as *the* capture renames nodes

@@ -44,8 +44,6 @@ class TrialWorker:
     def load(self, payload: bytes) -> None:
         import pickle
 
-        import torch
-
         from ..calibrate.batch_graphs import CalibrationGraph
         from .trials import Trials
 
