@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 
 import pytest
 import torch
@@ -96,13 +97,48 @@ class _Masked(torch.nn.Module):
         return self.fc(x) if mask is None else self.fc(x) * mask.unsqueeze(-1)
 
 
-def test_eval_batches_with_keywords_the_example_left_out_are_refused_on_a_cluster(cluster):
-    """Such a batch runs on a capture of its own call (tests/searching/test_shapes.py), which the workers lack."""
+def test_eval_batches_with_keywords_the_example_left_out_run_on_their_capture_on_a_cluster(cluster):
+    """Issue 34: a batch that gives ``mask`` beside example inputs ``(x,)`` runs on a capture of its own call
+    (tests/searching/test_shapes.py); that capture travels to the workers as the example's program does, so the
+    cluster measures what one process measures: masked batches of two batch sizes and one without the mask (batch
+    2 is held out, checked in this process)."""
+    torch.manual_seed(0)
+    model = _Masked().eval()
     x = torch.randn(4, 6, 8)
-    data = [{"x": x, "mask": torch.ones(4, 6)}]
-    with pytest.raises(ConfigError, match="forward arguments the example inputs left out.*leave ray_address out"):
-        mixprec.search(_Masked().eval(), (x,), eval_dataloader=data, tolerance=1.0, cache=False, ray_address="auto",
-                       workers=2)
+    mask = torch.ones(4, 6)
+    mask[1:, 3:] = 0
+    data = [{"x": x, "mask": mask}, {"x": x[:2] * 2, "mask": mask.flip(0)[:2]}, (x * 3,), (x * 0.5,)]
+    kwargs = dict(eval_dataloader=data, tolerance=1e-3, cache=False)
+    here = mixprec.search(model, (x,), **kwargs)
+    there = mixprec.search(model, (x,), ray_address="auto", workers=2, **kwargs)
+    same(here, there)
+    unmasked = mixprec.search(model, (x,), **dict(kwargs, eval_dataloader=[(x,), (x[:2] * 2,), (x * 3,), (x * 0.5,)]))
+    assert [g.sensitivity for g in unmasked.groups] != [g.sensitivity for g in here.groups]  # the masks count
+
+
+def test_a_collators_padded_batches_beside_example_ids_only_on_a_cluster(cluster):
+    """Issue 34: a BERT searched with example inputs ``(input_ids,)`` on a collator's ``{input_ids, attention_mask}``
+    batches, each padded to its own length: the one dynamic capture of the masked call travels to the workers, and
+    the cluster's plan, sensitivities (bit for bit, at this process's one thread) and result are one process's."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=64, vocab_size=100, max_position_embeddings=64)
+    model = transformers.BertModel(config).eval()
+    data = []
+    for seed, length in enumerate((8, 11, 6, 5)):
+        generator = torch.Generator().manual_seed(seed)
+        mask = torch.ones(2, length, dtype=torch.long)
+        mask[0, length // 2:] = 0  # the shorter row padded
+        data.append({"input_ids": torch.randint(0, 100, (2, length), generator=generator), "attention_mask": mask})
+    kwargs = dict(eval_dataloader=data, tolerance=1e-3, cache=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mixprec.MixedPrecisionWarning)  # bf16 is emulated on AVX2-only CPUs
+        here = mixprec.search(model, (data[0]["input_ids"],), **kwargs)
+        there = mixprec.search(model, (data[0]["input_ids"],), ray_address="auto", workers=2, **kwargs)
+    same(here, there)
+    assert 0 < there.chosen.lowered < len(there.groups)  # a mix: the equal plans say something
+    assert there.held_out_metric == here.held_out_metric
 
 
 def test_a_user_metric_and_another_model(cluster):
@@ -213,6 +249,47 @@ def test_the_worker_rebuilds_the_drivers_program(cluster, sensitive):
     name = next(n for n, node in trials.info.items() if node.module == "fc1")
     assert worker.trials.measure((name,)) == trials.measure((name,))
     assert worker.trials.count == 1
+
+
+def test_the_worker_rebuilds_the_keyed_captures_and_routes_each_batch_to_its_own():
+    """The keyed capture travels as torch.export bytes with its node map (plain strings: no model, no user object
+    beyond today's payload); the worker runs a masked batch on it and a batch without the mask on the example's."""
+    import pickle
+
+    from mixprec.calibrate.batches import Call
+    from mixprec.ir.captured import CapturedModel
+    from mixprec.searching.distributed import RayPool
+    from mixprec.searching.metrics import RelL2
+    from mixprec.searching.shapes import BatchSizes
+    from mixprec.searching.trials import Trials
+
+    torch.manual_seed(0)
+    model = _Masked().eval()
+    x = torch.randn(4, 6, 8)
+    mask = torch.ones(4, 6)
+    mask[1:, 3:] = 0
+    captured = CapturedModel(model, (x,))
+    sizes = BatchSizes(captured)
+    calls = sizes.calls([Call((), {"x": x, "mask": mask}), Call((x * 2,), {})], "eval_dataloader")  # as search's
+    trials = Trials(captured, torch.bfloat16, RelL2(), sizes=sizes)
+    trials.metric.prepare(trials.reference(), calls)
+    payload = RayPool(Cluster("auto", 1), trials, str).payload()
+    ((extra, program, shared, names, nodes),) = pickle.loads(payload)["keyed"]
+    assert extra == ("mask",) and set(shared) == {"fc.weight", "fc.bias"}
+    assert all(isinstance(n, str) for pair in names.items() for n in pair) and all(isinstance(n, str) for n in nodes)
+    assert {t.device.type for t in torch.export.load(io.BytesIO(program)).state_dict.values()} == {"meta"}
+    worker = TrialWorker(torch.get_num_threads())
+    worker.load(payload)
+    keyed = worker.trials.sizes.keyed[0][1].captured.exported.state_dict  # the weights travel once
+    assert all(keyed[n] is worker.trials.captured.exported.state_dict[n] for n in shared)
+    (name,) = [n for n, node in trials.info.items() if node.module == "fc"]
+    assert worker.trials.measure((name,)) == trials.measure((name,))
+    ran = []
+    program = worker.trials.program((name,))
+    program._build = lambda graph, build=program._build: ran.append(graph) or build(graph)
+    for call in calls:
+        program(*call.args, **call.kwargs)
+    assert ran[0] is worker.trials.sizes.keyed[0][1] and ran[1] is None  # the masked call's capture, the example's
 
 
 def test_more_workers_than_cpus_runs_as_many_as_there_are_cpus(cluster, sensitive):

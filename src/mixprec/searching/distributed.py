@@ -8,9 +8,17 @@ worker holds the program and the eval data and rebuilds each trial's program loc
   graph, the signature: an ExportedProgram does not pickle itself), the example inputs, the
   prepared metric (eval batches and the fp32 reference outputs, so no worker re-runs the
   reference), the calibrated int8 ranges (marker regions' and the int8 layers' boundaries) and the
-  low types. They are pickled once into one bytes object
-  and put into Ray's object store once (``ray.put``); each task carries only its
-  object reference, and a worker loads it on its first trial of the search, never per trial.
+  low types. Eval batches that give keywords the example inputs left out (a collator's ``attention_mask`` beside
+  ``(input_ids,)``) run on captures of their own call (``shapes.py``): those travel as the program does, as
+  ``torch.export.save`` bytes with their node map to the example capture (names only), because a worker holds no
+  model to capture again and an nn.Module is no payload (it need not pickle, and its code would run there); a
+  worker (``worker.KeyedCalls``) runs each batch on the capture for its keywords and sizes, as this process does.
+  Their weights are the example capture's (the model's tensors, captured again): they travel once, a keyed
+  capture's bytes hold meta tensors in their place and a worker puts the example capture's back (``_light``), so a
+  keyed capture costs the payload its graph (one for a collator's batches: one dynamic capture takes every length).
+  Batches of other sizes without such keywords are refused (a ConfigError).
+  All of it is pickled once into one bytes object and put into Ray's object store once (``ray.put``); each task
+  carries only its object reference, and a worker loads it on its first trial of the search, never per trial.
 * A worker re-builds ``CapturedModel`` from the ExportedProgram (capture returns an
   ExportedProgram as it is; normalise and analyse are deterministic) and checks that it found
   the driver's node names, so plans name the same layers; then ``Trials.measure`` runs there
@@ -79,13 +87,13 @@ class Cluster:
 
     def attach(self, trials) -> None:
         """Run ``trials``' measurements on this cluster until :meth:`close` (workers start on the first miss)."""
-        if trials.sizes is not None and trials.sizes.other_sizes_used():
-            # the workers rebuild the program captured at the example inputs' sizes only (the payload)
+        if trials.sizes is not None and trials.sizes.resized():
+            # the workers rebuild the program captured at the example inputs' sizes and the keyed captures only
             raise ConfigError(
                 "mixprec.search with ray_address runs every eval batch on the workers' copy of the program captured "
-                "at the example inputs' sizes, and some eval batches have other sizes (or give forward arguments the "
-                "example inputs left out). Give eval batches like the example inputs (pad or bucket them) for a "
-                "distributed search, or leave ray_address out."
+                "at the example inputs' sizes, and some eval batches have other sizes (batches that also give forward "
+                "arguments the example inputs left out may: their own capture travels). Give eval batches like the "
+                "example inputs (pad or bucket them) for a distributed search, or leave ray_address out."
             )
         trials.pool = RayPool(self, trials, lambda lowered: describe(trials.info, lowered))
         self._trials = trials
@@ -212,20 +220,16 @@ class RayPool:
 
     def payload(self) -> bytes:
         """Everything a worker needs, pickled once (the ExportedProgram through torch.export.save)."""
-        import torch
         from ray import cloudpickle
 
         captured = self.trials.captured
-        buffer = io.BytesIO()
-        try:
-            torch.export.save(captured.exported, buffer)
-        except Exception as e:
-            raise ConfigError(
-                f"mixprec.search cannot send this model to Ray workers: torch.export.save fails on its captured "
-                f"program ({type(e).__name__}: {_first_line(e)}). Search without ray_address."
-            ) from e
+        sizes = self.trials.sizes
+        keyed = sizes.keyed_graphs() if sizes is not None else []
         data = {
-            "program": buffer.getvalue(),
+            "program": _saved(captured.exported),
+            # the captures of calls with keywords the example inputs left out (shapes.py), as the program travels
+            "keyed": [(extra, *_light(graph.captured.exported, captured.exported), graph.names,
+                       tuple(graph.captured.info)) for extra, graph in keyed],
             "args": captured.args,
             "kwargs": captured.kwargs,
             "lows": self.trials.lows,
@@ -304,6 +308,41 @@ class RayPool:
                     actor.forget.remote()
             self.actors = []
             self._payload_ref = None
+
+
+def _saved(program) -> bytes:
+    """``program`` (an ExportedProgram) as ``torch.export.save`` bytes."""
+    import torch
+
+    buffer = io.BytesIO()
+    try:
+        torch.export.save(program, buffer)
+    except Exception as e:
+        raise ConfigError(
+            f"mixprec.search cannot send this model to Ray workers: torch.export.save fails on its captured "
+            f"program ({type(e).__name__}: {_first_line(e)}). Search without ray_address."
+        ) from e
+    return buffer.getvalue()
+
+
+def _light(program, main) -> tuple[bytes, tuple[str, ...]]:
+    """``program``'s ``torch.export.save`` bytes without the weights it shares with ``main`` (the very tensors: the
+    model's, captured again), meta tensors of their shapes in their place, and those weights' names: a worker takes
+    them from ``main``'s, so a keyed capture costs the payload its graph, not another copy of the weights."""
+    from torch.export import ExportedProgram
+
+    from ..ir.captured import program_parts
+
+    shared = tuple(name for name, tensor in program.state_dict.items() if main.state_dict.get(name) is tensor)
+    state = {name: _meta(tensor) if name in shared else tensor for name, tensor in program.state_dict.items()}
+    return _saved(ExportedProgram(**program_parts(program, state_dict=state))), shared
+
+
+def _meta(tensor):
+    import torch
+
+    meta = torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
+    return torch.nn.Parameter(meta, tensor.requires_grad) if isinstance(tensor, torch.nn.Parameter) else meta
 
 
 def release() -> None:

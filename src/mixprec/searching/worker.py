@@ -1,8 +1,10 @@
 """The Ray actor that measures search trials (``distributed.py`` says how a search spreads over a cluster).
 
 A worker holds one search's program and eval data at a time: it loads the payload the driver put into Ray's object
-store on its first trial of that search, rebuilds ``CapturedModel`` and ``Trials`` from it, and measures trials
-exactly as one process does; an exception is reported back with its type, never dropped.
+store on its first trial of that search, rebuilds ``CapturedModel`` and ``Trials`` from it (and the captures of
+calls with keywords the example inputs left out, with a ``KeyedCalls`` that picks the capture for each call, as
+``shapes.BatchSizes`` does on the driver), and measures trials exactly as one process does; an exception is reported
+back with its type, never dropped.
 """
 
 from __future__ import annotations
@@ -42,21 +44,16 @@ class TrialWorker:
     def load(self, payload: bytes) -> None:
         import pickle
 
-        import torch
-
-        from ..ir.captured import CapturedModel
+        from ..calibrate.batch_graphs import CalibrationGraph
         from .trials import Trials
 
         data = pickle.loads(payload)
-        program = torch.export.load(io.BytesIO(data["program"]))
-        captured = CapturedModel(program, data["args"], data["kwargs"])
-        names = tuple(captured.info)
-        if names != data["nodes"]:
-            raise errors.InvariantError(
-                f"a Ray worker rebuilt the captured program with {len(names)} nodes, the driver has "
-                f"{len(data['nodes'])} (or other names): plans would name other layers. A mixprec bug; please report."
-            )
-        self.trials = Trials(captured, data["lows"], data["metric"], data["ranges"], values=data["values"])
+        captured = _rebuilt(data["program"], data["nodes"], data["args"], data["kwargs"])
+        weights = captured.exported.state_dict  # the keyed captures' weights are these (distributed._light)
+        keyed = [(extra, CalibrationGraph(_rebuilt(program, nodes, shared=shared, weights=weights), names))
+                 for extra, program, shared, names, nodes in data["keyed"]]
+        sizes = KeyedCalls(captured, keyed) if keyed else None  # none: every batch runs on the example capture
+        self.trials = Trials(captured, data["lows"], data["metric"], data["ranges"], sizes, data["values"])
 
     def measure(self, box: list, lowered: tuple, time_on=None) -> tuple:
         """("ok", value, failure, seconds) or ("raised", type, message, mixprec type): the driver raises it, naming
@@ -79,6 +76,85 @@ class TrialWorker:
         except Exception as e:  # the user's metric, unpickling, anything else: reported, never dropped
             return ("raised", type(e).__name__, str(e), _mixprec_type(e))
         return ("ok", outcome.value, outcome.failure, outcome.seconds)
+
+
+def _rebuilt(program: bytes, nodes: tuple, args: tuple = (), kwargs: dict | None = None, *, shared: tuple = (),
+             weights: dict | None = None):
+    """The driver's ``CapturedModel`` rebuilt from its program's ``torch.export.save`` bytes, checked to name the
+    driver's nodes (plans name layers by them); the ``shared`` weights, sent as meta tensors, are ``weights``'."""
+    import torch
+
+    from ..ir.captured import CapturedModel
+
+    ep = torch.export.load(io.BytesIO(program))
+    for name in shared:
+        held, tensor = ep.state_dict[name], weights.get(name)
+        if tensor is None or (tensor.shape, tensor.dtype) != (held.shape, held.dtype):
+            raise errors.InvariantError(
+                f"a Ray worker found no weight {name!r} of shape {tuple(held.shape)} in the example capture for a "
+                "keyed capture that shares it. A mixprec bug; please report."
+            )
+        ep.state_dict[name] = tensor
+    captured = CapturedModel(ep, args, kwargs)
+    names = tuple(captured.info)
+    if names != nodes:
+        raise errors.InvariantError(
+            f"a Ray worker rebuilt a captured program with {len(names)} nodes, the driver has {len(nodes)} (or other "
+            "names): plans would name other layers. A mixprec bug; please report."
+        )
+    return captured
+
+
+class KeyedCalls:
+    """Which capture runs a call on a worker, as ``shapes.BatchSizes`` decides on the driver: a call that gives
+    keywords the example inputs left out runs on the keyed capture shipped for those keywords that takes its sizes,
+    any other on the example capture (the driver refuses batches of other sizes without such keywords)."""
+
+    def __init__(self, captured, keyed: list):
+        self.captured = captured
+        self.keyed = keyed  # [(extra keywords, CalibrationGraph)]
+        self.names = {name for extra, _ in keyed for name in extra}
+
+    def arranged(self, call, where: str):
+        """``call`` in the structure of the capture that runs it."""
+        from ..calibrate.batches import arrange
+
+        extra = self._extra(call)
+        if not extra:
+            return arrange(call, where, self.captured.signature)
+        for key, graph in self.keyed:
+            if key == extra:
+                arranged = arrange(call, where, graph.captured.signature)
+                if graph.fits(arranged.tensors()):
+                    return arranged
+        raise self._missing(call, extra, where)
+
+    def graph(self, call, where: str = "this call"):
+        """The capture that runs the arranged ``call``: None for the example one."""
+        extra = self._extra(call)
+        if not extra:
+            return None
+        tensors = call.tensors()
+        for key, graph in self.keyed:
+            if key == extra and graph.fits(tensors):
+                return graph
+        raise self._missing(call, extra, where)
+
+    def program(self, build):
+        """One trial's program for every call: ``build(graph)`` on the capture that runs it (made on first use)."""
+        from .shapes import _Sized
+
+        return _Sized(self, build)
+
+    def _extra(self, call) -> tuple[str, ...]:
+        return tuple(sorted(name for name in call.kwargs if name in self.names))
+
+    def _missing(self, call, extra: tuple, where: str) -> Exception:
+        shapes = [tuple(t.shape) for t in call.tensors()]
+        return errors.InvariantError(
+            f"{where} gives {', '.join(extra)} with shapes {shapes}, and the driver sent a Ray worker no capture that "
+            "takes it (the driver captures one for every eval batch). A mixprec bug; please report."
+        )
 
 
 def _mixprec_type(error: Exception) -> str | None:
