@@ -79,13 +79,27 @@ def test_distributed_equals_single_host_over_two_types(cluster, sensitive, monke
     assert here.chosen.lowered_by_type["int8"] > 0 and here.chosen.lowered_by_type["bfloat16"] > 0
 
 
-def test_eval_batches_of_other_sizes_are_refused_on_a_cluster(cluster, sensitive):
-    """The workers hold the program captured at the example sizes only: a batch of another size is a ConfigError
-    saying what to do, before any trial runs (the in-process search takes it: tests/searching/test_shapes.py)."""
-    model, inputs, _ = sensitive
-    data = [(zero_sum_rows(8),), (zero_sum_rows(5),)]
-    with pytest.raises(ConfigError, match="other sizes.*leave ray_address out"):
-        mixprec.search(model, inputs, eval_dataloader=data, cache=False, ray_address="auto", workers=2)
+def test_eval_batches_of_other_batch_and_sequence_sizes_run_on_their_captures_on_a_cluster(cluster):
+    """Issue 34: a BERT searched with example inputs of 2 x 8 tokens on batches of other batch and sequence sizes
+    and no other keywords (3 x 11 and 2 x 6: the dynamic capture; 1 x 5: a batch of 1, an exact-shape capture)
+    runs each on a capture for its sizes in one process (tests/searching/test_shapes.py); those captures travel to
+    the workers, so the cluster's plan, sensitivities (bit for bit, at one thread) and result are one process's
+    (batch 2 is held out, checked in this process). It was a ConfigError on a cluster."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=64, vocab_size=100, max_position_embeddings=64)
+    model = transformers.BertModel(config).eval()
+    generator = torch.Generator().manual_seed(0)
+    data = [(torch.randint(0, 100, size, generator=generator),) for size in ((2, 8), (3, 11), (2, 6), (1, 5))]
+    kwargs = dict(eval_dataloader=data, tolerance=1e-3, cache=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mixprec.MixedPrecisionWarning)  # bf16 is emulated on AVX2-only CPUs
+        here = mixprec.search(model, data[0], **kwargs)
+        there = mixprec.search(model, data[0], ray_address="auto", workers=2, **kwargs)
+    same(here, there)
+    assert 0 < there.chosen.lowered < len(there.groups)  # a mix: the equal plans say something
+    assert there.held_out_metric == here.held_out_metric
 
 
 class _Masked(torch.nn.Module):
@@ -274,13 +288,13 @@ def test_the_worker_rebuilds_the_keyed_captures_and_routes_each_batch_to_its_own
     trials = Trials(captured, torch.bfloat16, RelL2(), sizes=sizes)
     trials.metric.prepare(trials.reference(), calls)
     payload = RayPool(Cluster("auto", 1), trials, str).payload()
-    ((extra, program, shared, names, nodes),) = pickle.loads(payload)["keyed"]
+    ((extra, program, shared, names, nodes),) = pickle.loads(payload)["others"]
     assert extra == ("mask",) and set(shared) == {"fc.weight", "fc.bias"}
     assert all(isinstance(n, str) for pair in names.items() for n in pair) and all(isinstance(n, str) for n in nodes)
     assert {t.device.type for t in torch.export.load(io.BytesIO(program)).state_dict.values()} == {"meta"}
     worker = TrialWorker(torch.get_num_threads())
     worker.load(payload)
-    keyed = worker.trials.sizes.keyed[0][1].captured.exported.state_dict  # the weights travel once
+    keyed = worker.trials.sizes.graphs[0][1].captured.exported.state_dict  # the weights travel once
     assert all(keyed[n] is worker.trials.captured.exported.state_dict[n] for n in shared)
     (name,) = [n for n, node in trials.info.items() if node.module == "fc"]
     assert worker.trials.measure((name,)) == trials.measure((name,))
@@ -289,7 +303,45 @@ def test_the_worker_rebuilds_the_keyed_captures_and_routes_each_batch_to_its_own
     program._build = lambda graph, build=program._build: ran.append(graph) or build(graph)
     for call in calls:
         program(*call.args, **call.kwargs)
-    assert ran[0] is worker.trials.sizes.keyed[0][1] and ran[1] is None  # the masked call's capture, the example's
+    assert ran[0] is worker.trials.sizes.graphs[0][1] and ran[1] is None  # the masked call's capture, the example's
+
+
+def test_the_worker_rebuilds_the_captures_of_other_sizes_and_routes_each_batch_as_the_driver_does(sensitive):
+    """Batches of other sizes and no other keywords: their captures (the dynamic one, and a batch of 1's exact-shape
+    one) travel as the keyed ones do, weights as meta tensors (the example capture's put back on the worker), and
+    the worker runs each batch on the capture the driver runs it on: the example's, the dynamic one, the batch of
+    1's."""
+    import pickle
+
+    from mixprec.calibrate.batches import Call
+    from mixprec.ir.captured import CapturedModel
+    from mixprec.searching.distributed import RayPool
+    from mixprec.searching.metrics import RelL2
+    from mixprec.searching.shapes import BatchSizes
+    from mixprec.searching.trials import Trials
+
+    model, inputs, _ = sensitive
+    captured = CapturedModel(model, inputs)
+    sizes = BatchSizes(captured)
+    calls = sizes.calls([Call((zero_sum_rows(n),), {}) for n in (8, 5, 1, 3)], "eval_dataloader")  # as search's
+    trials = Trials(captured, torch.bfloat16, RelL2(), sizes=sizes)
+    trials.metric.prepare(trials.reference(), calls)
+    payload = RayPool(Cluster("auto", 1), trials, str).payload()
+    others = pickle.loads(payload)["others"]
+    assert [extra for extra, *_ in others] == [(), ()]
+    for _, program, shared, names, nodes in others:
+        assert set(shared) == set(captured.exported.state_dict)  # every weight is the example capture's
+        assert {t.device.type for t in torch.export.load(io.BytesIO(program)).state_dict.values()} == {"meta"}
+    worker = TrialWorker(torch.get_num_threads())
+    worker.load(payload)
+    (_, dynamic), (_, single) = worker.trials.sizes.graphs
+    assert all(dynamic.captured.exported.state_dict[n] is worker.trials.captured.exported.state_dict[n]
+               for n in captured.exported.state_dict)
+    driver = [graph for _, graph in sizes.other_graphs()]
+    assert [sizes.graph(call) for call in calls] == [None, driver[0], driver[1], driver[0]]
+    assert [worker.trials.sizes.graph(call) for call in calls] == [None, dynamic, single, dynamic]
+    name = next(n for n, node in trials.info.items() if node.module == "fc1")
+    assert worker.trials.measure((name,)) == trials.measure((name,))
 
 
 def test_more_workers_than_cpus_runs_as_many_as_there_are_cpus(cluster, sensitive):

@@ -8,15 +8,16 @@ worker holds the program and the eval data and rebuilds each trial's program loc
   graph, the signature: an ExportedProgram does not pickle itself), the example inputs, the
   prepared metric (eval batches and the fp32 reference outputs, so no worker re-runs the
   reference), the calibrated int8 ranges (marker regions' and the int8 layers' boundaries) and the
-  low types. Eval batches that give keywords the example inputs left out (a collator's ``attention_mask`` beside
-  ``(input_ids,)``) run on captures of their own call (``shapes.py``): those travel as the program does, as
+  low types. Eval batches of other sizes than the example inputs (another batch size, a collator's own padded
+  length) or that give keywords the example inputs left out (a collator's ``attention_mask`` beside
+  ``(input_ids,)``) run on captures of their own (``shapes.py``): those travel as the program does, as
   ``torch.export.save`` bytes with their node map to the example capture (names only), because a worker holds no
   model to capture again and an nn.Module is no payload (it need not pickle, and its code would run there); a
-  worker (``worker.KeyedCalls``) runs each batch on the capture for its keywords and sizes, as this process does.
-  Their weights are the example capture's (the model's tensors, captured again): they travel once, a keyed
+  worker (``worker.OtherCaptures``) runs each batch on the capture for its keywords and sizes, as this process does.
+  Their weights are the example capture's (the model's tensors, captured again): they travel once, such a
   capture's bytes hold meta tensors in their place and a worker puts the example capture's back (``_light``), so a
-  keyed capture costs the payload its graph (one for a collator's batches: one dynamic capture takes every length).
-  Batches of other sizes without such keywords are refused (a ConfigError).
+  capture costs the payload its graph (one for a loader's batch and sequence sizes: one dynamic capture takes
+  every size but those torch specialises, such as a batch of 1, which get an exact-shape capture each).
   All of it is pickled once into one bytes object and put into Ray's object store once (``ray.put``); each task
   carries only its object reference, and a worker loads it on its first trial of the search, never per trial.
 * A worker re-builds ``CapturedModel`` from the ExportedProgram (capture returns an
@@ -87,14 +88,6 @@ class Cluster:
 
     def attach(self, trials) -> None:
         """Run ``trials``' measurements on this cluster until :meth:`close` (workers start on the first miss)."""
-        if trials.sizes is not None and trials.sizes.resized():
-            # the workers rebuild the program captured at the example inputs' sizes and the keyed captures only
-            raise ConfigError(
-                "mixprec.search with ray_address runs every eval batch on the workers' copy of the program captured "
-                "at the example inputs' sizes, and some eval batches have other sizes (batches that also give forward "
-                "arguments the example inputs left out may: their own capture travels). Give eval batches like the "
-                "example inputs (pad or bucket them) for a distributed search, or leave ray_address out."
-            )
         trials.pool = RayPool(self, trials, lambda lowered: describe(trials.info, lowered))
         self._trials = trials
 
@@ -224,12 +217,12 @@ class RayPool:
 
         captured = self.trials.captured
         sizes = self.trials.sizes
-        keyed = sizes.keyed_graphs() if sizes is not None else []
+        others = sizes.other_graphs() if sizes is not None else []
         data = {
             "program": _saved(captured.exported),
-            # the captures of calls with keywords the example inputs left out (shapes.py), as the program travels
-            "keyed": [(extra, *_light(graph.captured.exported, captured.exported), graph.names,
-                       tuple(graph.captured.info)) for extra, graph in keyed],
+            # the captures of batches of other sizes or keywords (shapes.py), as the program travels, weights aside
+            "others": [(extra, *_light(graph.captured.exported, captured.exported), graph.names,
+                        tuple(graph.captured.info)) for extra, graph in others],
             "args": captured.args,
             "kwargs": captured.kwargs,
             "lows": self.trials.lows,
@@ -328,7 +321,7 @@ def _saved(program) -> bytes:
 def _light(program, main) -> tuple[bytes, tuple[str, ...]]:
     """``program``'s ``torch.export.save`` bytes without the weights it shares with ``main`` (the very tensors: the
     model's, captured again), meta tensors of their shapes in their place, and those weights' names: a worker takes
-    them from ``main``'s, so a keyed capture costs the payload its graph, not another copy of the weights."""
+    them from ``main``'s, so another capture costs the payload its graph, not another copy of the weights."""
     from torch.export import ExportedProgram
 
     from ..ir.captured import program_parts

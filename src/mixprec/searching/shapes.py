@@ -22,7 +22,7 @@ capture for every size it takes, else one per shape: ``BatchSizes.keyed``), the 
 above, so the metric and the fp32 reference are those of the call the user's data makes. A key forward does
 not take is still refused with the name meant (``CallSignature``). The search's calibration runs its batches
 through the same captures (``BatchSizes.route``), so statistics and int8 ranges are those of those calls too. A
-search on Ray sends the keyed captures to its workers (``distributed.py``); batches of other sizes alone it refuses.
+search on Ray sends every such capture, of other sizes or keyed, to its workers (``distributed.py``).
 
 Why not the alternatives: padding every batch to one shape changes the values (attention over
 pad positions, statistics over padded rows); a dynamic capture as *the* capture renames nodes
@@ -150,17 +150,13 @@ class BatchSizes:
         captured = CapturedModel(ep)
         return CalibrationGraph(captured, align(captured.base, self.captured.base))
 
-    def other_sizes_used(self) -> bool:
-        """Whether a batch seen so far runs on another capture than the example-shape one."""
-        return self.resized() or bool(self.keyed_graphs())
-
-    def resized(self) -> bool:
-        """Whether a batch seen so far without extra keywords runs on a capture for other sizes."""
-        return bool(self._held)
-
-    def keyed_graphs(self) -> list[tuple[tuple[str, ...], CalibrationGraph]]:
-        """(extra keywords, capture) of every keyed capture made so far, each once (what a Ray worker rebuilds)."""
-        return [(key[0], graph) for key, graph in self._keyed.items() if graph]
+    def other_graphs(self) -> list[tuple[tuple[str, ...], CalibrationGraph]]:
+        """Every capture a batch seen so far runs on but the example-shape one, each once, with the keywords that
+        pick it: () for a capture of other sizes, in the order :meth:`graph` tries them, else a keyed capture's extra
+        keywords (what a Ray worker rebuilds: ``worker.OtherCaptures`` routes each call as :meth:`graph` does)."""
+        return [((), graph) for graph in self._held.values()] + [
+            (key[0], graph) for key, graph in self._keyed.items() if graph
+        ]
 
     def graph(self, call: Call, where: str = "this call") -> CalibrationGraph | None:
         """The capture that runs ``call``: None for the example-shape one."""

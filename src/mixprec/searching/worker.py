@@ -2,9 +2,9 @@
 
 A worker holds one search's program and eval data at a time: it loads the payload the driver put into Ray's object
 store on its first trial of that search, rebuilds ``CapturedModel`` and ``Trials`` from it (and the captures of
-calls with keywords the example inputs left out, with a ``KeyedCalls`` that picks the capture for each call, as
-``shapes.BatchSizes`` does on the driver), and measures trials exactly as one process does; an exception is reported
-back with its type, never dropped.
+eval batches of other sizes or with keywords the example inputs left out, with an ``OtherCaptures`` that picks the
+capture for each call, as ``shapes.BatchSizes`` does on the driver), and measures trials exactly as one process
+does; an exception is reported back with its type, never dropped.
 """
 
 from __future__ import annotations
@@ -49,10 +49,10 @@ class TrialWorker:
 
         data = pickle.loads(payload)
         captured = _rebuilt(data["program"], data["nodes"], data["args"], data["kwargs"])
-        weights = captured.exported.state_dict  # the keyed captures' weights are these (distributed._light)
-        keyed = [(extra, CalibrationGraph(_rebuilt(program, nodes, shared=shared, weights=weights), names))
-                 for extra, program, shared, names, nodes in data["keyed"]]
-        sizes = KeyedCalls(captured, keyed) if keyed else None  # none: every batch runs on the example capture
+        weights = captured.exported.state_dict  # the other captures' weights are these (distributed._light)
+        others = [(extra, CalibrationGraph(_rebuilt(program, nodes, shared=shared, weights=weights), names))
+                  for extra, program, shared, names, nodes in data["others"]]
+        sizes = OtherCaptures(captured, others) if others else None  # none: every batch runs on the example capture
         self.trials = Trials(captured, data["lows"], data["metric"], data["ranges"], sizes, data["values"])
 
     def measure(self, box: list, lowered: tuple, time_on=None) -> tuple:
@@ -92,7 +92,7 @@ def _rebuilt(program: bytes, nodes: tuple, args: tuple = (), kwargs: dict | None
         if tensor is None or (tensor.shape, tensor.dtype) != (held.shape, held.dtype):
             raise errors.InvariantError(
                 f"a Ray worker found no weight {name!r} of shape {tuple(held.shape)} in the example capture for a "
-                "keyed capture that shares it. A mixprec bug; please report."
+                "capture of other sizes or keywords that shares it. A mixprec bug; please report."
             )
         ep.state_dict[name] = tensor
     captured = CapturedModel(ep, args, kwargs)
@@ -105,15 +105,17 @@ def _rebuilt(program: bytes, nodes: tuple, args: tuple = (), kwargs: dict | None
     return captured
 
 
-class KeyedCalls:
+class OtherCaptures:
     """Which capture runs a call on a worker, as ``shapes.BatchSizes`` decides on the driver: a call that gives
-    keywords the example inputs left out runs on the keyed capture shipped for those keywords that takes its sizes,
-    any other on the example capture (the driver refuses batches of other sizes without such keywords)."""
+    keywords the example inputs left out runs on the first capture shipped for those keywords that takes its sizes;
+    any other on the example capture when it takes its sizes, else on the first capture shipped for other sizes
+    that does (shipped in the order the driver tries them: ``BatchSizes.other_graphs``)."""
 
-    def __init__(self, captured, keyed: list):
+    def __init__(self, captured, graphs: list):
         self.captured = captured
-        self.keyed = keyed  # [(extra keywords, CalibrationGraph)]
-        self.names = {name for extra, _ in keyed for name in extra}
+        self.graphs = graphs  # [(extra keywords, () for other sizes, CalibrationGraph)]
+        self.user_nodes = captured.base.user_input_nodes()
+        self.names = {name for extra, _ in graphs for name in extra}
 
     def arranged(self, call, where: str):
         """``call`` in the structure of the capture that runs it."""
@@ -122,7 +124,7 @@ class KeyedCalls:
         extra = self._extra(call)
         if not extra:
             return arrange(call, where, self.captured.signature)
-        for key, graph in self.keyed:
+        for key, graph in self.graphs:
             if key == extra:
                 arranged = arrange(call, where, graph.captured.signature)
                 if graph.fits(arranged.tensors()):
@@ -131,11 +133,13 @@ class KeyedCalls:
 
     def graph(self, call, where: str = "this call"):
         """The capture that runs the arranged ``call``: None for the example one."""
+        from ..calibrate.batches import fit
+
         extra = self._extra(call)
-        if not extra:
-            return None
+        if not extra and fit(call, self.user_nodes, where, resizable=True) is not None:
+            return None  # the example capture takes its sizes
         tensors = call.tensors()
-        for key, graph in self.keyed:
+        for key, graph in self.graphs:
             if key == extra and graph.fits(tensors):
                 return graph
         raise self._missing(call, extra, where)
@@ -151,9 +155,10 @@ class KeyedCalls:
 
     def _missing(self, call, extra: tuple, where: str) -> Exception:
         shapes = [tuple(t.shape) for t in call.tensors()]
+        gives = f"gives {', '.join(extra)} with" if extra else "has"
         return errors.InvariantError(
-            f"{where} gives {', '.join(extra)} with shapes {shapes}, and the driver sent a Ray worker no capture that "
-            "takes it (the driver captures one for every eval batch). A mixprec bug; please report."
+            f"{where} {gives} shapes {shapes}, and the driver sent a Ray worker no capture that takes it (the "
+            "driver captures one for every eval batch). A mixprec bug; please report."
         )
 
 
