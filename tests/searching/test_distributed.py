@@ -79,17 +79,21 @@ def test_distributed_equals_single_host_over_two_types(cluster, sensitive, monke
     assert here.chosen.lowered_by_type["int8"] > 0 and here.chosen.lowered_by_type["bfloat16"] > 0
 
 
+def _tiny_bert():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=64, vocab_size=100, max_position_embeddings=64)
+    return transformers.BertModel(config).eval()
+
+
 def test_eval_batches_of_other_batch_and_sequence_sizes_run_on_their_captures_on_a_cluster(cluster):
     """Issue 34: a BERT searched with example inputs of 2 x 8 tokens on batches of other batch and sequence sizes
     and no other keywords (3 x 11 and 2 x 6: the dynamic capture; 1 x 5: a batch of 1, an exact-shape capture)
     runs each on a capture for its sizes in one process (tests/searching/test_shapes.py); those captures travel to
     the workers, so the cluster's plan, sensitivities (bit for bit, at one thread) and result are one process's
     (batch 2 is held out, checked in this process). It was a ConfigError on a cluster."""
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                     intermediate_size=64, vocab_size=100, max_position_embeddings=64)
-    model = transformers.BertModel(config).eval()
+    model = _tiny_bert()
     generator = torch.Generator().manual_seed(0)
     data = [(torch.randint(0, 100, size, generator=generator),) for size in ((2, 8), (3, 11), (2, 6), (1, 5))]
     kwargs = dict(eval_dataloader=data, tolerance=1e-3, cache=False)
@@ -134,11 +138,7 @@ def test_a_collators_padded_batches_beside_example_ids_only_on_a_cluster(cluster
     """Issue 34: a BERT searched with example inputs ``(input_ids,)`` on a collator's ``{input_ids, attention_mask}``
     batches, each padded to its own length: the one dynamic capture of the masked call travels to the workers, and
     the cluster's plan, sensitivities (bit for bit, at this process's one thread) and result are one process's."""
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                     intermediate_size=64, vocab_size=100, max_position_embeddings=64)
-    model = transformers.BertModel(config).eval()
+    model = _tiny_bert()
     data = []
     for seed, length in enumerate((8, 11, 6, 5)):
         generator = torch.Generator().manual_seed(seed)
@@ -153,6 +153,45 @@ def test_a_collators_padded_batches_beside_example_ids_only_on_a_cluster(cluster
     same(here, there)
     assert 0 < there.chosen.lowered < len(there.groups)  # a mix: the equal plans say something
     assert there.held_out_metric == here.held_out_metric
+
+
+def test_an_accuracy_callback_on_batches_of_other_sizes_on_a_cluster(cluster):
+    """An Accuracy callback that runs the program on its own batches of other sizes than the example's 2 x 8 tokens
+    (3 x 11: the dynamic capture; 1 x 5: an exact-shape one; made when it runs the fp32 model): those captures
+    travel, and the cluster's search is one process's (the workers ran every call on the example capture)."""
+    model = _tiny_bert()
+    generator = torch.Generator().manual_seed(1)
+    example = (torch.randint(0, 100, (2, 8), generator=generator),)
+    batches = [torch.randint(0, 100, size, generator=generator) for size in ((3, 11), (1, 5))]
+    with torch.no_grad():
+        targets = [model(b).last_hidden_state for b in batches]
+
+    def evaluate(program):  # a closure over tensors: pickled by value to the workers
+        return -sum(float((program(b)[0] - t).pow(2).mean()) for b, t in zip(batches, targets))
+
+    kwargs = dict(metric=mixprec.Accuracy(evaluate), tolerance=1e-6, cache=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mixprec.MixedPrecisionWarning)  # bf16 is emulated on AVX2-only CPUs
+        here = mixprec.search(model, example, **kwargs)
+        there = mixprec.search(model, example, ray_address="auto", workers=2, **kwargs)
+    same(here, there)
+    assert 0 < there.chosen.lowered < len(there.groups)
+
+
+def test_the_payload_names_the_modules_of_the_programs_pytree_types():
+    """A worker imports them before torch.export.load (which cannot rebuild a transformers ModelOutput otherwise):
+    with an Accuracy metric nothing else in the payload imports transformers on the worker."""
+    import pickle
+
+    from mixprec.ir.captured import CapturedModel
+    from mixprec.searching.distributed import RayPool
+    from mixprec.searching.metrics import RelL2
+    from mixprec.searching.trials import Trials
+
+    trials = Trials(CapturedModel(_tiny_bert(), (torch.randint(0, 100, (2, 8)),)), torch.bfloat16, RelL2())
+    trials.metric.prepare(trials.reference(), [])
+    payload = RayPool(Cluster("auto", 1), trials, str).payload()
+    assert pickle.loads(payload)["modules"] == ("transformers.modeling_outputs",)
 
 
 def test_a_user_metric_and_another_model(cluster):
@@ -304,6 +343,9 @@ def test_the_worker_rebuilds_the_keyed_captures_and_routes_each_batch_to_its_own
     for call in calls:
         program(*call.args, **call.kwargs)
     assert ran[0] is worker.trials.sizes.graphs[0][1] and ran[1] is None  # the masked call's capture, the example's
+    with pytest.raises(ConfigError, match=r"batch with mask \(input shapes \[\(1, 6, 8\), \(1, 6\)\]\) fits no "
+                       "capture this Ray worker holds.*leave ray_address out"):
+        worker.trials.sizes.graph(Call((), {"x": x[:1], "mask": mask[:1]}), "batch")  # no eval batch had 1 row
 
 
 def test_the_worker_rebuilds_the_captures_of_other_sizes_and_routes_each_batch_as_the_driver_does(sensitive):

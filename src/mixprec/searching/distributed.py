@@ -223,6 +223,8 @@ class RayPool:
             # the captures of batches of other sizes or keywords (shapes.py), as the program travels, weights aside
             "others": [(extra, *_light(graph.captured.exported, captured.exported), graph.names,
                         tuple(graph.captured.info)) for extra, graph in others],
+            # torch.export.load finds a pytree type (a transformers ModelOutput) once its module registered it
+            "modules": _modules(captured.exported, *(graph.captured.exported for _, graph in others)),
             "args": captured.args,
             "kwargs": captured.kwargs,
             "lows": self.trials.lows,
@@ -316,6 +318,22 @@ def _saved(program) -> bytes:
             f"program ({type(e).__name__}: {_first_line(e)}). Search without ray_address."
         ) from e
     return buffer.getvalue()
+
+
+def _modules(*programs) -> tuple[str, ...]:
+    """The modules that define the pytree types of ``programs``' inputs and outputs (a transformers model's
+    ModelOutput), for a worker to import before it loads them: ``torch.export.load`` cannot rebuild a type its
+    module has not registered yet, and nothing else in the payload need import it (an Accuracy metric's does not)."""
+    found, stack = set(), [spec for p in programs for spec in (p.call_spec.in_spec, p.call_spec.out_spec)]
+    while stack:
+        spec = stack.pop()
+        if spec is None:
+            continue
+        module = getattr(spec.type, "__module__", "builtins")
+        if module.partition(".")[0] not in ("builtins", "collections", "torch"):
+            found.add(module)
+        stack.extend(spec.children())
+    return tuple(sorted(found))
 
 
 def _light(program, main) -> tuple[bytes, tuple[str, ...]]:

@@ -42,17 +42,20 @@ class TrialWorker:
         self.loaded = self.trials = None
 
     def load(self, payload: bytes) -> None:
+        import importlib
         import pickle
 
         from ..calibrate.batch_graphs import CalibrationGraph
         from .trials import Trials
 
         data = pickle.loads(payload)
+        for module in data["modules"]:  # the programs' pytree types (distributed._modules)
+            importlib.import_module(module)
         captured = _rebuilt(data["program"], data["nodes"], data["args"], data["kwargs"])
         weights = captured.exported.state_dict  # the other captures' weights are these (distributed._light)
         others = [(extra, CalibrationGraph(_rebuilt(program, nodes, shared=shared, weights=weights), names))
                   for extra, program, shared, names, nodes in data["others"]]
-        sizes = OtherCaptures(captured, others) if others else None  # none: every batch runs on the example capture
+        sizes = OtherCaptures(captured, others)  # as the driver's BatchSizes: a call no capture takes is named
         self.trials = Trials(captured, data["lows"], data["metric"], data["ranges"], sizes, data["values"])
 
     def measure(self, box: list, lowered: tuple, time_on=None) -> tuple:
@@ -109,7 +112,9 @@ class OtherCaptures:
     """Which capture runs a call on a worker, as ``shapes.BatchSizes`` decides on the driver: a call that gives
     keywords the example inputs left out runs on the first capture shipped for those keywords that takes its sizes;
     any other on the example capture when it takes its sizes, else on the first capture shipped for other sizes
-    that does (shipped in the order the driver tries them: ``BatchSizes.other_graphs``)."""
+    that does (shipped in the order the driver tries them: ``BatchSizes.other_graphs``). A call none takes (an
+    Accuracy callback's batch of sizes the fp32 run did not use) is a ConfigError: the driver would capture the
+    model for it, a worker has no model to capture."""
 
     def __init__(self, captured, graphs: list):
         self.captured = captured
@@ -155,10 +160,13 @@ class OtherCaptures:
 
     def _missing(self, call, extra: tuple, where: str) -> Exception:
         shapes = [tuple(t.shape) for t in call.tensors()]
-        gives = f"gives {', '.join(extra)} with" if extra else "has"
-        return errors.InvariantError(
-            f"{where} {gives} shapes {shapes}, and the driver sent a Ray worker no capture that takes it (the "
-            "driver captures one for every eval batch). A mixprec bug; please report."
+        gives = f" with {', '.join(extra)}" if extra else ""
+        return errors.ConfigError(
+            f"{where}{gives} (input shapes {shapes}) fits no capture this Ray worker holds, and a worker cannot "
+            "capture the model again (it holds the driver's captures, not the model): the driver sends the "
+            "captures its eval and calibration batches and its fp32 runs (an Accuracy callback's on the model "
+            "as written) needed. Run the program on those sizes and keywords only (an Accuracy callback: the "
+            "same batches on every call), or leave ray_address out."
         )
 
 
