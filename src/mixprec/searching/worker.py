@@ -118,7 +118,7 @@ class OtherCaptures:
 
     def __init__(self, captured, graphs: list):
         self.captured = captured
-        self.graphs = graphs  # [(extra keywords, () for other sizes, CalibrationGraph)]
+        self.graphs = graphs  # [(extra keywords, or () for other sizes; CalibrationGraph)]
         self.user_nodes = captured.base.user_input_nodes()
         self.names = {name for extra, _ in graphs for name in extra}
 
