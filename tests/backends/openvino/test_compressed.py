@@ -130,7 +130,11 @@ def test_symmetric_int4_weights_are_i4_constants_without_a_zero_point():
 
     model, x, plan = _edges()
     eager = mixprec.compile(model, (x,), plan=plan)
-    ops = convert_program(eager.exported_program).model.get_ordered_ops()
+    converted = convert_program(eager.exported_program)
+    ops = converted.model.get_ordered_ops()
+    stored = {**converted.prepared.state_dict, **converted.prepared.constants}
+    zero_points = sorted(t.numel() for name, t in stored.items() if name.endswith("_ov_zero_point"))
+    assert zero_points == [1, 32 * 2], zero_points  # symmetric: one 8 kept in memory, not one per group
     constants = sorted(str(op.get_element_type()) for op in ops if op.get_type_name() == "Constant"
                        and op.get_element_type() in (ov.Type.i4, ov.Type.u4))
     assert constants == ["<Type: 'int4_t'>", "<Type: 'uint4_t'>"], constants

@@ -117,8 +117,10 @@ def _decompressed(work, node, stored, dtype) -> torch.fx.Node:
         n, k = u.shape
         groups = scales.shape[1]
         values = _convert(graph, constant("uint4", u.reshape(n, groups, k // groups)), dtype)
-        zero_point = wo.INT4_MIDPOINT - zeros / scales  # (u - 8) * s + z == (u - (8 - z / s)) * s
-        values = call(aten.sub.Tensor, values, constant("zero_point", zero_point[..., None].to(dtype)))
+        zero_point = (wo.INT4_MIDPOINT - zeros / scales)[..., None]  # (u - 8) * s + z == (u - (8 - z / s)) * s
+        if not zeros.any():  # symmetric: one 8, not one per group (as_int4 makes it an i4 weight without it)
+            zero_point = torch.full((1, 1, 1), float(wo.INT4_MIDPOINT), device=zeros.device)
+        values = call(aten.sub.Tensor, values, constant("zero_point", zero_point.to(dtype)))
         weight = call(aten.mul.Tensor, values, constant("scale", scales[..., None].to(dtype)))
     return call(aten.reshape.default, weight, [n, k])
 
