@@ -12,7 +12,7 @@ every variant makes as many). Variants (``--variants``, all built from the one f
   mixprec W8A16|W4A16 eager|inductor|openvino
                         compile_for_generation(bf16 copy, static_cache=True, weights="int8"|"int4", group_size=None
                         (per channel) | 128, backend="eager"|"inductor"|"openvino"): the decoder's Linears on
-                        aten._weight_int8pack_mm / _weight_int4pack_mm_for_cpu (OpenVINO: compressed i8/u4 constants,
+                        aten._weight_int8pack_mm / _weight_int4pack_mm_for_cpu (OpenVINO: compressed i8/i4 constants,
                         its FullyConnectedCompressed on bf16 activations, the KV cache in the request's variables),
                         lm_head int8 (its default), bf16 activations; when this mixprec has the ``weights=`` option.
                         (Not in the default list:

@@ -1,5 +1,5 @@
 """Weight-only layers on OpenVINO (backends/openvino/compressed.py): int8/int4 weights become compressed constants
-that OpenVINO's CPU plugin fuses into a weight-compressed FullyConnected — its runtime graph shows i8/u8/u4 weight
+that OpenVINO's CPU plugin fuses into a weight-compressed FullyConnected — its runtime graph shows i8/u8/u4/i4 weight
 inputs — with the numbers of the eager program."""
 
 import pytest
@@ -93,3 +93,71 @@ def test_a_weight_only_output_layer_of_a_bf16_model_compiles():
     prog = mixprec.compile(model, (x,), plan=plan, backend="openvino")
     assert prog(x).dtype == torch.bfloat16
     assert rel(prog(x), eager(x)) < 2e-2
+
+
+class Edges(nn.Module):
+    """Two int4 layers whose weights hold an all-zero group and a constant group (input channels 0..31, 32..63)."""
+
+    def __init__(self):
+        super().__init__()
+        self.sym = nn.Linear(128, 64)
+        self.asym = nn.Linear(64, 32)
+        with torch.no_grad():
+            for layer in (self.sym, self.asym):
+                layer.weight[:, :32] = 0
+                layer.weight[:, 32:64] = torch.where(torch.arange(layer.out_features)[:, None] % 2 == 0, 0.25, -0.75)
+
+    def forward(self, x):
+        return self.asym(torch.relu(self.sym(x)))
+
+
+def _edges():
+    torch.manual_seed(0)
+    model, x = Edges().eval(), torch.randn(3, 128)
+    cfg = mixprec.MixedPrecisionConfigurator(model, (x,))
+    cfg.set_precision(model.sym, activation="fp32", param={"weight": "int4"}, group_size=32)
+    cfg.set_precision(model.asym, activation="fp32", param={"weight": "int4"}, group_size=32, symmetric=False)
+    return model, x, cfg.apply()
+
+
+def test_symmetric_int4_weights_are_i4_constants_without_a_zero_point():
+    """NNCF's INT4_SYM pattern (i4 -> Convert -> Multiply): symmetric int4 weights (z = 0) are i4 constants u - 8 and
+    OpenVINO's model has no Subtract for them; asymmetric ones stay u4 with their zero point. The compressed
+    FullyConnected reads them as such, and the program's outputs are the eager program's."""
+    import openvino as ov
+
+    from mixprec.backends.openvino.convert import convert_program
+
+    model, x, plan = _edges()
+    eager = mixprec.compile(model, (x,), plan=plan)
+    converted = convert_program(eager.exported_program)
+    ops = converted.model.get_ordered_ops()
+    stored = {**converted.prepared.state_dict, **converted.prepared.constants}
+    zero_points = sorted(t.numel() for name, t in stored.items() if name.endswith("_ov_zero_point"))
+    assert zero_points == [1, 32 * 2], zero_points  # symmetric: one 8 kept in memory, not one per group
+    constants = sorted(str(op.get_element_type()) for op in ops if op.get_type_name() == "Constant"
+                       and op.get_element_type() in (ov.Type.i4, ov.Type.u4))
+    assert constants == ["<Type: 'int4_t'>", "<Type: 'uint4_t'>"], constants
+    assert len([op for op in ops if op.get_type_name() == "Subtract"]) == 1  # the asymmetric layer's zero point
+    prog = mixprec.compile(model, (x,), plan=plan, backend="openvino")
+    compiled = next(m.compiled_model for m in prog.modules() if hasattr(m, "compiled_model"))
+    assert _weight_inputs(compiled) == ["<Type: 'int4_t'>", "<Type: 'uint4_t'>"]
+    assert rel(prog(x), eager(x)) < 1e-5  # f32 activations: the same weights, only the sums' order differs
+
+
+def test_int4_weights_on_openvino_are_the_eager_programs_numbers_exactly():
+    """The weights OpenVINO computes from the i4 / u4 constants equal mixprec's ((u - 8) * s + z), bit for bit — the
+    all-zero group zero, the constant group its constant."""
+    import openvino as ov
+
+    from mixprec.backends.openvino.convert import convert_program
+    from mixprec.ops import weight_only as wo
+
+    model, x, plan = _edges()
+    ov_model = convert_program(mixprec.compile(model, (x,), plan=plan).exported_program).model
+    weights = [op.input(1).get_source_output() for op in ov_model.get_ordered_ops() if op.get_type_name() == "MatMul"]
+    folded = ov.Core().compile_model(ov.Model(weights, []), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})({})
+    for layer, symmetric, got in zip((model.sym, model.asym), (True, False), folded.values(), strict=True):
+        want = wo.dequantize_int4(*wo.quantize_int4(layer.weight, 32, symmetric, torch.float32))
+        assert torch.equal(torch.from_numpy(got), want)
+        assert (want[:, :32] == 0).all() and torch.equal(want[:, 32:64], layer.weight[:, 32:64])

@@ -3,7 +3,7 @@ FullyConnected (W8A16 / W4A16 run by OpenVINO's own kernels).
 
 OpenVINO converts no mixprec operator, and its CPU plugin recognises a compressed weight by its pattern::
 
-    Constant (i8 / u8 / u4) -> Convert (f32|bf16) -> [Subtract zero point] -> Multiply scale -> [Reshape] -> MatMul
+    Constant (i8 / u8 / u4 / i4) -> Convert (f32|bf16) -> [Subtract zero point] -> Multiply scale -> [Reshape] -> MatMul
 
 in the activations' type: a W4A16/W8A16 layer's bf16 (scales and zero points stored bf16, as PyTorch's bf16 kernels
 read them), so the program's stated types run the FullyConnectedCompressed on bf16 activations — a Convert of an f32
@@ -17,9 +17,11 @@ Two steps make that pattern:
   they are stored (i8 constant, per-channel or grouped scales, the asymmetric offset as a float zero point
   ``-o / s``); int4 weights unpacked to one value per byte (u8 ``[N, K/group, group]``) with the zero point
   ``8 - z / s`` (the same numbers as the kernel's ``(u - 8) * s + z``).
-* :func:`as_u4` on the converted ``openvino.Model``: the u8 constants of int4 weights become u4 constants (OpenVINO's
-  PyTorch frontend has no 4-bit tensor to read), and the Reshape that flattens grouped weights gets a constant shape
-  (the frontend computes it from the input's shape, which hides the pattern).
+* :func:`as_int4` on the converted ``openvino.Model``: the u8 constants of int4 weights become 4-bit constants
+  (OpenVINO's PyTorch frontend has no 4-bit tensor to read), and the Reshape that flattens grouped weights gets a
+  constant shape (the frontend computes it from the input's shape, which hides the pattern). Symmetric int4 weights
+  (zero point 8 everywhere) become i4 constants ``u - 8`` without the Subtract — NNCF's INT4_SYM pattern
+  ``i4 -> Convert -> Multiply``, the same numbers — and asymmetric ones u4 with their zero point.
 """
 
 from __future__ import annotations
@@ -115,8 +117,10 @@ def _decompressed(work, node, stored, dtype) -> torch.fx.Node:
         n, k = u.shape
         groups = scales.shape[1]
         values = _convert(graph, constant("uint4", u.reshape(n, groups, k // groups)), dtype)
-        zero_point = wo.INT4_MIDPOINT - zeros / scales  # (u - 8) * s + z == (u - (8 - z / s)) * s
-        values = call(aten.sub.Tensor, values, constant("zero_point", zero_point[..., None].to(dtype)))
+        zero_point = (wo.INT4_MIDPOINT - zeros / scales)[..., None]  # (u - 8) * s + z == (u - (8 - z / s)) * s
+        if not zeros.any():  # symmetric: one 8, not one per group (as_int4 makes it an i4 weight without it)
+            zero_point = torch.full((1, 1, 1), float(wo.INT4_MIDPOINT), device=zeros.device)
+        values = call(aten.sub.Tensor, values, constant("zero_point", zero_point.to(dtype)))
         weight = call(aten.mul.Tensor, values, constant("scale", scales[..., None].to(dtype)))
     return call(aten.reshape.default, weight, [n, k])
 
@@ -136,10 +140,12 @@ def _fake(template, real):
 LOWER_WEIGHT_ONLY = lower_weight_only
 
 
-def as_u4(model) -> int:
-    """In the converted ``openvino.Model``: int4 weights' u8 constants (values 0..15) as u4 constants, and the
-    Reshape that flattens a grouped weight ([N, K/group, group] -> [N, K]) with a constant shape. Returns how many
-    int4 weights."""
+def as_int4(model) -> int:
+    """In the converted ``openvino.Model``: int4 weights' u8 constants (values 0..15) as 4-bit constants, and the
+    Reshape that flattens a grouped weight ([N, K/group, group] -> [N, K]) with a constant shape. Symmetric weights
+    (a zero point of 8 everywhere: z = 0) become i4 constants ``u - 8`` read without the Subtract, as NNCF's INT4_SYM
+    (``i4 -> Convert -> Multiply``: the same numbers, ``(u - 8) * s``); others u4 with their zero point. Returns how
+    many int4 weights."""
     import openvino as ov
 
     count = 0
@@ -154,12 +160,47 @@ def as_u4(model) -> int:
         chain[-1].input(1).replace_source_output(ov.op.Constant(ov.Type.i64, ov.Shape([2]), [n, groups * group])
                                                  .output(0))
         if op.get_element_type() == ov.Type.u8 and data.max(initial=0) <= INT4_MAX:
-            u4 = ov.op.Constant(ov.Type.u4, ov.Shape(list(data.shape)), data.reshape(-1).astype("int64").tolist())
+            subtract = chain[1] if chain[1].get_type_name() == "Subtract" else None
+            if subtract is not None and _all_equal(subtract.input(1).get_source_output().get_node(), wo.INT4_MIDPOINT):
+                weight = _four_bit(ov.Type.i4, data.astype("int8") - wo.INT4_MIDPOINT)
+                for target in subtract.output(0).get_target_inputs():  # the Multiply reads the Convert
+                    target.replace_source_output(chain[0].output(0))
+            else:
+                weight = _four_bit(ov.Type.u4, data)
             for target in op.output(0).get_target_inputs():
-                target.replace_source_output(u4.output(0))
+                target.replace_source_output(weight.output(0))
             count += 1
     model.validate_nodes_and_infer_types()
     return count
+
+
+
+def _four_bit(element_type, values):
+    """An OpenVINO u4/i4 Constant of ``values`` (a numpy array of -8..15): two per byte, the first in the low
+    nibble (OpenVINO's packing; two's complement for i4), copied into the constant."""
+    import numpy as np
+    import openvino as ov
+
+    nibbles = (values.reshape(-1).astype(np.int16) & 15).astype(np.uint8)
+    if nibbles.size % 2:
+        nibbles = np.append(nibbles, np.uint8(0))
+    packed = np.ascontiguousarray(nibbles[0::2] | (nibbles[1::2] << 4))
+    return ov.op.Constant(ov.Tensor(packed, ov.Shape(list(values.shape)), element_type), shared_memory=False)
+
+
+def _all_equal(node, value) -> bool:
+    """Whether ``node`` is a float Constant whose every element is ``value`` (bf16 read from its bits)."""
+    import numpy as np
+    import openvino as ov
+
+    if node.get_type_name() != "Constant":
+        return False
+    kind, data = node.get_element_type(), node.get_data()
+    if kind == ov.Type.bf16:  # numpy has no bf16: its bits, widened to float32
+        data = (np.ascontiguousarray(data).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    elif kind not in (ov.Type.f32, ov.Type.f16):
+        return False
+    return bool(data.size) and bool((data == value).all())
 
 
 def _decompression_chain(constant):

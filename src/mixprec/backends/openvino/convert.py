@@ -44,7 +44,7 @@ from ...ops.quant import INT8_SYMMETRIC
 from ..lowering import cpu, run_passes
 from ..lowering.qdq import QDQ_OPENVINO_FLOAT, QDQ_OPENVINO_INT8
 from .audit import NodeNames
-from .compressed import LOWER_WEIGHT_ONLY, as_u4
+from .compressed import LOWER_WEIGHT_ONLY, as_int4
 from .state import state_as_io, written_specs
 
 
@@ -92,7 +92,7 @@ def convert_program(exported_program, *, int8_kernels: bool | None = None) -> Co
             # (the decomposed program, whose nodes name OpenVINO's operations): audit.NodeNames
             decoder = _decoder(prepared)
             model = ov.convert_model(decoder if decoder is not None else prepared)
-            as_u4(model)  # weight-only int4: u4 compressed constants (compressed.py)
+            as_int4(model)  # weight-only int4: i4 (symmetric) / u4 compressed constants (compressed.py)
             # written tensors: trailing inputs/outputs, made OpenVINO variables before compiling (state.py)
             state = len(written_specs(exported_program.graph_signature.input_specs, exported_program.graph))
     except Exception as e:  # OpConversionFailure, and whatever its decoder raises on odd graphs
