@@ -13,6 +13,16 @@ Dynamic dimensions: OpenVINO's frontend makes every dimension dynamic; the conve
 the program's input specs — static sizes static, dimensions captured as dynamic bounded by their ranges
 (``range_constraints``).
 
+Dynamic int8 activations (``weight_only_dynamic_activations=N``, opt-in; ``backends/options.py``): both forms are
+compiled with ``DYNAMIC_QUANTIZATION_GROUP_SIZE=N`` instead of 0, and OpenVINO's CPU plugin quantizes the activations
+of its weight-compressed FullyConnected layers — the program's weight-only layers (``compressed.py``) — to int8 per
+group of N input channels at run time (W4A8/W8A8 kernels, NNCF's default of 32). Other layers are not touched:
+measured on OpenVINO 2026.4, an f32 FullyConnected with float weights gives the same numbers with 0 and 32, and
+int8 layers already run on int8 kernels. The runtime graph does not show it per layer (same ``primitiveType``);
+the compiled model's ``DYNAMIC_QUANTIZATION_GROUP_SIZE`` property and the numbers do. The report says it: each
+weight-only layer's ``runs_as`` is "int8 dynamic activations (group N) on openvino" (what was asked of OpenVINO; it
+may keep a layer whose shape its kernel does not take in float activations, which the runtime graph cannot show).
+
 Threads: OpenVINO runs each inference on ``torch.get_num_threads()`` threads as the runner is built. An OpenVINO
 infer request runs one inference at a time; the runner keeps a pool of requests, takes
 one per call (creating one when all are busy) and gives it back after copying the outputs out, so calls
@@ -31,6 +41,7 @@ import torch.utils._pytree as pytree
 from ...errors import UnsupportedModelError
 from ...ir.input_check import input_specs_of
 from .audit import NATIVE_CAPABILITY, audit, declared_precisions, int8_nodes, node_types, refusal, runtime_layers
+from .compressed import weight_only_nodes
 from .float_form import FLOAT_FORM_CONFIG, float_form
 from .convert import Converted, convert_program, first_line, import_openvino, version_of
 from .state import initial_values, make_stateful, variable_index
@@ -41,8 +52,10 @@ from .io import (
 DEVICE = "CPU"
 # Compile settings of every mixprec program (see the package docstring).
 # f32: keep the element types the program states; no dynamic quantization of the activations of layers
-# with int8 weights (weight-only int8 computes in float32 activations, as planned).
+# with int8 weights (weight-only int8 computes in float32 activations, as planned) unless the caller opts in
+# (``dynamic_activations``: the group size replaces the 0 in both forms' settings).
 COMPILE_CONFIG = {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
+DYNAMIC_QUANTIZATION = "DYNAMIC_QUANTIZATION_GROUP_SIZE"
 
 # which model was compiled (``OpenVINORunner.form``): float_form.py's, or the program's stated types
 FORM_FLOAT, FORM_STATED = "f32 graph, bf16 inference precision", "stated types, f32 inference precision"
@@ -58,10 +71,15 @@ class OpenVINORunner(torch.nn.Module):
 
     ``computes_in``: program node name -> the torch dtype OpenVINO computes it in, for the nodes it runs
     otherwise than the program states (wider float types; int8 layers in float32 without int8 kernels).
-    The report reads it into ``LayerRecord.runs_as``."""
+    The report reads it into ``LayerRecord.runs_as``; a weight-only layer with dynamic int8 activations maps to
+    the text "int8 dynamic activations (group N)".
 
-    def __init__(self, exported_program):
+    ``dynamic_activations``: None, or the group size of OpenVINO's int8 dynamic activations of the weight-only
+    layers (the module docstring)."""
+
+    def __init__(self, exported_program, *, dynamic_activations: int | None = None):
         super().__init__()
+        self.dynamic_activations = dynamic_activations
         ov = import_openvino()
         self.__dict__["_program"] = exported_program  # not a submodule: the runner holds no torch state
         self._specs = input_specs_of(exported_program)
@@ -84,6 +102,11 @@ class OpenVINORunner(torch.nn.Module):
             )
         core = ov.Core()
         self.form = self._compile(ov, core, exported_program, converted, model)
+        if dynamic_activations:
+            layers = weight_only_nodes(exported_program)
+            self.computes_in.update(dict.fromkeys(layers, f"int8 dynamic activations (group {dynamic_activations})"))
+            log.info("OpenVINO quantizes the activations of %d weight-only layer(s) to int8 at run time, per group of "
+                     "%d input channels (weight_only_dynamic_activations)", len(layers), dynamic_activations)
         # Only the compiled model is kept: it holds its own copy of the weights, and the openvino.Models (the float
         # form read back from IR holds another copy) are rebuilt on demand by converted_model and stated_model.
         self.__dict__["_models"] = {}
@@ -119,7 +142,7 @@ class OpenVINORunner(torch.nn.Module):
                           int8_kernels=converted.int8_kernels)
         if form is not None:
             self._carried_positions = make_stateful(ov, form.model, converted.state)
-            compiled = _compile_model(core, form.model, FLOAT_FORM_CONFIG)
+            compiled = _compile_model(core, form.model, self._config(FLOAT_FORM_CONFIG))
             result = _judge(core, exported_program, converted, compiled, form.declared)
             if not result.narrower:
                 self.__dict__["_compiled"] = compiled
@@ -129,7 +152,7 @@ class OpenVINORunner(torch.nn.Module):
                      "types with f32 inference precision instead", len(result.narrower),
                      ", ".join(f"{m.layer}: {m.planned} -> {m.runs}" for m in result.narrower[:5]))
         self._carried_positions = make_stateful(ov, stated, converted.state)
-        compiled = _compile_model(core, stated, COMPILE_CONFIG)
+        compiled = _compile_model(core, stated, self._config(COMPILE_CONFIG))
         result = _judge(core, exported_program, converted, compiled, declared)
         if result.narrower:
             raise UnsupportedModelError(
@@ -140,6 +163,10 @@ class OpenVINORunner(torch.nn.Module):
         self.__dict__["_compiled"] = compiled
         self.computes_in = _computes_in(result, optimization_capabilities(core))
         return FORM_STATED
+
+    def _config(self, config) -> dict:
+        """A form's compile settings with the caller's dynamic activations, if any."""
+        return {**config, DYNAMIC_QUANTIZATION: self.dynamic_activations or 0}
 
     def forward(self, *args, **kwargs):
         from ...ir.call_signature import flat_user_inputs
