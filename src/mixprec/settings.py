@@ -262,14 +262,22 @@ def _threshold(value) -> float | str:
     return float(value)
 
 
-MAX_GROUP = 1 << 16  # weight_only_dynamic_activations: input channels per activation scale
+# weight_only_dynamic_activations: input channels per activation scale; OpenVINO's CPU plugin takes multiples of 16
+# only (another size leaves every layer in float activations: measured on OpenVINO 2026.4)
+MAX_GROUP, GROUP_STEP = 1 << 16, 16
+
+
+def dynamic_group_ok(value) -> bool:
+    """A group size of weight_only_dynamic_activations (a file's too)."""
+    return type(value) is int and 0 < value <= MAX_GROUP and value % GROUP_STEP == 0
 
 
 def _group_size(value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_GROUP:
+    if not dynamic_group_ok(value):
         raise ConfigError(
-            f"weight_only_dynamic_activations must be None (off) or a group size from 1 to {MAX_GROUP} input "
-            f"channels (OpenVINO's DYNAMIC_QUANTIZATION_GROUP_SIZE, e.g. 32), got {value!r}."
+            f"weight_only_dynamic_activations must be None (off) or a group size of input channels, a multiple of "
+            f"{GROUP_STEP} up to {MAX_GROUP} (OpenVINO's DYNAMIC_QUANTIZATION_GROUP_SIZE, e.g. 32; its CPU plugin "
+            f"ignores other sizes), got {value!r}."
         )
     return value
 
@@ -353,7 +361,7 @@ def recorded(values) -> dict[str, Any]:
         elif name == "autocast_max_depth_of_reduction":
             ok = value is None or _number(value) and isinstance(value, int) and 0 < value < 1 << 31
         elif name == "weight_only_dynamic_activations":
-            ok = value is None or _number(value) and isinstance(value, int) and 0 < value <= MAX_GROUP
+            ok = value is None or dynamic_group_ok(value)
         else:  # backend, runtime_guard: names, whose vocabulary their stage's options check
             ok = (value is None and name == "runtime_guard") or isinstance(value, str) and len(value) <= _MAX_NAME
         if not ok:
