@@ -308,6 +308,9 @@ def test_dynamic_activations_reach_openvino_and_the_report(dynamic_programs):
     vnni = ov_runner.cpu_has_vnni() is not False  # the plugin's condition (runner.py); unknown: as asked
     assert {n for n, text in runs_as(on).items() if text == DYNAMIC_32} == (weight_only if vnni else set())
     assert on.report.summary.get("runs_as", {}).get(DYNAMIC_32, 0) == (2 if vnni else 0)
+    if vnni:  # a's FLOPs (W4A32) are int8 FLOPs now
+        flops = "low_precision_flops_fraction"
+        assert on.report.summary[flops] > off.report.summary[flops]
     assert "int8 dynamic activations (group 32) on openvino" in str(on.report)
 
 
