@@ -99,7 +99,8 @@ import mixprec.hf  # noqa: E402
 OV_CONFIG: dict = {}
 VARIANTS = ("fp32 eager", "bf16 eager", "mixprec fp32", "mixprec bf16", "mixprec W8A16 eager", "mixprec W8A16 inductor",
             "mixprec W8A16 openvino", "mixprec W4A16 eager", "mixprec W4A16 inductor", "mixprec W4A16 openvino",
-            "mixprec W4A16 openvino dynamic", "openvino", "openvino+nncf INT8_ASYM", "openvino+nncf INT4_SYM g128", "torchao int8", "torchao int4 g128")
+            "mixprec W4A16 openvino dynamic", "openvino", "openvino+nncf INT8_ASYM", "openvino+nncf INT4_SYM g128",
+            "torchao int8", "torchao int4 g128")
 EXTRA = ("openvino+nncf INT8_ASYM no dynamic quantization", "openvino+nncf INT4_SYM g128 no dynamic quantization",
          "mixprec W8A32 eager", "mixprec W8A32 inductor", "mixprec W4A32 eager", "mixprec W4A32 inductor",
          "mixprec W8A32 openvino", "mixprec W4A32 openvino", "mixprec W8A16 openvino dynamic",
