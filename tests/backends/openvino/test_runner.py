@@ -324,17 +324,16 @@ def test_dynamic_activations_stay_close_to_the_weight_only_program(dynamic_progr
         assert rel(on(x), off(x)) > 1e-3
 
 
-def test_dynamic_activations_only_where_the_group_fits(dynamic_programs, monkeypatch):
+def test_dynamic_activations_only_where_the_group_fits(dynamic_programs):
     """Which layers OpenVINO quantizes (each rule measured on OpenVINO 2026.4.1): a group that divides the weight
     group (int4 group 32: not 64), one at most the input channels for per-channel weights; none without VNNI."""
     program = dynamic_programs[3].exported_program
     names = {r.module: r.name for r in dynamic_programs[3].report.layers if r.kind == "compute"}
-    monkeypatch.setattr(ov_runner, "cpu_has_vnni", lambda: True)
-    assert ov_runner.dynamic_layers(program, 32) == [names["a"], names["b"]]
-    assert ov_runner.dynamic_layers(program, 64) == [names["b"]]  # 64 does not divide a's weight group of 32
-    assert ov_runner.dynamic_layers(program, 256) == []  # b has 128 input channels
-    monkeypatch.setattr(ov_runner, "cpu_has_vnni", lambda: False)
-    assert ov_runner.dynamic_layers(program, 32) == []
+    for vnni in (True, None):  # None: flags unknown, as asked
+        assert ov_runner.dynamic_layers(program, 32, vnni=vnni) == [names["a"], names["b"]]
+    assert ov_runner.dynamic_layers(program, 64, vnni=True) == [names["b"]]  # 64 does not divide a's group of 32
+    assert ov_runner.dynamic_layers(program, 256, vnni=True) == []  # b has 128 input channels
+    assert ov_runner.dynamic_layers(program, 32, vnni=False) == []
 
 
 def test_dynamic_activations_kept_by_a_load_on_openvino(dynamic_programs, tmp_path):

@@ -108,7 +108,7 @@ class OpenVINORunner(torch.nn.Module):
         core = ov.Core()
         self.form = self._compile(ov, core, exported_program, converted, model)
         if dynamic_activations:
-            layers = dynamic_layers(exported_program, dynamic_activations)
+            layers = dynamic_layers(exported_program, dynamic_activations, vnni=cpu_has_vnni())
             self.computes_in.update(dict.fromkeys(layers, f"int8 dynamic activations (group {dynamic_activations})"))
         # Only the compiled model is kept: it holds its own copy of the weights, and the openvino.Models (the float
         # form read back from IR holds another copy) are rebuilt on demand by converted_model and stated_model.
@@ -236,10 +236,10 @@ class OpenVINORunner(torch.nn.Module):
         return self._models[form][1]
 
 
-def dynamic_layers(exported_program, group: int) -> list[str]:
+def dynamic_layers(exported_program, group: int, *, vnni: bool | None) -> list[str]:
     """The weight-only layers whose activations OpenVINO's CPU plugin quantizes to int8 per ``group`` input channels
-    (the module docstring says which); the others are logged with why they keep float activations."""
-    vnni = cpu_has_vnni()
+    (the module docstring says which) on a CPU with VNNI or not (``vnni``, :func:`cpu_has_vnni`; None: unknown,
+    taken as yes); the others are logged with why they keep float activations."""
     kept, layers = {}, []
     for name, in_features, weight_group in _weight_groups(exported_program):
         if vnni is False:
