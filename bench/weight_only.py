@@ -18,6 +18,10 @@ every variant makes as many). Variants (``--variants``, all built from the one f
                         (Not in the default list:
                         "mixprec W8A32|W4A32 eager|inductor", the same on the fp32 model, fp32 activations; "mixprec
                         W4A16 eager|inductor lm_head int4", lm_head="int4".)
+  mixprec W4A16|W8A16 openvino dynamic
+                        the same OpenVINO programs with weight_only_dynamic_activations=32: OpenVINO quantizes the
+                        weight-only layers' activations to int8 per 32 channels at run time, as NNCF's models run by
+                        default (W4A8/W8A8 kernels; the report's runs_as says so). W8A16's is not in the default list.
   openvino              ov.convert_model of the model (explicit KV-cache inputs/outputs) run by OpenVINO's CPU plugin
                         at its default precision (bf16 on a CPU with avx512_bf16), a greedy loop written here
   openvino+nncf INT8_ASYM | INT4_SYM g128
@@ -95,10 +99,11 @@ import mixprec.hf  # noqa: E402
 OV_CONFIG: dict = {}
 VARIANTS = ("fp32 eager", "bf16 eager", "mixprec fp32", "mixprec bf16", "mixprec W8A16 eager", "mixprec W8A16 inductor",
             "mixprec W8A16 openvino", "mixprec W4A16 eager", "mixprec W4A16 inductor", "mixprec W4A16 openvino",
-            "openvino", "openvino+nncf INT8_ASYM", "openvino+nncf INT4_SYM g128", "torchao int8", "torchao int4 g128")
+            "mixprec W4A16 openvino dynamic", "openvino", "openvino+nncf INT8_ASYM", "openvino+nncf INT4_SYM g128",
+            "torchao int8", "torchao int4 g128")
 EXTRA = ("openvino+nncf INT8_ASYM no dynamic quantization", "openvino+nncf INT4_SYM g128 no dynamic quantization",
          "mixprec W8A32 eager", "mixprec W8A32 inductor", "mixprec W4A32 eager", "mixprec W4A32 inductor",
-         "mixprec W8A32 openvino", "mixprec W4A32 openvino",
+         "mixprec W8A32 openvino", "mixprec W4A32 openvino", "mixprec W8A16 openvino dynamic",
          "mixprec W4A16 eager lm_head int4", "mixprec W4A16 inductor lm_head int4")
 GROUP = 128
 # OpenVINO's CPU plugin quantizes the activations of FullyConnected layers with int8/int4 weights to int8 per group of
@@ -106,6 +111,7 @@ GROUP = 128
 # mixprec's W4A16/W8A16 keep the plan's bf16 activations (the runner sets 0); the "... no dynamic quantization"
 # variants are NNCF's models with that setting too, the like-for-like comparison.
 NO_DYNAMIC_QUANTIZATION = {"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
+DYNAMIC_GROUP = 32  # "mixprec ... openvino dynamic": weight_only_dynamic_activations, OpenVINO's default group
 
 
 def cast_copy(model, dtype):
@@ -388,6 +394,12 @@ def builders(model, ids, length, wanted, ov_path):
                     name, bf16() if activations == "A16" else model, ids, length, weights=f"int{bits}",
                     group_size=GROUP if bits == 4 else None, backend=backend)) if has_weights_option() else \
                     "this mixprec's compile_for_generation has no weights= option (issue 32's wonly branch)"
+    for bits in (8, 4):  # OpenVINO's int8 dynamic activations, NNCF's default (DYNAMIC_QUANTIZATION_GROUP_SIZE 32)
+        name = f"mixprec W{bits}A16 openvino dynamic"
+        made[name] = (lambda bits=bits, name=name: mixprec_variant(
+            name, bf16(), ids, length, weights=f"int{bits}", group_size=GROUP if bits == 4 else None,
+            backend="openvino", weight_only_dynamic_activations=DYNAMIC_GROUP)) if has_weights_option() else \
+            "no weights= option"
     for backend in ("eager", "inductor"):
         name = f"mixprec W4A16 {backend} lm_head int4"
         made[name] = (lambda backend=backend, name=name: mixprec_variant(
@@ -528,7 +540,7 @@ def bars(results):
             return f"{x:.2f}x"
         return "n/a"
 
-    for backend in ("eager", "inductor", "openvino"):
+    for backend in ("eager", "inductor", "openvino", "openvino dynamic"):
         w4, w8 = f"mixprec W4A16 {backend}", f"mixprec W8A16 {backend}"
         ov4 = "openvino+nncf INT4_SYM g128"
         err = (f"logit rel-L2 {results[w4]['logit rel-L2']:.3g} vs {results[ov4]['logit rel-L2']:.3g}"

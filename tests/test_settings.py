@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import mixprec
+from mixprec.backends.options import BackendOptions
 from mixprec.errors import ConfigError
 from mixprec.compiler import stage_options
 from mixprec.settings import CompileSettings
@@ -240,3 +241,29 @@ def test_recorded_unknown_names_are_refused_once():
         mixprec.settings.recorded({f"k{i}": 0 for i in range(1000)})
     with pytest.raises(ConfigError, match="must be an object"):
         mixprec.settings.recorded([1])
+
+
+def test_weight_only_dynamic_activations_is_openvinos_runtime_feature():
+    """A group size (multiple of 16: OpenVINO's CPU plugin ignores others) for backend='openvino' only; 0/None: off."""
+    on = stage_options({"backend": "openvino", "weight_only_dynamic_activations": 32})
+    assert on.backend.weight_only_dynamic_activations == 32
+    assert on.settings.explicit()["weight_only_dynamic_activations"] == 32
+    for off in (0, None):
+        options = stage_options({"backend": "openvino", "weight_only_dynamic_activations": off})
+        assert options.backend.weight_only_dynamic_activations is None
+        assert "weight_only_dynamic_activations" not in options.settings.explicit()
+    for backend in ("eager", "inductor"):
+        with pytest.raises(ConfigError, match=f"backend='{backend}' has no such runtime feature.*backend='openvino'"):
+            stage_options({"backend": backend, "weight_only_dynamic_activations": 32})
+    for bad in (-16, 20, 8, 2.5, True, "32", 1 << 17, [32]):
+        with pytest.raises(ConfigError, match="weight_only_dynamic_activations must be None .* multiple of 16"):
+            stage_options({"backend": "openvino", "weight_only_dynamic_activations": bad})
+    with pytest.raises(ConfigError, match="multiple of 16"):  # a file's value reaches BackendOptions too
+        BackendOptions("openvino", None, 24)
+
+
+def test_recorded_weight_only_dynamic_activations_is_a_group_size():
+    assert mixprec.settings.recorded({"weight_only_dynamic_activations": 32}) == {"weight_only_dynamic_activations": 32}
+    for bad in (20, True, "32", 0, -32, 1 << 20):
+        with pytest.raises(ConfigError, match="not a value mixprec writes"):
+            mixprec.settings.recorded({"weight_only_dynamic_activations": bad})

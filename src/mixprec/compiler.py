@@ -73,7 +73,7 @@ def stage_options(keywords: dict) -> StageOptions:
     planning = PlanningOptions(
         config.plan, config.use_explicit_typing, config.use_fp32_acc, rules if config.enable_autocast else None
     )
-    backend = BackendOptions(config.backend, config.runtime_guard)
+    backend = BackendOptions(config.backend, config.runtime_guard, config.weight_only_dynamic_activations)
     weak = None
     if not config.use_explicit_typing:
         weak = WeakTypingOptions(planning, config.enabled_precisions, config.keep_io_types, backend)

@@ -48,6 +48,8 @@ class CompileSettings:
     int8_require_speedup: bool = True  # mixprec extension: int8 on eager/inductor only where faster (int8_speed.py)
     use_fp32_acc: bool = False
     runtime_guard: str | None = None  # mixprec extension: "warn" | "raise" (backends/guard.py)
+    # mixprec extension: OpenVINO's int8 dynamic activations of weight-only layers, this group size (options.py)
+    weight_only_dynamic_activations: int | None = None
     enabled_precisions: frozenset[torch.dtype] = frozenset({torch.float32})
     keep_io_types: bool = True
     plan: Any = None
@@ -178,6 +180,10 @@ def _validated(kwargs: dict[str, Any]) -> dict[str, Any]:
     if kwargs.get("dynamic_shapes") is not None:
         out["dynamic_shapes"] = kwargs["dynamic_shapes"]
 
+    group = kwargs.get("weight_only_dynamic_activations")
+    if group is not None and not (type(group) is int and group == 0):  # 0: off, as None (OpenVINO's own 0)
+        out["weight_only_dynamic_activations"] = _group_size(group)
+
     # their values (the registry's names, the guard's modes): backends.options.BackendOptions
     if kwargs.get("runtime_guard") is not None:
         out["runtime_guard"] = kwargs["runtime_guard"]
@@ -254,6 +260,26 @@ def _threshold(value) -> float | str:
             f"IO-range rule; got {value!r}."
         )
     return float(value)
+
+
+# weight_only_dynamic_activations: input channels per activation scale; OpenVINO's CPU plugin takes multiples of 16
+# only (another size leaves every layer in float activations: measured on OpenVINO 2026.4)
+MAX_GROUP, GROUP_STEP = 1 << 16, 16
+
+
+def dynamic_group_ok(value) -> bool:
+    """A group size of weight_only_dynamic_activations (a file's too)."""
+    return type(value) is int and 0 < value <= MAX_GROUP and value % GROUP_STEP == 0
+
+
+def _group_size(value) -> int:
+    if not dynamic_group_ok(value):
+        raise ConfigError(
+            f"weight_only_dynamic_activations must be None (off) or a group size of input channels, a multiple of "
+            f"{GROUP_STEP} up to {MAX_GROUP} (OpenVINO's DYNAMIC_QUANTIZATION_GROUP_SIZE, e.g. 32; its CPU plugin "
+            f"ignores other sizes), got {value!r}."
+        )
+    return value
 
 
 def op_names(value, name: str) -> frozenset[str]:
@@ -334,6 +360,8 @@ def recorded(values) -> dict[str, Any]:
             ok = value is None or value == "default" or _number(value) and math.isfinite(value) and value > 0
         elif name == "autocast_max_depth_of_reduction":
             ok = value is None or _number(value) and isinstance(value, int) and 0 < value < 1 << 31
+        elif name == "weight_only_dynamic_activations":
+            ok = value is None or dynamic_group_ok(value)
         else:  # backend, runtime_guard: names, whose vocabulary their stage's options check
             ok = (value is None and name == "runtime_guard") or isinstance(value, str) and len(value) <= _MAX_NAME
         if not ok:

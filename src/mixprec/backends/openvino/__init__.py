@@ -33,6 +33,7 @@ from .runner import OpenVINORunner
 
 
 @register_backend("openvino")
-def build(exported_program, options=None):  # backends.options.BackendOptions: nothing here reads them
+def build(exported_program, options=None):  # backends.options.BackendOptions
     """Convert ``exported_program`` with OpenVINO and compile it for the CPU."""
-    return OpenVINORunner(exported_program)
+    group = options.weight_only_dynamic_activations if options is not None else None
+    return OpenVINORunner(exported_program, dynamic_activations=group)

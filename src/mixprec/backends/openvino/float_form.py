@@ -52,7 +52,8 @@ from .audit import FLOAT_RANK, NodeNames
 
 log = logging.getLogger(__name__)
 
-# inference precision of the float form; the stated form's is f32 (runner.COMPILE_CONFIG)
+# inference precision of the float form; the stated form's is f32 (runner.COMPILE_CONFIG); no dynamic int8
+# activations unless the caller opts in (the runner puts weight_only_dynamic_activations in place of the 0)
 FLOAT_FORM_CONFIG = MappingProxyType({"INFERENCE_PRECISION_HINT": "bf16", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0})
 # The pin: OpenVINO's rt_info mark that keeps a node's element type. The key is DisableFP16Compression's
 # ("precise", version 0): OpenVINO before 2026 reads it as it is (fp16_compression_is_disabled: the key's presence);

@@ -13,6 +13,21 @@ Dynamic dimensions: OpenVINO's frontend makes every dimension dynamic; the conve
 the program's input specs — static sizes static, dimensions captured as dynamic bounded by their ranges
 (``range_constraints``).
 
+Dynamic int8 activations (``weight_only_dynamic_activations=N``, opt-in; ``backends/options.py``): both forms are
+compiled with ``DYNAMIC_QUANTIZATION_GROUP_SIZE=N`` instead of 0, and OpenVINO's CPU plugin quantizes the activations
+of its weight-compressed FullyConnected layers — the program's weight-only layers (``compressed.py``) — to int8 per
+group of N input channels at run time (W4A8/W8A8 kernels, NNCF's default of 32). Other layers are not touched:
+measured on OpenVINO 2026.4, an f32 FullyConnected with float weights gives the same numbers with 0 and 32, and
+int8 layers already run on int8 kernels. The runtime graph does not show it per layer (same ``primitiveType``);
+the compiled model's ``DYNAMIC_QUANTIZATION_GROUP_SIZE`` property and the numbers do. Where the plugin applies it
+(its FullyConnected executor; each condition checked by the numbers on OpenVINO 2026.4.1, an AVX-512 VNNI CPU): N a
+multiple of 16 (``settings.py`` refuses others); a layer with grouped weights only where N divides its weight group
+(int4 group 32: N = 16 or 32), a per-channel one where N <= its input channels; f32 and bf16 activations alike; and,
+by the plugin's source, only on a CPU with VNNI (AVX2-VNNI or AVX-512 VNNI). The report says it per layer
+(:func:`dynamic_layers`): a layer that meets these has ``runs_as`` "int8 dynamic activations (group N) on openvino";
+the others keep float activations, as the log says. Where the CPU's flags cannot be read (no /proc/cpuinfo) the
+report states what was asked of OpenVINO.
+
 Threads: OpenVINO runs each inference on ``torch.get_num_threads()`` threads as the runner is built. An OpenVINO
 infer request runs one inference at a time; the runner keeps a pool of requests, takes
 one per call (creating one when all are busy) and gives it back after copying the outputs out, so calls
@@ -31,6 +46,7 @@ import torch.utils._pytree as pytree
 from ...errors import UnsupportedModelError
 from ...ir.input_check import input_specs_of
 from .audit import NATIVE_CAPABILITY, audit, declared_precisions, int8_nodes, node_types, refusal, runtime_layers
+from .compressed import INT8_OP, weight_only_nodes
 from .float_form import FLOAT_FORM_CONFIG, float_form
 from .convert import Converted, convert_program, first_line, import_openvino, version_of
 from .state import initial_values, make_stateful, variable_index
@@ -41,8 +57,10 @@ from .io import (
 DEVICE = "CPU"
 # Compile settings of every mixprec program (see the package docstring).
 # f32: keep the element types the program states; no dynamic quantization of the activations of layers
-# with int8 weights (weight-only int8 computes in float32 activations, as planned).
+# with int8 weights (weight-only int8 computes in float32 activations, as planned) unless the caller opts in
+# (``dynamic_activations``: the group size replaces the 0 in both forms' settings).
 COMPILE_CONFIG = {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
+DYNAMIC_QUANTIZATION = "DYNAMIC_QUANTIZATION_GROUP_SIZE"
 
 # which model was compiled (``OpenVINORunner.form``): float_form.py's, or the program's stated types
 FORM_FLOAT, FORM_STATED = "f32 graph, bf16 inference precision", "stated types, f32 inference precision"
@@ -58,10 +76,15 @@ class OpenVINORunner(torch.nn.Module):
 
     ``computes_in``: program node name -> the torch dtype OpenVINO computes it in, for the nodes it runs
     otherwise than the program states (wider float types; int8 layers in float32 without int8 kernels).
-    The report reads it into ``LayerRecord.runs_as``."""
+    The report reads it into ``LayerRecord.runs_as``; a weight-only layer with dynamic int8 activations maps to
+    the text "int8 dynamic activations (group N)".
 
-    def __init__(self, exported_program):
+    ``dynamic_activations``: None, or the group size of OpenVINO's int8 dynamic activations of the weight-only
+    layers (the module docstring)."""
+
+    def __init__(self, exported_program, *, dynamic_activations: int | None = None):
         super().__init__()
+        self.dynamic_activations = dynamic_activations
         ov = import_openvino()
         self.__dict__["_program"] = exported_program  # not a submodule: the runner holds no torch state
         self._specs = input_specs_of(exported_program)
@@ -84,6 +107,9 @@ class OpenVINORunner(torch.nn.Module):
             )
         core = ov.Core()
         self.form = self._compile(ov, core, exported_program, converted, model)
+        if dynamic_activations:
+            layers = dynamic_layers(exported_program, dynamic_activations, vnni=cpu_has_vnni())
+            self.computes_in.update(dict.fromkeys(layers, f"int8 dynamic activations (group {dynamic_activations})"))
         # Only the compiled model is kept: it holds its own copy of the weights, and the openvino.Models (the float
         # form read back from IR holds another copy) are rebuilt on demand by converted_model and stated_model.
         self.__dict__["_models"] = {}
@@ -119,7 +145,7 @@ class OpenVINORunner(torch.nn.Module):
                           int8_kernels=converted.int8_kernels)
         if form is not None:
             self._carried_positions = make_stateful(ov, form.model, converted.state)
-            compiled = _compile_model(core, form.model, FLOAT_FORM_CONFIG)
+            compiled = _compile_model(core, form.model, self._config(FLOAT_FORM_CONFIG))
             result = _judge(core, exported_program, converted, compiled, form.declared)
             if not result.narrower:
                 self.__dict__["_compiled"] = compiled
@@ -129,7 +155,7 @@ class OpenVINORunner(torch.nn.Module):
                      "types with f32 inference precision instead", len(result.narrower),
                      ", ".join(f"{m.layer}: {m.planned} -> {m.runs}" for m in result.narrower[:5]))
         self._carried_positions = make_stateful(ov, stated, converted.state)
-        compiled = _compile_model(core, stated, COMPILE_CONFIG)
+        compiled = _compile_model(core, stated, self._config(COMPILE_CONFIG))
         result = _judge(core, exported_program, converted, compiled, declared)
         if result.narrower:
             raise UnsupportedModelError(
@@ -140,6 +166,10 @@ class OpenVINORunner(torch.nn.Module):
         self.__dict__["_compiled"] = compiled
         self.computes_in = _computes_in(result, optimization_capabilities(core))
         return FORM_STATED
+
+    def _config(self, config) -> dict:
+        """A form's compile settings with the caller's dynamic activations, if any."""
+        return {**config, DYNAMIC_QUANTIZATION: self.dynamic_activations or 0}
 
     def forward(self, *args, **kwargs):
         from ...ir.call_signature import flat_user_inputs
@@ -204,6 +234,56 @@ class OpenVINORunner(torch.nn.Module):
             make_stateful(ov, model, converted.state)
             self._models[form] = (converted.prepared, model)  # its constants share the prepared program's memory
         return self._models[form][1]
+
+
+def dynamic_layers(exported_program, group: int, *, vnni: bool | None) -> list[str]:
+    """The weight-only layers whose activations OpenVINO's CPU plugin quantizes to int8 per ``group`` input channels
+    (the module docstring says which) on a CPU with VNNI or not (``vnni``, :func:`cpu_has_vnni`; None: unknown,
+    taken as yes); the others are logged with why they keep float activations."""
+    kept, layers = {}, []
+    for name, in_features, weight_group in _weight_groups(exported_program):
+        if vnni is False:
+            kept[name] = "this CPU has no VNNI"
+        elif weight_group < in_features and weight_group % group:
+            kept[name] = f"{group} does not divide its weight group of {weight_group}"
+        elif group > in_features:
+            kept[name] = f"{group} is more than its {in_features} input channels"
+        else:
+            layers.append(name)
+    if layers:
+        log.info("OpenVINO quantizes the activations of %d weight-only layer(s) to int8 at run time, per group of %d "
+                 "input channels (weight_only_dynamic_activations)", len(layers), group)
+    if kept:
+        log.info("OpenVINO keeps float activations in %d weight-only layer(s) despite weight_only_dynamic_activations="
+                 "%d: %s", len(kept), group, ", ".join(f"{n} ({why})" for n, why in list(kept.items())[:20]))
+    return layers
+
+
+def _weight_groups(exported_program):
+    """(name, input channels, weight group) of each weight-only layer; the group as OpenVINO's pattern has it (the
+    input channels for one scale per output channel; an int4 per-channel weight runs as its kernel group)."""
+    nodes = {n.name: n for n in exported_program.graph.nodes}
+    for name in weight_only_nodes(exported_program):
+        node = nodes[name]
+        in_features = node.args[0].meta["val"].shape[-1]
+        if node.target is INT8_OP:  # linear_int8_weight(x, q, scales [N, G], offsets, bias)
+            weight_group = in_features // node.args[2].meta["val"].shape[-1]
+        else:  # linear_int4_weight(x, weight, scales_and_zeros, group, packed, bias)
+            weight_group = node.args[3] or in_features
+        yield name, in_features, weight_group
+
+
+def cpu_has_vnni() -> bool | None:
+    """Whether the CPU has VNNI (OpenVINO's dynamic quantization needs it); None where its flags cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), None)
+    except OSError:
+        return None
+    if flags is None:
+        return None
+    names = set(flags.split(":", 1)[-1].split())
+    return bool(names & {"avx512_vnni", "avx_vnni"})
 
 
 def _infer(request, feed, n_outputs: int) -> list[torch.Tensor]:

@@ -104,7 +104,8 @@ class LayerRecord:
 _RUNS_AS_NAMES = MappingProxyType({
     torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.float64: "f64", torch.int8: "i8",
 })
-_RUNS_AS_DTYPES = MappingProxyType({name: dtype for dtype, name in _RUNS_AS_NAMES.items()})
+# "int8 dynamic activations (group 32) on openvino": a weight-only layer whose activations OpenVINO quantizes to int8
+_RUNS_AS_DTYPES = MappingProxyType({**{name: dtype for dtype, name in _RUNS_AS_NAMES.items()}, "int8": torch.int8})
 
 
 _SIMULATED = "simulated"
@@ -129,8 +130,8 @@ def runs_in(record: LayerRecord) -> torch.dtype:
 
 def computes_in_of(runner) -> Mapping[str, torch.dtype]:
     """What a backend's runner says it computes nodes in, where that may differ from the program's types
-    (``computes_in``: node name -> dtype; OpenVINO's runner has one, the eager and inductor runners compute
-    what the program states)."""
+    (``computes_in``: node name -> dtype, or the text of what no dtype says, e.g. "int8 dynamic activations
+    (group 32)"; OpenVINO's runner has one, the eager and inductor runners compute what the program states)."""
     value = getattr(runner, "computes_in", None)
     return value if isinstance(value, Mapping) else {}
 
@@ -142,7 +143,9 @@ def with_runs_as(records: list[LayerRecord], computes_in: Mapping[str, torch.dty
     for record in records:
         dtype = computes_in.get(record.name)
         runs_as = simulated_runs_as(record.precision)
-        if runs_as is None and dtype is not None and dtype != record.precision:
+        if runs_as is None and isinstance(dtype, str):
+            runs_as = f"{dtype} on {backend}"
+        elif runs_as is None and dtype is not None and dtype != record.precision:
             runs_as = f"{_RUNS_AS_NAMES.get(dtype, dtype)} on {backend}"
         out.append(record if runs_as == record.runs_as else dataclasses.replace(record, runs_as=runs_as))
     return out

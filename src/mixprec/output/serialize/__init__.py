@@ -205,11 +205,14 @@ def _graph_document(view, path: str):
 
 def _backend_options(settings: dict, backend: str, where: str) -> BackendOptions:
     """The BackendOptions the backend factory receives. The recorded settings are data (``settings.recorded``:
-    checked in shape and size, never compiled); only ``runtime_guard`` reaches the backend, checked by
-    BackendOptions as a caller's would be."""
+    checked in shape and size, never compiled); only ``runtime_guard`` and, loading on openvino,
+    ``weight_only_dynamic_activations`` reach the backend, checked by BackendOptions as a caller's would be. The
+    latter is a runtime setting of OpenVINO (no compiled blob is stored: a load compiles again), taken again by a
+    load on openvino; another backend has no such feature and runs the program's own numerics."""
     try:
         recorded = recorded_settings(settings)
-        return BackendOptions(backend, recorded.get("runtime_guard"))
+        group = recorded.get("weight_only_dynamic_activations") if backend == "openvino" else None
+        return BackendOptions(backend, recorded.get("runtime_guard"), group)
     except (ConfigError, TypeError, ValueError) as e:
         raise FileFormatError(f"{where}: its settings are not valid for this mixprec ({e}).") from e
 
