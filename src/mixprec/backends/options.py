@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 
 from ..errors import ConfigError
-from ..settings import GROUP_STEP, MAX_GROUP, dynamic_group_ok
 from .registry import known_backends
 
 GUARDS = ("warn", "raise")  # backends/guard.py
@@ -39,10 +38,7 @@ class BackendOptions:
                 f"runtime_guard checks layer outputs in the eager backend's graph; backend={self.backend!r} runs a "
                 "compiled graph it cannot add checks to. Use backend='eager' with runtime_guard, or drop runtime_guard."
             )
-        group = self.weight_only_dynamic_activations
-        if group is not None and not dynamic_group_ok(group):
-            raise ConfigError(f"weight_only_dynamic_activations must be None or a group size, a multiple of "
-                              f"{GROUP_STEP} up to {MAX_GROUP}, got {group!r}.")
+        group = self.weight_only_dynamic_activations  # its values: settings.py's rule (compile's and a file's)
         if group is not None and self.backend != "openvino":
             raise ConfigError(
                 f"weight_only_dynamic_activations={group} asks OpenVINO's CPU plugin to quantize weight-only layers' "

@@ -305,7 +305,7 @@ def test_dynamic_activations_reach_openvino_and_the_report(dynamic_programs):
     assert DYNAMIC_32 not in set(runs_as(off).values())
     weight_only = {r.name for r in on.report.layers if r.module in ("a", "b") and r.kind == "compute"}
     assert len(weight_only) == 2
-    vnni = ov_runner.cpu_has_vnni() is not False  # the plugin's condition (runner.py); unknown: as asked
+    vnni = ov_runner.has_int8_dot_product()  # the plugin's condition (runner.py)
     assert {n for n, text in runs_as(on).items() if text == DYNAMIC_32} == (weight_only if vnni else set())
     assert on.report.summary.get("runs_as", {}).get(DYNAMIC_32, 0) == (2 if vnni else 0)
     if vnni:  # a's FLOPs (W4A32) are int8 FLOPs now
@@ -320,7 +320,7 @@ def test_dynamic_activations_stay_close_to_the_weight_only_program(dynamic_progr
     x, eager, off, on = dynamic_programs
     want = eager(x)
     assert rel(on(x), want) < 2e-2
-    if ov_runner.cpu_has_vnni():  # OpenVINO quantizes nothing on a CPU without VNNI (its source)
+    if ov_runner.has_int8_dot_product():  # OpenVINO quantizes nothing on a CPU without VNNI (its source)
         assert rel(on(x), off(x)) > 1e-3
 
 

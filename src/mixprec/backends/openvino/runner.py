@@ -25,8 +25,8 @@ multiple of 16 (``settings.py`` refuses others); a layer with grouped weights on
 (int4 group 32: N = 16 or 32), a per-channel one where N <= its input channels; f32 and bf16 activations alike; and,
 by the plugin's source, only on a CPU with VNNI (AVX2-VNNI or AVX-512 VNNI). The report says it per layer
 (:func:`dynamic_layers`): a layer that meets these has ``runs_as`` "int8 dynamic activations (group N) on openvino";
-the others keep float activations, as the log says. Where the CPU's flags cannot be read (no /proc/cpuinfo) the
-report states what was asked of OpenVINO.
+the others keep float activations, as the log says. VNNI is asked of mixprec's one CPU probe
+(``backends/lowering/cpu.has_int8_dot_product``: torch's, else /proc/cpuinfo; AMX's int8 counts too).
 
 Threads: OpenVINO runs each inference on ``torch.get_num_threads()`` threads as the runner is built. An OpenVINO
 infer request runs one inference at a time; the runner keeps a pool of requests, takes
@@ -44,6 +44,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ...errors import UnsupportedModelError
+from ..lowering.cpu import has_int8_dot_product
 from ...ir.input_check import input_specs_of
 from .audit import NATIVE_CAPABILITY, audit, declared_precisions, int8_nodes, node_types, refusal, runtime_layers
 from .compressed import INT8_OP, weight_only_nodes
@@ -108,7 +109,7 @@ class OpenVINORunner(torch.nn.Module):
         core = ov.Core()
         self.form = self._compile(ov, core, exported_program, converted, model)
         if dynamic_activations:
-            layers = dynamic_layers(exported_program, dynamic_activations, vnni=cpu_has_vnni())
+            layers = dynamic_layers(exported_program, dynamic_activations, vnni=has_int8_dot_product())
             self.computes_in.update(dict.fromkeys(layers, f"int8 dynamic activations (group {dynamic_activations})"))
         # Only the compiled model is kept: it holds its own copy of the weights, and the openvino.Models (the float
         # form read back from IR holds another copy) are rebuilt on demand by converted_model and stated_model.
@@ -238,8 +239,8 @@ class OpenVINORunner(torch.nn.Module):
 
 def dynamic_layers(exported_program, group: int, *, vnni: bool | None) -> list[str]:
     """The weight-only layers whose activations OpenVINO's CPU plugin quantizes to int8 per ``group`` input channels
-    (the module docstring says which) on a CPU with VNNI or not (``vnni``, :func:`cpu_has_vnni`; None: unknown,
-    taken as yes); the others are logged with why they keep float activations."""
+    (the module docstring says which) on a CPU with VNNI or not (``vnni``: mixprec's one probe, ``backends/lowering/cpu.py``;
+    None: unknown, taken as yes); the others are logged with why they keep float activations."""
     kept, layers = {}, []
     for name, in_features, weight_group in _weight_groups(exported_program):
         if vnni is False:
@@ -271,19 +272,6 @@ def _weight_groups(exported_program):
         else:  # linear_int4_weight(x, weight, scales_and_zeros, group, packed, bias)
             weight_group = node.args[3] or in_features
         yield name, in_features, weight_group
-
-
-def cpu_has_vnni() -> bool | None:
-    """Whether the CPU has VNNI (OpenVINO's dynamic quantization needs it); None where its flags cannot be read."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), None)
-    except OSError:
-        return None
-    if flags is None:
-        return None
-    names = set(flags.split(":", 1)[-1].split())
-    return bool(names & {"avx512_vnni", "avx_vnni"})
 
 
 def _infer(request, feed, n_outputs: int) -> list[torch.Tensor]:

@@ -206,7 +206,7 @@ def _graph_document(view, path: str):
 def _backend_options(settings: dict, backend: str, where: str) -> BackendOptions:
     """The BackendOptions the backend factory receives. The recorded settings are data (``settings.recorded``:
     checked in shape and size, never compiled); only ``runtime_guard`` and, loading on openvino,
-    ``weight_only_dynamic_activations`` reach the backend, checked by BackendOptions as a caller's would be. The
+    ``weight_only_dynamic_activations`` reach the backend (values checked by ``settings.recorded``'s rules). The
     latter is a runtime setting of OpenVINO (no compiled blob is stored: a load compiles again), taken again by a
     load on openvino; another backend has no such feature and runs the program's own numerics."""
     try:
