@@ -21,9 +21,9 @@ the budget allows: speed plays no part in that search); optionally (``--nncf``) 
 ``quantize_with_accuracy_control`` on the same calibration/validation data with the same budget (max_drop on a
 validation metric of -rel-L2). Times: median ms per call over interleaved rounds on held-out batch 0.
 
-The CPU flags are printed first. On a CPU without VNNI/avx512_bf16 (this development machine) int8 and bf16 are
-not fast in any runtime here — mixprec's int8 layers run as float fake quantization, OpenVINO's bf16 as f32 — so
-the times say nothing about int8/bf16 hardware; run the script on a VNNI CPU for the speed bar of issue 22.
+The CPU flags are printed first. On a CPU without VNNI/avx512_bf16 (the AVX2 machines) int8 and bf16 are not fast
+in any runtime — mixprec's int8 layers run as float fake quantization, OpenVINO's bf16 as f32 — so the times say
+nothing about int8/bf16 hardware there; run the script on a VNNI CPU for the speed bars of issues 22 and 34.
 """
 
 from __future__ import annotations
