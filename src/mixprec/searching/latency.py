@@ -28,14 +28,15 @@ under a concurrent 2-thread bench, 0.79x to 1.32x. The gains that matter are lar
 avx512_bf16 + VNNI EPYC: OpenVINO's bf16 3.1-4.3x and NNCF's int8 6.1-7.8x fp32 eager).
 Why these sizes (issue 34): the stacks were 512x512 on 128 rows and 64 channels, calls of under a millisecond
 at 2 threads, where a call's fixed cost (the runner's conversions, OpenVINO's request) hides the kernels' speed:
-on that EPYC, 2 threads, OpenVINO's bf16 timed 1.17-1.43x its f32 there (below ``MIN_SPEEDUP``: a search on
-openvino placed no bf16 and kept 67-81% of BERT-base's FLOPs f32, 0.61x OpenVINO's all-bf16 default) and 1.69x
-(matmul) / 1.68x (conv) at these sizes; int8 2.0x -> 2.85x / 2.76x (bench/log/2026-11.md, issue 34's cost model).
+on that EPYC, 2 threads, OpenVINO's bf16 timed 1.17-1.45x its f32 there (near or below ``MIN_SPEEDUP``: a search
+on openvino placed no bf16 and kept 67-81% of BERT-base's FLOPs f32, 0.61x OpenVINO's all-bf16 default), and 1.69x
+(matmul) / 1.54x (conv) at these sizes, int8 1.88x -> 3.10x / 1.67x -> 2.50x; larger stacks add little
+(``bench/cost_model_sizes.py``, its table in bench/log/2026-11.md, issue 34's cost model).
 
 **The decode shape** (``search(decode=True)``, or eval batches of at most ``DECODE_TOKENS`` tokens): a decoder
 generating a token multiplies one row per sequence by every weight, so its Linears are bound by memory bandwidth,
 not by arithmetic: per FLOP, the weight-only types (w8a16, w4a16: a half and an eighth of fp32's weight bytes) gain
-there what the 128-row stack (compute-bound, where they dequantize for nothing) hides. The matmul class is then
+there what the 256-row stack (compute-bound, where they dequantize for nothing) hides. The matmul class is then
 timed as the ``"decode"`` class: two ``DECODE_FEATURES``-square Linears (16 MiB of fp32 weights each, more than a
 core's caches hold) on ``DECODE_ROWS`` row. The same table, timing and gain rule; only the shape differs, and the
 table keeps both classes apart (a process may run a decode search and a prefill one).
