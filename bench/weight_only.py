@@ -585,16 +585,22 @@ def task_rows(name, model, args_, kwargs, task):
             f"RTN int4 g{GROUP} (fp32 compute)": lambda: rtn_model(model, 4, GROUP)}
     inputs = list(args_) + list(kwargs.values())
     if has_weights_option():
-        def weight_only(bits):
+        def weight_only(bits, **settings):
             from mixprec.configurator import MixedPrecisionConfigurator
 
             cfg = MixedPrecisionConfigurator(model, tuple(inputs))
             cfg.set_precision(torch.nn.Linear, activation=torch.float32, param={"weight": f"int{bits}"},
                               group_size=GROUP if bits == 4 else None)
-            return mixprec.compile(model, tuple(inputs), plan=cfg.apply())
+            return mixprec.compile(model, tuple(inputs), plan=cfg.apply(), **settings)
 
         runs["mixprec W8A32 (Linear)"] = lambda: weight_only(8)
         runs[f"mixprec W4A32 g{GROUP} (Linear)"] = lambda: weight_only(4)
+        if not missing("openvino"):  # OpenVINO's int8 dynamic activations (the opt-in) on trained weights
+            for bits in (8, 4):
+                label = f"mixprec W{bits}A32{f' g{GROUP}' if bits == 4 else ''} (Linear)"
+                runs[f"{label}, openvino"] = lambda bits=bits: weight_only(bits, backend="openvino")
+                runs[f"{label}, openvino dynamic {DYNAMIC_GROUP}"] = lambda bits=bits: weight_only(
+                    bits, backend="openvino", weight_only_dynamic_activations=DYNAMIC_GROUP)
     if not missing("openvino"):
         import openvino as ov
 
@@ -666,6 +672,7 @@ def main():
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--interleave", action="store_true", help="all variants alive, rounds round-robin")
     parser.add_argument("--no-tasks", action="store_true", help="skip the trained MiniLM / CREPE task metrics")
+    parser.add_argument("--tasks-only", action="store_true", help="only the trained MiniLM / CREPE task metrics")
     parser.add_argument("--bandwidth-gib", type=float, default=1.0)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     args = parser.parse_args()
@@ -698,9 +705,10 @@ def main():
     print(f"memory bandwidth at {torch.get_num_threads()} thread(s) (the decode's: --threads sets torch's and "
           f"OpenVINO's): copy of {args.bandwidth_gib:g} GiB {copy_bw / 2**30:.1f} GiB/s (read + written), "
           f"sum over it {read_bw / 2**30:.1f} GiB/s (read); the roofline uses the copy's", flush=True)
-    begin = time.perf_counter()
-    decode_bench(args, copy_bw)
-    print(f"(decode bench {time.perf_counter() - begin:.0f} s)")
+    if not args.tasks_only:
+        begin = time.perf_counter()
+        decode_bench(args, copy_bw)
+        print(f"(decode bench {time.perf_counter() - begin:.0f} s)")
     if not args.no_tasks:
         begin = time.perf_counter()
         task_bench()
