@@ -446,3 +446,17 @@ def test_control_flow_nested_beyond_the_budget_is_refused(original, tmp_path):
     crafting.write(path, crafting.edit_graph(original, edit))
     with pytest.raises(mixprec.FileFormatError, match="nests more than"):
         mixprec.load(path)
+
+
+@pytest.mark.parametrize("value", [24, 1 << 40, True, "32", -32, [32], {"group": 32}],
+                         ids=["not-16s", "huge", "bool", "text", "negative", "list", "object"])
+def test_a_crafted_dynamic_activation_group_is_refused_at_load(original, tmp_path, value):
+    """weight_only_dynamic_activations reaches OpenVINO's compile config from a file loaded on openvino: a value
+    mixprec never writes is a FileFormatError before any backend sees it, on every backend."""
+    document = json.loads(original["mixprec.json"])
+    document["settings"]["weight_only_dynamic_activations"] = value
+    path = tmp_path / "dynamic.mixprec.pt2"
+    crafting.write(path, {**original, "mixprec.json": json.dumps(document).encode()})
+    for backend in ("openvino", "eager"):
+        with pytest.raises(mixprec.FileFormatError, match="settings are not valid.*not a value mixprec writes"):
+            mixprec.load(path, backend=backend)
