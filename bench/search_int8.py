@@ -1,6 +1,6 @@
 """mixprec.search over fp32 / bf16 / int8 at OpenVINO bf16's error (issue 22): the chosen mix, its error, its speed.
 
-    PYTHONPATH=src python bench/search_int8.py [--models bert,resnet50] [--layers 2] [--rounds 5] [--nncf]
+    PYTHONPATH=src python bench/search_int8.py [--models bert,resnet50] [--layers 2] [--rounds 5] [--nncf] [--bounds]
 
 Models and data are bench/int8_nncf.py's (random-weight transformers configs: ``bert`` = BertModel with BERT-base
 widths and ``--layers`` layers on 2 x 128 tokens, ``resnet50`` = ResNetModel with ResNet-50's config on 2 x 3 x
@@ -20,6 +20,11 @@ its plan compiled with backend openvino; the same with ``low_precision_type="int
 the budget allows: speed plays no part in that search); optionally (``--nncf``) NNCF's
 ``quantize_with_accuracy_control`` on the same calibration/validation data with the same budget (max_drop on a
 validation metric of -rel-L2). Times: median ms per call over interleaved rounds on held-out batch 0.
+
+``--bounds`` (issue 34): what int8 costs in error before any activation is quantized -- the error of every
+Linear/Conv weight rounded to bf16, and to int8 per output channel, in fp32 eager, as a multiple of the budget --
+and a timed row (models with Linears) of every Linear at int8 weights with OpenVINO's dynamic int8 activations in
+groups of 64, bf16 elsewhere: int8's fastest form on OpenVINO with the least error int8 activations allow.
 
 The CPU flags are printed first. On a CPU without VNNI/avx512_bf16 (the AVX2 machines) int8 and bf16 are not fast
 in any runtime — mixprec's int8 layers run as float fake quantization, OpenVINO's bf16 as f32 — so the times say
@@ -81,7 +86,52 @@ def _nncf_accuracy_control(model, calibration, seen, budget, references, nncf, o
     return peers._ov_call(ov.Core().compile_model(quantized, "CPU"))
 
 
-def run_model(name, layers, rounds, nncf, ov, with_nncf):
+def _weights_rounded(model, to: str):
+    """A copy of ``model`` whose Linear/Conv weights are rounded as ``to`` says, computed in float32: "bf16" (each
+    weight to bfloat16) or "int8" (symmetric per output channel, scale max|w| / 127). The bench's own reference, for
+    the error that weight rounding alone costs (no activation is quantized)."""
+    import copy
+
+    rounded = copy.deepcopy(model)
+    with torch.no_grad():
+        for module in rounded.modules():
+            if isinstance(module, (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d)):
+                w = module.weight
+                if to == "bf16":
+                    w.copy_(w.to(torch.bfloat16).float())
+                else:
+                    scale = w.abs().amax(dim=tuple(range(1, w.dim())), keepdim=True).clamp_min(1e-12) / 127
+                    w.copy_(torch.round(w / scale).clamp(-127, 127) * scale)
+    return rounded
+
+
+def _bounds(model, held, references, budget, calibration, variants, notes, made):
+    """Issue 34's bound: what int8 costs in error before any activation is quantized. Prints the error of the weights
+    rounded to bf16 and to int8 (fp32 eager, every Linear/Conv) against the budget, and adds a timed row: every Linear
+    with int8 weights, bf16 elsewhere, OpenVINO's dynamic int8 activations (group 64) -- int8's fastest form on
+    OpenVINO for the Linears, with the least error int8 activations allow."""
+    import mixprec
+
+    with torch.no_grad():
+        for to in ("bf16", "int8"):
+            rounded = _weights_rounded(model, to)
+            error = peers.rel_l2([rounded(*b) for b in held], references)
+            print(f"  bound: {to} weights alone (fp32 eager) rel-L2 {error:.3g} = {error / budget:.2f}x the budget",
+                  flush=True)
+    if not any(isinstance(m, torch.nn.Linear) for m in model.modules()):
+        return
+    label = "bound: every Linear int8 weights + dynamic int8 activations (group 64), bf16 elsewhere, openvino"
+    start = time.perf_counter()
+    cfg = mixprec.MixedPrecisionConfigurator(model, held[0], calibration_dataloader=calibration)
+    cfg.set_precision(model, activation="bf16")
+    cfg.set_precision(torch.nn.Linear, activation="bf16", param={"weight": "int8"})
+    variants[label] = mixprec.compile(model, held[0], plan=cfg.apply(), backend="openvino",
+                                      weight_only_dynamic_activations=64)
+    made[label] = time.perf_counter() - start
+    notes[label] = "not a search: int8 at its most accurate and fastest on the Linears"
+
+
+def run_model(name, layers, rounds, nncf, ov, with_nncf, bounds=False):
     import mixprec
 
     peers.HELD_OUT = SEARCH_EVAL + TEST  # the model builders make CALIBRATION + HELD_OUT seeded batches
@@ -127,6 +177,9 @@ def run_model(name, layers, rounds, nncf, ov, with_nncf):
                 f"{k} {str(d).removeprefix('torch.')} {costs.speedup(k, d):.2f}x"
                 for k in latency.KINDS for d in (torch.int8, torch.bfloat16)), flush=True)
 
+    if bounds:
+        _bounds(model, held, references, budget, calibration, variants, notes, made)
+
     if with_nncf:
         label = "NNCF quantize_with_accuracy_control, OpenVINO"
         start = time.perf_counter()
@@ -155,6 +208,10 @@ def main(argv=None) -> int:
     parser.add_argument("--layers", type=int, default=2, help="transformer layers of bert (random weights)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--nncf", action="store_true", help="add NNCF's quantize_with_accuracy_control as a peer")
+    parser.add_argument("--bounds", action="store_true",
+                        help="issue 34's bound: the error of int8 (and bf16) weight rounding alone against the "
+                             "budget, and a timed row of every Linear at int8 weights + OpenVINO's dynamic int8 "
+                             "activations")
     args = parser.parse_args(argv)
     try:
         import openvino as ov
@@ -182,7 +239,7 @@ def main(argv=None) -> int:
     columns = ["model", "variant", "rel-L2 vs fp32", "within budget", "ms", "x fp32 eager", "x OpenVINO default",
                "build s", "mix"]
     for name in args.models.split(","):
-        rows = run_model(name.strip(), args.layers, args.rounds, nncf, ov, args.nncf)
+        rows = run_model(name.strip(), args.layers, args.rounds, nncf, ov, args.nncf, args.bounds)
         print(harness.table(rows, columns), flush=True)
     return 0
 
