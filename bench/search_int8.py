@@ -34,6 +34,7 @@ nothing about int8/bf16 hardware there; run the script on a VNNI CPU for the spe
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib.util
 import sys
 import time
@@ -41,6 +42,8 @@ import warnings
 from pathlib import Path
 
 import torch
+
+from rounding import rtn_model  # bench/rounding.py (before int8_nncf.py takes bench/ off sys.path)
 
 _HERE = Path(__file__).resolve().parent
 _spec = importlib.util.spec_from_file_location("bench_int8_nncf", _HERE / "int8_nncf.py")
@@ -86,22 +89,12 @@ def _nncf_accuracy_control(model, calibration, seen, budget, references, nncf, o
     return peers._ov_call(ov.Core().compile_model(quantized, "CPU"))
 
 
-def _weights_rounded(model, to: str):
-    """A copy of ``model`` whose Linear/Conv weights are rounded as ``to`` says, computed in float32: "bf16" (each
-    weight to bfloat16) or "int8" (symmetric per output channel, scale max|w| / 127). The bench's own reference, for
-    the error that weight rounding alone costs (no activation is quantized)."""
-    import copy
-
+def _bf16_weights(model):
+    """A copy of ``model`` with every Linear/Conv weight rounded to bfloat16, computed in float32."""
     rounded = copy.deepcopy(model)
-    with torch.no_grad():
-        for module in rounded.modules():
-            if isinstance(module, (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d)):
-                w = module.weight
-                if to == "bf16":
-                    w.copy_(w.to(torch.bfloat16).float())
-                else:
-                    scale = w.abs().amax(dim=tuple(range(1, w.dim())), keepdim=True).clamp_min(1e-12) / 127
-                    w.copy_(torch.round(w / scale).clamp(-127, 127) * scale)
+    for module in rounded.modules():
+        if isinstance(module, (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d)):
+            module.weight.data = module.weight.data.to(torch.bfloat16).float()
     return rounded
 
 
@@ -114,7 +107,7 @@ def _bounds(model, held, references, budget, calibration, variants, notes, made)
 
     with torch.no_grad():
         for to in ("bf16", "int8"):
-            rounded = _weights_rounded(model, to)
+            rounded = _bf16_weights(model) if to == "bf16" else rtn_model(model, 8, None)
             error = peers.rel_l2([rounded(*b) for b in held], references)
             print(f"  bound: {to} weights alone (fp32 eager) rel-L2 {error:.3g} = {error / budget:.2f}x the budget",
                   flush=True)

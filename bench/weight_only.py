@@ -85,6 +85,7 @@ import transformers
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from harness import cpu_flags, machine, peak_rss_mb, stamp, table  # noqa: E402
+from rounding import rtn_model  # noqa: E402
 from models import tinyllama  # noqa: E402
 from zoo_models import MODELS, TASKS  # noqa: E402  (the trained MiniLM and CREPE, with their task metrics)
 
@@ -553,28 +554,6 @@ def bars(results):
 
 
 # ---- task metrics with trained weights ---------------------------------------------------------------------------
-
-
-def rtn(weight: torch.Tensor, bits: int, group: int | None) -> torch.Tensor:
-    """Symmetric round-to-nearest on the int grid, dequantized: per output channel, or per ``group`` inputs."""
-    flat = weight.detach().reshape(weight.shape[0], -1)
-    if group and flat.shape[1] % group == 0:
-        blocks = flat.reshape(flat.shape[0], -1, group)
-    else:
-        blocks = flat.unsqueeze(1)
-    top = 2 ** (bits - 1) - 1
-    scale = blocks.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / top
-    return ((blocks / scale).round().clamp(-top - 1, top) * scale).reshape(weight.shape)
-
-
-def rtn_model(model, bits, group):
-    import copy
-
-    copied = copy.deepcopy(model)
-    for module in copied.modules():
-        if isinstance(module, (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d)):
-            module.weight.data = rtn(module.weight, bits, group)
-    return copied
 
 
 def task_rows(name, model, args_, kwargs, task):
