@@ -9,6 +9,7 @@ from models import SensitiveByConstruction
 
 import mixprec
 from mixprec.cli import main
+from mixprec.measure import costs as cost_models
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -111,7 +112,7 @@ def test_several_low_types_on_the_command_line(spec, tmp_path, capsys, monkeypat
 
     seen = []
     table = {torch.float32: 10.0, torch.bfloat16: 4.0, torch.int8: 2.5}
-    monkeypatch.setattr(latency, "_TABLES", {})
+    monkeypatch.setattr(cost_models, "COSTS", cost_models.CostModels())
     monkeypatch.setattr(latency, "measure_costs",
                         lambda backend, kind, dtypes, device: seen.append(backend) or {d: table[d] for d in dtypes})
     out = tmp_path / "result.json"

@@ -15,8 +15,9 @@ from models import SensitiveByConstruction, zero_sum_rows
 
 import mixprec
 from mixprec.errors import ConfigError
+from mixprec.measure import clock
+from mixprec.measure import costs as cost_models
 from mixprec.searching import SearchCache, latency
-from mixprec.weak_typing import timing
 from mixprec.searching.options import low_types
 from mixprec.searching.trials import Trials
 
@@ -27,7 +28,7 @@ AVX2 = {F32: 10.0, BF16: 120.0, I8: 60.0}
 
 
 def use_costs(monkeypatch, table):
-    monkeypatch.setattr(latency, "_TABLES", {})
+    monkeypatch.setattr(cost_models, "COSTS", cost_models.CostModels())
     monkeypatch.setattr(latency, "measure_costs", lambda backend, kind, dtypes, device: {d: table[d] for d in dtypes})
 
 
@@ -227,20 +228,20 @@ def test_the_cache_key_holds_the_types(model_and_data, vnni):
 
 def test_the_cost_model_is_measured_once_per_process_and_type(monkeypatch):
     calls = []
-    monkeypatch.setattr(latency, "_TABLES", {})
+    monkeypatch.setattr(cost_models, "COSTS", cost_models.CostModels())
     monkeypatch.setattr(latency, "measure_costs",
                         lambda backend, kind, dtypes, device: calls.append((backend, kind, dtypes)) or
                         {d: VNNI[d] for d in dtypes})
-    model = latency.cost_model(None, (I8, BF16), torch.device("cpu"))
+    model = latency.flop_costs(None, (I8, BF16), torch.device("cpu"))
     assert len(calls) == 2 and model.backend == "eager"
-    latency.cost_model(None, (I8,), torch.device("cpu"))
+    latency.flop_costs(None, (I8,), torch.device("cpu"))
     assert len(calls) == 2  # cached
     assert model.gain("aten.linear.default", 10**9, I8) == pytest.approx(7.5)
     assert model.gain("aten.convolution.default", 10**9, BF16) == pytest.approx(6.0)
 
 
 def test_a_type_within_the_noise_of_fp32_gains_nothing():
-    model = latency.CostModel("eager", {(k, d): v for k in latency.KINDS
+    model = latency.FlopCosts("eager", {(k, d): v for k in latency.KINDS
                                         for d, v in {F32: 10.0, BF16: 9.5, I8: 30.0}.items()})
     assert model.gain("aten.linear.default", 10**9, BF16) == 0.0  # 1.05x: within MIN_SPEEDUP
     assert model.gain("aten.linear.default", 10**9, I8) < 0
@@ -252,9 +253,9 @@ def test_a_type_faster_only_in_some_rounds_gains_nothing():
     fp32 = [1.0] * 9
     noisy = [0.70, 0.70, 0.71, 0.70, 0.71, 0.72, 1.20, 1.30, 1.40]
     steady = [0.30, 0.32, 0.31, 0.29, 0.33, 0.30, 0.31, 0.45, 0.30]
-    seconds = timing.per_call_seconds({F32: fp32, I8: noisy, BF16: steady})
+    seconds = clock.per_call_seconds({F32: fp32, I8: noisy, BF16: steady})
     assert seconds[F32] == 1.0
-    model = latency.CostModel("eager", {(k, d): v for k in latency.KINDS for d, v in seconds.items()})
+    model = latency.FlopCosts("eager", {(k, d): v for k in latency.KINDS for d, v in seconds.items()})
     assert model.gain("aten.linear.default", 10**9, I8) <= 0.0
     assert model.gain("aten.linear.default", 10**9, BF16) == pytest.approx(1.0 - 0.32)
 

@@ -4,7 +4,7 @@ import torch
 from models import ThreeLinears
 
 import mixprec
-from mixprec.weak_typing import timing
+from mixprec.weak_typing import layer_timing
 
 WEAK = {"use_explicit_typing": False, "enabled_precisions": {torch.float32, torch.bfloat16}}
 
@@ -27,7 +27,7 @@ def _timer(op_ms, program_ms):
 def _compile(monkeypatch, program_ms):
     # per layer: bf16 faster only for the first linear; whole programs: as given
     op_ms = lambda name, d: 0.1 if (name == "linear" and d == torch.bfloat16) else 1.0  # noqa: E731
-    monkeypatch.setattr(timing, "median_timer", _timer(op_ms, program_ms))
+    monkeypatch.setattr(layer_timing, "median_timer", _timer(op_ms, program_ms))
     model = ThreeLinears().eval()
     return mixprec.compile(model, ThreeLinears.example_inputs(), **WEAK)
 
