@@ -306,3 +306,18 @@ def test_a_type_slower_here_is_named_beside_the_one_used(model_and_data, monkeyp
     assert "'eager': int8 4.00x, bfloat16 0.64x (bfloat16 not faster here: not used" in str(result)
     one = mixprec.search(model, inputs, low_precision_type="int8", eval_dataloader=data, tolerance=0.05, cache=False)
     assert one.speedups == {} and one.speed_text() == "" and "speed-up" not in str(one)  # one type: nothing timed
+
+
+def test_the_cost_models_timings_wait_for_the_inputs_device(monkeypatch):
+    """An accelerator queues its kernels: the stacks' rounds are timed to the end of the device's work, on whatever
+    device the inputs are (issue 44: the search's paired rounds had no device sync)."""
+    import types
+
+    synced = []
+    monkeypatch.setattr(torch, "meta", types.SimpleNamespace(synchronize=synced.append), raising=False)
+    monkeypatch.setattr(latency, "COST_ROUNDS", 2)
+    monkeypatch.setattr(latency, "SAMPLE_SECONDS", 0.0)
+    x = torch.empty(4, 4, device="meta")
+    seconds = latency._paired({F32: lambda t: t + 1, I8: lambda t: t * 2}, (x,))
+    assert set(seconds) == {F32, I8} and len(synced) >= 2 * 2
+    assert all(d == torch.device("meta") for d in synced)

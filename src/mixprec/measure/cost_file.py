@@ -18,6 +18,7 @@ never overwritten; the process measures as without a cache. Writes go to a tempo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -110,15 +111,23 @@ class CostFile:
         if len(text) > MAX_BYTES:
             log.info("cost cache %s is full (%d bytes): %s not kept", self.path, MAX_BYTES, key)
             return
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)  # a stale one of a process that had this id: never written through
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 fh.write(text)
             os.replace(tmp, self.path)
             self._stamp = _stamp(self.path)
         except OSError as e:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            if self.path == default_path():  # a read-only home (a container): the default cache is quietly off
+                self.usable, self._data = False, {}
+                log.info("mixprec's cost cache %s cannot be written (%s): not kept", self.path, e)
+                return
             self._refuse(f"it cannot be written ({e})")
 
     def _refresh(self) -> None:
@@ -126,7 +135,7 @@ class CostFile:
             return
         try:
             info = os.stat(self.path)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # nothing kept yet (writing it says whether it can be)
             self._data, self._stamp = {}, None
             return
         except OSError as e:
