@@ -321,3 +321,37 @@ def test_the_cost_models_timings_wait_for_the_inputs_device(monkeypatch):
     seconds = latency._paired({F32: lambda t: t + 1, I8: lambda t: t * 2}, (x,))
     assert set(seconds) == {F32, I8} and len(synced) >= 2 * 2
     assert all(d == torch.device("meta") for d in synced)
+
+
+_SEARCH_IN_A_PROCESS = r"""
+import json, sys
+import torch
+sys.path.insert(0, {tests!r})
+from models import SensitiveByConstruction, zero_sum_rows
+import mixprec
+
+torch.manual_seed(1)
+model = SensitiveByConstruction().eval()
+data = [(zero_sum_rows(8),) for _ in range(3)]
+result = mixprec.search(model, SensitiveByConstruction.example_inputs(), low_precision_type=("int8", "bf16"),
+                        eval_dataloader=data, tolerance=0.05, cache=False, cost_cache={cache!r})
+print(json.dumps({{"plan": result.plan.to_json(), "speedups": result.speedups}}))
+"""
+
+
+def test_two_processes_with_the_cost_cache_make_the_same_plan(tmp_path):
+    """Issue 44: each process measured the cost model anew (int8 2.76x then 2.00x fp32 on one machine), which can
+    change a plan between runs; with the cost cache the second process spends by the first's measurements."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = _SEARCH_IN_A_PROCESS.format(tests=str(Path(__file__).resolve().parents[1]), cache=str(tmp_path / "c.json"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    runs = [json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                      check=True, timeout=600).stdout.strip().splitlines()[-1]) for _ in range(2)]
+    assert runs[0]["speedups"] and runs[0]["speedups"] == runs[1]["speedups"]  # measured once, read the second time
+    assert runs[0]["plan"] == runs[1]["plan"]
+    assert (tmp_path / "c.json").exists()

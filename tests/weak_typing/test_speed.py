@@ -234,3 +234,19 @@ def test_timing_a_class_of_dynamic_shape_adds_no_guard_to_the_program():
     assert speed.time_speedup(node, torch.bfloat16, torch.device("cpu")) > 0
     assert (len(shape_env.guards), dict(shape_env.replacements)) == before
     assert isinstance(node.meta["val"].shape[0], torch.SymInt)
+
+
+def test_with_the_cost_cache_a_later_process_times_nothing_and_decides_the_same(monkeypatch, tmp_path):
+    """Issue 44: the check measured once per process and kept nothing, so each process paid for it and could decide
+    otherwise. With a cost cache, a later process (a fresh registry of cost models) reads the first's speed-ups."""
+    cache = tmp_path / "costs.json"
+    runs = []
+    for _ in range(2):
+        monkeypatch.setattr(cost_models, "COSTS", CostModels())  # a new process: nothing measured in memory
+        measurer = speed.MeasuredSpeed()
+        prog, _ = _compile(ConvNet, measurer, monkeypatch, cost_cache=cache)
+        runs.append((measurer.timed, prog.report.summary["accelerated_types"],
+                     {r.name: r.precision for r in prog.report.layers}))
+    (timed, first, plan), (timed_again, second, plan_again) = runs
+    assert timed >= 1 and timed_again == 0
+    assert first == second and plan == plan_again
