@@ -33,9 +33,9 @@ STAGES = (
 )
 RANK = {name: rank for rank, names in enumerate(STAGES) for name in names}
 
-# The only imports against the flow, each with its reason. Besides the one below, none: settings validate compile's keywords as plain
-# values, and the two keywords that name things of later stages (``plan``, ``backend``) are checked by their
-# stage's option objects (plan/options.py, backends/options.py), which compiler.stage_options builds.
+# The only imports against the flow, each with its reason. Besides the one below, none: settings validate compile's
+# keywords as plain values, and the two keywords that name things of later stages (``plan``, ``backend``) are checked
+# by their stage's option objects (plan/options.py, backends/options.py), which compiler.stage_options builds.
 # measure.cost_file: the cost cache is read with the one bounded JSON reader, which lives with the program file's
 # format (output/serialize); it is vocabulary-level (torch and errors only) and could move beside jsondoc.
 ALLOWED: frozenset = frozenset({("measure.cost_file", "mixprec.output.serialize.bounded_json")})

@@ -164,7 +164,8 @@ def test_the_decode_class_is_timed_on_one_row_through_linears_larger_than_a_core
     assert x.shape == (1, 2048) and [m.weight.shape for m in model if isinstance(m, torch.nn.Linear)] == [
         (2048, 2048), (2048, 2048)]
     # measured for real (smaller, for the test's time): the weight-only programs build and run
-    monkeypatch.setattr(cost_models, "COSTS", cost_models.CostModels())  # this process's table keeps no measurement of the small stack
+    # this process's cost model keeps no measurement of the small stack
+    monkeypatch.setattr(cost_models, "COSTS", cost_models.CostModels())
     monkeypatch.setattr(latency, "DECODE_FEATURES", 256)
     monkeypatch.setattr(latency, "COST_ROUNDS", 2)
     monkeypatch.setattr(latency, "SAMPLE_SECONDS", 0.001)

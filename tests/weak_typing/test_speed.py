@@ -143,7 +143,8 @@ def test_one_slow_short_call_of_the_low_type_is_not_enough_to_judge_it():
         calls.append(1)
         time.sleep(0.02 if len(calls) == 2 else 0.001)
 
-    ratio = speed.paired_speedup({torch.float32: lambda: time.sleep(0.001), torch.bfloat16: once_slow}, torch.device("cpu"))
+    calls_of = {torch.float32: lambda: time.sleep(0.001), torch.bfloat16: once_slow}
+    ratio = speed.paired_speedup(calls_of, torch.device("cpu"))
     assert len(calls) > 3 and ratio > 1 / speed.EARLY_EXIT  # timed in rounds, not judged from the unlucky call
 
 

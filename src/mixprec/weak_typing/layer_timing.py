@@ -200,7 +200,8 @@ def _time_layer(
             continue
         del out
         call = timed_call(target, a, k, packet if dtype != captured else None)
-        seconds[dtype] = float(timer(call, ("op", node.name, dtype), lambda: _runtime_key(target, a, k, dtype != captured)))
+        key = ("op", node.name, dtype)
+        seconds[dtype] = float(timer(call, key, lambda: _runtime_key(target, a, k, dtype != captured)))
     return LayerTiming(MappingProxyType(seconds), MappingProxyType(notes))
 
 

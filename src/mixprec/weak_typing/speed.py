@@ -123,7 +123,7 @@ class MeasuredSpeed:
         always timed, the next while within ``MAX_CLASSES`` and ``BUDGET_SECONDS`` (None for the rest). int8:
         ``grids`` gives each node's (input grid, input never negative), which decide the kernel it runs on."""
         grids = list(grids) if grids is not None else [None] * len(nodes)
-        keys = [(str(low), class_key(n), g) if g is not None else (str(low), class_key(n)) for n, g in zip(nodes, grids)]
+        keys = [(str(low), class_key(n)) + ((g,) if g is not None else ()) for n, g in zip(nodes, grids)]
         model = key_digest(keys)  # a model's classes can make a long key: kept by its digest
         found, listed = costs.lookup("model_speedups", model)
         if found:
