@@ -59,6 +59,7 @@ def test_a_crafted_file_is_ignored_with_a_warning_and_left_as_it_was(tmp_path, n
         model = CostModels().get("eager", "cpu", cache=path)
         assert model.get("speedup", "k", lambda: 2.0) == 2.0  # measured: the file said nothing
         assert model.get("speedup", "k", lambda: 3.0) == 2.0  # and kept for the process
+        model.flush()
     messages = [str(w.message) for w in caught if issubclass(w.category, mixprec.MixedPrecisionWarning)]
     assert len(messages) == 1 and f"cost cache {path} is not used" in messages[0], messages
     assert path.read_bytes() == CRAFTED[name]  # never overwritten: it may not be mixprec's
@@ -66,7 +67,9 @@ def test_a_crafted_file_is_ignored_with_a_warning_and_left_as_it_was(tmp_path, n
 
 def test_a_file_of_another_user_or_not_a_file_is_not_read(tmp_path, monkeypatch):
     path = tmp_path / "costs.json"
-    CostModels().get("eager", "cpu", cache=path).get("speedup", "k", lambda: 1.5)
+    written = CostModels().get("eager", "cpu", cache=path)
+    written.get("speedup", "k", lambda: 1.5)
+    written.flush()
     monkeypatch.setattr(os, "geteuid", lambda: os.stat(path).st_uid + 1)
     with pytest.warns(mixprec.MixedPrecisionWarning, match="belongs to another user"):
         assert CostModels().get("eager", "cpu", cache=path).get("speedup", "k", lambda: 4.0) == 4.0
@@ -84,6 +87,9 @@ def test_a_cache_that_cannot_be_written_warns_once_and_measures(tmp_path):
         warnings.simplefilter("always")
         model = CostModels().get("eager", "cpu", cache=blocker / "costs.json")  # its folder is a file
         assert model.get("speedup", "a", lambda: 2.0) == 2.0 and model.get("speedup", "b", lambda: 3.0) == 3.0
+        model.flush()
+        model.get("speedup", "c", lambda: 4.0)
+        model.flush()
     messages = [str(w.message) for w in caught if "cannot be written" in str(w.message)]
     assert len(messages) == 1
     assert not list(tmp_path.glob(".*tmp"))

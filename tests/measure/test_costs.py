@@ -34,6 +34,8 @@ def test_a_later_process_reads_what_an_earlier_one_measured(tmp_path):
     first = CostModels().get("eager", "cpu", cache=path)
     first.get("speedup", ("bf16", "linear"), lambda: 1.75)
     first.get("model_speedups", "m", lambda: (1.75, None))
+    assert not path.exists()  # kept in memory until flushed (at the latest when the process exits)
+    first.flush()
     later = CostModels().get("eager", "cpu", cache=str(path))  # a fresh process's registry, the same file
     calls, measure = _counting(9.0)
     assert later.get("speedup", ("bf16", "linear"), measure) == 1.75 and calls == []
@@ -50,8 +52,12 @@ def test_what_the_file_held_first_wins_over_a_concurrent_measurement(tmp_path):
     one, two = CostModels().get("eager", "cpu", cache=path), CostModels().get("eager", "cpu", cache=path)
     assert two.lookup("speedup", "k") == (False, None)  # both looked before either wrote
     one.get("speedup", "k", lambda: 1.2)
+    one.flush()
     assert two.get("speedup", "k", lambda: 3.4) == 1.2  # measured, but the file's value is kept and used
-    assert CostModels().get("eager", "cpu", cache=path).get("speedup", "k", lambda: 5.0) == 1.2
+    two.get("speedup", "other", lambda: 0.5)
+    two.flush()  # merged into what the file holds now
+    third = CostModels().get("eager", "cpu", cache=path)
+    assert third.get("speedup", "k", lambda: 5.0) == 1.2 and third.get("speedup", "other", lambda: 5.0) == 0.5
 
 
 def test_the_target_holds_the_machine_the_versions_and_the_threads():

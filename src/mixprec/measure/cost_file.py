@@ -12,12 +12,14 @@ user on this machine reads it instead of measuring (and so compiles faster and d
 (``output/serialize/bounded_json.py``), then a check of every member against what mixprec writes: format and
 version, entries by :class:`~mixprec.measure.target.Target` key, kinds from a closed list, values numbers or lists
 of them. A file that fails (damaged, crafted, another version, not this user's) is ignored with one warning and
-never overwritten; the process measures as without a cache. Writes go to a temporary file then replace the cache
-(a reader never sees half a file); the entries already there win, so what a process read stays true.
+never overwritten; the process measures as without a cache. What a process measured is written after each
+measuring step (and at exit) to a temporary file that then replaces the cache (a reader never sees half a file);
+the entries already there win, so what a process read stays true.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import logging
@@ -85,31 +87,50 @@ def checked_setting(value):
 
 
 class CostFile:
-    """One cache file: what it holds for a target, and adding to it."""
+    """One cache file: what it holds for a target, and what this process adds to it (written by :meth:`flush`, and
+    at the latest when the process exits)."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
         self.usable = True  # False once the file was found unreadable: it is then neither read again nor written
         self._stamp = None
         self._data: dict = {}
+        self._pending: dict[tuple[str, str, str], object] = {}
+        atexit.register(self.flush)
 
-    def entries(self, target: str) -> dict:
-        """``{kind: {key: value}}`` the file holds for ``target`` (re-read when it changed since the last read)."""
+    def get(self, target: str, kind: str, key: str) -> tuple[bool, object]:
+        """(whether the file, or what this process added to it, holds (target, kind, key); the value)."""
         self._refresh()
-        return self._data.get(target, {})
+        entries = self._data.get(target, {}).get(kind, {})
+        if key in entries:
+            return True, entries[key]
+        if (target, kind, key) in self._pending:
+            return True, self._pending[(target, kind, key)]
+        return False, None
 
     def add(self, target: str, kind: str, key: str, value) -> None:
-        """Write ``value`` under (target, kind, key), keeping what the file already holds (its entries win)."""
+        """Keep ``value`` under (target, kind, key) unless the file already holds an entry there (its entries win)."""
         value = _jsonable(value)
         if not self.usable or len(key) > MAX_KEY or kind not in KINDS or not _value_ok(value):
+            return
+        if not self.get(target, kind, key)[0]:
+            self._pending[(target, kind, key)] = value
+
+    def flush(self) -> None:
+        """Write what this process added, merged into what the file holds now (its entries win)."""
+        if not self._pending or not self.usable:
             return
         self._refresh()
         if not self.usable:
             return
-        self._data.setdefault(target, {}).setdefault(kind, {}).setdefault(key, value)
+        for (target, kind, key), value in self._pending.items():
+            self._data.setdefault(target, {}).setdefault(kind, {}).setdefault(key, value)
+        self._pending = {}
         text = json.dumps({"format": FORMAT, "version": VERSION, "targets": self._data}, sort_keys=True)
         if len(text) > MAX_BYTES:
-            log.info("cost cache %s is full (%d bytes): %s not kept", self.path, MAX_BYTES, key)
+            log.info("cost cache %s is full (%d bytes): this process's measurements are not kept", self.path,
+                     MAX_BYTES)
+            self._stamp = None  # read again: what is in memory is not the file
             return
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
@@ -150,7 +171,7 @@ class CostFile:
             self._refuse(str(e))
 
     def _refuse(self, why: str) -> None:
-        self.usable, self._data = False, {}
+        self.usable, self._data, self._pending = False, {}, {}
         warnings.warn(
             f"mixprec's cost cache {self.path} is not used: {why}. Costs are measured in this process and not kept; "
             f"delete or move the file (mixprec writes it again), or name another with cost_cache= or ${ENV}.",

@@ -53,9 +53,8 @@ class CostModel:
         if (kind, text) in self._memo:
             return True, self._memo[(kind, text)]
         if self.file is not None:
-            entries = self.file.entries(self.target.key()).get(kind, {})
-            if text in entries:
-                value = entries[text]
+            found, value = self.file.get(self.target.key(), kind, text)
+            if found:
                 self._memo[(kind, text)] = tuple(value) if isinstance(value, list) else value
                 return True, self._memo[(kind, text)]
         return False, None
@@ -68,10 +67,15 @@ class CostModel:
         text = key_text(key)
         if self.file is not None:
             self.file.add(self.target.key(), kind, text, value)
-            entries = self.file.entries(self.target.key()).get(kind, {})
-            if text in entries:  # another process wrote it first: its value, as later processes will read
-                value = tuple(entries[text]) if isinstance(entries[text], list) else entries[text]
+            found, kept = self.file.get(self.target.key(), kind, text)
+            if found:  # another process wrote it first: its value, as later processes will read
+                value = tuple(kept) if isinstance(kept, list) else kept
         self._memo[(kind, text)] = value
+
+    def flush(self) -> None:
+        """Write what was measured to the cost file now (it is written when the process exits otherwise)."""
+        if self.file is not None:
+            self.file.flush()
 
 
 class CostModels:

@@ -136,6 +136,7 @@ def flop_costs(backend: str | None, lows, device: torch.device, decode: bool = F
         fp32 = costs.lookup("gflop_seconds", (kind, "float32"))[1]
         for d in wanted:
             table[(kind, d)] = costs.lookup("gflop_seconds", (kind, dtype_name(d)))[1] if d in timed else fp32
+    costs.flush()
     return FlopCosts(name, table, decode)
 
 

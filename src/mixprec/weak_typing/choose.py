@@ -67,4 +67,6 @@ def _whole_programs(runs: dict, programs: dict, example: tuple, options: WeakTyp
 
     costs = cost_model(options.backend.backend, device, options.cost_cache)
     key = key_digest([options.backend, [(label, program_key(programs[label], args, kwargs)) for label in labels]])
-    return dict(zip(labels, costs.get("program_seconds", key, measure)))
+    seconds = dict(zip(labels, costs.get("program_seconds", key, measure)))
+    costs.flush()
+    return seconds

@@ -102,6 +102,8 @@ def measure_layers(
     timing = _Timing(info, wanted, stored, precisions, device, _kept(timer, costs), channels_last)
     with torch.no_grad(), _restored_rng(device):
         GraphRunner(work, observers=[timing]).run(user_values)
+    if costs is not None:
+        costs.flush()
     return Timings(
         device=str(device),
         precisions=precisions,

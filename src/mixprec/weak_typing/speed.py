@@ -137,6 +137,7 @@ class MeasuredSpeed:
             out.append(costs.get("speedup", key, lambda node=node, grid=grid: self._timed(node, low, device, budget,
                                                                                           grid)))
         costs.store("model_speedups", model, out)
+        costs.flush()
         return list(costs.lookup("model_speedups", model)[1])
 
     def _timed(self, node, low, device, budget, grid) -> float | None:
