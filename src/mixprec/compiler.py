@@ -208,7 +208,7 @@ def _check_int8_speed(captured: CapturedModel, options: StageOptions, plan):
 
 
 def _measure(captured: CapturedModel, weak: WeakTypingOptions):
-    """Weak typing: each free layer timed in each enabled dtype on this device (``weak_typing.timing``)."""
+    """Weak typing: each free layer timed in each enabled dtype on this device (``weak_typing.layer_timing``)."""
     info = captured.info
     values = captured.flat_inputs(fresh=False)
     device = autocast.device_of(captured.base, tuple(values))

@@ -11,7 +11,8 @@
 What to measure stays with the stage that prices it: a layer's speed-up over fp32 (``weak_typing/speed.py``, for
 autocast's speed check and the int8 gate), weak typing's layer and cast times (``weak_typing/layer_timing.py``),
 the search's seconds per GFLOP (``searching/latency.py``). They all time through ``clock`` and keep their numbers
-in the one :class:`CostModel`. This package imports no later stage of mixprec.
+in the one :class:`CostModel`. This package imports no later stage of mixprec but the bounded JSON reader
+(``output/serialize/bounded_json.py``), which reads the cost file as it reads a program's.
 """
 
 from .clock import Deadline, PhaseClock, Sampler, interleaved, per_call_seconds, synchronize

@@ -172,11 +172,11 @@ def search(
         # 2. sensitivity (phase 1): a cached study, or one measured now (and cached)
         study = store.get(key, model, user_metric) if store is not None else None
         trials_before = study.trials.count if study is not None else 0
-        # the cost model of several low types (once per process), first: options it rules out are not measured
+        # the cost model of several low types (measured once, then kept), first: options it rules out are not measured
         costs = None
         if options.several:
             if study is None:
-                progress.update("timing each low type on this machine (once per process)")
+                progress.update("the cost of each low type on this machine (timed once, then kept)")
             costs = latency.flop_costs(options.backend, options.lows, device, options.decode, options.cost_cache)
         if study is None:
             pruning = costs if options.tolerance is not None else None  # keep_fp32_fraction may take any option
