@@ -61,7 +61,7 @@ def main() -> None:
     print(f"command: python bench/ray_search_phases.py --eval-batches {args.eval_batches}")
     for owner, attr in [(distributed.RayPool, "payload"), (distributed.RayPool, "run"),
                         (sensitivity, "_check_batches"), (sensitivity, "_prepare_metric"),
-                        (sensitivity, "_measure_groups"), (budget, "choose"), (latency, "measure")]:
+                        (sensitivity, "_measure_groups"), (budget, "choose"), (latency, "time_plans")]:
         _wrap(owner, attr)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     _, model, vocab = gpt2(2)

@@ -165,7 +165,7 @@ def run_model(name, layers, rounds, nncf, ov, with_nncf, bounds=False):
         if isinstance(lows, tuple):
             from mixprec.searching import latency
 
-            costs = latency.cost_model("openvino", (torch.int8, torch.bfloat16), torch.device("cpu"))
+            costs = latency.flop_costs("openvino", (torch.int8, torch.bfloat16), torch.device("cpu"))
             print("  cost model (openvino, x fp32 per class): " + ", ".join(
                 f"{k} {str(d).removeprefix('torch.')} {costs.speedup(k, d):.2f}x"
                 for k in latency.KINDS for d in (torch.int8, torch.bfloat16)), flush=True)

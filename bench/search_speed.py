@@ -12,7 +12,7 @@ of them out to confirm its budget) and 3 new batches the plan's error is checked
 
 Phases are timed by wrapping the search's own functions (no change to mixprec): capture (``CapturedModel``), the
 calibration (``calibrate.entry.run``), the fp32 reference, sensitivity (``sensitivity._measure_groups``), the cost
-model (``latency.cost_model``, once per process: a second search in the same process skips it), the budget phase
+model (``latency.flop_costs``, once per process: a second search in the same process skips it), the budget phase
 (``budget.choose``; with the held-out checks since issue 34) and the pareto points' latencies
 (``searching._pareto``); inside them, the trials (``Trials.measure``: realise and run). The phase wrapped in
 sensitivity.py is looked up there at call time, so the script times the code on PYTHONPATH, old or new. One
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     _wrap(trials.Trials, "reference", "fp32 reference (build)")
     _wrap(sensitivity, "_measure_groups", "sensitivity")
     _wrap(searching, "choose", "budget (choose)")
-    _wrap(latency, "cost_model", "cost model")
+    _wrap(latency, "flop_costs", "cost model")
     _wrap(searching, "_pareto", "pareto latencies")
     _wrap(trials.Trials, "measure", "  trials: measure (realise + run)")
 
@@ -116,7 +116,7 @@ def main(argv=None) -> int:
     start, cpu = time.perf_counter(), time.process_time()
     result = mixprec.search(model, held[0], low_precision_type=args.lows, tolerance=args.tolerance,
                             eval_dataloader=held, calibration_dataloader=calibration, backend=args.backend,
-                            cache=False)
+                            cache=False, cost_cache=False if args.speedups else None)  # given speed-ups: never kept
     total, cpu = time.perf_counter() - start, time.process_time() - cpu
     print(f"# bench/search_speed.py {' '.join(sys.argv[1:] if argv is None else argv)}")
     print(f"{mixprec.__file__}")

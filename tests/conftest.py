@@ -1,10 +1,13 @@
-"""Test-wide set-up: the verifier runs after every rewrite pass (with a fake-tensor re-run), every test
-starts from the same random state, autocast's speed check answers "2x faster", and `exports` counts the
-captures a test makes."""
+"""Test-wide set-up: the verifier runs after every rewrite pass (with a fake-tensor re-run), no cost cache is read or
+written, every test starts from the same random state, autocast's speed check answers "2x faster", and `exports`
+counts the captures a test makes."""
 
 import os
 
 os.environ.setdefault("MIXPREC_VERIFY_EACH", "1")
+# the cost cache (measure/cost_file.py) is never the user's file in tests: off, here and in subprocesses (the CLI);
+# the cache's own tests name files under tmp_path
+os.environ["MIXPREC_COST_CACHE"] = "off"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

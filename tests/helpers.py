@@ -135,15 +135,15 @@ def run_in_threads(work, workers: int, *, start_together: bool = False) -> None:
 class FixedSpeed:
     """An autocast speed measurer (``mixprec.weak_typing.speed``'s interface) that answers a fixed speed-up of the low
     type over fp32: ``by_op`` per op packet ("aten.linear"), ``default`` for the rest. ``asked`` records each
-    call (layer name, low type, backend), so a test sees what the check measured."""
+    call (layer name, low type, backend of the cost model asked with), so a test sees what the check measured."""
 
     def __init__(self, default: float | None = 2.0, by_op: dict | None = None):
         self.default, self.by_op, self.asked = default, dict(by_op or {}), []
 
-    def speedups(self, nodes, low, backend, device, grids=None):
+    def speedups(self, nodes, low, costs, grids=None):
         from mixprec.ops.names import op_name, packet_name
 
-        self.asked += [(node.name, low, backend) for node in nodes]
+        self.asked += [(node.name, low, costs.target.backend) for node in nodes]
         return [self.by_op.get(packet_name(op_name(node.target)), self.default) for node in nodes]
 
 

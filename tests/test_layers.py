@@ -15,8 +15,9 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "mixprec"
 
 # Stages in data-flow order; a module may import from its own stage and any earlier one.
 STAGES = (
-    # vocabulary, validated config, the Ray connection (calibrate and searching both use it)
-    ("_version", "errors", "dtypes", "ops", "jsondoc", "progress", "settings", "cluster"),
+    # vocabulary, validated config, the Ray connection (calibrate and searching both use it), the clock and the cost
+    # model (every stage that measures uses them; settings validates their cost_cache keyword)
+    ("_version", "errors", "dtypes", "ops", "jsondoc", "progress", "measure", "settings", "cluster"),
     ("ir",),
     ("calibrate",),
     ("plan",),
@@ -32,10 +33,12 @@ STAGES = (
 )
 RANK = {name: rank for rank, names in enumerate(STAGES) for name in names}
 
-# The only imports against the flow, each with its reason. None: settings validate compile's keywords as plain
-# values, and the two keywords that name things of later stages (``plan``, ``backend``) are checked by their
-# stage's option objects (plan/options.py, backends/options.py), which compiler.stage_options builds.
-ALLOWED: frozenset = frozenset()
+# The only imports against the flow, each with its reason. Besides the one below, none: settings validate compile's
+# keywords as plain values, and the two keywords that name things of later stages (``plan``, ``backend``) are checked
+# by their stage's option objects (plan/options.py, backends/options.py), which compiler.stage_options builds.
+# measure.cost_file: the cost cache is read with the one bounded JSON reader, which lives with the program file's
+# format (output/serialize); it is vocabulary-level (torch and errors only) and could move beside jsondoc.
+ALLOWED: frozenset = frozenset({("measure.cost_file", "mixprec.output.serialize.bounded_json")})
 
 
 def _stage(module: str) -> str:

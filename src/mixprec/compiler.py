@@ -8,10 +8,8 @@ graph writes is put back by one owner (:class:`_State`); the module is built wit
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
-import time
 import warnings
 
 import torch
@@ -30,6 +28,8 @@ from .ir.marker_regions import calibration_targets
 from .ir.runner import failing_node, run_user_outputs
 from .ir.work_program import stored_bytes
 from .ir.written_state import preserved, written_tensors
+from .measure.clock import PhaseClock
+from .measure.costs import cost_model
 from .output.module import MixedPrecisionModule
 from .output.report import (
     Report, build_graph, build_records, build_summary, computes_in_of, output_errors, with_runs_as,
@@ -47,7 +47,7 @@ from .weak_typing import choose as weak_choice
 from .weak_typing import source as weak_typing
 from .weak_typing import int8_speed, speed
 from .weak_typing.options import WeakTypingOptions
-from .weak_typing.timing import measure_layers
+from .weak_typing.layer_timing import measure_layers
 
 log = logging.getLogger("mixprec")
 
@@ -76,21 +76,8 @@ def stage_options(keywords: dict) -> StageOptions:
     backend = BackendOptions(config.backend, config.runtime_guard, config.weight_only_dynamic_activations)
     weak = None
     if not config.use_explicit_typing:
-        weak = WeakTypingOptions(planning, config.enabled_precisions, config.keep_io_types, backend)
+        weak = WeakTypingOptions(planning, config.enabled_precisions, config.keep_io_types, backend, config.cost_cache)
     return StageOptions(config, planning, backend, weak)
-
-
-class _Timer:
-    def __init__(self):
-        self.seconds: dict[str, float] = {}
-
-    @contextlib.contextmanager
-    def phase(self, name: str):
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
 
 class _State:
@@ -123,7 +110,7 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
     config = options.settings
     args, kwargs = as_input_tuple(inputs), as_input_kwargs(kwargs)
     refuse_meta_tensors(model, args, kwargs)
-    timer = _Timer()
+    timer = PhaseClock()
     # times "capture" and "normalize"; the base's written tensors are private copies from here on
     captured = CapturedModel(model, args, kwargs, dynamic_shapes=config.dynamic_shapes, phase=timer.phase)
     with timer.phase("calibrate"):
@@ -194,7 +181,7 @@ def _check_speed(captured: CapturedModel, options: StageOptions, prepared, calib
     plan = planner.build_plan(captured.info, options.planning, ctx, int8_ranges=calibrated.int8_ranges)
     device = autocast.device_of(captured.base, tuple(captured.flat_inputs(fresh=False)))
     result = speed.check(captured.info, captured.base.graph, plan, ctx.low, options.backend.backend, device,
-                         speed.MEASURER)
+                         speed.MEASURER, cache=options.settings.cost_cache)
     message = result.warning()
     if message is not None:
         warnings.warn(message, MixedPrecisionWarning, stacklevel=3)  # compile (the user's line) -> here
@@ -212,7 +199,8 @@ def _check_int8_speed(captured: CapturedModel, options: StageOptions, plan):
     """(plan, summary entries): the int8 layers whose shape class int8 is not faster for on this machine and backend
     stay float32 (``weak_typing/int8_speed.py``), with one warning."""
     device = autocast.device_of(captured.base, tuple(captured.flat_inputs(fresh=False)))
-    result = int8_speed.check(captured.info, captured.base.graph, plan, options.backend.backend, device)
+    result = int8_speed.check(captured.info, captured.base.graph, plan, options.backend.backend, device,
+                              cache=options.settings.cost_cache)
     message = result.warning()
     if message is not None:
         warnings.warn(message, MixedPrecisionWarning, stacklevel=3)  # compile (the user's line) -> here
@@ -220,11 +208,13 @@ def _check_int8_speed(captured: CapturedModel, options: StageOptions, plan):
 
 
 def _measure(captured: CapturedModel, weak: WeakTypingOptions):
-    """Weak typing: each free layer timed in each enabled dtype on this device (``weak_typing.timing``)."""
+    """Weak typing: each free layer timed in each enabled dtype on this device (``weak_typing.layer_timing``)."""
     info = captured.info
+    values = captured.flat_inputs(fresh=False)
+    device = autocast.device_of(captured.base, tuple(values))
     timings = measure_layers(
-        captured.base, info, weak_typing.weak_typing_layers(info, weak), captured.flat_inputs(fresh=False),
-        weak.precisions,
+        captured.base, info, weak_typing.weak_typing_layers(info, weak), values, weak.precisions,
+        costs=cost_model("eager", device, weak.cost_cache),  # the ops are timed in eager PyTorch, whatever the backend
     )
     captured.reset_state()
     return timings

@@ -27,6 +27,7 @@ import torch
 
 from .dtypes import FLOAT_DTYPES, LOW_PRECISION_FLOATS, dtype_name, parse_dtype
 from .errors import ConfigError, did_you_mean
+from .measure.cost_file import checked_setting as cost_cache_setting
 from .ops.names import resolve_op_name
 
 
@@ -56,6 +57,9 @@ class CompileSettings:
     dynamic_shapes: Any = None
     backend: str = "eager"
     debug: bool = False
+    # mixprec extension: where measured costs are kept between processes (measure/cost_file.py): None = the
+    # environment's MIXPREC_COST_CACHE, else the user's cache folder; False = none; or a path. Not recorded in a file.
+    cost_cache: str | bool | None = None
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> "CompileSettings":
@@ -72,6 +76,8 @@ class CompileSettings:
                 if value is not None:
                     out[f.name] = "<given>"
                 continue
+            if f.name in _NOT_RECORDED:
+                continue
             if value == f.default or (f.default_factory is not dataclasses.MISSING and value == f.default_factory()):
                 continue
             out[f.name] = _jsonable(value)
@@ -79,6 +85,7 @@ class CompileSettings:
 
 
 _NAMES = frozenset(f.name for f in dataclasses.fields(CompileSettings))
+_NOT_RECORDED = frozenset({"cost_cache"})  # where this machine keeps its measurements: no part of the program
 _LISTED, _HINTED, _SHOWN = 20, 3, 60  # unknown names listed, given a did-you-mean, characters shown of each
 
 
@@ -189,6 +196,8 @@ def _validated(kwargs: dict[str, Any]) -> dict[str, Any]:
         out["runtime_guard"] = kwargs["runtime_guard"]
     if "backend" in kwargs:
         out["backend"] = kwargs["backend"]
+    if kwargs.get("cost_cache") is not None:
+        out["cost_cache"] = cost_cache_setting(kwargs["cost_cache"])
 
     _check_combinations({**{f.name: f.default for f in dataclasses.fields(CompileSettings) if f.default is not dataclasses.MISSING}, **out}, kwargs)
     return out
@@ -344,7 +353,9 @@ def recorded(values) -> dict[str, Any]:
         raise ConfigError(f"the settings must be an object, not {type(values).__name__}.")
     _check_names(values, "the file records")
     for name, value in values.items():
-        if name in _BOOLS:
+        if name in _NOT_RECORDED:
+            ok = False
+        elif name in _BOOLS:
             ok = isinstance(value, bool)
         elif name in _GIVEN:
             ok = value == "<given>"

@@ -81,11 +81,32 @@ def test_run_on_inputs_from_a_file(capsys, tmp_path):
                            "--repeat", "1")  # fmt: skip
     assert code == 0, err
     assert f"inputs ({tmp_path / 'x.pt'}):" in out and "output: float32 [2, 3]" in out
+    # no fp32 baseline without the fp32 graph, and the user is told why (issue 42)
+    assert "time per call: median" in out and "1 timed call(s) after 0 warm-up" in out
+    assert f"fp32 original: not timed: {tmp_path / 'p.mixprec.pt2'} does not carry it" in out
     torch.save(torch.randn(5, 4), tmp_path / "other.pt")
     code, out, err = _main(capsys, "run", tmp_path / "p.mixprec.pt2", "--inputs", tmp_path / "other.pt")
     assert code == 2
     _one_paragraph(err)
     assert "do not fit the program" in err and "[2, 4]" in err
+
+
+@pytest.mark.parametrize("warmup", [0, 2])
+def test_run_times_the_fp32_original_beside_a_program_that_carries_it(warmup):
+    """A program compiled in this process holds the model as captured: ``mixprec run``'s timing runs it beside the
+    program, interleaved, as many times; a loaded one does not (the file holds no fp32 graph)."""
+    from mixprec.cli import commands
+
+    torch.manual_seed(0)
+    model, x = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval(), torch.randn(2, 8)
+    prog = mixprec.compile(model, (x,), enable_autocast=True, autocast_require_speedup=False)
+    original = commands.fp32_original(prog)
+    with torch.no_grad():
+        torch.testing.assert_close(original(x), model(x), rtol=0, atol=0)  # fp32, not the program's bf16
+    outputs, samples, kept = commands._timed_runs(prog, (x,), warmup, 3)
+    assert kept is not None and not isinstance(kept, str)
+    assert set(samples) == {"program", "fp32 original"} and all(len(v) == 3 for v in samples.values())
+    assert all(t > 0 for v in samples.values() for t in v) and outputs.dtype == torch.float32
 
 
 def test_compile_a_transformers_model_from_a_spec_file(tmp_path):

@@ -37,6 +37,7 @@ def test_every_option_maps_to_its_keyword(tmp_path):
         "--plan", str(tmp_path / "plan.json"),
         "--backend", "eager",
         "--debug",
+        "--cost-cache", str(tmp_path / "costs.json"),
     )  # fmt: skip
     calibration = kwargs.pop("autocast_calibration_dataloader")
     assert len(calibration) == 2 and calibration[0][0].shape == (1, 2)
@@ -52,6 +53,7 @@ def test_every_option_maps_to_its_keyword(tmp_path):
         "keep_io_types": False,
         "backend": "eager",
         "debug": True,
+        "cost_cache": str(tmp_path / "costs.json"),
     }
     # every keyword the options produce is a setting mixprec.compile knows
     known = {f for f in CompileSettings.__dataclass_fields__}

@@ -9,6 +9,7 @@ from models import SensitiveByConstruction
 
 import mixprec
 from mixprec.cli import main
+from mixprec.measure import costs as cost_models
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -111,15 +112,17 @@ def test_several_low_types_on_the_command_line(spec, tmp_path, capsys, monkeypat
 
     seen = []
     table = {torch.float32: 10.0, torch.bfloat16: 4.0, torch.int8: 2.5}
-    monkeypatch.setattr(latency, "_TABLES", {})
+    monkeypatch.setattr(cost_models, "COSTS", cost_models.CostModels())
     monkeypatch.setattr(latency, "measure_costs",
                         lambda backend, kind, dtypes, device: seen.append(backend) or {d: table[d] for d in dtypes})
     out = tmp_path / "result.json"
     # int8 calibrated on eval batch 0 alone (batch 1 is held out) errs 3.2e-2 on batch 1: over the default 1e-2
     assert main(["search", f"{spec}:model", "--eval-data", f"{spec}:eval_data", "--low-precision", "int8,bf16",
-                 "--backend", "openvino", "--tolerance", "0.05", "--json", str(out), "-q"]) == 0
+                 "--backend", "openvino", "--tolerance", "0.05", "--json", str(out), "-q",
+                 "--cost-cache", str(tmp_path / "costs.json")]) == 0
     result = json.loads(out.read_text())
     assert result["low_precision_type"] == ["int8", "bfloat16"] and set(seen) == {"openvino"}
+    assert "openvino" in (tmp_path / "costs.json").read_text()  # the measured prices kept where --cost-cache says
     assert {g["precision"] for g in result["groups"]} == {"int8", "bfloat16", "float32"}
     assert main(["search", f"{spec}:model", "--low", "int8", "--json", str(out), "-q"]) == 0
     assert json.loads(out.read_text())["low_precision_type"] == "int8"

@@ -17,6 +17,7 @@ from models import SensitiveByConstruction, TRTorchSeed, zero_sum_rows
 
 import mixprec
 from mixprec.cli import main
+from mixprec.measure import costs as cost_models
 from mixprec.errors import ConfigError
 from mixprec.searching import SearchCache
 from mixprec.searching.distributed import Cluster
@@ -69,7 +70,7 @@ def test_distributed_equals_single_host_over_two_types(cluster, sensitive, monke
     from mixprec.searching import latency
 
     table = {torch.float32: 10.0, torch.bfloat16: 4.0, torch.int8: 2.5}  # a VNNI CPU's shape: int8 fastest
-    monkeypatch.setattr(latency, "_TABLES", {})
+    monkeypatch.setattr(cost_models, "COSTS", cost_models.CostModels())
     monkeypatch.setattr(latency, "measure_costs", lambda backend, kind, dtypes, device: {d: table[d] for d in dtypes})
     model, inputs, data = sensitive
     kwargs = dict(eval_dataloader=data, cache=False, low_precision_type=("int8", "bf16"), tolerance=0.05)
@@ -519,12 +520,12 @@ def test_a_search_on_the_cluster_calibrates_a_dataset_on_it(cluster, sensitive):
 def test_phase_two_points_are_timed_by_the_workers_that_measured_them(cluster, sensitive, monkeypatch):
     """A pareto point measured in phase 2 on the cluster gets its latency from the worker that ran its trial (its
     program built and warm there); the driver times only the points measured before phase 2 (the fp32 baseline)."""
-    from mixprec.searching import timing
+    from mixprec.searching import latency
 
     model, inputs, data = sensitive
     timed_here = []
-    measure = timing.measure
-    monkeypatch.setattr(timing, "measure", lambda programs, batch, **kw: timed_here.extend(programs)
+    measure = latency.time_plans
+    monkeypatch.setattr(latency, "time_plans", lambda programs, batch, **kw: timed_here.extend(programs)
                         or measure(programs, batch, **kw))
     there = mixprec.search(model, inputs, eval_dataloader=data, cache=False, ray_address="auto", workers=2)
     assert all(p.latency_seconds > 0 for p in there.pareto)
@@ -532,7 +533,7 @@ def test_phase_two_points_are_timed_by_the_workers_that_measured_them(cluster, s
     assert len(there.pareto) > 1
     here = mixprec.search(model, inputs, eval_dataloader=data, cache=False)
     same(here, there)
-    # in one process every point is timed by its trial's stopwatch (timing.Stopwatch), the baseline's in phase 1
+    # in one process every point is timed by its trial's stopwatch (measure.Stopwatch), the baseline's in phase 1
     assert len(timed_here) == 1 and all(p.latency_seconds > 0 for p in here.pareto)
 
 

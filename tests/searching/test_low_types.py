@@ -15,8 +15,9 @@ from models import SensitiveByConstruction, zero_sum_rows
 
 import mixprec
 from mixprec.errors import ConfigError
+from mixprec.measure import clock
+from mixprec.measure import costs as cost_models
 from mixprec.searching import SearchCache, latency
-from mixprec.weak_typing import timing
 from mixprec.searching.options import low_types
 from mixprec.searching.trials import Trials
 
@@ -27,7 +28,7 @@ AVX2 = {F32: 10.0, BF16: 120.0, I8: 60.0}
 
 
 def use_costs(monkeypatch, table):
-    monkeypatch.setattr(latency, "_TABLES", {})
+    monkeypatch.setattr(cost_models, "COSTS", cost_models.CostModels())
     monkeypatch.setattr(latency, "measure_costs", lambda backend, kind, dtypes, device: {d: table[d] for d in dtypes})
 
 
@@ -227,20 +228,20 @@ def test_the_cache_key_holds_the_types(model_and_data, vnni):
 
 def test_the_cost_model_is_measured_once_per_process_and_type(monkeypatch):
     calls = []
-    monkeypatch.setattr(latency, "_TABLES", {})
+    monkeypatch.setattr(cost_models, "COSTS", cost_models.CostModels())
     monkeypatch.setattr(latency, "measure_costs",
                         lambda backend, kind, dtypes, device: calls.append((backend, kind, dtypes)) or
                         {d: VNNI[d] for d in dtypes})
-    model = latency.cost_model(None, (I8, BF16), torch.device("cpu"))
+    model = latency.flop_costs(None, (I8, BF16), torch.device("cpu"))
     assert len(calls) == 2 and model.backend == "eager"
-    latency.cost_model(None, (I8,), torch.device("cpu"))
+    latency.flop_costs(None, (I8,), torch.device("cpu"))
     assert len(calls) == 2  # cached
     assert model.gain("aten.linear.default", 10**9, I8) == pytest.approx(7.5)
     assert model.gain("aten.convolution.default", 10**9, BF16) == pytest.approx(6.0)
 
 
 def test_a_type_within_the_noise_of_fp32_gains_nothing():
-    model = latency.CostModel("eager", {(k, d): v for k in latency.KINDS
+    model = latency.FlopCosts("eager", {(k, d): v for k in latency.KINDS
                                         for d, v in {F32: 10.0, BF16: 9.5, I8: 30.0}.items()})
     assert model.gain("aten.linear.default", 10**9, BF16) == 0.0  # 1.05x: within MIN_SPEEDUP
     assert model.gain("aten.linear.default", 10**9, I8) < 0
@@ -252,9 +253,9 @@ def test_a_type_faster_only_in_some_rounds_gains_nothing():
     fp32 = [1.0] * 9
     noisy = [0.70, 0.70, 0.71, 0.70, 0.71, 0.72, 1.20, 1.30, 1.40]
     steady = [0.30, 0.32, 0.31, 0.29, 0.33, 0.30, 0.31, 0.45, 0.30]
-    seconds = timing.per_call_seconds({F32: fp32, I8: noisy, BF16: steady})
+    seconds = clock.per_call_seconds({F32: fp32, I8: noisy, BF16: steady})
     assert seconds[F32] == 1.0
-    model = latency.CostModel("eager", {(k, d): v for k in latency.KINDS for d, v in seconds.items()})
+    model = latency.FlopCosts("eager", {(k, d): v for k in latency.KINDS for d, v in seconds.items()})
     assert model.gain("aten.linear.default", 10**9, I8) <= 0.0
     assert model.gain("aten.linear.default", 10**9, BF16) == pytest.approx(1.0 - 0.32)
 
@@ -305,3 +306,52 @@ def test_a_type_slower_here_is_named_beside_the_one_used(model_and_data, monkeyp
     assert "'eager': int8 4.00x, bfloat16 0.64x (bfloat16 not faster here: not used" in str(result)
     one = mixprec.search(model, inputs, low_precision_type="int8", eval_dataloader=data, tolerance=0.05, cache=False)
     assert one.speedups == {} and one.speed_text() == "" and "speed-up" not in str(one)  # one type: nothing timed
+
+
+def test_the_cost_models_timings_wait_for_the_inputs_device(monkeypatch):
+    """An accelerator queues its kernels: the stacks' rounds are timed to the end of the device's work, on whatever
+    device the inputs are (issue 44: the search's paired rounds had no device sync)."""
+    import types
+
+    synced = []
+    monkeypatch.setattr(torch, "meta", types.SimpleNamespace(synchronize=synced.append), raising=False)
+    monkeypatch.setattr(latency, "COST_ROUNDS", 2)
+    monkeypatch.setattr(latency, "SAMPLE_SECONDS", 0.0)
+    x = torch.empty(4, 4, device="meta")
+    seconds = latency._paired({F32: lambda t: t + 1, I8: lambda t: t * 2}, (x,))
+    assert set(seconds) == {F32, I8} and len(synced) >= 2 * 2
+    assert all(d == torch.device("meta") for d in synced)
+
+
+_SEARCH_IN_A_PROCESS = r"""
+import json, sys
+import torch
+sys.path.insert(0, {tests!r})
+from models import SensitiveByConstruction, zero_sum_rows
+import mixprec
+
+torch.manual_seed(1)
+model = SensitiveByConstruction().eval()
+data = [(zero_sum_rows(8),) for _ in range(3)]
+result = mixprec.search(model, SensitiveByConstruction.example_inputs(), low_precision_type=("int8", "bf16"),
+                        eval_dataloader=data, tolerance=0.05, cache=False, cost_cache={cache!r})
+print(json.dumps({{"plan": result.plan.to_json(), "speedups": result.speedups}}))
+"""
+
+
+def test_two_processes_with_the_cost_cache_make_the_same_plan(tmp_path):
+    """Issue 44: each process measured the cost model anew (int8 2.76x then 2.00x fp32 on one machine), which can
+    change a plan between runs; with the cost cache the second process spends by the first's measurements."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = _SEARCH_IN_A_PROCESS.format(tests=str(Path(__file__).resolve().parents[1]), cache=str(tmp_path / "c.json"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    runs = [json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                      check=True, timeout=600).stdout.strip().splitlines()[-1]) for _ in range(2)]
+    assert runs[0]["speedups"] and runs[0]["speedups"] == runs[1]["speedups"]  # measured once, read the second time
+    assert runs[0]["plan"] == runs[1]["plan"]
+    assert (tmp_path / "c.json").exists()

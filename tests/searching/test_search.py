@@ -114,12 +114,12 @@ def test_phase_2_plans_are_timed_right_after_their_trial_not_built_again(sensiti
     (as a Ray worker times it), and so is the model as written in phase 1; only plans of one group lowered that
     phase 1 measured are built again to time."""
     model, inputs, data, _, _ = sensitive
-    from mixprec.searching import timing
+    from mixprec.searching import latency
 
     timed_again = []
-    measure = timing.measure
-    monkeypatch.setattr(timing, "measure", lambda programs, batch, **k: (
-        timed_again.extend(programs) if k.get("warmup", 1) else None) or measure(programs, batch, **k))
+    measure = latency.time_plans
+    monkeypatch.setattr(latency, "time_plans", lambda programs, batch, **k: timed_again.extend(programs)
+                        or measure(programs, batch, **k))
     result = mixprec.search(model, inputs, eval_dataloader=data, cache=False)
     assert len(result.pareto) > 3 and all(p.latency_seconds > 0 for p in result.pareto)
     assert all(len(lowered) == 1 for lowered in timed_again)

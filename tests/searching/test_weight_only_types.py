@@ -14,6 +14,7 @@ import torch.utils._pytree as pytree
 
 import mixprec
 from mixprec.cli import main
+from mixprec.measure import costs as cost_models
 from mixprec.errors import ConfigError
 from mixprec.searching import SearchResult, latency
 from mixprec.searching.options import low_types
@@ -33,7 +34,7 @@ LLAMA = dict(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_l
 def use_costs(monkeypatch, table=DECODE_TABLE) -> list:
     """The cost model answers from ``table``; returns the (class, types) it was asked to time."""
     asked = []
-    monkeypatch.setattr(latency, "_TABLES", {})
+    monkeypatch.setattr(cost_models, "COSTS", cost_models.CostModels())
     monkeypatch.setattr(latency, "measure_costs", lambda backend, kind, dtypes, device: asked.append(
         (kind, names(dtypes))) or {d: table[dtype_name(d)] for d in dtypes})
     return asked
@@ -144,7 +145,7 @@ def test_decode_costing_when_the_caller_says_so_or_the_eval_batches_are_token_st
 
     def kinds(**kwargs):
         asked.clear()
-        latency._TABLES.clear()
+        monkeypatch.setattr(cost_models, "COSTS", cost_models.CostModels())
         result = mixprec.search(model, kwargs.pop("data")[0], low_precision_type=("w4a16", "bf16"), tolerance=1.0,
                                 cache=False, **kwargs)
         return {kind for kind, _ in asked}, result
@@ -163,14 +164,15 @@ def test_the_decode_class_is_timed_on_one_row_through_linears_larger_than_a_core
     assert x.shape == (1, 2048) and [m.weight.shape for m in model if isinstance(m, torch.nn.Linear)] == [
         (2048, 2048), (2048, 2048)]
     # measured for real (smaller, for the test's time): the weight-only programs build and run
-    monkeypatch.setattr(latency, "_TABLES", {})  # this process's table keeps no measurement of the small stack
+    # this process's cost model keeps no measurement of the small stack
+    monkeypatch.setattr(cost_models, "COSTS", cost_models.CostModels())
     monkeypatch.setattr(latency, "DECODE_FEATURES", 256)
     monkeypatch.setattr(latency, "COST_ROUNDS", 2)
     monkeypatch.setattr(latency, "SAMPLE_SECONDS", 0.001)
     w8a16, w4a16 = low_types("w8a16,w4a16")[::-1]
     seconds = latency.measure_costs("eager", latency.DECODE, (F32, w8a16, w4a16), torch.device("cpu"))
     assert names(seconds) == ("float32", "w8a16", "w4a16") and all(0 < s < math.inf for s in seconds.values())
-    model = latency.cost_model(None, (w4a16,), torch.device("cpu"), decode=True)
+    model = latency.flop_costs(None, (w4a16,), torch.device("cpu"), decode=True)
     assert model.kind("aten.linear.default") == "decode" and model.kind("aten.conv2d.default") == "conv"
     assert model.speedup("conv", w4a16) == 1.0  # not timed: no gain
     assert set(model.speedups(["aten.linear.default"], (w4a16,))) == {"w4a16"}

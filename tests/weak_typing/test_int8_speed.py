@@ -15,6 +15,7 @@ from models import ReluNet, ThreeLinears
 import mixprec
 from mixprec.backends.lowering import cpu, onednn
 from mixprec.errors import ConfigError
+from mixprec.measure.costs import CostModels
 from mixprec.ops.quant import INT8_SYMMETRIC, UINT8, dequantize, quantize, quantize_weight
 from mixprec.weak_typing import int8_calls, int8_speed, speed
 
@@ -26,8 +27,8 @@ class ByLayer(FixedSpeed):
         super().__init__(default)
         self.by_name, self.grids = by_name, []
 
-    def speedups(self, nodes, low, backend, device, grids=None):
-        self.asked += [(node.name, low, backend) for node in nodes]
+    def speedups(self, nodes, low, costs, grids=None):
+        self.asked += [(node.name, low, costs.target.backend) for node in nodes]
         self.grids += list(grids or [])
         return [self.by_name.get(node.name, self.default) for node in nodes]
 
@@ -169,10 +170,10 @@ def test_the_real_measurer_times_int8_and_caches_it():
     model, inputs = ThreeLinears().eval(), ThreeLinears.example_inputs()
     graph = torch.export.export(model, inputs).graph
     node = next(n for n in graph.nodes if n.target is torch.ops.aten.linear.default)
-    measurer = speed.MeasuredSpeed()
-    (first,) = measurer.speedups([node], torch.int8, "eager", torch.device("cpu"), grids=[(INT8_SYMMETRIC, False)])
+    measurer, costs = speed.MeasuredSpeed(), CostModels().get("eager", "cpu", cache=False)
+    (first,) = measurer.speedups([node], torch.int8, costs, grids=[(INT8_SYMMETRIC, False)])
     assert first is not None and first > 0
-    again = measurer.speedups([node], torch.int8, "eager", torch.device("cpu"), grids=[(INT8_SYMMETRIC, False)])
+    again = measurer.speedups([node], torch.int8, costs, grids=[(INT8_SYMMETRIC, False)])
     assert again == [first] and measurer.timed == 1
 
 

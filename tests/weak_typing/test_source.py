@@ -21,9 +21,9 @@ from mixprec.plan.precision_plan import NodePrecision, PrecisionPlan
 from mixprec.rewrite.casting import is_mixprec_cast
 from mixprec.plan.options import PlanningOptions
 from mixprec.weak_typing import source as weak_typing
-from mixprec.weak_typing import timing
-from mixprec.weak_typing.cost import CostModel
-from mixprec.weak_typing.timing import LayerTiming, Timings
+from mixprec.weak_typing import layer_timing
+from mixprec.weak_typing.assignment import AssignmentCost
+from mixprec.weak_typing.layer_timing import LayerTiming, Timings
 
 BF16_PAIR = {torch.float32, torch.bfloat16}
 WEAK = {"use_explicit_typing": False, "enabled_precisions": BF16_PAIR}
@@ -59,7 +59,7 @@ def _model(model_cls, precisions, seed, **kw):
     fixed = planner.strong_decisions(info, PlanningOptions(use_explicit_typing=False))
     free = weak_typing.candidates(info, fixed)
     timings = _random_timings(work, info, free, precisions, random.Random(seed), **kw)
-    return CostModel(info, fixed, timings), work, info
+    return AssignmentCost(info, fixed, timings), work, info
 
 
 @pytest.mark.parametrize("model_cls,seed", [(ThreeLinears, 0), (ConvNet, 1), (ConvNet, 2), (Attention, 3), (TiedEmbedding, 4)])
@@ -129,7 +129,7 @@ def _fake_timer(op_ms, cast_ms=0.001):
 
 
 def _compile_with(monkeypatch, model, op_ms, **settings):
-    monkeypatch.setattr(timing, "median_timer", _fake_timer(op_ms))
+    monkeypatch.setattr(layer_timing, "median_timer", _fake_timer(op_ms))
     return mixprec.compile(model, type(model).example_inputs(), **{**WEAK, **settings})
 
 

@@ -13,6 +13,9 @@ from helpers import FixedSpeed
 from models import ConvNet, ThreeLinears
 
 import mixprec
+from mixprec.measure import costs as cost_models
+from mixprec.measure.clock import Deadline
+from mixprec.measure.costs import CostModels
 from mixprec.plan import autocast
 from mixprec.weak_typing import speed
 
@@ -116,8 +119,8 @@ def test_paired_rounds_tell_a_slower_and_a_faster_call_apart():
         return lambda: time.sleep(seconds)
 
     cpu = torch.device("cpu")
-    slower = speed._paired({torch.float32: sleeper(0.002), torch.bfloat16: sleeper(0.003)}, cpu)
-    faster = speed._paired({torch.float32: sleeper(0.003), torch.bfloat16: sleeper(0.001)}, cpu)
+    slower = speed.paired_speedup({torch.float32: sleeper(0.002), torch.bfloat16: sleeper(0.003)}, cpu)
+    faster = speed.paired_speedup({torch.float32: sleeper(0.003), torch.bfloat16: sleeper(0.001)}, cpu)
     assert slower < 1 < speed.REQUIRED_SPEEDUP < faster
 
 
@@ -129,7 +132,7 @@ def test_a_low_type_several_times_slower_in_long_calls_is_judged_on_its_first_tw
         time.sleep(speed.SAMPLE_SECONDS * 2)
 
     fast = lambda: time.sleep(speed.SAMPLE_SECONDS / 10)  # noqa: E731
-    ratio = speed._paired({torch.float32: fast, torch.bfloat16: slow}, torch.device("cpu"))
+    ratio = speed.paired_speedup({torch.float32: fast, torch.bfloat16: slow}, torch.device("cpu"))
     assert ratio < 1 / speed.EARLY_EXIT and len(calls) == 3  # warm-up and two timed calls, no rounds
 
 
@@ -140,14 +143,15 @@ def test_one_slow_short_call_of_the_low_type_is_not_enough_to_judge_it():
         calls.append(1)
         time.sleep(0.02 if len(calls) == 2 else 0.001)
 
-    ratio = speed._paired({torch.float32: lambda: time.sleep(0.001), torch.bfloat16: once_slow}, torch.device("cpu"))
+    calls_of = {torch.float32: lambda: time.sleep(0.001), torch.bfloat16: once_slow}
+    ratio = speed.paired_speedup(calls_of, torch.device("cpu"))
     assert len(calls) > 3 and ratio > 1 / speed.EARLY_EXIT  # timed in rounds, not judged from the unlucky call
 
 
 def test_the_budget_stops_timing_and_a_second_ask_gets_the_same_answer(monkeypatch):
     timed = []
 
-    def slow_timing(node, low, device, deadline, grid=None):
+    def slow_timing(node, low, device, budget, grid=None):
         timed.append(node)
         time.sleep(0.05)
         return 0.5
@@ -156,12 +160,12 @@ def test_the_budget_stops_timing_and_a_second_ask_gets_the_same_answer(monkeypat
     monkeypatch.setattr(speed, "BUDGET_SECONDS", 0.01)
     graph = torch.fx.symbolic_trace(ThreeLinears()).graph
     nodes = [n for n in graph.nodes if n.op == "call_module"]
-    measurer = speed.MeasuredSpeed()
-    cpu = torch.device("cpu")
-    assert measurer.speedups(nodes, torch.bfloat16, "eager", cpu) == [0.5, None, None]  # the first always
-    assert measurer.speedups(nodes, torch.bfloat16, "eager", cpu) == [0.5, None, None] and len(timed) == 1
-    assert measurer.speedups(nodes[1:], torch.bfloat16, "eager", cpu) == [0.5, None]  # another model
-    assert measurer.speedups(nodes[:1], torch.bfloat16, "inductor", cpu) == [0.5] and len(timed) == 3
+    measurer, models = speed.MeasuredSpeed(), CostModels()
+    eager, inductor = models.get("eager", "cpu", cache=False), models.get("inductor", "cpu", cache=False)
+    assert measurer.speedups(nodes, torch.bfloat16, eager) == [0.5, None, None]  # the first always
+    assert measurer.speedups(nodes, torch.bfloat16, eager) == [0.5, None, None] and len(timed) == 1
+    assert measurer.speedups(nodes[1:], torch.bfloat16, eager) == [0.5, None]  # another model
+    assert measurer.speedups(nodes[:1], torch.bfloat16, inductor) == [0.5] and len(timed) == 3
 
 
 def test_past_the_deadline_a_class_stops_after_two_rounds():
@@ -171,11 +175,12 @@ def test_past_the_deadline_a_class_stops_after_two_rounds():
         calls.append(1)
         time.sleep(speed.SAMPLE_SECONDS)
 
-    ratio = speed._paired({torch.float32: call, torch.bfloat16: call}, torch.device("cpu"), deadline=0.0)
+    ratio = speed.paired_speedup({torch.float32: call, torch.bfloat16: call}, torch.device("cpu"), Deadline(0.0))
     assert len(calls) == 2 * (1 + 2 + 2) and ratio > 0  # warm-up, two single calls, two rounds of one-call samples
 
 
 def test_the_real_check_runs_once_per_process_and_the_plan_follows_it(monkeypatch):
+    monkeypatch.setattr(cost_models, "COSTS", CostModels())  # nothing measured yet in this process
     measurer = speed.MeasuredSpeed()
     first, _ = _compile(ConvNet, measurer, monkeypatch)
     timed = measurer.timed
@@ -230,3 +235,19 @@ def test_timing_a_class_of_dynamic_shape_adds_no_guard_to_the_program():
     assert speed.time_speedup(node, torch.bfloat16, torch.device("cpu")) > 0
     assert (len(shape_env.guards), dict(shape_env.replacements)) == before
     assert isinstance(node.meta["val"].shape[0], torch.SymInt)
+
+
+def test_with_the_cost_cache_a_later_process_times_nothing_and_decides_the_same(monkeypatch, tmp_path):
+    """Issue 44: the check measured once per process and kept nothing, so each process paid for it and could decide
+    otherwise. With a cost cache, a later process (a fresh registry of cost models) reads the first's speed-ups."""
+    cache = tmp_path / "costs.json"
+    runs = []
+    for _ in range(2):
+        monkeypatch.setattr(cost_models, "COSTS", CostModels())  # a new process: nothing measured in memory
+        measurer = speed.MeasuredSpeed()
+        prog, _ = _compile(ConvNet, measurer, monkeypatch, cost_cache=cache)
+        runs.append((measurer.timed, prog.report.summary["accelerated_types"],
+                     {r.name: r.precision for r in prog.report.layers}))
+    (timed, first, plan), (timed_again, second, plan_again) = runs
+    assert timed >= 1 and timed_again == 0
+    assert first == second and plan == plan_again

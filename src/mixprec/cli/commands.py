@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 
 import torch
 import torch.utils._pytree as pytree
@@ -111,25 +110,61 @@ def run_command(args) -> int:
     for line in _describe(inputs):
         say(f"  {line}")
     with progress.step(f"running {args.warmup} warm-up + {args.repeat} timed call(s)"):
-        times = []
-        start = time.perf_counter()
-        outputs = _call(prog, inputs)  # the first call also checks that the inputs fit
-        if args.warmup == 0:
-            times.append(time.perf_counter() - start)
-        for _ in range(max(args.warmup - 1, 0)):
-            prog(*inputs)
-        while len(times) < args.repeat:
-            start = time.perf_counter()
-            outputs = prog(*inputs)
-            times.append(time.perf_counter() - start)
+        outputs, samples, original = _timed_runs(prog, inputs, args.warmup, args.repeat)
     say("outputs:")
     for line in _describe(outputs):
         say(f"  {line}")
+    times = samples["program"]
     say(
         f"time per call: median {statistics.median(times) * 1e3:.3f} ms, min {min(times) * 1e3:.3f} ms "
         f"({args.repeat} timed call(s) after {args.warmup} warm-up, {torch.get_num_threads()} thread(s))"
     )
+    if isinstance(original, str):
+        say(f"fp32 original: not timed: {terminal(args.file)} {original}")
+    else:
+        fp32 = samples["fp32 original"]
+        say(f"fp32 original: median {statistics.median(fp32) * 1e3:.3f} ms, min {min(fp32) * 1e3:.3f} ms; the program "
+            f"runs at {statistics.median(fp32) / statistics.median(times):.2f}x its speed (medians, interleaved calls)")
     return 0
+
+
+NOT_CARRIED = (
+    "does not carry it: a mixprec file holds the compiled program, its weights as they are stored (perhaps only in "
+    "low precision) and its example inputs, not the model's fp32 graph. To compare, compile the model again with no "
+    "precision options (-o fp32.mixprec.pt2) and run that file."
+)
+
+
+def fp32_original(prog):
+    """The fp32 model as captured, to time beside ``prog``, or why there is none (a loaded program: the file does not
+    carry it)."""
+    captured = prog.captured_program
+    if captured is None:
+        return NOT_CARRIED
+    return captured.module()
+
+
+def _timed_runs(prog, inputs, warmup: int, repeat: int):
+    """(outputs, {"program": seconds per call, and "fp32 original" where there is one}, the original or why not):
+    ``warmup`` untimed calls (the first also checks that the inputs fit), then ``repeat`` timed rounds, the program
+    and the original interleaved (``measure.clock``); with no warm-up the first call is a sample."""
+    from ..measure.clock import interleaved, timed
+    from ..measure.programs import input_device
+
+    device = input_device(inputs)
+    original = fp32_original(prog)
+    calls = {"program": lambda: prog(*inputs)}
+    if not isinstance(original, str):
+        calls["fp32 original"] = lambda: original(*inputs)
+    with torch.no_grad():
+        outputs, first = timed(lambda: _call(prog, inputs), device)
+        firsts = {"program": first, **{k: timed(call, device)[1] for k, call in calls.items() if k != "program"}}
+        samples = {k: [seconds] if warmup == 0 else [] for k, seconds in firsts.items()}
+        rounds = repeat - (1 if warmup == 0 else 0)
+        if rounds > 0:
+            for key, values in interleaved(calls, rounds=rounds, warmup=max(warmup - 1, 0), device=device).items():
+                samples[key] += values
+    return outputs, samples, original
 
 
 def say(text: str = "") -> None:

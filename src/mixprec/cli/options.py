@@ -130,6 +130,17 @@ def add_compile_options(p: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help=f"the backend that runs the program: {', '.join(sorted(known_backends()))} (default eager)",
     )
+    add_cost_cache_option(g)
+
+
+def add_cost_cache_option(group) -> None:
+    """--cost-cache PATH|off: the cost_cache keyword of compile and search (measure/cost_file.py)."""
+    group.add_argument(
+        "--cost-cache",
+        metavar="PATH",
+        help="where measured speeds are kept between runs, or 'off' (default: $MIXPREC_COST_CACHE, else "
+        "~/.cache/mixprec/costs.json)",
+    )
 
 
 _OPTION_OF = {
@@ -149,6 +160,7 @@ _OPTION_OF = {
     "use_explicit_typing": "--no-explicit-typing",
     "enabled_precisions": "--enabled-precisions",
     "keep_io_types": "--no-keep-io-types",
+    "cost_cache": "--cost-cache",
 }
 
 
@@ -221,6 +233,8 @@ def compile_kwargs(args: argparse.Namespace) -> dict:
         kwargs["backend"] = args.backend
     if args.debug:
         kwargs["debug"] = True
+    if args.cost_cache is not None:
+        kwargs["cost_cache"] = args.cost_cache
     return kwargs
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 
+from .options import add_cost_cache_option
+
 HELP = ("find a mixed-precision plan: as many layers in low precision (or the fastest fp32/bf16/int8 mix) as a "
         "tolerance allows")
 DESCRIPTION = (
@@ -45,6 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="RESULT.json", default=None, help="write the whole search result as JSON")
     parser.add_argument("--plot", metavar="PARETO.png", default=None, help="write the pareto curve and sensitivities as a PNG (needs matplotlib)")
     parser.add_argument("-q", "--quiet", action="store_true", help="do not print the result table")
+    add_cost_cache_option(parser)
 
 
 def search_command(args) -> int:
@@ -76,6 +79,7 @@ def search_command(args) -> int:
         workers=args.workers,
         backend=args.backend,
         decode=args.decode,
+        cost_cache=args.cost_cache,
     )
     if args.plan:
         write_text(args.plan, result.plan.to_json())

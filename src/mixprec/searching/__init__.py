@@ -36,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import time
 import warnings
 
 import torch
@@ -47,9 +46,10 @@ from ..calibrate.shards import Shards, as_shards
 from ..dtypes import dtype_name
 from ..errors import MixedPrecisionWarning
 from ..ir.export import as_input_tuple, refuse_meta_tensors
+from ..measure.clock import PhaseClock
 from ..plan.precision_plan import NodePrecision, PrecisionPlan
 from ..progress import Progress
-from . import holdout, latency, timing
+from . import holdout, latency
 from .budget import Choice, choose
 from .cache import SearchCache, study_key
 from .distributed import cluster_for
@@ -80,6 +80,7 @@ def search(
     workers=None,
     backend=None,
     decode=None,
+    cost_cache=None,
 ) -> SearchResult:
     """Find a mixed-precision plan: as many layers in the low type as the budget allows.
 
@@ -138,11 +139,13 @@ def search(
     decode: with several low types, time the matmul class in the decode shape (``latency.py``: one row through
         Linears too large for the caches, memory-bound as a decoder's token steps are), where the weight-only
         types gain. None = when every eval batch is token ids of at most 8 tokens (batch x sequence).
+    cost_cache: where the cost model keeps its measurements between processes (as compile's ``cost_cache``:
+        None = $MIXPREC_COST_CACHE, else the user's cache folder; False = measured once per process; or a path).
 
     Returns a :class:`SearchResult`: ``plan`` for ``compile(model, inputs, plan=result.plan)``,
     ``pareto``, ``groups`` (sensitivities), ``save_plot(path)``, ``to_json()``.
     """
-    start = time.perf_counter()
+    clock = PhaseClock()
     # 1. arguments: validated once (options.py); the data read into calls
     args = as_input_tuple(inputs)
     refuse_meta_tensors(model, args, {})
@@ -151,7 +154,7 @@ def search(
         device=device, low_precision_type=low_precision_type, tolerance=tolerance, metric=metric,
         keep_fp32_fraction=keep_fp32_fraction, eval_dataloader=eval_dataloader, included_nodes=included_nodes,
         included_ops=included_ops, backend=backend, cache=cache, ray_address=ray_address, workers=workers,
-        decode=decode,
+        decode=decode, cost_cache=cost_cache,
     )
     eval_batches = batch_list(eval_dataloader, "eval_dataloader") if eval_dataloader is not None else [Call(args)]
     if options.decode is None:  # a decoder's token steps: the cost model times them so (latency.py)
@@ -169,12 +172,12 @@ def search(
         # 2. sensitivity (phase 1): a cached study, or one measured now (and cached)
         study = store.get(key, model, user_metric) if store is not None else None
         trials_before = study.trials.count if study is not None else 0
-        # the cost model of several low types (once per process), first: options it rules out are not measured
+        # the cost model of several low types (measured once, then kept), first: options it rules out are not measured
         costs = None
         if options.several:
             if study is None:
-                progress.update("timing each low type on this machine (once per process)")
-            costs = latency.cost_model(options.backend, options.lows, device, options.decode)
+                progress.update("the cost of each low type on this machine (timed once, then kept)")
+            costs = latency.flop_costs(options.backend, options.lows, device, options.decode, options.cost_cache)
         if study is None:
             pruning = costs if options.tolerance is not None else None  # keep_fp32_fraction may take any option
             study = build_study(model, args, options, eval_batches, calibration, progress, cluster, held_out, pruning)
@@ -213,7 +216,7 @@ def search(
         held_out=_held_out(options, eval_dataloader, eval_batches, held_out, calibration_dataloader),
         chosen_within=confirmed.limit,
         trials=study.trials.count - trials_before,
-        seconds=round(time.perf_counter() - start, 4),
+        seconds=round(clock.elapsed(), 4),
         speedups=costs.speedups([g.op for g in study.groups if g.flops > 0], options.lows) if costs else {},
         cost_backend=costs.backend if costs else None,
     )
@@ -286,7 +289,7 @@ def _pareto(study: Study, choice: Choice, batch: Call, progress: Progress) -> tu
     if missing:
         progress.update(f"timing {len(missing)} plan(s)")
         factories = {lowered: (lambda lowered=lowered: study.trials.program(lowered)) for lowered in missing}
-        study.latency.update(timing.measure(factories, batch))
+        study.latency.update(latency.time_plans(factories, batch))
     points = []
     for lowered, value in choice.measured.items():
         plan = study.trials.plan(lowered)

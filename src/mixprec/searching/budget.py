@@ -68,7 +68,7 @@ class Choice:
 
 
 def choose(study: Study, options, progress: Progress, costs=None, tolerance: float | None = None) -> Choice:
-    """``costs``: a ``latency.CostModel`` (needed with several low types). ``tolerance``: a limit tighter than
+    """``costs``: a ``latency.FlopCosts`` (needed with several low types). ``tolerance``: a limit tighter than
     ``options.tolerance`` to choose against (``holdout.confirm``, after a held-out check broke the budget)."""
     measured: dict[frozenset, float] = {frozenset(): study.baseline}
     lows = study.lows

@@ -1,68 +1,41 @@
-"""Latency: of the pareto points' programs, and the per-precision cost model a several-type search spends by.
+"""The search's prices: what a FLOP costs in each precision on this machine and backend, per class of layer.
 
-**Pareto points** (:func:`measure`): a few interleaved rounds, the fastest per program. Interleaving
-(round 1: every program once, round 2: every program once, ...) spreads slow phases of a shared machine over
-all programs instead of charging them to one; the fastest round is kept because load from other processes only
-ever adds time (as ``timeit`` advises). One warm-up call per program first (allocator, lazy kernel set-up).
-This is a cheap measurement for the pareto plot, not a benchmark.
+``search(low_precision_type=("int8", "bf16"))`` spends its error budget where a type *saves time*, so the budget
+phase (``budget.py``) needs each type's time per FLOP against fp32's. Measured, never assumed from CPU flags: a
+small stack per class (two Linears for the matmul class: linear, matmul, attention; two 3x3 convolutions for the
+convolution class; sizes below, chosen where a call's fixed cost no longer hides the kernels' speed, see
+bench/log/2026-11.md, issue 34's cost model) is realised through mixprec's own rewrite with every layer in fp32,
+then in each low type (int8 as the search's int8), built by the backend the plan is meant for
+(``search(backend=...)``; None: the eager programs the trials run), and timed in paired rounds
+(``measure.clock.per_call_seconds``: a type must be faster in three rounds of four to count as faster).
 
-**The cost model** (:func:`cost_model`), for ``search(low_precision_type=("int8", "bf16"))``: what a FLOP
-costs in each precision on this machine, so that the budget phase (``budget.py``) can tell what lowering a
-group to int8 or to bf16 *saves*. Measured, never assumed from CPU flags: two layer stacks — two 768x768
-linear layers on 256 rows (the matmul class: linear, matmul, attention; a BERT-base layer's width and a short
-sequence) and two 128-channel 3x3 convolutions on 28x28 (the convolution class; a ResNet stage's) — are realised through mixprec's own rewrite with every layer
-in fp32, then every layer in each low type (int8 as the search's int8: per-channel weights, calibrated
-boundaries), built by the backend the plan is meant for (``search(backend=...)``; None = the eager programs
-the trials run), timed in ``COST_ROUNDS`` rounds of back-to-back samples (each repeats its call
-``SAMPLE_SECONDS`` long; fp32's fastest time times the upper quartile of each type's per-round ratio to fp32:
-load cancels in a round's ratios, and a type must be faster in three rounds of four to count as faster), and
-divided by their FLOPs. A group's gain
-in a type is then ``FLOPs x (seconds per FLOP in fp32 - in the type)``: negative where the type is slower
-(bf16 emulated on a CPU without avx512_bf16, int8 run as float fake quantization without VNNI), so the search
-never pays accuracy for a slowdown; and no gain unless the type is at least ``MIN_SPEEDUP`` times faster than
-fp32 in the class (a type within that noise is not faster, and accuracy is not spent on it). On this shared
-2-core AVX2 machine, where OpenVINO runs bf16 in f32 and int8 as float fake quantization, independent minima
-of 5-7 rounds of one call gave OpenVINO's bf16 0.22x to 1.85x fp32 from run to run (and a search once took
-bf16 for a noise-made 1.6x: bench/log/2026-11.md, issue 22 search); paired samples of 50 ms, 6 runs per class
-under a concurrent 2-thread bench, 0.79x to 1.32x. The gains that matter are larger (issue 22's table, an
-avx512_bf16 + VNNI EPYC: OpenVINO's bf16 3.1-4.3x and NNCF's int8 6.1-7.8x fp32 eager).
-Why these sizes (issue 34): the stacks were 512x512 on 128 rows and 64 channels, calls of under a millisecond
-at 2 threads, where a call's fixed cost (the runner's conversions, OpenVINO's request) hides the kernels' speed:
-on that EPYC, 2 threads, OpenVINO's bf16 timed 1.17-1.45x its f32 there (near or below ``MIN_SPEEDUP``: a search
-on openvino placed no bf16 and kept 67-81% of BERT-base's FLOPs f32, 0.61x OpenVINO's all-bf16 default), and 1.69x
-(matmul) / 1.54x (conv) at these sizes, int8 1.88x -> 3.10x / 1.67x -> 2.50x; larger stacks add little
-(``bench/cost_model_sizes.py``, its table in bench/log/2026-11.md, issue 34's cost model).
+A group's gain in a type is ``FLOPs x (seconds per FLOP in fp32 - in the type)``: negative where the type is slower
+(bf16 emulated, int8 as float fake quantization), so the search never pays accuracy for a slowdown, and nothing
+unless the type is ``MIN_SPEEDUP`` x fp32 in the class (within that, noise). **The decode shape** (``decode=True``,
+or eval batches of at most ``DECODE_TOKENS`` tokens) times the matmul class as one row through Linears larger than
+a core's caches, memory-bound as a decoder's token steps are, where the weight-only types gain.
 
-**The decode shape** (``search(decode=True)``, or eval batches of at most ``DECODE_TOKENS`` tokens): a decoder
-generating a token multiplies one row per sequence by every weight, so its Linears are bound by memory bandwidth,
-not by arithmetic: per FLOP, the weight-only types (w8a16, w4a16: a half and an eighth of fp32's weight bytes) gain
-there what the 256-row stack (compute-bound, where they dequantize for nothing) hides. The matmul class is then
-timed as the ``"decode"`` class: two ``DECODE_FEATURES``-square Linears (16 MiB of fp32 weights each, more than a
-core's caches hold) on ``DECODE_ROWS`` row. The same table, timing and gain rule; only the shape differs, and the
-table keeps both classes apart (a process may run a decode search and a prefill one).
-
-Why a per-machine table rather than timing each model's own plans: a model's programs are timed at the
-noise of a shared machine, and a plan chosen from noisy timings would differ between two runs on the same
-data (and between the in-process and the Ray search, which API.md says give the same plan). The table is
-measured once per process, backend, device and type, and every later search reuses it; the price is the
-model that a layer's time is proportional to its FLOPs within its class, which the pareto points' measured
-latencies let the user check.
+The prices are kept in the cost model (``measure.costs``: per backend, device, CPU and library versions; with the
+cost cache, across processes), so every search here, in this process or a later one, spends by the same numbers:
+the same data gives the same plan. The pareto points' measured latencies let the user check the model.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import time
 from collections.abc import Mapping
 
 import torch
 
 from ..calibrate.batches import Call
 from ..dtypes import dtype_name
-from ..weak_typing.timing import per_call_seconds  # the one statistic, shared with autocast's speed check
+from ..measure.clock import fastest, interleaved, per_call_seconds, repeats_for
+from ..measure.costs import cost_model
+from ..measure.programs import time_programs
+from ..measure.stopwatch import call_of
 from .types import WeightOnly
 
+PLAN_ROUNDS = 3  # interleaved rounds of the pareto points' programs not timed right after their trial
 COST_ROUNDS = 9
 SAMPLE_SECONDS = 0.05  # a timed sample repeats a call this long: a few-ms call is at the mercy of the scheduler
 KINDS = ("matmul", "conv")
@@ -73,6 +46,15 @@ DECODE_FEATURES = 2048
 MIN_SPEEDUP = 1.35
 MATMUL_ROWS, MATMUL_FEATURES = 256, 768  # the stacks' sizes (module docstring: why these)
 CONV_CHANNELS, CONV_SIZE = 128, 28
+
+
+def time_plans(factories: Mapping, batch, *, rounds: int = PLAN_ROUNDS) -> dict:
+    """Seconds per call of the programs the ``factories`` build, on ``batch`` (a tuple of positional inputs or a
+    ``Call``): a warm-up round, then ``rounds`` interleaved ones, the fastest sample of each (a cheap measurement
+    for the pareto plot, not a benchmark: load only ever adds time)."""
+    built = {key: factory() for key, factory in factories.items()}
+    args, kwargs = call_of(batch)
+    return time_programs(built, args, kwargs, rounds=rounds, warmup=1, statistic=fastest)
 
 
 def decoding(batches) -> bool:
@@ -95,9 +77,9 @@ def kind_of(op: str) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class CostModel:
-    """Seconds per GFLOP on this machine, by (class, precision); ``backend``: what built the timed programs;
-    ``decode``: the matmul class was timed in the decode shape (the ``"decode"`` class)."""
+class FlopCosts:
+    """Seconds per GFLOP on this machine, by (class, precision), from the cost model; ``backend``: what built the
+    timed programs; ``decode``: the matmul class was timed in the decode shape (the ``"decode"`` class)."""
 
     backend: str
     seconds_per_gflop: Mapping[tuple[str, torch.dtype], float]
@@ -130,28 +112,32 @@ class CostModel:
         return (DECODE, "conv") if self.decode else KINDS
 
 
-_TABLES: dict[tuple, float] = {}  # (backend, device type, class, dtype) -> seconds per GFLOP, this process
-
-
-def cost_model(backend: str | None, lows, device: torch.device, decode: bool = False) -> CostModel:
-    """The cost model of fp32 and ``lows`` for ``backend`` on ``device``, measured on first use in this process
-    (``decode``: the matmul class in the decode shape)."""
+def flop_costs(backend: str | None, lows, device: torch.device, decode: bool = False, cache=None) -> FlopCosts:
+    """The prices of fp32 and ``lows`` for ``backend`` on ``device`` (``decode``: the matmul class in the decode
+    shape), from the cost model (``cache``: the ``cost_cache=`` setting); what it does not hold yet is measured now.
+    A type measured later than fp32 is kept at the ratio to fp32 its own paired rounds gave."""
     name = backend or "eager"
     device = torch.device(device)
+    costs = cost_model(name, device, cache)
     wanted = (torch.float32, *lows)
-    kinds = CostModel(name, {}, decode).kinds()
+    kinds = FlopCosts(name, {}, decode).kinds()
+    table = {}
     for kind in kinds:
         # convolutions take no weight-only type (groups.py): not timed, no gain (fp32's time)
         timed = tuple(d for d in wanted if kind != "conv" or not isinstance(d, WeightOnly))
-        missing = [d for d in timed if (name, device.type, kind, d) not in _TABLES]
+        kept = {d: costs.lookup("gflop_seconds", (kind, dtype_name(d))) for d in timed}
+        missing = [d for d in timed if not kept[d][0]]
         if missing:
-            _TABLES.update(
-                {(name, device.type, kind, d): s for d, s in measure_costs(name, kind, timed, device).items()}
-            )
+            measured = measure_costs(name, kind, (torch.float32, *(d for d in missing if d != torch.float32)), device)
+            fp32_kept, fp32 = kept[torch.float32]
+            scale = fp32 / measured[torch.float32] if fp32_kept else 1.0
+            for d in missing:
+                costs.store("gflop_seconds", (kind, dtype_name(d)), measured[d] * scale)
+        fp32 = costs.lookup("gflop_seconds", (kind, "float32"))[1]
         for d in wanted:
-            if d not in timed:
-                _TABLES[(name, device.type, kind, d)] = _TABLES[(name, device.type, kind, torch.float32)]
-    return CostModel(name, {(k, d): _TABLES[(name, device.type, k, d)] for k in kinds for d in wanted}, decode)
+            table[(kind, d)] = costs.lookup("gflop_seconds", (kind, dtype_name(d)))[1] if d in timed else fp32
+    costs.flush()
+    return FlopCosts(name, table, decode)
 
 
 def measure_costs(backend: str, kind: str, dtypes, device: torch.device) -> dict:
@@ -188,24 +174,13 @@ def measure_costs(backend: str, kind: str, dtypes, device: torch.device) -> dict
 
 
 def _paired(programs: Mapping[torch.dtype, torch.nn.Module], args: tuple) -> dict:
-    """Seconds per call of each program from ``COST_ROUNDS`` rounds whose programs run back to back (the order
-    rotating), so that load that comes and goes scales a round's times alike and cancels in its ratios, where
-    independent minima each catch their own quiet moment (:func:`per_call_seconds`)."""
-    keys = list(programs)
-    times: dict = {k: [] for k in keys}
-    calls: dict = {}
+    """Seconds per call of each program from ``COST_ROUNDS`` paired rounds (``measure.clock``): a warm-up call and a
+    timed one each give the calls per sample (``SAMPLE_SECONDS`` long), then every round samples each program."""
+    calls = {k: (lambda program=program: program(*args)) for k, program in programs.items()}
+    device = args[0].device if args and isinstance(args[0], torch.Tensor) else None
     with torch.no_grad():
-        for k, program in programs.items():  # warm-up (allocator, lazy kernel set-up), then calls per sample
-            program(*args)
-            start = time.perf_counter()
-            program(*args)
-            calls[k] = max(1, math.ceil(SAMPLE_SECONDS / max(time.perf_counter() - start, 1e-6)))
-        for r in range(COST_ROUNDS):
-            for k in keys[r % len(keys):] + keys[: r % len(keys)]:
-                start = time.perf_counter()
-                for _ in range(calls[k]):
-                    programs[k](*args)
-                times[k].append((time.perf_counter() - start) / calls[k])
+        first = fastest(interleaved(calls, rounds=1, warmup=1, device=device))
+        times = interleaved(calls, rounds=COST_ROUNDS, repeats=repeats_for(first, SAMPLE_SECONDS), device=device)
     return per_call_seconds(times)
 
 

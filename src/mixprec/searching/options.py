@@ -28,6 +28,7 @@ import torch
 
 from ..dtypes import LOW_PRECISION_FLOATS, default_low_precision, dtype_name, parse_dtype
 from ..errors import ConfigError, MixedPrecisionWarning
+from ..measure.cost_file import checked_setting
 from ..settings import op_names, patterns
 from .cache import DEFAULT_CACHE, SearchCache
 from .metrics import Accuracy, make_metric
@@ -55,6 +56,7 @@ class SearchOptions:
     ray_address: str | None = None  # where trials run (None: this process; distributed.py)
     workers: int | None = None  # trials at once on the cluster (None: its CPUs)
     decode: bool | None = False  # the cost model times the matmul class in the decode shape (latency.py)
+    cost_cache: str | bool | None = None  # where the cost model keeps its measurements (measure/cost_file.py)
 
     @property
     def low(self) -> torch.dtype:
@@ -71,6 +73,7 @@ class SearchOptions:
     def from_arguments(
         cls, *, device, low_precision_type, tolerance, metric, keep_fp32_fraction, eval_dataloader,
         included_nodes=(), included_ops=(), backend=None, cache=None, ray_address=None, workers=None, decode=False,
+        cost_cache=None,
     ) -> "SearchOptions":
         """Every argument of ``mixprec.search`` that needs no data, validated (ConfigError) or warned about."""
         lows = low_types(low_precision_type) if low_precision_type is not None else (default_low_precision(device),)
@@ -123,7 +126,7 @@ class SearchOptions:
             raise ConfigError(f"decode must be True, False or None (None: decided by the eval batches' sizes), got "
                               f"{decode!r}.")
         return cls(lows, tolerance, keep_fp32_fraction, measure, includes, backend, store, ray_address, workers,
-                   decode=decode)
+                   decode=decode, cost_cache=checked_setting(cost_cache))
 
 
 def low_types(value) -> tuple:

@@ -43,7 +43,7 @@ from .metrics import make_metric, run_batch
 from .resume import Prefix
 from .shapes import BatchSizes
 from .trials import ProgramFailed, Trials
-from . import timing
+from ..measure.stopwatch import Stopwatch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +143,7 @@ def build_study(
     no_int8 = without_int8_operands(captured) if torch.int8 in options.lows else frozenset()
     groups = [g for g in find_groups(info, strong, safe, no_int8) if any(g.takes(d) for d in options.lows)]
     # the model as written, timed as phase 2 times its plans (the pareto point of nothing lowered: no timing later)
-    baseline = trials.measure((), timer=timing.Stopwatch(every[0])).value
+    baseline = trials.measure((), timer=Stopwatch(every[0])).value
     study = Study(info, groups, trials, baseline)
     _measure_groups(study, progress, never_taken(groups, options.lows, costs) if costs is not None else {})
     return study

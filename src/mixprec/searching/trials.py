@@ -40,7 +40,7 @@ from ..plan.quant_requests import QuantRequests
 from ..rewrite.pipeline import realise, reference
 from .groups import SEARCH_POLICY, int8_requests
 from .shapes import carried_plan
-from . import timing
+from ..measure.stopwatch import Stopwatch
 from .types import WeightOnly
 from .types import decision as weight_only_decision
 
@@ -183,7 +183,7 @@ class Trials:
     def measure(self, lowered: Iterable, *, timer=None) -> Outcome:
         """The metric of the plan lowering ``lowered`` (memoised). ``timer`` (a Ray worker's, in phase 2): called
         with the program just measured, warm from the metric's runs; its seconds per call go into the outcome. A
-        ``timing.Stopwatch`` (phase 2 here and on the workers) also times the metric's warm calls."""
+        ``Stopwatch`` (phase 2 here and on the workers) also times the metric's warm calls."""
         key = self.assignment(lowered)
         outcome = self._memo.get(key)
         if outcome is not None and (timer is None or outcome.seconds is not None):
@@ -192,12 +192,12 @@ class Trials:
             return self.measure_many([key])[0]
         self.count += 1
         if timer is None and self.time_on is not None:  # phase 2 in this process: timed as a Ray worker times it
-            timer = timing.Stopwatch(self.time_on)
+            timer = Stopwatch(self.time_on)
         self._resume = self.prefix if timer is None else None  # a program phase 2 times runs in full (resume.py)
         try:
             program = self.program(key)
             self._resume = None
-            if isinstance(timer, timing.Stopwatch):  # the metric's warm runs are timing samples too
+            if isinstance(timer, Stopwatch):  # the metric's warm runs are timing samples too
                 program = timer.wrap(program)
             value = self.metric(program)  # the metric's runs warm the program up
             seconds = timer(program) if timer is not None else None

@@ -60,7 +60,7 @@ class TrialWorker:
 
     def measure(self, box: list, lowered: tuple, time_on=None) -> tuple:
         """("ok", value, failure, seconds) or ("raised", type, message, mixprec type): the driver raises it, naming
-        the group. ``time_on``: a batch to time the trial's program on (``timing.Stopwatch``: the metric's warm
+        the group. ``time_on``: a batch to time the trial's program on (``measure.Stopwatch``: the metric's warm
         runs and calls of its own), for the pareto points of phase 2; seconds is None otherwise."""
         try:
             (ref,) = box
@@ -72,9 +72,9 @@ class TrialWorker:
                 self.loaded = ref.hex()
             timer = None
             if time_on is not None:
-                from .timing import Stopwatch
+                from ..measure.stopwatch import Stopwatch
 
-                timer = Stopwatch(time_on)  # the metric's warm calls are samples too (timing.py)
+                timer = Stopwatch(time_on)  # the metric's warm calls are samples too (measure/stopwatch.py)
             outcome = self.trials.measure(lowered, timer=timer)
         except Exception as e:  # the user's metric, unpickling, anything else: reported, never dropped
             return ("raised", type(e).__name__, str(e), _mixprec_type(e))

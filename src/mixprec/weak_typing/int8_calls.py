@@ -1,4 +1,4 @@
-"""The calls int8's speed gate times (``weak_typing/int8_speed.py``, through ``speed.time_speedup``, the one timer):
+"""The calls int8's speed gate times (``weak_typing/int8_speed.py``, through ``speed.time_speedup``):
 an int8 layer as the eager and inductor backends run it (:func:`int8_call`), and for a memory-bound linear layer
 its weight cycled through copies so that it is read from memory as in a model (:func:`weight_copies`).
 """

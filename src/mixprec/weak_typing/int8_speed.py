@@ -35,8 +35,10 @@ import torch
 from ..ir.graph_info import GraphInfo
 from ..ir.sign import is_nonnegative
 from ..ops.quant import INT8_SYMMETRIC
+from ..measure.costs import cost_model
 from ..plan.precision_plan import NodePrecision, PrecisionPlan
 from . import speed
+from .shape_class import class_key, shapes_text
 
 GATED_BACKENDS = frozenset({"eager", "inductor"})
 REQUIRED_SPEEDUP = speed.REQUIRED_SPEEDUP
@@ -82,10 +84,11 @@ def has_int8(plan: PrecisionPlan) -> bool:
 
 
 def check(info: GraphInfo, graph: torch.fx.Graph, plan: PrecisionPlan, backend: str, device: torch.device,
-          measurer=None) -> Int8Check:
+          measurer=None, cache=None) -> Int8Check:
     """Whether int8 is faster than fp32 for each class of ``plan``'s int8 compute layers (``measurer.speedups(
-    representatives, torch.int8, backend, device, grids)``, default ``speed.MEASURER``), and the reason each layer
-    of a slower class stays float32."""
+    representatives, torch.int8, costs, grids)``, default ``speed.MEASURER``, ``costs`` the cost model of ``backend``
+    on ``device``; ``cache``: the ``cost_cache=`` setting), and the reason each layer of a slower class stays
+    float32."""
     measurer = measurer or speed.MEASURER
     where = "this CPU" if device.type == "cpu" else f"this {device.type} device"
     nodes = {n.name: n for n in graph.nodes}
@@ -98,15 +101,15 @@ def check(info: GraphInfo, graph: torch.fx.Graph, plan: PrecisionPlan, backend: 
             continue
         grid = _input_grid(nodes[name], p)
         nonnegative = bool(nodes[name].args) and is_nonnegative(nodes[name].args[0], known)
-        groups.setdefault((speed.class_key(nodes[name]), grid, nonnegative), []).append(name)
+        groups.setdefault((class_key(nodes[name]), grid, nonnegative), []).append(name)
     if not groups or backend not in GATED_BACKENDS:
         return Int8Check(backend, where, (), MappingProxyType({}))
     ranked = sorted(groups.items(), key=lambda kv: -sum(info[n].flops for n in kv[1]))
-    speedups = measurer.speedups([nodes[names[0]] for _, names in ranked], torch.int8, backend, device,
-                                 grids=[(key[1], key[2]) for key, _ in ranked])
+    speedups = measurer.speedups([nodes[names[0]] for _, names in ranked], torch.int8,
+                                 cost_model(backend, device, cache), grids=[(key[1], key[2]) for key, _ in ranked])
     classes, slower = [], {}
     for (_, names), speedup in zip(ranked, speedups):
-        c = speed.ClassSpeed(info[names[0]].packet, speed._shapes(nodes[names[0]]), tuple(names),
+        c = speed.ClassSpeed(info[names[0]].packet, shapes_text(nodes[names[0]]), tuple(names),
                              sum(info[n].flops for n in names), speedup)
         classes.append(c)
         if speedup is not None and speedup < REQUIRED_SPEEDUP:

@@ -2,9 +2,9 @@
 
 ``use_explicit_typing=False, enabled_precisions={torch.float32, <low>}`` recovers TensorRT's
 deprecated weak typing ("pick the fastest precision per layer") without its table of guesses:
-``timing.measure_layers`` times every free layer in every enabled dtype and every cast between
-them on the example inputs, and the cost model (``cost.py``) chooses the assignment
-with the smallest total of op and cast times.
+``layer_timing.measure_layers`` times every free layer in every enabled dtype and every cast between
+them on the example inputs, and ``assignment.py`` chooses the assignment with the smallest total of op and cast
+times.
 
 Free layers are those autocast would be free to lower: fp32 compute layers that no stronger
 source decided (plan requests, precision markers, the code's own typing — ``torch.autocast``
@@ -23,9 +23,9 @@ from ..dtypes import dtype_name, is_float
 from ..ir.graph_info import GraphInfo
 from ..plan import planner
 from ..plan.precision_plan import NodePrecision, PrecisionPlan
-from .cost import CostModel
+from .assignment import AssignmentCost
 from .options import WeakTypingOptions
-from .timing import Timings
+from .layer_timing import Timings
 
 SOURCE = "weak_typing"
 _SHORT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}
@@ -57,7 +57,7 @@ def chooser(timings: Timings, options: WeakTypingOptions, *, uniform: torch.dtyp
 def decide(
     info: GraphInfo, decided: dict, timings: Timings, options: WeakTypingOptions, *, uniform: torch.dtype | None = None, note: str = ""
 ) -> dict[str, NodePrecision]:
-    """Decisions for the free layers: the cost model's minimum, with the measured numbers as reasons.
+    """Decisions for the free layers: the assignment of least total time, with the measured numbers as reasons.
 
     ``uniform``: every free layer in this dtype where it can run (the whole-program check's
     alternative, choose.py); ``note`` is appended to every reason."""
@@ -113,9 +113,9 @@ def explain(info: GraphInfo, plan: PrecisionPlan, timings: Timings, options: Wea
     return tables, summary
 
 
-def _model(info, fixed, timings, options: WeakTypingOptions) -> CostModel:
+def _model(info, fixed, timings, options: WeakTypingOptions) -> AssignmentCost:
     requested = options.planning.plan
-    return CostModel(
+    return AssignmentCost(
         info,
         fixed,
         timings,
@@ -125,7 +125,7 @@ def _model(info, fixed, timings, options: WeakTypingOptions) -> CostModel:
     )
 
 
-def _table(model: CostModel, name: str, timings: Timings) -> dict:
+def _table(model: AssignmentCost, name: str, timings: Timings) -> dict:
     local = {d: model.local(name, d) for d in model.options[name]}
     cheapest_casts = min(c for _, c in local.values())
     table = {dtype_name(d): {"op_ms": _ms(op), "cast_ms": _ms(casts - cheapest_casts)} for d, (op, casts) in local.items()}
@@ -134,7 +134,7 @@ def _table(model: CostModel, name: str, timings: Timings) -> dict:
     return table
 
 
-def _reason(model: CostModel, name: str, chosen: torch.dtype, device: str) -> str:
+def _reason(model: AssignmentCost, name: str, chosen: torch.dtype, device: str) -> str:
     local = {d: model.local(name, d) for d in model.options[name]}
     cheapest_casts = min(c for _, c in local.values())
     ranked = sorted(local, key=lambda d: (d != chosen, sum(local[d])))

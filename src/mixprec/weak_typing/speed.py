@@ -1,55 +1,33 @@
-"""Autocast's speed check: is the low type faster than float32 here, for this model's layers?
+"""Autocast's speed check and the int8 gate's measurer: is a low type faster than float32 here, per shape class?
 
-Issue 34: on a cloud Xeon with avx512_bf16 but no AMX, PyTorch's bf16 GEMMs ran 0.49-0.88x fp32 and
-``enable_autocast=True`` made the bench's transformer layer 0.66x fp32 with no word to the user. So, with
-``autocast_require_speedup=True`` (the default), compile asks this module before the autocast rules lower
-anything; where the low type is not faster the layers stay float32 with the measurement in their reason
-(the ``not_faster`` rule, ``rules/speed.py``) and one warning.
+With ``autocast_require_speedup=True`` (the default) compile asks this module before the autocast rules lower
+anything; where the low type is not faster the layers stay float32 with the measurement in their reason (the
+``not_faster`` rule, ``plan/rules/speed.py``) and one warning (issue 34: bf16 slower than fp32 on a Xeon without AMX).
 
-**What is measured.** The heavy layers autocast would lower (those with FLOPs: the matmul class, attention,
-convolutions), grouped in shape classes (the op and its arguments' shapes and dtypes: a BERT-base has a
-handful of classes for its 70-odd such layers), largest FLOPs first, up to ``MAX_CLASSES`` and while the
-check has spent less than ``BUDGET_SECONDS``. Each class's op runs in float32 and in the low type on random
-inputs of its shapes (a GEMM's speed does not depend on its values: weak typing's timer, ``weak_typing/
-timing.py``, runs the whole program for real values and times every layer, a forward pass and many timings
-this check does without), in the layout the rewrite gives a lowered layer (``timing.as_rewritten``,
-``timed_call``), in rounds in which both run back to back, the order alternating, each sample repeating the
-call for ``SAMPLE_SECONDS``; the low type's time is the search's cost model's (``weak_typing.timing.
-per_call_seconds``): fp32's fastest time x the upper quartile of the per-round ratios, so load that comes and
-goes cancels and noise does not pass for a gain. A low type over ``EARLY_EXIT`` x slower in both of its first
-two calls, when they are long (bf16 emulated on an AVX2-only CPU: 65.7x, ``dtypes.cpu_runs_bf16_fast``), or in
-its first two rounds of samples is judged from them (a single short call says nothing: one time slice of
-another process makes a 5-microsecond GEMM look 100x slower).
+**What is measured.** The heavy layers autocast would lower (with FLOPs: matmul class, attention, convolutions),
+grouped in shape classes (``shape_class.py``), largest FLOPs first, up to ``MAX_CLASSES`` and while the check has
+spent less than ``BUDGET_SECONDS``. Each class's op runs in float32 and in the low type on random inputs of its
+shapes (a GEMM's speed does not depend on its values), in the layout the rewrite gives a lowered layer
+(``layer_timing.as_rewritten``), in paired rounds (``measure.clock``): the low type's time is fp32's fastest times
+the upper quartile of the per-round ratios (``clock.per_call_seconds``), so load that comes and goes cancels. A low
+type ``EARLY_EXIT`` x slower in its first long calls, or in two rounds, is judged from them.
 
-**Decided per model, from its shape classes**: the model's speed-up is the timed classes' together, each
-weighted by its FLOPs (sum F / sum F/speed-up); the model is lowered as before when it is
-``REQUIRED_SPEEDUP`` x faster, else every layer autocast would lower stays float32. Not per class: a plan
-that mixes fp32 and bf16 convolutions pays casts and layout changes between them (the network turns
-channels_last when convolutions are lowered: ``rewrite/memory_format.py``), and on a loaded 2-core machine a
-per-class plan of the bench's CNN ran 0.15x fp32 where all-bf16 ran 0.70x (bench/autocast_speed.py, one run); per
-model, the program is either today's or exactly the fp32 one, so it is never slower than the check's
-measurement says. A model with no heavy layer (nothing to time) is lowered as before.
+**Decided per model**: the timed classes' speed-ups weighted by FLOPs; the model is lowered when that is
+``REQUIRED_SPEEDUP`` x, else every layer autocast would lower stays float32 (a per-class mix pays casts and layout
+changes between fp32 and low convolutions: bench/log/2026-11.md, issue 34).
 
-**Once per process**: results are cached by (machine, torch version, backend, device, low type, class), and
-each model's list of them, so a second compile of the model times nothing and gets the same answer (the
-budget does not let it time classes the first compile left out), and another model reuses shared shapes. Backends: the ATen ops are
-what eager runs; inductor's CPU GEMMs and convolutions are extern calls to the same oneDNN/MKL kernels and
-OpenVINO's CPU plugin runs oneDNN's too (issue 34: PyTorch's bf16 GEMMs 0.49-0.88x fp32, OpenVINO's bf16
-0.57x of its f32 on BERT-base), so their ratio is taken from these ops; the backend is part of the key and
-of the report so that a backend-specific measurer can replace this one without changing callers.
-
-**int8** (``weak_typing/int8_speed.py``, the gate of int8 layers on eager/inductor) asks the same measurer with
-``low=torch.int8``: the int8 side is then the layer's call as those backends make it (``int8_calls.py``: oneDNN's
-kernel after the input's quantization, or fake quantization), keyed also by the grid its input arrives on.
+**Kept in the cost model** (``measure.costs``, per backend, device, CPU and library versions): each class's
+speed-up and each model's list of them, so a second compile, in this process or (with the cost cache) a later one,
+times nothing and decides the same; the time budget cannot make it time classes the first left out. Inductor and
+OpenVINO run the same oneDNN/MKL kernels for these ops, so their ratio is taken from the ATen ops under their key.
+**int8** (``int8_speed.py``) asks the same measurer with ``low=torch.int8``: the int8 side is the layer's call as
+eager and inductor make it (``int8_calls.py``), keyed also by the grid its input arrives on.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import math
-import platform
-import time
 from collections.abc import Mapping
 from types import MappingProxyType
 
@@ -59,9 +37,12 @@ from ..dtypes import dtype_name, is_float
 from ..ir.graph_info import GraphInfo, size_hint
 from ..ops.names import op_name, packet_name
 from ..ops.table import CONV_2D_OPS
-from .int8_calls import int8_call, rotating, weight_copies, with_weight_copy
-from .timing import as_rewritten, per_call_seconds, synchronize, timed_call
+from ..measure.clock import Deadline, fastest, interleaved, per_call_seconds, repeats_for
+from ..measure.costs import CostModel, cost_model, key_digest
 from ..plan.precision_plan import PrecisionPlan
+from .int8_calls import int8_call, rotating, weight_copies, with_weight_copy
+from .layer_timing import as_rewritten, timed_call
+from .shape_class import class_key, shapes_text
 
 log = logging.getLogger(__name__)
 
@@ -130,55 +111,58 @@ class SpeedCheck:
 
 
 class MeasuredSpeed:
-    """The default measurer: times each class's op in fp32 and the low type (module docstring), cached per
-    process by (machine, torch version, backend, device, low type, shape class), and each model's list, so that
-    compiling the same model again times nothing and gets the same answer."""
+    """The default measurer: times each class's op in fp32 and the low type (module docstring), kept in the cost
+    model ``costs`` by (low type, shape class), and each model's list, so that compiling the same model again times
+    nothing and gets the same answer. ``timed`` counts the classes this measurer timed."""
 
     def __init__(self):
-        self._classes: dict[tuple, float | None] = {}
-        self._models: dict[tuple, tuple] = {}
-        self.timed = 0  # classes timed so far (the rest came from the cache)
+        self.timed = 0
 
-    def speedups(self, nodes: list, low: torch.dtype, backend: str, device: torch.device, grids=None) -> list:
+    def speedups(self, nodes: list, low: torch.dtype, costs: CostModel, grids=None) -> list:
         """The low type's speed-up over fp32 for each class ``nodes`` stand for, the largest first: the first is
         always timed, the next while within ``MAX_CLASSES`` and ``BUDGET_SECONDS`` (None for the rest). int8:
         ``grids`` gives each node's (input grid, input never negative), which decide the kernel it runs on."""
-        base = (_machine(device), torch.__version__, backend, str(device), low)
         grids = list(grids) if grids is not None else [None] * len(nodes)
-        keys = [(class_key(n), g) if g is not None else class_key(n) for n, g in zip(nodes, grids)]
-        model = (*base, tuple(keys))
-        if model not in self._models:
-            out, start = [], time.perf_counter()
-            for i, (node, key, grid) in enumerate(zip(nodes, keys, grids)):
-                if i >= MAX_CLASSES or (i > 0 and time.perf_counter() - start >= BUDGET_SECONDS):
-                    out.append(None)
-                    continue
-                if (*base, key) not in self._classes:
-                    self._classes[(*base, key)] = _timed(node, low, device, start + BUDGET_SECONDS, grid)
-                    self.timed += 1
-                out.append(self._classes[(*base, key)])
-            self._models[model] = tuple(out)
-        return list(self._models[model])
+        keys = [(str(low), class_key(n)) + ((g,) if g is not None else ()) for n, g in zip(nodes, grids)]
+        model = key_digest(keys)  # a model's classes can make a long key: kept by its digest
+        found, listed = costs.lookup("model_speedups", model)
+        if found:
+            return list(listed)
+        device = torch.device(costs.target.device)
+        out, budget = [], Deadline(BUDGET_SECONDS)
+        for i, (node, key, grid) in enumerate(zip(nodes, keys, grids)):
+            if i >= MAX_CLASSES or (i > 0 and budget.passed()):
+                out.append(None)
+                continue
+            out.append(costs.get("speedup", key, lambda node=node, grid=grid: self._timed(node, low, device, budget,
+                                                                                          grid)))
+        costs.store("model_speedups", model, out)
+        costs.flush()
+        return list(costs.lookup("model_speedups", model)[1])
+
+    def _timed(self, node, low, device, budget, grid) -> float | None:
+        self.timed += 1
+        return _timed(node, low, device, budget, grid)
 
 
-def _timed(node: torch.fx.Node, low: torch.dtype, device: torch.device, deadline: float, grid) -> float | None:
+def _timed(node: torch.fx.Node, low: torch.dtype, device: torch.device, budget: Deadline, grid) -> float | None:
     try:
-        return time_speedup(node, low, device, deadline, grid)
+        return time_speedup(node, low, device, budget, grid)
     except (RuntimeError, TypeError, ValueError) as e:  # e.g. symbolic sizes: no evidence either way
         log.info("speed check (%s): %s not timed (%s)", dtype_name(low), node.name, e)
         return None
 
 
-MEASURER = MeasuredSpeed()  # the process's cache; compile reads this name at call time (tests inject theirs)
+MEASURER = MeasuredSpeed()  # compile reads this name at call time (tests inject theirs)
 
 
 def check(
     info: GraphInfo, graph: torch.fx.Graph, plan: PrecisionPlan, low: torch.dtype, backend: str,
-    device: torch.device, measurer=None,
+    device: torch.device, measurer=None, cache=None,
 ) -> SpeedCheck:
     """Whether ``low`` is faster than fp32 for the layers ``plan`` lowers to it by the autocast rules
-    (``measurer.speedups(representatives, low, backend, device)``, default :data:`MEASURER`), and if not, the
-    reason each of them stays float32."""
+    (``measurer.speedups(representatives, low, costs)``, default :data:`MEASURER`, ``costs`` the cost model of
+    ``backend`` on ``device``; ``cache``: the ``cost_cache=`` setting), and if not, the reason each stays float32."""
     measurer = measurer or MEASURER
     where = "this CPU" if device.type == "cpu" else f"this {device.type} device"
     lowered = [n for n, p in plan.items() if p.source == "autocast_rule" and p.precision == low and n in info]
@@ -188,9 +172,10 @@ def check(
         if info[name].kind == "compute" and info[name].flops > 0 and name in nodes:
             groups.setdefault(class_key(nodes[name]), []).append(name)
     ranked = sorted(groups.values(), key=lambda names: -sum(info[n].flops for n in names))
-    speedups = measurer.speedups([nodes[names[0]] for names in ranked], low, backend, device) if ranked else []
+    costs = cost_model(backend, device, cache)
+    speedups = measurer.speedups([nodes[names[0]] for names in ranked], low, costs) if ranked else []
     classes = tuple(
-        ClassSpeed(info[names[0]].packet, _shapes(nodes[names[0]]), tuple(names), sum(info[n].flops for n in names),
+        ClassSpeed(info[names[0]].packet, shapes_text(nodes[names[0]]), tuple(names), sum(info[n].flops for n in names),
                    speedup)
         for names, speedup in zip(ranked, speedups)
     )
@@ -213,30 +198,12 @@ def _model_speedup(classes) -> float | None:
     return sum(c.flops for c in timed) / sum(c.flops / c.speedup for c in timed)
 
 
-def class_key(node: torch.fx.Node):
-    """What a layer's speed depends on: its op and its arguments (tensors by shape, dtype and layout)."""
-
-    def describe(a):
-        if isinstance(a, torch.fx.Node):
-            val = a.meta.get("val")
-            if isinstance(val, torch.Tensor):
-                return ("tensor", tuple(str(s) for s in val.shape), val.dtype, val.is_contiguous())
-            return ("node", type(val).__name__)
-        if isinstance(a, (list, tuple)):
-            return tuple(describe(x) for x in a)
-        if isinstance(a, dict):
-            return tuple(sorted((k, describe(v)) for k, v in a.items()))
-        return repr(a)
-
-    return (str(node.target), describe(node.args), describe(node.kwargs))
-
-
 def time_speedup(
-    node: torch.fx.Node, low: torch.dtype, device: torch.device, deadline: float = math.inf, grid=None
+    node: torch.fx.Node, low: torch.dtype, device: torch.device, budget: Deadline | None = None, grid=None
 ) -> float | None:
-    """fp32 seconds / ``low`` seconds of ``node``'s op on random inputs of its shapes (module docstring); past
-    ``deadline`` (``time.perf_counter()``) no round after the second starts. int8 (``grid``: the input's grid and
-    whether it is never negative): the layer as the eager/inductor backends run it (``int8_calls.int8_call``)."""
+    """fp32 seconds / ``low`` seconds of ``node``'s op on random inputs of its shapes (module docstring); once
+    ``budget`` has passed no round after the second starts. int8 (``grid``: the input's grid and whether it is never
+    negative): the layer as the eager/inductor backends run it (``int8_calls.int8_call``)."""
     target = node.target
     if not isinstance(target, torch._ops.OpOverload):
         return None  # not an op this check can time: no evidence against lowering it
@@ -258,7 +225,7 @@ def time_speedup(
         low_call = timed_call(target, as_rewritten(packet, low_args, channels_last), low_kwargs, packet)
         fp32_call = timed_call(target, fp32_args, fp32_kwargs, None)
     calls = {torch.float32: fp32_call, low: low_call}
-    return _paired(calls, device, deadline)
+    return paired_speedup(calls, device, budget)
 
 
 def bounded_linear(args: tuple) -> tuple:
@@ -284,43 +251,30 @@ def bounded_linear(args: tuple) -> tuple:
     return (x, weight) + ((bias,) if len(args) > 2 else ()) + tuple(args[3:])
 
 
-def _paired(calls: dict, device: torch.device, deadline: float = math.inf) -> float:
-    """fp32 seconds / low seconds of two calls ({dtype: call}), in paired rounds (module docstring); past
-    ``deadline`` no round after the second starts (the upper quartile of fewer ratios is their larger one:
-    a short check errs towards fp32)."""
+def paired_speedup(calls: dict, device: torch.device, budget: Deadline | None = None) -> float:
+    """fp32 seconds / low seconds of two calls ({dtype: call}), in paired rounds (module docstring); once ``budget``
+    has passed no round after the second starts (the upper quartile of fewer ratios is their larger one: a short
+    check errs towards fp32)."""
     low = next(d for d in calls if d != torch.float32)
-    single: dict = {d: [] for d in calls}
     with torch.no_grad():
-        for call in calls.values():  # warm-up: allocator, kernel set-up
-            call()
-        synchronize(device)
-        for _ in range(2):  # two single calls each, alternating: how long a call takes
-            for dtype, call in calls.items():
-                single[dtype].append(_seconds(call, 1, device))
-        shortest = {d: min(t) for d, t in single.items()}
+        # a warm-up call each (allocator, kernel set-up), then two single calls each: how long a call takes
+        shortest = fastest(interleaved(calls, rounds=2, warmup=1, device=device))
         if shortest[low] >= SAMPLE_SECONDS and shortest[low] > EARLY_EXIT * shortest[torch.float32]:
             return shortest[torch.float32] / shortest[low]  # long calls, far slower in both: no rounds needed
-        repeats = {d: max(1, math.ceil(SAMPLE_SECONDS / t)) for d, t in shortest.items()}
-        keys = list(calls)
-        times: dict = {k: [] for k in keys}
-        for r in range(ROUNDS):
-            for dtype in keys[r % 2:] + keys[: r % 2]:
-                times[dtype].append(_seconds(calls[dtype], repeats[dtype], device))
+        far_slower = []
+
+        def stop(r, times):
             if r == 1 and min(times[low]) > EARLY_EXIT * min(times[torch.float32]):
-                return min(times[torch.float32]) / min(times[low])  # far slower in two rounds of samples
-            if r >= 1 and time.perf_counter() > deadline:
-                break
+                far_slower.append(True)  # far slower in two rounds of samples
+                return True
+            return r >= 1 and budget is not None and budget.passed()
+
+        times = interleaved(calls, rounds=ROUNDS, repeats=repeats_for(shortest, SAMPLE_SECONDS), device=device,
+                            stop=stop)
+    if far_slower:
+        return min(times[torch.float32]) / min(times[low])
     seconds = per_call_seconds(times)
     return seconds[torch.float32] / seconds[low]
-
-
-def _seconds(call, repeats: int, device: torch.device) -> float:
-    """Seconds per call of ``repeats`` calls in a row."""
-    start = time.perf_counter()
-    for _ in range(repeats):
-        call()
-    synchronize(device)
-    return max(time.perf_counter() - start, 1e-9) / repeats
 
 
 def _random_inputs(node: torch.fx.Node, dtype: torch.dtype, device: torch.device, generator) -> tuple:
@@ -339,19 +293,3 @@ def _random_inputs(node: torch.fx.Node, dtype: torch.dtype, device: torch.device
         return torch.zeros(shape, dtype=val.dtype, device=device)
 
     return torch.fx.node.map_arg(node.args, make), torch.fx.node.map_arg(node.kwargs, make)
-
-
-def _shapes(node: torch.fx.Node) -> str:
-    shapes = []
-    for n in node.all_input_nodes:
-        val = n.meta.get("val")
-        if isinstance(val, torch.Tensor) and is_float(val.dtype):
-            shapes.append("[" + ", ".join(str(s) for s in val.shape) + "]")
-    return " x ".join(shapes)
-
-
-def _machine(device: torch.device) -> str:
-    if device.type == "cpu":
-        return f"{platform.machine()} {platform.processor()} {torch.backends.cpu.get_cpu_capability()}"
-    name = getattr(getattr(torch, device.type, None), "get_device_name", None)
-    return name(device) if name is not None else device.type

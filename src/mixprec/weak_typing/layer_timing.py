@@ -1,35 +1,26 @@
-"""Measuring layers for weak typing: each layer's time in each enabled precision, and cast times.
+"""Weak typing's measurements: each free layer's time in each enabled precision, and the casts between them.
 
-Weak typing (``use_explicit_typing=False``) picks per layer the fastest dtype *on this device*.
-A table of "bf16 is 2x faster for matmuls" would be wrong on CPUs without fast bf16 and
-wrong for small layers whose casts cost more than they save, so mixprec measures:
+Weak typing (``use_explicit_typing=False``) picks per layer the fastest dtype *on this device*. A table of "bf16 is
+2x faster for matmuls" would be wrong on CPUs without fast bf16 and for small layers whose casts cost more than they
+save, so mixprec measures:
 
-* the layer's own op, run on its real input values (the example inputs flow through the
-  captured fp32 program node by node; each weak-typing candidate is timed right where it
-  runs, on its actual arguments converted to each enabled dtype, parameters included —
-  they will be stored in that dtype);
-* in the layout the rewrite gives a lowered layer (``rewrite/memory_format.py``: contiguous inputs for
-  matmul-class layers, channels_last in networks with lowered convolutions), so that what is
-  timed is what will run;
-* the casts a choice implies: for every tensor between layers, converting it between the
-  dtypes it may have and the dtypes its consumers may need (cached by shape and layout,
-  since a cast's cost depends on nothing else).
+* the layer's own op, run on its real input values (the example inputs flow through the captured fp32 program node
+  by node; each candidate is timed where it runs, on its arguments converted to each enabled dtype, parameters
+  included), in the layout the rewrite gives a lowered layer (``rewrite/memory_format.py``);
+* the casts a choice implies: for every tensor between layers, between the dtypes it may have and those its
+  consumers may need.
 
-Each number is the median of ``repeats`` runs after ``warmup`` runs, on the inputs' device
-(synchronised on accelerators). An op that does not run in a dtype, or whose output does not
-follow its inputs' dtype (a ``dtype=`` argument pins it), gets a note instead of a time.
-The weak-typing planner source (source.py) turns these numbers into choices.
-
-The ops are timed one at a time in eager PyTorch: with ``backend="inductor"`` the fused kernels
-may rank differently (a cast fused into its consumer costs little there).
+Each number is a median of samples after warm-up (``measure.clock.median_timer``) and is kept in the cost model
+(``measure.costs``) by what it depends on (the op and its arguments' shapes, dtypes and strides; a cast's shape,
+stride and dtypes), so equal layers are timed once and a later compile reads them. An op that does not run in a
+dtype, or whose output does not follow its inputs' dtype, gets a note instead of a time. The ops are timed one at a
+time in eager PyTorch; the whole-program check (``choose.py``) times the programs on the backend.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import statistics
-import time
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 
@@ -40,6 +31,8 @@ from ..dtypes import dtype_name, is_float
 from ..ir.graph_info import GraphInfo
 from ..ir.runner import GraphRunner, Observer
 from ..ir.work_program import STORED_KINDS, WorkProgram
+from ..measure.clock import median_timer
+from ..measure.costs import CostModel, key_text
 from ..ops.names import op_name, packet_name
 from ..ops.table import CONV_2D_OPS, MATMUL_OPS
 
@@ -48,8 +41,8 @@ log = logging.getLogger(__name__)
 WARMUP = 2
 REPEATS = 5
 
-# timer(fn, key) -> seconds. key is ("op", layer name, dtype) or ("cast", shape, stride, src, dst); the
-# default timer ignores it, tests use it to return fixed numbers.
+# timer(fn, key) -> seconds (a ``measure.clock.Sampler``). key is ("op", layer name, dtype) or ("cast", shape,
+# stride, src, dst); the default timer ignores it, tests use it to return fixed numbers.
 Timer = Callable[[Callable[[], object], tuple], float]
 
 
@@ -77,24 +70,6 @@ class Timings:
     repeats: int = REPEATS
 
 
-def median_timer(*, warmup: int = WARMUP, repeats: int = REPEATS, device: torch.device | None = None) -> Timer:
-    """A timer that runs ``fn`` ``warmup`` times, then returns the median of ``repeats`` timed runs."""
-
-    def timer(fn, key):
-        for _ in range(warmup):
-            fn()
-        synchronize(device)
-        times = []
-        for _ in range(max(1, repeats)):
-            start = time.perf_counter()
-            fn()
-            synchronize(device)
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
-
-    return timer
-
-
 def measure_layers(
     work: WorkProgram,
     info: GraphInfo,
@@ -105,12 +80,14 @@ def measure_layers(
     timer: Timer | None = None,
     warmup: int = WARMUP,
     repeats: int = REPEATS,
+    costs: CostModel | None = None,
 ) -> Timings:
     """Run ``work`` on the example inputs node by node and time ``layers`` in every dtype of ``precisions``.
 
     ``user_values`` are the flat user inputs (``call_signature.flat_user_inputs``); they are cloned, so a
     program that writes into its inputs leaves the caller's tensors alone. The global RNG state is
-    restored afterwards (re-running random ops must not change what the user's program draws).
+    restored afterwards (re-running random ops must not change what the user's program draws). ``costs``: the
+    cost model the times are kept in and read from (None: each is timed here).
     """
     precisions = frozenset(precisions)
     wanted = set(layers)
@@ -122,9 +99,11 @@ def measure_layers(
     timer = timer or median_timer(warmup=warmup, repeats=repeats, device=device)
     # lowered 2-D convolutions make the network channels_last (rewrite/memory_format.py): time it that way
     channels_last = any(info[n].packet in CONV_2D_OPS for n in wanted if n in info)
-    timing = _Timing(info, wanted, stored, precisions, device, timer, channels_last)
+    timing = _Timing(info, wanted, stored, precisions, device, _kept(timer, costs), channels_last)
     with torch.no_grad(), _restored_rng(device):
         GraphRunner(work, observers=[timing]).run(user_values)
+    if costs is not None:
+        costs.flush()
     return Timings(
         device=str(device),
         precisions=precisions,
@@ -222,7 +201,9 @@ def _time_layer(
             )
             continue
         del out
-        seconds[dtype] = float(timer(timed_call(target, a, k, packet if dtype != captured else None), ("op", node.name, dtype)))
+        call = timed_call(target, a, k, packet if dtype != captured else None)
+        key = ("op", node.name, dtype)
+        seconds[dtype] = float(timer(call, key, lambda: _runtime_key(target, a, k, dtype != captured)))
     return LayerTiming(MappingProxyType(seconds), MappingProxyType(notes))
 
 
@@ -239,9 +220,39 @@ def _time_casts(value: torch.Tensor, precisions, timer, cache) -> dict:
             if key not in cache:
                 if source is None:
                     source = value if value.dtype == src else value.to(src)
-                cache[key] = float(timer(lambda s=source, d=dst: s.to(d), key))
+                cache[key] = float(timer(lambda s=source, d=dst: s.to(d), key, lambda key=key: key))
             out[(src, dst)] = cache[key]
     return MappingProxyType(out)
+
+
+def _kept(timer: Timer, costs: CostModel | None):
+    """``timer`` as the observer calls it, ``(call, key, cost_key)``: through ``costs`` when given (each cost timed
+    once, by what it depends on: ``cost_key()``), else directly."""
+
+    def timed(call, key, cost_key):
+        if costs is None:
+            return timer(call, key)
+        try:
+            kept = cost_key()
+            text = key_text(kept)
+        except TypeError:  # an argument with no text the same in every process: timed, not kept
+            return timer(call, key)
+        kind = "layer_seconds" if key[0] == "op" else "cast_seconds"
+        return costs.get(kind, text, lambda: timer(call, key))
+
+    return timed
+
+
+def _runtime_key(target, args, kwargs, lowered: bool) -> tuple:
+    """What a layer's time depends on: its op, whether it is lowered (timed in the rewritten layout and call) and its
+    arguments — tensors by shape, dtype and strides, other values as they are."""
+
+    def describe(x):
+        if isinstance(x, torch.Tensor):
+            return ["tensor", list(x.shape), str(x.dtype), list(x.stride())]
+        return x
+
+    return (str(target), lowered, pytree.tree_map(describe, (list(args), dict(kwargs))))
 
 
 def _written_inputs(node: torch.fx.Node) -> list[torch.fx.Node]:
@@ -280,32 +291,7 @@ def _device_of(user_values, work: WorkProgram) -> torch.device:
     return torch.device("cpu")
 
 
-def synchronize(device: torch.device | None) -> None:
-    if device is None or device.type == "cpu":
-        return
-    backend = getattr(torch, device.type, None)
-    sync = getattr(backend, "synchronize", None)
-    if sync is not None:
-        sync(device)
-
-
 def _restored_rng(device: torch.device):
     if device.type == "cpu":
         return torch.random.fork_rng(devices=[])
     return torch.random.fork_rng(devices=[device], device_type=device.type)
-
-
-def per_call_seconds(times: Mapping[torch.dtype, list]) -> dict:
-    """Each type's seconds per call from paired rounds (``times[dtype][r]``: round r's sample): fp32's fastest
-    time x the *upper quartile* of the type's per-round ratio to fp32 — the time the type takes in all but its
-    worst quarter of rounds. The median let noise pass for a gain: on this shared 2-core machine a conv stack whose
-    ratios spread 0.52-1.40 once had a median just past ``MIN_SPEEDUP`` and a search put four ResNet-50
-    convolutions in int8 for it (bench/log/2026-11.md, issue 22 search); a real gain (an int8 or bf16 kernel: several
-    x) is faster in nearly every round and passes the quartile as well."""
-    fp32 = times[torch.float32]
-    out = {}
-    for k, samples in times.items():
-        ratios = [t / f for t, f in zip(samples, fp32)]
-        worst_quarter = statistics.quantiles(ratios, n=4, method="inclusive")[2] if len(ratios) > 1 else ratios[0]
-        out[k] = min(fp32) * worst_quarter
-    return out

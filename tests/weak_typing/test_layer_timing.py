@@ -7,7 +7,8 @@ from mixprec.ir.export import capture
 from mixprec.ir.graph_info import analyze
 from mixprec.ir.normalize import normalize
 from mixprec.ir.work_program import WorkProgram
-from mixprec.weak_typing.timing import measure_layers, median_timer
+from mixprec.measure.clock import median_timer
+from mixprec.weak_typing.layer_timing import measure_layers
 
 PAIR = {torch.float32, torch.bfloat16}
 

@@ -1,4 +1,5 @@
-"""The cost model behind weak typing: total time of a precision assignment, and its minimiser.
+"""Weak typing's choice: the total time of a precision assignment, priced from measured op and cast times, and its
+minimiser.
 
 A choice for one layer is not independent of its neighbours: a bf16 matmul between two fp32
 layers pays for a cast in and a cast out, and several bf16 layers in a row pay for none. So
@@ -29,14 +30,16 @@ from ..dtypes import is_float
 from ..ir.graph_info import GraphInfo
 from ..plan.input_contract import lowered_input_dtype
 from ..plan.precision_plan import NodePrecision
-from .timing import Timings
+from .layer_timing import Timings
 
 _EPS = 1e-12  # seconds; a move must gain more than this (no cycling on ties)
 _MAX_ROUNDS = 50
 _SEGMENT = 8  # longest run of consecutive layers a segment move switches together
 
 
-class CostModel:
+class AssignmentCost:
+    """Prices assignments (free layer -> dtype) of one graph from weak typing's measured ``Timings``."""
+
     def __init__(
         self,
         info: GraphInfo,
