@@ -139,7 +139,7 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
     with timer.phase("plan"):
         plan, layer_timings, weak_summary = _plan(captured, options, prepared, calibrated, timings)
     if config.int8_require_speedup and int8_speed.has_int8(plan):
-        with timer.phase("int8_speed_check"):  # int8 on eager/inductor only where faster (weak_typing/int8_speed.py)
+        with timer.phase("int8_speed_check"):  # measured on eager/inductor; only automatic int8 is moved (int8_speed.py)
             plan, int8_summary = _check_int8_speed(captured, options, plan)
         weak_summary = {**weak_summary, **int8_summary}
     with timer.phase("rewrite"):
@@ -209,8 +209,9 @@ def _check_speed(captured: CapturedModel, options: StageOptions, prepared, calib
 
 
 def _check_int8_speed(captured: CapturedModel, options: StageOptions, plan):
-    """(plan, summary entries): the int8 layers whose shape class int8 is not faster for on this machine and backend
-    stay float32 (``weak_typing/int8_speed.py``), with one warning."""
+    """(plan, summary entries): int8 measured against float32 per shape class on this machine and backend
+    (``weak_typing/int8_speed.py``): automatic int8 groups that are not faster go float32; explicit int8 layers stay
+    int8, those measured slower with the figure in their reasons; one warning."""
     device = autocast.device_of(captured.base, tuple(captured.flat_inputs(fresh=False)))
     result = int8_speed.check(captured.info, captured.base.graph, plan, options.backend.backend, device)
     message = result.warning()

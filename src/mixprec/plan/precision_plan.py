@@ -28,6 +28,9 @@ from .quantization import (
 )
 
 SOURCES = ("explicit", "torch_autocast", "marker", "plan", "autocast_rule", "default", "weak_typing")
+# what the user asked for (a plan, the configurator, markers, the code's own typing): speed checks never change it
+# (API.md §1); the other sources are mixprec's automatic decisions
+EXPLICIT_SOURCES = frozenset({"explicit", "torch_autocast", "marker", "plan"})
 
 _FORMAT = "mixprec.plan"
 # 2: int8 layers record each quantized value's grid, the plan its QuantPolicy; version 1 plans still load
