@@ -31,10 +31,8 @@ from .ir.runner import failing_node, run_user_outputs
 from .ir.work_program import stored_bytes
 from .ir.written_state import preserved, written_tensors
 from .output.module import MixedPrecisionModule
-from .output.report import (
-    Report, build_graph, build_records, build_summary, computes_in_of, output_errors, with_runs_as,
-)
-from .output.report.summary import accelerated_types
+from .output.report import Execution, Report, build_graph, build_records, build_summary, output_errors, with_runs_as
+from .output.report.summary import accelerated_types, model_io
 from .output.report.weights import parameter_bytes
 from .plan import autocast, planner
 from .plan.options import PlanningOptions, RuleOptions
@@ -248,8 +246,9 @@ def _plan(captured: CapturedModel, options: StageOptions, prepared, calibrated, 
 def _report(captured, options, plan, work, program, runner, errors, layer_timings, extra) -> Report:
     """The per-layer records (what the backend computes otherwise than planned included: API.md §2), the
     summary and the graph view."""
+    backend = options.backend.backend
     records = build_records(captured.info, plan, program.graph, timings=layer_timings)
-    records = with_runs_as(records, computes_in_of(runner), options.backend.backend)
+    records = with_runs_as(records, Execution.of(runner, backend, program.graph))
     summary = build_summary(
         records,
         casts_inserted=sum(1 for n in work.graph.nodes if is_mixprec_cast(n)),
@@ -257,9 +256,27 @@ def _report(captured, options, plan, work, program, runner, errors, layer_timing
         param_bytes_after=work.stored_bytes(),
         errors=errors,
         parameter_bytes_by_precision=parameter_bytes(program),
-        extra=extra,
+        extra={**extra, **_boundary(captured, plan, work)},
+        backend=backend,
     )
     return Report(records, summary, build_graph(program, records))
+
+
+def _boundary(captured: CapturedModel, plan: PrecisionPlan, work) -> dict:
+    """The model's inputs and outputs as the program carries them (``summary.model_io``): each tensor input's dtype,
+    the plan's request where it has one (``plan.inputs`` counts the float inputs), each output's likewise."""
+    inputs, position = [], 0
+    for node in captured.base.user_input_nodes():
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            continue
+        if val.dtype.is_floating_point:
+            inputs.append(plan.inputs.get(position, val.dtype))
+            position += 1
+        else:
+            inputs.append(val.dtype)
+    outputs = [plan.outputs.get(i, d) for i, d in enumerate(work.user_output_dtypes()) if d is not None]
+    return model_io(inputs, outputs)
 
 
 def _autocast_summary(prepared, calibrated) -> dict:
