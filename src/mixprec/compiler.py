@@ -32,6 +32,7 @@ from .ir.work_program import stored_bytes
 from .ir.written_state import preserved, written_tensors
 from .output.module import MixedPrecisionModule
 from .output.report import Execution, Report, build_graph, build_records, build_summary, output_errors, with_runs_as
+from .output.report.layer_log import completed_log
 from .output.report.summary import accelerated_types, model_io
 from .output.report.weights import parameter_bytes
 from .plan import autocast, planner
@@ -122,10 +123,13 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
     args, kwargs = as_input_tuple(inputs), as_input_kwargs(kwargs)
     refuse_meta_tensors(model, args, kwargs)
     timer = _Timer()
-    # times "capture" and "normalize"; the base's written tensors are private copies from here on
-    captured = CapturedModel(model, args, kwargs, dynamic_shapes=config.dynamic_shapes, phase=timer.phase)
+    origin = getattr(options.planning.plan, "origin", None)  # the configurator's capture and calibration
+    captured = origin.capture_for(model, args, kwargs, config.dynamic_shapes) if origin is not None else None
+    if captured is None:  # times "capture" and "normalize"; the base's written tensors are private copies from here on
+        origin = None
+        captured = CapturedModel(model, args, kwargs, dynamic_shapes=config.dynamic_shapes, phase=timer.phase)
     with timer.phase("calibrate"):
-        calibrated, prepared = _calibrate(captured, options)
+        calibrated, prepared = _calibrate(captured, options, origin)
     speed_summary = {}
     if prepared is not None and config.autocast_require_speedup:
         with timer.phase("speed_check"):  # is the low type faster here? (weak_typing/speed.py)
@@ -153,6 +157,9 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
         summary_extra = {**_autocast_summary(prepared, calibrated), **speed_summary, **weak_summary}
         report = _report(captured, options, plan, work, program, runner, errors, layer_timings, summary_extra)
     report.summary["compile_seconds"] = {k: round(v, 4) for k, v in timer.seconds.items()}
+    if plan.log:  # a configurator's log: completed with the layers as realised (API.md §4; layer_log.py)
+        plan = plan.with_log(completed_log(plan.log, report.layers, report.summary, work.graph, plan,
+                                           options.backend.backend))
     prog = MixedPrecisionModule(
         program, plan, report, config.explicit(), runner, input_specs_of(program), example_inputs=args,
         captured_program=captured.exported, call_signature=captured.signature,
@@ -162,9 +169,10 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
     return prog
 
 
-def _calibrate(captured: CapturedModel, options: StageOptions):
+def _calibrate(captured: CapturedModel, options: StageOptions, origin=None):
     """(Calibrated, autocast.Prepared or None): one pass over the calibration data (or the example inputs)
-    for the autocast rules and the int8 marker regions without ranges; then the rules' context."""
+    for the autocast rules and the int8 marker regions without ranges — or the calibration the plan was made on
+    (``origin``, ``plan/origin.py``) where it is the same; then the rules' context."""
     config, rules = options.settings, options.planning.rules
     loader = config.autocast_calibration_dataloader
     _check_calibration_used(loader, rules, captured.info)
@@ -172,8 +180,12 @@ def _calibrate(captured: CapturedModel, options: StageOptions):
     keep = rules is not None and loader is None and captured.computes_in_fp32
     # the int8 marker regions are quantized as the plan's policy says (the default without a plan)
     policy = (options.planning.plan.policy if options.planning.plan is not None else None) or DEFAULT_POLICY
-    calibrated = calibration.run(captured, loader, statistics=rules is not None, keep_first_outputs=keep,
-                                 estimator=policy.estimator, grids=calibration_grids(captured, (), policy))
+    calibrated = None
+    if origin is not None:
+        calibrated = origin.calibration_for(loader, rules is not None, calibration_targets(captured.info))
+    if calibrated is None:
+        calibrated = calibration.run(captured, loader, statistics=rules is not None, keep_first_outputs=keep,
+                                     estimator=policy.estimator, grids=calibration_grids(captured, (), policy))
     if rules is None:
         return calibrated, None
     example = tuple(captured.flat_inputs())  # a fresh copy: the model may write into its inputs

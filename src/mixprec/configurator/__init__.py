@@ -61,9 +61,9 @@ from ..ir.export import as_input_tuple
 from ..ir.captured import CapturedModel
 from ..plan import planner
 from ..plan.options import PlanningOptions
+from ..plan.origin import PlanOrigin
 from ..plan.precision_plan import PrecisionPlan
 from ..plan.quantization import DEFAULT_POLICY, QuantPolicy
-from ..rewrite.pipeline import realise
 from .log import render_log
 from . import vocabulary
 from .resolve import resolve
@@ -168,7 +168,15 @@ class MixedPrecisionConfigurator:
         (tuples, dicts by forward's names, a DataLoader); without it, ``inputs``. ``policy`` (a mixprec extension):
         how int8 requests are quantized (``mixprec.QuantPolicy``; None: the measured defaults). ``inputs`` and
         ``calibration_dataloader`` left out: those given at construction (AIMET's ``apply()`` takes no arguments).
+        ``log_file``: a path or an open text file (AIMET's ``apply(f)``: an open file given first, with the inputs held
+        by the configurator, is the log file).
+
+        The plan carries the capture and calibration it was made on: ``mixprec.compile(model, inputs, plan=plan)`` for
+        the same model and inputs reuses them (``plan/origin.py``) and completes ``plan.log`` with the realised layers
+        and the casts inserted, in the program's ``prog.plan.log``.
         """
+        if _is_file(inputs) and log_file is None and self._inputs is not None:
+            inputs, log_file = None, inputs  # AIMET's apply(f): the log file first
         if inputs is None:
             inputs = self._inputs
         if inputs is None:
@@ -186,18 +194,28 @@ class MixedPrecisionConfigurator:
         if not isinstance(policy, QuantPolicy):
             raise ConfigError(f"policy must be a mixprec.QuantPolicy (how int8 requests are quantized), got "
                               f"{type(policy).__name__}; pass QuantPolicy(...) or leave it out for the defaults.")
+        # capture, calibrate, plan — no rewrite (issue 44): compile(plan=) realises it, reusing this capture and
+        # calibration for the same model and inputs (plan/origin.py), and completes the log with what it inserted
         captured = CapturedModel(self._model, as_input_tuple(inputs))
         resolved = resolve(self._model, captured, self._requests, strict, policy, calibration_dataloader)
         plan = PrecisionPlan(resolved.decisions, inputs=resolved.inputs, outputs=resolved.outputs, policy=policy,
                              input_ranges=resolved.input_ranges, output_ranges=resolved.output_ranges)
         full = planner.build_plan(captured.info, PlanningOptions(plan=plan), int8_ranges=resolved.marker_ranges)
-        realised = realise(captured, full, keep_io_types=True)
-        text = render_log(self._requests, resolved, captured.info, full, realised)
-        if log_file is not None:
+        text = render_log(self._requests, resolved, captured.info, full)
+        if _is_file(log_file):
+            log_file.write(text)
+        elif log_file is not None:
             with open(os.fspath(log_file), "w", encoding="utf-8") as fh:
                 fh.write(text)
+        on_examples = resolved.calibrated if calibration_dataloader is None else None
+        origin = PlanOrigin(captured, on_examples, resolved.ranged)
         return PrecisionPlan(plan, inputs=plan.inputs, outputs=plan.outputs, log=text, policy=policy,
-                             input_ranges=plan.input_ranges, output_ranges=plan.output_ranges)
+                             input_ranges=plan.input_ranges, output_ranges=plan.output_ranges, origin=origin)
+
+
+def _is_file(value) -> bool:
+    """An open text file (what AIMET's apply takes as its log), not a path or the example inputs."""
+    return callable(getattr(value, "write", None)) and not isinstance(value, (torch.Tensor, str, os.PathLike))
 
 
 def _io_precisions(value, api: str):

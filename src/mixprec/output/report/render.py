@@ -75,7 +75,7 @@ def reason_text(r) -> str:
     return f"runs as {where}; planned: {r.reason}" if where else r.reason
 
 
-def _dtypes(dtypes) -> str:
+def distinct_dtypes(dtypes) -> str:
     """Distinct dtypes in order: 'bf16,int64' (every input and its dtype is in ``details``)."""
     return ",".join(dict.fromkeys(short_name(d) for d in dtypes))
 
@@ -140,7 +140,7 @@ def table(records: list[LayerRecord], summary: dict, *, kinds=("compute", "cast"
         out = [layer_cell(r.name, r.op), precision_cell(r)]
         if with_acc:
             out.append(short_name(r.accumulate) if r.accumulate else "")
-        return (*out, f"{_dtypes(r.input_dtypes)} \u2192 {_dtypes(r.output_dtypes)}", r.source, reason)
+        return (*out, f"{distinct_dtypes(r.input_dtypes)} \u2192 {distinct_dtypes(r.output_dtypes)}", r.source, reason)
 
     widths = layout(columns, grouped(shown, lambda r: cells(r, reason_text(r))), width=width)
     room = widths[-1]
