@@ -44,7 +44,7 @@ from .rewrite.pipeline import realise, reference
 from .settings import CompileSettings
 from .weak_typing import choose as weak_choice
 from .weak_typing import source as weak_typing
-from .weak_typing import int8_speed, speed
+from .weak_typing import int8_speed, speed, weight_only_speed
 from .weak_typing.options import WeakTypingOptions
 from .weak_typing.timing import measure_layers
 
@@ -144,6 +144,10 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
         with timer.phase("int8_speed_check"):  # measured on eager/inductor; only automatic int8 is moved (int8_speed.py)
             plan, int8_summary = _check_int8_speed(captured, options, plan)
         weak_summary = {**weak_summary, **int8_summary}
+    if config.int8_require_speedup and weight_only_speed.has_weight_only(plan):
+        with timer.phase("weight_only_speed_check"):  # measured and told, never changed (weight_only_speed.py)
+            plan, measured = _check_weight_only_speed(captured, options, plan)
+        weak_summary = {**weak_summary, **measured}
     with timer.phase("rewrite"):
         work = realise(captured, plan, keep_io_types=config.keep_io_types)
         program = work.to_exported()
@@ -228,6 +232,18 @@ def _check_int8_speed(captured: CapturedModel, options: StageOptions, plan):
     if message is not None:
         warnings.warn(message, MixedPrecisionWarning, stacklevel=3)  # compile (the user's line) -> here
     return int8_speed.gated(plan, result), result.summary()
+
+
+def _check_weight_only_speed(captured: CapturedModel, options: StageOptions, plan):
+    """(plan, summary entries): the weight-only Linears measured against float32 on this machine and backend
+    (``weak_typing/weight_only_speed.py``); those slower keep their request with the figure in their reasons; one
+    warning."""
+    device = autocast.device_of(captured.base, tuple(captured.flat_inputs(fresh=False)))
+    result = weight_only_speed.check(captured.info, captured.base.graph, plan, options.backend.backend, device)
+    message = result.warning()
+    if message is not None:
+        warnings.warn(message, MixedPrecisionWarning, stacklevel=3)  # compile (the user's line) -> here
+    return weight_only_speed.noted(plan, result), result.summary()
 
 
 def _measure(captured: CapturedModel, weak: WeakTypingOptions):
