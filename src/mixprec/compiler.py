@@ -141,7 +141,7 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
     with timer.phase("plan"):
         plan, layer_timings, weak_summary = _plan(captured, options, prepared, calibrated, timings)
     if config.int8_require_speedup and int8_speed.has_int8(plan):
-        with timer.phase("int8_speed_check"):  # measured on eager/inductor; only automatic int8 is moved (int8_speed.py)
+        with timer.phase("int8_speed_check"):  # measured on eager/inductor; automatic int8 only is moved (int8_speed)
             plan, int8_summary = _check_int8_speed(captured, options, plan)
         weak_summary = {**weak_summary, **int8_summary}
     if config.int8_require_speedup and weight_only_speed.has_weight_only(plan):

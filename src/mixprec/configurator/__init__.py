@@ -39,8 +39,8 @@ AIMET's int16 and int4 (``activation='int16'``, ``param={'weight': 'int4'}``, is
 simulated as AIMET's QuantSim does — the same values as an int8 request quantized on the int16/int4 grid
 (``plan/quantization.py``) and dequantized at once, weights per output channel on the grid of their bits, the layer
 computed in float32 — and the layer's reason, the log and the report (``runs_as`` "simulated int16 (runs f32)") say
-so; their FLOPs are never counted as low-precision ones. Model inputs/outputs asked for int16 or int8 are quantized and
-dequantized at the boundary with ranges from the same calibration (``plan.input_ranges`` / ``output_ranges``).
+so; their FLOPs are never counted as low-precision ones. Model inputs/outputs asked for int16, int8 or int4 are quantized
+and dequantized at the boundary with ranges from the same calibration (``plan.input_ranges`` / ``output_ranges``).
 
 How int8 is made — estimator, grids, exits, smoothing, attention operands — is ``apply``'s ``policy``
 (``plan/quantization.QuantPolicy``, the measured defaults without one): recorded in the plan and shown in the log;
@@ -68,9 +68,9 @@ from .log import render_log
 from . import vocabulary
 from .resolve import resolve
 
-# AIMET: int16/int8 at the boundary too: a quantize/dequantize pair there (rewrite/io_types.py), ranged by apply's
-# calibration
-_IO_NAMES = ("fp32", "fp16", "bf16", "int16", "int8")
+# AIMET: int16/int8/int4 at the boundary too: a quantize/dequantize pair there (rewrite/io_types.py), ranged by
+# apply's calibration
+_IO_NAMES = ("fp32", "fp16", "bf16", "int16", "int8", "int4")
 
 
 @dataclasses.dataclass(frozen=True)

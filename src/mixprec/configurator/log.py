@@ -51,7 +51,7 @@ def render_log(requests, resolved, info, plan) -> str:
                           "weight columns)", ("input", "read by", "channels", "s min", "s max", "range of input / s"),
                           _smoothing_rows(resolved, info))
     parts += _simulated_lines(plan)
-    parts += ["", f"casts inserted: counted when compile realises the plan — compile(model, inputs, plan=plan).plan.log "
+    parts += ["", "casts inserted: counted when compile realises the plan — compile(model, inputs, plan=plan).plan.log "
                   f"ends with table {REALISED.split('.')[0]}, the realised layers"]
     if resolved.problems:
         parts += ["", "Requests not realised as asked (strict=False):"] + [f"  - {p}" for p in resolved.problems]
@@ -107,8 +107,9 @@ def _io_rows(requests, resolved):
     for which in ("input", "output"):
         for position, (dtype, request_id) in sorted(resolved.io_winners.get(which, {}).items()):
             how = {torch.int16: " (simulated: quantize -> dequantize, float32)",
+                   torch.int4: " (simulated: quantize -> dequantize, float32)",
                    torch.int8: " (quantize -> dequantize)"}
-            rows.append((f"{which} {position}", short_name(dtype) + how.get(dtype, ""), f"#{request_id}"))
+            rows.append((f"{which} {position}", short_name_of(dtype) + how.get(dtype, ""), f"#{request_id}"))
     return rows or [("(none requested)", "", "")]
 
 

@@ -10,8 +10,8 @@ values' per-channel ranges. What the log shows is all in the Resolution (``log.p
 Simulated int16/int4 requests (issue 32) are planned by the same ``quant_requests``, one call per precision (the
 layers of one module share a boundary only with layers of their own precision), without activation smoothing
 (int8's device for its kernels; AIMET's QuantSim does not smooth), their values put on their precision's grid
-(``plan/quantization.precision_grid``); model inputs/outputs asked for int16/int8 are ranged too. All of them in the
-same calibration; a value that two precisions quantize on different grids gets its range clipped for each grid (a
+(``plan/quantization.precision_grid``); model inputs/outputs asked for int16/int8/int4 are ranged too. All of them in
+the same calibration; a value that two precisions quantize on different grids gets its range clipped for each grid (a
 second pass over the data for those values only, and only with a clipping estimator: min/max ranges are the same).
 
 **int8 attention** (issue 34, ``QuantPolicy.int8_attention``): ``set_precision(nn.Linear, "int8")`` names the

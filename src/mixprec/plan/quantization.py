@@ -63,8 +63,11 @@ ACTIVATION_GRIDS: Mapping[torch.dtype, frozenset] = MappingProxyType({
 INTEGER_PRECISIONS = frozenset(ACTIVATION_GRIDS)
 # no CPU kernel computes on these: quantize -> dequantize, computed in float32 (AIMET QuantSim's simulation)
 SIMULATED_PRECISIONS = frozenset({torch.int16, torch.int4})
-# the integer precisions of model inputs/outputs (AIMET: int16, int8) -> their grid (quantize -> dequantize there)
-IO_GRIDS: Mapping[torch.dtype, Grid] = MappingProxyType({torch.int16: INT16_SYMMETRIC, torch.int8: INT8_SYMMETRIC})
+# the integer precisions of model inputs/outputs (AIMET: int16, int8, int4) -> their grid (quantize -> dequantize
+# there; int16 and int4 simulated, as their layers)
+IO_GRIDS: Mapping[torch.dtype, Grid] = MappingProxyType({
+    torch.int16: INT16_SYMMETRIC, torch.int8: INT8_SYMMETRIC, torch.int4: INT4_SYMMETRIC,
+})
 # weight bits -> the grid of per-output-channel symmetric weights
 WEIGHT_GRIDS: Mapping[torch.dtype, Grid] = MappingProxyType({
     torch.int8: INT8_SYMMETRIC, torch.int16: INT16_SYMMETRIC, torch.int4: INT4_SYMMETRIC,

@@ -66,7 +66,8 @@ class Int8Check:
         parts = []
         if self.slower:
             parts.append(
-                f"int8 is not faster than float32 on {self.where} ({self.backend} backend) for {self._shown(self.slower)}"
+                f"int8 is not faster than float32 on {self.where} ({self.backend} backend) for "
+                f"{self._shown(self.slower)}"
                 f": {len(self.slower)} automatically chosen int8 layer(s) stay float32 with their quantized groups. "
                 f"Pass int8_require_speedup=False to keep them int8, or compile with {KERNELS_ELSEWHERE}.")
         if self.kept:

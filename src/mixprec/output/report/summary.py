@@ -130,11 +130,12 @@ def speed_vs_fp32(records: list[LayerRecord], summary: dict, backend: str | None
 
 def model_io(inputs: list, outputs: list) -> dict:
     """``{"model_inputs": [...], "model_outputs": [...]}``: per tensor input/output of the model, the precision its
-    boundary carries — a float dtype's name, or "int16 (simulated)" / "int8 (quantize -> dequantize)" for a value
+    boundary carries — a float dtype's name, or "int16 (simulated)" / "int4 (simulated)" / "int8 (quantize ->
+    dequantize)" for a value
     quantized there (the configurator's ``set_model_input_precision('int16')``); ``inputs``/``outputs``: dtypes."""
     def name(dtype) -> str:
-        if dtype == torch.int16:
-            return "int16 (simulated)"
+        if dtype in (torch.int16, torch.int4):
+            return f"{dtype_name(dtype)} (simulated)"
         if dtype == torch.int8:
             return "int8 (quantize -> dequantize)"
         return dtype_name(dtype)
