@@ -650,3 +650,83 @@ def test_mp_46_int8_convolutions_quantize_weights_per_channel_and_activations_pe
         x, w = conv.args[0], conv.args[1]
         assert w.target is torch.ops.mixprec.dequantize_per_channel.default  # symmetric, one scale per channel
         assert "per_tensor" in str(x.target)  # the activation: one scale
+
+
+# ---- AIMET's documented example (Docs/snippets/torch/apply_mmp.py) on a MobileNetV2-shaped model ---------------------
+class InvertedResidual(nn.Module):
+    def __init__(self, c_in, c_out, expand):
+        super().__init__()
+        hidden = c_in * expand
+        self.conv = nn.Sequential(
+            nn.Sequential(nn.Conv2d(c_in, hidden, 1, bias=False), nn.BatchNorm2d(hidden), nn.ReLU6()),
+            nn.Sequential(nn.Conv2d(hidden, hidden, 3, padding=1, groups=hidden, bias=False), nn.BatchNorm2d(hidden),
+                          nn.ReLU6()),
+            nn.Conv2d(hidden, c_out, 1, bias=False), nn.BatchNorm2d(c_out))
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+class MobileNetLike(nn.Module):
+    """The module structure the example indexes: features[1].conv[0][0] (a leaf), features[3].conv[1] (a non-leaf)."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU6()),
+            InvertedResidual(8, 8, 2), InvertedResidual(8, 16, 2), InvertedResidual(16, 16, 2))
+        self.pool = nn.AvgPool2d(8)
+        self.classifier = nn.Linear(16, 10)
+
+    def forward(self, x):
+        return self.classifier(self.pool(self.features(x)).flatten(1))
+
+
+def test_aimets_documented_example_runs_as_written_and_the_report_says_int16_at_the_boundary():
+    torch.manual_seed(0)
+    model, inputs = MobileNetLike().eval(), (torch.randn(1, 3, 16, 16),)
+    mp_configurator = mixprec.MixedPrecisionConfigurator(model, inputs)
+    mp_configurator.set_precision(model.features[1].conv[0][0], activation="int16", param={"weight": "int16"})
+    mp_configurator.set_precision(model.features[3].conv[1], activation="int16", param={"weight": "int16"})
+    mp_configurator.set_precision(torch.nn.AvgPool2d, activation="int16")
+    mp_configurator.set_model_input_precision(activation="int16")
+    mp_configurator.set_model_output_precision(activation="int16")
+    plan = mp_configurator.apply()
+    assert precision_of(plan, "features.1.conv.0.0") == (torch.int16, torch.int16)
+    assert set(modules_of(plan)) == {"features.1.conv.0.0", "features.3.conv.1.0", "features.3.conv.1.1",
+                                     "features.3.conv.1.2", "pool"}
+    assert all(p == {(torch.int16, torch.int16)} for m, p in modules_of(plan).items() if m.startswith("features.3"))
+    assert dict(plan.inputs) == {0: torch.int16} and dict(plan.outputs) == {0: torch.int16}
+    prog = mixprec.compile(model, inputs, plan=plan)
+    report = prog.report
+    assert report.summary["model_inputs"] == ["int16 (simulated)"] == report.summary["model_outputs"]
+    assert "model inputs: int16 (simulated); outputs: int16 (simulated)" in str(report)
+    assert all(r.runs_as == "simulated int16 (runs f32)" for r in report.layers if r.precision == torch.int16)
+    with torch.no_grad():
+        ref = model(*inputs)
+        assert float((prog(*inputs) - ref).norm() / ref.norm()) < 0.05
+
+
+def test_aimets_documented_subset_forms_for_inputs_and_outputs():
+    """"activation=[None, P1]" for the second of two inputs; "[None, P1, None]" for the second of three outputs."""
+    model = ModelWithTwoInputs()
+    cfg = configurator(model, TWO_INPUTS)
+    cfg.set_model_input_precision(activation=[None, "int16"])
+    assert dict(cfg.apply().inputs) == {1: torch.int16}
+
+    class ThreeOutputs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(10, 10)
+
+        def forward(self, x):
+            y = self.fc(x)
+            return y, y * 2, y - 1
+
+    model = ThreeOutputs()
+    cfg = configurator(model, (torch.randn(2, 10),))
+    cfg.set_model_output_precision(activation=[None, "int16", None])
+    plan = cfg.apply()
+    assert dict(plan.outputs) == {1: torch.int16}
+    prog = compiled(model, (torch.randn(2, 10),), plan)
+    assert prog.report.summary["model_outputs"] == ["float32", "int16 (simulated)", "float32"]
