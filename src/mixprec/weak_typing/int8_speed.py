@@ -6,12 +6,10 @@ Why: what an int8 layer costs there depends on the CPU and on the layer. A linea
 where the kernel is exact on the grid its input is handed over on (``backends/lowering/qdq.py``, ``cpu.py``); every
 other int8 layer (a convolution, a matmul between activations, a signed linear input without VNNI) keeps its fake
 quantization — quantize and dequantize around a float32 op — which is slower than float32. OpenVINO runs int8 on
-its own int8 kernels and is not gated. Figures: bench/RESULTS.md.
+its own int8 kernels and is not gated.
 
-**What is measured**: the cost model autocast's speed check uses (``weak_typing/speed.py``'s measurer), the int8
-side being the layer's call as the backend makes it (``int8_calls.int8_call``); classes: the int8 compute layers
-grouped by op, shapes and the grid their input arrives on, the largest FLOPs first, within the check's budget. A
-class not timed keeps int8: no evidence against it.
+**What is measured**: per class (op, shapes, the grid its input arrives on), largest FLOPs first within the budget,
+the layer's call as the backend makes it (``int8_calls.int8_call``) by ``speed.py``'s measurer; untimed: no evidence.
 
 **What is decided** (:func:`check`, :func:`gated`):
 
