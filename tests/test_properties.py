@@ -133,7 +133,8 @@ def _explicit_request(form, activation):
     plan = cfg.apply()
     if form == "json":
         plan = PrecisionPlan.from_json(plan.to_json())
-    stored = act if weights in (None, "same") else {"int4": torch.int4, "int8": torch.int8, "int16": torch.int16}[weights]
+    bits = {"int4": torch.int4, "int8": torch.int8, "int16": torch.int16}
+    stored = act if weights in (None, "same") else bits[weights]
     module = "conv" if form in ("type", "json") else "fc"
     return model, plan, {module: (act, stored)}, ({}, {})
 

@@ -188,7 +188,7 @@ SMALL_INPUT = (torch.randn(1, 1, 10, 10),)
 INT_NAMES = {"int16": torch.int16, "int8": torch.int8, "int4": torch.int4, "fp16": torch.float16}
 
 
-# ---- helpers: the plan's layers per module, as AIMET's tests look at quantizers per module -----------------------------
+# ---- helpers: the plan's layers per module, as AIMET's tests look at quantizers per module ---------------------------
 def configurator(model, inputs):
     return mixprec.MixedPrecisionConfigurator(model.eval(), inputs)
 
@@ -463,7 +463,8 @@ def test_mp_28_some_model_inputs_int16_and_int4():
 
 @pytest.mark.parametrize("candidate", ["int16", "fp16"])
 def test_mp_29_and_30_every_model_output(candidate):
-    for model, inputs, n in ((SingleResidual(), RESIDUAL_INPUT, 1), (ModelWithMultiInputMultiOutput(), THREE_INPUTS, 5)):
+    for model, inputs, n in ((SingleResidual(), RESIDUAL_INPUT, 1),
+                             (ModelWithMultiInputMultiOutput(), THREE_INPUTS, 5)):
         cfg = configurator(model, inputs)
         cfg.set_model_output_precision(candidate)
         plan = cfg.apply()
@@ -602,7 +603,8 @@ def test_mp_44_a_concat_between_int16_layers():
     class TestModel(nn.Module):
         def __init__(self):
             super().__init__()
-            self.fc1, self.fc2, self.concat, self.fc3 = nn.Linear(10, 10), nn.Linear(10, 10), Concat(), nn.Linear(10, 10)
+            self.fc1, self.fc2, self.fc3 = nn.Linear(10, 10), nn.Linear(10, 10), nn.Linear(10, 10)
+            self.concat = Concat()
 
         def forward(self, x):
             return self.fc3(self.concat(self.fc1(x), self.fc2(x)))

@@ -336,7 +336,7 @@ def test_bad_arguments_fail_at_the_call():
     with pytest.raises(mixprec.ConfigError, match="not a module, a module type"):
         cfg.set_precision(42, activation="fp16")
     with pytest.raises(mixprec.ConfigError, match="set_model_input_precision\\[1\\]"):
-        cfg.set_model_input_precision([None, "int4"])  # the boundary takes int16/int8 (AIMET's), not int4
+        cfg.set_model_input_precision([None, "int2"])  # the boundary takes AIMET's int16/int8/int4, nothing else
     with pytest.raises(mixprec.ConfigError, match="needs the torch.nn.Module"):
         mixprec.MixedPrecisionConfigurator("model")
 

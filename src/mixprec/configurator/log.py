@@ -51,8 +51,9 @@ def render_log(requests, resolved, info, plan) -> str:
                           "weight columns)", ("input", "read by", "channels", "s min", "s max", "range of input / s"),
                           _smoothing_rows(resolved, info))
     parts += _simulated_lines(plan)
-    parts += ["", "casts inserted: counted when compile realises the plan — compile(model, inputs, plan=plan).plan.log "
-                  f"ends with table {REALISED.split('.')[0]}, the realised layers"]
+    parts += ["", "casts inserted: counted when compile realises the plan — "
+                  f"compile(model, inputs, plan=plan).plan.log ends with table {REALISED.split('.')[0]}, the realised "
+                  "layers"]
     if resolved.problems:
         parts += ["", "Requests not realised as asked (strict=False):"] + [f"  - {p}" for p in resolved.problems]
     return "\n".join(parts) + "\n"
