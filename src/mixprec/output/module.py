@@ -34,7 +34,8 @@ class MixedPrecisionModule(torch.nn.Module):
         self._plan = plan
         self._settings = dict(settings)
         # the report says what this runner computes (runs_as): a loaded program may run on another backend or CPU
-        self._report = report.on_backend(runner, self._settings.get("backend", "eager")) if report is not None else None
+        self._report = (report.on_backend(runner, self._settings.get("backend", "eager"), exported_program)
+                        if report is not None else None)
         self._input_specs = tuple(input_specs)  # input_check.InputSpec per user input tensor
         self._example_inputs = tuple(example_inputs) if example_inputs is not None else None
 

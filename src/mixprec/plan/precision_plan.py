@@ -28,6 +28,9 @@ from .quantization import (
 )
 
 SOURCES = ("explicit", "torch_autocast", "marker", "plan", "autocast_rule", "default", "weak_typing")
+# what the user asked for (a plan, the configurator, markers, the code's own typing): speed checks never change it
+# (API.md §1); the other sources are mixprec's automatic decisions
+EXPLICIT_SOURCES = frozenset({"explicit", "torch_autocast", "marker", "plan"})
 
 _FORMAT = "mixprec.plan"
 # 2: int8 layers record each quantized value's grid, the plan its QuantPolicy; version 1 plans still load
@@ -291,6 +294,7 @@ class PrecisionPlan(Mapping):
         policy: QuantPolicy | None = None,
         input_ranges: Mapping[int, Range] | None = None,
         output_ranges: Mapping[int, Range] | None = None,
+        origin=None,
     ):
         self._nodes = MappingProxyType(dict(nodes or {}))
         self.inputs = MappingProxyType(dict(inputs or {}))
@@ -301,6 +305,8 @@ class PrecisionPlan(Mapping):
         if policy is not None and not isinstance(policy, QuantPolicy):
             raise ConfigError(f"PrecisionPlan's policy must be a mixprec QuantPolicy, got {type(policy).__name__}.")
         self.policy = policy  # how its int8 layers were made (plan/quantization.py); None: a plan without int8 policy
+        # the capture and calibration it was made on (``plan/origin.py``: compile reuses them); not part of its value
+        self.origin = origin
 
     def __getitem__(self, name: str) -> NodePrecision:
         return self._nodes[name]
@@ -334,7 +340,13 @@ class PrecisionPlan(Mapping):
 
     def with_nodes(self, updates: Mapping[str, NodePrecision]) -> "PrecisionPlan":
         return PrecisionPlan({**self._nodes, **updates}, inputs=self.inputs, outputs=self.outputs, log=self.log,
-                             policy=self.policy, input_ranges=self.input_ranges, output_ranges=self.output_ranges)
+                             policy=self.policy, input_ranges=self.input_ranges, output_ranges=self.output_ranges,
+                             origin=self.origin)
+
+    def with_log(self, log: str) -> "PrecisionPlan":
+        """The same plan with another log (compile completes a configurator's log with the realised layers)."""
+        return PrecisionPlan(self._nodes, inputs=self.inputs, outputs=self.outputs, log=log, policy=self.policy,
+                             input_ranges=self.input_ranges, output_ranges=self.output_ranges, origin=self.origin)
 
     def to_json(self, indent: int | None = 1) -> str:
         return json.dumps(
