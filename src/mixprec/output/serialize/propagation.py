@@ -40,6 +40,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ...errors import FileFormatError
+from ...ops import kernels
 from . import runtime_bounds, size_arithmetic, workspace
 
 MULTIPLE = 16  # one call may use this many times the bytes of the weights and inputs ...
@@ -276,6 +277,9 @@ class _Run:
             result = self._from_recorded(node, node.meta.get("val"))  # data-dependent: sizes at their bounds
             self.assumed[node] = result
             return result, 0, runtime_bounds.own_allocation(node, target, args, kwargs, result)
+        except kernels.OperandError as e:  # what the operator's declaration refuses (ops/kernels.py)
+            raise FileFormatError(f"the program's node {node.name!r} ({target}) cannot run on the sizes the file gives "
+                                  f"it: {e}") from None  # fmt: skip
         except FileFormatError:
             raise
         except Exception as e:  # torch's own refusal of the shapes or arguments the file gives this operator
