@@ -129,7 +129,8 @@ def load(path, *, backend: str | None = None):
         plan = PrecisionPlan.from_json(json.dumps(meta["plan"]))
         report = Report.from_dict(meta["report"]) if meta.get("report") is not None else None
         settings = meta["settings"]
-    except (ConfigError, KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as e:
+    except (ConfigError, KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError,
+            OverflowError) as e:
         raise FileFormatError(f"{where}: the plan, report or settings are damaged ({type(e).__name__}: {e}).") from e
 
     example_inputs = None
@@ -175,7 +176,8 @@ def read_metadata(path) -> tuple[dict, object]:
         meta, _ = container.read(fh, path)
     try:
         report = Report.from_dict(meta["report"]) if meta.get("report") is not None else None
-    except (ConfigError, KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as e:
+    except (ConfigError, KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError,
+            OverflowError) as e:
         raise FileFormatError(f"{path}: the report is damaged ({e}).") from e
     return meta, report
 
