@@ -191,5 +191,16 @@ def refused_writes(graph_module: torch.fx.GraphModule, user_inputs: set[str]) ->
     return None
 
 
+def overlapping(tensor: torch.Tensor) -> bool:
+    """Whether two elements of ``tensor`` may share memory (a broadcast view): torch refuses to write such a tensor in
+    place, at the call. Each stride must pass the extent of the dimensions of smaller stride (a sufficient test)."""
+    reach = 1
+    for stride, size in sorted((abs(int(st)), int(n)) for n, st in zip(tensor.shape, tensor.stride()) if n > 1):
+        if stride < reach:
+            return True
+        reach += stride * (size - 1)
+    return False
+
+
 def _names(nodes) -> str:
     return ", ".join(sorted(repr(n.name) for n in nodes))

@@ -40,6 +40,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ...errors import FileFormatError
+from ...ir import input_writes
 from ...ops import kernels
 from . import runtime_bounds, size_arithmetic, workspace
 
@@ -238,6 +239,10 @@ class _Run:
             else:
                 args = pytree.tree_map_only(torch.fx.Node, lambda n: env[n], node.args)
                 kwargs = pytree.tree_map_only(torch.fx.Node, lambda n: env[n], node.kwargs)
+                for written in input_writes.writes(node):  # torch refuses an in-place write into a broadcast view
+                    if isinstance(env.get(written), torch.Tensor) and input_writes.overlapping(env[written]):
+                        raise FileFormatError(f"the program's node {node.name!r} ({node.target}) writes in place into "
+                                              f"{written.name!r}, whose elements share memory (a broadcast view).")
                 result, nested, transient = self._call(node, args, kwargs)
                 runtime_bounds.follow(node, self.tainted, self.assumed)
                 self._compare(node, result)
