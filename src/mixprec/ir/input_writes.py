@@ -54,14 +54,15 @@ def _aliased_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:
     schema = getattr(target, "_schema", None)
     if schema is None:
         return []
-    sets = set()
+    sets, contained = set(), False
     for returned in schema.returns:
         if returned.alias_info is not None:
             sets |= set(returned.alias_info.before_set)
-    if not sets:
+            contained |= not returned.alias_info.before_set  # ``Tensor(a)[]``: the set is on the elements
+    if not sets and not contained:
         return []
     return [n for argument, value in _arguments(node, schema) if argument.alias_info is not None
-            and sets & set(argument.alias_info.before_set) for n in _nodes_in(value)]  # fmt: skip
+            and (contained or sets & set(argument.alias_info.before_set)) for n in _nodes_in(value)]  # fmt: skip
 
 
 def writes(node: torch.fx.Node) -> list[torch.fx.Node]:
