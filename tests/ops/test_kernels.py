@@ -161,8 +161,8 @@ _CASES = {  # (N, K, setup): each falls back to dequantizing a 4096 x 4096 weigh
                                   "torch.zeros(n, k // 2, dtype=torch.uint8), torch.ones(k // 128, n, 2), 128, False, "
                                   "None)"),
     "int4 packed, float64": (2048, 2048, "x = torch.zeros(1, k, dtype=torch.float64); op = "
-                                        "torch.ops.mixprec.linear_int4_weight; args = (x, wo.pack_int4(torch.zeros(n, k, "
-                                        "dtype=torch.int32)), torch.ones(k // 128, n, 2), 128, True, None)"),
+                             "torch.ops.mixprec.linear_int4_weight; args = (x, wo.pack_int4(torch.zeros(n, k, "
+                             "dtype=torch.int32)), torch.ones(k // 128, n, 2), 128, True, None)"),
 }
 
 

@@ -68,7 +68,7 @@ def _refuse(what: str, got: str, assumed: str) -> None:
 
 
 def _relations(b):
-    yield b["kind"] in (SIZES, REPEATS, SCALAR) and type(b["kind"]) is int, f"unknown kind {b['kind']!r}"
+    yield b["kind"] in (SIZES, REPEATS, SCALAR) and type(b["kind"]) is int, lambda: f"unknown kind {b['kind']!r}"
     yield all(type(v) is int for v in b["limits"]), "the limits must be integers"
 
 

@@ -232,8 +232,8 @@ def _float32_steps(name: str):
 
 def _per_channel_relations(b):
     q, scales, axis = b["q"], b["scales"], b["axis"]
-    yield type(axis) is int and -q.dim() <= axis < q.dim(), f"axis {axis!r} is not a dimension of the {q.dim()}-D q"
-    yield scales.shape[0] == q.shape[axis], f"one scale per channel along axis {axis}: {q.shape[axis]} scales"
+    yield type(axis) is int and -q.dim() <= axis < q.dim(), lambda: f"axis {axis!r} is not a dimension of q ({q.dim()}-D)"
+    yield scales.shape[0] == q.shape[axis], lambda: f"one scale per channel along axis {axis}: {q.shape[axis]} scales"
 
 
 _ARITHMETIC = "ATen arithmetic on the operands (ops/quant.py): torch checks them and reads them through their strides"

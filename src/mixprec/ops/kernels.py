@@ -50,7 +50,8 @@ class Operand:
     optional: bool = False
 
 
-# bound arguments -> (condition, why) pairs, checked in order (a later one may assume the earlier ones hold)
+# bound arguments -> (condition, why) pairs, checked in order (a later one may assume the earlier ones hold);
+# ``why``: a string, or a function that makes it (so a formatted reason costs nothing on a call that passes)
 Relations = Callable[[Mapping], Iterable[tuple[object, str]]]
 
 
@@ -139,29 +140,36 @@ def positional(op, bound: Mapping) -> tuple[tuple, dict]:
 # ---- the checks -------------------------------------------------------------------------------------------------
 def check(declaration: Declaration, bound: Mapping) -> None:
     """The operands' dtypes, ranks and devices, then the declaration's relations; OperandError (or, on symbolic
-    sizes, torch's own check error) when one does not hold."""
-    devices = set()
+    sizes, torch's own check error) when one does not hold. Cheap on a well-formed call (an eager entry runs it on
+    every call): messages are made only for a failure."""
+    device = None
     for operand in declaration.operands:
         value = bound.get(operand.name)
         if value is None and operand.optional:
             continue
-        where = f"{declaration.op}: operand {operand.name!r}"
-        if not isinstance(value, torch.Tensor):
-            raise OperandError(f"{where} must be a tensor, not {type(value).__name__}.")
-        if value.dtype not in operand.dtypes:
-            wanted = ", ".join(sorted(str(d).removeprefix("torch.") for d in operand.dtypes))
-            raise OperandError(f"{where} is {str(value.dtype).removeprefix('torch.')}; its kernel reads {wanted}.")
-        if (value.dim() != operand.rank) if operand.rank is not None else value.dim() < 1:
-            raise OperandError(f"{where} has {value.dim()} dimensions; its kernel reads "
-                               f"{operand.rank if operand.rank is not None else 'at least 1'}.")
-        if value.layout != torch.strided:
-            raise OperandError(f"{where} is not a dense tensor ({value.layout}).")
-        devices.add(value.device)
-    if len(devices) > 1:
-        raise OperandError(f"{declaration.op}: its operands are on {len(devices)} devices; its kernel reads one.")
+        if (not isinstance(value, torch.Tensor) or value.dtype not in operand.dtypes or value.layout != torch.strided
+                or (value.dim() != operand.rank if operand.rank is not None else value.dim() < 1)):  # fmt: skip
+            raise OperandError(_operand_refusal(declaration, operand, value))
+        if device is None:
+            device = value.device
+        elif value.device != device:
+            raise OperandError(f"{declaration.op}: its operands are on several devices; its kernel reads one.")
     if declaration.relations is not None:
         for condition, why in declaration.relations(bound):
-            _holds(condition, lambda why=why: f"{declaration.op}: {why}.")
+            _holds(condition, declaration.op, why)
+
+
+def _operand_refusal(declaration: Declaration, operand: Operand, value) -> str:
+    where = f"{declaration.op}: operand {operand.name!r}"
+    if not isinstance(value, torch.Tensor):
+        return f"{where} must be a tensor, not {type(value).__name__}."
+    if value.dtype not in operand.dtypes:
+        wanted = ", ".join(sorted(str(d).removeprefix("torch.") for d in operand.dtypes))
+        return f"{where} is {str(value.dtype).removeprefix('torch.')}; its kernel reads {wanted}."
+    if value.layout != torch.strided:
+        return f"{where} is not a dense tensor ({value.layout})."
+    rank = operand.rank if operand.rank is not None else "at least 1"
+    return f"{where} has {value.dim()} dimensions; its kernel reads {rank}."
 
 
 def prepare(declaration: Declaration, bound: Mapping) -> dict:
@@ -193,11 +201,12 @@ def nbytes(value) -> int:
     return math.prod(int(s) for s in value.shape) * value.element_size()
 
 
-def _holds(condition, message) -> None:
+def _holds(condition, op: str, why) -> None:
     """``torch._check`` with a plain-bool fast path: eager entries check concrete sizes on every call (a decode step
-    makes ~60), fake kernels symbolic ones (``torch._check`` records or refuses those)."""
+    makes ~60), fake kernels symbolic ones (``torch._check`` records or refuses those). ``why``: the reason, or a
+    function making it (a formatted one is made only when the condition fails)."""
     if condition is True:
         return
     if condition is False or condition is None:
-        raise OperandError(message())
-    torch._check(condition, message)
+        raise OperandError(f"{op}: {why() if callable(why) else why}.")
+    torch._check(condition, lambda: f"{op}: {why() if callable(why) else why}.")

@@ -22,7 +22,8 @@ zero form). ``group=None`` is one scale per output channel. Every backend comput
 negative scale needs nothing of them.
 
 **The ops** (``torch.ops.mixprec``; each has an eager kernel and a fake kernel, so programs export and inductor
-calls them as extern kernels)::
+calls them as extern kernels, and a declaration, ``ops/kernels.py``, that both check and the loader reads: dtypes,
+shapes, groups, stored operands, and the memory the fallbacks allocate)::
 
     linear_int8_weight(x, weight int8 [N, K], scales [N, G], offsets [N, G] | None, bias | None)
     linear_int4_weight(x, weight uint8 [N, K/2], scales_and_zeros [G, N, 2], group, packed, bias | None)
@@ -299,29 +300,29 @@ def _int4_on_kernel(b) -> bool:
 def _int8_relations(b):
     x, weight, scales, offsets, bias = b["x"], b["weight"], b["scales"], b["offsets"], b["bias"]
     n, k = weight.shape
-    yield n > 0 and k > 0, f"the int8 weight must have output and input channels, not {list(weight.shape)}"
-    yield x.shape[-1] == k, f"the input's last size must be the weight's K = {k}"
-    yield scales.shape[0] == n and scales.shape[1] >= 1, f"the scales must be [{n}, groups]"
-    yield k % scales.shape[1] == 0, f"{scales.shape[1]} groups do not split K = {k}"
+    yield n > 0 and k > 0, lambda: f"the int8 weight must have output and input channels, not {list(weight.shape)}"
+    yield x.shape[-1] == k, lambda: f"the input's last size must be the weight's K = {k}"
+    yield scales.shape[0] == n and scales.shape[1] >= 1, lambda: f"the scales must be [{n}, groups]"
+    yield k % scales.shape[1] == 0, lambda: f"{scales.shape[1]} groups do not split K = {k}"
     yield offsets is None or offsets.shape == scales.shape, "the offsets must have the scales' shape"
-    yield bias is None or bias.shape[0] == n, f"the bias must be [{n}]"
+    yield bias is None or bias.shape[0] == n, lambda: f"the bias must be [{n}]"
 
 
 def _int4_relations(b):
-    x, weight, both, group, packed, bias = (b[n] for n in ("x", "weight", "scales_and_zeros", "group", "packed",
-                                                            "bias"))  # fmt: skip
+    x, weight, both, bias = b["x"], b["weight"], b["scales_and_zeros"], b["bias"]
+    group, packed = b["group"], b["packed"]
     n, k = weight.shape[0], 2 * weight.shape[1]
-    yield type(packed) is bool, f"packed must be true or false, not {packed!r}"
-    yield type(group) is int and group > 0, f"the group must be a positive number of input channels, not {group!r}"
-    yield n > 0 and k > 0, f"the int4 weight must have output and input channels, not {list(weight.shape)}"
-    yield x.shape[-1] == k, f"the input's last size must be 2 * weight.shape[1] = {k}"
-    yield k % group == 0, f"group {group} does not split K = {k}"
-    yield tuple(both.shape) == (k // group, n, 2), f"the scales and zeros must be [{k // group}, {n}, 2]"
-    yield not packed or group in INT4_KERNEL_GROUPS, (
+    yield type(packed) is bool, lambda: f"packed must be true or false, not {packed!r}"
+    yield type(group) is int and group > 0, lambda: f"the group must be a number of input channels, not {group!r}"
+    yield n > 0 and k > 0, lambda: f"the int4 weight must have output and input channels, not {list(weight.shape)}"
+    yield x.shape[-1] == k, lambda: f"the input's last size must be 2 * weight.shape[1] = {k}"
+    yield k % group == 0, lambda: f"group {group} does not split K = {k}"
+    yield tuple(both.shape) == (k // group, n, 2), lambda: f"the scales and zeros must be [{k // group}, {n}, 2]"
+    yield not packed or group in INT4_KERNEL_GROUPS, lambda: (
         f"a packed weight runs on the int4 kernel, which takes groups of {', '.join(map(str, INT4_KERNEL_GROUPS))}, "
         f"not {group}")
-    yield not packed or n % INT4_N_MULTIPLE == 0, f"a packed weight has a multiple of {INT4_N_MULTIPLE} output channels"
-    yield bias is None or bias.shape[0] == n, f"the bias must be [{n}]"
+    yield not packed or n % INT4_N_MULTIPLE == 0, "a packed weight has a multiple of 16 output channels"
+    yield bias is None or bias.shape[0] == n, lambda: f"the bias must be [{n}]"
 
 
 def _rows(x) -> int:

@@ -61,7 +61,8 @@ def check(data: Mapping) -> None:
         for key, value in policy.items():
             _name(key, "a field of the plan's 'quant_policy'")
             if isinstance(value, (dict, list)) and (key != "sdpa_operands" or len(value) > 3):
-                raise ConfigError(f"the plan's quant_policy.{key[:40]} must be a plain value, got {type(value).__name__}.")
+                raise ConfigError(f"the plan's quant_policy.{key[:40]} must be a plain value, got "
+                                  f"{type(value).__name__}.")
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 real(value, f"the plan's quant_policy.{key[:40]}")
             if isinstance(value, str):
@@ -83,8 +84,8 @@ def _node(entry, where: str) -> None:
         _string(entry["reason"], f"{where}: 'reason'", MAX_TEXT)
     group = entry.get("weight_group")
     if group is not None and (type(group) is not int or not 0 < group <= MAX_GROUP):
-        raise ConfigError(f"{where}: 'weight_group' must be a positive number of input channels, at most {MAX_GROUP}, or null "
-                          f"(one scale per output channel), got {short(group)}.")
+        raise ConfigError(f"{where}: 'weight_group' must be a positive number of input channels, at most {MAX_GROUP}, "
+                          f"or null (one scale per output channel), got {short(group)}.")
     if "weight_symmetric" in entry and type(entry["weight_symmetric"]) is not bool:
         raise ConfigError(f"{where}: 'weight_symmetric' must be true or false, got {short(entry['weight_symmetric'])}.")
     if entry.get("int8") is not None:

@@ -243,8 +243,8 @@ def _check_weight_quantization(decision: NodePrecision) -> None:
     if not isinstance(symmetric, bool):
         raise ConfigError(f"NodePrecision.weight_symmetric must be true or false, got {symmetric!r}.")
     if group is not None and (isinstance(group, bool) or not isinstance(group, int) or not 0 < group <= MAX_GROUP):
-        raise ConfigError(f"NodePrecision.weight_group must be a positive number of input channels, at most {MAX_GROUP} "
-                          f"(or null: one scale per output channel), got {_short(group)}.")
+        raise ConfigError("NodePrecision.weight_group must be a positive number of input channels, at most "
+                          f"{MAX_GROUP} (or null: one scale per output channel), got {_short(group)}.")
     if (group is not None or not symmetric) and decision.param_dtype not in WEIGHT_BITS:
         raise ConfigError("NodePrecision.weight_group / weight_symmetric describe int8 or int4 weights; this layer "
                           f"stores its parameters in {dtype_name(decision.stored_param_dtype)} (set param_dtype to "

@@ -197,8 +197,10 @@ def _direct_kernel(doc):
 
 def _unsafe_index(doc):
     x = crafting.user_input(doc)
-    crafting.prepend_node(doc, "crafted_i", "torch.ops.aten.full.default", [[4], 1 << 30], {"dtype": {"dtype": "int64"}})
-    crafting.prepend_node(doc, "crafted_read", "torch.ops.aten._unsafe_index.Tensor", [{"node": x}, [{"node": "crafted_i"}]])
+    crafting.prepend_node(doc, "crafted_i", "torch.ops.aten.full.default", [[4], 1 << 30],
+                          {"dtype": {"dtype": "int64"}})  # fmt: skip
+    crafting.prepend_node(doc, "crafted_read", "torch.ops.aten._unsafe_index.Tensor",
+                          [{"node": x}, [{"node": "crafted_i"}]])  # fmt: skip
     crafting.topological(doc)
 
 

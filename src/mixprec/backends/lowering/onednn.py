@@ -103,12 +103,12 @@ def _relations(b):
     """oneDNN reads K values of each row of ``u``, N scales and N biases from their pointers (N, K: the packed weight's
     [K, N])."""
     packed = _PACKED.get(b["handle"]) if type(b["handle"]) is int else None
-    yield packed is not None, f"the packed int8 weight {b['handle']!r} was freed with the module that owned it"
+    yield packed is not None, lambda: f"the packed int8 weight {b['handle']!r} was freed with the module that owned it"
     k, n = packed.shape
-    yield b["out_dtype"] in OUT_DTYPES, f"it writes {', '.join(map(str, OUT_DTYPES))}, not {b['out_dtype']}"
-    yield b["u"].shape[-1] == k, f"the activation's last size must be the weight's K = {k}"
-    yield b["w_scales"].shape[0] == n, f"one weight scale per output channel: {n}"
-    yield b["bias"] is None or b["bias"].shape[0] == n, f"the bias must be [{n}]"
+    yield b["out_dtype"] in OUT_DTYPES, lambda: f"it writes {', '.join(map(str, OUT_DTYPES))}, not {b['out_dtype']}"
+    yield b["u"].shape[-1] == k, lambda: f"the activation's last size must be the weight's K = {k}"
+    yield b["w_scales"].shape[0] == n, lambda: f"one weight scale per output channel: {n}"
+    yield b["bias"] is None or b["bias"].shape[0] == n, lambda: f"the bias must be [{n}]"
     yield type(b["x_zero_point"]) is int and 0 <= b["x_zero_point"] <= 255, "the zero point is a uint8 value"
 
 

@@ -15,7 +15,7 @@ The file is a zip archive (format ``mixprec.program``, version 2) with four memb
 This module is the sequence of each direction; the steps have their own modules: the zip container, streamed both
 ways (``container.py``), the graph written (``graph.py``) and read (``graph_reader.py``, ``graph_build.py``), the
 weights (``weights.py``), the container specs (``specs.py``, ``outputs.py``), and the checks of what was built
-(``operators.py``, ``strings.py``, ``propagation.py``).
+(``operators.py``, ``strings.py``, ``declared.py``: the kernel declarations, ``propagation.py``).
 
 **No third-party parser sees bytes from the file** (issue 31). Version 1 held ``torch.export.save``'s archive and
 was read by ``torch.export.load``, which unpickles, gives shape text to sympy's parser, and imports the modules a

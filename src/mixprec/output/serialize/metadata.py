@@ -2,9 +2,10 @@
 
 One owner for the schema: what ``save`` writes (:func:`for_program`) and what ``load`` accepts (:func:`check`) sit
 side by side, so a field cannot be added to one without the other. The members a file records are a fixed list
-(:data:`STORED`), each with its size and SHA-256: one missing or one more is a damaged file. The metadata is the first thing a load trusts
-(it records the sizes and SHA-256 of the other members), so every field's type is checked before anything reads
-it, and a file of another format or version is refused with a message that says which mixprec reads it.
+(:data:`STORED`), each with its size and SHA-256: one missing or one more is a damaged file. The metadata is the
+first thing a load trusts (it records the sizes and SHA-256 of the other members), so every field's type is checked
+before anything reads it, and a file of another format or version is refused with a message that says which mixprec
+reads it.
 """
 
 from __future__ import annotations

@@ -17,7 +17,9 @@ at the example sizes, and refuses the file (FileFormatError) when
   counted as eager PyTorch spends it: each tensor an operator returns lives from that operator to its last use
   (views share their base's storage), plus, while an operator runs, its scratch (``workspace.py``: the columns of
   a convolution without a oneDNN path, the intermediates of a composite operator, attention's L x S scores, the
-  copies of broadcast inputs);
+  copies of broadcast inputs, and what a declared operator declares: ``ops/kernels.py``);
+* an operator refuses its operands by its declaration (``ops/kernels.py``, through its fake kernel), or writes in
+  place into a tensor whose elements share memory (a broadcast view: torch refuses that at the call);
 * the user inputs, at the recorded sizes, exceed the bytes the file stores for its example inputs or
   :data:`MAX_UNSTORED_INPUT_BYTES` when it stores none: a backend that warms up on inputs made from these sizes
   (inductor) never materialises more than that.
