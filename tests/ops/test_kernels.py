@@ -194,3 +194,14 @@ def test_the_declared_workspace_covers_the_measured_peak(case, measured):
     assert peak - out >= 32 << 20  # every case allocates a large multiple of its output
     assert scratch + out >= peak - (8 << 20)
     assert scratch + out <= 4 * peak
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16])
+def test_per_channel_dequantize_takes_every_weight_grid_and_checks_its_scales(dtype):
+    """Simulated int16 weights are int16 codes (int4 ones int8): the declaration takes both; one scale per channel."""
+    q = torch.randint(-100, 100, (6, 4), dtype=dtype)
+    scales = torch.rand(6) + 0.5
+    torch.testing.assert_close(torch.ops.mixprec.dequantize_per_channel(q, scales, 0, torch.float32),
+                               q.float() * scales[:, None])
+    with pytest.raises(mixprec.FileFormatError, match="one scale per channel along axis 0: 6 scales"):
+        torch.ops.mixprec.dequantize_per_channel(q, scales[:5], 0, torch.float32)

@@ -239,9 +239,10 @@ def _per_channel_relations(b):
 _ARITHMETIC = "ATen arithmetic on the operands (ops/quant.py): torch checks them and reads them through their strides"
 _ANY = frozenset({torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int8, torch.uint8, torch.int16,
                   torch.int32, torch.int64})  # fmt: skip
+_WEIGHT_CODES = frozenset({torch.int8, torch.uint8, torch.int16})  # int8 weights, simulated int16 and int4 ones
 _PER_CHANNEL = kernels.declare(kernels.Declaration(
     "mixprec::dequantize_per_channel.default",
-    operands=(kernels.Operand("q", frozenset({INT8_SYMMETRIC.dtype})), kernels.Operand("scales", kernels.FLOATS, 1)),
+    operands=(kernels.Operand("q", _WEIGHT_CODES), kernels.Operand("scales", kernels.FLOATS, 1)),
     relations=_per_channel_relations, workspace=_float32_steps("q"), literals=frozenset({"axis"}), reviewed=_ARITHMETIC,
 ))
 for _op in (*QUANTIZE_OPS, *(DEQUANTIZE_OPS - {torch.ops.mixprec.dequantize_per_channel.default})):
