@@ -130,7 +130,7 @@ def copy_written_inputs(work) -> bool:
                    f"{writer.name!r}); the compiled program writes a copy, so the tensor you pass is left as it was "
                    "(mixprec never writes its caller's tensors)")
         log.info(message)
-        warnings.warn(f"mixprec.compile: {message}.", MixedPrecisionWarning, stacklevel=4)
+        warnings.warn(f"mixprec: {message}.", MixedPrecisionWarning, stacklevel=4)
     work.sync_output_specs()
     return True
 
@@ -151,7 +151,7 @@ def _drop_write_backs(work) -> bool:
     message = (f"the program writes its input(s) {', '.join(names)} back (user input mutation); the compiled program "
                "does not, so the tensors you pass are left as they were (mixprec never writes its caller's tensors)")
     log.info(message)
-    warnings.warn(f"mixprec.compile: {message}.", MixedPrecisionWarning, stacklevel=4)
+    warnings.warn(f"mixprec: {message}.", MixedPrecisionWarning, stacklevel=4)
     return True
 
 
