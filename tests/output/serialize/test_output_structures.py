@@ -90,7 +90,7 @@ def _canonical(value):
     if isinstance(value, (OutputRecord, transformers_outputs.ModelOutput)):
         return ("record", {k: _canonical(v) for k, v in value.items() if v is not None})
     if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return ("record", {k: _canonical(getattr(value, k)) for k in value._fields})
+        return ("record", {k: _canonical(getattr(value, k)) for k in value._fields if getattr(value, k) is not None})
     if dataclasses.is_dataclass(value):
         return ("record", {f.name: _canonical(getattr(value, f.name)) for f in dataclasses.fields(value)
                            if getattr(value, f.name) is not None})  # fmt: skip

@@ -85,7 +85,9 @@ def _check_fields(meta: dict, path: str) -> None:
     for name in STORED:
         entry = meta["members"].get(name)
         if not isinstance(entry, dict) or set(entry) != {"size", "sha256"}:
-            raise FileFormatError(f"{path} is incomplete: the member {name} has no size and SHA-256 recorded.")
+            fields = sorted(str(k)[:20] for k in entry)[:4] if isinstance(entry, dict) else type(entry).__name__
+            raise FileFormatError(f"{path} is damaged: {META} records the member {name} as {fields}, not its size "
+                                  "and sha256.")
         if not isinstance(entry.get("size"), int) or isinstance(entry["size"], bool) or entry["size"] < 0:
             bad(f"members.{name}.size", "a byte count")
         if not isinstance(entry.get("sha256"), str) or not _SHA256.match(entry["sha256"]):
