@@ -80,6 +80,8 @@ def linear_u8s8(
     where the kernel is exact on it (``cpu.py``). The integer sum is int32's; the scales and bias are applied in
     float32 and the result written as ``out_dtype`` (float32, or bfloat16 for a bf16 consumer:
     :data:`OUT_DTYPES`). ``x_zero_point`` is last so that the arguments before it keep their places."""
+    if out_dtype not in OUT_DTYPES:
+        raise ValueError(f"mixprec: linear_u8s8 writes {', '.join(map(str, OUT_DTYPES))}, not {out_dtype}")
     b = kernels.prepare(DECLARATION, {"u": u, "x_scale": x_scale, "w_scales": w_scales, "bias": bias, "handle": handle,
                                       "out_dtype": out_dtype, "x_zero_point": x_zero_point})  # fmt: skip
     u, w_scales, bias, packed = b["u"], b["w_scales"], b["bias"], _PACKED[handle]
