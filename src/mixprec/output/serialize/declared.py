@@ -40,8 +40,11 @@ def _declared_nodes(graph_module):
 
 
 def canonical(graph_module) -> None:
-    """Every declared node's arguments bound through the schema and written in its canonical form (in place)."""
-    for _, node, _ in _declared_nodes(graph_module):
+    """Every declared node's arguments bound through the schema and written in its canonical form (in place): the
+    operators that declare operands, literals or stored tensors (what later steps read by position)."""
+    for _, node, declaration in _declared_nodes(graph_module):
+        if not (declaration.operands or declaration.literals or declaration.stored):
+            continue
         try:
             bound = kernels.bind(node.target, node.args, node.kwargs)
         except kernels.OperandError as e:

@@ -71,7 +71,7 @@ def scratch(target, args, kwargs, result) -> int:
     """Bytes one operator's kernel allocates beyond its result: what its declaration says (``ops/kernels.py``: mixprec's
     operators, the private ATen kernels), else the module docstring's formulas."""
     declaration = kernels.declaration_of(target)
-    if declaration is not None:
+    if declaration is not None and (declaration.workspace is not None or declaration.operands):
         return kernels.workspace_bytes(declaration, kernels.bind(target, args, kwargs))
     name = target._schema.name.split("::")[-1]
     if name in _CONVOLUTIONS:
