@@ -36,18 +36,21 @@ __all__ = ["Choice", "Moments", "RoundingPolicy", "WeightGrid", "choose", "choos
 class RoundingPolicy:
     """How :func:`choose` searches. ``shrinks``: factors of round-to-nearest's scale screened per group;
     ``refits``: least-squares refinements of the scale; ``alphas``: the AWQ exponents tried per group (() turns
-    the per-channel scaling off); ``gptq``: codes by error feedback (else nearest levels); ``damp``: added to the
-    moments' diagonal, times its mean (NNCF's GPTQ default; measured: ``Moments.of``)."""
+    the per-channel scaling off), each scored with the scales screened from ``awq_shrinks``; ``gptq``: codes by
+    error feedback (else nearest levels); ``damp``: added to the moments' diagonal, times its mean (NNCF's GPTQ
+    default; ``scales.Moments.of``)."""
 
     shrinks: tuple[float, ...] = tuple(1.0 - 0.05 * i for i in range(11))
     refits: int = 2
-    alphas: tuple[float, ...] = tuple(0.1 * i for i in range(11))
+    alphas: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+    awq_shrinks: tuple[float, ...] = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5)
     gptq: bool = True
     damp: float = 0.1
 
     def __post_init__(self):
-        if not self.shrinks or any(not 0 < f <= 2 for f in self.shrinks):
-            raise ConfigError(f"rounding policy: shrinks must be factors in (0, 2], not {self.shrinks}")
+        if any(not f or any(not 0 < x <= 2 for x in f) for f in (self.shrinks, self.awq_shrinks)):
+            raise ConfigError(f"rounding policy: shrinks must be factors in (0, 2], not {self.shrinks} and "
+                              f"{self.awq_shrinks}")
         if self.refits < 0 or any(not 0 <= a <= 1 for a in self.alphas) or not self.damp >= 0:
             raise ConfigError("rounding policy: refits and damp must be >= 0, alphas in [0, 1]")
 
@@ -88,7 +91,7 @@ def choose_shared(weights: Sequence[torch.Tensor], fmt: WeightGrid, stats,
                           f"weight {k}; pass the moments of the Linear's own input")
     w = grids.grouped(torch.cat([x.detach() for x in weights]), fmt)
     per_group = moments.within(size)
-    a = channel_scales(w, fmt, per_group, policy.alphas, policy.shrinks) if policy.alphas else None
+    a = channel_scales(w, fmt, per_group, policy.alphas, policy.awq_shrinks) if policy.alphas else None
     if a is not None:
         w = w * a.reshape(w.shape[1:])
         moments, per_group = moments.scaled(a), per_group.scaled(a)

@@ -21,31 +21,34 @@ from .grids import WeightGrid
 from .scales import Moments
 
 
+SUB = 16  # columns updated one by one before the rest of the block gets their errors in one product (GPTQ's lazy batch)
+
+
 def feedback_codes(w: torch.Tensor, grid: WeightGrid, scales: torch.Tensor, zeros: torch.Tensor | None,
                    moments: Moments) -> torch.Tensor:
     """Codes (int64 [N, K]) of weights ``w`` [N, K] for the chosen per-group ``scales`` (and ``zeros``) [N, G]."""
     n, k = w.shape
     size = k // scales.shape[1]
     b = moments.block
-    work = w.detach().to(torch.float64).clone()
-    levels = torch.empty(n, k, dtype=torch.float32, device=w.device)
-    scale_of = scales.to(torch.float64).repeat_interleave(size, dim=1)
-    zero_of = None if zeros is None else zeros.to(torch.float64).repeat_interleave(size, dim=1)
+    levels = torch.empty(k, n, dtype=torch.float32, device=w.device)  # column-major: a column is contiguous
+    scale_of = scales.t().float().repeat_interleave(size, dim=0)  # [K, N]
+    zero_of = None if zeros is None else zeros.t().float().repeat_interleave(size, dim=0)
     for start in range(0, k, b):
-        upper = _inverse_factor(moments.blocks[start // b].to(torch.float64))
-        part = work[:, start:start + b]
-        for j in range(b):
-            c = start + j
-            column = part[:, j]
-            shifted = column if zero_of is None else column - zero_of[:, c]
-            level = g.nearest_level((shifted / scale_of[:, c]).to(torch.float32), grid)
-            levels[:, c] = level
-            value = level.to(torch.float64) * scale_of[:, c]
-            if zero_of is not None:
-                value = value + zero_of[:, c]
-            error = (column - value) / upper[j, j]
-            part[:, j + 1:] -= error[:, None] * upper[j, j + 1:][None, :]
-    return g.nearest(levels, grid)
+        upper = _inverse_factor(moments.blocks[start // b].to(torch.float64)).float()
+        part = w[:, start:start + b].t().float().contiguous()  # [b, N], updated in place
+        errors = torch.empty_like(part)
+        for sub in range(0, b, SUB):
+            end = min(sub + SUB, b)
+            for j in range(sub, end):
+                c = start + j
+                shifted = part[j] if zero_of is None else part[j] - zero_of[c]
+                level = g.nearest_level(shifted / scale_of[c], grid)
+                levels[c] = level
+                value = level * scale_of[c] if zero_of is None else level * scale_of[c] + zero_of[c]
+                errors[j] = (part[j] - value) / upper[j, j]
+                part[j + 1:end] -= upper[j, j + 1:end, None] * errors[j]
+            part[end:] -= upper[sub:end, end:].t() @ errors[sub:end]
+    return g.nearest(levels.t().contiguous(), grid)
 
 
 def _inverse_factor(h: torch.Tensor) -> torch.Tensor:

@@ -110,10 +110,18 @@ def nearest(values: torch.Tensor, grid: WeightGrid) -> torch.Tensor:
 
 
 def nearest_level(values: torch.Tensor, grid: WeightGrid) -> torch.Tensor:
-    """The level nearest each value (float32; :func:`nearest`'s code looked up), overwriting ``values``."""
+    """The level nearest each value (float32), overwriting ``values``: what the searches score. For a table, the
+    lowest level plus every step whose midpoint the value passes (a compare and an add per step, several times
+    faster than a lookup on the CPU; the sum may differ from the level by float32 rounding, which the scores do
+    not see: stored codes come from :func:`nearest`)."""
     if grid.integer:
         return values.round_().clamp_(grid.levels[0], grid.levels[-1])
-    return grid.levels_tensor(values.device)[nearest(values, grid)]
+    out = torch.full_like(values, grid.levels[0])
+    passed = torch.empty(values.shape, dtype=torch.bool, device=values.device)
+    for low, high in zip(grid.levels, grid.levels[1:]):
+        torch.gt(values, (low + high) / 2, out=passed)
+        out.add_(passed, alpha=high - low)
+    return out
 
 
 def stored(value: torch.Tensor, grid: WeightGrid) -> torch.Tensor:
