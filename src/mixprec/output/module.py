@@ -90,10 +90,12 @@ class MixedPrecisionModule(torch.nn.Module):
             return self._run(args, kwargs)
 
     def _run(self, args, kwargs):
-        # a runner that checks its own inputs when called directly (inductor) skips that check here: done above
-        run = getattr(self.runner, "run_checked", self.runner)
+        runner = self.runner
+        # a runner that checks its own inputs when called directly (inductor) skips that check here: done above.
+        # Looked up on the class: a failed lookup on an nn.Module instance raises inside __getattr__ (microseconds)
+        checked = getattr(type(runner), "run_checked", None)
         try:
-            return run(*args, **kwargs)
+            return checked(runner, *args, **kwargs) if checked is not None else runner(*args, **kwargs)
         except AssertionError as e:  # torch.export's shape guards (derived sizes such as 2*batch)
             if not str(e).startswith("Guard failed"):
                 raise
