@@ -217,7 +217,8 @@ class DecoderStaticCache(ModelParts):
         cross = DynamicCache([(keys[:, index], values[:, index]) for index in range(keys.shape[1])])
         return self.hf_model(
             encoder_outputs=(encoder_hidden_states,), attention_mask=attention_mask,
-            decoder_input_ids=decoder_input_ids, **self.with_cache(EncoderDecoderCache(self.cache, cross)), use_cache=True,
+            decoder_input_ids=decoder_input_ids, **self.with_cache(EncoderDecoderCache(self.cache, cross)),
+            use_cache=True,
         ).logits
 
 
