@@ -104,6 +104,7 @@ def torch_autocast(low="bf16", timed=True):
     return Case(f"torch.autocast {low}", "autocast", {"low": low}, "torch", timed)
 
 
+NUMERICS = {"autocast_require_speedup": False}  # a numerics preview: lowered whether or not faster on this CPU
 W4 = {"weight": "int4", "group_size": 128}
 W8 = {"weight": "int8"}
 NOT_TIMED = {"timed": False}
@@ -134,6 +135,7 @@ def _autocast34():  # issue 34: default autocast (the speed check) against fp32 
 
 def _openvino14():  # issue 14/25: OpenVINO against mixprec's programs on it; bf16 plans where OpenVINO runs f32
     cases = (FP32, OV, mx("mixprec openvino (fp32 plan)", "openvino"), auto("mixprec openvino (autocast)", "openvino"),
+             auto("mixprec openvino (autocast, every layer lowered)", "openvino", **NUMERICS),
              torch_autocast(timed=False))
     shapes = (("bert-8x128", "bert", {"batch": 8}), ("vit-4x224", "vit", {"batch": 4}),
               ("resnet50-8x224", "resnet50", {"batch": 8}), ("gpt2-4x128", "gpt2", {"batch": 4}),
@@ -322,8 +324,8 @@ def _generate23():  # issue 23: generate() of causal and encoder-decoder models,
 
 
 def _zoo20():  # issues 12/20: mixprec's autocast error against torch.autocast's over input draws, FLOP share
-    cases = (FP32, auto("mixprec bf16", autocast_low_precision_type="bf16"), torch_autocast("bf16"),
-             auto("mixprec fp16", autocast_low_precision_type="fp16"), torch_autocast("fp16"))
+    cases = (FP32, auto("mixprec bf16", autocast_low_precision_type="bf16", **NUMERICS), torch_autocast("bf16"),
+             auto("mixprec fp16", autocast_low_precision_type="fp16", **NUMERICS), torch_autocast("fp16"))
     names = ("vit", "convnext", "detr", "swin", "segformer", "bert", "gpt2", "llama", "qwen3", "gemma2", "t5")
     groups = [Group("zoo20", n, "zoo", {"arch": n, "batch": 16}, cases, data=Data(0, 0, 12), timing=Timing(0))
               for n in names]
@@ -335,8 +337,8 @@ def _zoo20():  # issues 12/20: mixprec's autocast error against torch.autocast's
 
 
 def _readme():  # the README's figures: small test models, weak typing, the runtime guard, the debugger's fix
-    small = (FP32, auto("mixprec bf16", autocast_low_precision_type="bf16"),
-             auto("mixprec fp16", autocast_low_precision_type="fp16"),
+    small = (FP32, auto("mixprec bf16", autocast_low_precision_type="bf16", **NUMERICS),
+             auto("mixprec fp16", autocast_low_precision_type="fp16", **NUMERICS),
              search("search at autocast bf16's error", "bf16", "mixprec bf16", "eager"),
              search("search at half of it", "bf16", ("mixprec bf16", 0.5), "eager"))
     groups = [Group("readme", n, "tests", {"name": n}, small, timing=Timing(0))
@@ -344,12 +346,13 @@ def _readme():  # the README's figures: small test models, weak typing, the runt
     weak = (FP32, mx("weak typing fp32/bf16", use_explicit_typing=False, enabled_precisions=("fp32", "bf16")),
             auto("all bf16", autocast_require_speedup=False, autocast_max_output_threshold=None))
     groups += [Group("readme", f"weak-{n}", m, s, weak, timing=Timing(15)) for n, m, s in MODELS8[:2]]
-    guard = (FP32, auto("autocast bf16"), auto("autocast bf16, runtime_guard=warn", runtime_guard="warn"))
+    guard = (FP32, auto("autocast bf16", **NUMERICS), auto("autocast bf16, runtime_guard=warn", runtime_guard="warn",
+                                                           **NUMERICS))
     small_llama = dict(hidden=256, intermediate=688, heads=8, kv_heads=8, vocab=2000, layers=4, batch=2, seq=128)
     groups += [Group("readme", "guard-llama256-4L", "llama", small_llama, guard, timing=Timing(31)),
                Group("readme", "guard-bert256-4L", "bert", dict(layers=4, batch=2, hidden_size=256,
                      num_attention_heads=4, intermediate_size=1024), guard, timing=Timing(31))]
-    fix = {"enable_autocast": True}
+    fix = {"enable_autocast": True, **NUMERICS}
     debug = (("qwen2-2L", "zoo", {"arch": "qwen2"}, fix), ("planted", "planted", {},
              {**fix, "autocast_included_nodes": ["^shift$"]}), ("llama-30L", "llama", dict(
              hidden=16, intermediate=32, heads=2, kv_heads=1, vocab=32, layers=30, batch=1, seq=8), fix))

@@ -27,6 +27,7 @@ import tempfile
 
 import torch
 
+from .machine import measuring
 from .models import build
 
 COUNTER = itertools.count()
@@ -35,8 +36,11 @@ COUNTER = itertools.count()
 def calls(group, smoke: bool, directory: str) -> tuple[dict, dict]:
     """{label: call} of the group's conditions, and {label: the last compile's phases}."""
     import mixprec
-    from mixprec.measure import costs
 
+    try:
+        from mixprec.measure import costs
+    except ImportError:  # a tree from before the cost model's module (an A/B with run --src): nothing to empty
+        costs = None
     built = build(group.model, group.shape, smoke)
     module, example = built.module, built.batch(0)
     warm = os.path.join(directory, "warm.json")
@@ -55,7 +59,8 @@ def calls(group, smoke: bool, directory: str) -> tuple[dict, dict]:
         cache = {"off": False, "warm": warm}.get(case.options["cache"])
 
         def call():
-            costs.COSTS = costs.CostModels()  # the cost models of a new process: nothing measured in memory
+            if costs is not None:
+                costs.COSTS = costs.CostModels()  # the cost models of a new process: nothing measured in memory
             path = cache if cache is not None else os.path.join(directory, f"cold-{next(COUNTER)}.json")
             if case.options.get("apply") or case.options.get("plan"):
                 program = mixprec.compile(module, example, plan=plan() if case.options.get("apply") else made,
@@ -74,8 +79,7 @@ def calls(group, smoke: bool, directory: str) -> tuple[dict, dict]:
 
 
 def measure(group, smoke: bool) -> list[dict]:
-    from mixprec.measure import clock
-
+    clock, _ = measuring()
     with tempfile.TemporaryDirectory(prefix="bench_compile_") as directory:
         if group.timing.fresh_process:
             samples = fresh(group, smoke, directory)
@@ -106,8 +110,6 @@ def fresh(group, smoke: bool, directory: str) -> dict:
 def main(argv=None) -> int:
     from dataclasses import replace
 
-    from mixprec.measure import clock
-
     from .cases import select
 
     parser = argparse.ArgumentParser(description="One sample of one compile condition in this process.")
@@ -119,7 +121,7 @@ def main(argv=None) -> int:
     group = replace(group, cases=tuple(c for c in group.cases if c.label == args.label))
     made, _ = calls(group, args.smoke, os.environ.get("BENCH_COMPILE_DIR") or tempfile.mkdtemp())
     with torch.no_grad():
-        _, seconds = clock.timed(made[args.label])
+        _, seconds = measuring()[0].timed(made[args.label])
     print(json.dumps({"seconds": seconds}))
     return 0
 

@@ -39,9 +39,7 @@ class Streamer:
     """Notes the library clock's time at every put(): the prompt's, then each new token's."""
 
     def __init__(self):
-        from mixprec.measure import clock
-
-        self.now, self.times = clock.now, []
+        self.now, self.times = machine.measuring()[0].now, []
 
     def put(self, value):
         self.times.append(self.now())
@@ -216,15 +214,12 @@ RECIPES = {"hf": hf, "mixprec-generate": mixprec_generate, "torchao": torchao_, 
 
 class DecodeContext:
     def __init__(self, lm, prompt, length, run_options, directory):
-        from mixprec.measure import clock
-
         self.lm, self.prompt, self.length, self.run_options = lm, prompt, length, run_options
-        self.cache, self.now = {"dir": directory}, clock.now
+        self.cache, self.now = {"dir": directory}, machine.measuring()[0].now
 
 
 def measure(group, smoke: bool) -> list[dict]:
-    from mixprec.measure import clock
-
+    clock, _ = machine.measuring()
     shape = dict(group.shape)
     tokens, new, interleave = shape.pop("prompt", 16 if smoke else 128), shape.pop("new", 4 if smoke else 16), \
         shape.pop("interleave", True)

@@ -9,10 +9,13 @@ average before and after its group, and ``python -m bench rows`` marks the loade
 from __future__ import annotations
 
 import datetime
+import importlib
 import importlib.metadata
 import os
 import platform
 import subprocess
+import sys
+import types
 from pathlib import Path
 
 import torch
@@ -71,10 +74,22 @@ def headline(record: dict) -> str:
             f"{record['versions']['torch']}" + ("" if not record.get("smoke") else ", SMOKE (not a figure)"))
 
 
+def measuring():
+    """(clock, programs) of ``mixprec.measure``: the mixprec under test's or, for a tree from before issue 44 (an A/B
+    with ``run --src``), this checkout's modules (torch and the standard library only): one clock for both sides."""
+    try:
+        from mixprec.measure import clock, programs
+    except ImportError:
+        package = types.ModuleType("bench_measure")
+        package.__path__ = [str(ROOT / "src" / "mixprec" / "measure")]
+        sys.modules.setdefault("bench_measure", package)
+        clock, programs = (importlib.import_module(f"bench_measure.{m}") for m in ("clock", "programs"))
+    return clock, programs
+
+
 def copy_bandwidth(gib: float = 1.0, rounds: int = 5) -> float:
     """Bytes/s of a copy of a ``gib`` GiB fp32 buffer (read + written), the median of ``rounds`` copies."""
-    from mixprec.measure import clock
-
+    clock, _ = measuring()
     src = torch.ones(int(gib * 2**30) // 4)
     dst = torch.empty_like(src)
     seconds = clock.median(clock.interleaved({"copy": lambda: dst.copy_(src)}, rounds=rounds, warmup=1))["copy"]

@@ -137,8 +137,8 @@ def llama(layers=22, batch=1, seq=128, hidden=2048, intermediate=5632, heads=32,
     """TinyLlama-1.1B's widths by default (untied lm_head); other Llama shapes by the arguments."""
     import transformers as T
 
-    if smoke:
-        layers, hidden, intermediate, heads, kv_heads, vocab = 1, 64, 128, 4, 2, 1000
+    if smoke:  # widths that still split in groups of 128 (int4 g128)
+        layers, hidden, intermediate, heads, kv_heads, vocab = 1, 256, 512, 4, 2, 1000
     return _hf(T.LlamaConfig, T.LlamaForCausalLM, lambda i: (_ids(vocab, batch, seq, i),),
                constants={"use_cache": False},
                vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
@@ -165,7 +165,7 @@ def seq2seq(arch="t5", smoke=False, batch=1, seq=16):
         config = dict(vocab_size=51865, num_mel_bins=80, d_model=384, encoder_layers=4, decoder_layers=4,
                       encoder_attention_heads=6, decoder_attention_heads=6, encoder_ffn_dim=1536, decoder_ffn_dim=1536,
                       max_source_positions=1500, max_target_positions=448)
-        small = {**tiny, "vocab_size": 1000, "num_mel_bins": 16, "max_source_positions": 32}
+        small = {**tiny, "num_mel_bins": 16, "max_source_positions": 32}  # its vocabulary: generate()'s token ids
         make_config, make_model = T.WhisperConfig, T.WhisperForConditionalGeneration
     c = {**config, **(small if smoke else {})}
     vocab = c["vocab_size"]

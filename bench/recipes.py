@@ -1,12 +1,13 @@
-"""Precision recipes of ``forward`` groups: ``RECIPES[name](ctx, case) -> Program``, once each.
+"""Precision recipes of ``forward`` groups: ``RECIPES[name](ctx, case) -> Program``, once each (the peers' in
+``peers.py``).
 
 A recipe builds one variant from the group's model and data (``Context``): mixprec's own (``mixprec``: compile with
 settings; ``configurator``: activation and weight formats per module kind; ``search``: at a budget another case
-set; ``debug-fix``: the debugger's first suggestion, pasted) and the peers' (torch.autocast, a cast copy,
-torch.compile, OpenVINO's default, NNCF's PTQ, accuracy control and compress_weights, torchao's weight-only configs,
-round-to-nearest weights). A peer that is not installed raises :class:`Missing`: the pipeline skips that case alone
-and says why. ``Program.facts`` holds what the variant reports about itself (mixprec's report summary, OpenVINO's
-inference precision, a search's trials and plan, weight bytes).
+set; ``debug-fix``: the debugger's first suggestion, pasted) and PyTorch's (torch.autocast, a cast copy,
+torch.compile). A peer that is not installed raises :class:`Missing`: the pipeline skips that case alone and says
+why. ``Program.facts`` holds what the variant reports about itself (mixprec's report summary, OpenVINO's inference
+precision, a search's trials and plan, weight bytes). The error against fp32 (``rel_l2``) and torch.autocast's
+low-precision FLOP share (``LowFlops``) are measured here, once.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import contextlib
 import copy
 import importlib.util
 import io
-import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -144,7 +144,8 @@ def program_facts(program) -> dict:
             from mixprec.backends.openvino import float_form
 
             facts["float Converts handed to OpenVINO"] = len(float_form.float_converts(runner.converted_model))
-            facts["inference precision"] = _name(runner.compiled_model.get_property("INFERENCE_PRECISION_HINT"))
+            hint = runner.compiled_model.get_property("INFERENCE_PRECISION_HINT")
+            facts["inference precision"] = precision_name(hint)
     if isinstance(getattr(runner, "module", None), torch.fx.GraphModule):  # inductor: the graph it hands over
         with contextlib.suppress(Exception):
             from mixprec.backends.lowering.onednn import KERNEL
@@ -155,7 +156,7 @@ def program_facts(program) -> dict:
     return facts
 
 
-def _name(value) -> str:
+def precision_name(value) -> str:
     return value.get_type_name() if hasattr(value, "get_type_name") else str(value)
 
 
@@ -202,8 +203,10 @@ def search(ctx, case):
     """mixprec.search at a budget (``budget``: a number or another case's error), its plan compiled on the case's
     backend. ``mixed_sizes``: the eval batches as dicts of mixed batch and sequence sizes (a collator's)."""
     import mixprec
-    from mixprec.measure import clock
 
+    from .machine import measuring
+
+    clock, _ = measuring()
     o = case.options
     tolerance = ctx.budget(o["budget"])
     eval_data = _mixed_sizes(ctx) if o.get("mixed_sizes") else ctx.search or None
@@ -257,8 +260,10 @@ def _per_batch_error(ctx, plan, batches) -> float:
 def debug_fix(ctx, case):
     """The program after the debugger's first suggestion, its code run as printed."""
     import mixprec
-    from mixprec.measure import clock
 
+    from .machine import measuring
+
+    clock, _ = measuring()
     first = mixprec_(ctx, case)
     found, seconds = clock.timed(lambda: mixprec.debug(first.call, ctx.example))
     fix = getattr(found.culprit, "fix", None)
@@ -274,162 +279,9 @@ def debug_fix(ctx, case):
     return Program(namespace["prog"], {**program_facts(namespace["prog"]), **facts})
 
 
-# ---- the peers -----------------------------------------------------------------------------------------------------
-def _ov_config(extra=None) -> dict:
-    return {"INFERENCE_NUM_THREADS": torch.get_num_threads(), **(extra or {})}
-
-
-def _ov_program(compiled, facts=None):
-    def call(*args):
-        return torch.from_numpy(compiled([a.numpy() for a in args])[0])
-
-    facts = dict(facts or {})
-    facts["inference precision"] = _name(compiled.get_property("INFERENCE_PRECISION_HINT"))
-    return Program(call, facts)
-
-
-def _ov_model(ctx):
-    ov = need("openvino")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return ov, ov.convert_model(ctx.module, example_input=ctx.example)
-
-
-def openvino_(ctx, case):
-    ov, model = _ov_model(ctx)
-    return _ov_program(ov.Core().compile_model(model, "CPU", _ov_config(case.options.get("config"))))
-
-
-def _dataset(nncf, batches):
-    return nncf.Dataset(list(batches), lambda batch: [t.numpy() for t in batch])
-
-
-def nncf_ptq(ctx, case):
-    """nncf.quantize of OpenVINO's model on the calibration batches (``model_type="transformer"``: NNCF's setting
-    for transformers); ``fake_quantize_in_float``: its FakeQuantize spelled as float ops (the values its int8
-    kernels compute exactly with VNNI, on any CPU)."""
-    nncf = need("nncf")
-    ov, model = _ov_model(ctx)
-    extra = {"model_type": nncf.ModelType.TRANSFORMER} if case.options.get("model_type") == "transformer" else {}
-    calibration = ctx.calibration or [ctx.example]
-    quantized = nncf.quantize(model, _dataset(nncf, calibration), subset_size=len(calibration) * 64, **extra)
-    if case.options.get("fake_quantize_in_float"):
-        quantized = _fake_quantize_in_float(quantized, ov)
-    return _ov_program(ov.Core().compile_model(quantized, "CPU", _ov_config()))
-
-
-def _fake_quantize_in_float(model, ov):
-    from openvino import opset13 as ops
-
-    model = model.clone()
-    for node in list(model.get_ordered_ops()):
-        if node.get_type_name() != "FakeQuantize":
-            continue
-        x, il, ih, ol, oh = (node.input_value(i) for i in range(5))
-        steps = ops.constant(float(node.get_attributes()["levels"] - 1), dtype=ov.Type.f32)
-        unit = ops.divide(ops.subtract(ops.minimum(ops.maximum(x, il), ih), il), ops.subtract(ih, il))
-        q = ops.round(ops.multiply(unit, steps), "half_to_even")
-        out = ops.add(ops.multiply(ops.divide(q, steps), ops.subtract(oh, ol)), ol)
-        for target in list(node.output(0).get_target_inputs()):
-            target.replace_source_output(out.output(0))
-    model.validate_nodes_and_infer_types()
-    return model
-
-
-def nncf_accuracy_control(ctx, case):
-    """NNCF's accuracy-aware PTQ at the budget, validated on the search batches (-rel-L2, higher is better)."""
-    nncf = need("nncf")
-    ov, model = _ov_model(ctx)
-    budget = ctx.budget(case.options["budget"])
-    with torch.no_grad():
-        references = [ctx.module(*b) for b in ctx.search]
-
-    def validate(compiled, items):
-        return -rel_l2([torch.from_numpy(compiled(list(item))[0]) for item in items], references)
-
-    quantized = nncf.quantize_with_accuracy_control(
-        model, _dataset(nncf, ctx.calibration or [ctx.example]), _dataset(nncf, ctx.search), validate,
-        max_drop=budget, drop_type=nncf.DropType.ABSOLUTE, subset_size=len(ctx.calibration or [ctx.example]) * 64)
-    return _ov_program(ov.Core().compile_model(quantized, "CPU", _ov_config()))
-
-
-def nncf_weights(ctx, case):
-    """nncf.compress_weights in ``mode`` (INT8_ASYM, INT4_SYM, NF4, MXFP4, FP8_E4M3, ...) on OpenVINO's model (or,
-    backend "torch", on a copy of the PyTorch model); ``data_aware``: on the calibration batches (with ``awq``,
-    ``scale_estimation``); ``ratio``: a number, or ("bytes of", label): the ratio whose weight bytes equal that
-    case's (NNCF mixes int4 and int8 only: clamped to 0..1); ``config``: the OpenVINO plugin's."""
-    nncf = need("nncf")
-    o = case.options
-    extra = {k: o[k] for k in ("group_size", "awq", "scale_estimation") if o.get(k) is not None}
-    if o.get("data_aware") or case.backend == "torch":
-        extra["dataset"] = _dataset(nncf, ctx.search or ctx.calibration or [ctx.example])
-
-    def compressed(ratio):
-        model = copy.deepcopy(ctx.module) if case.backend == "torch" else _ov_model(ctx)[1]
-        with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
-            return nncf.compress_weights(model, mode=getattr(nncf.CompressWeightsMode, o["mode"]),
-                                         **({} if ratio is None else {"ratio": ratio}), **extra)
-
-    def size(model):
-        return stored_bytes(model) if case.backend == "torch" else ov_weight_bytes(model)
-
-    ratio = o.get("ratio")
-    if isinstance(ratio, (tuple, list)):  # the ratio at the other case's bytes, between NNCF's two ends
-        target, all8, all4 = stored_bytes(ctx.programs[ratio[1]].call), size(compressed(0.0)), size(compressed(1.0))
-        ratio = min(1.0, max(0.0, (all8 - target) / (all8 - all4)))
-    model = compressed(ratio)
-    facts = {"weight bytes": size(model), "ratio": ratio}
-    if case.backend == "torch":
-        return Program(model.eval(), facts)
-    ov = need("openvino")
-    return _ov_program(ov.Core().compile_model(model, "CPU", _ov_config(o.get("config"))), facts)
-
-
-def ov_weight_bytes(model) -> int:
-    """Bytes of an OpenVINO model's constants of two dimensions or more (weights, not biases or shapes)."""
-    return sum(op.get_byte_size() for op in model.get_ordered_ops()
-               if op.get_type_name() == "Constant" and len(op.get_output_partial_shape(0)) >= 2)
-
-
-def torchao_(ctx, case):
-    """torchao's weight-only configs on a copy: Int8WeightOnlyConfig, or the CPU int4 prototype (group 128)."""
-    need("torchao")
-    from torchao.quantization import Int8WeightOnlyConfig, quantize_
-
-    model = copy.deepcopy(ctx.module)
-    if case.options["bits"] == 4:
-        from torchao.prototype.quantization.int4.inference_workflow import PrototypeInt4WeightOnlyConfig
-
-        quantize_(model, PrototypeInt4WeightOnlyConfig(group_size=case.options.get("group", 128)))
-    else:
-        quantize_(model, Int8WeightOnlyConfig())
-    return Program(model)
-
-
-def rounded(ctx, case):
-    """Every Linear/Conv weight rounded (to ``dtype``, or round-to-nearest on a symmetric ``bits`` grid per output
-    channel or per ``group`` inputs), computed in fp32: the error rounding the weights costs, nothing else."""
-    model = copy.deepcopy(ctx.module)
-    for module in model.modules():
-        if isinstance(module, (nn.Linear, nn.Conv1d, nn.Conv2d)):
-            w = module.weight.data
-            if case.options.get("dtype"):
-                module.weight.data = w.to(DTYPES[case.options["dtype"]]).float()
-                continue
-            group, top = case.options.get("group"), 2 ** (case.options["bits"] - 1) - 1
-            flat = w.reshape(w.shape[0], -1)
-            blocks = flat.reshape(flat.shape[0], -1, group) if group and flat.shape[1] % group == 0 \
-                else flat.unsqueeze(1)
-            scale = blocks.abs().amax(-1, keepdim=True).clamp_min(1e-12) / top
-            module.weight.data = ((blocks / scale).round().clamp(-top - 1, top) * scale).reshape(w.shape)
-    return Program(model)
-
-
 RECIPES: dict[str, Callable] = {
     "fp32": fp32, "autocast": autocast, "cast": cast, "torch-compile": torch_compile, "mixprec": mixprec_,
-    "configurator": configurator, "search": search, "debug-fix": debug_fix, "openvino": openvino_,
-    "nncf-ptq": nncf_ptq, "nncf-accuracy-control": nncf_accuracy_control, "nncf-weights": nncf_weights,
-    "torchao": torchao_, "rounded": rounded,
+    "configurator": configurator, "search": search, "debug-fix": debug_fix,
 }
 
 

@@ -57,6 +57,8 @@ def _short(value) -> str:
 def notes(r: dict, group: list[dict]) -> str:
     facts = r.get("facts") or {}
     shown = [f"{k} {_short(facts[k])}" for k in SHOWN if facts.get(k) not in (None, {}, [], "")]
+    if r["kind"] == "compile" and r.get("x_reference"):
+        shown.insert(0, f"{1 / r['x_reference']:.3g}x {r['reference']}'s time")
     if r.get("task"):
         shown.append(r["task"])
     if r.get("tokens_same") is not None:

@@ -22,7 +22,7 @@ def bench(monkeypatch):
 
 
 def test_every_case_names_a_recipe_its_kind_runs_and_every_dependency_comes_first(bench):
-    recipes = {"forward": set(bench.recipes.RECIPES), "decode": set(bench.decode.RECIPES)}
+    recipes = {"forward": set(bench.pipeline.RECIPES), "decode": set(bench.decode.RECIPES)}
     groups = bench.cases.groups()
     names = [f"{g.table}/{g.name}" for g in groups]
     assert len(names) == len(set(names))
@@ -56,7 +56,7 @@ def test_a_tiny_case_runs_through_the_pipeline_into_a_json_line_and_a_row(bench)
 
 def test_a_missing_peer_skips_its_case_alone(bench, monkeypatch):
     (group,) = bench.cases.select(["call45/mlp*/mixprec eager"])
-    monkeypatch.setitem(bench.recipes.RECIPES, "absent", lambda ctx, case: bench.recipes.need("no_such_peer_44"))
+    monkeypatch.setitem(bench.pipeline.RECIPES, "absent", lambda ctx, case: bench.recipes.need("no_such_peer_44"))
     missing = bench.cases.Case("a peer", "absent", {}, "torch")
     group = bench.cases.replace(group, cases=group.cases + (missing,), timing=bench.cases.Timing(0))
     records = bench.pipeline.run(group, smoke=True)
