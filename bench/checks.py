@@ -64,7 +64,8 @@ def distributed(group, smoke: bool) -> list[dict]:
     clock, _ = measuring()
     ray = need("ray")
     built = build(group.model, group.shape, smoke)
-    module, batches = built.module, [built.batch(i) for i in range(max(group.data.search, 1))]
+    module = built.lm or built.module  # the transformers model: the Dataset's rows name its forward's arguments
+    batches = [built.batch(i) for i in range(max(group.data.search, 1))]
     os.environ.setdefault("RAY_worker_niceness", "0")  # Ray runs workers at nice 15: under other jobs, a sliver
     _, started = clock.timed(lambda: ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False))
     rows = [{"input_ids": np.asarray(row)} for b in batches * 4 for row in b[0]]
@@ -283,7 +284,7 @@ def main(argv=None) -> int:
     built = build(group.model, group.shape, args.smoke)
     batches = [built.batch(i) for i in range(max(group.data.search, 1))]
     _, seconds = measuring()[0].timed(
-        lambda: mixprec.search(built.module, batches[0], eval_dataloader=batches, cache=False))
+        lambda: mixprec.search(built.lm or built.module, batches[0], eval_dataloader=batches, cache=False))
     print(json.dumps({"seconds": seconds}))
     return 0
 

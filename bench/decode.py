@@ -94,7 +94,7 @@ def hf(ctx, case):
 def mixprec_generate(ctx, case):
     import mixprec.hf
 
-    settings = dict(case.options)
+    settings = {k: v for k, v in case.options.items() if k != "pending"}
     lm = bf16_copy(ctx.lm) if settings.pop("low", "fp32") == "bf16" else ctx.lm
     main = next(iter(ctx.prompt.values()))
     program = mixprec.hf.compile_for_generation(lm, main, max_cache_len=ctx.length, max_length=ctx.length,
@@ -259,8 +259,10 @@ def measure(group, smoke: bool) -> list[dict]:
         except Missing as e:
             record["skipped"] = str(e)
             continue
-        except Exception as e:  # noqa: BLE001
-            record["failed"] = f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"
+        except Exception as e:  # noqa: BLE001  (one case failing says why; the others run)
+            from .pipeline import failed
+
+            failed(record, case, e)
             continue
         generated = generated[-new:]
         if not reference:

@@ -185,7 +185,7 @@ def configurator(ctx, case):
     import mixprec
 
     o = case.options
-    kinds = [getattr(nn, k) for k in o.get("kinds", ("Linear", "Conv2d"))]
+    kinds = [getattr(nn, k) for k in o.get("kinds", ("Linear", "Conv2d"))]  # ("pending": read by the pipeline)
     cfg = mixprec.MixedPrecisionConfigurator(ctx.module, ctx.example, calibration_dataloader=ctx.calibration)
     if o.get("rest"):
         cfg.set_precision(ctx.module, activation=o["rest"])

@@ -17,7 +17,8 @@ from .machine import headline
 SHOWN = ("low_precision_flops_fraction", "low FLOP share", "mix", "trials", "search s", "tolerance", "met",
          "runs_as", "inference precision", "float Converts handed to OpenVINO", "kept fp32 by the speed check",
          "weight bytes", "of copy", "identical to one process", "error before", "fixed", "debug s", "per-batch error",
-         "bf16 x fp32", "int8 x fp32", "frontier", "phases", "ideal 2 workers / 1 process")
+         "bf16 x fp32", "int8 x fp32", "int8 Linears on oneDNN's kernel", "of them writing bf16", "frontier", "phases",
+         "ideal 2 workers / 1 process", "ratio")
 
 
 def read(paths) -> list[dict]:
@@ -73,6 +74,13 @@ def notes(r: dict, group: list[dict]) -> str:
     return "; ".join(shown)
 
 
+def _cell(r: dict) -> str:
+    """"ms / error (search s)": issue 45's cell."""
+    text = figure(r) if r.get("error") is None else f"{figure(r)} / {r['error']:.3g}"
+    searched = (r.get("facts") or {}).get("search s")
+    return text + (f" ({searched:.0f} s)" if searched else "")
+
+
 def loaded(r: dict) -> bool:
     return max(r["load_before"], r["load_after"]) > r["cores"] / 2
 
@@ -87,8 +95,7 @@ def render(records: list[dict], pivot: bool = False) -> str:
         out += ["| group | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
         for (table, name, _), rs in groups.items():
             by = {r["case"]: r for r in rs}
-            cells = [f"{figure(by[k])} / {by[k]['error']:.3g}" if k in by and by[k].get("error") is not None
-                     else (figure(by[k]) if k in by else "") for k in labels]
+            cells = [_cell(by[k]) if k in by else "" for k in labels]
             out.append(f"| {table}/{name}{' (LOADED)' if loaded(rs[0]) else ''} | " + " | ".join(cells) + " |")
         return "\n".join(out)
     for (table, name, _), rs in groups.items():
