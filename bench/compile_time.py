@@ -5,9 +5,10 @@ compile alone).
 Cases are conditions, timed through the library's ``clock.interleaved`` (rounds rotate, medians): ``export``
 (torch.export.export), ``compile`` with ``cache`` off (the speed check times its shape classes), cold (a new cache
 file each time: timed, then written) or warm (a file a cold compile wrote: read, nothing timed), ``plan`` (compile
-of a configurator plan, bf16 Linears) and ``apply`` (the configurator's apply() and that compile). In one process
-(the default) torch and mixprec are warm and the process's cost models are emptied before each compile, as a new
-process has them; with ``Timing.fresh_process`` every sample is a new Python process (its first compile, one-time
+of a configurator plan made earlier: read back from its JSON, nothing to reuse) and ``apply`` (the configurator's
+apply() and compile of its plan; requests: "bf16", the model but its LayerNorms, or "int8", every Linear). In one
+process (the default) torch and mixprec are warm and the process's cost models are emptied before each compile, as
+a new process has them; with ``Timing.fresh_process`` every sample is a new Python process (its first compile, one-time
 costs of the process included) that warms torch.export once. The phase split (``report.summary
 ["compile_seconds"]``) of each condition's last compile is kept.
 
@@ -46,12 +47,18 @@ def calls(group, smoke: bool, directory: str) -> tuple[dict, dict]:
     warm = os.path.join(directory, "warm.json")
     phases: dict = {}
 
-    def plan():
+    def plan(requests):
+        """bf16: the model in bf16 but its LayerNorms (apply calibrates nothing); int8: every Linear int8."""
         cfg = mixprec.MixedPrecisionConfigurator(module, example)
-        cfg.set_precision(torch.nn.Linear, activation="bf16")
+        if requests == "bf16":
+            cfg.set_precision(module, activation="bf16")
+            cfg.set_precision(torch.nn.LayerNorm, activation="fp32")
+        else:
+            cfg.set_precision(torch.nn.Linear, activation="int8")
         return cfg.apply()
 
-    made = plan() if any(c.options.get("plan") for c in group.cases) else None
+    # a plan made earlier, read back from its JSON: compile captures and calibrates itself
+    saved = {c.options["plan"]: plan(c.options["plan"]).to_json() for c in group.cases if c.options.get("plan")}
 
     def condition(case):
         if case.recipe == "export":
@@ -63,8 +70,9 @@ def calls(group, smoke: bool, directory: str) -> tuple[dict, dict]:
                 costs.COSTS = costs.CostModels()  # the cost models of a new process: nothing measured in memory
             path = cache if cache is not None else os.path.join(directory, f"cold-{next(COUNTER)}.json")
             if case.options.get("apply") or case.options.get("plan"):
-                program = mixprec.compile(module, example, plan=plan() if case.options.get("apply") else made,
-                                          cost_cache=path)
+                made = plan(case.options["apply"]) if case.options.get("apply") else \
+                    mixprec.PrecisionPlan.from_json(saved[case.options["plan"]])
+                program = mixprec.compile(module, example, plan=made, cost_cache=path)
             else:
                 program = mixprec.compile(module, example, enable_autocast=True, cost_cache=path)
             phases[case.label] = program.report.summary.get("compile_seconds", {})
