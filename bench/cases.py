@@ -107,7 +107,6 @@ def torch_autocast(low="bf16", timed=True):
 NUMERICS = {"autocast_require_speedup": False}  # a numerics preview: lowered whether or not faster on this CPU
 W4 = {"weight": "int4", "group_size": 128}
 W8 = {"weight": "int8"}
-NOT_TIMED = {"timed": False}
 
 
 def weight_only(label, backend, fmt, activation="bf16", **compile):
