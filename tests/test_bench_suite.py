@@ -58,7 +58,7 @@ def test_a_missing_peer_skips_its_case_alone(bench, monkeypatch):
     (group,) = bench.cases.select(["call45/mlp*/mixprec eager"])
     monkeypatch.setitem(bench.pipeline.RECIPES, "absent", lambda ctx, case: bench.recipes.need("no_such_peer_44"))
     missing = bench.cases.Case("a peer", "absent", {}, "torch")
-    group = bench.cases.replace(group, cases=group.cases + (missing,), timing=bench.cases.Timing(0))
+    group = bench.cases.replace(group, cases=group.cases[:1] + (missing,), timing=bench.cases.Timing(0))
     records = bench.pipeline.run(group, smoke=True)
     assert "no_such_peer_44 is not installed" in records[-1]["skipped"]
-    assert all(r.get("error") is not None for r in records[:-1])
+    assert records[0]["error"] == 0 and not records[0].get("skipped")
