@@ -46,8 +46,8 @@ def costs(group, smoke: bool) -> list[dict]:
         finally:
             for n, v in zip(names, chosen):
                 setattr(latency, n, v)
-        record["facts"] = {f"{str(d).removeprefix('torch.')} x fp32": seconds[torch.float32] / s
-                           for d, s in seconds.items() if d != torch.float32}
+        names = {torch.bfloat16: "bf16", torch.int8: "int8"}
+        record["facts"] = {f"{names[d]} x fp32": seconds[torch.float32] / s for d, s in seconds.items() if d in names}
         record["facts"]["chosen size"] = tuple(chosen)
     return records
 

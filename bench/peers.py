@@ -117,20 +117,23 @@ def nncf_weights(ctx, case):
     if o.get("data_aware") or case.backend == "torch":
         extra["dataset"] = _dataset(nncf, ctx.search or ctx.calibration or [ctx.example], case.backend == "torch")
 
-    def compressed(ratio):
+    def compressed(ratio, mode=o["mode"]):
         model = copy.deepcopy(ctx.module) if case.backend == "torch" else _ov_model(ctx)[1]
+        options = {**extra, **({} if ratio is None else {"ratio": ratio})}
+        if mode == "INT8_ASYM":  # NNCF's all-int8 end (its ratio 0 is taken as "not given")
+            options = {k: v for k, v in options.items() if k == "dataset"}
         with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
-            return nncf.compress_weights(model, mode=getattr(nncf.CompressWeightsMode, o["mode"]),
-                                         **({} if ratio is None else {"ratio": ratio}), **extra)
+            return nncf.compress_weights(model, mode=getattr(nncf.CompressWeightsMode, mode), **options)
 
     def size(model):
         return stored_bytes(model) if case.backend == "torch" else ov_weight_bytes(model)
 
     ratio = o.get("ratio")
     if isinstance(ratio, (tuple, list)):  # the ratio at the other case's bytes, between NNCF's two ends
-        target, all8, all4 = stored_bytes(ctx.programs[ratio[1]].call), size(compressed(0.0)), size(compressed(1.0))
+        target = stored_bytes(ctx.programs[ratio[1]].call)
+        all8, all4 = size(compressed(None, "INT8_ASYM")), size(compressed(1.0))
         ratio = min(1.0, max(0.0, (all8 - target) / (all8 - all4)))
-    model = compressed(ratio)
+    model = compressed(None, "INT8_ASYM") if ratio == 0 else compressed(ratio)
     facts = {"weight bytes": size(model), "ratio": ratio}
     if case.backend == "torch":
         return Program(model.eval(), facts)
