@@ -27,7 +27,7 @@ import torch
 
 from . import machine
 from .models import build
-from .recipes import Missing, linear_bytes, need, rel_l2, stored_bytes
+from .recipes import Missing, linear_bytes, need, precision_name, rel_l2, stored_bytes
 
 
 class Decoder:
@@ -167,7 +167,7 @@ def openvino_kv(ctx, case):
             model = nncf.compress_weights(model, mode=getattr(nncf.CompressWeightsMode, o["mode"]), **options)
     compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_NUM_THREADS": torch.get_num_threads(),
                                                       **o.get("config", {})})
-    precision = str(compiled.get_property("INFERENCE_PRECISION_HINT"))
+    precision = precision_name(compiled.get_property("INFERENCE_PRECISION_HINT"))
     request = compiled.create_infer_request()
 
     def run(ids, past, position):

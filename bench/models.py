@@ -138,7 +138,7 @@ def llama(layers=22, batch=1, seq=128, hidden=2048, intermediate=5632, heads=32,
     import transformers as T
 
     if smoke:  # widths that still split in groups of 128 (int4 g128)
-        layers, hidden, intermediate, heads, kv_heads, vocab = 1, 256, 512, 4, 2, 1000
+        layers, hidden, intermediate, heads, kv_heads, vocab = 1, 256, 512, 4, 2, 1024
     return _hf(T.LlamaConfig, T.LlamaForCausalLM, lambda i: (_ids(vocab, batch, seq, i),),
                constants={"use_cache": False},
                vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
