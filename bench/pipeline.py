@@ -6,7 +6,7 @@ error is measured against the fp32 model on the held-out batches (``rel_l2``; pe
 draws; trained models' task metrics); then the timed programs run side by side through the library's one measuring
 module (``mixprec.measure.programs.time_programs``: warm-up, rounds in rotating order, the case's statistic; calls
 of microseconds in runs of ``Timing.calls`` through ``clock.sampler``). The other kinds have their own measuring
-step (``KINDS``) and the same record. Every record says where it was measured: CPU, flags, threads, versions, the
+step (``kinds()``) and the same record. Every record says where it was measured: CPU, flags, threads, versions, the
 load before and after, the commit, smoke or not.
 
 The cost cache is set per group (``MIXPREC_COST_CACHE``): ``process`` (default) measures once per process and
