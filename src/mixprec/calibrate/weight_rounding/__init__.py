@@ -12,6 +12,7 @@ output error on the inputs it meets. With the layer's input moments from calibra
 * the codes, by GPTQ's error feedback (``gptq.py``), or each weight's nearest level when the policy turns it off.
 
 Linears reading the same value (q, k and v) must share a: :func:`choose_shared` chooses it for all of them.
+:func:`grid_of` is the grid of a weight format's fields (None for formats it does not round: 8-bit, FP8).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from .grids import WeightGrid, codes, dequantize, int_grid, mxfp4_grid, nf4_grid
 from .scales import Moments, estimate
 
 __all__ = ["Choice", "Moments", "RoundingPolicy", "WeightGrid", "choose", "choose_shared", "codes", "dequantize",
-           "int_grid", "mxfp4_grid", "nf4_grid", "rounded", "stored_codes"]
+           "grid_of", "int_grid", "mxfp4_grid", "nf4_grid", "rounded", "stored_codes"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +105,21 @@ def choose_shared(weights: Sequence[torch.Tensor], fmt: WeightGrid, stats,
                           None if codes_ is None else codes_[rows]))
         start += x.shape[0]
     return out
+
+
+def grid_of(element: str, bits: int, group: int | None, symmetric: bool = True,
+            scale_dtype: torch.dtype | None = None) -> WeightGrid | None:
+    """The grid of a 4-bit weight format (``formats.WeightFormat``'s element, bits, group and symmetry; scales stored
+    in ``scale_dtype``): int4 with or without a zero point, NF4, MXFP4 (E2M1, E8M0 scales per 32); else None."""
+    if bits != 4:
+        return None
+    if element == "int":
+        return int_grid(4, group, symmetric, scale_dtype)
+    if element == "nf4":
+        return nf4_grid(group, scale_dtype)
+    if element == "e2m1":
+        return mxfp4_grid()
+    return None
 
 
 def stored_codes(weight: torch.Tensor, fmt: WeightGrid, choice: Choice) -> torch.Tensor:
