@@ -109,8 +109,8 @@ def test_aimets_int8_weight_beside_a_float_activation_is_mixprecs_int8_weight_st
         cfg = mixprec.MixedPrecisionConfigurator(model, INPUTS)
         cfg.set_precision("head", activation="fp32", param=param)
         plans.append(cfg.apply())
-    assert [(d.precision, d.param_dtype) for d in plans[0].values()] == [(torch.float32, torch.int8)]
-    assert [(d.precision, d.param_dtype) for d in plans[1].values()] == [(torch.float32, torch.int8)]
+    assert [(d.precision, d.weights.name) for d in plans[0].values()] == [(torch.float32, "int8")]
+    assert [(d.precision, d.weights.name) for d in plans[1].values()] == [(torch.float32, "int8")]
     assert_same_outputs(mixprec.compile(model, INPUTS, plan=plans[0])(*INPUTS),
                         mixprec.compile(model, INPUTS, plan=plans[1])(*INPUTS))
 

@@ -104,10 +104,10 @@ def test_a_three_type_search_of_a_tiny_llama_picks_weight_only_linears_and_compi
     assert by_type.get("w4a16") and by_type.get("w8a16"), by_type  # both weight-only types where they fit
     for name in by_type["w4a16"]:
         decision = result.plan[name]
-        assert (decision.precision, decision.param_dtype, decision.weight_group) == (BF16, torch.int4, 128)
+        assert (decision.precision, decision.weights.name, decision.weights.group) == (BF16, "int4", 128)
     for name in by_type["w8a16"]:
         decision = result.plan[name]
-        assert (decision.precision, decision.param_dtype, decision.weight_group) == (BF16, I8, None)
+        assert (decision.precision, decision.weights.name, decision.weights.group) == (BF16, "int8", None)
     # the result names the types: text, mix, JSON (and reads them back)
     text = str(result)
     assert "low types w4a16, w8a16, bfloat16" in text and "in the decode shape" in text
@@ -135,7 +135,7 @@ def test_w4a16_alone_lowers_only_linears_as_far_as_the_tolerance_allows():
     assert str(result.low_precision_type) == "w4a16"
     assert [g.name for g in result.groups] == ["linear", "linear_1"]  # embedding, gelu: no weight-only kernel
     assert [str(g.precision) for g in result.groups] == ["w4a16", "w4a16"]
-    assert "gelu" not in result.plan and "linear" in result.plan and result.plan["linear"].param_dtype == torch.int4
+    assert "gelu" not in result.plan and "linear" in result.plan and result.plan["linear"].weights.name == "int4"
     assert "low type w4a16" in str(result)
 
 

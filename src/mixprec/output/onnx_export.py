@@ -66,8 +66,8 @@ def export_onnx(prog, path, *, opset_version: int | None = None, optimize: bool 
     if opset_version is None and _holds(ep, torch.bfloat16):
         opset_version = _BF16_OPSET
     weight_only = onnx_weight_only.holds_weight_only(ep)
-    if weight_only and (opset_version or 0) < onnx_weight_only.OPSET:
-        opset_version = onnx_weight_only.OPSET  # int4 DequantizeLinear with block_size
+    if weight_only and (opset_version or 0) < onnx_weight_only.opset(ep):
+        opset_version = onnx_weight_only.opset(ep)  # e.g. int4 DequantizeLinear with block_size (opset 21)
     try:
         onnx_program = torch.onnx.export(
             ep,
@@ -88,7 +88,7 @@ def export_onnx(prog, path, *, opset_version: int | None = None, optimize: bool 
         ) from e
 
     if weight_only:
-        onnx_weight_only.int4_initializers(onnx_program.model, ep)
+        onnx_weight_only.finish(onnx_program.model, ep)
     if optimize:
         onnx_program.optimize()
     else:
