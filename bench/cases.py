@@ -284,7 +284,7 @@ def _awq43():  # issue 43: data-aware int4 (scale estimation, AWQ, GPTQ) against
              nncf_weights("NNCF NF4 g128 all layers", "NF4", group_size=128, all_layers=True, config=F32_OV))
     shapes = (("tinyllama-8L-1x128", "llama", {"layers": 8, "batch": 1, "seq": 128}),
               ("minilm-16", "minilm", {"batch": 16}),
-              ("llama-outliers-4L-1x128", "llama_outliers", {"layers": 4, "batch": 1, "seq": 128}))
+              ("llama-outliers-4L-1x128", "llama_outliers", {"layers": 4, "batch": 1, "seq": 128, "vocab": 4096}))
     note = ("the same weights and calibration batches for every case; NNCF without all_layers keeps the first and "
             "last layers INT8_ASYM (its default), mixprec's cases round every Linear")
     return [Group("awq43", n, m, s, cases, data=Data(4, 0, 2), timing=Timing(0), threads=2, note=note)
