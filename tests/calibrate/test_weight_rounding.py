@@ -184,3 +184,11 @@ def test_error_feedback_lowers_the_output_error_on_correlated_inputs(name):
         assert (choice.codes is not None) == gptq
         errors[gptq] = _output_error(held_out, w, wr.rounded(w, grid, choice))
     assert errors[True] < 0.6 * errors[False]
+
+
+def test_grid_of_maps_the_4_bit_formats_and_leaves_the_others():
+    assert wr.grid_of("int", 4, 128, True) == wr.int_grid(4, 128, True)
+    assert wr.grid_of("int", 4, 64, False, torch.bfloat16) == wr.int_grid(4, 64, False, torch.bfloat16)
+    assert wr.grid_of("nf4", 4, 64) == wr.nf4_grid(64)
+    assert wr.grid_of("e2m1", 4, 32) == wr.mxfp4_grid()
+    assert wr.grid_of("int", 8, None) is None and wr.grid_of("e4m3", 8, None) is None
