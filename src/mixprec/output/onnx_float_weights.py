@@ -18,19 +18,21 @@ from .onnx_weight_only import Form, ints, linear, register, stored_value, typed_
 
 
 def _codes(op, weight):
-    """uint8 [N, K/2] nibbles -> int64 codes [N, K] (low nibble = even input channel)."""
+    """uint8 [N, K/2] nibbles -> int64 codes [N, K] (low nibble = even input channel). The first op is a Cast, which
+    the export's constant folding keeps (``onnx_export._KEPT``): the nibbles stay the initializer, not [N, K] codes."""
     n, half = weight.shape
-    low = op.BitwiseAnd(weight, op.Constant(value=_u8(15)))
-    high = op.BitShift(weight, op.Constant(value=_u8(4)), direction="RIGHT")
+    wide = op.Cast(weight, to=12)  # UINT32: BitShift takes unsigned types only
+    low = op.BitwiseAnd(wide, op.Constant(value=_u32(15)))
+    high = op.BitShift(wide, op.Constant(value=_u32(4)), direction="RIGHT")
     both = op.Concat(op.Unsqueeze(low, ints(op, 2)), op.Unsqueeze(high, ints(op, 2)), axis=2)
     return op.Cast(op.Reshape(both, ints(op, n, 2 * half)), to=7)  # INT64
 
 
-def _u8(value):
+def _u32(value):
     import numpy as np
     import onnx
 
-    return onnx.numpy_helper.from_array(np.array(value, dtype=np.uint8))
+    return onnx.numpy_helper.from_array(np.array(value, dtype=np.uint32))
 
 
 def _levels(levels):

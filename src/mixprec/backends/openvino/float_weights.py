@@ -7,9 +7,11 @@ OpenVINO has each as an element type of a compressed constant that its CPU plugi
     fp8:   Constant f8e4m3 [N, G, g]  -> Convert -> Multiply scale [N, G, 1]              -> Reshape [N, K]
 
 (NNCF's NF4 / E2M1 / FP8 patterns.) OpenVINO's PyTorch frontend reads none of these element types from a torch
-tensor, so the lowering writes the codes (and MXFP4's E8M0 bytes) as u8 constants whose Convert carries a marker, and
-``finish`` retypes them bit for bit: the nf4 and f4e2m1 codes are the indices the formats store (OpenVINO's tables
-are NF4's and E2M1's), f8e4m3 the bytes of ``torch.float8_e4m3fn`` (stored as uint8), f8e8m0 the biased exponents. Whether the CPU
+tensor, so the lowering writes the codes as u8 constants whose Convert carries a marker, and ``finish`` retypes them
+bit for bit: the nf4 and f4e2m1 codes are the indices the formats store (OpenVINO's tables are NF4's and E2M1's),
+f8e4m3 the bytes of ``torch.float8_e4m3fn`` (stored as uint8). MXFP4's E8M0 bytes are lowered as u8 too, but the
+frontend folds a small constant's Convert, so ``finish`` reads the exponents from the Multiply's other input and
+puts ``Convert(f8e8m0 constant)`` there. Whether the CPU
 plugin then runs a layer on the compressed weight or decompresses it is read from its runtime model
 (``weight_runs.py``) and said in ``runs_as``.
 """
