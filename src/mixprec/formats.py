@@ -165,6 +165,17 @@ INT8 = register("int8", "int", 8, group=None, asymmetric=True,
                 title="int8 codes, a float scale (and zero point) per output channel or group")
 INT4 = register("int4", "int", 4, group=128, asymmetric=True,
                 title="int4 codes, a float scale (and zero point) per group of input channels")
+# NF4 (QLoRA's NormalFloat4): 16 levels at the quantiles of a normal distribution, an absmax scale per group (the
+# group of int4, so the two compare at equal bytes); ops/weight_nf4.py
+NF4 = register("nf4", "nf4", 4, group=128,
+               title="NormalFloat4 codes (16 normal quantiles in [-1, 1]), a float absmax scale per group")
+# MXFP4 (OCP Microscaling): E2M1 elements, one E8M0 (power of two) scale per 32 input channels, by definition
+MXFP4 = register("mxfp4", "e2m1", 4, group=32, scale="e8m0", fixed_group=True, per_channel=False,
+                 title="OCP MXFP4: E2M1 elements, an E8M0 power-of-two scale per 32 input channels")
+# FP8 E4M3 (torch.float8_e4m3fn, max 448): a float scale per output channel by default (its exponent holds a row)
+FP8 = register("fp8", "e4m3", 8, group=None,
+               title="FP8 E4M3 elements (float8_e4m3fn), a float scale per output channel or group")
+
 
 
 # ---- integer precisions (a layer computing on quantized values) ----------------------------------------------------

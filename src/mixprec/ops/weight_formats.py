@@ -27,6 +27,7 @@ from types import MappingProxyType
 import torch
 
 from ..formats import WEIGHT_FORMATS, WeightFormat
+from . import kernels
 
 # chooser(weight, fmt, stats) -> (scales, zero_points | None, smoothing | None): the module docstring
 Chooser = Callable[[torch.Tensor, WeightFormat, object], tuple]
@@ -145,16 +146,59 @@ def fits_groups(fmt: WeightFormat, k: int) -> WeightFormat | str:
 def runs_on_kernel(node: torch.fx.Node) -> bool | None:
     """Whether a weight-only node runs its format's native kernel (else it dequantizes at use), judged on its
     arguments' fake values; None for a node of no format's op."""
-    from .kernels import bind
-
     h = handler_of_op(node.target)
     if h is None:
         return None
     args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
-    return bool(h.on_kernel(bind(node.target, args, kwargs)))
+    return bool(h.on_kernel(kernels.bind(node.target, args, kwargs)))
 
 
 def format_of_op(op) -> str | None:
     """The name of the format whose op ``op`` is, else None."""
     h = handler_of_op(op)
     return h.format if h is not None else None
+
+
+def fits_nibbles(fmt: WeightFormat, n: int, k: int) -> WeightFormat | str:
+    """:func:`fits_groups` for formats of two 4-bit codes per byte (an even K)."""
+    if k % 2:
+        return f"{fmt.name} weights need an even number of input channels, it has {k}"
+    return fits_groups(fmt, k)
+
+
+# ---- the parts of the ops that dequantize at use (nf4, mxfp4, fp8: no CPU kernel) ----------------------------------
+X_OPERAND = kernels.Operand("x", kernels.FLOATS)
+BIAS_OPERAND = kernels.Operand("bias", kernels.FLOATS, rank=1, optional=True)
+
+
+def linear_at_use(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ weight.T + bias in x's dtype, ``weight`` the float32 [N, K] dequantized from the stored codes."""
+    y = torch.nn.functional.linear(x.reshape(-1, x.shape[-1]), weight.to(x.dtype))
+    if bias is not None:
+        y = y + bias.to(x.dtype)
+    return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def grouped_relations(b: Mapping, k: int, name: str):
+    """The relations of an op reading codes ``weight`` [N, ...] of K input channels and ``scales`` [N, G] (G splits
+    K), with activation ``x`` [..., K] and ``bias`` [N] (``kernels.Declaration.relations``)."""
+    x, weight, scales, bias = b["x"], b["weight"], b["scales"], b["bias"]
+    n = weight.shape[0]
+    yield n > 0 and k > 0, lambda: f"the {name} weight must have output and input channels, not {list(weight.shape)}"
+    yield x.shape[-1] == k, lambda: f"the input's last size must be the weight's K = {k}"
+    yield scales.shape[0] == n and scales.shape[1] >= 1, lambda: f"the scales must be [{n}, groups]"
+    yield k % scales.shape[1] == 0, lambda: f"{scales.shape[1]} groups do not split K = {k}"
+    yield bias is None or bias.shape[0] == n, lambda: f"the bias must be [{n}]"
+
+
+def at_use_workspace(b: Mapping, k: int) -> int:
+    """Bytes :func:`linear_at_use` and a dequantization allocate (an upper bound): per weight element the codes as
+    int32 and int64 (a lookup's index), four float32 steps and x's dtype; the output and the bias's sum."""
+    x, n = b["x"], b["weight"].shape[0]
+    rows = 1
+    for size in x.shape[:-1]:
+        rows *= int(size)
+    size = x.element_size()
+    out = rows * n * size
+    bias = 0 if b["bias"] is None else out + n * size
+    return n * k * (4 + 8 + 4 * 4 + size) + 2 * out + bias

@@ -111,17 +111,17 @@ def typed_initializer(model, ep, node: torch.fx.Node, values, data_type) -> bool
 
 
 # ---- int8, int4 -----------------------------------------------------------------------------------------------------
-def _ints(op, *values):
+def ints(op, *values):
     return op.Constant(value_ints=list(values))
 
 
-def _per_group(op, w, add, n, groups, group):
+def per_group(op, w, add, n, groups, group):
     """w [N, K] plus ``add`` [N, G] on each group of ``group`` input channels."""
-    grouped = op.Reshape(w, _ints(op, n, groups, group))
-    return op.Reshape(op.Add(grouped, op.Unsqueeze(add, _ints(op, 2))), _ints(op, n, groups * group))
+    grouped = op.Reshape(w, ints(op, n, groups, group))
+    return op.Reshape(op.Add(grouped, op.Unsqueeze(add, ints(op, 2))), ints(op, n, groups * group))
 
 
-def _linear(op, x, w, bias):
+def linear(op, x, w, bias):
     y = op.MatMul(x, op.Transpose(w, perm=[1, 0]))
     return y if bias is None else op.Add(y, bias)
 
@@ -133,12 +133,12 @@ def _int8_translation():
         n, k = weight.shape
         groups = scales.shape[1]
         if groups == 1:
-            w = op.DequantizeLinear(weight, op.Reshape(scales, _ints(op, n)), axis=0)
+            w = op.DequantizeLinear(weight, op.Reshape(scales, ints(op, n)), axis=0)
         else:
             w = op.DequantizeLinear(weight, scales, axis=1, block_size=k // groups)
         if offsets is not None:
-            w = _per_group(op, w, offsets, n, groups, k // groups)
-        return _linear(op, x, w, bias)
+            w = per_group(op, w, offsets, n, groups, k // groups)
+        return linear(op, x, w, bias)
 
     return linear_int8_weight
 
@@ -150,8 +150,8 @@ def _int4_translation():
         n, k = weight.shape[0], 2 * weight.shape[1]
         scales = op.Transpose(op.Gather(scales_and_zeros, op.Constant(value_int=0), axis=2), perm=[1, 0])
         zeros = op.Transpose(op.Gather(scales_and_zeros, op.Constant(value_int=1), axis=2), perm=[1, 0])
-        w = _per_group(op, op.DequantizeLinear(weight, scales, axis=1, block_size=group), zeros, n, k // group, group)
-        return _linear(op, x, w, bias)
+        w = per_group(op, op.DequantizeLinear(weight, scales, axis=1, block_size=group), zeros, n, k // group, group)
+        return linear(op, x, w, bias)
 
     return linear_int4_weight
 
@@ -169,3 +169,6 @@ def _int4_initializers(model, ep, node, bound) -> bool:
 
 register("int8", Form(_int8_translation))
 register("int4", Form(_int4_translation, _int4_initializers))
+
+
+from . import onnx_float_weights  # noqa: E402,F401  (registers the float formats' forms in FORMS)

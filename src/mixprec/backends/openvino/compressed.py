@@ -307,3 +307,6 @@ def _all_equal(node, value) -> bool:
 
 register("int4", Form(_lower_int4, lambda b, k: b["group"], _finish_int4))
 
+
+
+from . import float_weights  # noqa: E402,F401  (registers NF4, MXFP4 and FP8's forms in FORMS)

@@ -71,7 +71,9 @@ def weight_runs(layers: Iterable[Mapping], names, nodes: Iterable[str]) -> dict[
         run = layer_run(layer)
         if run is None:
             continue
-        for original in layer.get("originals", ()):
+        # its originals, and its own name: OpenVINO lists a FullyConnected that absorbed the activation's Convert
+        # (bf16 activations) under the Convert alone, while its name is still the MatMul's
+        for original in (*layer.get("originals", ()), layer.get("name", "")):
             for node in names.nodes(original):
                 if node in wanted and node not in out:
                     out[node] = run
