@@ -140,7 +140,7 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
     moments = {}
     if config.weight_rounding == "data_aware":
         with timer.phase("weight_rounding"):  # the inputs' moments of the weights rounded from data
-            moments = _weight_moments(captured, config, plan)
+            moments = data_aware.layer_moments(captured, plan, config.autocast_calibration_dataloader)
     with timer.phase("rewrite"):
         work = realise(captured, plan, keep_io_types=config.keep_io_types, weight_moments=moments)
         program = work.to_exported()
@@ -325,19 +325,6 @@ def _check_calibration_used(loader, rules: RuleOptions | None, info, weight_roun
             "regions without dynamic ranges, or with weight_rounding=\"data_aware\", and this model has none; add "
             "enable_autocast=True or drop it."
         )
-
-
-def _weight_moments(captured: CapturedModel, config: CompileSettings, plan: PrecisionPlan) -> dict:
-    """weight_rounding="data_aware": the input moments of the Linears whose weights are rounded from data, by layer
-    name, from one pass over the calibration data (or the example inputs)."""
-    layers = data_aware.inputs_of_rounded(captured.base.graph, plan)
-    if not layers:
-        log.warning('weight_rounding="data_aware": no weight-only Linear with 4-bit weights in the plan; nothing is '
-                    "rounded from data")
-        return {}
-    calibrated = calibration.run(captured, config.autocast_calibration_dataloader, statistics=False,
-                                 moments=frozenset(layers.values()))
-    return {layer: calibrated.moments[value] for layer, value in layers.items() if value in calibrated.moments}
 
 
 def _errors_against_fp32(runner, program, captured: CapturedModel, reference_outputs, state: _State) -> dict:

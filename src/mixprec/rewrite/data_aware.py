@@ -2,27 +2,33 @@
 
 Why: round-to-nearest picks each group's scale from the weights alone; ``calibrate/weight_rounding`` picks the
 scales, an AWQ per-input-channel smoothing and GPTQ's codes from the layer's input moments, which compile collects
-for the layers :func:`inputs_of_rounded` names (one pass over the calibration data, or the example inputs).
+for the layers :func:`inputs_of_rounded` names (:func:`layer_moments`: one more pass over the calibration data, or
+the example inputs).
 
 :func:`quantize` hands the choice to the format's handler through its data-aware hook
 (``ops/weight_formats.quantize(chooser=)``): the chooser gives the chosen scales and smoothing, and the weight handed
 over is the one the choice rounded to (its codes dequantized, divided by the smoothing), so the format's own nearest
 codes against those scales are the choice's codes, GPTQ's included: the hook needs no codes of its own. The smoothing
 s multiplies the weight's input channels; :func:`divide_input` divides the Linear's input by it: one multiply by the
-stored reciprocal, in the layer's dtype, before the op (exact in float; shared by the Linears reading one value with
-the same s).
+stored reciprocal, in the layer's dtype, before the op (x W^T unchanged but for the reciprocal's rounding; one per
+Linear and value).
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
+from ..calibrate import entry as calibration
 from ..calibrate import weight_rounding as wr
 from ..ir.graph_info import META_ORIGIN, META_ROLE
 from ..ops import weight_formats
 from ..plan.precision_plan import is_weight_only
 from .casting import first_compute_node
 from .stored import as_stored, fake_like
+
+log = logging.getLogger(__name__)
 
 LINEAR = torch.ops.aten.linear.default
 
@@ -44,6 +50,18 @@ def inputs_of_rounded(graph: torch.fx.Graph, plan) -> dict[str, str]:
                 and isinstance(node.args[0], torch.fx.Node) and grid(decision.weights) is not None):
             out[node.name] = node.args[0].name
     return out
+
+
+def layer_moments(captured, plan, data) -> dict:
+    """The input moments of the Linears :func:`inputs_of_rounded` names, by layer name, from one calibration pass
+    over ``data`` (None: the example inputs) of ``captured`` (an ``ir.captured.CapturedModel``)."""
+    layers = inputs_of_rounded(captured.base.graph, plan)
+    if not layers:
+        log.warning('weight_rounding="data_aware": no weight-only Linear with 4-bit weights in the plan; nothing is '
+                    "rounded from data")
+        return {}
+    calibrated = calibration.run(captured, data, statistics=False, moments=frozenset(layers.values()))
+    return {layer: calibrated.moments[value] for layer, value in layers.items() if value in calibrated.moments}
 
 
 def quantize(tensor: torch.Tensor, fmt, dtype: torch.dtype, moments,
