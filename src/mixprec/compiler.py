@@ -321,8 +321,8 @@ def _check_calibration_used(loader, rules: RuleOptions | None, info, weight_roun
         return
     if not calibration_targets(info):
         raise ConfigError(
-            "autocast_calibration_dataloader only takes effect with enable_autocast=True, for int8 precision "
-            "regions without dynamic ranges, or with weight_rounding=\"data_aware\", and this model has none; add "
+            "autocast_calibration_dataloader only takes effect with enable_autocast=True or for int8 precision "
+            "regions without dynamic ranges (this model has none) or weight_rounding=\"data_aware\"; add "
             "enable_autocast=True or drop it."
         )
 
