@@ -47,7 +47,7 @@ def test_search_writes_plan_json_and_plot(spec, tmp_path, capsys):
     )
     assert code == 0
     out = capsys.readouterr().out
-    assert "<- chosen" in out and "eval_dataloader (2 batches)" in out
+    assert "<- returned" in out and "whole programs measured on eager" in out and "eval_dataloader (2 batches)" in out
     loaded = mixprec.PrecisionPlan.from_json(plan.read_text())
     assert mixprec.SearchResult.from_json(result.read_text()).plan == loaded
     assert plot.read_bytes()[:4] == b"\x89PNG"

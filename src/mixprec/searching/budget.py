@@ -37,6 +37,18 @@ FLOPs; lowered, they spare the casts between lowered neighbours);
 otherwise they stay fp32. ``keep_fp32_fraction`` lowers the same groups as with one type, each
 to its option of most gain (its least sensitive type when no type gains).
 
+**A float move has boundaries**: lowering one layer to a float type among fp32 ones converts its inputs and its
+output; each upgrade's gain is charged what those conversions cost on the backend (``latency.boundary_elements``,
+``FlopCosts.conversion_seconds``), so a small layer alone is not lowered where converting it costs more than it saves.
+
+**The floor** (:func:`pruning.floor_type`): where the float low type is faster than fp32 for every FLOP-carrying
+group (bf16 on a CPU with AMX runs 4-7x fp32: fp32 is the slow path), keeping a layer in fp32 to buy accuracy is the
+dearest way to buy it. Then every group starts in the float type (the all-float plan, measured: its sensitivities are
+not measured in phase 1, ``pruning.never_taken``), and stage 1's upgrades are from there — to int8 or a weight-only
+type, at the gain over the float type per unit of error — searched for the longest prefix within the tolerance as
+above: a tight budget is met by moving int8 layers back to the float type, not to fp32. Only where the all-float plan
+itself breaks the limit are the float type's sensitivities measured (``fill``) and the search runs from fp32.
+
 Everything lowered is tried first (often it fits). Otherwise each stage tries its whole list,
 then searches for the longest prefix whose measured metric is within the tolerance, probing where the
 quadrature model of the measured sensitivities, scaled to the metric measured at the bracket's ends, crosses
@@ -54,7 +66,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ..progress import Progress
-from .types import is_float
+from . import latency
+from .pruning import floor_type
+from .types import WeightOnly, is_float
 
 if TYPE_CHECKING:  # sensitivity.py asks never_taken() which options to measure
     from .sensitivity import Study
@@ -67,9 +81,11 @@ class Choice:
     met: bool  # the chosen plan is within the tolerance (always True for keep_fp32_fraction)
 
 
-def choose(study: Study, options, progress: Progress, costs=None, tolerance: float | None = None) -> Choice:
+def choose(study: Study, options, progress: Progress, costs=None, tolerance: float | None = None,
+           fill: Callable | None = None) -> Choice:
     """``costs``: a ``latency.FlopCosts`` (needed with several low types). ``tolerance``: a limit tighter than
-    ``options.tolerance`` to choose against (``holdout.confirm``, after a held-out check broke the budget)."""
+    ``options.tolerance`` to choose against (``holdout.confirm``, after a held-out check broke the budget).
+    ``fill(dtype)``: measures the sensitivities in ``dtype`` phase 1 left unmeasured (the floor's, module docstring)."""
     measured: dict[frozenset, float] = {frozenset(): study.baseline}
     lows = study.lows
     safe = [g for g in study.groups if math.isfinite(study.least(g.name).value)]
@@ -108,6 +124,16 @@ def choose(study: Study, options, progress: Progress, costs=None, tolerance: flo
     tolerance = options.tolerance if tolerance is None else tolerance
     if study.baseline > tolerance:
         return Choice(frozenset(), measured, False)
+    if len(lows) > 1:
+        floor = floor_type(study.groups, lows, costs)
+        if floor is not None:
+            chosen = _from_floor(study, floor, metric, gain, tolerance)
+            if chosen is not None:
+                return Choice(frozenset(dict(chosen).items()), measured, True)
+            if fill is not None:  # the all-float plan breaks the limit: fp32 is needed somewhere, measured from here
+                fill(floor)
+                safe = [g for g in study.groups if math.isfinite(study.least(g.name).value)]
+                total = len(safe)
     heavy = [g for g in safe if g.flops > 0]
     free = [g for g in safe if g.flops == 0]
     if len(lows) == 1:
@@ -115,7 +141,13 @@ def choose(study: Study, options, progress: Progress, costs=None, tolerance: flo
         first = [(g.name, low) for g in sorted(heavy, key=lambda g: (s(g, low) ** 2 / g.flops, g.index))]
         second = [(g.name, low) for g in sorted(free, key=lambda g: (s(g, low), g.index))]
     else:
-        first = upgrades(heavy, lows, lambda g, d: s(g, d), gain)
+        def priced(g, dtype) -> float:  # the gain less the conversions of the layer's boundaries (module docstring)
+            activation = dtype.activation if isinstance(dtype, WeightOnly) else dtype
+            if not is_float(activation) or not costs.conversion.get(activation):
+                return gain(g, dtype)
+            return gain(g, dtype) - costs.conversion_seconds(activation, latency.boundary_elements(study.info, g.name))
+
+        first = upgrades(heavy, lows, lambda g, d: s(g, d), priced)
         floats = [d for d in lows if is_float(d)]
         fast = bool(floats) and any(gain(g, floats[0]) > 0 for g in heavy)  # faster on this model's layer classes
         second = [(g.name, floats[0]) for g in sorted(free, key=lambda g: (s(g, floats[0]), g.index))] if fast else []
@@ -126,6 +158,46 @@ def choose(study: Study, options, progress: Progress, costs=None, tolerance: flo
     chosen = _furthest((), first, metric, tolerance, predict((), first))
     chosen = _furthest(chosen, second, metric, tolerance, predict(chosen, second))
     return Choice(frozenset(dict(chosen).items()), measured, True)
+
+
+def _from_floor(study: Study, floor, metric: Callable, gain: Callable, tolerance: float) -> list[tuple] | None:
+    """The plan from the floor (module docstring): every group that takes ``floor`` in it, then the longest prefix of
+    the upgrades from it within ``tolerance``; None when the all-floor plan itself is beyond it."""
+    def within_floor(g) -> bool:
+        found = study.sensitivity[g.name].get(floor)
+        return g.unsafe is None and found is not None and (not found.measured or math.isfinite(found.value))
+
+    base = [(g.name, floor) for g in study.groups if within_floor(g)]
+    if metric(base) > tolerance:
+        return None
+    taken = {name for name, _ in base}
+    others = tuple(d for d in study.lows if d != floor)
+
+    def at_floor(g) -> float:  # the floor's own error of the group (unmeasured: nothing known, 0)
+        found = study.sensitivity[g.name].get(floor)
+        return found.value if found is not None and found.measured and g.name in taken else 0.0
+
+    def extra(g, dtype) -> float:  # the error an upgrade from the floor adds, as a sensitivity (quadrature)
+        found = study.sensitivity[g.name].get(dtype)
+        if found is None or not found.measured or not math.isfinite(found.value):
+            return math.inf
+        return math.sqrt(max(found.value**2 - at_floor(g) ** 2, 0.0))
+
+    def over_floor(g, dtype) -> float:
+        return gain(g, dtype) - (gain(g, floor) if g.name in taken else 0.0)
+
+    heavy = [g for g in study.groups if g.flops > 0 and g.unsafe is None]
+    order = upgrades(heavy, others, extra, over_floor)
+    if not order or metric(base + order) <= tolerance:
+        return base + order
+    start = metric(base)
+    model, total, current = [start], start**2, {}
+    for name, dtype in order:
+        g = _Named(name)
+        total += extra(g, dtype) ** 2 - (extra(g, current[name]) ** 2 if name in current else 0.0)
+        current[name] = dtype
+        model.append(math.sqrt(max(total, 0.0)))
+    return list(_furthest(base, order, metric, tolerance, model))
 
 
 def upgrades(groups, lows, sensitivity: Callable, gain: Callable) -> list[tuple]:

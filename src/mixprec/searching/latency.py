@@ -15,14 +15,23 @@ unless the type is ``MIN_SPEEDUP`` x fp32 in the class (within that, noise). **T
 or eval batches of at most ``DECODE_TOKENS`` tokens) times the matmul class as one row through Linears larger than
 a core's caches, memory-bound as a decoder's token steps are, where the weight-only types gain.
 
+**Precision boundaries** are not free: a float low type next to fp32 layers converts every tensor that crosses, and
+what that costs depends on the backend (OpenVINO fuses some conversions into its kernels and inserts its own). So
+the same stack of four Linear+GELU blocks is timed all in fp32, all in the type and with blocks alternating: what
+the alternating program costs beyond the mean of the other two, per conversion and element, is the price of one
+boundary (``FlopCosts.conversion``), kept as ``"boundary_seconds"``. :func:`predicted_seconds` prices a whole plan
+(its layers' FLOPs in their types plus its boundaries): it ranks the candidates whose whole programs the search then
+measures (``frontier.py``); the budget charges a float move its boundaries (``budget.py``).
+
 The prices are kept in the cost model (``measure.costs``: per backend, device, CPU and library versions; with the
 cost cache, across processes), so every search here, in this process or a later one, spends by the same numbers:
-the same data gives the same plan. The pareto points' measured latencies let the user check the model.
+the same data gives the same plan. The frontier's whole programs, measured, let the user check the model.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 
 import torch
@@ -33,13 +42,15 @@ from ..measure.clock import fastest, interleaved, per_call_seconds, repeats_for
 from ..measure.costs import cost_model
 from ..measure.programs import time_programs
 from ..measure.stopwatch import call_of
-from .types import WeightOnly
+from .types import WeightOnly, type_of
 
 PLAN_ROUNDS = 3  # interleaved rounds of the pareto points' programs not timed right after their trial
 COST_ROUNDS = 9
 SAMPLE_SECONDS = 0.05  # a timed sample repeats a call this long: a few-ms call is at the mercy of the scheduler
 KINDS = ("matmul", "conv")
 DECODE = "decode"  # the matmul class in the decode shape (module docstring)
+BOUNDARY = "boundary"  # the stack that prices one precision boundary (module docstring)
+BOUNDARY_BLOCKS = 4  # Linear+GELU blocks of the boundary stack
 DECODE_TOKENS = 8  # eval batches of at most this many tokens (batch x sequence) are decoding: costed so
 DECODE_ROWS = 1
 DECODE_FEATURES = 2048
@@ -84,6 +95,8 @@ class FlopCosts:
     backend: str
     seconds_per_gflop: Mapping[tuple[str, torch.dtype], float]
     decode: bool = False
+    # float low type -> seconds per element of one conversion between it and fp32 on this backend (module docstring)
+    conversion: Mapping[torch.dtype, float] = dataclasses.field(default_factory=dict)
 
     def kind(self, op: str) -> str:
         """The class of ``op`` in this table: :func:`kind_of`, the matmul class being ``"decode"`` in decode shape."""
@@ -96,6 +109,18 @@ class FlopCosts:
         table = self.seconds_per_gflop
         saved = flops / 1e9 * (table[(kind, torch.float32)] - table[(kind, dtype)])
         return saved if self.speedup(kind, dtype) >= MIN_SPEEDUP else min(saved, 0.0)
+
+    def seconds(self, op: str, flops: int, dtype) -> float:
+        """The cost model's seconds per call of a layer of ``flops`` FLOPs of ``op`` computed in ``dtype`` (a type this
+        table does not time: fp32's price)."""
+        kind = self.kind(op)
+        table = self.seconds_per_gflop
+        return flops / 1e9 * table.get((kind, dtype), table[(kind, torch.float32)])
+
+    def conversion_seconds(self, dtype, elements: int) -> float:
+        """Seconds to convert ``elements`` values between fp32 and ``dtype`` once on this backend (0 for a type whose
+        boundaries were not timed: int8's quantization is in its per-FLOP price)."""
+        return self.conversion.get(dtype, 0.0) * elements
 
     def speedup(self, kind: str, dtype: torch.dtype) -> float:
         return self.seconds_per_gflop[(kind, torch.float32)] / self.seconds_per_gflop[(kind, dtype)]
@@ -110,6 +135,47 @@ class FlopCosts:
     def kinds(self) -> tuple:
         """The classes this table times: the matmul class as ``"decode"`` in the decode shape, convolutions."""
         return (DECODE, "conv") if self.decode else KINDS
+
+
+def predicted_seconds(info, plan, lows, costs: FlopCosts) -> float:
+    """The cost model's seconds per call of a whole plan (``plan``: every layer of ``info`` decided): each
+    FLOP-carrying layer at its type's price, plus one conversion of each float tensor that crosses between fp32 and a
+    float low type, once per tensor and type it is converted to (an int8 layer reads any float and gives fp32)."""
+    total = 0.0
+    produced = {}
+    for name, node in info.items():
+        if name not in plan:
+            continue
+        decision = plan[name]
+        if node.flops:
+            total += costs.seconds(node.op, node.flops, type_of(decision, lows))
+        produced[name] = decision.precision if decision.precision.is_floating_point else torch.float32
+    crossings = set()
+    for name, node in info.items():
+        if name not in produced or not plan[name].precision.is_floating_point:
+            continue
+        to = produced[name]
+        for source in node.input_dtypes:
+            made = produced.get(source)
+            if made is not None and made != to and source not in node.fp32_inputs:
+                crossings.add((source, to, to if made == torch.float32 else made))
+    for source, _, low in crossings:
+        total += costs.conversion_seconds(low, _elements(info, source))
+    return total
+
+
+def boundary_elements(info, name: str) -> int:
+    """Elements of layer ``name``'s float inputs made by other layers and of its output: what lowering it alone among
+    fp32 layers converts (the price of its boundaries, ``FlopCosts.conversion_seconds``)."""
+    node = info[name]
+    sources = [s for s in node.input_dtypes if s in info and s not in node.fp32_inputs
+               and node.input_dtypes[s].is_floating_point]
+    return sum(_elements(info, s) for s in sources) + _elements(info, name)
+
+
+def _elements(info, name: str) -> int:
+    metas = info.tensor_meta.get(name) or ()
+    return math.prod(metas[0].shape) if metas else 0
 
 
 def flop_costs(backend: str | None, lows, device: torch.device, decode: bool = False, cache=None) -> FlopCosts:
@@ -136,8 +202,23 @@ def flop_costs(backend: str | None, lows, device: torch.device, decode: bool = F
         fp32 = costs.lookup("gflop_seconds", (kind, "float32"))[1]
         for d in wanted:
             table[(kind, d)] = costs.lookup("gflop_seconds", (kind, dtype_name(d)))[1] if d in timed else fp32
+    floats = [d for d in lows if isinstance(d, torch.dtype) and d.is_floating_point]
+    missing = [d for d in floats if not costs.lookup("boundary_seconds", (dtype_name(d),))[0]]
+    if missing:
+        for d, seconds in measure_boundaries(name, tuple(missing), device).items():
+            costs.store("boundary_seconds", (dtype_name(d),), max(float(seconds), 0.0))
+    conversion = {d: costs.lookup("boundary_seconds", (dtype_name(d),))[1] for d in floats}
     costs.flush()
-    return FlopCosts(name, table, decode)
+    return FlopCosts(name, table, decode, conversion)
+
+
+def measure_boundaries(backend: str, dtypes, device: torch.device) -> dict:
+    """Each float type's seconds per element of one conversion between it and fp32 in a program ``backend`` built
+    (module docstring)."""
+    from ..ir.captured import CapturedModel
+
+    model, args = _stack(BOUNDARY, device)
+    return _boundaries(backend, CapturedModel(model, args), dtypes, args)
 
 
 def measure_costs(backend: str, kind: str, dtypes, device: torch.device) -> dict:
@@ -173,6 +254,37 @@ def measure_costs(backend: str, kind: str, dtypes, device: torch.device) -> dict
     return {d: s / (flops / 1e9) for d, s in _paired({d: factory(d)() for d in dtypes}, args).items()}
 
 
+def _boundaries(backend: str, captured, dtypes, args) -> dict:
+    """Seconds per element of one fp32 <-> type conversion: the stack with its blocks alternating (type, fp32, type,
+    ...: ``BOUNDARY_BLOCKS`` conversions, the last block's output already fp32) against the mean of the stack all
+    in fp32 (none) and all in the type (two: in and out), per extra conversion and element (module docstring)."""
+    from ..backends import get_backend
+    from ..backends.options import BackendOptions
+    from ..plan import planner
+    from ..plan.options import PlanningOptions
+    from ..plan.precision_plan import NodePrecision, PrecisionPlan
+    from ..rewrite.pipeline import realise
+
+    layers = [n for n, node in captured.info.items() if node.kind == "compute"]
+    per_block = len(layers) // BOUNDARY_BLOCKS
+    elements = args[0].numel() // args[0].shape[-1] * MATMUL_FEATURES
+
+    def build(assigned: dict):
+        requests = PrecisionPlan({n: NodePrecision(d, None, "plan", "boundary stack") for n, d in assigned.items()})
+        plan = planner.build_plan(captured.info, PlanningOptions(plan=requests))
+        program = realise(captured, plan, keep_io_types=True, verify_each=False).to_exported()
+        return get_backend(backend)(program, BackendOptions(backend))
+
+    out = {}
+    for dtype in dtypes:
+        alternating = {n: dtype if (i // per_block) % 2 == 0 else torch.float32 for i, n in enumerate(layers)}
+        programs = {torch.float32: build({}), "low": build({n: dtype for n in layers}), "mixed": build(alternating)}
+        seconds = _paired(programs, args)
+        extra = seconds["mixed"] - (seconds[torch.float32] + seconds["low"]) / 2
+        out[dtype] = max(extra, 0.0) / (BOUNDARY_BLOCKS - 1) / elements
+    return out
+
+
 def _paired(programs: Mapping[torch.dtype, torch.nn.Module], args: tuple) -> dict:
     """Seconds per call of each program from ``COST_ROUNDS`` paired rounds (``measure.clock``): a warm-up call and a
     timed one each give the calls per sample (``SAMPLE_SECONDS`` long), then every round samples each program."""
@@ -186,7 +298,12 @@ def _paired(programs: Mapping[torch.dtype, torch.nn.Module], args: tuple) -> dic
 
 def _stack(kind: str, device: torch.device):
     generator = torch.Generator().manual_seed(0)
-    if kind == DECODE:
+    if kind == BOUNDARY:
+        size = MATMUL_FEATURES
+        blocks = [m for _ in range(BOUNDARY_BLOCKS) for m in (torch.nn.Linear(size, size), torch.nn.GELU())]
+        model = torch.nn.Sequential(*blocks)
+        x = torch.randn(MATMUL_ROWS, size, generator=generator)
+    elif kind == DECODE:
         size = DECODE_FEATURES
         model = torch.nn.Sequential(torch.nn.Linear(size, size), torch.nn.GELU(), torch.nn.Linear(size, size))
         x = torch.randn(DECODE_ROWS, size, generator=generator)

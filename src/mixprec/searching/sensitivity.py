@@ -208,12 +208,38 @@ def _measure_groups(study: Study, progress: Progress, skip: dict) -> None:
     progress.update(f"sensitivity {total}/{total} groups")
 
 
-def _measure_each(study: Study, progress: Progress, skip: dict, before) -> None:
+def fill(study: Study, progress: Progress, dtype) -> None:
+    """Measure the sensitivities in ``dtype`` that phase 1 left unmeasured (the floor type's, ``pruning.never_taken``),
+    once the budget phase needs them (``budget.choose``); a cached study keeps them."""
+    wanted = {g.name for g in study.groups if g.unsafe is None and dtype in study.sensitivity[g.name]
+              and not study.sensitivity[g.name][dtype].measured}
+    if not wanted:
+        return
+    trials = study.trials
+    timing, trials.time_on = trials.time_on, None  # phase 1's trials are not timed
+    try:
+        if trials.pool is not None:
+            trials.measure_many([((name, dtype),) for name in sorted(wanted)], lambda done, count: progress.update(
+                f"sensitivity in {dtype_name(dtype)} {done}/{count} trials on the Ray cluster"))
+        trials.prefix = Prefix(trials.reference_module()) if trials.pool is None else None
+        try:
+            _measure_each(study, progress, {}, trials.plan(()), only=(wanted, dtype))
+        finally:
+            trials.prefix = None
+    finally:
+        trials.time_on = timing
+
+
+def _measure_each(study: Study, progress: Progress, skip: dict, before, only=None) -> None:
+    """Each group's sensitivity in the types it takes (``only``: (group names, type): just those)."""
     trials, total = study.trials, len(study.groups)
     for done, group in enumerate(study.groups):
+        if only is not None and group.name not in only[0]:
+            continue
         progress.update(f"sensitivity {done}/{total} groups")
-        measured = study.sensitivity[group.name] = {}
-        for dtype in (d for d in study.lows if group.takes(d)):
+        measured = study.sensitivity[group.name] if only is not None else {}
+        study.sensitivity[group.name] = measured
+        for dtype in (d for d in study.lows if group.takes(d) and (only is None or d == only[1])):
             if group.unsafe is not None:
                 measured[dtype] = Sensitivity(math.inf, (), f"safety rule: {group.unsafe}")
                 continue
