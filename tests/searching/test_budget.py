@@ -181,9 +181,10 @@ class TypedTrials:
         return Outcome(math.sqrt(sum(self.s[(n, d)] ** 2 for n, d in lowered)))
 
 
-def typed_study(s, floor_measured=True, info=None, flops=None):
+def typed_study(s, floor_measured=True, info=None, flops=None, ops=None):
     names = list(dict.fromkeys(n for n, _ in s))
-    groups = [LayerGroup(n, "aten.linear.default", n, "", (flops or {}).get(n, 100), i) for i, n in enumerate(names)]
+    groups = [LayerGroup(n, (ops or {}).get(n, "aten.linear.default"), n, "", (flops or {}).get(n, 100), i)
+              for i, n in enumerate(names)]
     study = Study(info, groups, TypedTrials(s), 0.0)
     study.sensitivity = {n: {I8: Sensitivity(s[(n, I8)], ()),
                              BF16: Sensitivity(s[(n, BF16)], ()) if floor_measured
@@ -192,12 +193,13 @@ def typed_study(s, floor_measured=True, info=None, flops=None):
     return study
 
 
-def flop_costs(table=None, conversion=None):
+def flop_costs(table=None, conversion=None, conv=None):
     from mixprec.searching import latency
 
     table = table or {F32: 10.0, BF16: 4.0, I8: 2.5}  # bf16 2.5x fp32: the floor
-    return latency.FlopCosts("eager", {(k, d): v for k in latency.KINDS for d, v in table.items()},
-                             conversion=conversion or {})
+    by_kind = {(k, d): v for k in latency.KINDS for d, v in table.items()}
+    by_kind.update({("conv", d): v for d, v in (conv or {}).items()})
+    return latency.FlopCosts("eager", by_kind, conversion=conversion or {})
 
 
 def floor_case():
@@ -248,22 +250,24 @@ def test_without_a_floor_int8_and_bf16_options_not_faster_than_it_are_not_measur
 
 
 def test_a_float_move_pays_for_the_conversions_at_its_boundaries():
-    """All-bf16 breaks the limit (one group is catastrophic in bf16), so the budget runs from fp32: a small layer
-    lowered alone converts its input and output; where those conversions cost more than its FLOPs save here it
-    stays fp32, where they are free it is lowered."""
+    """bf16 is no floor here (a convolution runs slower in it), so the budget runs from fp32: a small layer lowered
+    alone converts its input and output; where those conversions cost more than its FLOPs save here it stays fp32,
+    where they are free it is lowered."""
     from mixprec.ir.captured import CapturedModel
 
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 64), torch.nn.GELU(),
                                 torch.nn.Linear(64, 64))
     captured = CapturedModel(model.eval(), (torch.randn(8, 64),))
     linears = [n for n, node in captured.info.items() if node.op == "aten.linear.default"]
-    s = {(n, BF16): 1e-3 for n in linears} | {(n, I8): math.inf for n in linears}
+    conv = next(n for n, node in captured.info.items() if node.op.startswith("aten.gelu"))  # stands for a conv
+    s = {(n, BF16): 1e-3 for n in linears} | {(n, I8): math.inf for n in [*linears, conv]} | {(conv, BF16): 1e-3}
     s[(linears[2], BF16)] = 1.0
-    flops = {n: captured.info[n].flops for n in linears}
+    flops = {n: captured.info[n].flops for n in linears} | {conv: 10_000}
+    slow = {F32: 10.0, BF16: 12.0, I8: 2.5}
     for conversion, lowered in ((0.0, set(linears[:2])), (1e-6, set())):
-        study = typed_study(s, info=captured.info, flops=flops)
+        study = typed_study(s, info=captured.info, flops=flops, ops={conv: "aten.conv2d.default"})
         choice = choose(study, SearchOptions((I8, BF16), 0.1, None, None), Progress(stream=None),
-                        flop_costs(conversion={BF16: conversion}), fill=lambda dtype: None)
+                        flop_costs(conversion={BF16: conversion}, conv=slow), fill=lambda dtype: None)
         assert {n for n, d in choice.lowered if d == BF16} == lowered
 
 

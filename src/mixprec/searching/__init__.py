@@ -36,7 +36,7 @@ from ..errors import MixedPrecisionWarning
 from ..ir.export import as_input_tuple, refuse_meta_tensors
 from ..measure.clock import PhaseClock
 from ..progress import Progress
-from . import assemble, frontier, holdout, latency, sensitivity
+from . import assemble, frontier, holdout, latency, sensitivity, whole
 from .budget import choose
 from .cache import SearchCache, study_key
 from .distributed import cluster_for
@@ -167,16 +167,30 @@ def search(
                 progress.update("the cost of each low type on this machine (timed once, then kept)")
             with clock.phase("cost_model"):
                 costs = latency.flop_costs(options.backend, options.lows, device, options.decode, options.cost_cache)
+        built = {}  # the whole programs on the backend (whole.Built), once the trials exist
+
+        def prices(trials, groups):  # the cost model set to this model's whole programs (whole.py)
+            with clock.phase("model_prices"):
+                built["programs"] = whole.Built(trials, options.backend or "eager", device, options.cost_cache)
+                return whole.model_prices(built["programs"], groups, options.lows, costs, eval_batches[0],
+                                          frontier.time_candidates, progress)
+
         with clock.phase("sensitivity"):
             if study is None:
                 pruning = costs if options.tolerance is not None else None  # keep_fp32_fraction may take any option
                 study = build_study(model, args, options, eval_batches, calibration, progress, cluster, held_out,
-                                    pruning)
+                                    pruning, prices if costs is not None else None)
                 if store is not None:
                     store.put(key, model, user_metric, study)
+        if "model_prices" in clock.seconds:  # timed within the sensitivity phase: counted once, as its own
+            clock.seconds["sensitivity"] -= clock.seconds["model_prices"]
+        costs = study.costs or costs
         # 3. budget (phase 2): the choice, confirmed on the held-out batches
-        with clock.phase("budget"), cluster.timing_on(study.trials, eval_batches[0]) if cluster is not None \
-                else _timing(study.trials, eval_batches[0]):
+        # phase 2's plans are timed as the eager programs they are where eager is the target; for another backend
+        # the frontier times whole programs on it, and an eager time would only cost calls
+        timing = eval_batches[0] if options.eager else None
+        with clock.phase("budget"), cluster.timing_on(study.trials, timing) if cluster is not None \
+                else _timing(study.trials, timing):
             def fill(dtype):  # the floor's sensitivities, when the all-floor plan breaks a limit (budget.py)
                 sensitivity.fill(study, progress, dtype)
 
@@ -194,14 +208,16 @@ def search(
             stacklevel=2,
         )
     with clock.phase("budget"):
-        pareto = assemble.pareto(study, choice, eval_batches[0], progress)
+        pareto = assemble.pareto(study, choice, eval_batches[0] if options.eager else None, progress)
     # 4. the frontier (phase 3): the candidates and the trivial plans, measured as whole programs on the backend
     plan_of = lambda lowered: assemble.plan(study, lowered, options, costs)  # noqa: E731
     points, returned = (), plan_of(choice.lowered)
     if choice.met:
         with clock.phase("frontier"):
+            programs = built.get("programs") or whole.Built(study.trials, options.backend or "eager", device,
+                                                            options.cost_cache)
             points, returned = _frontier(study, choice, confirmed, options, costs, model, args, eval_batches, held_out,
-                                         calibration, progress, plan_of)
+                                         calibration, progress, plan_of, programs)
     won = next((p for p in points if p.chosen), None)
     result = SearchResult(
         plan=returned,
@@ -231,14 +247,14 @@ def search(
 
 
 def _frontier(study, choice, confirmed, options, costs, model, args, eval_batches, held_out, calibration, progress,
-              plan_of):
+              plan_of, programs):
     """(the frontier's points, the plan returned): ``frontier.py``'s candidates measured on the backend, the fastest
     within the budget (with keep_fp32_fraction: within the budget's plan's own error) returned."""
     choosing = [b for i, b in enumerate(eval_batches) if i not in held_out]
     data = calibration if isinstance(calibration, list) else (choosing if options.metric.uses_eval_data else None)
-    cands = frontier.candidates(study, choice, confirmed.limit, options, costs, model, args, data)
+    cands = frontier.candidates(study, choice, confirmed.limit, options, costs, model, args, data, programs)
     metric = study.trials.held_out if study.trials.held_out is not None else study.trials.metric  # prepared
-    points = frontier.measure(study, cands, options.backend or "eager", eval_batches[0], metric, progress)
+    points = frontier.measure(study, cands, programs, eval_batches[0], metric, progress)
     limit = options.tolerance
     if limit is None:  # keep_fp32_fraction: no plan returned instead of the budget's may have more error than it
         limit = points[0].metric  # the budget's plan is the first candidate

@@ -24,13 +24,14 @@ from .result import GroupSensitivity, ParetoPoint
 from .sensitivity import Study
 
 
-def pareto(study: Study, choice: Choice, batch: Call, progress: Progress) -> tuple[ParetoPoint, ...]:
-    """Every plan the budget phase measured, with its eager latency (timed on ``batch`` where a trial was not)."""
+def pareto(study: Study, choice: Choice, batch: Call | None, progress: Progress) -> tuple[ParetoPoint, ...]:
+    """Every plan the budget phase measured, with its eager latency (timed on ``batch`` where a trial was not; None:
+    not timed, the search's backend is another, whose whole programs the frontier times)."""
     for lowered in choice.measured:  # timed on a Ray worker right after its trial
         seconds = study.trials.seconds(lowered)
         if lowered not in study.latency and seconds is not None:
             study.latency[lowered] = seconds
-    missing = [lowered for lowered in choice.measured if lowered not in study.latency]
+    missing = [lowered for lowered in choice.measured if lowered not in study.latency] if batch is not None else []
     if missing:
         progress.update(f"timing {len(missing)} plan(s)")
         factories = {lowered: (lambda lowered=lowered: study.trials.program(lowered)) for lowered in missing}
@@ -42,7 +43,7 @@ def pareto(study: Study, choice: Choice, batch: Call, progress: Progress) -> tup
             lowered=len(lowered),
             low_precision_flops_fraction=low_flops_fraction(study.info, plan),
             metric=value,
-            latency_seconds=study.latency[lowered],
+            latency_seconds=study.latency.get(lowered),
             chosen=lowered == choice.lowered,
             mix={dtype_name(d): low_flops_fraction(study.info, plan, d) for d in study.lows},
             lowered_by_type={dtype_name(d): sum(1 for _, t in lowered if t == d) for d in study.lows},

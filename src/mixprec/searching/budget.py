@@ -47,7 +47,9 @@ dearest way to buy it. Then every group starts in the float type (the all-float 
 not measured in phase 1, ``pruning.never_taken``), and stage 1's upgrades are from there — to int8 or a weight-only
 type, at the gain over the float type per unit of error — searched for the longest prefix within the tolerance as
 above: a tight budget is met by moving int8 layers back to the float type, not to fp32. Only where the all-float plan
-itself breaks the limit are the float type's sensitivities measured (``fill``) and the search runs from fp32.
+itself breaks the limit are the float type's sensitivities measured (``fill``), and the fewest groups that bring it
+within are kept fp32, those that remove the most error per second lost first (:func:`exceptions`: a norm costs
+only its boundaries, a Linear its FLOPs at fp32's price); the upgrades to int8 start from there.
 
 Everything lowered is tried first (often it fits). Otherwise each stage tries its whole list,
 then searches for the longest prefix whose measured metric is within the tolerance, probing where the
@@ -128,12 +130,11 @@ def choose(study: Study, options, progress: Progress, costs=None, tolerance: flo
         floor = floor_type(study.groups, lows, costs)
         if floor is not None:
             chosen = _from_floor(study, floor, metric, gain, tolerance)
+            if chosen is None and fill is not None:  # all-float breaks the limit: fp32 is needed somewhere
+                fill(floor)
+                chosen = _from_floor(study, floor, metric, gain, tolerance, costs)
             if chosen is not None:
                 return Choice(frozenset(dict(chosen).items()), measured, True)
-            if fill is not None:  # the all-float plan breaks the limit: fp32 is needed somewhere, measured from here
-                fill(floor)
-                safe = [g for g in study.groups if math.isfinite(study.least(g.name).value)]
-                total = len(safe)
     heavy = [g for g in safe if g.flops > 0]
     free = [g for g in safe if g.flops == 0]
     if len(lows) == 1:
@@ -160,16 +161,20 @@ def choose(study: Study, options, progress: Progress, costs=None, tolerance: flo
     return Choice(frozenset(dict(chosen).items()), measured, True)
 
 
-def _from_floor(study: Study, floor, metric: Callable, gain: Callable, tolerance: float) -> list[tuple] | None:
+def _from_floor(study: Study, floor, metric: Callable, gain: Callable, tolerance: float,
+                costs=None) -> list[tuple] | None:
     """The plan from the floor (module docstring): every group that takes ``floor`` in it, then the longest prefix of
-    the upgrades from it within ``tolerance``; None when the all-floor plan itself is beyond it."""
+    the upgrades from it within ``tolerance``. Where the all-floor plan is beyond it: None, or with ``costs`` (and the
+    floor's sensitivities measured) the floor less its :func:`exceptions`."""
     def within_floor(g) -> bool:
         found = study.sensitivity[g.name].get(floor)
         return g.unsafe is None and found is not None and (not found.measured or math.isfinite(found.value))
 
     base = [(g.name, floor) for g in study.groups if within_floor(g)]
     if metric(base) > tolerance:
-        return None
+        if costs is None:
+            return None
+        base = exceptions(study, floor, base, metric, gain, tolerance, costs)
     taken = {name for name, _ in base}
     others = tuple(d for d in study.lows if d != floor)
 
@@ -186,7 +191,7 @@ def _from_floor(study: Study, floor, metric: Callable, gain: Callable, tolerance
     def over_floor(g, dtype) -> float:
         return gain(g, dtype) - (gain(g, floor) if g.name in taken else 0.0)
 
-    heavy = [g for g in study.groups if g.flops > 0 and g.unsafe is None]
+    heavy = [g for g in study.groups if g.flops > 0 and g.unsafe is None and g.name in taken]
     order = upgrades(heavy, others, extra, over_floor)
     if not order or metric(base + order) <= tolerance:
         return base + order
@@ -198,6 +203,45 @@ def _from_floor(study: Study, floor, metric: Callable, gain: Callable, tolerance
         current[name] = dtype
         model.append(math.sqrt(max(total, 0.0)))
     return list(_furthest(base, order, metric, tolerance, model))
+
+
+def exceptions(study: Study, floor, base: list[tuple], metric: Callable, gain: Callable, tolerance: float,
+               costs) -> list[tuple]:
+    """``base`` (the all-floor plan, beyond ``tolerance``) less the fewest groups, kept fp32, that bring it within:
+    the groups by error removed per second lost (sensitivity in the floor squared over what fp32 costs there: a
+    FLOP-carrying group its FLOPs at fp32's price, a FLOP-free one the conversions at its boundaries), the shortest
+    prefix of them within the tolerance by bisection (all of them kept fp32 is the model as written, within it)."""
+    by_name = {g.name: g for g in study.groups}
+
+    def cost(name: str) -> float:
+        g = by_name[name]
+        if g.flops > 0:
+            return max(gain(g, floor), 0.0)
+        return costs.conversion_seconds(floor, latency.boundary_elements(study.info, name)) if study.info else 0.0
+
+    def value(name: str) -> float:
+        found = study.sensitivity[name][floor]
+        return found.value if found.measured and math.isfinite(found.value) else 0.0
+
+    names = [name for name, _ in base]
+    costs_of = {n: cost(n) for n in names}
+    positive = [c for c in costs_of.values() if c > 0]
+    # what a group's fp32 costs, plus a tenth of the mean: a layer the cost model prices at nothing (a norm whose
+    # conversions it cannot see) is not kept fp32 ahead of a far more sensitive one for that alone
+    offset = 0.1 * sum(positive) / len(positive) if positive else 1.0
+    order = sorted(names, key=lambda n: (-value(n) ** 2 / (costs_of[n] + offset), by_name[n].index))
+    def without(k: int) -> list[tuple]:
+        kept = set(order[:k])
+        return [(n, d) for n, d in base if n not in kept]
+
+    lo, hi = 0, len(order)  # the floor less order[:lo] is beyond the tolerance, less order[:hi] within it
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if metric(without(mid)) <= tolerance:
+            hi = mid
+        else:
+            lo = mid
+    return without(hi)
 
 
 def upgrades(groups, lows, sensitivity: Callable, gain: Callable) -> list[tuple]:

@@ -12,9 +12,10 @@ So the model ranks and the measurement decides:
    activation smoothing, bias correction and int8 attention: ``MixedPrecisionConfigurator``, the one int8 planner),
    that with the float type everywhere else, every Linear in a weight-only type;
 2. :func:`measure`: each built as ``compile(model, inputs, plan=..., backend=...)`` builds it
-   (``Trials.whole_program``), its error measured on the held-out eval batches (the eval data when none is held
-   out), then all timed against each other in interleaved rounds on the first eval batch (:func:`time_candidates`,
-   ``measure.programs.time_programs``) — a decoder's eval batches are its decode shape, so that is what is timed;
+   (``Trials.whole_program``, once per plan: ``whole.Built``), its error measured on the held-out eval batches (the
+   eval data when none is held out), then all timed against each other in interleaved rounds on the first eval batch
+   (:func:`time_candidates`, ``measure.programs.time_programs``; kept in the cost model) — a decoder's eval batches
+   are its decode shape, so that is what is timed;
 3. :func:`pick`: the fastest within the tolerance (ties: the smaller error), never slower than all-fp32. all-fp32 is
    always measured, so the plan returned is never slower than the model as written, and no measured plan dominates it
    (one faster at no more error would be within the tolerance and faster). With ``keep_fp32_fraction`` the budget's
@@ -47,12 +48,12 @@ from .groups import LINEAR_OP, low_flops_fraction
 from .result import FrontierPoint
 from .trials import ProgramFailed
 from .types import WeightOnly, is_float, type_of
+from .whole import FP32, whole_name
 
 log = logging.getLogger(__name__)
 
 SEARCHED = 2  # searched candidates measured: the budget's plan and the best-ranked other measured plan
 ROUNDS = 5  # interleaved timed rounds of the candidates (median), after a warm-up round
-FP32 = "all-float32"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,10 +67,11 @@ class Candidate:
     predicted: float | None = None  # the cost model's seconds per call of the whole plan
 
 
-def candidates(study, choice, limit, options, costs, model, args, calibration) -> list[Candidate]:
+def candidates(study, choice, limit, options, costs, model, args, calibration, built) -> list[Candidate]:
     """The searched candidates and the trivial plans (module docstring), each plan once. ``limit``: what the budget
     chose against (the tolerance, or a tightened one); ``calibration``: the batches the configurator's int8 is
-    calibrated on (the search's calibration data, else the eval batches it chose on)."""
+    calibrated on (the search's calibration data, else the eval batches it chose on); ``built``: the whole programs
+    built so far (``whole.Built``: the search's all-int8, built to price int8, is measured too)."""
     trials, lows = study.trials, study.lows
     floats = [d for d in lows if is_float(d)]
     takers = {d: [g.name for g in study.groups if g.unsafe is None and g.takes(d) and _usable(study, g.name, d)]
@@ -78,10 +80,13 @@ def candidates(study, choice, limit, options, costs, model, args, calibration) -
     if floats:
         trivial.append((f"all-{dtype_name(floats[0])}", frozenset((n, floats[0]) for n in takers[floats[0]])))
     if torch.int8 in lows:
+        own = frozenset((n, torch.int8) for n in takers[torch.int8])
         int8 = _configurator_int8(model, args, study, calibration, takers[torch.int8])
         label = "all-int8 (configurator)"
         if int8 is None:  # an ExportedProgram: the configurator needs the module; the search's own int8
-            int8, label = frozenset((n, torch.int8) for n in takers[torch.int8]), "all-int8 (search's int8)"
+            int8, label = own, whole_name(torch.int8)
+        elif own and built.holds(trials.requests(own)):  # built to price int8 (whole.py): measured too
+            trivial.append((whole_name(torch.int8), own))
         trivial.append((label, int8))
         if floats:
             trivial.append((f"int8 + {dtype_name(floats[0])} elsewhere", _elsewhere(int8, takers[floats[0]],
@@ -115,29 +120,26 @@ def candidates(study, choice, limit, options, costs, model, args, calibration) -
     return out
 
 
-def measure(study, cands: list[Candidate], backend: str, batch, metric, progress) -> list[FrontierPoint]:
-    """Each candidate's whole program on ``backend``: its ``metric`` (prepared on the held-out batches, else the eval
-    data), then all timed together on ``batch`` (:func:`time_candidates`). A program that cannot be built or run is a
-    point with its failure and no time."""
-    trials, lows = study.trials, study.lows
+def measure(study, cands: list[Candidate], built, batch, metric, progress) -> list[FrontierPoint]:
+    """Each candidate's whole program on the backend (``built``: ``whole.Built``): its ``metric`` (prepared on the
+    held-out batches, else the eval data), then all timed together on ``batch`` (:func:`time_candidates`, kept in the
+    cost model: ``Built.timed``). A program that cannot be built or run is a point with its failure and no time."""
+    trials, lows, backend = study.trials, study.lows, built.backend
     programs, errors, failures = {}, {}, {}
     for index, c in enumerate(cands):
         progress.update(f"frontier: whole program {index + 1}/{len(cands)} ({c.name}) on {backend}")
-        try:
-            program = trials.whole_program(c.requests, backend)
-        except Exception as e:  # noqa: BLE001 (a candidate the backend cannot build is reported, not fatal)
-            failures[c.name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            log.warning("mixprec.search: the whole program of %s could not be built on %s: %s", c.name, backend,
-                        failures[c.name])
+        program, why, digest = built.program(c.requests)
+        if program is None:
+            failures[c.name] = why
             continue
         try:
             errors[c.name] = metric(program)
         except ProgramFailed as e:
             failures[c.name] = f"fails on the eval data ({e})"
             continue
-        programs[c.name] = program
+        programs[c.name] = (program, digest)
     progress.update(f"frontier: timing {len(programs)} whole program(s) on {backend}")
-    seconds = time_candidates(programs, batch) if programs else {}
+    seconds = built.timed(programs, batch, time_candidates)
     points = []
     for c in cands:
         full = trials.plan(c.lowered) if c.lowered is not None else _full(study, c.requests)

@@ -97,6 +97,8 @@ class FlopCosts:
     decode: bool = False
     # float low type -> seconds per element of one conversion between it and fp32 on this backend (module docstring)
     conversion: Mapping[torch.dtype, float] = dataclasses.field(default_factory=dict)
+    # type -> this model's all-fp32 program's seconds over its all-type program's (:func:`rescaled`), where measured
+    whole_model: Mapping[object, float] = dataclasses.field(default_factory=dict)
 
     def kind(self, op: str) -> str:
         """The class of ``op`` in this table: :func:`kind_of`, the matmul class being ``"decode"`` in decode shape."""
@@ -130,7 +132,11 @@ class FlopCosts:
         search's result quotes so that a plan that lowers nothing says why (``SearchResult.speed_text``)."""
         every = self.kinds()
         kinds = [k for k in every if k in {self.kind(op) for op in ops}] or list(every)
-        return {dtype_name(d): {k: round(self.speedup(k, d), 4) for k in kinds} for d in lows}
+        out = {dtype_name(d): {k: round(self.speedup(k, d), 4) for k in kinds} for d in lows}
+        for d in lows:  # the model's own whole programs, which set the classes' prices (rescaled)
+            if d in self.whole_model:
+                out[dtype_name(d)]["model"] = round(self.whole_model[d], 4)
+        return out
 
     def kinds(self) -> tuple:
         """The classes this table times: the matmul class as ``"decode"`` in the decode shape, convolutions."""
@@ -162,6 +168,29 @@ def predicted_seconds(info, plan, lows, costs: FlopCosts) -> float:
     for source, _, low in crossings:
         total += costs.conversion_seconds(low, _elements(info, source))
     return total
+
+
+def rescaled(costs: FlopCosts, groups, measured: Mapping) -> FlopCosts:
+    """``costs`` with each measured type's prices scaled (every class alike) so that the cost model's seconds of the
+    all-fp32 plan over those of the plan lowering ``lowered`` to the type equal ``ratio`` — ``measured``: {type:
+    (lowered, ratio)}, the model's whole programs timed (``whole.py``). The programs' FLOP-free time counts as their
+    FLOPs' (it moves with them); a ratio beyond what the lowered FLOPs could give is capped at 50x their price."""
+    table = dict(costs.seconds_per_gflop)
+    heavy = [g for g in groups if g.flops > 0]
+    kept = {}
+    for dtype, (lowered, ratio) in measured.items():
+        names = {n for n, _ in lowered}
+        fp32 = sum(costs.seconds(g.op, g.flops, torch.float32) for g in heavy)
+        rest = sum(costs.seconds(g.op, g.flops, torch.float32) for g in heavy if g.name not in names)
+        low = sum(costs.seconds(g.op, g.flops, dtype) for g in heavy if g.name in names)
+        if low <= 0 or not ratio > 0 or not math.isfinite(ratio):
+            continue
+        factor = max(fp32 / ratio - rest, low / 50) / low
+        for kind in costs.kinds():
+            if (kind, dtype) in table:
+                table[(kind, dtype)] *= factor
+        kept[dtype] = ratio
+    return dataclasses.replace(costs, seconds_per_gflop=table, whole_model={**costs.whole_model, **kept})
 
 
 def boundary_elements(info, name: str) -> int:

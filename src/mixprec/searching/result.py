@@ -70,7 +70,7 @@ class ParetoPoint:
     lowered: int
     low_precision_flops_fraction: float
     metric: float
-    latency_seconds: float | None
+    latency_seconds: float | None  # of its eager program (None: the search's backend is another; see the frontier)
     chosen: bool = False
     mix: Mapping[str, float] = dataclasses.field(default_factory=dict)  # low type name -> its share of the FLOPs
     lowered_by_type: Mapping[str, int] = dataclasses.field(default_factory=dict)  # low type name -> groups in it
@@ -401,7 +401,7 @@ class SearchResult:
             raise ConfigError(f"the search result JSON is incomplete or malformed ({type(e).__name__}: {e}).") from e
 
 
-_KINDS = {"matmul": "matmuls", "conv": "convolutions", "decode": "matmuls, decode shape"}
+_KINDS = {"matmul": "matmuls", "conv": "convolutions", "decode": "matmuls, decode shape", "model": "this model's whole programs"}
 
 
 def _num(value):

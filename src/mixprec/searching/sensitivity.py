@@ -62,6 +62,7 @@ class Study:
         self.baseline = baseline
         self.sensitivity: dict[str, dict[torch.dtype, Sensitivity]] = {}  # group -> low type -> sensitivity
         self.latency: dict[frozenset, float] = {}  # seconds per call, by assignment
+        self.costs = None  # the cost model as set to this model's whole programs (whole.model_prices), if it was
 
     @property
     def lows(self) -> tuple:
@@ -74,14 +75,15 @@ class Study:
 
 def build_study(
     model, args: tuple, options, eval_batches: list, calibration_batches: list | None, progress: Progress,
-    cluster=None, held_out: tuple = (), costs=None,
+    cluster=None, held_out: tuple = (), costs=None, prices=None,
 ) -> Study:
     """``eval_batches``, ``calibration_batches``: ``calibrate.batches.Call`` s (or any batch form compile's
     calibration takes), of any batch and sequence sizes (``shapes.py``). ``held_out``: the indices of the eval
     batches held out (``holdout.py``): neither calibrated nor measured on here, only prepared for
     ``Trials.confirm``. ``costs``: the
     cost model of a several-type search with a tolerance: options it says can never be chosen are not measured
-    (``pruning.never_taken``)."""
+    (``pruning.never_taken``). ``prices(trials, groups) -> costs``: the cost model set to this model's whole programs
+    before that (``whole.model_prices``); the study keeps what it gives (``Study.costs``)."""
     progress.update("capturing the model")
     captured = CapturedModel(model, args)
     base, info = captured.base, captured.info
@@ -143,8 +145,11 @@ def build_study(
     no_int8 = without_int8_operands(captured) if torch.int8 in options.lows else frozenset()
     groups = [g for g in find_groups(info, strong, safe, no_int8) if any(g.takes(d) for d in options.lows)]
     # the model as written, timed as phase 2 times its plans (the pareto point of nothing lowered: no timing later)
-    baseline = trials.measure((), timer=Stopwatch(every[0])).value
+    baseline = trials.measure((), timer=Stopwatch(every[0]) if options.eager else None).value
     study = Study(info, groups, trials, baseline)
+    if prices is not None:
+        study.costs = prices(trials, groups)
+        costs = study.costs if costs is not None else None
     _measure_groups(study, progress, never_taken(groups, options.lows, costs) if costs is not None else {})
     return study
 
