@@ -230,9 +230,10 @@ def test_the_floors_sensitivities_are_measured_only_when_the_all_float_plan_brea
         for g in study.groups:
             study.sensitivity[g.name][dtype] = Sensitivity(s[(g.name, dtype)], ())
 
-    choice = choose(study, SearchOptions((I8, BF16), 0.0045, None, None), Progress(stream=None), flop_costs(), fill=fill)
+    quiet = Progress(stream=None)
+    choice = choose(study, SearchOptions((I8, BF16), 0.0045, None, None), quiet, flop_costs(), fill=fill)
     assert filled == [] and len(choice.lowered) == 5
-    choice = choose(study, SearchOptions((I8, BF16), 0.003, None, None), Progress(stream=None), flop_costs(), fill=fill)
+    choice = choose(study, SearchOptions((I8, BF16), 0.003, None, None), quiet, flop_costs(), fill=fill)
     assert filled == [BF16] and choice.measured[choice.lowered] <= 0.003
     assert dict(choice.lowered).get("d") is None  # d's bf16 alone is beyond the limit: fp32 is needed there
 

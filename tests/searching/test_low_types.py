@@ -117,7 +117,8 @@ def test_an_int8_group_is_the_configurators_int8_with_the_searchs_one_calibratio
     runs, before_frontier = [], []
     run, candidates = entry.run, frontier.candidates
     monkeypatch.setattr(entry, "run", lambda *a, **k: runs.append(k.get("int8_values")) or run(*a, **k))
-    monkeypatch.setattr(frontier, "candidates", lambda *a, **k: before_frontier.append(len(runs)) or candidates(*a, **k))
+    monkeypatch.setattr(frontier, "candidates",
+                        lambda *a, **k: before_frontier.append(len(runs)) or candidates(*a, **k))
     result = mixprec.search(model, inputs, low_precision_type=("int8", "bf16"), eval_dataloader=data,
                             calibration_dataloader=data[:2], tolerance=0.05, cache=False)
     # the boundaries ranged in the search's one calibration (the frontier's all-int8 is the configurator's, its own)

@@ -37,19 +37,15 @@ FLOPs; lowered, they spare the casts between lowered neighbours);
 otherwise they stay fp32. ``keep_fp32_fraction`` lowers the same groups as with one type, each
 to its option of most gain (its least sensitive type when no type gains).
 
-**A float move has boundaries**: lowering one layer to a float type among fp32 ones converts its inputs and its
-output; each upgrade's gain is charged what those conversions cost on the backend (``latency.boundary_elements``,
-``FlopCosts.conversion_seconds``), so a small layer alone is not lowered where converting it costs more than it saves.
+**A float move has boundaries**: lowering a layer alone among fp32 ones converts its inputs and output; an
+upgrade's gain is charged those conversions at the backend's price (``latency.boundary_elements``).
 
-**The floor** (:func:`pruning.floor_type`): where the float low type is faster than fp32 for every FLOP-carrying
-group (bf16 on a CPU with AMX runs 4-7x fp32: fp32 is the slow path), keeping a layer in fp32 to buy accuracy is the
-dearest way to buy it. Then every group starts in the float type (the all-float plan, measured: its sensitivities are
-not measured in phase 1, ``pruning.never_taken``), and stage 1's upgrades are from there — to int8 or a weight-only
-type, at the gain over the float type per unit of error — searched for the longest prefix within the tolerance as
-above: a tight budget is met by moving int8 layers back to the float type, not to fp32. Only where the all-float plan
-itself breaks the limit are the float type's sensitivities measured (``fill``), and the fewest groups that bring it
-within are kept fp32, those that remove the most error per second lost first (:func:`exceptions`: a norm costs
-only its boundaries, a Linear its FLOPs at fp32's price); the upgrades to int8 start from there.
+**The floor** (:func:`pruning.floor_type`): where the float type is faster than fp32 for every FLOP-carrying group
+(bf16 with AMX: fp32 is the slow path), fp32 is the dearest way to buy accuracy. Every group then starts in the float
+type (the all-float plan, one trial; its sensitivities are not measured in phase 1) and stage 1's upgrades — to int8
+or a weight-only type, by gain over the float type per unit of error — start from there: a tight budget moves int8
+layers back to the float type, not to fp32. Where all-float itself breaks the limit, its sensitivities are measured
+(``fill``) and the fewest groups that bring it within stay fp32 (:func:`exceptions`), then the upgrades.
 
 Everything lowered is tried first (often it fits). Otherwise each stage tries its whole list,
 then searches for the longest prefix whose measured metric is within the tolerance, probing where the

@@ -1,33 +1,27 @@
 """The search's prices: what a FLOP costs in each precision on this machine and backend, per class of layer.
 
 ``search(low_precision_type=("int8", "bf16"))`` spends its error budget where a type *saves time*, so the budget
-phase (``budget.py``) needs each type's time per FLOP against fp32's. Measured, never assumed from CPU flags: a
-small stack per class (two Linears for the matmul class: linear, matmul, attention; two 3x3 convolutions for the
-convolution class; sizes below, chosen where a call's fixed cost no longer hides the kernels' speed, see
-bench/log/2026-11.md, issue 34's cost model) is realised through mixprec's own rewrite with every layer in fp32,
-then in each low type (int8 as the search's int8), built by the backend the plan is meant for
-(``search(backend=...)``; None: the eager programs the trials run), and timed in paired rounds
-(``measure.clock.per_call_seconds``: a type must be faster in three rounds of four to count as faster).
+phase (``budget.py``) needs each type's time per FLOP against fp32's. Measured, never assumed from CPU flags: a small
+stack per class (two Linears for the matmul class; two 3x3 convolutions; sizes: bench/log/2026-11.md, issue 34's cost
+model) realised through mixprec's rewrite in fp32 and in each low type, built by the backend the plan is for, timed in
+paired rounds (``measure.clock.per_call_seconds``: faster in three rounds of four to count). Then set to the model's
+own whole programs (:func:`rescaled`, ``whole.py``): a stack's ratio can be far from the model's.
 
-A group's gain in a type is ``FLOPs x (seconds per FLOP in fp32 - in the type)``: negative where the type is slower
-(bf16 emulated, int8 as float fake quantization), so the search never pays accuracy for a slowdown, and nothing
-unless the type is ``MIN_SPEEDUP`` x fp32 in the class (within that, noise). **The decode shape** (``decode=True``,
-or eval batches of at most ``DECODE_TOKENS`` tokens) times the matmul class as one row through Linears larger than
-a core's caches, memory-bound as a decoder's token steps are, where the weight-only types gain.
+A group's gain in a type is ``FLOPs x (seconds per FLOP in fp32 - in the type)``: negative where the type is slower,
+so the search never pays accuracy for a slowdown, and nothing unless the type is ``MIN_SPEEDUP`` x fp32 (within that,
+noise). **The decode shape** (``decode=True``, or eval batches of at most ``DECODE_TOKENS`` tokens) times the matmul
+class as one row through Linears larger than a core's caches, where the weight-only types gain.
 
-**Precision boundaries** are not free: a float low type next to fp32 layers converts every tensor that crosses, and
-what that costs depends on the backend (OpenVINO fuses some conversions into its kernels and inserts its own). So
-the same stack of four Linear+GELU blocks is timed all in fp32, all in the type and with blocks alternating: what
-the alternating program costs beyond the mean of the other two, per conversion and element, is the price of one
-boundary (``FlopCosts.conversion``), kept as ``"boundary_seconds"``. :func:`predicted_seconds` prices a whole plan
-(its layers' FLOPs in their types plus its boundaries): it ranks the candidates whose whole programs the search then
-measures (``frontier.py``); the budget charges a float move its boundaries (``budget.py``).
+**Precision boundaries** are not free: what converting a tensor between fp32 and a float type costs depends on the
+backend (OpenVINO fuses some conversions and inserts its own). A stack of four Linear+GELU blocks timed all fp32, all
+in the type and alternating gives it: what the alternating program costs beyond the mean of the others, per
+conversion and element (``FlopCosts.conversion``, kept as ``"boundary_seconds"``). :func:`predicted_seconds` prices a
+whole plan, FLOPs and boundaries: it ranks the frontier's candidates (``frontier.py``); the budget charges a float move
+its boundaries (``budget.py``).
 
-The prices are kept in the cost model (``measure.costs``: per backend, device, CPU and library versions; with the
-cost cache, across processes), so every search here, in this process or a later one, spends by the same numbers:
-the same data gives the same plan. The frontier's whole programs, measured, let the user check the model.
+The prices are kept in the cost model (``measure.costs``: per backend, device, CPU and library versions; with the cost
+cache, across processes), so every search here, in this process or a later one, spends by the same numbers.
 """
-
 from __future__ import annotations
 
 import dataclasses

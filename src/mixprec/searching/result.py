@@ -247,7 +247,7 @@ class SearchResult:
                   + ("  (sensitivity per type)" if per_type else "")]
         if not self.groups:
             lines.append("(none: every layer's precision is set by the model's code, markers or autocast regions)")
-        for g in sorted(self.groups, key=lambda g: -g.sensitivity if not math.isnan(g.sensitivity) else math.inf):
+        for g in sorted(self.groups, key=lambda g: math.inf if math.isnan(g.sensitivity) else -g.sensitivity):
             lines.append(
                 f"{_fmt(g.sensitivity):>11}  {dtype_name(g.precision):<9}  {g.label}  [{g.name}]"
                 + ("  " + " ".join(f"{t} {_fmt(v)}" for t, v in g.by_type.items()) if per_type else "")
@@ -401,7 +401,8 @@ class SearchResult:
             raise ConfigError(f"the search result JSON is incomplete or malformed ({type(e).__name__}: {e}).") from e
 
 
-_KINDS = {"matmul": "matmuls", "conv": "convolutions", "decode": "matmuls, decode shape", "model": "this model's whole programs"}
+_KINDS = {"matmul": "matmuls", "conv": "convolutions", "decode": "matmuls, decode shape",
+          "model": "this model's whole programs"}
 
 
 def _num(value):

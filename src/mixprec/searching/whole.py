@@ -72,8 +72,8 @@ class Built:
             return {}
         args, kwargs = call_of(batch)
         labels = sorted(programs)
-        key = key_digest(["search whole programs", self.backend, program_key(self.trials.captured.exported, args, kwargs),
-                          [(name, programs[name][1]) for name in labels]])
+        graph = program_key(self.trials.captured.exported, args, kwargs)
+        key = key_digest(["search whole programs", self.backend, graph, [(name, programs[name][1]) for name in labels]])
 
         def measure():
             seconds = time({name: programs[name][0] for name in labels}, batch)
