@@ -64,3 +64,34 @@ def test_a_stack_that_says_bf16_is_no_faster_is_overruled_by_the_models_whole_pr
     budget = {g.name: g.precision for g in result.groups}
     assert set(budget.values()) <= {BF16, I8} and BF16 in budget.values()  # the floor: nothing left fp32
     assert "model_prices" in result.phase_seconds
+
+
+def test_a_type_whose_whole_program_fails_prices_nothing(model_prices):
+    """A program that fails on the batch (a kernel the type lacks) is left out: its type keeps the stack's price."""
+    from mixprec.progress import Progress
+    from mixprec.searching import whole
+    from mixprec.searching.trials import ProgramFailed
+
+    class Built:  # whole.Built's surface, with programs that answer without a model
+        backend = "eager"
+
+        class trials:
+            @staticmethod
+            def requests(lowered):
+                return lowered
+
+        def program(self, plan):
+            def run(*args, **kwargs):
+                if any(d == BF16 for _, d in plan):
+                    raise ProgramFailed("no bf16 kernel")
+
+            return run, "", repr(sorted(map(str, plan)))
+
+        def timed(self, programs, batch, time):
+            return {name: {whole.FP32: 2.0}.get(name, 1.0) for name in programs}
+
+    costs = latency.FlopCosts("eager", {(k, d): v for k in latency.KINDS
+                                        for d, v in {F32: 10.0, BF16: 4.0, I8: 2.5}.items()})
+    groups = [LayerGroup("a", "aten.linear.default", "a", "", 100, 0)]
+    got = whole.model_prices(Built(), groups, (I8, BF16), costs, (torch.zeros(2),), None, Progress(stream=None))
+    assert got.whole_model == {I8: 2.0} and got.speedup("matmul", BF16) == pytest.approx(2.5)

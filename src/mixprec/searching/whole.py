@@ -28,6 +28,7 @@ from ..measure.stopwatch import call_of
 from ..plan import planner
 from ..plan.options import PlanningOptions
 from ..plan.precision_plan import PrecisionPlan
+from .trials import ProgramFailed
 from .types import is_float
 
 log = logging.getLogger(__name__)
@@ -101,10 +102,17 @@ def model_prices(built: Built, groups, lows, costs, batch, time, progress):
     names = {torch.float32: FP32, **{d: whole_name(d) for d in plans}}
     requests = {torch.float32: trials.requests(()), **{d: trials.requests(a) for d, a in plans.items()}}
     programs = {}
+    args, kwargs = call_of(batch)
     for dtype, plan in requests.items():
         program, _, digest = built.program(plan)
-        if program is not None:
-            programs[names[dtype]] = (program, digest)
+        if program is None:
+            continue
+        try:
+            with torch.no_grad():
+                program(*args, **kwargs)
+        except ProgramFailed:  # a program that fails on the batch prices nothing
+            continue
+        programs[names[dtype]] = (program, digest)
     if FP32 not in programs:
         return costs
     seconds = built.timed(programs, batch, time)
