@@ -54,7 +54,9 @@ def test_each_tool_captures_the_model_once(exports):
     assert len(exports) == 1
     configurator = mixprec.MixedPrecisionConfigurator(model)
     configurator.set_precision(model.linear2, torch.bfloat16)
-    configurator.apply(inputs)
+    plan = configurator.apply(inputs)
+    assert len(exports) == 2
+    mixprec.compile(model, inputs, plan=plan)  # the configurator's capture, reused (issue 44: plan/origin.py)
     assert len(exports) == 2
     mixprec.search(model, inputs, tolerance=1e-2, cache=False)
     assert len(exports) == 3

@@ -25,16 +25,16 @@ from .ir.captured import CapturedModel
 from .ir.graph_info import describe
 from .ir.input_check import input_specs_of
 from .ir.marker_regions import calibration_targets
+from .ir.input_writes import copied_inputs
 from .ir.runner import failing_node, run_user_outputs
 from .ir.work_program import stored_bytes
 from .ir.written_state import preserved, written_tensors
 from .measure.clock import PhaseClock
 from .measure.costs import cost_model
 from .output.module import MixedPrecisionModule
-from .output.report import (
-    Report, build_graph, build_records, build_summary, computes_in_of, output_errors, with_runs_as,
-)
-from .output.report.summary import accelerated_types
+from .output.report import Execution, Report, build_graph, build_records, build_summary, output_errors, with_runs_as
+from .output.report.layer_log import completed_log
+from .output.report.summary import accelerated_types, model_io
 from .output.report.weights import parameter_bytes
 from .plan import autocast, planner
 from .plan.options import PlanningOptions, RuleOptions
@@ -45,7 +45,7 @@ from .rewrite.pipeline import realise, reference
 from .settings import CompileSettings
 from .weak_typing import choose as weak_choice
 from .weak_typing import source as weak_typing
-from .weak_typing import int8_speed, speed
+from .weak_typing import int8_speed, speed, weight_only_speed
 from .weak_typing.options import WeakTypingOptions
 from .weak_typing.layer_timing import measure_layers
 
@@ -111,10 +111,13 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
     args, kwargs = as_input_tuple(inputs), as_input_kwargs(kwargs)
     refuse_meta_tensors(model, args, kwargs)
     timer = PhaseClock()
-    # times "capture" and "normalize"; the base's written tensors are private copies from here on
-    captured = CapturedModel(model, args, kwargs, dynamic_shapes=config.dynamic_shapes, phase=timer.phase)
+    origin = getattr(options.planning.plan, "origin", None)  # the configurator's capture and calibration
+    captured = origin.capture_for(model, args, kwargs, config.dynamic_shapes) if origin is not None else None
+    if captured is None:  # times "capture" and "normalize"; the base's written tensors are private copies from here on
+        origin = None
+        captured = CapturedModel(model, args, kwargs, dynamic_shapes=config.dynamic_shapes, phase=timer.phase)
     with timer.phase("calibrate"):
-        calibrated, prepared = _calibrate(captured, options)
+        calibrated, prepared = _calibrate(captured, options, origin)
     speed_summary = {}
     if prepared is not None and config.autocast_require_speedup:
         with timer.phase("speed_check"):  # is the low type faster here? (weak_typing/speed.py)
@@ -126,9 +129,13 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
     with timer.phase("plan"):
         plan, layer_timings, weak_summary = _plan(captured, options, prepared, calibrated, timings)
     if config.int8_require_speedup and int8_speed.has_int8(plan):
-        with timer.phase("int8_speed_check"):  # int8 on eager/inductor only where faster (weak_typing/int8_speed.py)
+        with timer.phase("int8_speed_check"):  # measured on eager/inductor; automatic int8 only is moved (int8_speed)
             plan, int8_summary = _check_int8_speed(captured, options, plan)
         weak_summary = {**weak_summary, **int8_summary}
+    if config.int8_require_speedup and weight_only_speed.has_weight_only(plan):
+        with timer.phase("weight_only_speed_check"):  # measured and told, never changed (weight_only_speed.py)
+            plan, measured = _check_weight_only_speed(captured, options, plan)
+        weak_summary = {**weak_summary, **measured}
     with timer.phase("rewrite"):
         work = realise(captured, plan, keep_io_types=config.keep_io_types)
         program = work.to_exported()
@@ -142,6 +149,9 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
         summary_extra = {**_autocast_summary(prepared, calibrated), **speed_summary, **weak_summary}
         report = _report(captured, options, plan, work, program, runner, errors, layer_timings, summary_extra)
     report.summary["compile_seconds"] = {k: round(v, 4) for k, v in timer.seconds.items()}
+    if plan.log:  # a configurator's log: completed with the layers as realised (API.md §4; layer_log.py)
+        plan = plan.with_log(completed_log(plan.log, report.layers, report.summary, work.graph, plan,
+                                           options.backend.backend))
     prog = MixedPrecisionModule(
         program, plan, report, config.explicit(), runner, input_specs_of(program), example_inputs=args,
         captured_program=captured.exported, call_signature=captured.signature,
@@ -151,9 +161,10 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
     return prog
 
 
-def _calibrate(captured: CapturedModel, options: StageOptions):
+def _calibrate(captured: CapturedModel, options: StageOptions, origin=None):
     """(Calibrated, autocast.Prepared or None): one pass over the calibration data (or the example inputs)
-    for the autocast rules and the int8 marker regions without ranges; then the rules' context."""
+    for the autocast rules and the int8 marker regions without ranges — or the calibration the plan was made on
+    (``origin``, ``plan/origin.py``) where it is the same; then the rules' context."""
     config, rules = options.settings, options.planning.rules
     loader = config.autocast_calibration_dataloader
     _check_calibration_used(loader, rules, captured.info)
@@ -161,8 +172,12 @@ def _calibrate(captured: CapturedModel, options: StageOptions):
     keep = rules is not None and loader is None and captured.computes_in_fp32
     # the int8 marker regions are quantized as the plan's policy says (the default without a plan)
     policy = (options.planning.plan.policy if options.planning.plan is not None else None) or DEFAULT_POLICY
-    calibrated = calibration.run(captured, loader, statistics=rules is not None, keep_first_outputs=keep,
-                                 estimator=policy.estimator, grids=calibration_grids(captured, (), policy))
+    calibrated = None
+    if origin is not None:
+        calibrated = origin.calibration_for(loader, rules is not None, calibration_targets(captured.info))
+    if calibrated is None:
+        calibrated = calibration.run(captured, loader, statistics=rules is not None, keep_first_outputs=keep,
+                                     estimator=policy.estimator, grids=calibration_grids(captured, (), policy))
     if rules is None:
         return calibrated, None
     example = tuple(captured.flat_inputs())  # a fresh copy: the model may write into its inputs
@@ -196,8 +211,9 @@ def _check_speed(captured: CapturedModel, options: StageOptions, prepared, calib
 
 
 def _check_int8_speed(captured: CapturedModel, options: StageOptions, plan):
-    """(plan, summary entries): the int8 layers whose shape class int8 is not faster for on this machine and backend
-    stay float32 (``weak_typing/int8_speed.py``), with one warning."""
+    """(plan, summary entries): int8 measured against float32 per shape class on this machine and backend
+    (``weak_typing/int8_speed.py``): automatic int8 groups that are not faster go float32; explicit int8 layers stay
+    int8, those measured slower with the figure in their reasons; one warning."""
     device = autocast.device_of(captured.base, tuple(captured.flat_inputs(fresh=False)))
     result = int8_speed.check(captured.info, captured.base.graph, plan, options.backend.backend, device,
                               cache=options.settings.cost_cache)
@@ -205,6 +221,19 @@ def _check_int8_speed(captured: CapturedModel, options: StageOptions, plan):
     if message is not None:
         warnings.warn(message, MixedPrecisionWarning, stacklevel=3)  # compile (the user's line) -> here
     return int8_speed.gated(plan, result), result.summary()
+
+
+def _check_weight_only_speed(captured: CapturedModel, options: StageOptions, plan):
+    """(plan, summary entries): the weight-only Linears measured against float32 on this machine and backend
+    (``weak_typing/weight_only_speed.py``); those slower keep their request with the figure in their reasons; one
+    warning."""
+    device = autocast.device_of(captured.base, tuple(captured.flat_inputs(fresh=False)))
+    result = weight_only_speed.check(captured.info, captured.base.graph, plan, options.backend.backend, device,
+                                     cache=options.settings.cost_cache)
+    message = result.warning()
+    if message is not None:
+        warnings.warn(message, MixedPrecisionWarning, stacklevel=3)  # compile (the user's line) -> here
+    return weight_only_speed.noted(plan, result), result.summary()
 
 
 def _measure(captured: CapturedModel, weak: WeakTypingOptions):
@@ -237,8 +266,9 @@ def _plan(captured: CapturedModel, options: StageOptions, prepared, calibrated, 
 def _report(captured, options, plan, work, program, runner, errors, layer_timings, extra) -> Report:
     """The per-layer records (what the backend computes otherwise than planned included: API.md §2), the
     summary and the graph view."""
+    backend = options.backend.backend
     records = build_records(captured.info, plan, program.graph, timings=layer_timings)
-    records = with_runs_as(records, computes_in_of(runner), options.backend.backend)
+    records = with_runs_as(records, Execution.of(runner, backend, program.graph))
     summary = build_summary(
         records,
         casts_inserted=sum(1 for n in work.graph.nodes if is_mixprec_cast(n)),
@@ -246,9 +276,28 @@ def _report(captured, options, plan, work, program, runner, errors, layer_timing
         param_bytes_after=work.stored_bytes(),
         errors=errors,
         parameter_bytes_by_precision=parameter_bytes(program),
-        extra=extra,
+        extra={**extra, **_boundary(captured, plan, work)},
+        backend=backend,
     )
     return Report(records, summary, build_graph(program, records))
+
+
+def _boundary(captured: CapturedModel, plan: PrecisionPlan, work) -> dict:
+    """The model's inputs and outputs as the program carries them (``summary.model_io``): each tensor input's dtype,
+    the plan's request where it has one (``plan.inputs`` counts the float inputs), each output's likewise."""
+    inputs, position = [], 0
+    for node in captured.base.user_input_nodes():
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            continue
+        if val.dtype.is_floating_point:
+            inputs.append(plan.inputs.get(position, val.dtype))
+            position += 1
+        else:
+            inputs.append(val.dtype)
+    outputs = [plan.outputs.get(i, d) for i, d in enumerate(work.user_output_dtypes()) if d is not None]
+    copied = copied_inputs(work.graph)  # inputs the model writes in place: the program writes a copy
+    return {**model_io(inputs, outputs), **({"inputs_copied": copied} if copied else {})}
 
 
 def _autocast_summary(prepared, calibrated) -> dict:

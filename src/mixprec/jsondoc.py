@@ -16,8 +16,8 @@ def load(text: str, *, fmt: str, version: int | tuple[int, ...], what: str, hint
     """The document's object, or ConfigError when ``text`` is not JSON, not a ``fmt`` or another version."""
     try:
         data = json.loads(text)
-    except (json.JSONDecodeError, TypeError) as e:
-        raise ConfigError(f"the {what} is not valid JSON ({e}){hint}.") from e
+    except (ValueError, TypeError) as e:  # ValueError: JSONDecodeError, and an integer of more than 4300 digits
+        raise ConfigError(f"the {what} is not valid JSON ({str(e)[:200]}){hint}.") from e
     except RecursionError:
         raise ConfigError(f"the {what} nests deeper than any {what} does{hint}.") from None
     return check(data, fmt=fmt, version=version, what=what)

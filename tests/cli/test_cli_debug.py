@@ -3,6 +3,11 @@
 import json
 import textwrap
 
+import pytest
+import torch
+from models import TwoLinearMLP
+from output.serialize import crafting
+
 import mixprec
 from mixprec.cli import main
 
@@ -113,3 +118,41 @@ def test_debug_writes_the_fixed_plan_that_compile_takes(tmp_path, capsys):
     assert code == 0, err
     report = mixprec.Report.from_json((tmp_path / "report.json").read_text())
     assert report.summary["rel_l2_error"] == measured
+
+
+def _weight_only_file(tmp_path, bits: str, group, symmetric: bool):
+    """A configurator program whose Linears run weight-only (``bits`` weights, bf16 activations), saved."""
+    torch.manual_seed(0)
+    model, x = TwoLinearMLP().eval(), torch.randn(3, 256)
+    cfg = mixprec.MixedPrecisionConfigurator(model, (x,))
+    cfg.set_precision(model.up, activation="bf16", param={"weight": bits}, group_size=group, symmetric=symmetric)
+    cfg.set_precision(model.down, activation="bf16", param={"weight": "int8"})
+    path = tmp_path / f"w{bits}.mixprec.pt2"
+    mixprec.save(mixprec.compile(model, (x,), plan=cfg.apply()), path)
+    return path
+
+
+
+@pytest.mark.parametrize("bits,group,symmetric", [("int8", None, True), ("int8", 64, False), ("int4", 32, True),
+                                                  ("int4", None, False)])  # fmt: skip
+def test_debug_html_on_a_saved_weight_only_program(tmp_path, capsys, bits, group, symmetric):
+    """Issue 41: an unmodified configurator file with weight-only layers failed (InvariantError: the fp32 reference
+    of a loaded program had no weight-only decision for them). They run as stored in the reference."""
+    path = _weight_only_file(tmp_path, bits, group, symmetric)
+    code, out, err = _run(capsys, "debug", path, "--html", tmp_path / "d.html")
+    assert code == 0, err
+    assert f"mixprec.linear_{bits}_weight" in out
+    page = (tmp_path / "d.html").read_text()
+    assert 'id="debug"' in page and 'id="layers"' in page
+
+
+def test_debug_html_on_a_file_without_a_report_says_what_is_missing(tmp_path, capsys):
+    """A file saved without a report (allowed) made ``debug --html`` raise AttributeError; the page now holds the
+    comparison alone and says the report is missing."""
+    path = _weight_only_file(tmp_path, "int8", None, True)
+    crafting.write(path, crafting.edit_meta(crafting.members(path), lambda meta: meta.update(report=None)))
+    code, out, err = _run(capsys, "debug", path, "--html", tmp_path / "d.html")
+    assert code == 0, err
+    assert "holds no report of the program" in out
+    page = (tmp_path / "d.html").read_text()
+    assert "holds no report of the program" in page and 'id="debug"' in page

@@ -210,6 +210,8 @@ def test_a_plan_is_honoured_over_markers():
 
 
 def test_the_log_shows_requests_effective_module_precisions_and_realised_layers(model, tmp_path):
+    """API.md §4's log: apply() writes what it knows (requests, modules, planned layers); compile completes it in
+    prog.plan.log with the realised layers and the casts inserted (issue 44: apply() rewrites nothing)."""
     def configure(cfg, m):
         cfg.set_precision(m.block1, activation=torch.bfloat16)
         cfg.set_precision(m.block1.fc2, activation="fp32", param="bf16")
@@ -220,7 +222,7 @@ def test_the_log_shows_requests_effective_module_precisions_and_realised_layers(
     log = path.read_text()
     assert log == plan.log
     assert mixprec.PrecisionPlan.from_json(plan.to_json()).log == log
-    assert prog.plan.log == log
+    assert prog.plan.log.startswith(log)
     lines = log.splitlines()
     assert "1. Requests (in call order; the latest wins)" in lines
     assert any(line.split()[:3] == ["#1", "set_precision", "Block"] and "'block1'" in line for line in lines)
@@ -231,11 +233,19 @@ def test_the_log_shows_requests_effective_module_precisions_and_realised_layers(
     assert module_rows["block1.fc2"][2:] == ["fp32", "bf16", "#2"]
     assert module_rows["head"][2:] == ["fp32", "-", "-", "(default)"]
     assert any(line.split() == ["output", "1", "fp16", "#3"] for line in lines)
-    assert "3. Realised precision per graph layer" in lines
-    realised = {line.split()[0]: line for line in lines if line.startswith("linear")}
+    assert "3. Precision per graph layer (as planned; compile realises it)" in lines
     fc1 = next(r.name for r in prog.report.layers if r.module == "block1.fc1")
+    planned = {line.split()[0]: line.split() for line in lines if line.startswith("linear")}
+    assert planned[fc1][3:] == ["bf16", "-", "plan", "#1"]
+    assert "casts inserted: counted when compile realises the plan" in log
+    completed = prog.plan.log.splitlines()
+    assert "5. Realised precision per graph layer (by compile: the program as it runs)" in completed
+    realised = {line.split()[0]: line for line in completed[len(lines):] if line.startswith("linear")}
     assert "x->bf16" in realised[fc1]
-    assert f"casts inserted: {prog.report.summary['casts_inserted']};" in log
+    assert f"casts inserted: {prog.report.summary['casts_inserted']};" in prog.plan.log
+    # compiled again with the completed plan: the realised table is replaced, not repeated
+    again = mixprec.compile(model, INPUTS, plan=prog.plan)
+    assert again.plan.log.count("5. Realised precision per graph layer") == 1
 
 
 # ---- strict errors ---------------------------------------------------------------------------------
@@ -326,7 +336,7 @@ def test_bad_arguments_fail_at_the_call():
     with pytest.raises(mixprec.ConfigError, match="not a module, a module type"):
         cfg.set_precision(42, activation="fp16")
     with pytest.raises(mixprec.ConfigError, match="set_model_input_precision\\[1\\]"):
-        cfg.set_model_input_precision([None, "int4"])  # the boundary takes int16/int8 (AIMET's), not int4
+        cfg.set_model_input_precision([None, "int2"])  # the boundary takes AIMET's int16/int8/int4, nothing else
     with pytest.raises(mixprec.ConfigError, match="needs the torch.nn.Module"):
         mixprec.MixedPrecisionConfigurator("model")
 

@@ -112,8 +112,28 @@ def test_aimets_example_plans_simulated_int16_layers_and_boundaries(model, input
     assert entry(plan, "avg_pool2d", "relu_1")[1] == "int16"
     assert "simulated int16" in plan["avg_pool2d"].reason and "weights simulated int4" in plan["linear"].reason
     assert "simulated (quantize -> dequantize on the int16/int4 grid, computed in float32" in plan.log
-    assert "input 0   int16 (simulated" in plan.log and "p_fc_weight->int4" in plan.log
+    assert "input 0   int16 (simulated" in plan.log
     assert mixprec.PrecisionPlan.from_json(plan.to_json()) == plan
+
+
+def test_model_io_int16_reads_the_same_in_the_report_and_the_log(model, inputs):
+    """Issue 42: the log showed fp32 inputs and "casts inserted: 0" where the report showed int16; now both are
+    rendered from the same records and the same boundary, and both name the model's int16 input and output."""
+    plan = aimet_example(model, inputs)
+    prog = mixprec.compile(model, inputs, plan=plan)
+    report, log = prog.report, prog.plan.log
+    assert report.summary["model_inputs"] == ["int16 (simulated)"]
+    assert report.summary["model_outputs"] == ["int16 (simulated)"]
+    assert "model inputs: int16 (simulated); outputs: int16 (simulated)" in str(report)
+    assert "model inputs: int16 (simulated); outputs: int16 (simulated)" in log.split("5. Realised")[1]
+    assert f"casts inserted: {report.summary['casts_inserted']}; quantize points" in log
+    conv = report.layer("conv2d")
+    assert conv.input_dtypes[0] == torch.int16
+    row = next(line for line in log.split("5. Realised")[1].splitlines() if line.startswith("conv2d "))
+    assert " int16,fp32 " in row and "x->int16" in row and "p_conv1_weight->int16" in row
+    assert "p_fc_weight->int4" in log
+    page = report.to_html()
+    assert "Model inputs and outputs" in page and "int16 (simulated)" in page
 
 
 @pytest.mark.parametrize("backend", ["eager", "openvino", "inductor"])

@@ -188,8 +188,10 @@ def test_integer_model_inputs_and_outputs_carry_their_ranges():
                                  input_ranges={0: (-3, 5)}, output_ranges={0: (0.0, 1.5)})
     with pytest.raises(mixprec.ConfigError, match="model input 0 is int16 but the plan has no range for it"):
         PrecisionPlan({}, inputs={0: torch.int16})
-    with pytest.raises(mixprec.ConfigError, match="int4 is not a precision of the model's boundary"):
-        PrecisionPlan({}, outputs={0: torch.int4}, output_ranges={0: (0, 1)})
+    # AIMET's int4 at the boundary too (simulated, as int16): with its range
+    assert dict(PrecisionPlan({}, outputs={0: torch.int4}, output_ranges={0: (0, 1)}).output_ranges) == {0: (0, 1)}
+    with pytest.raises(mixprec.ConfigError, match="model output 0 is int4 but the plan has no range for it"):
+        PrecisionPlan({}, outputs={0: torch.int4})
     with pytest.raises(mixprec.ConfigError, match="output_ranges for output\\(s\\) \\[1\\], which it does not"):
         PrecisionPlan({}, outputs={0: torch.int8}, output_ranges={0: (0, 1), 1: (0, 1)})
 

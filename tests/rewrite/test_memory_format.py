@@ -97,3 +97,29 @@ def test_channels_last_convolutions_alone_on_a_small_graph():
     stored = ctx.work.stored_tensor(ctx.work.input_spec_of(conv.args[1]))
     assert stored.dtype == torch.bfloat16 and stored.is_contiguous(memory_format=torch.channels_last)
     assert model.a.weight.is_contiguous()  # the user's weight is not touched
+
+
+class _PoolThenView(nn.Module):
+    """A convolution, a pooling that keeps channels_last, then ``x.view(n, -1)`` (AIMET's SingleResidual head)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.pool = nn.AvgPool2d(3, stride=1)
+        self.fc = nn.Linear(8 * 4 * 4, 4)
+
+    def forward(self, x):
+        x = self.pool(self.conv(x))
+        return self.fc(x.view(x.size(0), -1))
+
+
+def test_a_view_after_channels_last_convolutions_reads_a_contiguous_copy():
+    """A view cannot fold channels_last strides: lowered to fp16, the program failed in the verifier (AIMET's mp_5)."""
+    model, x = _PoolThenView().eval(), torch.randn(2, 3, 8, 8)
+    cfg = mixprec.MixedPrecisionConfigurator(model, (x,))
+    cfg.set_precision(model, activation="fp16")
+    prog = mixprec.compile(model, (x,), plan=cfg.apply())
+    view = next(n for n in prog.exported_program.graph.nodes if n.target is torch.ops.aten.view.default)
+    assert view.args[0].target is torch.ops.aten.contiguous.default and view.args[0].meta[META_ROLE] == "layout"
+    with torch.no_grad():
+        torch.testing.assert_close(prog(x), model(x), atol=0.02, rtol=0.02)

@@ -270,5 +270,15 @@ def debug_command(args) -> int:
     if args.json:
         write_text(args.json, found.to_json())
     if args.html:
-        prog.report.save_html(args.html, title=f"mixprec debug: {label}", debug=found)
+        title = f"mixprec debug: {label}"
+        if prog.report is not None:
+            prog.report.save_html(args.html, title=title, debug=found)
+        else:  # a file may be saved without a report: the page holds the comparison alone, and says so
+            from ..debugger.render import html_page
+
+            missing = (f"{label} holds no report of the program (its graph and per-layer decisions: mixprec.save "
+                       "writes one with every compiled program, this file has none), so this page holds the comparison "
+                       "with fp32 only.")
+            write_text(args.html, html_page(found.to_html(), title, missing))
+            say(f"note: {missing}")
     return 0

@@ -1,50 +1,24 @@
 """MixedPrecisionConfigurator: AIMET-style manual mixed precision (API.md §4) → a PrecisionPlan.
 
-Requests name modules (a leaf, a non-leaf module for all its leaves, every module of a
-type, or a module path) and precisions; ``apply`` captures the model once, maps every
-request onto the graph layers that run in those modules, and writes one ``source="plan"``
-decision per requested layer, which ``mixprec.compile(..., plan=plan)`` honours over
-everything else.
+Requests name modules (a leaf, a non-leaf module for all its leaves, every module of a type, or a module path) and
+precisions; ``apply`` captures the model once, resolves every request on the graph layers that run in those modules
+(``resolve.py``), calibrates what integer requests quantize, and returns one ``source="plan"`` decision per requested
+layer, which ``mixprec.compile(..., plan=plan)`` honours over everything else — the speed checks included (issue 42).
 
-Why requests resolve on layers, in call order: a non-leaf request covers every layer whose
-module path lies under it, a later request overwrites the layers it covers, so "all of L1
-at P1 except its leaf L2 at P2" is just two requests in that order. (AIMET resolves on
-quantizers and rejects exactly this combination in strict mode, and drops it silently
-otherwise.)
+Why requests resolve on layers, in call order: a non-leaf request covers every layer under it and a later request
+overwrites the layers it covers, so "all of L1 at P1 except its leaf L2 at P2" is two requests in that order (AIMET
+resolves on quantizers and refuses exactly this combination in strict mode).
 
-``activation`` is the dtype the module computes in (and so produces); ``param`` the dtype
-its parameters are stored in (cast at use when it differs). int8 activations quantize the values
-entering each module from outside it, with ranges calibrated on ``apply``'s ``calibration_dataloader`` (else
-the inputs given to it), in one pass with the ranges of int8 marker regions (``calibrate.entry``); int8
-parameters store convolution and linear weights per output channel. A float ``activation`` with int8 or int4
-weights is weight-only (W8A16 / W4A16: ``set_precision(..., group_size=, symmetric=)``, ``vocabulary.py`` says
-why keywords; the Linears run the int8/int4 weight kernels, ``rewrite/weight_only.py``). The value *leaving* an
-int8 module is the
-dequantized result, as an int8 kernel delivers it (int32 sums scaled back to float): it is quantized where the
-next int8 module reads it, not on its way out — quantizing it there too costs accuracy (a conv's output
-before its batch norm and relu, on the signed grid; a Linear's output with the outliers of the residual stream)
-and buys no int8 kernel. ``QuantPolicy.quantize_exits`` turns the exit quantization back on; off was chosen by
-measurement (bench/int8_nncf.py, bench/log/2026-11.md "Issue 22 round two: int8 numerics"). An int8 Linear's
-input that is not provably non-negative is smoothed (``calibrate/smoothing.py``, ``QuantPolicy.smoothing_alpha``): the
-per-channel divisors come from one more calibration pass (per-channel ranges) and travel in the plan's
-``Int8Spec.smoothing``; the rewrite (``rewrite/quantize.py``) applies them to copies in the captured program.
+``activation`` is the dtype a module computes in; ``param`` the dtype its weights are stored in. What each
+combination means — int8, weight-only (a float activation with int8/int4 weights), simulated int16/int4 as AIMET's
+QuantSim — is ``vocabulary.py``'s; which values int8 quantizes, with which grid, smoothing and attention operands, is
+``plan/quant_requests.py``'s and ``apply``'s ``policy`` (``plan/quantization.QuantPolicy``), recorded in the plan.
+The value leaving an int8 module is the dequantized result an int8 kernel delivers, quantized where the next int8
+module reads it (``QuantPolicy.quantize_exits``: README "Manual mixed precision" says why).
 
-Matmuls between two activations and ``scaled_dot_product_attention`` have no module of their own; an int8 request
-on a module that runs them (an attention module, or the whole model) quantizes their operands too, wherever they
-are made — once, where they enter the module when they come from outside through views — and never an input that is
-no operand (SDPA's mask): ``plan/int8_operands.py`` says which (SDPA: query and key; an attention's output matmul:
-none by default), and why.
-
-AIMET's int16 and int4 (``activation='int16'``, ``param={'weight': 'int4'}``, issue 32) have no CPU kernel: they are
-simulated as AIMET's QuantSim does — the same values as an int8 request quantized on the int16/int4 grid
-(``plan/quantization.py``) and dequantized at once, weights per output channel on the grid of their bits, the layer
-computed in float32 — and the layer's reason, the log and the report (``runs_as`` "simulated int16 (runs f32)") say
-so; their FLOPs are never counted as low-precision ones. Model inputs/outputs asked for int16 or int8 are quantized and
-dequantized at the boundary with ranges from the same calibration (``plan.input_ranges`` / ``output_ranges``).
-
-How int8 is made — estimator, grids, exits, smoothing, attention operands — is ``apply``'s ``policy``
-(``plan/quantization.QuantPolicy``, the measured defaults without one): recorded in the plan and shown in the log;
-each quantized value's grid is decided there and recorded in the plan's ``Int8Spec``.
+``apply`` makes a plan, not a program (issue 44): no rewrite. The plan carries the capture and calibration it was
+made on (``plan/origin.py``), which ``compile(plan=)`` reuses for the same model and inputs; compile completes the
+log (``log.py``) with the layers as realised (``output/report/layer_log.py``).
 """
 
 from __future__ import annotations
@@ -61,16 +35,16 @@ from ..ir.export import as_input_tuple
 from ..ir.captured import CapturedModel
 from ..plan import planner
 from ..plan.options import PlanningOptions
+from ..plan.origin import PlanOrigin
 from ..plan.precision_plan import PrecisionPlan
 from ..plan.quantization import DEFAULT_POLICY, QuantPolicy
-from ..rewrite.pipeline import realise
 from .log import render_log
 from . import vocabulary
 from .resolve import resolve
 
-# AIMET: int16/int8 at the boundary too: a quantize/dequantize pair there (rewrite/io_types.py), ranged by apply's
-# calibration
-_IO_NAMES = ("fp32", "fp16", "bf16", "int16", "int8")
+# AIMET: int16/int8/int4 at the boundary too: a quantize/dequantize pair there (rewrite/io_types.py), ranged by
+# apply's calibration
+_IO_NAMES = ("fp32", "fp16", "bf16", "int16", "int8", "int4")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,7 +142,15 @@ class MixedPrecisionConfigurator:
         (tuples, dicts by forward's names, a DataLoader); without it, ``inputs``. ``policy`` (a mixprec extension):
         how int8 requests are quantized (``mixprec.QuantPolicy``; None: the measured defaults). ``inputs`` and
         ``calibration_dataloader`` left out: those given at construction (AIMET's ``apply()`` takes no arguments).
+        ``log_file``: a path or an open text file (AIMET's ``apply(f)``: an open file given first, with the inputs held
+        by the configurator, is the log file).
+
+        The plan carries the capture and calibration it was made on: ``mixprec.compile(model, inputs, plan=plan)`` for
+        the same model and inputs reuses them (``plan/origin.py``) and completes ``plan.log`` with the realised layers
+        and the casts inserted, in the program's ``prog.plan.log``.
         """
+        if _is_file(inputs) and log_file is None and self._inputs is not None:
+            inputs, log_file = None, inputs  # AIMET's apply(f): the log file first
         if inputs is None:
             inputs = self._inputs
         if inputs is None:
@@ -186,18 +168,28 @@ class MixedPrecisionConfigurator:
         if not isinstance(policy, QuantPolicy):
             raise ConfigError(f"policy must be a mixprec.QuantPolicy (how int8 requests are quantized), got "
                               f"{type(policy).__name__}; pass QuantPolicy(...) or leave it out for the defaults.")
+        # capture, calibrate, plan — no rewrite (issue 44): compile(plan=) realises it, reusing this capture and
+        # calibration for the same model and inputs (plan/origin.py), and completes the log with what it inserted
         captured = CapturedModel(self._model, as_input_tuple(inputs))
         resolved = resolve(self._model, captured, self._requests, strict, policy, calibration_dataloader)
         plan = PrecisionPlan(resolved.decisions, inputs=resolved.inputs, outputs=resolved.outputs, policy=policy,
                              input_ranges=resolved.input_ranges, output_ranges=resolved.output_ranges)
         full = planner.build_plan(captured.info, PlanningOptions(plan=plan), int8_ranges=resolved.marker_ranges)
-        realised = realise(captured, full, keep_io_types=True)
-        text = render_log(self._requests, resolved, captured.info, full, realised)
-        if log_file is not None:
+        text = render_log(self._requests, resolved, captured.info, full)
+        if _is_file(log_file):
+            log_file.write(text)
+        elif log_file is not None:
             with open(os.fspath(log_file), "w", encoding="utf-8") as fh:
                 fh.write(text)
+        on_examples = resolved.calibrated if calibration_dataloader is None else None
+        origin = PlanOrigin(captured, on_examples, resolved.ranged)
         return PrecisionPlan(plan, inputs=plan.inputs, outputs=plan.outputs, log=text, policy=policy,
-                             input_ranges=plan.input_ranges, output_ranges=plan.output_ranges)
+                             input_ranges=plan.input_ranges, output_ranges=plan.output_ranges, origin=origin)
+
+
+def _is_file(value) -> bool:
+    """An open text file (what AIMET's apply takes as its log), not a path or the example inputs."""
+    return callable(getattr(value, "write", None)) and not isinstance(value, (torch.Tensor, str, os.PathLike))
 
 
 def _io_precisions(value, api: str):

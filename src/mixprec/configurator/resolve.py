@@ -10,8 +10,8 @@ values' per-channel ranges. What the log shows is all in the Resolution (``log.p
 Simulated int16/int4 requests (issue 32) are planned by the same ``quant_requests``, one call per precision (the
 layers of one module share a boundary only with layers of their own precision), without activation smoothing
 (int8's device for its kernels; AIMET's QuantSim does not smooth), their values put on their precision's grid
-(``plan/quantization.precision_grid``); model inputs/outputs asked for int16/int8 are ranged too. All of them in the
-same calibration; a value that two precisions quantize on different grids gets its range clipped for each grid (a
+(``plan/quantization.precision_grid``); model inputs/outputs asked for int16/int8/int4 are ranged too. All of them in
+the same calibration; a value that two precisions quantize on different grids gets its range clipped for each grid (a
 second pass over the data for those values only, and only with a clipping estimator: min/max ranges are the same).
 
 **int8 attention** (issue 34, ``QuantPolicy.int8_attention``): ``set_precision(nn.Linear, "int8")`` names the
@@ -67,6 +67,10 @@ class Resolution:
     output_ranges: Mapping[int, tuple[float, float]] = dataclasses.field(default_factory=dict)
     # layers no request covered that int8 reaches -> ("attention" | "residual add", the int8 layers they read)
     implied: Mapping[str, tuple[str, tuple[str, ...]]] = dataclasses.field(default_factory=dict)
+    # the calibration (its first pass: statistics, marker ranges, the example's fp32 outputs when it ran on them) and
+    # the values it ranged besides the marker regions: compile(plan=) reuses it (plan/origin.py)
+    calibrated: object | None = None
+    ranged: frozenset[str] = frozenset()
 
 
 def resolve(model, captured, requests, strict: bool, policy: QuantPolicy, data) -> Resolution:
@@ -98,7 +102,7 @@ def resolve(model, captured, requests, strict: bool, policy: QuantPolicy, data) 
         decisions, inputs, outputs, dict(resolver.winner), dict(resolver.param), resolver.io_winners,
         tuple(resolver.problems), smoothed, policy, dict(calibrated.int8_ranges),
         *({i: ranges[value] for i, value in boundary[which].items()} for which in ("input", "output")),
-        implied,
+        implied, calibrated, frozenset(name for name, _ in ranges),
     )
 
 
@@ -122,8 +126,11 @@ def _calibrate(captured, data, planned, boundary, policy, channels):
     markers = calibration_grids(captured, (), policy)  # the marker regions' ranges come from the first run: their grid
     chosen = {name: markers[name] if markers.get(name) in grids else min(grids, key=grid_name)
               for name, grids in wanted.items()}
+    # on the example inputs of a graph captured in fp32 the first outputs are the fp32 reference compile's report
+    # compares with (kept for compile(plan=) to reuse, as compile keeps them itself)
+    keep = data is None and captured.computes_in_fp32
     calibrated = calibration_entry.run(captured, data, statistics=False, int8_values=set(wanted), channels=channels,
-                                       estimator=policy.estimator, grids={**markers, **chosen})
+                                       estimator=policy.estimator, grids={**markers, **chosen}, keep_first_outputs=keep)
     ranges = {(name, grid): calibrated.int8_ranges[name] for name, grid in chosen.items()}
     for grid in sorted({g for grids in wanted.values() for g in grids}, key=grid_name):
         names = {name for name, grids in wanted.items() if grid in grids and (name, grid) not in ranges}

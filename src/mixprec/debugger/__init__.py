@@ -79,10 +79,11 @@ def debug(prog_or_model, inputs=(), *, kwargs=None, fixes: int = 10, progress_st
         reference = fp32_reference(captured)
         basis = "the captured model with every layer in fp32"
     else:  # loaded from a file, or the model was freed: only the mixed program's stored weights remain
-        reference = fp32_reference(prog.exported_program)
+        reference = fp32_reference(prog.exported_program, stored_plan=prog.plan)
         basis = (
             "the saved program recomputed with every layer in fp32 from its stored weights (the file holds no "
-            "fp32 weights, so weight rounding is not measured; debug the model itself to include it)"
+            "fp32 weights, so weight rounding is not measured, and weight-only layers run as stored; debug the model "
+            "itself to include them)"
         )
     user_values = flat_user_inputs(prog.exported_program, args, kwargs)
     settings = prog.settings

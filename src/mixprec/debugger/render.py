@@ -226,3 +226,13 @@ def html_section(layers: list[LayerComparison], findings: list[Finding], summary
         rows.append(f"<tr{css}>" + "".join(f"<td>{e(c)}</td>" for c in _html_row(r, marks.get(r.name, ""))) + "</tr>")
     parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></section>")
     return "\n".join(parts)
+
+
+def html_page(section: str, title: str, note: str) -> str:
+    """A page of the debugger's section alone (a program without a report to hold it), ``note`` saying why."""
+    e = html_text
+    return "\n".join([
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', f"<title>{e(title)}</title>",
+        "</head><body>", f"<header><h1>{e(title)}</h1></header>", f'<p class="note">{e(note)}</p>', section,
+        "</body></html>",
+    ])

@@ -27,8 +27,9 @@ After::
 It also drops ``aten._assert_tensor_metadata`` nodes: they assert the captured dtypes,
 which mixed precision changes on purpose — and then the computation no output needs, which
 those asserts (and eval-mode dropouts) kept alive, so that calibration, the plan and the
-report see only what the program computes — and reads precision-marker regions into node meta
-before removing the markers (``strip_markers``).
+report see only what the program computes — reads precision-marker regions into node meta
+before removing the markers (``strip_markers``), and gives a program that writes its own inputs a copy of them to
+write (``input_writes.py``: the caller's tensors are never written).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..dtypes import is_float
 from .fake_values import converted
 from .graph_info import META_AUTOCAST, META_ROLE
+from .input_writes import copy_written_inputs
 from .marker_regions import strip_markers
 from .passes import PassResult
 from .work_program import WorkProgram
@@ -61,6 +63,7 @@ def normalize(work: WorkProgram) -> PassResult:
     changed |= work.drop_dead_code()  # without the asserts, what no output needs (work_program._is_impure)
     changed |= _inline_regions(work)
     changed |= strip_markers(work).changed
+    changed |= copy_written_inputs(work)  # the caller's tensors are never written: the program writes a copy
     if changed:
         work.graph.lint()
     return PassResult(changed)

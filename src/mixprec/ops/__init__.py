@@ -1,3 +1,4 @@
-"""Operators: the custom ops (markers, int8 Q/DQ), one name per op, and the one op table."""
+"""Operators: the custom ops (markers, int8 Q/DQ, weight-only), one name per op, the one op table, and the kernel
+boundary: each op's declaration of what its kernel takes and allocates (``kernels.py``)."""
 
-from . import custom  # noqa: F401  (registers torch.ops.mixprec.*)
+from . import aten_kernels, bounds, custom, weight_only  # noqa: F401  (register torch.ops.mixprec.* and declarations)

@@ -21,6 +21,7 @@ import torch
 from torch.fx.node import has_side_effect
 
 from ..errors import FileFormatError
+from . import kernels
 
 SIZES, REPEATS, SCALAR = 0, 1, 2
 NO_DIM = -(1 << 62)  # REPEATS: repeat_interleave without a dim (the input is flattened)
@@ -64,3 +65,14 @@ def _refuse(what: str, got: str, assumed: str) -> None:
         f"{assumed}: a size that depends on data is checked when the data is there, and this one is outside what "
         "the file claims. The file's records do not match its program; do not run it."
     )
+
+
+def _relations(b):
+    yield b["kind"] in (SIZES, REPEATS, SCALAR) and type(b["kind"]) is int, lambda: f"unknown kind {b['kind']!r}"
+    yield all(type(v) is int for v in b["limits"]), "the limits must be integers"
+
+
+kernels.declare(kernels.Declaration(
+    "mixprec::check_data_size.default", relations=_relations, literals=frozenset({"kind", "limits"}),
+    reviewed="reads the sizes of its tensors and, for REPEATS and SCALAR, one value through torch's own ops",
+))

@@ -41,6 +41,7 @@ from types import MappingProxyType
 
 import torch
 
+from . import kernels
 from .quant import INT4_SYMMETRIC, INT8_SYMMETRIC, INT16_SYMMETRIC, UINT4, UINT8, Grid, dequantize, quantize
 
 MARKER_NAMESPACE = "mixprec"
@@ -120,6 +121,7 @@ def dequantize_per_tensor(q: torch.Tensor, scale: float, dtype: torch.dtype) -> 
 @torch.library.custom_op("mixprec::dequantize_per_channel", mutates_args=())
 def dequantize_per_channel(q: torch.Tensor, scales: torch.Tensor, axis: int, dtype: torch.dtype) -> torch.Tensor:
     """q * scales[c] along ``axis`` in float32, converted to ``dtype`` (int8 weights at use)."""
+    kernels.check(_PER_CHANNEL, {"q": q, "scales": scales, "axis": axis, "dtype": dtype})
     return dequantize(q, scales, dtype, INT8_SYMMETRIC, axis=axis)
 
 
@@ -135,6 +137,7 @@ def _(q, scale, dtype):
 
 @dequantize_per_channel.register_fake
 def _(q, scales, axis, dtype):
+    kernels.check(_PER_CHANNEL, {"q": q, "scales": scales, "axis": axis, "dtype": dtype})
     return torch.empty_like(q, dtype=dtype)
 
 
@@ -217,3 +220,34 @@ PER_TENSOR_OPS: "MappingProxyType[Grid, tuple]" = MappingProxyType(
         **SIMULATED_OPS,
     }
 )
+
+
+# ---- declarations (ops/kernels.py) ------------------------------------------------------------------------------
+# The quantize/dequantize kernels are ATen arithmetic on their operands (``ops/quant.py``): torch checks those and
+# reads them through their strides. What they allocate besides the result: float32 copies of the input, at most two
+# alive at once (convert, then each step of the arithmetic), counted as three.
+def _float32_steps(name: str):
+    return lambda b: 3 * 4 * b[name].numel()
+
+
+def _per_channel_relations(b):
+    q, scales, axis = b["q"], b["scales"], b["axis"]
+    yield type(axis) is int and -q.dim() <= axis < q.dim(), lambda: f"axis {axis!r} is not a dimension of q ({q.dim()}-D)"
+    yield scales.shape[0] == q.shape[axis], lambda: f"one scale per channel along axis {axis}: {q.shape[axis]} scales"
+
+
+_ARITHMETIC = "ATen arithmetic on the operands (ops/quant.py): torch checks them and reads them through their strides"
+_ANY = frozenset({torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int8, torch.uint8, torch.int16,
+                  torch.int32, torch.int64})  # fmt: skip
+_WEIGHT_CODES = frozenset({torch.int8, torch.uint8, torch.int16})  # int8 weights, simulated int16 and int4 ones
+_PER_CHANNEL = kernels.declare(kernels.Declaration(
+    "mixprec::dequantize_per_channel.default",
+    operands=(kernels.Operand("q", _WEIGHT_CODES), kernels.Operand("scales", kernels.FLOATS, 1)),
+    relations=_per_channel_relations, workspace=_float32_steps("q"), literals=frozenset({"axis"}), reviewed=_ARITHMETIC,
+))
+for _op in (*QUANTIZE_OPS, *(DEQUANTIZE_OPS - {torch.ops.mixprec.dequantize_per_channel.default})):
+    _first = _op._schema.arguments[0].name
+    kernels.declare(kernels.Declaration(kernels.qualified(_op), operands=(kernels.Operand(_first, _ANY),),
+                                        workspace=_float32_steps(_first), reviewed=_ARITHMETIC))
+for _op in (*START_MARKERS, *STOP_MARKERS):
+    kernels.declare(kernels.Declaration(kernels.qualified(_op), reviewed="an identity: returns a copy of x"))

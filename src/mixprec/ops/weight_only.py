@@ -22,7 +22,8 @@ zero form). ``group=None`` is one scale per output channel. Every backend comput
 negative scale needs nothing of them.
 
 **The ops** (``torch.ops.mixprec``; each has an eager kernel and a fake kernel, so programs export and inductor
-calls them as extern kernels)::
+calls them as extern kernels, and a declaration, ``ops/kernels.py``, that both check and the loader reads: dtypes,
+shapes, groups, stored operands, and the memory the fallbacks allocate)::
 
     linear_int8_weight(x, weight int8 [N, K], scales [N, G], offsets [N, G] | None, bias | None)
     linear_int4_weight(x, weight uint8 [N, K/2], scales_and_zeros [G, N, 2], group, packed, bias | None)
@@ -45,8 +46,11 @@ are packed at load on the CPU that runs them (``output/serialize``).
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
+
+from . import kernels
 
 aten = torch.ops.aten
 
@@ -229,11 +233,13 @@ def int4_scales_and_zeros(scales: torch.Tensor, zeros: torch.Tensor, in_features
 def linear_int8_weight(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None,
                        bias: torch.Tensor | None) -> torch.Tensor:
     """x @ (q * s + o).T + bias in x's dtype: ``aten._weight_int8pack_mm`` where it runs, else dequantized."""
-    check_int8_arguments(x, weight, scales, offsets, bias)
+    b = kernels.prepare(INT8_DECLARATION, {"x": x, "weight": weight, "scales": scales, "offsets": offsets,
+                                           "bias": bias})  # fmt: skip
+    x, weight, scales, offsets, bias = b["x"], b["weight"], b["scales"], b["offsets"], b["bias"]
     lead, k = x.shape[:-1], x.shape[-1]
     flat = x.reshape(-1, k)
-    if scales.shape[1] == 1 and x.device.type == "cpu" and x.dtype in KERNEL_DTYPES and weight.device == x.device:
-        y = aten._weight_int8pack_mm(flat.contiguous(), weight, scales[:, 0].to(x.dtype))
+    if _int8_on_kernel(b):
+        y = aten._weight_int8pack_mm(flat, weight, scales[:, 0].to(x.dtype).contiguous())
         if offsets is not None:
             y = y + (flat.to(torch.float32).sum(-1, keepdim=True) * offsets[:, 0]).to(x.dtype)
     else:
@@ -248,11 +254,13 @@ def linear_int4_weight(x: torch.Tensor, weight: torch.Tensor, scales_and_zeros: 
                        packed: bool, bias: torch.Tensor | None) -> torch.Tensor:
     """x @ ((u - 8) * s + z).T + bias in x's dtype: ``aten._weight_int4pack_mm_for_cpu`` on a packed weight where it
     runs, else dequantized. ``group``: the kernel group of ``scales_and_zeros`` [K / group, N, 2]."""
-    check_int4_arguments(x, weight, scales_and_zeros, group, bias)
+    b = kernels.prepare(INT4_DECLARATION, {"x": x, "weight": weight, "scales_and_zeros": scales_and_zeros,
+                                           "group": group, "packed": packed, "bias": bias})  # fmt: skip
+    x, weight, scales_and_zeros, bias = b["x"], b["weight"], b["scales_and_zeros"], b["bias"]
     lead, k = x.shape[:-1], x.shape[-1]
     flat = x.reshape(-1, k)
-    if packed and x.device.type == "cpu" and x.dtype in KERNEL_DTYPES and weight.device == x.device:
-        y = aten._weight_int4pack_mm_for_cpu(flat.contiguous(), weight, group, scales_and_zeros.to(x.dtype))
+    if _int4_on_kernel(b):
+        y = aten._weight_int4pack_mm_for_cpu(flat, weight, group, scales_and_zeros.to(x.dtype).contiguous())
     else:
         nibbles = unpack_int4(weight) if packed else weight
         scales, zeros = scales_and_zeros[..., 0].transpose(0, 1), scales_and_zeros[..., 1].transpose(0, 1)
@@ -265,53 +273,113 @@ def linear_int4_weight(x: torch.Tensor, weight: torch.Tensor, scales_and_zeros: 
 
 @linear_int8_weight.register_fake
 def _(x, weight, scales, offsets, bias):
-    check_int8_arguments(x, weight, scales, offsets, bias)
+    kernels.check(INT8_DECLARATION, {"x": x, "weight": weight, "scales": scales, "offsets": offsets, "bias": bias})
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
 @linear_int4_weight.register_fake
 def _(x, weight, scales_and_zeros, group, packed, bias):
-    check_int4_arguments(x, weight, scales_and_zeros, group, bias)
+    kernels.check(INT4_DECLARATION, {"x": x, "weight": weight, "scales_and_zeros": scales_and_zeros, "group": group,
+                                     "packed": packed, "bias": bias})  # fmt: skip
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
-# ---- the ops' contracts (their fake kernels check them: a loaded program with other shapes is refused) -------------
-def check_int8_arguments(x, weight, scales, offsets, bias) -> None:
-    _check(weight.dtype == torch.int8 and weight.dim() == 2, lambda: "the int8 weight must be int8 [N, K]")
+# ---- the ops' declarations (ops/kernels.py): what their kernels take and allocate ----------------------------------
+def _int8_on_kernel(b) -> bool:
+    """Whether ``linear_int8_weight`` runs ``_weight_int8pack_mm`` on these operands (else it dequantizes)."""
+    x = b["x"]
+    return b["scales"].shape[1] == 1 and x.device.type == "cpu" and x.dtype in KERNEL_DTYPES
+
+
+def _int4_on_kernel(b) -> bool:
+    """Whether ``linear_int4_weight`` runs ``_weight_int4pack_mm_for_cpu`` (else it dequantizes)."""
+    x = b["x"]
+    return b["packed"] is True and x.device.type == "cpu" and x.dtype in KERNEL_DTYPES
+
+
+def _int8_relations(b):
+    x, weight, scales, offsets, bias = b["x"], b["weight"], b["scales"], b["offsets"], b["bias"]
     n, k = weight.shape
-    _check(x.dim() >= 1 and x.shape[-1] == k, lambda: f"the input's last size must be the weight's K = {k}")
-    _check(scales.dim() == 2 and scales.shape[0] == n and scales.shape[1] >= 1,
-                 lambda: f"the scales must be [{n}, groups]")
-    _check(k % scales.shape[1] == 0, lambda: f"{scales.shape[1]} groups do not split K = {k}")
-    _check(offsets is None or offsets.shape == scales.shape, lambda: "the offsets must have the scales' shape")
-    _check_bias(bias, n)
+    yield n > 0 and k > 0, lambda: f"the int8 weight must have output and input channels, not {list(weight.shape)}"
+    yield x.shape[-1] == k, lambda: f"the input's last size must be the weight's K = {k}"
+    yield scales.shape[0] == n and scales.shape[1] >= 1, lambda: f"the scales must be [{n}, groups]"
+    yield k % scales.shape[1] == 0, lambda: f"{scales.shape[1]} groups do not split K = {k}"
+    yield offsets is None or offsets.shape == scales.shape, "the offsets must have the scales' shape"
+    yield bias is None or bias.shape[0] == n, lambda: f"the bias must be [{n}]"
 
 
-def check_int4_arguments(x, weight, scales_and_zeros, group, bias) -> None:
-    _check(weight.dtype == torch.uint8 and weight.dim() == 2, lambda: "the int4 weight must be uint8 [N, K/2]")
+def _int4_relations(b):
+    x, weight, both, bias = b["x"], b["weight"], b["scales_and_zeros"], b["bias"]
+    group, packed = b["group"], b["packed"]
     n, k = weight.shape[0], 2 * weight.shape[1]
-    _check(x.dim() >= 1 and x.shape[-1] == k, lambda: f"the input's last size must be 2 * weight.shape[1] = {k}")
-    _check(group > 0 and k % group == 0, lambda: f"group {group} does not split K = {k}")
-    _check(scales_and_zeros.dim() == 3 and scales_and_zeros.shape[0] == k // max(group, 1)
-                 and scales_and_zeros.shape[1] == n and scales_and_zeros.shape[2] == 2,
-                 lambda: f"the scales and zeros must be [{k // max(group, 1)}, {n}, 2]")
-    _check_bias(bias, n)
+    yield type(packed) is bool, lambda: f"packed must be true or false, not {packed!r}"
+    yield type(group) is int and group > 0, lambda: f"the group must be a number of input channels, not {group!r}"
+    yield n > 0 and k > 0, lambda: f"the int4 weight must have output and input channels, not {list(weight.shape)}"
+    yield x.shape[-1] == k, lambda: f"the input's last size must be 2 * weight.shape[1] = {k}"
+    yield k % group == 0, lambda: f"group {group} does not split K = {k}"
+    yield tuple(both.shape) == (k // group, n, 2), lambda: f"the scales and zeros must be [{k // group}, {n}, 2]"
+    yield not packed or group in INT4_KERNEL_GROUPS, lambda: (
+        f"a packed weight runs on the int4 kernel, which takes groups of {', '.join(map(str, INT4_KERNEL_GROUPS))}, "
+        f"not {group}")
+    yield not packed or n % INT4_N_MULTIPLE == 0, "a packed weight has a multiple of 16 output channels"
+    yield bias is None or bias.shape[0] == n, lambda: f"the bias must be [{n}]"
 
 
-def _check(condition, message) -> None:
-    """``torch._check``, with a plain-bool fast path: the eager kernels check concrete shapes on every call (a
-    decode step makes ~60 such calls), the fake kernels symbolic ones (``torch._check`` records those)."""
-    if condition is True:
-        return
-    if condition is False:
-        raise RuntimeError(message())
-    torch._check(condition, message)
+def _rows(x) -> int:
+    return math.prod(int(s) for s in x.shape[:-1])
 
 
-def _check_bias(bias, n) -> None:
-    _check(bias is None or (bias.dim() == 1 and bias.shape[0] == n), lambda: f"the bias must be [{n}]")
+def _bias_bytes(b, out: int) -> int:
+    """``y + bias.to(x.dtype)``: the sum and the converted bias."""
+    return 0 if b["bias"] is None else out + b["bias"].numel() * b["x"].element_size()
 
 
+def _int8_workspace(b) -> int:
+    """The kernel: the scales in x's dtype (and the offset term's float32 sums); dequantized: the weight as float32
+    codes, scaled, offset, then in x's dtype (all counted at once: an upper bound)."""
+    x, (n, k) = b["x"], b["weight"].shape
+    m, size = _rows(x), x.element_size()
+    out = m * n * size
+    if _int8_on_kernel(b):
+        total = n * size
+        if b["offsets"] is not None:  # flat.to(float32).sum(-1) * offsets -> x's dtype, added
+            total += m * k * 4 + m * 4 + m * n * 4 + 2 * out
+    else:
+        total = n * k * (3 * 4 + size)
+    return total + _bias_bytes(b, out)
+
+
+def _int4_workspace(b) -> int:
+    """The kernel: the scales and zeros in x's dtype; dequantized: the nibbles as int32 (two steps), four float32
+    steps and x's dtype; a packed weight first unpacked through the int64 packing order (measured in
+    tests/ops/test_kernels.py against the peak resident set)."""
+    x, weight = b["x"], b["weight"]
+    n, k = weight.shape[0], 2 * weight.shape[1]
+    m, size = _rows(x), x.element_size()
+    out = m * n * size
+    if _int4_on_kernel(b):
+        total = b["scales_and_zeros"].numel() * size
+    else:
+        total = n * k * (2 + 4 + 4 * 4 + size) + (72 * n * k if b["packed"] else 0)
+    return total + _bias_bytes(b, out)
+
+
+_X = kernels.Operand("x", kernels.FLOATS)
+_BIAS = kernels.Operand("bias", kernels.FLOATS, rank=1, optional=True)
+INT8_DECLARATION = kernels.declare(kernels.Declaration(
+    "mixprec::linear_int8_weight.default",
+    operands=(_X, kernels.Operand("weight", frozenset({torch.int8}), rank=2),
+              kernels.Operand("scales", kernels.FLOATS, rank=2),
+              kernels.Operand("offsets", kernels.FLOATS, rank=2, optional=True), _BIAS),
+    relations=_int8_relations, workspace=_int8_workspace, stored=frozenset({"weight", "scales", "offsets"}),
+))
+INT4_DECLARATION = kernels.declare(kernels.Declaration(
+    "mixprec::linear_int4_weight.default",
+    operands=(_X, kernels.Operand("weight", frozenset({torch.uint8}), rank=2),
+              kernels.Operand("scales_and_zeros", kernels.FLOATS, rank=3), _BIAS),
+    relations=_int4_relations, workspace=_int4_workspace, literals=frozenset({"group", "packed"}),
+    stored=frozenset({"weight", "scales_and_zeros"}),
+))
 WEIGHT_ONLY_OPS = frozenset(
     {torch.ops.mixprec.linear_int8_weight.default, torch.ops.mixprec.linear_int4_weight.default}
 )

@@ -4,26 +4,8 @@ The report (``summary["max_abs_error"]``, ``summary["rel_l2_error"]``), the debu
 error and its per-layer statistics) and the search (its default metric) all measure through
 :class:`ErrorStats`, so the three give the same number for the same program and inputs.
 
-Definitions, for ``a`` the mixed program's values and ``b`` the fp32 reference's:
-
-* **what is compared**: every floating-point tensor of the two structures (nested tuples, lists,
-  dicts, dataclass outputs: flattened by ``torch.utils._pytree`` in the same order). Integer
-  and bool tensors and non-tensors are not compared: a precision choice changes them only
-  through the float values they are computed from, which are compared. The two structures must
-  hold the same number of float tensors with the same shapes (``ValueError`` otherwise).
-* **exact positions**: ``a == b`` (the same infinity on both sides included) or both NaN.
-* **non-finite mismatch**: a position where either side is inf/NaN and they are not exact
-  (a new inf, a NaN against a number, +inf against -inf). Any such position makes both
-  errors ``inf`` — never NaN, so "higher is worse" comparisons, sorting and tolerances keep
-  working (a NaN compares false with everything and would pass any tolerance check written as
-  ``not error > tolerance``).
-* ``max_abs_error = max |a - b|`` over the positions finite on both sides (0 if none).
-* ``rel_l2_error = ||a - b|| / ||b||`` with both norms over the positions finite on both sides
-  (equal infinities add nothing to either). An all-zero reference (``||b|| == 0``) gives 0 if
-  ``||a - b|| == 0`` and ``inf`` otherwise: an absolute error would be a different unit, and
-  any change of an exact zero is an infinite relative change. No float value at all: 0.
-* sums are pooled over tensors (and over the batches fed to one :class:`ErrorStats`):
-  ``sqrt(sum d^2) / sqrt(sum b^2)``, not an average of per-tensor ratios.
+The definitions (what is compared, exact positions, the non-finite rule that makes both errors ``inf``, never
+NaN, and the pooled sums) are :class:`ErrorStats`'s docstring.
 
 All arithmetic is in fp64, chunk by chunk: a logits tensor has tens of millions of values, and
 converting it whole to fp64 would double the memory the comparison needs.
@@ -53,7 +35,29 @@ def float_leaves(value) -> list[torch.Tensor]:
 
 
 class ErrorStats:
-    """Accumulates the comparison of values against their fp32 reference (see the module docstring)."""
+    """Accumulates the comparison of values against their fp32 reference.
+
+    Definitions, for ``a`` the mixed program's values and ``b`` the fp32 reference's:
+
+    * **what is compared**: every floating-point tensor of the two structures (nested tuples, lists,
+      dicts, dataclass outputs: flattened by ``torch.utils._pytree`` in the same order). Integer
+      and bool tensors and non-tensors are not compared: a precision choice changes them only
+      through the float values they are computed from, which are compared. The two structures must
+      hold the same number of float tensors with the same shapes (``ValueError`` otherwise).
+    * **exact positions**: ``a == b`` (the same infinity on both sides included) or both NaN.
+    * **non-finite mismatch**: a position where either side is inf/NaN and they are not exact
+      (a new inf, a NaN against a number, +inf against -inf). Any such position makes both
+      errors ``inf`` — never NaN, so "higher is worse" comparisons, sorting and tolerances keep
+      working (a NaN compares false with everything and would pass any tolerance check written as
+      ``not error > tolerance``).
+    * ``max_abs_error = max |a - b|`` over the positions finite on both sides (0 if none).
+    * ``rel_l2_error = ||a - b|| / ||b||`` with both norms over the positions finite on both sides
+      (equal infinities add nothing to either). An all-zero reference (``||b|| == 0``) gives 0 if
+      ``||a - b|| == 0`` and ``inf`` otherwise: an absolute error would be a different unit, and
+      any change of an exact zero is an infinite relative change. No float value at all: 0.
+    * sums are pooled over tensors (and over the batches fed to one :class:`ErrorStats`):
+      ``sqrt(sum d^2) / sqrt(sum b^2)``, not an average of per-tensor ratios.
+    """
 
     def __init__(self):
         self.numel = 0

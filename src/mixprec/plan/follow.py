@@ -9,27 +9,8 @@ whose dtype changes no value:
   cast of mixprec's follows it);
 * ops that read floats but produce no float tensor (comparisons, argmax, sizes).
 
-Forward pass, in graph order: a follower takes the dtype its producers have under the
-plan. Graph inputs and stored tensors (directly or through other followers) are
-*flexible*: casting them costs the same anywhere, and stored tensors are converted once
-when the program is built (``cast_params``). So
-
-* known producers that agree decide (``linear[bf16] -> view`` gives a bf16 view);
-* known producers that disagree (``cat(fp32, bf16)``) give the dtype every consumer wants,
-  when that is one of theirs, else the widest (lossless: no value is rounded); a flexible producer
-  beside known ones counts with its captured dtype (CLIP's ``cat(class_embedding, patches[bf16])``
-  feeding an fp32 addition stays fp32, as torch.autocast's promotion computes it, instead of
-  rounding the class embedding to bf16);
-* a follower fed only by flexible values waits for the backward pass.
-
-Backward pass, in reverse graph order: a follower fed only by flexible values takes the
-dtype all its consumers want (``t(weight)`` before a bf16 ``mm`` becomes bf16, so the weight
-is stored in bf16 and no cast runs per call), else it keeps its captured dtype. A graph
-output counts as a consumer that wants the captured dtype: a view of an input that is also
-returned must not come back rounded.
-
-``getitem`` always takes the dtype its producer gives the selected element (it selects,
-it cannot be cast). Nothing changes where every producer keeps its captured dtype, so
+How (a forward pass, then a backward pass for what only flexible values feed; ``getitem`` always takes its
+producer's dtype): :func:`follow`'s docstring. Nothing changes where every producer keeps its captured dtype, so
 strong typing reproduces eager PyTorch exactly.
 """
 
@@ -67,7 +48,31 @@ def transparent(node: NodeInfo) -> bool:
 
 
 def follow(info: GraphInfo, decided: dict[str, NodePrecision]) -> None:
-    """Update the followers' decisions in ``decided`` in place."""
+    """Update the followers' decisions in ``decided`` in place.
+
+    Forward pass, in graph order: a follower takes the dtype its producers have under the
+    plan. Graph inputs and stored tensors (directly or through other followers) are
+    *flexible*: casting them costs the same anywhere, and stored tensors are converted once
+    when the program is built (``cast_params``). So
+
+    * known producers that agree decide (``linear[bf16] -> view`` gives a bf16 view);
+    * known producers that disagree (``cat(fp32, bf16)``) give the dtype every consumer wants,
+      when that is one of theirs, else the widest (lossless: no value is rounded); a flexible producer
+      beside known ones counts with its captured dtype (CLIP's ``cat(class_embedding, patches[bf16])``
+      feeding an fp32 addition stays fp32, as torch.autocast's promotion computes it, instead of
+      rounding the class embedding to bf16);
+    * a follower fed only by flexible values waits for the backward pass.
+
+    Backward pass, in reverse graph order: a follower fed only by flexible values takes the
+    dtype all its consumers want (``t(weight)`` before a bf16 ``mm`` becomes bf16, so the weight
+    is stored in bf16 and no cast runs per call), else it keeps its captured dtype. A graph
+    output counts as a consumer that wants the captured dtype: a view of an input that is also
+    returned must not come back rounded.
+
+    ``getitem`` always takes the dtype its producer gives the selected element (it selects,
+    it cannot be cast). Nothing changes where every producer keeps its captured dtype, so
+    strong typing reproduces eager PyTorch exactly.
+    """
     _Follower(info, decided).run()
 
 

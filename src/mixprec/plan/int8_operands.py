@@ -9,21 +9,8 @@ module (``nn.MultiheadAttention``'s one module; the softmax probabilities of an 
 layer of these ops quantizes its operands per tensor, on the unsigned grid where the graph proves them never
 negative (softmax probabilities: ``ir/sign.py``), with ranges from the same calibration pass as the rest.
 
-Which operands (:data:`OPERANDS`, by op; chosen by measurement, bench/int8_nncf.py ``--attention``, bench/log/2026-11.md
-"Issue 22 round three: int8 attention matmuls"):
-
-* every matmul-class op: both matrix operands (``baddbmm``/``addmm``'s added term stays float: it is a bias);
-  ``einsum``: every tensor in its operand list;
-* ``scaled_dot_product_attention``: **query and key only** (``QuantPolicy.sdpa_operands``). That is what NNCF 3.4
-  does for OpenVINO's ScaledDotProductAttention (its metatype's ``target_input_ports = [0, 1]``, symmetric); OpenVINO's
-  PyTorch frontend decomposes the op into MatMul, Softmax, MatMul, and with FakeQuantize on q and k its CPU plugin
-  runs the first MatMul in i8 (runtime graph, this machine), while a quantized v meets float probabilities: the
-  second MatMul stays f32, so quantizing v costs error and buys no int8 kernel. The finer alternative —
-  decomposing the op so that the probabilities are quantized too and ``probs @ v`` can be int8 — is what the eager
-  attention (``attn_implementation="eager"``) gives with ``QuantPolicy.quantize_probabilities``; measured there.
-* the attention's output matmul, ``softmax(...) @ v`` (a matmul whose operand is a softmax output, through
-  movement ops and dropout): quantized only with ``QuantPolicy.quantize_probabilities``; NNCF's TRANSFORMER mode leaves
-  it float too (its ignored pattern "multihead_attention_output").
+Which operands, by op (:data:`OPERANDS`; SDPA's query and key only, as NNCF; the attention's output matmul only with
+``QuantPolicy.quantize_probabilities``), and why: :func:`operands`' docstring.
 
 The attention mask of SDPA (and any other non-operand input) is never an operand: an additive float mask holds
 ``finfo.min``, which no per-tensor grid of the scores' range can carry.
@@ -63,10 +50,27 @@ def is_operand_op(node: torch.fx.Node) -> bool:
 
 
 def operands(node: torch.fx.Node, stored=frozenset(), policy: QuantPolicy = DEFAULT_POLICY) -> list[torch.fx.Node]:
-    """The float activation operands of an int8 ``node`` that are quantized (none for other ops): see the module
-    docstring. ``stored``: names of the graph's parameters, buffers and constants (quantized per channel from
-    themselves where at all, never per tensor here). ``policy``: its ``sdpa_operands`` and
-    ``quantize_probabilities``."""
+    """The float activation operands of an int8 ``node`` that are quantized (none for other ops). ``stored``: names of
+    the graph's parameters, buffers and constants (quantized per channel from themselves where at all, never per
+    tensor here). ``policy``: its ``sdpa_operands`` and ``quantize_probabilities``.
+
+    Which operands (:data:`OPERANDS`, by op; chosen by measurement, bench/int8_nncf.py ``--attention``,
+    bench/log/2026-11.md "Issue 22 round three: int8 attention matmuls"):
+
+    * every matmul-class op: both matrix operands (``baddbmm``/``addmm``'s added term stays float: it is a bias);
+      ``einsum``: every tensor in its operand list;
+    * ``scaled_dot_product_attention``: **query and key only** (``QuantPolicy.sdpa_operands``). That is what NNCF
+      3.4 does for OpenVINO's ScaledDotProductAttention (its metatype's ``target_input_ports = [0, 1]``, symmetric);
+      OpenVINO's PyTorch frontend decomposes the op into MatMul, Softmax, MatMul, and with FakeQuantize on q and k
+      its CPU plugin runs the first MatMul in i8 (runtime graph, this machine), while a quantized v meets float
+      probabilities: the second MatMul stays f32, so quantizing v costs error and buys no int8 kernel. The finer
+      alternative — decomposing the op so that the probabilities are quantized too and ``probs @ v`` can be int8 —
+      is what the eager attention (``attn_implementation="eager"``) gives with
+      ``QuantPolicy.quantize_probabilities``; measured there.
+    * the attention's output matmul, ``softmax(...) @ v`` (a matmul whose operand is a softmax output, through
+      movement ops and dropout): quantized only with ``QuantPolicy.quantize_probabilities``; NNCF's TRANSFORMER mode
+      leaves it float too (its ignored pattern "multihead_attention_output").
+    """
     if not is_operand_op(node):
         return []
     if not policy.quantize_probabilities and any(_reads_softmax(a) for a in _at(node, (0, 1))):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 
@@ -23,11 +22,16 @@ from .. import jsondoc
 from ..dtypes import PLAN_PRECISIONS, dtype_from_name, dtype_name
 from ..errors import ConfigError
 from ..ops.quant import Grid
+from . import plan_json
+from .plan_json import MAX_GROUP
 from .quantization import (
     ACTIVATION_GRIDS, GRIDS, INTEGER_PRECISIONS, IO_GRIDS, QuantPolicy, grid_name, grid_named,
 )
 
 SOURCES = ("explicit", "torch_autocast", "marker", "plan", "autocast_rule", "default", "weak_typing")
+# what the user asked for (a plan, the configurator, markers, the code's own typing): speed checks never change it
+# (API.md §1); the other sources are mixprec's automatic decisions
+EXPLICIT_SOURCES = frozenset({"explicit", "torch_autocast", "marker", "plan"})
 
 _FORMAT = "mixprec.plan"
 # 2: int8 layers record each quantized value's grid, the plan its QuantPolicy; version 1 plans still load
@@ -116,47 +120,23 @@ class Int8Spec:
             raise ConfigError(f"'int8.grids' must map input node names to grid names ({', '.join(GRIDS)}).")
         output_grid = data.get("output_grid")
         return cls(tuple(inputs.items()), data.get("output"), tuple(smoothing.items()),
-                   tuple((n, grid_named(g)) for n, g in grids.items()),
-                   grid_named(output_grid) if output_grid is not None else None, data.get("bias_shift") or ())
+                   tuple((n, _grid(g)) for n, g in grids.items()),
+                   _grid(output_grid) if output_grid is not None else None, data.get("bias_shift") or ())
 
 
 def _grid(value) -> Grid:
     if isinstance(value, str):
         return grid_named(value)
+    if isinstance(value, (list, dict, set)):
+        raise ConfigError(f"an int8 grid must be a Grid or one of the names {', '.join(GRIDS)}, got {_short(value)}.")
     if not isinstance(value, Grid):
         raise ConfigError(f"an int8 grid must be a Grid or one of the names {', '.join(GRIDS)}, got {value!r}.")
     grid_name(value)  # a grid a plan can name, else ConfigError
     return value
 
 
-def _shift(value) -> tuple[float, ...]:
-    try:
-        out = tuple(float(v) for v in value)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"int8 bias_shift must be a list of numbers (one per output channel), got {value!r}.") from e
-    if not all(math.isfinite(v) for v in out):
-        raise ConfigError("int8 bias_shift must hold finite numbers, one per output channel.")
-    return out
-
-
-def _divisors(value, name) -> tuple[float, ...]:
-    try:
-        out = tuple(float(v) for v in value)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"int8 smoothing of input {name} must be a list of numbers, got {value!r}.") from e
-    if not out or not all(math.isfinite(v) and v > 0 for v in out):
-        raise ConfigError(f"int8 smoothing of input {name} must be finite positive divisors, one per channel.")
-    return out
-
-
-def _range(value, what: str) -> Range:
-    try:
-        lo, hi = (float(v) for v in value)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"int8 {what} range must be [min, max], got {value!r}.") from e
-    if not (math.isfinite(lo) and math.isfinite(hi)) or lo > hi:
-        raise ConfigError(f"int8 {what} range [{lo}, {hi}] must be finite with min <= max.")
-    return (lo, hi)
+_short = plan_json.short
+_range, _shift, _divisors = plan_json.checked_range, plan_json.shift, plan_json.divisors
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,8 +174,10 @@ class NodePrecision:
     def __post_init__(self):
         if not isinstance(self.precision, torch.dtype):
             raise ConfigError(f"NodePrecision.precision must be a torch dtype, got {self.precision!r}.")
-        if self.source not in SOURCES:
-            raise ConfigError(f"NodePrecision.source {self.source!r} is not one of {', '.join(SOURCES)}.")
+        if not isinstance(self.source, str) or self.source not in SOURCES:
+            raise ConfigError(f"NodePrecision.source {_short(self.source)} is not one of {', '.join(SOURCES)}.")
+        if not isinstance(self.reason, str):
+            raise ConfigError(f"NodePrecision.reason must be a string, got {_short(self.reason)}.")
         if self.int8 is not None and self.precision not in INTEGER_PRECISIONS:
             raise ConfigError(f"NodePrecision.int8 is only for integer layers (int8, int16, int4), not "
                               f"{dtype_name(self.precision)}.")
@@ -245,7 +227,7 @@ class NodePrecision:
                 precision=dtype_from_name(data["precision"]),
                 accumulate=dtype_from_name(data["accumulate"]) if data.get("accumulate") else None,
                 source=data.get("source", "plan"),
-                reason=str(data.get("reason", "")),
+                reason=data.get("reason", ""),
                 param_dtype=dtype_from_name(data["param_dtype"]) if data.get("param_dtype") else None,
                 int8=Int8Spec.from_dict(data["int8"]) if data.get("int8") is not None else None,
                 weight_group=data.get("weight_group"),
@@ -263,9 +245,9 @@ def _check_weight_quantization(decision: NodePrecision) -> None:
     group, symmetric = decision.weight_group, decision.weight_symmetric
     if not isinstance(symmetric, bool):
         raise ConfigError(f"NodePrecision.weight_symmetric must be true or false, got {symmetric!r}.")
-    if group is not None and (isinstance(group, bool) or not isinstance(group, int) or group <= 0):
-        raise ConfigError(f"NodePrecision.weight_group must be a positive number of input channels (or null: one "
-                          f"scale per output channel), got {group!r}.")
+    if group is not None and (isinstance(group, bool) or not isinstance(group, int) or not 0 < group <= MAX_GROUP):
+        raise ConfigError("NodePrecision.weight_group must be a positive number of input channels, at most "
+                          f"{MAX_GROUP} (or null: one scale per output channel), got {_short(group)}.")
     if (group is not None or not symmetric) and decision.param_dtype not in WEIGHT_BITS:
         raise ConfigError("NodePrecision.weight_group / weight_symmetric describe int8 or int4 weights; this layer "
                           f"stores its parameters in {dtype_name(decision.stored_param_dtype)} (set param_dtype to "
@@ -291,6 +273,7 @@ class PrecisionPlan(Mapping):
         policy: QuantPolicy | None = None,
         input_ranges: Mapping[int, Range] | None = None,
         output_ranges: Mapping[int, Range] | None = None,
+        origin=None,
     ):
         self._nodes = MappingProxyType(dict(nodes or {}))
         self.inputs = MappingProxyType(dict(inputs or {}))
@@ -301,6 +284,8 @@ class PrecisionPlan(Mapping):
         if policy is not None and not isinstance(policy, QuantPolicy):
             raise ConfigError(f"PrecisionPlan's policy must be a mixprec QuantPolicy, got {type(policy).__name__}.")
         self.policy = policy  # how its int8 layers were made (plan/quantization.py); None: a plan without int8 policy
+        # the capture and calibration it was made on (``plan/origin.py``: compile reuses them); not part of its value
+        self.origin = origin
 
     def __getitem__(self, name: str) -> NodePrecision:
         return self._nodes[name]
@@ -334,7 +319,13 @@ class PrecisionPlan(Mapping):
 
     def with_nodes(self, updates: Mapping[str, NodePrecision]) -> "PrecisionPlan":
         return PrecisionPlan({**self._nodes, **updates}, inputs=self.inputs, outputs=self.outputs, log=self.log,
-                             policy=self.policy, input_ranges=self.input_ranges, output_ranges=self.output_ranges)
+                             policy=self.policy, input_ranges=self.input_ranges, output_ranges=self.output_ranges,
+                             origin=self.origin)
+
+    def with_log(self, log: str) -> "PrecisionPlan":
+        """The same plan with another log (compile completes a configurator's log with the realised layers)."""
+        return PrecisionPlan(self._nodes, inputs=self.inputs, outputs=self.outputs, log=log, policy=self.policy,
+                             input_ranges=self.input_ranges, output_ranges=self.output_ranges, origin=self.origin)
 
     def to_json(self, indent: int | None = 1) -> str:
         return json.dumps(
@@ -360,13 +351,11 @@ class PrecisionPlan(Mapping):
         nodes = data.get("nodes", {})
         if not isinstance(nodes, dict):
             raise ConfigError("the plan's 'nodes' must be an object mapping node names to decisions.")
+        plan_json.check(data)  # every field's type and size, before a value is built from one
 
         def positions(key, read=dtype_from_name):
             section = data.get(key, {}) or {}
-            try:
-                return {int(i): read(d) for i, d in section.items()}
-            except (ValueError, AttributeError) as e:
-                raise ConfigError(f"the plan's '{key}' must map positions to {key.split('_')[-1]} ({e}).") from e
+            return {int(i): read(d) for i, d in section.items()}  # positions: 1 to 6 digits (plan_json)
 
         return cls(
             {name: NodePrecision.from_dict(d, where=repr(name)) for name, d in nodes.items()},

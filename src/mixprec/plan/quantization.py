@@ -1,38 +1,28 @@
 """Quantization's one owner: the policy (:class:`QuantPolicy`) and the grid each quantized value is put on.
 
 Why an object, not switches: how int8 is made — the range estimator, the grid of activations the graph proves never
-negative, whether an int8 module's outputs are quantized on their way out, activation smoothing's alpha, which
-attention operands are quantized — used to be module globals of four modules (configurator, plan/int8_operands,
-rewrite/quantize), flipped by tests and bench scripts and read by the search through the configurator. A policy is
-passed as an argument (``MixedPrecisionConfigurator.apply(..., policy=)``), recorded in the plan's JSON
-(``PrecisionPlan.policy``) and shown in the configurator's log, so a plan says how it was quantized.
+negative, exit quantization, smoothing's alpha, attention operands — used to be module globals of four modules,
+flipped by tests and benches. A policy is passed as an argument (``MixedPrecisionConfigurator.apply(..., policy=)``),
+recorded in the plan's JSON (``PrecisionPlan.policy``) and shown in the configurator's log.
 
 **The grid** of every value an int8 layer quantizes is decided here, once (:func:`activation_grid`), and recorded in
-the plan (``Int8Spec.grids`` / ``Int8Spec.output_grid``): range calibration clips for it (``calibrate.entry.run(...,
-grids=)``), the rewrite quantizes on it (``rewrite/quantize.py``) and its check verifies it (``rewrite/verify.py``).
-The lowerings read the grid from the quantize ops the rewrite wrote (``ops.custom.GRID``). Grids in a plan are named
-(:data:`GRIDS`): ``"int8"`` is mixprec's signed symmetric int8 ([-127, 127], zero point 0), ``"uint8"`` the unsigned
-grid of values never negative ([0, 255], zero point 0; ``ops/quant.py``); the simulated grids of AIMET's int16 and
-int4 (issue 32: no CPU kernel, quantize -> dequantize in float32, as AIMET's QuantSim) are ``"int16"`` ([-32767,
-32767] stored int16), ``"int4"`` ([-7, 7] stored int8) and ``"uint4"`` ([0, 15] stored uint8).
+the plan (``Int8Spec.grids`` / ``output_grid``): calibration clips for it, the rewrite quantizes on it, its check
+verifies it, the lowerings read it from the quantize ops (``ops.custom.GRID``). Grids in a plan are named
+(:data:`GRIDS`): ``"int8"`` ([-127, 127]), ``"uint8"`` (values never negative, [0, 255]); the simulated grids of
+AIMET's int16 and int4 (no CPU kernel: quantize -> dequantize in float32, as AIMET's QuantSim) ``"int16"``,
+``"int4"`` ([-7, 7]) and ``"uint4"`` ([0, 15]).
 
-**Integer precisions** (:data:`ACTIVATION_GRIDS`, :func:`precision_grid`): a layer of precision int8, int16 or int4
-quantizes the values entering it as int8 does (the same values, ``plan/quant_requests.py``) on its precision's grid:
-int8's decision (unsigned for a value the graph proves never negative) carries over to int4 (``"uint4"`` for such a
-value: at 4 bits the sign bit is a quarter of the resolution); int16 is always symmetric (no unsigned 16-bit grid:
-torch's uint16 has no arithmetic, and at 16 bits the sign bit costs nothing measurable). Weights
-(:data:`WEIGHT_GRIDS`) are symmetric per output channel on the grid of their bits.
+**Integer precisions** (:data:`ACTIVATION_GRIDS`, :func:`precision_grid`): an int8, int16 or int4 layer quantizes the
+values int8 would (``plan/quant_requests.py``) on its precision's grid; int8's unsigned choice carries over to int4
+(``"uint4"``: at 4 bits the sign bit is a quarter of the resolution), int16 is always symmetric. Weights
+(:data:`WEIGHT_GRIDS`) are symmetric per output channel on the grid of their bits; model inputs/outputs
+(:data:`IO_GRIDS`) on their precision's.
 
-The defaults are chosen by measurement (bench/int8_nncf.py, bench/log/2026-11.md "Issue 22 int8 vs NNCF" and "Issue 22
-round two: int8 numerics"): MSE clipping, the unsigned grid for non-negative values, no exit quantization (ResNet-50
-0.0467 -> 0.0352 rel-L2, trained MiniLM 0.464 -> 0.161 without it), smoothing alpha 0.8, the softmax probabilities
-of an attention's output matmul left float, SDPA's query and key quantized, bias correction on (issue 34: held-out
-rel-L2 on OpenVINO, 12-layer ViT-base 0.0429 -> 0.0423, ResNet-50 0.0335 -> 0.0216, 2-layer BERT-base 0.0101 ->
-0.0090; bench/int8_nncf.py ``/bc``), and two defaults that make the configurator's int8 program the one NNCF makes
-(issue 34; ``configurator/resolve.py``): int8 on an attention's query/key projections reaches its matmuls
-(``int8_attention``), and an int8 convolution's residual add gets both inputs quantized (``quantize_residuals``), so
-that OpenVINO runs one i8 attention per transformer layer and adds inside the u8 convolutions (bench/log/2026-11.md
-"Issue 34: the configurator's int8 as NNCF's").
+The defaults are chosen by measurement (bench/log/2026-11.md "Issue 22 int8 vs NNCF", "Issue 22 round two: int8
+numerics", "Issue 34: the configurator's int8 as NNCF's"): MSE clipping, the unsigned grid for non-negative values,
+no exit quantization, smoothing alpha 0.8, the probabilities of an attention's output matmul left float, SDPA's query
+and key quantized, bias correction on, and int8 reaching what NNCF quantizes (``int8_attention``,
+``quantize_residuals``: ``configurator/resolve.py``).
 """
 
 from __future__ import annotations
@@ -63,8 +53,11 @@ ACTIVATION_GRIDS: Mapping[torch.dtype, frozenset] = MappingProxyType({
 INTEGER_PRECISIONS = frozenset(ACTIVATION_GRIDS)
 # no CPU kernel computes on these: quantize -> dequantize, computed in float32 (AIMET QuantSim's simulation)
 SIMULATED_PRECISIONS = frozenset({torch.int16, torch.int4})
-# the integer precisions of model inputs/outputs (AIMET: int16, int8) -> their grid (quantize -> dequantize there)
-IO_GRIDS: Mapping[torch.dtype, Grid] = MappingProxyType({torch.int16: INT16_SYMMETRIC, torch.int8: INT8_SYMMETRIC})
+# the integer precisions of model inputs/outputs (AIMET: int16, int8, int4) -> their grid (quantize -> dequantize
+# there; int16 and int4 simulated, as their layers)
+IO_GRIDS: Mapping[torch.dtype, Grid] = MappingProxyType({
+    torch.int16: INT16_SYMMETRIC, torch.int8: INT8_SYMMETRIC, torch.int4: INT4_SYMMETRIC,
+})
 # weight bits -> the grid of per-output-channel symmetric weights
 WEIGHT_GRIDS: Mapping[torch.dtype, Grid] = MappingProxyType({
     torch.int8: INT8_SYMMETRIC, torch.int16: INT16_SYMMETRIC, torch.int4: INT4_SYMMETRIC,

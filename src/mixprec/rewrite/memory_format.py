@@ -1,7 +1,6 @@
 """Give the layers whose precision mixprec changed the memory layout their low-precision kernels need.
 
-**Matmul inputs.**
-PyTorch's CPU bf16/fp16 ``linear`` on a non-contiguous 3-D input (the ``x.transpose(0, 1)``
+**Matmul inputs.** PyTorch's CPU bf16/fp16 ``linear`` on a non-contiguous 3-D input (the ``x.transpose(0, 1)``
 that ``nn.MultiheadAttention`` feeds its input projection) does not fold the batch into one
 GEMM: it expands the weight per batch and runs ``bmm`` — about 100x slower than the same
 linear on a contiguous copy of the input (116 ms vs 1.2 ms for 8x128x512 @ 512x1536 in bf16;
@@ -24,7 +23,8 @@ PyTorch, only the entry points change: the cast that feeds a lowered 2-D convolu
 produces channels_last (``aten.to.dtype(..., memory_format=channels_last)``: the same single
 copy), and the convolution weights mixprec stores in the low type are stored
 channels_last. Convolutions then hand channels_last on, and elementwise, normalisation and
-pooling ops keep it. The memory format never changes a value.
+pooling ops keep it. The memory format never changes a value; a ``view`` of a 4-D tensor, which
+cannot fold channels_last strides, reads it through ``aten.contiguous`` (:func:`_contiguous_views`).
 """
 
 from __future__ import annotations
@@ -95,7 +95,25 @@ def channels_last_convolutions(ctx: RewriteContext) -> PassResult:
             work.set_stored_tensor(spec, stored)
             weight.meta["val"] = _as_channels_last(weight.meta["val"])
             changed = True
+    if changed:
+        _contiguous_views(work.graph)
     return PassResult(changed)
+
+
+def _contiguous_views(graph: torch.fx.Graph) -> None:
+    """A ``view`` of a 4-D tensor reads a row-major copy (``aten.contiguous``: nothing copied when it already is):
+    ``x.view(x.size(0), -1)`` after a pooling that kept channels_last failed (AIMET's SingleResidual in fp16), as it
+    would in eager PyTorch after ``model.to(memory_format=torch.channels_last)``."""
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not torch.ops.aten.view.default:
+            continue
+        inp = node.args[0]
+        if not isinstance(inp, torch.fx.Node) or _rank(inp) != 4:
+            continue
+        with graph.inserting_before(node):
+            fixed = graph.call_function(torch.ops.aten.contiguous.default, (inp,), name=f"{inp.name}_contiguous")
+        fixed.meta = {"val": _as_contiguous(inp.meta["val"]), META_ROLE: "layout"}
+        node.replace_input_with(inp, fixed)
 
 
 
@@ -108,6 +126,12 @@ def _as_channels_last(val: torch.Tensor) -> torch.Tensor:
     fake_mode = detect_fake_mode((val,))
     with fake_mode if fake_mode is not None else contextlib.nullcontext():
         return val.contiguous(memory_format=torch.channels_last)
+
+
+def _as_contiguous(val: torch.Tensor) -> torch.Tensor:
+    fake_mode = detect_fake_mode((val,))
+    with fake_mode if fake_mode is not None else contextlib.nullcontext():
+        return val.contiguous()
 
 
 def _contiguous(val: torch.Tensor) -> bool:

@@ -39,6 +39,7 @@ from ..ops.names import op_name, packet_name
 from ..ops.table import CONV_2D_OPS
 from ..measure.clock import Deadline, fastest, interleaved, per_call_seconds, repeats_for
 from ..measure.costs import CostModel, cost_model, key_digest
+from .weight_only_calls import WeightOnly, weight_only_call
 from ..plan.precision_plan import PrecisionPlan
 from .int8_calls import int8_call, rotating, weight_copies, with_weight_copy
 from .layer_timing import as_rewritten, timed_call
@@ -211,10 +212,18 @@ def time_speedup(
     channels_last = packet in CONV_2D_OPS
     generator = torch.Generator().manual_seed(0)
     fp32_args, fp32_kwargs = _random_inputs(node, torch.float32, device, generator)
-    low_args, low_kwargs = _random_inputs(node, torch.float32 if low == torch.int8 else low, device, generator)
+    integer = low == torch.int8 or isinstance(grid, WeightOnly)  # the layer's own call converts what it needs
+    low_args, low_kwargs = _random_inputs(node, torch.float32 if integer else low, device, generator)
     if target == torch.ops.aten.linear.default:
         fp32_args, low_args = bounded_linear(fp32_args), bounded_linear(low_args)
-    if low == torch.int8:  # as the program runs it: float32 arguments, the int8 layer's own call
+    if isinstance(grid, WeightOnly):  # a float Linear with int8/int4 weights: the weight-only op (weight_only_calls)
+        if target != torch.ops.aten.linear.default or low_kwargs:
+            return None
+        copies = weight_copies(low_args)
+        low_call = weight_only_call(low_args, grid, copies)
+        fp32_call = rotating([timed_call(target, with_weight_copy(fp32_args, i), fp32_kwargs, None)
+                              for i in range(copies)])
+    elif low == torch.int8:  # as the program runs it: float32 arguments, the int8 layer's own call
         if grid is None or low_kwargs:
             return None
         copies = weight_copies(low_args)  # weights read from memory, as in a model (int8_calls.weight_copies)

@@ -5,7 +5,8 @@ import dataclasses
 
 import torch
 
-from mixprec.output.report.records import LayerRecord, runs_in, simulated_runs_as, with_runs_as
+from mixprec.output.report.execution import runs_in, simulated_runs_as, with_runs_as
+from mixprec.output.report.records import LayerRecord
 from mixprec.output.report.summary import low_precision_flops_fraction
 
 

@@ -69,3 +69,48 @@ def test_a_report_saved_before_the_speed_check_loads():
     assert "accelerated_types" in data["summary"]
     del data["summary"]["accelerated_types"]
     assert "accelerated_types" not in mixprec.Report.from_dict(data).summary
+
+
+# ---- what the program bought (issue 42) -------------------------------------------------------------------------
+def _compile_autocast(**kw):
+    import mixprec
+    from models import ThreeLinears
+
+    return mixprec.compile(ThreeLinears().eval(), ThreeLinears.example_inputs(), enable_autocast=True, **kw)
+
+
+def test_the_summary_states_the_measured_speed_of_the_chosen_types_vs_fp32():
+    """The speed check's figure sat in summary["accelerated_types"]; the printed summary and the page never said
+    it. (The session's measurer answers 2x: tests/conftest.py.)"""
+    report = _compile_autocast().report
+    speed = report.summary["speed_vs_fp32"]
+    assert speed == {"backend": "eager", "on": "this CPU", "types": {"bfloat16": 2.0}}
+    assert "speed vs fp32 on this CPU (eager backend), measured by compile's speed checks: bfloat16 2.00x" in str(
+        report)
+    page = report.to_html()
+    assert "Speed vs fp32" in page and "bfloat16: <b>2.00x</b>" in page
+
+
+def test_not_measured_where_no_check_ran():
+    report = _compile_autocast(autocast_require_speedup=False).report
+    assert report.summary["speed_vs_fp32"]["types"] == {"bfloat16": None}
+    assert "bfloat16 not measured" in str(report) and "not measured" in report.to_html()
+
+
+def test_a_report_from_a_file_with_a_damaged_speed_entry_is_refused():
+    import json
+
+    import pytest
+
+    import mixprec
+    from mixprec.output.report import Report
+
+    data = json.loads(_compile_autocast().report.to_json())
+    assert Report.from_dict(data).summary["speed_vs_fp32"] == data["summary"]["speed_vs_fp32"]
+    data["summary"]["speed_vs_fp32"]["types"]["bfloat16"] = "fast"
+    with pytest.raises(mixprec.FileFormatError, match="speed_vs_fp32"):
+        Report.from_dict(data)
+    data = json.loads(_compile_autocast().report.to_json())
+    data["summary"]["model_inputs"] = [3]
+    with pytest.raises(mixprec.FileFormatError, match="model_inputs"):
+        Report.from_dict(data)

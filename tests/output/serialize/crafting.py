@@ -136,3 +136,61 @@ def torch_spec_naming_enum(module: str) -> str:
     return json.dumps([1, {"type": "builtins.tuple", "context": "null", "children_spec": [{
         "type": "builtins.dict", "context": key,
         "children_spec": [{"type": None, "context": None, "children_spec": []}]}]}])  # fmt: skip
+
+
+def topological(document: dict) -> None:
+    """Order the main graph's nodes so each comes after the nodes it reads (after prepending several)."""
+    nodes = root(document)
+    placeholders = [n for n in nodes if n["op"] == "placeholder"]
+    pending = [n for n in nodes if n["op"] != "placeholder"]
+    done, ordered = {n["name"] for n in placeholders}, []
+
+    def reads(value):
+        if isinstance(value, dict):
+            if set(value) == {"node"}:
+                yield value["node"]
+            for item in value.values():
+                yield from reads(item)
+        elif isinstance(value, list):
+            for item in value:
+                yield from reads(item)
+
+    while pending:
+        ready = next(n for n in pending if all(r in done for r in reads([n.get("args"), n.get("kwargs")])))
+        ordered.append(ready)
+        done.add(ready["name"])
+        pending.remove(ready)
+    nodes[:] = placeholders + ordered
+
+
+def node_named(document: dict, name: str) -> dict:
+    return next(n for n in root(document) if n["name"] == name)
+
+
+def replace_weight(outer: dict[str, bytes], use: str, tensor) -> dict[str, bytes]:
+    """The stored tensor named ``use`` replaced by ``tensor`` (weights.bin and its index rebuilt, offsets moved)."""
+    import torch
+
+    document = json.loads(outer[GRAPH])
+    blob = outer["weights.bin"]
+    records, parts, offset = document["weights"]["tensors"], [], 0
+    for record in records:
+        data = blob[record["offset"]:record["offset"] + record["nbytes"]]
+        if any(u["name"] == use for u in record["uses"]):
+            t = tensor.contiguous()
+            data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+            record["dtype"], record["shape"] = str(t.dtype).removeprefix("torch."), list(t.shape)
+        record["offset"], record["nbytes"] = offset, len(data)
+        parts.append(data)
+        offset += len(data)
+    return with_digests({**outer, GRAPH: json.dumps(document).encode(), "weights.bin": b"".join(parts)})
+
+
+def stored_weight(outer: dict[str, bytes], use: str):
+    """The stored tensor named ``use`` (a CPU tensor of the file's bytes)."""
+    import torch
+
+    document = json.loads(outer[GRAPH])
+    record = next(r for r in document["weights"]["tensors"] if any(u["name"] == use for u in r["uses"]))
+    data = bytearray(outer["weights.bin"][record["offset"]:record["offset"] + record["nbytes"]])
+    return torch.frombuffer(data, dtype=getattr(torch, record["dtype"])).reshape(record["shape"])

@@ -155,3 +155,19 @@ def test_the_scratch_formulas_cover_the_measured_peak(case, measured):
     assert peak - out >= 48 << 20
     assert scratch + out >= peak - (8 << 20)
     assert scratch + out <= 2.1 * peak
+
+
+def test_a_private_convolution_declared_as_reviewed_keeps_its_columns_counted():
+    """``aten._convolution`` is declared (ops/aten_kernels.py: its kernel checks its operands) without a workspace of
+    its own: its columns are still counted by the formula, as ``convolution``'s are."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from mixprec.output.serialize import workspace
+
+    with FakeTensorMode():
+        x, w = torch.zeros(1, 1, 1, 1, dtype=torch.float64), torch.zeros(1, 1, 64, 64, dtype=torch.float64)
+        _, public = workspace.call(torch.ops.aten.convolution.default,
+                                   (x, w, None, [1, 1], [63, 63], [1, 1], False, [0, 0], 1), {})  # fmt: skip
+        _, private = workspace.call(torch.ops.aten._convolution.default, (x, w, None, [1, 1], [63, 63], [1, 1], False,
+                                                                          [0, 0], 1, False, False, False, False), {})
+    assert private == public >= 128 << 20

@@ -28,6 +28,8 @@ import weakref
 
 import torch
 
+from ...ops import kernels
+
 _PACKED: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
 _HANDLES = itertools.count(1)
 _PACK_LOCK = threading.Lock()
@@ -80,9 +82,9 @@ def linear_u8s8(
     :data:`OUT_DTYPES`). ``x_zero_point`` is last so that the arguments before it keep their places."""
     if out_dtype not in OUT_DTYPES:
         raise ValueError(f"mixprec: linear_u8s8 writes {', '.join(map(str, OUT_DTYPES))}, not {out_dtype}")
-    packed = _PACKED.get(handle)
-    if packed is None:
-        raise RuntimeError(f"mixprec: the packed int8 weight {handle} was freed with the module that owned it")
+    b = kernels.prepare(DECLARATION, {"u": u, "x_scale": x_scale, "w_scales": w_scales, "bias": bias, "handle": handle,
+                                      "out_dtype": out_dtype, "x_zero_point": x_zero_point})  # fmt: skip
+    u, w_scales, bias, packed = b["u"], b["w_scales"], b["bias"], _PACKED[handle]
     k = u.shape[-1]
     zero_points = torch.zeros(w_scales.shape[0], dtype=torch.int64)
     out = torch.ops.onednn.qlinear_pointwise(
@@ -94,7 +96,32 @@ def linear_u8s8(
 
 @linear_u8s8.register_fake
 def _(u, x_scale, w_scales, bias, handle, out_dtype=torch.float32, x_zero_point=0):
+    kernels.check(DECLARATION, {"u": u, "x_scale": x_scale, "w_scales": w_scales, "bias": bias, "handle": handle,
+                                "out_dtype": out_dtype, "x_zero_point": x_zero_point})  # fmt: skip
     return u.new_empty((*u.shape[:-1], w_scales.shape[0]), dtype=out_dtype)
+
+
+def _relations(b):
+    """oneDNN reads K values of each row of ``u``, N scales and N biases from their pointers (N, K: the packed weight's
+    [K, N])."""
+    packed = _PACKED.get(b["handle"]) if type(b["handle"]) is int else None
+    yield packed is not None, lambda: f"the packed int8 weight {b['handle']!r} was freed with the module that owned it"
+    k, n = packed.shape
+    yield b["out_dtype"] in OUT_DTYPES, lambda: f"it writes {', '.join(map(str, OUT_DTYPES))}, not {b['out_dtype']}"
+    yield b["u"].shape[-1] == k, lambda: f"the activation's last size must be the weight's K = {k}"
+    yield b["w_scales"].shape[0] == n, lambda: f"one weight scale per output channel: {n}"
+    yield b["bias"] is None or b["bias"].shape[0] == n, lambda: f"the bias must be [{n}]"
+    yield type(b["x_zero_point"]) is int and 0 <= b["x_zero_point"] <= 255, "the zero point is a uint8 value"
+
+
+_F32 = frozenset({torch.float32})
+DECLARATION = kernels.declare(kernels.Declaration(
+    "mixprec_kernels::linear_u8s8.default",
+    operands=(kernels.Operand("u", frozenset({torch.uint8})), kernels.Operand("w_scales", _F32, 1),
+              kernels.Operand("bias", _F32, 1, optional=True)),
+    relations=_relations, workspace=lambda b: b["w_scales"].shape[0] * 8,  # the int64 zero points
+    reviewed="oneDNN's int8 GEMM: operands checked against the packed weight, handed over contiguous",
+))
 
 
 KERNEL = torch.ops.mixprec_kernels.linear_u8s8.default

@@ -12,15 +12,16 @@ from ..numerics import output_errors  # re-exported for compiler.py, which build
 from . import render
 from .graph_shape import build_graph
 from .reading import graph_fields, summary_fields
-from .records import LayerRecord, LayerTable, TensorRecord, build_records, computes_in_of, with_runs_as
+from .execution import Execution, computes_in_of, with_runs_as
+from .records import LayerRecord, LayerTable, TensorRecord, build_records
 from .summary import build_summary, for_records
 
 _FORMAT = "mixprec.report"
 _VERSION = 1
 
 __all__ = [
-    "Report", "LayerRecord", "TensorRecord", "build_graph", "build_records", "build_summary", "computes_in_of",
-    "output_errors", "with_runs_as",
+    "Execution", "Report", "LayerRecord", "TensorRecord", "build_graph", "build_records", "build_summary",
+    "computes_in_of", "output_errors", "with_runs_as",
 ]
 
 
@@ -38,11 +39,13 @@ class Report(LayerTable):
             return NotImplemented
         return self.layers == other.layers and jsondoc.same(self.summary, other.summary) and self.graph == other.graph
 
-    def on_backend(self, runner, backend: str) -> "Report":
+    def on_backend(self, runner, backend: str, program=None) -> "Report":
         """The report of this program as ``runner`` (built by ``backend``) runs it: ``runs_as`` and the FLOP
-        share follow what the runner computes (a program loaded on another backend or CPU runs otherwise
-        than where it was compiled); the errors stay those measured when it was compiled."""
-        layers = with_runs_as(self.layers, computes_in_of(runner), backend)
+        shares follow what the runner computes (a program loaded on another backend or CPU runs otherwise
+        than where it was compiled; ``program``: the ExportedProgram it runs, when the runner's own graph does not
+        show it); the errors stay those measured when it was compiled."""
+        graph = program.graph if program is not None else None
+        layers = with_runs_as(self.layers, Execution.of(runner, backend, graph))
         if all(a is b for a, b in zip(layers, self.layers)):
             return self
         return Report(layers, for_records(self.summary, layers), self.graph)

@@ -2,8 +2,9 @@
 
 Sections, in the order a reader asks their questions:
 
-1. the summary: layers per precision, the low-precision share of matmul/conv FLOPs,
-   casts inserted, parameter bytes, compile time;
+1. the summary: layers per precision, the low-precision share of matmul/conv FLOPs (and the simulated
+   share), the chosen types' measured speed vs fp32, casts inserted, parameter bytes, the model's
+   inputs and outputs, compile time;
 2. the error against fp32 on the example inputs;
 3. the graph, coloured by precision, with casts and layers kept in fp32 by an autocast
    rule marked (drawing.py); clicking a node shows its row in the table;
@@ -173,19 +174,49 @@ def _summary_section(summary: dict) -> str:
             "Low-precision FLOPs",
             f"<b>{frac:.1%}</b> of matmul/conv FLOPs"
             f'<div class="bar"><span class="seg low" style="width:{100 * frac:.2f}%"></span></div>'
-            f'<div class="bar-labels">{_num(summary.get("total_flops", 0), ",")} FLOPs in all{_runs_as(summary)}</div>',
+            f'<div class="bar-labels">{_num(summary.get("total_flops", 0), ",")} FLOPs in all{_simulated(summary)}'
+            f'{_runs_as(summary)}</div>',
         ),
+        ("Speed vs fp32", _speed_card(summary.get("speed_vs_fp32"))),
         ("Casts inserted", f"<b>{_count(summary.get('casts_inserted', 0))}</b> casts in the rewritten graph"),
         (
             "Parameter bytes",
             f"<b>{_fmt_bytes(after)}</b> stored{change}<div class='bar-labels'>{_fmt_bytes(before)} as captured</div>",
         ),
     ]
+    if isinstance(summary.get("model_inputs"), list) and isinstance(summary.get("model_outputs"), list):
+        cards.append(("Model inputs and outputs", f"inputs: <b>{_listed(summary['model_inputs'])}</b><br>"
+                                                  f"outputs: <b>{_listed(summary['model_outputs'])}</b>"))
+    if isinstance(summary.get("inputs_copied"), list) and summary["inputs_copied"]:
+        cards.append(("Inputs copied", f"the model writes <b>{_listed(summary['inputs_copied'])}</b> in place; the "
+                                       "program writes a copy, so the tensors passed in are left as they were"))
     if seconds:
         phases = ", ".join(f"{_e(k)} {v:.2f}s" for k, v in seconds.items())
         cards.append(("Compile time", f"<b>{compile_time:.2f} s</b><div class='bar-labels'>{phases}</div>"))
     body = "".join(f'<div class="card"><h3>{t}</h3>{c}</div>' for t, c in cards)
     return f'<section id="summary"><h2>Summary</h2><div class="cards">{body}</div></section>'
+
+
+def _simulated(summary: dict) -> str:
+    share = _number(summary.get("simulated_flops_fraction"))
+    if not share or not math.isfinite(share):
+        return ""
+    return f'<br><span class="runs-as">simulated in float (not counted as low precision): {share:.1%}</span>'
+
+
+def _speed_card(speed) -> str:
+    """What the chosen types bought: the speed checks' figures against fp32 on this machine and backend."""
+    if not isinstance(speed, dict) or not isinstance(speed.get("types"), dict) or not speed["types"]:
+        return "every layer computes in float32: nothing to measure"
+    rows = "<br>".join(f"{_e(t)}: <b>{_num(v, '.2f') + 'x' if _number(v) is not None else 'not measured'}</b>"
+                       for t, v in speed["types"].items())
+    where = _e(speed.get("on") or "this machine") + (f" ({_e(speed['backend'])} backend)" if speed.get("backend")
+                                                     else "")
+    return f"{rows}<div class='bar-labels'>against float32 on {where}, measured by compile's speed checks</div>"
+
+
+def _listed(values) -> str:
+    return ", ".join(_e(v) for v in values) or "-"
 
 
 def _runs_as(summary: dict) -> str:

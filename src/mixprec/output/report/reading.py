@@ -152,6 +152,17 @@ def summary_fields(summary) -> dict:
             _number(s[key], key)
         if "total_flops" in s:
             _integer(s["total_flops"], "total_flops")
+        if "simulated_flops_fraction" in s:
+            share = _number(s["simulated_flops_fraction"], "simulated_flops_fraction", finite=True)
+            if not 0 <= share <= 1:
+                raise _Damaged("'simulated_flops_fraction' must be between 0 and 1")
+        if ("model_inputs" in s) != ("model_outputs" in s):
+            raise _Damaged("'model_inputs' and 'model_outputs' come together")
+        for key in ("model_inputs", "model_outputs", "inputs_copied"):
+            for v in _list(s.get(key, []), key):
+                _string(v, key)
+        if "speed_vs_fp32" in s:
+            _speed(s["speed_vs_fp32"])
         for key, check in (("runs_as", _integer), ("compile_seconds", _number),
                            ("parameter_bytes_by_precision", _integer)):
             for name, v in _object(s.get(key, {}), key).items():
@@ -159,6 +170,17 @@ def summary_fields(summary) -> dict:
     except _Damaged as e:
         raise _fail("summary", str(e)) from None
     return s
+
+
+def _speed(value) -> None:
+    """``speed_vs_fp32``: {"backend": text | null, "on": text | null, "types": {name: number | null}}."""
+    speed = _object(value, "speed_vs_fp32")
+    for key in ("backend", "on"):
+        if speed.get(key) is not None:
+            _string(speed[key], f"speed_vs_fp32.{key}")
+    for name, v in _object(speed.get("types"), "speed_vs_fp32.types").items():
+        if v is not None:
+            _number(v, f"speed_vs_fp32.types.{name[:40]}", finite=True)
 
 
 def graph_fields(graph) -> dict | None:

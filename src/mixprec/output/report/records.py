@@ -1,22 +1,16 @@
 """LayerRecord: what happened to one layer, read from the plan and the rewritten graph (and, in
-``runs_as``, from the backend that runs it).
-
-A simulated layer (int16/int4 activations, issue 32: quantize -> dequantize, computed in float32) always has
-``runs_as`` "simulated int16 (runs f32)" (:func:`simulated_runs_as`), on every backend: no kernel computes in its
-precision, so its FLOPs are float32's (:func:`runs_in`), never low-precision ones."""
+``runs_as``, from the backend that runs it: ``execution.py``)."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from types import MappingProxyType
-
 import torch
 
 from ...dtypes import dtype_from_name, dtype_name
 from ...ir.graph_info import META_ACC, META_ROLE, GraphInfo, tensor_metas
 from ...plan.precision_plan import PrecisionPlan
-from ...plan.quantization import INTEGER_PRECISIONS, SIMULATED_PRECISIONS
+from ...plan.quantization import INTEGER_PRECISIONS
+from .execution import simulated_runs_as
 from .reading import layer_fields
 from .weights import weight_precisions
 
@@ -98,57 +92,6 @@ class LayerRecord:
         d["inputs"] = tuple(TensorRecord(t["name"], tuple(t["shape"]), t["dtype"]) for t in d["inputs"])
         d["outputs"] = tuple(TensorRecord(t["name"], tuple(t["shape"]), t["dtype"]) for t in d["outputs"])
         return cls(**d)
-
-
-# The type names of ``runs_as`` ("f32 on openvino", API.md §2): OpenVINO's short element type names.
-_RUNS_AS_NAMES = MappingProxyType({
-    torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.float64: "f64", torch.int8: "i8",
-})
-# "int8 dynamic activations (group 32) on openvino": a weight-only layer whose activations OpenVINO quantizes to int8
-_RUNS_AS_DTYPES = MappingProxyType({**{name: dtype for dtype, name in _RUNS_AS_NAMES.items()}, "int8": torch.int8})
-
-
-_SIMULATED = "simulated"
-
-
-def simulated_runs_as(precision: torch.dtype) -> str | None:
-    """``runs_as`` of a layer of a simulated precision ("simulated int16 (runs f32)"); None for any other."""
-    return f"{_SIMULATED} {dtype_name(precision)} (runs f32)" if precision in SIMULATED_PRECISIONS else None
-
-
-def runs_in(record: LayerRecord) -> torch.dtype:
-    """The dtype a layer computes in as its backend runs it: ``runs_as``'s type, else its precision (float32 for a
-    simulated layer)."""
-    if record.runs_as and record.runs_as.startswith(_SIMULATED + " "):
-        return torch.float32
-    if record.runs_as:
-        dtype = _RUNS_AS_DTYPES.get(record.runs_as.split(" ", 1)[0])
-        if dtype is not None:
-            return dtype
-    return record.precision
-
-
-def computes_in_of(runner) -> Mapping[str, torch.dtype]:
-    """What a backend's runner says it computes nodes in, where that may differ from the program's types
-    (``computes_in``: node name -> dtype, or the text of what no dtype says, e.g. "int8 dynamic activations
-    (group 32)"; OpenVINO's runner has one, the eager and inductor runners compute what the program states)."""
-    value = getattr(runner, "computes_in", None)
-    return value if isinstance(value, Mapping) else {}
-
-
-def with_runs_as(records: list[LayerRecord], computes_in: Mapping[str, torch.dtype], backend: str) -> list[LayerRecord]:
-    """The records with ``runs_as`` filled from a runner's ``computes_in`` (and cleared where it says nothing:
-    records loaded from a file may have been written for another backend or CPU)."""
-    out = []
-    for record in records:
-        dtype = computes_in.get(record.name)
-        runs_as = simulated_runs_as(record.precision)
-        if runs_as is None and isinstance(dtype, str):
-            runs_as = f"{dtype} on {backend}"
-        elif runs_as is None and dtype is not None and dtype != record.precision:
-            runs_as = f"{_RUNS_AS_NAMES.get(dtype, dtype)} on {backend}"
-        out.append(record if runs_as == record.runs_as else dataclasses.replace(record, runs_as=runs_as))
-    return out
 
 
 def build_records(

@@ -75,7 +75,7 @@ def reason_text(r) -> str:
     return f"runs as {where}; planned: {r.reason}" if where else r.reason
 
 
-def _dtypes(dtypes) -> str:
+def distinct_dtypes(dtypes) -> str:
     """Distinct dtypes in order: 'bf16,int64' (every input and its dtype is in ``details``)."""
     return ",".join(dict.fromkeys(short_name(d) for d in dtypes))
 
@@ -140,7 +140,7 @@ def table(records: list[LayerRecord], summary: dict, *, kinds=("compute", "cast"
         out = [layer_cell(r.name, r.op), precision_cell(r)]
         if with_acc:
             out.append(short_name(r.accumulate) if r.accumulate else "")
-        return (*out, f"{_dtypes(r.input_dtypes)} \u2192 {_dtypes(r.output_dtypes)}", r.source, reason)
+        return (*out, f"{distinct_dtypes(r.input_dtypes)} \u2192 {distinct_dtypes(r.output_dtypes)}", r.source, reason)
 
     widths = layout(columns, grouped(shown, lambda r: cells(r, reason_text(r))), width=width)
     room = widths[-1]
@@ -176,16 +176,42 @@ def table(records: list[LayerRecord], summary: dict, *, kinds=("compute", "cast"
 
 def summary_text(summary: dict) -> str:
     by = ", ".join(f"{terminal(k)}: {v}" for k, v in summary["layers_by_precision"].items())
+    simulated = summary.get("simulated_flops_fraction")
     parts = [
         f"layers: {summary['layers']} ({by})",
-        f"low-precision share of matmul/conv FLOPs: {summary['low_precision_flops_fraction']:.1%}",
+        f"low-precision share of matmul/conv FLOPs: {summary['low_precision_flops_fraction']:.1%}"
+        + (f" (simulated in float, not counted: {simulated:.1%})" if simulated else ""),
         f"casts inserted: {summary['casts_inserted']}",
         f"parameter bytes: {summary['param_bytes_before']:,} -> {summary['param_bytes_after']:,}"
         + _by_precision(summary.get("parameter_bytes_by_precision")),
-        f"error vs fp32 on the example inputs: max abs {summary['max_abs_error']:.3g}, "
-        f"rel L2 {summary['rel_l2_error']:.3g}",
     ]
+    if "model_inputs" in summary:
+        parts.append(f"model inputs: {_listed(summary['model_inputs'])}; outputs: {_listed(summary['model_outputs'])}")
+    if summary.get("inputs_copied"):
+        parts.append(f"inputs the model writes in place, copied so yours are left as they were: "
+                     f"{_listed(summary['inputs_copied'])}")
+    speed = speed_text(summary.get("speed_vs_fp32"))
+    if speed:
+        parts.append(speed)
+    parts.append(f"error vs fp32 on the example inputs: max abs {summary['max_abs_error']:.3g}, "
+                 f"rel L2 {summary['rel_l2_error']:.3g}")
     return "\n".join(parts)
+
+
+def speed_text(speed) -> str:
+    """"speed vs fp32 on this CPU (eager backend), measured by compile's speed checks: bfloat16 3.50x, int8 not
+    measured" ("" without the entry). The entry's strings are checked by ``reading.summary_fields``."""
+    if not speed:
+        return ""
+    figures = ", ".join(f"{terminal(t)} " + (f"{v:.2f}x" if v is not None else "not measured")
+                        for t, v in speed["types"].items())
+    backend = f" ({terminal(speed['backend'])} backend)" if speed.get("backend") else ""
+    return f"speed vs fp32 on {terminal(speed.get('on') or 'this machine')}{backend}, measured by compile's speed " \
+           f"checks: {figures}"
+
+
+def _listed(values) -> str:
+    return ", ".join(terminal(v) for v in values) or "-"
 
 
 def _by_precision(sizes) -> str:

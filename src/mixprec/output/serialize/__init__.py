@@ -15,7 +15,7 @@ The file is a zip archive (format ``mixprec.program``, version 2) with four memb
 This module is the sequence of each direction; the steps have their own modules: the zip container, streamed both
 ways (``container.py``), the graph written (``graph.py``) and read (``graph_reader.py``, ``graph_build.py``), the
 weights (``weights.py``), the container specs (``specs.py``, ``outputs.py``), and the checks of what was built
-(``operators.py``, ``strings.py``, ``propagation.py``).
+(``operators.py``, ``strings.py``, ``declared.py``: the kernel declarations, ``propagation.py``).
 
 **No third-party parser sees bytes from the file** (issue 31). Version 1 held ``torch.export.save``'s archive and
 was read by ``torch.export.load``, which unpickles, gives shape text to sympy's parser, and imports the modules a
@@ -129,7 +129,8 @@ def load(path, *, backend: str | None = None):
         plan = PrecisionPlan.from_json(json.dumps(meta["plan"]))
         report = Report.from_dict(meta["report"]) if meta.get("report") is not None else None
         settings = meta["settings"]
-    except (ConfigError, KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as e:
+    except (ConfigError, KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError,
+            OverflowError) as e:
         raise FileFormatError(f"{where}: the plan, report or settings are damaged ({type(e).__name__}: {e}).") from e
 
     example_inputs = None
@@ -175,7 +176,8 @@ def read_metadata(path) -> tuple[dict, object]:
         meta, _ = container.read(fh, path)
     try:
         report = Report.from_dict(meta["report"]) if meta.get("report") is not None else None
-    except (ConfigError, KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as e:
+    except (ConfigError, KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError,
+            OverflowError) as e:
         raise FileFormatError(f"{path}: the report is damaged ({e}).") from e
     return meta, report
 

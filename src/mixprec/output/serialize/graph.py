@@ -40,8 +40,8 @@ from . import operators, specs, weights
 
 VERSION = 1  # of graph.json's schema, within format version 2
 _INPUT_KINDS = {"PARAMETER": "parameter", "BUFFER": "buffer", "CONSTANT_TENSOR": "constant", "USER_INPUT": "user_input"}
-_OUTPUT_KINDS = {"USER_OUTPUT": "user_output", "BUFFER_MUTATION": "buffer_mutation",
-                 "USER_INPUT_MUTATION": "user_input_mutation"}  # fmt: skip
+# a program that writes its inputs back (USER_INPUT_MUTATION) is never saved: mixprec never writes its caller's tensors
+_OUTPUT_KINDS = {"USER_OUTPUT": "user_output", "BUFFER_MUTATION": "buffer_mutation"}
 LAYOUTS = {"strided": torch.strided}
 MEMORY_FORMATS = {"contiguous_format": torch.contiguous_format, "channels_last": torch.channels_last,
                   "preserve_format": torch.preserve_format, "channels_last_3d": torch.channels_last_3d}  # fmt: skip

@@ -17,6 +17,7 @@ from torch.export.graph_signature import (ConstantArgument, ExportGraphSignature
 
 from ...dtypes import dtype_name
 from ...errors import FileFormatError
+from ...ops import kernels
 from . import operators, size_arithmetic, strings
 from .graph import LAYOUTS, MEMORY_FORMATS
 
@@ -24,8 +25,8 @@ MAX_SIZE = 1 << 62
 _INFINITE = int_oo  # an unbounded range
 _INPUT_KINDS = {"parameter": InputKind.PARAMETER, "buffer": InputKind.BUFFER, "constant": InputKind.CONSTANT_TENSOR,
                 "user_input": InputKind.USER_INPUT}  # fmt: skip
-_OUTPUT_KINDS = {"user_output": OutputKind.USER_OUTPUT, "buffer_mutation": OutputKind.BUFFER_MUTATION,
-                 "user_input_mutation": OutputKind.USER_INPUT_MUTATION}  # fmt: skip
+# no "user_input_mutation" (graph.py writes it for a program that writes its inputs back: mixprec never makes one)
+_OUTPUT_KINDS = {"user_output": OutputKind.USER_OUTPUT, "buffer_mutation": OutputKind.BUFFER_MUTATION}
 
 
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,199}$")  # node, argument and signature names: plain identifiers
@@ -60,6 +61,22 @@ def value_of(value, env: dict):
     if tag == "device":
         return torch.device(body)
     return LAYOUTS[body] if tag == "layout" else MEMORY_FORMATS[body]
+
+
+# Allocations whose contents are whatever the allocator held (another tensor's data, freed memory): a program could
+# return them. A file's are zero-filled (a ``zero_`` of the fresh tensor, which is dense: the whole storage), one of
+# the contents ``empty`` allows. (``empty_strided`` and its kin, which leave gaps a view could read, are not loaded.)
+_UNINITIALISED = frozenset({torch.ops.aten.empty.memory_format, torch.ops.aten.empty_like.default,
+                            torch.ops.aten.new_empty.default})  # fmt: skip
+
+
+def _zero_filled(graph: torch.fx.Graph) -> None:
+    """Every uninitialised allocation of ``graph`` followed by a ``zero_`` that its users read instead (named by FX
+    after the file's own names, which are all taken already)."""
+    for node in [n for n in graph.nodes if n.op == "call_function" and n.target in _UNINITIALISED]:
+        with graph.inserting_after(node):
+            zeroed = graph.call_function(torch.ops.aten.zero_.default, (node,))
+        node.replace_all_uses_with(zeroed, delete_user_cb=lambda user: user is not zeroed)
 
 
 class Builder:
@@ -100,6 +117,7 @@ class Builder:
                 if node.name != name:  # FX renamed it (a builtin's name, a clash): not a name FX can paste as is
                     raise damaged(f"the node name {name!r} is not one FX uses as is")
                 env[name] = node
+            _zero_filled(graph)
             try:
                 built[index] = torch.fx.GraphModule(holder, graph)
             except Exception as e:  # FX's code generation on checked names and values
@@ -232,6 +250,9 @@ class Builder:
             return self.size_arithmetic(node, target, args, kwargs)
         try:
             return target(*args, **kwargs)
+        except kernels.OperandError as e:  # what the operator's declaration refuses (ops/kernels.py)
+            raise FileFormatError(f"the program's node {node.name!r} ({str(target)[:80]}) cannot run on what the file "
+                                  f"gives it: {e}") from None  # fmt: skip
         except FileFormatError:
             raise
         except Exception as e:  # torch refuses the arguments or sizes the file gives this operator
@@ -289,7 +310,8 @@ def build_signature(record, graph, state: dict, constants: dict) -> ExportGraphS
 
 def _argument(entry):
     name, arg = entry["name"], entry["arg"]
-    if not isinstance(name, str) or not NAME.match(name):
+    constant = arg == "constant" and name == ""  # a constant output (None, 3, "a" beside tensors): torch names it ""
+    if not isinstance(name, str) or not (constant or NAME.match(name)):
         raise damaged("an input or output of the signature has a name that is not a plain identifier")
     if arg == "tensor" and "value" not in entry:
         return TensorArgument(name=name)

@@ -14,24 +14,29 @@ import torch
 from torch.export.graph_signature import InputKind
 
 from ...errors import FileFormatError
+from ...ops import kernels
 from ...ops import weight_only as wo
 
 INT4_OP = torch.ops.mixprec.linear_int4_weight.default
-PACKED_ARG = 4  # linear_int4_weight(x, weight, scales_and_zeros, group, packed, bias)
 
 
 def _packed_weights(ep) -> dict[str, tuple[str, str]]:
-    """placeholder name -> (store, name in it) of every weight an int4 node reads packed."""
+    """placeholder name -> (store, name in it) of every weight an int4 node reads packed (arguments through the
+    op's schema: ``ops/kernels.bind``). A weight-only node reads its weight from the root graph's stored tensors
+    (the loader checked it: ``declared.py``; save's program was checked by the rewrite's verifier)."""
     specs = {s.arg.name: s for s in ep.graph_signature.input_specs if hasattr(s.arg, "name")}
     out = {}
     for module in ep.graph_module.modules():
         if not isinstance(module, torch.fx.GraphModule):
             continue
         for node in module.graph.nodes:
-            if node.op != "call_function" or node.target is not INT4_OP or node.args[PACKED_ARG] is not True:
+            if node.op != "call_function" or node.target is not INT4_OP:
                 continue
-            weight = node.args[1]
-            spec = specs.get(getattr(weight, "name", None))
+            bound = kernels.bind(node.target, node.args, node.kwargs)
+            if bound["packed"] is not True:
+                continue
+            weight = bound["weight"]
+            spec = specs.get(getattr(weight, "name", None)) if module is ep.graph_module else None
             if spec is None or spec.kind not in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
                 raise FileFormatError(f"node {node.name!r} reads an int4 weight that is not a stored tensor")
             store = "constants" if spec.kind == InputKind.CONSTANT_TENSOR or (

@@ -1,9 +1,11 @@
 """``mixprec.json``: the format's name and version, the names of the file's members, and every field of the metadata.
 
 One owner for the schema: what ``save`` writes (:func:`for_program`) and what ``load`` accepts (:func:`check`) sit
-side by side, so a field cannot be added to one without the other. The metadata is the first thing a load trusts
-(it records the sizes and SHA-256 of the other members), so every field's type is checked before anything reads
-it, and a file of another format or version is refused with a message that says which mixprec reads it.
+side by side, so a field cannot be added to one without the other. The members a file records are a fixed list
+(:data:`STORED`), each with its size and SHA-256: one missing or one more is a damaged file. The metadata is the
+first thing a load trusts (it records the sizes and SHA-256 of the other members), so every field's type is checked
+before anything reads it, and a file of another format or version is refused with a message that says which mixprec
+reads it.
 """
 
 from __future__ import annotations
@@ -73,10 +75,19 @@ def _check_fields(meta: dict, path: str) -> None:
             bad(field, "an object or null")
     if meta.get("example_inputs_note") is not None and not isinstance(meta["example_inputs_note"], str):
         bad("example_inputs_note", "a string or null")
+    recorded = sorted(str(n)[:60] for n in meta["members"])
+    if recorded != sorted(STORED):  # the fixed list: each stored member once, with its size and SHA-256
+        missing = sorted(set(STORED) - set(meta["members"]))
+        raise FileFormatError(
+            f"{path} is damaged: its {META} records the members {recorded[:5]}, where a mixprec file records exactly "
+            f"{', '.join(STORED)}" + (f" ({', '.join(missing)} missing)" if missing else "") + "."
+        )
     for name in STORED:
         entry = meta["members"].get(name)
-        if not isinstance(entry, dict):
-            raise FileFormatError(f"{path} is incomplete: the member {name} is missing.")
+        if not isinstance(entry, dict) or set(entry) != {"size", "sha256"}:
+            fields = sorted(str(k)[:20] for k in entry)[:4] if isinstance(entry, dict) else type(entry).__name__
+            raise FileFormatError(f"{path} is damaged: {META} records the member {name} as {fields}, not its size "
+                                  "and sha256.")
         if not isinstance(entry.get("size"), int) or isinstance(entry["size"], bool) or entry["size"] < 0:
             bad(f"members.{name}.size", "a byte count")
         if not isinstance(entry.get("sha256"), str) or not _SHA256.match(entry["sha256"]):

@@ -20,6 +20,7 @@ import torch
 
 from ...errors import FileFormatError
 from ...ops import custom as _registers_mixprec_ops  # noqa: F401  (torch.ops.mixprec, checked by schema)
+from ...ops import kernels
 from . import strings
 
 # Python functions a program may call besides torch.ops operators: arithmetic on sizes.
@@ -89,7 +90,13 @@ _HIGHER_ORDER = frozenset(
 # ATen operators refused whatever their schema: files (from_file maps a file as a tensor's memory and fill_ then
 # writes it), printing, and the global random state (sampling advances it: programs must be deterministic). The
 # dropout family stays: export writes aten.dropout(x, p, train=False) for eval models, an identity.
-_DENIED_ATEN = frozenset({"from_file", "save", "load", "_print", "set", "resize", "record_stream", "_resize_output"})
+_DENIED_ATEN = frozenset({"from_file", "save", "load", "_print", "set", "resize", "record_stream", "_resize_output",
+                          "resize_as", "empty_strided", "new_empty_strided", "empty_permuted"})
+# Public ATen operators of backend-specific kernel families (oneDNN/MKL-DNN, cuDNN, MIOpen, FBGEMM, quantized tensors)
+# and backward kernels: entry points that trust their operands more than the operators a model's forward calls, and
+# that no inference compile writes. (``empty_strided`` and its kin leave gaps of uninitialised memory in a storage a
+# view could read: a file's ``empty`` is read as ``zeros``, ``graph_build.py``.)
+_DENIED_FAMILIES = re.compile(r"^(mkldnn_|miopen_|cudnn_|fbgemm_|quantized_|quantize_per_|q_|segment_reduce)|backward")
 _RANDOM = re.compile(
     r"^_?(rand|randn|randint|randperm|random|bernoulli|normal|multinomial|poisson|binomial|uniform|exponential|cauchy"
     r"|geometric|log_normal|rrelu|native_dropout|fused_dropout|standard_gamma|sample_dirichlet|fused_moving_avg)"
@@ -107,11 +114,12 @@ def allowed_target(target: str) -> bool:
 
     * ``torch.ops.aten.*``: registered in the dispatcher; takes or returns a Tensor; not an ``out=`` overload; no
       Storage or file-name argument; no string argument that ``strings.py`` has not reviewed (a string can reach
-      the C++ inductor generates); not in the deny set (files, printing, random sampling). In-place variants
-      (``relu_``, ``add_``, ``fill_``, ``index_put_``) are allowed when they write only their ``self`` and their
-      functional twin is allowed: torch.export keeps a model's in-place ops, and writing a tensor the graph
-      itself holds has no effect outside the program;
-    * ``torch.ops.mixprec.*``: mixprec's own markers and int8 quantize/dequantize;
+      the C++ inductor generates); not in the deny set (files, printing, random sampling, backend kernel families,
+      backward kernels); a private one (``aten._name``) only with a declaration (``ops/aten_kernels.py``). In-place
+      variants (``relu_``, ``add_``, ``fill_``, ``index_put_``) are allowed when they write only their ``self`` and
+      their functional twin is allowed: torch.export keeps a model's in-place ops; what they may write (never the
+      caller's inputs) is checked on the built graph (``input_writes.py``);
+    * ``torch.ops.mixprec.*``: mixprec's own operators, each with its declaration (``ops/kernels.py``);
     * ``torch.ops.higher_order.*``: the control-flow set above;
     * size arithmetic from ``operator``, ``math`` and ``torch.sym_*`` (:data:`_ALLOWED_FUNCTIONS`).
     """
@@ -134,6 +142,8 @@ def _decide(target: str) -> bool:
     if namespace == "mixprec":
         if overload is None or not _registered(f"mixprec::{name}", overload):
             return False
+        if kernels.declaration_of(f"mixprec::{name}.{overload}") is None:  # every mixprec op declares its kernel
+            return False
         return strings.reviewed(name, getattr(getattr(torch.ops.mixprec, name), overload)._schema)
     if namespace != "aten" or overload is None:
         return False
@@ -150,7 +160,10 @@ def _registered(qualified: str, overload: str) -> bool:
 
 def _aten_allowed(name: str, overload: str) -> bool:
     base = name.rstrip("_") if not name.startswith("__") else name
-    if base in _DENIED_ATEN or name in _DENIED_ATEN or _RANDOM.match(name):
+    if base in _DENIED_ATEN or name in _DENIED_ATEN or _RANDOM.match(name) or _DENIED_FAMILIES.search(name):
+        return False
+    if name.startswith("_") and not name.startswith("__") and not name.endswith("_") and kernels.declaration_of(
+            f"aten::{name}.{overload}") is None:  # a private kernel entry point: only the reviewed ones
         return False
     if overload == "out" or overload.endswith("_out") or not _registered(f"aten::{name}", overload):
         return False

@@ -17,7 +17,9 @@ at the example sizes, and refuses the file (FileFormatError) when
   counted as eager PyTorch spends it: each tensor an operator returns lives from that operator to its last use
   (views share their base's storage), plus, while an operator runs, its scratch (``workspace.py``: the columns of
   a convolution without a oneDNN path, the intermediates of a composite operator, attention's L x S scores, the
-  copies of broadcast inputs);
+  copies of broadcast inputs, and what a declared operator declares: ``ops/kernels.py``);
+* an operator refuses its operands by its declaration (``ops/kernels.py``, through its fake kernel), or writes in
+  place into a tensor whose elements share memory (a broadcast view: torch refuses that at the call);
 * the user inputs, at the recorded sizes, exceed the bytes the file stores for its example inputs or
   :data:`MAX_UNSTORED_INPUT_BYTES` when it stores none: a backend that warms up on inputs made from these sizes
   (inductor) never materialises more than that.
@@ -40,6 +42,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from ...errors import FileFormatError
+from ...ir import input_writes
+from ...ops import kernels
 from . import runtime_bounds, size_arithmetic, workspace
 
 MULTIPLE = 16  # one call may use this many times the bytes of the weights and inputs ...
@@ -237,6 +241,10 @@ class _Run:
             else:
                 args = pytree.tree_map_only(torch.fx.Node, lambda n: env[n], node.args)
                 kwargs = pytree.tree_map_only(torch.fx.Node, lambda n: env[n], node.kwargs)
+                for written in input_writes.writes(node):  # torch refuses an in-place write into a broadcast view
+                    if isinstance(env.get(written), torch.Tensor) and input_writes.overlapping(env[written]):
+                        raise FileFormatError(f"the program's node {node.name!r} ({node.target}) writes in place into "
+                                              f"{written.name!r}, whose elements share memory (a broadcast view).")
                 result, nested, transient = self._call(node, args, kwargs)
                 runtime_bounds.follow(node, self.tainted, self.assumed)
                 self._compare(node, result)
@@ -276,6 +284,9 @@ class _Run:
             result = self._from_recorded(node, node.meta.get("val"))  # data-dependent: sizes at their bounds
             self.assumed[node] = result
             return result, 0, runtime_bounds.own_allocation(node, target, args, kwargs, result)
+        except kernels.OperandError as e:  # what the operator's declaration refuses (ops/kernels.py)
+            raise FileFormatError(f"the program's node {node.name!r} ({target}) cannot run on the sizes the file gives "
+                                  f"it: {e}") from None  # fmt: skip
         except FileFormatError:
             raise
         except Exception as e:  # torch's own refusal of the shapes or arguments the file gives this operator

@@ -8,7 +8,8 @@ holds a spec in a closed vocabulary, read by :func:`loads` into ``TreeSpec`` obj
 * ``{"t": "tuple" | "list", "c": [children]}``;
 * ``{"t": "dict" | "odict", "k": [keys], "c": [children]}``, keys strings or integers;
 * ``{"t": "record", "name": type name, "k": [keys], "c": [children]}``: named outputs (a transformers
-  ``ModelOutput``, a namedtuple, mixprec's :class:`~.outputs.OutputRecord`).
+  ``ModelOutput``, a namedtuple, mixprec's :class:`~.outputs.OutputRecord`); a dataclass registered with
+  ``pytree.register_dataclass`` adds ``"none": [the fields that hold None]``.
 
 A record comes back as its original class only when that class is registered with torch's pytree *in this
 process* under the recorded name (the caller imported its module: their choice, not the file's); the name is looked
@@ -19,6 +20,7 @@ The reader is bounded: at most :data:`MAX_NODES` nodes, :data:`MAX_DEPTH` levels
 from __future__ import annotations
 
 import collections
+import dataclasses
 import re
 
 import torch.utils._pytree as pytree
@@ -57,6 +59,11 @@ def dumps(spec, records: bool = True) -> dict:
     if spec.type is OutputRecord:
         name, keys = spec.context
         return {"t": "record", "name": name, "k": _keys_to_write(list(keys), str_only=True), "c": kids}
+    fields = _dataclass_fields(spec)
+    if fields is not None:  # a registered dataclass: its fields holding values, and those holding None
+        keys, none = fields
+        return {"t": "record", "name": type_name(spec.type), "k": _keys_to_write(keys, str_only=True), "c": kids,
+                "none": _keys_to_write(none, str_only=True)}  # fmt: skip
     keys = _record_keys(spec)
     if keys is None:
         raise ConfigError(
@@ -65,6 +72,20 @@ def dumps(spec, records: bool = True) -> dict:
         )
     cls = spec.context if spec.type is pytree.namedtuple else spec.type
     return {"t": "record", "name": type_name(cls), "k": keys, "c": kids}
+
+
+def _dataclass_fields(spec) -> tuple[list[str], list[str]] | None:
+    """(fields holding values, fields holding None) of a dataclass registered with ``pytree.register_dataclass``
+    (its context is those two lists), else None."""
+    context = spec.context
+    if not dataclasses.is_dataclass(spec.type) or not isinstance(context, (list, tuple)) or len(context) != 2:
+        return None
+    keys, none = context
+    if not all(isinstance(part, (list, tuple)) and all(isinstance(k, str) for k in part) for part in context):
+        return None
+    if len(keys) != len(children(spec)) or len(set(keys) | set(none)) != len(keys) + len(none):
+        return None
+    return list(keys), list(none)
 
 
 def _record_keys(spec) -> list[str] | None:
@@ -119,6 +140,8 @@ class _Reader:
         kind = value["t"]
         fields = {"leaf": {"t"}, "none": {"t"}, "tuple": {"t", "c"}, "list": {"t", "c"}, "dict": {"t", "k", "c"},
                   "odict": {"t", "k", "c"}, "record": {"t", "name", "k", "c"}}.get(kind)  # fmt: skip
+        if kind == "record" and "none" in value:  # a dataclass: also the fields that hold None
+            fields = {*fields, "none"}
         if fields is None or set(value) != fields or kind == "record" and not self.records:
             raise self.damaged(f"a part of kind {kind[:20]!r} with fields {sorted(value)[:6]}")
         if kind == "leaf":
@@ -136,9 +159,14 @@ class _Reader:
         if kind == "odict":
             return pytree.TreeSpec(collections.OrderedDict, keys, kids)
         name = value["name"]
-        if not isinstance(name, str) or not _TYPE_NAME.match(name):
+        if not isinstance(name, str) or not _TYPE_NAME.match(name) or name == _NO_NAME:
             raise self.damaged("a record whose type name is not a qualified name")
-        return self.record(name, keys, kids)
+        none = None
+        if "none" in value:
+            none = self.keys(value["none"], len(value["none"]) if isinstance(value["none"], list) else -1, True)
+            if set(none) & set(keys):
+                raise self.damaged("a field that holds a value and None")
+        return self.record(name, keys, kids, none)
 
     def keys(self, keys, count: int, str_only: bool) -> list:
         if not isinstance(keys, list) or len(keys) != count:
@@ -150,16 +178,37 @@ class _Reader:
             raise self.damaged("a key given twice")
         return keys
 
-    def record(self, name: str, keys: list, kids: list):
+    def record(self, name: str, keys: list, kids: list, none: list | None = None):
         if name == "mixprec.OutputRecord" or not self.restore:
             return pytree.TreeSpec(OutputRecord, (name, tuple(keys)), kids)
-        cls = pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE.get(name)  # registered in this process: never imported
-        if isinstance(cls, type) and pytree.is_namedtuple_class(cls) and list(cls._fields) == keys:
+        cls = _registered(name)  # registered in this process: never imported
+        if none is None and isinstance(cls, type) and pytree.is_namedtuple_class(cls) and list(cls._fields) == keys:
             return pytree.TreeSpec(pytree.namedtuple, cls, kids)
-        if isinstance(cls, type) and cls in pytree.SUPPORTED_NODES and _keys_are_context(cls):
+        if none is None and isinstance(cls, type) and cls in pytree.SUPPORTED_NODES and _keys_are_context(cls):
             return pytree.TreeSpec(cls, list(keys), kids)
+        if none is not None and _registered_dataclass(cls, keys + none):
+            return pytree.TreeSpec(cls, [list(keys), list(none)], kids)
         self.unrestored.add(name)
         return pytree.TreeSpec(OutputRecord, (name, tuple(keys)), kids)
+
+
+_NO_NAME = getattr(pytree, "NO_SERIALIZED_TYPE_NAME_FOUND", "NO_SERIALIZED_TYPE_NAME_FOUND")
+
+
+def _registered(name: str):
+    """The class registered with torch's pytree in this process under ``name`` (its serialized type name, or its
+    module and qualified name when it was registered without one, as a dataclass usually is), else None."""
+    cls = pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE.get(name)
+    if isinstance(cls, type):
+        return cls
+    return next((c for c in list(pytree.SUPPORTED_NODES) if isinstance(c, type) and type_name(c) == name), None)
+
+
+def _registered_dataclass(cls, fields: list) -> bool:
+    """A dataclass registered with ``register_dataclass`` whose init fields are ``fields`` (in some order)."""
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls) and cls in pytree.SUPPORTED_NODES):
+        return False
+    return {f.name for f in dataclasses.fields(cls) if f.init} == set(fields)
 
 
 def _keys_are_context(cls) -> bool:

@@ -20,7 +20,8 @@ process, torch 2.13, 1 thread; ``tests/output/serialize/test_workspace.py`` meas
   call runs under :class:`_Meter`, which sees each inner operator and counts every storage it makes.
 * **Fused attention** (``_native_multi_head_attention``, ``_transformer_encoder_layer_fwd``): each head's L x S
   scores, 128 MiB measured for 8 heads of 2048 x 2048 (float32), plus the q/k/v projections and the feed-forward
-  hidden layer. ``convolution_backward`` (allowed like any ATen operator) unfolds like its forward: 130.5 MiB.
+  hidden layer — declared with those operators (``ops/aten_kernels.py``), as every declared operator's workspace is
+  (mixprec's weight-only operators dequantize whole weights: ``ops/weight_only.py``).
 * **A copy of the input**: ``kthvalue``/``median``/``mode`` sort a copy of values and int64 indices (3x a float32
   input measured), ``unique`` 5x, ``cdist`` 2x (:data:`_INPUT_COPIES`).
 
@@ -37,6 +38,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ...ops import kernels
+
 _CONVOLUTIONS = frozenset({
     "convolution", "_convolution", "convolution_overrideable", "conv1d", "conv2d", "conv3d", "conv_transpose1d",
     "conv_transpose2d", "conv_transpose3d", "_slow_conv2d_forward", "slow_conv3d", "slow_conv3d_forward",
@@ -50,7 +53,7 @@ _INPUT_COPIES = MappingProxyType({
     "kthvalue": 3, "median": 3, "nanmedian": 3, "mode": 3, "_unique": 5, "_unique2": 5, "unique_dim": 5,
     "unique_consecutive": 5, "unique_dim_consecutive": 5, "_cdist_forward": 3, "cdist": 3,
 })  # fmt: skip
-_ATTENTION = ("scaled_dot_product_attention", "_scaled_dot_product_flash_attention_for_cpu")
+_ATTENTION = ("scaled_dot_product_attention",)  # the private fused kernels: their declarations (ops/aten_kernels.py)
 
 
 def call(target, args, kwargs):
@@ -65,15 +68,17 @@ def call(target, args, kwargs):
 
 
 def scratch(target, args, kwargs, result) -> int:
-    """Bytes one ATen operator's kernel allocates beyond its result (the module docstring's formulas)."""
+    """Bytes one operator's kernel allocates beyond its result: what its declaration says (``ops/kernels.py``: mixprec's
+    operators, the private ATen kernels), else the module docstring's formulas."""
+    declaration = kernels.declaration_of(target)
+    if declaration is not None and (declaration.workspace is not None or declaration.operands):
+        return kernels.workspace_bytes(declaration, kernels.bind(target, args, kwargs))
     name = target._schema.name.split("::")[-1]
     if name in _CONVOLUTIONS:
         return _convolution(name, args, kwargs, result)
     tensors = tensors_in((args, kwargs))
     if name in _INPUT_COPIES and tensors:
         return _INPUT_COPIES[name] * tensors[0].numel() * tensors[0].element_size()
-    if name in ("_native_multi_head_attention", "_transformer_encoder_layer_fwd") and len(args) > 4:
-        return _fused_attention(name, args, tensors)
     if any(word in name for word in _ATTENTION) and len(tensors) >= 2:
         query, key = tensors[0], tensors[1]
         if query.dim() >= 2 and key.dim() >= 2:
@@ -88,21 +93,6 @@ def broadcast_copies(args, kwargs) -> int:
         logical = tensor.numel() * tensor.element_size()
         if logical > tensor.untyped_storage().nbytes():
             total += logical
-    return total
-
-
-def _fused_attention(name, args, tensors) -> int:
-    """PyTorch's fused MultiheadAttention / TransformerEncoderLayer: the heads' L x S scores, the q/k/v projections
-    and (the layer) its feed-forward hidden activations."""
-    query = tensors[0]
-    heads = args[4] if name == "_native_multi_head_attention" else args[2]
-    if not isinstance(heads, int) or query.dim() < 2:
-        return 0
-    keys = tensors[1].shape[-2] if name == "_native_multi_head_attention" else query.shape[-2]
-    rows = math.prod(query.shape[:-1])
-    total = rows * heads * keys * query.element_size() + 3 * query.numel() * query.element_size()
-    if name == "_transformer_encoder_layer_fwd" and len(tensors) > 11:  # ffn_weight_1: [hidden, embed]
-        total += rows * tensors[11].shape[0] * query.element_size()
     return total
 
 

@@ -1,0 +1,216 @@
+"""In-place writes into a program's inputs: found once here, copied away at compile, refused in a file.
+
+mixprec never writes its caller's tensors (API.md: nothing the user passes is mutated). ``torch.export`` keeps a
+model's in-place ops, so a forward that does ``x.mul_(2)`` (or ``x[0].add_(1)``: a write through a view) would have
+its compiled program write the caller's ``x``, and a crafted file could zero the caller's tensor with ``aten.mul_(x,
+0)``. Which tensors a graph writes is read from the ops' schemas (an argument annotated ``Tensor(a!)``) and followed
+back through every value that may alias an input (:func:`aliases`): a return annotated as an alias of an argument
+(views, ``to``, ``contiguous``, in-place results), ``getitem`` of a list of views, and — conservatively — every
+output of a control-flow operator, whose body may return its operand itself.
+
+* At compile (:func:`copy_written_inputs`, run by ``normalize``): each user input the graph writes is cloned once at
+  the start of the graph and every use reads the clone; the program computes what the model computes (on its own
+  copy) and the caller's tensor is left as it was; a warning says so.
+* In a file (:func:`refused_writes`, run by the loader): a write into a user input, into a control-flow body's
+  operand, or an in-place change of any input's view (``as_strided_``, ``t_``: the next call would see another
+  tensor) is refused.
+
+An output may be an input itself or a view of one (``return x``, ``x.view(-1)``), as in eager PyTorch: the program
+never writes it, so it returns the caller's tensor (README, "What a program may write").
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import warnings
+
+import torch
+from torch.export.graph_signature import InputKind, OutputKind
+
+from ..errors import MixedPrecisionWarning
+
+log = logging.getLogger(__name__)
+
+
+def aliases(graph: torch.fx.Graph) -> dict[torch.fx.Node, frozenset[torch.fx.Node]]:
+    """For each node, the placeholders of ``graph`` its value may share memory with (itself for a placeholder)."""
+    out: dict[torch.fx.Node, frozenset] = {}
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            out[node] = frozenset({node})
+        elif node.op == "call_function":
+            out[node] = frozenset().union(*(out.get(a, frozenset()) for a in _aliased_arguments(node)))
+    return out
+
+
+def _aliased_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The argument nodes ``node``'s result may alias."""
+    target = node.target
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return list(node.all_input_nodes)  # a body may return its operand itself
+    if target is operator.getitem:
+        return [node.args[0]] if node.args and isinstance(node.args[0], torch.fx.Node) else []
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return []
+    sets, contained = set(), False
+    for returned in schema.returns:
+        if returned.alias_info is not None:
+            sets |= set(returned.alias_info.before_set)
+            contained |= not returned.alias_info.before_set  # ``Tensor(a)[]``: the set is on the elements
+    if not sets and not contained:
+        return []
+    return [n for argument, value in _arguments(node, schema) if argument.alias_info is not None
+            and (contained or sets & set(argument.alias_info.before_set)) for n in _nodes_in(value)]  # fmt: skip
+
+
+def writes(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The argument nodes ``node`` writes in place (schema arguments annotated as written)."""
+    schema = getattr(node.target, "_schema", None)
+    if node.op != "call_function" or schema is None:
+        return []
+    return [n for argument, value in _arguments(node, schema)
+            if argument.alias_info is not None and argument.alias_info.is_write for n in _nodes_in(value)]  # fmt: skip
+
+
+def changes_metadata(node: torch.fx.Node) -> bool:
+    """An in-place op that changes its tensor's sizes or strides (``as_strided_``, ``t_``, ``unsqueeze_``, ...)."""
+    return node.op == "call_function" and torch.Tag.inplace_view in getattr(node.target, "tags", ())
+
+
+def _arguments(node: torch.fx.Node, schema):
+    """(schema argument, value) of each argument ``node`` gives, positional or keyword."""
+    for index, argument in enumerate(schema.arguments):
+        if index < len(node.args) and not argument.kwarg_only:
+            yield argument, node.args[index]
+        elif argument.name in node.kwargs:
+            yield argument, node.kwargs[argument.name]
+
+
+def _nodes_in(value) -> list[torch.fx.Node]:
+    if isinstance(value, torch.fx.Node):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [n for v in value for n in _nodes_in(v)]
+    return []
+
+
+def written_inputs(graph: torch.fx.Graph, inputs) -> dict[torch.fx.Node, torch.fx.Node]:
+    """{input placeholder among ``inputs``: the first node that writes it (directly or through an alias)}."""
+    inputs = set(inputs)
+    may_alias = aliases(graph)
+    found: dict[torch.fx.Node, torch.fx.Node] = {}
+    for node in graph.nodes:
+        for value in writes(node):
+            for placeholder in may_alias.get(value, frozenset()) & inputs:
+                found.setdefault(placeholder, node)
+    return found
+
+
+# ---- at compile ---------------------------------------------------------------------------------------------------
+META_INPUT_COPY = "mixprec_input_copy"  # on the clone of a written input: the input's name
+
+
+def copied_inputs(graph: torch.fx.Graph) -> list[str]:
+    """The user inputs a compiled graph works on a copy of (:func:`copy_written_inputs`), by name."""
+    return [n.meta[META_INPUT_COPY] for n in graph.nodes if META_INPUT_COPY in n.meta]
+
+
+def copy_written_inputs(work) -> bool:
+    """Clone each user input the graph writes at the start of the graph, its uses reading the clone (module
+    docstring); whether anything changed. ``work``: a WorkProgram."""
+    graph = work.graph
+    users = [n for n in work.placeholders() if getattr(work.input_spec_of(n), "kind", None) == InputKind.USER_INPUT]
+    written = written_inputs(graph, users)
+    dropped = _drop_write_backs(work)
+    if not written:
+        return dropped
+    last = work.placeholders()[-1]
+    for placeholder, writer in written.items():
+        with graph.inserting_after(last):
+            copy = graph.call_function(torch.ops.aten.clone.default, (placeholder,), name=f"{placeholder.name}_copy")
+        value = placeholder.meta.get("val")
+        if isinstance(value, torch.Tensor):
+            copy.meta["val"] = _fake_clone(value)
+        copy.meta[META_INPUT_COPY] = placeholder.name  # the report names the copied inputs (inputs_copied)
+        placeholder.replace_all_uses_with(copy, delete_user_cb=lambda user, copy=copy: user is not copy)
+        message = (f"the model writes its input {placeholder.name!r} in place ({writer.target} at node "
+                   f"{writer.name!r}); the compiled program writes a copy, so the tensor you pass is left as it was "
+                   "(mixprec never writes its caller's tensors)")
+        log.info(message)
+        warnings.warn(f"mixprec: {message}.", MixedPrecisionWarning, stacklevel=4)
+    work.sync_output_specs()
+    return True
+
+
+def _drop_write_backs(work) -> bool:
+    """A functionalized program (a core-ATen ``.pt2``) states an input's write as an output copied back into the
+    input (``USER_INPUT_MUTATION``): those outputs go; the graph computes the same on the input as given."""
+    kinds = [s.kind for s in work.output_specs]
+    if OutputKind.USER_INPUT_MUTATION not in kinds:
+        return False
+    output = work.graph.output_node()
+    values = list(output.args[0])
+    keep = [i for i, kind in enumerate(kinds) if kind != OutputKind.USER_INPUT_MUTATION]
+    names = [str(work.output_specs[i].target) for i, kind in enumerate(kinds) if kind == OutputKind.USER_INPUT_MUTATION]
+    output.args = (type(output.args[0])(values[i] for i in keep),)
+    work.output_specs = [work.output_specs[i] for i in keep]
+    work.drop_dead_code()
+    message = (f"the program writes its input(s) {', '.join(names)} back (user input mutation); the compiled program "
+               "does not, so the tensors you pass are left as they were (mixprec never writes its caller's tensors)")
+    log.info(message)
+    warnings.warn(f"mixprec: {message}.", MixedPrecisionWarning, stacklevel=4)
+    return True
+
+
+def _fake_clone(value: torch.Tensor) -> torch.Tensor:
+    from torch._guards import detect_fake_mode
+
+    mode = detect_fake_mode((value,))
+    if mode is None:
+        return value.clone()
+    with mode:
+        return value.clone()
+
+
+# ---- in a file ----------------------------------------------------------------------------------------------------
+def refused_writes(graph_module: torch.fx.GraphModule, user_inputs: set[str]) -> str | None:
+    """Why the program (its root graph ``graph_module`` and the bodies it holds) writes what it must not, or None.
+
+    ``user_inputs``: the names of the root graph's user-input placeholders."""
+    root = graph_module.graph
+    for module in graph_module.modules():
+        graph = getattr(module, "graph", None)
+        if not isinstance(graph, torch.fx.Graph):
+            continue
+        placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+        protected = [n for n in placeholders if n.name in user_inputs] if graph is root else placeholders
+        may_alias = aliases(graph)
+        for node in graph.nodes:
+            if changes_metadata(node):
+                for value in writes(node):
+                    if may_alias.get(value):
+                        return (f"node {node.name!r} ({node.target}) changes the sizes or strides of an input "
+                                f"({_names(may_alias[value])}) in place")
+            for value in writes(node):
+                hit = may_alias.get(value, frozenset()) & set(protected)
+                if hit:
+                    what = "the caller's input" if graph is root else "an operand of a control-flow body"
+                    return f"node {node.name!r} ({node.target}) writes {what} {_names(hit)} in place"
+    return None
+
+
+def overlapping(tensor: torch.Tensor) -> bool:
+    """Whether two elements of ``tensor`` may share memory (a broadcast view): torch refuses to write such a tensor in
+    place, at the call. Each stride must pass the extent of the dimensions of smaller stride (a sufficient test)."""
+    reach = 1
+    for stride, size in sorted((abs(int(st)), int(n)) for n, st in zip(tensor.shape, tensor.stride()) if n > 1):
+        if stride < reach:
+            return True
+        reach += stride * (size - 1)
+    return False
+
+
+def _names(nodes) -> str:
+    return ", ".join(sorted(repr(n.name) for n in nodes))
