@@ -38,7 +38,7 @@ import torch
 from ..dtypes import dtype_name
 from ..errors import MixedPrecisionError
 from ..measure import clock
-from ..measure.programs import time_programs
+from ..measure.programs import input_device, time_programs
 from ..measure.stopwatch import call_of
 from ..plan import planner
 from ..plan.options import PlanningOptions
@@ -154,9 +154,15 @@ def measure(study, cands: list[Candidate], built, batch, metric, progress) -> li
 
 def time_candidates(programs: Mapping[str, torch.nn.Module], batch) -> dict:
     """Seconds per call of each program on ``batch``: ``ROUNDS`` interleaved rounds after a warm-up one, the median
-    (the rounds rotate, so load that comes and goes hits every program alike)."""
+    (the rounds rotate, so load that comes and goes hits every program alike); a sample repeats a short call for
+    ``latency.SAMPLE_SECONDS`` (a call of microseconds alone is scheduler noise; a model's call is one sample)."""
     args, kwargs = call_of(batch)
-    return time_programs(programs, args, kwargs, rounds=ROUNDS, warmup=1, statistic=clock.median)
+    first = time_programs(programs, args, kwargs, rounds=1, warmup=1, statistic=clock.median)  # warm, and how long
+    calls = {name: (lambda program=program: program(*args, **kwargs)) for name, program in programs.items()}
+    with torch.no_grad():
+        samples = clock.interleaved(calls, rounds=ROUNDS, repeats=clock.repeats_for(first, latency.SAMPLE_SECONDS),
+                                    device=input_device(args, kwargs))
+    return clock.median(samples)
 
 
 def pick(points: list[FrontierPoint], tolerance: float) -> tuple[FrontierPoint, ...]:
