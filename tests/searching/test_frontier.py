@@ -141,6 +141,33 @@ def test_keep_fraction_returns_a_plan_only_if_no_worse_than_the_budgets(monkeypa
     assert result.winner.name.startswith("searched")
 
 
+def test_keep_fraction_whose_budget_plan_fails_on_the_backend_keeps_its_trials_error_as_the_bar(monkeypatch):
+    """The budget's plan cannot be built on the backend (the first whole program built): a faster plan with more
+    error than the budget's plan had in its trials is still not returned instead of it."""
+    from mixprec.searching.trials import Trials
+
+    built = Trials.whole_program
+    calls = []
+
+    def first_fails(self, requests, backend):
+        calls.append(backend)
+        if len(calls) == 1:
+            raise RuntimeError("the backend cannot build this plan")
+        return built(self, requests, backend)
+
+    monkeypatch.setattr(Trials, "whole_program", first_fails)
+    use_costs(monkeypatch, VNNI)
+    monkeypatch.setattr(frontier, "time_candidates", timings({"all-bfloat16": 1.0, frontier.FP32: 4.0, "*": 3.0}))
+    torch.manual_seed(1)
+    model = SensitiveByConstruction().eval()
+    data = [(zero_sum_rows(8),) for _ in range(3)]
+    result = mixprec.search(model, data[0], low_precision_type=("int8", "bf16"), eval_dataloader=data,
+                            keep_fp32_fraction=0.25, cache=False)
+    assert result.frontier[0].name.startswith("searched") and result.frontier[0].failure
+    bf16 = next(p for p in result.frontier if p.name == "all-bfloat16")
+    assert bf16.metric > result.chosen.metric and not result.winner.name == "all-bfloat16"
+
+
 def test_the_whole_programs_are_what_compile_builds_timed_for_real(monkeypatch, real_timing):
     """No injected timing: whatever this CPU's speeds, the point returned is within the budget and no slower than
     all-fp32 as measured, and compile(plan=result.plan) has the frontier's error on the held-out batch."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import warnings
 
 import torch
@@ -258,6 +259,8 @@ def _frontier(study, choice, confirmed, options, costs, model, args, eval_batche
     limit = options.tolerance
     if limit is None:  # keep_fp32_fraction: no plan returned instead of the budget's may have more error than it
         limit = points[0].metric  # the budget's plan is the first candidate
+        if not math.isfinite(limit):  # its program failed on the backend: its trial's error is the bar, not none
+            limit = confirmed.held_out if confirmed.held_out is not None else choice.measured[choice.lowered]
     points = frontier.pick(points, limit)
     won = next((i for i, p in enumerate(points) if p.chosen), None)
     if won is None:  # nothing could be measured on the backend: the budget's plan, as before the frontier
