@@ -1,25 +1,22 @@
 """Phase 3, the frontier: the search's candidates and the plans it can always make, measured as whole programs.
 
 Why: the budget phase (``budget.py``) chooses by a model — sensitivities measured one group at a time, added in
-quadrature, and each type's price per FLOP (``latency.py``) — and a model of a CPU can be wrong where it matters: an
-fp32 layer among bf16/int8 ones, the conversions at each precision boundary, what the backend fuses (issue 45: on a
-Xeon whose low types run 4-7x fp32, searched plans ran slower than the configurator's all-int8 at a higher error).
-So the model ranks and the measurement decides:
+quadrature, each type's price per FLOP (``latency.py``) — and a model of a CPU can be wrong where it matters: an fp32
+layer among bf16/int8 ones, the conversions at each boundary, what the backend fuses (issue 45: searched plans ran
+slower than the configurator's all-int8 at a higher error). So the model ranks and the measurement decides:
 
-1. :func:`candidates`: the budget's plan and the next measured plans within its limit, ranked by the cost model's
-   seconds for the whole plan (``latency.predicted_seconds``), and the trivial plans the requested types allow —
-   all-fp32 (the model as written), all in the float low type, all-int8 as the configurator makes it (its grids,
-   activation smoothing, bias correction and int8 attention: ``MixedPrecisionConfigurator``, the one int8 planner),
-   that with the float type everywhere else, every Linear in a weight-only type;
-2. :func:`measure`: each built as ``compile(model, inputs, plan=..., backend=...)`` builds it
-   (``Trials.whole_program``, once per plan: ``whole.Built``), its error measured on the held-out eval batches (the
-   eval data when none is held out), then all timed against each other in interleaved rounds on the first eval batch
-   (:func:`time_candidates`, ``measure.programs.time_programs``; kept in the cost model) — a decoder's eval batches
-   are its decode shape, so that is what is timed;
-3. :func:`pick`: the fastest within the tolerance (ties: the smaller error), never slower than all-fp32. all-fp32 is
-   always measured, so the plan returned is never slower than the model as written, and no measured plan dominates it
-   (one faster at no more error would be within the tolerance and faster). With ``keep_fp32_fraction`` the budget's
-   plan's own error is the tolerance: a plan returned instead of it is faster at no more error.
+1. :func:`candidates`: the budget's plan and the next measured plan within its limit (the cost model's fastest:
+   ``latency.predicted_seconds``), and the trivial plans the requested types allow — all-fp32, all in the float low
+   type, all-int8 as the configurator makes it (its grids, smoothing, bias correction and int8 attention; it offers
+   its planner through :func:`register_module_int8`, as the search may not import it), that with the float type
+   everywhere else, every Linear in a weight-only type;
+2. :func:`measure`: each built as ``compile(model, inputs, plan=..., backend=...)`` builds it (once per plan:
+   ``whole.Built``), its error measured on the held-out eval batches (the eval data when none is held out), then all
+   timed together in interleaved rounds on the first eval batch (:func:`time_candidates`; kept in the cost model) —
+   a decoder's eval batches are its decode shape, so that is what is timed;
+3. :func:`pick`: the fastest within the tolerance (ties: the smaller error), never slower than all-fp32, which is
+   always measured; no measured plan dominates the one returned (a faster one at no more error would be within the
+   tolerance and faster). With ``keep_fp32_fraction`` the budget's plan's own error is the tolerance.
 
 Nothing is assumed about which type is fast on this CPU: every candidate is timed here, on the backend the plan is
 for (eager when none is named).
@@ -31,7 +28,7 @@ import dataclasses
 import logging
 import math
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -54,6 +51,8 @@ log = logging.getLogger(__name__)
 
 SEARCHED = 2  # searched candidates measured: the budget's plan and the best-ranked other measured plan
 ROUNDS = 5  # interleaved timed rounds of the candidates (median), after a warm-up round
+# label -> a later stage's planner of modules in int8 (:func:`register_module_int8`); the configurator's, once imported
+MODULE_INT8: dict[str, Callable] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,11 +80,12 @@ def candidates(study, choice, limit, options, costs, model, args, calibration, b
         trivial.append((f"all-{dtype_name(floats[0])}", frozenset((n, floats[0]) for n in takers[floats[0]])))
     if torch.int8 in lows:
         own = frozenset((n, torch.int8) for n in takers[torch.int8])
-        int8 = _configurator_int8(model, args, study, calibration, takers[torch.int8])
-        label = "all-int8 (configurator)"
-        if int8 is None:  # an ExportedProgram: the configurator needs the module; the search's own int8
+        made = _module_int8(model, args, study, calibration, takers[torch.int8])
+        if made is None:  # an ExportedProgram: the configurator needs the module; the search's own int8
             int8, label = own, whole_name(torch.int8)
-        elif own and built.holds(trials.requests(own)):  # built to price int8 (whole.py): measured too
+        else:
+            int8, label = made[0], f"all-int8 ({made[1]})"
+        if made is not None and own and built.holds(trials.requests(own)):  # built to price int8 (whole.py): measured
             trivial.append((whole_name(torch.int8), own))
         trivial.append((label, int8))
         if floats:
@@ -235,27 +235,29 @@ def _elsewhere(int8, floats_takers: list[str], low, trials):
                          input_ranges=int8.input_ranges, output_ranges=int8.output_ranges)
 
 
-def _configurator_int8(model, args, study, calibration, names: list[str]) -> PrecisionPlan | None:
-    """The configurator's plan of every int8 group's module in int8 (the leaf modules that hold them: its grids,
-    smoothing, bias correction, and the attention they feed in int8), or None where it cannot make one (an
-    ExportedProgram, no such module)."""
-    from ..configurator import MixedPrecisionConfigurator
+def register_module_int8(label: str, make: Callable) -> None:
+    """Offer the frontier a planner of modules in int8: ``make(model, args, paths, calibration) -> PrecisionPlan`` (the
+    leaf modules at ``paths`` in int8, calibrated on ``calibration``). The configurator registers its own
+    (``configurator/__init__.py``: a later stage, which the search may not import); the first registered is used."""
+    MODULE_INT8.setdefault(label, make)
 
-    if not isinstance(model, torch.nn.Module) or not names:
+
+def _module_int8(model, args, study, calibration, names: list[str]) -> tuple[PrecisionPlan, str] | None:
+    """(the registered planner's plan of every int8 group's module in int8 — the leaf modules that hold them: its
+    grids, smoothing, bias correction, and the attention they feed in int8 — and its label), or None where it cannot
+    make one (no planner registered, an ExportedProgram, no such module)."""
+    if not MODULE_INT8 or not isinstance(model, torch.nn.Module) or not names:
         return None
     modules = dict(model.named_modules())
     paths = sorted({study.info[n].module for n in names if study.info[n].module in modules
                     and not any(True for _ in modules[study.info[n].module].children())})
     if not paths:
         return None
-    cfg = MixedPrecisionConfigurator(model)
-    for path in paths:
-        cfg.set_precision(path, activation="int8")
+    label, make = next(iter(MODULE_INT8.items()))
     try:
         with warnings.catch_warnings():  # requests it cannot realise as asked are its own plan's business
             warnings.simplefilter("ignore")
-            return cfg.apply(args, strict=False, calibration_dataloader=calibration)
+            return make(model, args, paths, calibration), label
     except MixedPrecisionError as e:  # e.g. calibration batches that give keywords its capture was made without
-        log.warning("mixprec.search: the configurator's all-int8 plan could not be made (%s); the search's int8 "
-                    "stands in for it", e)
+        log.warning("mixprec.search: the %s plan could not be made (%s); the search's int8 stands in for it", label, e)
         return None
