@@ -228,7 +228,8 @@ def search(ctx, case):
     won = getattr(result, "winner", None)  # the plan returned, measured as a whole program (issue 45)
     if won is not None:  # the facts describe the plan compiled here, not the budget phase's choice
         facts.update({"returned": won.name, "mix": ", ".join(f"{t} {s:.1%}" for t, s in won.mix.items() if s)
-                      or "all fp32", "low FLOP share": won.low_precision_flops_fraction, "search metric": won.metric,
+                      or "no FLOPs in low precision", "low FLOP share": won.low_precision_flops_fraction,
+                      "search metric": won.metric,
                       "budget's plan": chosen.mix_text() or "all fp32"})
         facts["frontier"] = [f"{p.name} {p.seconds * 1e3:.4g} ms {p.metric:.3g}" if p.seconds is not None
                              else f"{p.name} fails" for p in result.frontier]
