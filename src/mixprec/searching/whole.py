@@ -22,12 +22,14 @@ import logging
 
 import torch
 
+from ..dtypes import dtype_name
 from ..measure.costs import cost_model, key_digest
 from ..measure.programs import program_key
 from ..measure.stopwatch import call_of
 from ..plan import planner
 from ..plan.options import PlanningOptions
 from ..plan.precision_plan import PrecisionPlan
+from . import latency
 from .trials import ProgramFailed
 from .types import is_float
 
@@ -117,13 +119,9 @@ def model_prices(built: Built, groups, lows, costs, batch, time, progress):
         return costs
     seconds = built.timed(programs, batch, time)
     ratios = {d: seconds[FP32] / seconds[names[d]] for d in plans if names[d] in seconds}
-    from . import latency
-
     return latency.rescaled(costs, groups, {d: (plans[d], r) for d, r in ratios.items()})
 
 
 def whole_name(dtype) -> str:
     """The frontier's name of the plan with every group that takes ``dtype`` in it."""
-    from ..dtypes import dtype_name
-
     return "all-int8 (search's int8)" if dtype == torch.int8 else f"all-{dtype_name(dtype)}"
