@@ -93,7 +93,8 @@ def _(x, weight, scales, bias):
 def _relations(b):
     k = 2 * b["weight"].shape[1]
     yield from weight_formats.grouped_relations(b, k, "mxfp4")
-    yield b["scales"].shape[1] * GROUP == k, lambda: f"mxfp4 has one scale per {GROUP} input channels: [N, {k // GROUP}]"
+    yield b["scales"].shape[1] * GROUP == k, lambda: (
+        f"mxfp4 has one scale per {GROUP} input channels: scales [N, {k // GROUP}]")
 
 
 DECLARATION = kernels.declare(kernels.Declaration(
