@@ -14,10 +14,10 @@ from torch import nn
 
 import mixprec
 from mixprec import formats
-from mixprec.backends.openvino import compressed
+from mixprec.backends.openvino import compressed, convert  # noqa: F401  (convert: every format's form)
 from mixprec.hf import weight_only as hf_weight_only
 from mixprec.ops import weight_formats
-from mixprec.output import onnx_weight_only
+from mixprec.output import onnx_export, onnx_weight_only  # noqa: F401  (onnx_export: every format's form)
 from mixprec.searching import types
 from output.serialize import crafting
 

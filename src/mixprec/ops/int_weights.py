@@ -10,7 +10,8 @@ chosen against the scales as stored (rounded to the layer's dtype first). Symmet
 grid, as NNCF's INT4_SYM: s = e / -8 (int4) or e / -128 (int8), e the group's weight of largest magnitude with its
 sign, so e lands on the extra negative level (-8 / -128) and s < 0 when e > 0; the other end reaches 7 / 127 steps.
 int4 searches the scale per group (:data:`INT4_SHRINKS`: s * shrink with the least squared error; 16 levels alone
-gave NNCF's INT4_SYM logit error, the search less: bench/weight_only_numerics.py). Asymmetric: int8 on [-128, 127]
+gave NNCF's INT4_SYM logit error, the search less: bench/log/2026-11.md "Issue 32: int4/int8 weight-only numerics").
+Asymmetric: int8 on [-128, 127]
 (s = (max - min) / 255, o = min + 128 s), int4 on [0, 15] (s = (max - min) / 15, z = min + 8 s — the kernel's own
 zero form). ``group=None`` is one scale per output channel. Every backend computes ``q * s (+ o)`` as stored, so a
 negative scale needs nothing of them. Scales given from outside (a data-aware chooser, ``weight_formats.Scales``:
@@ -25,7 +26,8 @@ import torch
 INT8_LEVELS, INT4_LEVELS = 256, 16  # symmetric weights use every level: q in [-128, 127] / [-8, 7]
 INT4_MIDPOINT = 8
 # scale search of symmetric weights (per group: the shrink of the max-magnitude scale with the least squared error).
-# 8-layer TinyLlama widths, logit rel-L2 (bench/weight_only_numerics.py's docstring): int4 16 levels 0.574 (= NNCF
+# 8-layer TinyLlama widths, logit rel-L2 (bench/log/2026-11.md "Issue 32: int4/int8 weight-only numerics"):
+# int4 16 levels 0.574 (= NNCF
 # INT4_SYM's), these 6 shrinks 0.538, 13 shrinks 1.0..0.7 0.536 at twice the time; int8 gains nothing from a search
 INT4_SHRINKS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75)
 INT8_SHRINKS = (1.0,)

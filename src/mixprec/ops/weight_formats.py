@@ -13,7 +13,8 @@ modules names a format.
 ``chooser(weight [N, K] float32, fmt, stats) -> (scales [N, G] float32, zero_points [N, G] | None,
 smoothing [K] | None)`` (``calibrate/weight_rounding.choose``'s signature; ``stats``: the layer's per-input-channel
 activation statistics or sample activations, as the chooser wants them). Its scales replace the format's own
-round-to-nearest / MSE choice (the codes are then chosen against them as stored); ``smoothing`` s, when given,
+round-to-nearest / MSE choice (the codes are then chosen against them as stored; mxfp4 rounds them to the nearest
+power of two, its E8M0 scales); ``smoothing`` s, when given,
 multiplies the weight's input channels before quantization, and the caller divides the activation by s (folded into
 the op before, or applied to the activation): ``Quantized.smoothing`` hands it back.
 """

@@ -36,25 +36,31 @@ def _codes_and_error(w: torch.Tensor, exponent: torch.Tensor):
     return codes, error
 
 
-def quantize_mxfp4(weight: torch.Tensor, given=None):
-    """(u int32 in [0, 15] [N, K], e uint8 [N, K/32]): w' = E2M1[u] * 2^(e - 127) (module docstring)."""
+def quantize_mxfp4(weight: torch.Tensor, given=None, rows: int = 512):
+    """(u int32 in [0, 15] [N, K], e uint8 [N, K/32]): w' = E2M1[u] * 2^(e - 127) (module docstring); ``rows``
+    output channels at a time."""
     w = groups_of(weight.detach().to(torch.float32), GROUP)
+    parts = [_quantize_rows(w[start:start + rows], None if given is None else given.scales[start:start + rows])
+             for start in range(0, w.shape[0], rows)]
+    codes, exponents = torch.cat([c for c, _ in parts]), torch.cat([e for _, e in parts])
+    return codes.reshape(weight.shape), (exponents + E8M0_BIAS).to(torch.uint8)
+
+
+def _quantize_rows(w: torch.Tensor, given_scales):
     low, high = -E8M0_BIAS, E8M0_NAN - 1 - E8M0_BIAS  # 2^-127 .. 2^127
-    if given is not None:
-        magnitude = given.scales.to(torch.float32).abs()
+    if given_scales is not None:
+        magnitude = given_scales.to(torch.float32).abs()
         exponent = torch.round(torch.log2(torch.where(magnitude > 0, magnitude, torch.ones_like(magnitude))))
         exponent = exponent.clamp(low, high)
         codes, _ = _codes_and_error(w, exponent)
-    else:
-        amax = w.abs().amax(-1)
-        top = torch.ceil(torch.log2(torch.where(amax > 0, amax / E2M1_MAX, torch.ones_like(amax)))).clamp(low, high)
-        codes, error = _codes_and_error(w, top)
-        lower = (top - 1).clamp(low, high)
-        other, other_error = _codes_and_error(w, lower)
-        better = other_error < error
-        exponent = torch.where(better, lower, top)
-        codes = torch.where(better[..., None], other, codes)
-    return codes.reshape(weight.shape), (exponent + E8M0_BIAS).to(torch.uint8)
+        return codes, exponent
+    amax = w.abs().amax(-1)
+    top = torch.ceil(torch.log2(torch.where(amax > 0, amax / E2M1_MAX, torch.ones_like(amax)))).clamp(low, high)
+    codes, error = _codes_and_error(w, top)
+    lower = (top - 1).clamp(low, high)
+    other, other_error = _codes_and_error(w, lower)
+    better = other_error < error
+    return torch.where(better[..., None], other, codes), torch.where(better, lower, top)
 
 
 def e8m0_scales(exponents: torch.Tensor) -> torch.Tensor:
@@ -87,7 +93,8 @@ def _(x, weight, scales, bias):
 def _relations(b):
     k = 2 * b["weight"].shape[1]
     yield from weight_formats.grouped_relations(b, k, "mxfp4")
-    yield b["scales"].shape[1] * GROUP == k, lambda: f"mxfp4 has one scale per {GROUP} input channels: [N, {k // GROUP}]"
+    yield b["scales"].shape[1] * GROUP == k, lambda: (
+        f"mxfp4 has one scale per {GROUP} input channels: scales [N, {k // GROUP}]")
 
 
 DECLARATION = kernels.declare(kernels.Declaration(

@@ -25,21 +25,30 @@ from .int_weights import INT4_SHRINKS, groups_of, stored_as
 
 
 def quantize_nf4(weight: torch.Tensor, group: int | None, scale_dtype: torch.dtype | None = None, given=None,
-                 shrinks: tuple[float, ...] = INT4_SHRINKS):
+                 shrinks: tuple[float, ...] = INT4_SHRINKS, rows: int = 512):
     """(u int32 in [0, 15] [N, K], scales float32 [N, G]): w' = NF4[u] * s. Per group the scale ``shrink * absmax``
     of the least squared error among ``shrinks`` (int4's search: a little below the absmax spends the outer levels
     on fewer weights and gains more in the middle), rounded to ``scale_dtype``; with ``given`` a chooser's scales.
-    The codes are chosen against the scales as stored."""
+    The codes are chosen against the scales as stored. ``rows`` output channels at a time (an LM head's temporaries
+    stay bounded)."""
     w = groups_of(weight.detach().to(torch.float32), group)
+    parts = [_quantize_rows(w[start:start + rows], scale_dtype,
+                            None if given is None else given.scales[start:start + rows], shrinks)
+             for start in range(0, w.shape[0], rows)]
+    return torch.cat([c for c, _ in parts]).reshape(weight.shape), torch.cat([s for _, s in parts])
+
+
+def _quantize_rows(w: torch.Tensor, scale_dtype, given_scales, shrinks):
     table = torch.tensor(NF4_LEVELS, dtype=torch.float32, device=w.device)
-    candidates = [given.scales.to(torch.float32)] if given is not None else [w.abs().amax(-1) * s for s in shrinks]
+    amax = w.abs().amax(-1)
+    candidates = [given_scales.to(torch.float32)] if given_scales is not None else [amax * s for s in shrinks]
     best_scale, best_codes, best_error = None, None, None
     for scale in candidates:
         scale = stored_as(scale, scale_dtype)
         scale = torch.where(scale != 0, scale, torch.ones_like(scale))  # an all-zero group: codes of 0
         codes = nearest_codes((w / scale[..., None]).clamp(-1, 1), NF4_LEVELS)
         if len(candidates) == 1:
-            return codes.reshape(weight.shape), scale
+            return codes, scale
         error = (table[codes.to(torch.int64)] * scale[..., None] - w).square().sum(-1)
         if best_error is None:
             best_scale, best_codes, best_error = scale, codes, error
@@ -48,7 +57,7 @@ def quantize_nf4(weight: torch.Tensor, group: int | None, scale_dtype: torch.dty
         best_scale = torch.where(better, scale, best_scale)
         best_codes = torch.where(better[..., None], codes, best_codes)
         best_error = torch.where(better, error, best_error)
-    return best_codes.reshape(weight.shape), best_scale
+    return best_codes, best_scale
 
 
 def dequantize_nf4(nibbles: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

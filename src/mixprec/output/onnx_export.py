@@ -38,7 +38,7 @@ from torch.export.graph_signature import OutputKind
 from ..dtypes import dtype_name, is_float
 from ..errors import ConfigError, UnsupportedModelError
 from ..ir.graph_info import META_ACC, META_ROLE, module_of
-from . import onnx_weight_only
+from . import onnx_float_weights, onnx_weight_only  # noqa: F401  (onnx_float_weights: NF4, MXFP4, FP8's forms)
 
 _REQUIRED = ("onnx", "onnxscript")
 _SCOPES = "pkg.torch.onnx.name_scopes"

@@ -170,5 +170,3 @@ def _int4_initializers(model, ep, node, bound) -> bool:
 register("int8", Form(_int8_translation))
 register("int4", Form(_int4_translation, _int4_initializers))
 
-
-from . import onnx_float_weights  # noqa: E402,F401  (registers the float formats' forms in FORMS)

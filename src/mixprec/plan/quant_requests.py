@@ -18,14 +18,9 @@ The rules, for each group of int8 layers (the layers one module runs; the search
 * every value quantized gets its grid from ``plan/quantization.py`` (``grids``), for the calibration to clip for and
   the plan to record.
 
-**Which layers no request covers int8 reaches** (:func:`implied_int8`, issue 34; the policy's ``int8_attention`` and
-``quantize_residuals``): a tool that asks for int8 on layers names the projections, not the attention's matmuls between
-activations (``scaled_dot_product_attention``, ``q @ k^T``); left float they cost the speed NNCF's TRANSFORMER mode
-gets there (bench/log/2026-11.md "Issue 34: int8 vs NNCF"). So a matmul-class or attention layer nobody decided whose
-quantized operands (``plan/int8_operands.py``: query and key) all come, through movement ops, from int8 layers with
-weights gets int8 too; and an add nobody decided of an int8 convolution's output (through batch norm) and a value of
-its shape gets both inputs quantized, as NNCF does, so that OpenVINO computes the sum (and ReLU) inside the u8
-convolution. The configurator and the search ask this one function.
+**Int8 beyond the requests** (:func:`implied_int8`; the policy's ``int8_attention``, ``quantize_residuals``): an
+attention/matmul layer nobody decided whose quantized operands all come from int8 layers with weights, and an add of
+an int8 convolution's output and a value of its shape, get int8 too, as NNCF does (bench/log/2026-11.md "Issue 34").
 """
 
 from __future__ import annotations

@@ -2,12 +2,10 @@
 every weight format (``formats.WEIGHT_FORMATS``: "w-nf4", "w-mxfp4", "w-fp8", ...).
 
 A weight-only type is not a dtype: the Linear computes in a 16-bit float ("a16": bf16, or fp16 when the search's
-float low type is fp16) and its weights are stored in a weight format and run on its op (``ops/weight_formats.py``,
-``rewrite/weight_only.py``) — what ``NodePrecision(bfloat16, weights=weight_format("int4"))`` plans. Why not the
-model's float32 activations: PyTorch's CPU kernels have no fast path for
-them — measured here (AMD EPYC, avx512_bf16, one thread, one row through a 2048x2048 Linear:
-``bench/search_weight_only.py --kernels``): fp32 dense 1.69 ms, ``_weight_int8pack_mm`` 7.9 ms and ``_weight_int4pack_mm_for_cpu`` 18.2 ms on
-fp32 rows, but 0.63 ms and 0.22 ms on bf16 rows (bf16 dense 1.33 ms).
+float low type is fp16) and its weights are stored in a weight format and run on its op (``ops/weight_formats.py``)
+— what ``NodePrecision(bfloat16, weights=weight_format("int4"))`` plans. Why not float32 activations: PyTorch's
+CPU weight-only kernels have no fast path for them (``bench/search_weight_only.py --kernels``; bench/log/2026-11.md
+"Issue 32: weight-only decode").
 
 The search handles its types as opaque hashable values (sensitivities, assignments, the
 cost model's table are keyed by them); the few places that need to know what a type *is* ask here:
@@ -16,13 +14,12 @@ cost model's table are keyed by them); the few places that need to know what a t
 * :func:`decision` — the plan request of a layer lowered to a weight-only type;
 * :func:`in_type` — whether a plan's decision is in a type (FLOP shares per type); :func:`type_of` — which.
 
-``str()`` of a weight-only type is its name ("w4a16"), so ``mixprec.dtypes.dtype_name`` names every search type
-("bfloat16", "int8", "w4a16"): results, JSON, plots and progress lines say "w8a16"/"w4a16". :func:`type_from_name`
-reads both kinds of name back (JSON).
+``str()`` of a weight-only type is its name ("w4a16", "w-nf4"), so ``mixprec.dtypes.dtype_name`` names every search
+type: results, JSON, plots and progress lines say it. :func:`type_from_name` reads both kinds of name back (JSON).
 
 Weights: each type's format with its registered defaults (w8a16: int8 per output channel; w4a16: int4 in groups of
-128 input channels; "w-nf4": nf4's ...), symmetric — the configurator's defaults for ``param={'weight': ...}`` on a
-float layer (``configurator/vocabulary.py``). Only Linear layers take them (``LayerGroup.takes``).
+128 input channels), symmetric — the configurator's defaults for ``param={'weight': ...}`` on a float layer
+(``configurator/vocabulary.py``). Only Linear layers take them (``LayerGroup.takes``).
 """
 
 from __future__ import annotations

@@ -6,28 +6,20 @@ OpenVINO converts no mixprec operator, and its CPU plugin recognises a compresse
     Constant (i8 / u8 / u4 / i4 / nf4 / f4e2m1 / f8e4m3) -> Convert -> [Subtract zero point] -> Multiply scale
         -> [Reshape] -> MatMul
 
-in the activations' type (scales and zero points stored in it, as PyTorch's kernels read them): a Convert of an f32
-pattern to bf16 is not fused (OpenVINO folds the weight to a dense bf16 constant). Each format registers its
-:class:`Form` here (:data:`FORMS`, keyed by format name; DESIGN.md habit 15), in two steps:
+in the activations' type (scales and zero points stored in it; a Convert of an f32 pattern to bf16 is not fused).
+Each format registers its :class:`Form` in :data:`FORMS` (DESIGN.md habit 15), in two steps:
 
-* ``lower``: the OpenVINO tables of ``backends/lowering/qdq.py`` (their weight-only rows: the prepared copy of the
-  program, ``convert.py``) spell each weight-only op as ATen ops on new stored constants ending in ``aten.linear``
-  (the node itself, so OpenVINO's MatMul is named after it); the form writes the pattern's Convert of the codes as a
-  node whose name carries its ``marker``;
-* ``finish``: on the converted ``openvino.Model``, the element types OpenVINO's PyTorch frontend cannot read from a
-  torch tensor (4-bit, nf4, f4e2m1, f8e4m3, f8e8m0): the u8 constant read by a Convert whose name carries the marker
-  becomes a constant of that type, bit for bit (:func:`typed_constant`).
+* ``lower`` (a weight-only row of ``backends/lowering/qdq.py``'s OpenVINO tables): the op as ATen ops on new stored
+  constants ending in ``aten.linear`` (the node itself: OpenVINO's MatMul is named after it), the codes' Convert named
+  with the form's ``marker``;
+* ``finish``, on the converted ``openvino.Model``: the element types its PyTorch frontend cannot read from a torch
+  tensor (4-bit, nf4, f4e2m1, f8e4m3, f8e8m0) — the marked Convert's u8 constant retyped bit for bit.
 
-int8: i8 constants as stored (per-channel or grouped scales, the asymmetric offset as a float zero point ``-o / s``).
-int4: one code per byte (u8 ``[N, K/group, group]``) with the zero point ``8 - z / s`` (the kernel's ``(u - 8) * s +
-z``); symmetric weights (zero point 8 everywhere) become i4 constants ``u - 8`` without the Subtract — NNCF's INT4_SYM
-pattern ``i4 -> Convert -> Multiply``, the same numbers — asymmetric ones u4 with their zero point. The Reshape that
-flattens grouped weights gets a constant shape (the frontend computes it from the input's shape, hiding the pattern).
-
-What OpenVINO then runs is read back from its runtime model (``audit.weight_forms``): the runner's ``runs_as`` says
-whether a layer's FullyConnected reads the compressed weight or OpenVINO decompressed it (``runner.py``).
-The lowering's ``f32_layers`` asks for a layer's pattern in f32 (its activation converted to f32 and back): where
-OpenVINO decompresses a weight read by bf16 activations but keeps it compressed for f32 ones, the runner asks for it.
+int8: i8 constants as stored (the asymmetric offset as a float zero point ``-o / s``). int4: u4 codes with the zero
+point ``8 - z / s`` (the kernel's ``(u - 8) * s + z``), symmetric ones i4 ``u - 8`` without the Subtract (NNCF's
+INT4_SYM pattern, the same numbers); the Reshape of grouped weights gets a constant shape. NF4, MXFP4, FP8:
+``float_weights.py``. What OpenVINO then runs is read from its runtime model (``weight_runs.py``, the runner's
+``runs_as``); ``f32_layers`` asks for a layer's pattern in f32 where bf16 activations made OpenVINO decompress it.
 """
 
 from __future__ import annotations
@@ -308,5 +300,3 @@ def _all_equal(node, value) -> bool:
 register("int4", Form(_lower_int4, lambda b, k: b["group"], _finish_int4))
 
 
-
-from . import float_weights  # noqa: E402,F401  (registers NF4, MXFP4 and FP8's forms in FORMS)

@@ -46,6 +46,7 @@ from ..lowering import cpu, run_passes
 from ..lowering.qdq import OPENVINO_FLOAT, OPENVINO_INT8, lowering_pass
 from .audit import NodeNames
 from .compressed import finish  # also registers the weight-only rows of the OpenVINO tables
+from . import float_weights  # noqa: F401  (registers NF4, MXFP4 and FP8's forms in compressed.FORMS)
 from .state import state_as_io, written_specs
 
 

@@ -4,8 +4,8 @@ codes, or a FullyConnected on weights it decompressed.
 Why read it (issue 45): OpenVINO's CPU plugin decides per layer whether a compressed weight stays compressed. On an
 AMX Xeon with bf16 activations it decompresses every int4/int8 weight to bf16, at one row too, several times slower
 than f32 activations on its i4 kernel (``../shared/fixtures/openvino-amx-xeon/``); on an avx512_bf16 EPYC without AMX
-it keeps them; f8e4m3 weights it decompresses on every x86 CPU (its compressed FullyConnected takes u8/i8/u4/i4/nf4/
-f4e2m1). Which CPU does what is not guessed:
+it keeps them, and nf4/f4e2m1 ones too, while it decompresses f8e4m3 weights there (f32 or bf16 activations).
+Which CPU does what is not guessed:
 the runtime model says, per layer, the element type of its weight input (:func:`weight_runs`), and the runner asks
 for f32 activations where bf16 ones made OpenVINO decompress (``runner.py``). Everything here reads plain tables
 (``audit.runtime_layers``'s, or tables recorded on other CPUs), so it is tested on the recorded AMX tables.
