@@ -3,10 +3,14 @@
 mixprec never writes its caller's tensors (API.md: nothing the user passes is mutated). ``torch.export`` keeps a
 model's in-place ops, so a forward that does ``x.mul_(2)`` (or ``x[0].add_(1)``: a write through a view) would have
 its compiled program write the caller's ``x``, and a crafted file could zero the caller's tensor with ``aten.mul_(x,
-0)``. Which tensors a graph writes is read from the ops' schemas (an argument annotated ``Tensor(a!)``) and followed
-back through every value that may alias an input (:func:`aliases`): a return annotated as an alias of an argument
-(views, ``to``, ``contiguous``, in-place results), ``getitem`` of a list of views, and — conservatively — every
-output of a control-flow operator, whose body may return its operand itself.
+0)``. Which tensors a graph writes is read from the ops' schemas (an argument annotated ``Tensor(a!)``, and the
+arguments a kernel writes that its schema does not mark: ``ops/kernels.py``'s ``writes``, batch norm's running
+statistics in training) and followed back through every value that may alias an input (:func:`aliases`): a return
+annotated as an alias of an argument (views, ``to``, ``contiguous``, in-place results), ``getitem`` of a list of
+views, conservatively every output of a control-flow operator, whose body may return its operand itself, and every
+value whose fake tensor (``meta["val"]``, computed by running the graph) shares a storage with an input's: many
+operators return their input itself without saying so in their schemas (``dropout`` with ``train=False``,
+``type_as``, ``atleast_1d``, ``sum_to_size``, ``lift``, ``_unsafe_view``, ``unsafe_split``, ``broadcast_tensors``).
 
 * At compile (:func:`copy_written_inputs`, run by ``normalize``): each user input the graph writes is cloned once at
   the start of the graph and every use reads the clone; the program computes what the model computes (on its own
@@ -29,19 +33,68 @@ import torch
 from torch.export.graph_signature import InputKind, OutputKind
 
 from ..errors import MixedPrecisionWarning
+from ..ops import kernels
 
 log = logging.getLogger(__name__)
 
 
 def aliases(graph: torch.fx.Graph) -> dict[torch.fx.Node, frozenset[torch.fx.Node]]:
-    """For each node, the placeholders of ``graph`` its value may share memory with (itself for a placeholder)."""
+    """For each node, the placeholders of ``graph`` its value may share memory with (itself for a placeholder): as
+    the schemas say, and as the nodes' fake values show where they were computed (module docstring)."""
     out: dict[torch.fx.Node, frozenset] = {}
+    storages: dict[int, set] = {}  # storage of a placeholder's fake value -> the placeholders holding it
     for node in graph.nodes:
         if node.op == "placeholder":
             out[node] = frozenset({node})
+            for key in _storages(node):
+                storages.setdefault(key, set()).add(node)
         elif node.op == "call_function":
-            out[node] = frozenset().union(*(out.get(a, frozenset()) for a in _aliased_arguments(node)))
+            shared = {p for key in _storages(node) for p in storages.get(key, ())}
+            out[node] = frozenset().union(shared, *(out.get(a, frozenset()) for a in _aliased_arguments(node)))
     return out
+
+
+def writers(graph: torch.fx.Graph) -> dict[torch.fx.Node, list[torch.fx.Node]]:
+    """For each node whose memory some in-place op of ``graph`` may write, those ops: a write into a value reaches
+    every value that may share its memory (schema aliases, shared fake storages), before or after it."""
+    parent: dict[torch.fx.Node, torch.fx.Node] = {}
+
+    def find(node):
+        parent.setdefault(node, node)
+        while parent[node] is not node:
+            parent[node] = parent[parent[node]]
+            node = parent[node]
+        return node
+
+    by_storage: dict[int, torch.fx.Node] = {}
+    for node in graph.nodes:
+        if node.op not in ("placeholder", "call_function"):
+            continue
+        find(node)
+        for argument in (_aliased_arguments(node) if node.op == "call_function" else ()):
+            parent[find(argument)] = find(node)
+        for key in _storages(node):
+            if key in by_storage:
+                parent[find(by_storage[key])] = find(node)
+            else:
+                by_storage[key] = node
+    written: dict[torch.fx.Node, list] = {}
+    for node in graph.nodes:
+        for target in writes(node):
+            written.setdefault(find(target), []).append(node)
+    return {node: written[find(node)] for node in list(parent) if find(node) in written}
+
+
+def _storages(node: torch.fx.Node) -> set:
+    """The storages of the tensors in ``node``'s fake value (none when it has no value yet)."""
+    keys = set()
+    for value in torch.utils._pytree.tree_leaves(node.meta.get("val")):
+        if isinstance(value, torch.Tensor) and value.layout == torch.strided:
+            try:
+                keys.add(value.untyped_storage()._cdata)
+            except (RuntimeError, NotImplementedError):  # a tensor without a storage
+                continue
+    return keys
 
 
 def _aliased_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:
@@ -66,12 +119,15 @@ def _aliased_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:
 
 
 def writes(node: torch.fx.Node) -> list[torch.fx.Node]:
-    """The argument nodes ``node`` writes in place (schema arguments annotated as written)."""
+    """The argument nodes ``node`` writes in place (schema arguments annotated as written, and those its declaration
+    says its kernel writes unmarked: ``ops/kernels.py``)."""
     schema = getattr(node.target, "_schema", None)
     if node.op != "call_function" or schema is None:
         return []
-    return [n for argument, value in _arguments(node, schema)
-            if argument.alias_info is not None and argument.alias_info.is_write for n in _nodes_in(value)]  # fmt: skip
+    marked = [n for argument, value in _arguments(node, schema)
+              if argument.alias_info is not None and argument.alias_info.is_write for n in _nodes_in(value)]  # fmt: skip
+    unmarked = [n for value in kernels.unmarked_writes(node.target, node.args, node.kwargs) for n in _nodes_in(value)]
+    return marked + [n for n in unmarked if n not in marked]
 
 
 def changes_metadata(node: torch.fx.Node) -> bool:
