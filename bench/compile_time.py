@@ -1,149 +1,138 @@
-"""Compile time and memory of mixprec.compile against torch.export.export (issue 8).
+"""``compile`` groups: mixprec.compile's time against torch.export.export, by cost-cache condition and with the
+configurator (issue 44's bars: compile <= 1.3x torch.export with a warm cost cache; apply() + compile <= 1.2x
+compile alone).
 
-    python bench/compile_time.py [--rounds N] [--depths 12,48,192] [--batch 1] [--seq 128]
+Cases are conditions, timed through the library's ``clock.interleaved`` (rounds rotate, medians): ``export``
+(torch.export.export), ``compile`` with ``cache`` off (the speed check times its shape classes), cold (a new cache
+file each time: timed, then written) or warm (a file a cold compile wrote: read, nothing timed), ``plan`` (compile
+of a configurator plan made earlier: read back from its JSON, nothing to reuse) and ``apply`` (the configurator's
+apply() and compile of its plan; requests: "bf16", the model but its LayerNorms, or "int8", every Linear). In one
+process (the default) torch and mixprec are warm and the process's cost models are emptied before each compile, as
+a new process has them; with ``Timing.fresh_process`` every sample is a new Python process (its first compile, one-time
+costs of the process included) that warms torch.export once. The phase split (``report.summary
+["compile_seconds"]``) of each condition's last compile is kept.
 
-1. BERT-base (12 layers): torch.export.export vs mixprec.compile(enable_autocast=True, eager backend,
-   calibration on the example inputs), interleaved, medians; mixprec's phase split.
-2. Planning + rewriting time against depth (BERT-base width, 12/48/192 encoder layers).
-3. Memory, each in a fresh subprocess: peak RSS during compile above the RSS with the model loaded,
-   against the fp32 parameter bytes and one bf16 copy; parameter bytes after compile.
+    python -m bench.compile_time TABLE/GROUP LABEL [--smoke]    # one sample in this process (fresh-process mode)
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
 import subprocess
 import sys
-import time
-from pathlib import Path
+import tempfile
 
 import torch
 
-HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE))
-from harness import machine, stamp, table  # noqa: E402
+from .machine import measuring
+from .models import build
+
+COUNTER = itertools.count()
 
 
-def _bert(layers, batch, seq):
-    from models import bert_base
-
-    torch.manual_seed(0)
-    return bert_base(layers=layers, seq=seq, batch=batch)
-
-
-def ratio(args) -> None:
+def calls(group, smoke: bool, directory: str) -> tuple[dict, dict]:
+    """{label: call} of the group's conditions, and {label: the last compile's phases}."""
     import mixprec
 
-    model, inputs = _bert(12, args.batch, args.seq)
-    torch.export.export(model, inputs)
-    mixprec.compile(model, inputs, enable_autocast=True)  # warm caches on both sides
-    export_s, compile_s, phases = [], [], []
-    for _ in range(args.rounds):
-        start = time.perf_counter()
-        torch.export.export(model, inputs)
-        export_s.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        prog = mixprec.compile(model, inputs, enable_autocast=True)
-        compile_s.append(time.perf_counter() - start)
-        phases.append(prog.report.summary["compile_seconds"])
-    e, c = statistics.median(export_s), statistics.median(compile_s)
-    split = {k: statistics.median(p[k] for p in phases) for k in phases[0]}
-    print(f"BERT-base, inputs {args.batch}x{args.seq}, {args.rounds} interleaved rounds, medians:")
-    print(table([{"torch.export.export s": e, "mixprec.compile s": c, "compile / export": c / e,
-                  **{f"{k} s": v for k, v in split.items()}}],
-                ["torch.export.export s", "mixprec.compile s", "compile / export"] + [f"{k} s" for k in split]))
-    print(f"compute layers: {prog.report.summary['layers']}, graph nodes: {len(list(prog.exported_program.graph.nodes))}")
+    try:
+        from mixprec.measure import costs
+    except ImportError:  # a tree from before the cost model's module (an A/B with run --src): nothing to empty
+        costs = None
+    built = build(group.model, group.shape, smoke)
+    module, example = built.module, built.batch(0)
+    warm = os.path.join(directory, "warm.json")
+    phases: dict = {}
+
+    def plan(requests):
+        """bf16: the model in bf16 but its LayerNorms (apply calibrates nothing); int8: every Linear int8."""
+        cfg = mixprec.MixedPrecisionConfigurator(module, example)
+        if requests == "bf16":
+            cfg.set_precision(module, activation="bf16")
+            cfg.set_precision(torch.nn.LayerNorm, activation="fp32")
+        else:
+            cfg.set_precision(torch.nn.Linear, activation="int8")
+        return cfg.apply()
+
+    # a plan made earlier, read back from its JSON: compile captures and calibrates itself
+    saved = {c.options["plan"]: plan(c.options["plan"]).to_json() for c in group.cases if c.options.get("plan")}
+
+    def condition(case):
+        if case.recipe == "export":
+            return lambda: torch.export.export(module, example)
+        cache = {"off": False, "warm": warm}.get(case.options["cache"])
+
+        def call():
+            if costs is not None:
+                costs.COSTS = costs.CostModels()  # the cost models of a new process: nothing measured in memory
+            path = cache if cache is not None else os.path.join(directory, f"cold-{next(COUNTER)}.json")
+            if case.options.get("apply") or case.options.get("plan"):
+                made = plan(case.options["apply"]) if case.options.get("apply") else \
+                    mixprec.PrecisionPlan.from_json(saved[case.options["plan"]])
+                program = mixprec.compile(module, example, plan=made, cost_cache=path)
+            else:
+                program = mixprec.compile(module, example, enable_autocast=True, cost_cache=path)
+            phases[case.label] = program.report.summary.get("compile_seconds", {})
+
+        return call
+
+    with torch.no_grad():
+        torch.export.export(module, example)  # torch's own first-call costs, paid alike by every condition
+        if not os.path.exists(warm):
+            mixprec.compile(module, example, enable_autocast=True, cost_cache=warm)  # writes the warm file
+    return {c.label: condition(c) for c in group.cases}, phases
 
 
-def depth(args) -> None:
-    import mixprec
-
-    rows = []
-    for layers in args.depths:
-        model, inputs = _bert(layers, args.batch, args.seq)
-        runs = [mixprec.compile(model, inputs, enable_autocast=True).report for _ in range(2)]
-        plan = min(r.summary["compile_seconds"]["plan"] for r in runs)
-        rewrite = min(r.summary["compile_seconds"]["rewrite"] for r in runs)
-        rows.append({"encoder layers": layers, "compute layers": runs[-1].summary["layers"],
-                     "plan s": plan, "rewrite s": rewrite, "plan + rewrite s": plan + rewrite,
-                     "per 100 layers ms": 1e5 * (plan + rewrite) / runs[-1].summary["layers"]})
-        del model
-    print(f"planning + rewriting against depth (BERT-base width, inputs {args.batch}x{args.seq}, best of 2):")
-    print(table(rows, ["encoder layers", "compute layers", "plan s", "rewrite s", "plan + rewrite s", "per 100 layers ms"]))
+def measure(group, smoke: bool) -> list[dict]:
+    clock, _ = measuring()
+    with tempfile.TemporaryDirectory(prefix="bench_compile_") as directory:
+        if group.timing.fresh_process:
+            samples = fresh(group, smoke, directory)
+            phases = {}
+        else:
+            made, phases = calls(group, smoke, directory)
+            with torch.no_grad():
+                samples = clock.interleaved(made, rounds=group.timing.rounds, warmup=group.timing.warmup)
+    return [{"case": c.label, "recipe": c.recipe, "options": c.options, "seconds": statistics.median(samples[c.label]),
+             "samples": samples[c.label], "facts": {"phases": phases.get(c.label, {})}} for c in group.cases]
 
 
-_MEMORY_CHILD = r"""
-import json, resource, sys, torch
-sys.path.insert(0, {here!r})
-import mixprec
-from compile_time import _bert
-
-def rss():
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-
-def reset_peak():
-    with open("/proc/self/clear_refs", "w") as fh:
-        fh.write("5")
-
-def peak():
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-
-model, inputs = _bert({layers}, {batch}, {seq})
-fp32_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-before = rss(); reset_peak()
-prog = mixprec.compile(model, inputs, enable_autocast=True)
-compile_peak = peak() - before
-after_compile = rss(); reset_peak()
-prog(*inputs)
-forward_peak = peak() - after_compile
-s = prog.report.summary
-print(json.dumps(dict(fp32_param_bytes=fp32_bytes, compile_peak_above_model=compile_peak,
-                      forward_peak_above_program=forward_peak, param_bytes_before=s["param_bytes_before"],
-                      param_bytes_after=s["param_bytes_after"])))
-"""
+def fresh(group, smoke: bool, directory: str) -> dict:
+    """Each sample a new process: rounds rotate over the conditions."""
+    labels, samples = [c.label for c in group.cases], {c.label: [] for c in group.cases}
+    env = {**os.environ, "BENCH_COMPILE_DIR": directory}
+    name = f"{group.table}/{group.name}"
+    one = [sys.executable, "-m", "bench.compile_time", name, labels[-1]] + (["--smoke"] if smoke else [])
+    subprocess.run(one, env=env, capture_output=True, text=True, check=True)  # writes the warm file, untimed
+    for r in range(group.timing.rounds):
+        for label in labels[r % len(labels):] + labels[: r % len(labels)]:
+            command = [sys.executable, "-m", "bench.compile_time", name, label] + (["--smoke"] if smoke else [])
+            out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
+            samples[label].append(json.loads(out.strip().splitlines()[-1])["seconds"])
+    return samples
 
 
-def memory(args) -> None:
-    code = _MEMORY_CHILD.format(here=str(HERE), layers=12, batch=args.batch, seq=args.seq)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    m = json.loads(out.strip().splitlines()[-1])
-    mb = 1 << 20
-    print("memory (fresh process, BERT-base, RSS from /proc/self/status with the peak reset before each step):")
-    print(table([{
-        "fp32 params MB": m["fp32_param_bytes"] / mb,
-        "one bf16 copy MB": m["fp32_param_bytes"] / 2 / mb,
-        "compile peak above model MB": m["compile_peak_above_model"] / mb,
-        "forward peak above program MB": m["forward_peak_above_program"] / mb,
-        "param bytes after / before": m["param_bytes_after"] / m["param_bytes_before"],
-    }], ["fp32 params MB", "one bf16 copy MB", "compile peak above model MB", "forward peak above program MB",
-         "param bytes after / before"]))
+def main(argv=None) -> int:
+    from dataclasses import replace
 
+    from .cases import select
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--depths", default="12,48,192")
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--only", choices=["ratio", "depth", "memory"])
-    args = parser.parse_args()
-    args.depths = [int(d) for d in args.depths.split(",")]
-    torch.set_num_threads(2)
-    print(f"{stamp()}  {machine()}")
-    for name, step in (("ratio", ratio), ("memory", memory), ("depth", depth)):
-        if args.only in (None, name):
-            step(args)
-            print()
+    parser = argparse.ArgumentParser(description="One sample of one compile condition in this process.")
+    parser.add_argument("group")
+    parser.add_argument("label")
+    parser.add_argument("--smoke", action="store_true")
+    args = parser.parse_args(argv)
+    (group,) = select([args.group])
+    group = replace(group, cases=tuple(c for c in group.cases if c.label == args.label))
+    made, _ = calls(group, args.smoke, os.environ.get("BENCH_COMPILE_DIR") or tempfile.mkdtemp())
+    with torch.no_grad():
+        _, seconds = measuring()[0].timed(made[args.label])
+    print(json.dumps({"seconds": seconds}))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

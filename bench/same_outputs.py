@@ -4,14 +4,13 @@ Runs the cases below twice, in fresh processes: once on the source tree of ``--r
 ``git archive``, its own tests/models.py) and once on this checkout, and compares a digest per case
 (report JSON without timings, output sums, plans, the configurator log, the search result without
 latencies; weak typing by the set of layer sources only, its choices being measured). Issue 15 asked for
-outputs identical after the re-layout.
+outputs identical after the re-layout; issue 44's bar names it.
 
-    python bench/same_outputs.py [--rev 0674fe2]
+    python -m bench same-outputs --rev REV
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import importlib.util
@@ -30,9 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def digests() -> None:
     """Print 'case<TAB>digest' lines for the mixprec on sys.path (the tree under test)."""
     warnings.filterwarnings("ignore")
-    here = Path(__file__).resolve().parent  # bench/models.py must not shadow tests/models.py
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
-    import models as M  # noqa: N812  (tests/models.py of the tree under test)
+    import models as M  # noqa: N812  (tests/models.py of the tree under test, first on PYTHONPATH)
     import torch
 
     import mixprec
@@ -52,7 +49,6 @@ def digests() -> None:
         leaves = torch.utils._pytree.tree_leaves(out)
         return [t.double().sum().item() if isinstance(t, torch.Tensor) else t for t in leaves]
 
-    cases = []
     def case(name, fn):
         try:
             r = fn()
@@ -60,7 +56,9 @@ def digests() -> None:
             r = f"ERROR {type(e).__name__}: {e}"
         print(f"{name}\t{digest(r)}\t{r if isinstance(r, str) else ''}", flush=True)
 
-    for cls in [M.ThreeLinears, M.SeedExplicit, M.AutocastRegions, M.ConvNet, M.Attention, M.TiedEmbedding, M.MixedNorm, M.TrtAutocastNet, M.TRTorchSeed, M.NestedRegions, M.ResidualRegion, M.PointwiseChain, M.OverflowsInFp16, M.Block, M.TwoBlocks, M.Overflow, M.TinyGPT2]:
+    for cls in [M.ThreeLinears, M.SeedExplicit, M.AutocastRegions, M.ConvNet, M.Attention, M.TiedEmbedding,
+                M.MixedNorm, M.TrtAutocastNet, M.TRTorchSeed, M.NestedRegions, M.ResidualRegion, M.PointwiseChain,
+                M.OverflowsInFp16, M.Block, M.TwoBlocks, M.Overflow, M.TinyGPT2]:
         torch.manual_seed(0)
         try:
             model = cls().eval()
@@ -68,7 +66,8 @@ def digests() -> None:
         except (TypeError, AttributeError):
             continue
         inputs = cls.example_inputs()
-        for settings in [dict(), dict(enable_autocast=True), dict(enable_autocast=True, use_fp32_acc=True, keep_io_types=False)]:
+        for settings in [dict(), dict(enable_autocast=True),
+                         dict(enable_autocast=True, use_fp32_acc=True, keep_io_types=False)]:
             def run(model=model, inputs=inputs, settings=settings):
                 prog = mixprec.compile(model, inputs, **settings)
                 return [report_data(prog), outputs(prog, inputs)]
@@ -83,7 +82,8 @@ def digests() -> None:
     m = M.TRTorchSeed(torch.int8).eval()
     case("compile TRTorchSeed int8", lambda: [report_data(mixprec.compile(m, M.TRTorchSeed.example_inputs()))])
     loader = [M.TRTorchSeed.example_inputs() for _ in range(2)]
-    case("compile TRTorchSeed int8 loader", lambda: [report_data(mixprec.compile(m, M.TRTorchSeed.example_inputs(), autocast_calibration_dataloader=loader))])
+    case("compile TRTorchSeed int8 loader", lambda: [report_data(mixprec.compile(
+        m, M.TRTorchSeed.example_inputs(), autocast_calibration_dataloader=loader))])
 
     # int8 layers on every backend (issue 21: one quantize/dequantize lowering per target): outputs bit for bit.
     # A ReLU net whose first layer reads the signed input (fake quantization) and the others non-negative ones
@@ -121,7 +121,8 @@ def digests() -> None:
     # weak typing (timing-dependent: only the set of layers/kinds)
     def weak():
         model = M.ThreeLinears().eval()
-        prog = mixprec.compile(model, M.ThreeLinears.example_inputs(), use_explicit_typing=False, enabled_precisions={torch.float32, torch.bfloat16})
+        prog = mixprec.compile(model, M.ThreeLinears.example_inputs(), use_explicit_typing=False,
+                               enabled_precisions={torch.float32, torch.bfloat16})
         return sorted(r.name + r.source for r in prog.report.layers)
     torch.manual_seed(0)
     case("weak", weak)
@@ -134,7 +135,8 @@ def digests() -> None:
         d = json.loads(res.to_json())
         def strip(o):
             if isinstance(o, dict):
-                return {k: strip(v) for k, v in o.items() if "latency" not in k and "seconds" not in k and "speed" not in k}
+                return {k: strip(v) for k, v in o.items()
+                        if "latency" not in k and "seconds" not in k and "speed" not in k}
             if isinstance(o, list):
                 return [strip(v) for v in o]
             return o
@@ -165,32 +167,28 @@ def cpu_with_int8_kernels(kernels):
 
 def run_tree(src: Path, tests: Path) -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{tests}"}
-    out = subprocess.run([sys.executable, __file__, "--digests"], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-m", "bench.same_outputs"], env=env, capture_output=True, text=True,
+                         check=True, cwd=ROOT)
     rows = [line.split("\t") for line in out.stdout.splitlines() if "\t" in line]
     return {r[0]: r[1] + (" " + r[2] if len(r) > 2 and r[2] else "") for r in rows}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rev", default="0674fe2")
-    parser.add_argument("--digests", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.digests:
-        digests()
-        return
+def compare(rev: str) -> int:
+    """Digests of ``rev``'s tree against this checkout's; 0 when every case is identical."""
     with tempfile.TemporaryDirectory() as tmp:
         archive = Path(tmp) / "old.tar"
-        subprocess.run(["git", "-C", str(ROOT), "archive", "-o", str(archive), args.rev, "src", "tests"], check=True)
+        subprocess.run(["git", "-C", str(ROOT), "archive", "-o", str(archive), rev, "src", "tests"], check=True)
         with tarfile.open(archive) as tar:
             tar.extractall(Path(tmp) / "old", filter="data")
         old = run_tree(Path(tmp) / "old" / "src", Path(tmp) / "old" / "tests")
     new = run_tree(ROOT / "src", ROOT / "tests")
     same = [k for k in old if new.get(k) == old[k]]
     differ = sorted((set(old) | set(new)) - set(same))
-    print(f"rev {args.rev} vs this checkout: {len(same)} of {len(set(old) | set(new))} cases identical")
+    print(f"rev {rev} vs this checkout: {len(same)} of {len(set(old) | set(new))} cases identical")
     for k in differ:
         print(f"  differs: {k}: {old.get(k)} -> {new.get(k)}")
+    return 0 if not differ else 1
 
 
 if __name__ == "__main__":
-    main()
+    digests()  # the child: this process's tree, one "case<TAB>digest" line per case

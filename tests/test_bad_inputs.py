@@ -84,6 +84,10 @@ CASES = [
     ("call size", _call(torch.randn(2, 10)), InputMismatchError, "size 2 in dimension 0"),
     ("call device", _call(torch.empty(1, 10, device="meta")), InputMismatchError, "device meta"),
     ("call arity", _call(torch.randn(1, 10), torch.randn(1, 10)), InputMismatchError, "does not fit the model's forward"),
+    # a keyword the program does not take: refused as a ConfigError naming it, never dropped (issue 42)
+    ("call keyword", _call(torch.randn(1, 10), scale=2.0), ConfigError, "gives argument 'scale'"),
+    ("call keyword is an input mismatch too", _call(torch.randn(1, 10), cache=object()), InputMismatchError,
+     "gives argument 'cache'"),
     # plans that do not fit the model
     ("plan JSON for another model", _plan_json(_FOREIGN_PLAN), ConfigError, "conv2d_7"),
     ("plan JSON broken", _plan_json("{"), ConfigError, "not valid JSON"),

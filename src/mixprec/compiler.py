@@ -25,6 +25,7 @@ from .ir.captured import CapturedModel
 from .ir.graph_info import describe
 from .ir.input_check import input_specs_of
 from .ir.marker_regions import calibration_targets
+from .ir.input_writes import copied_inputs
 from .ir.runner import failing_node, run_user_outputs
 from .ir.work_program import stored_bytes
 from .ir.written_state import preserved, written_tensors
@@ -295,7 +296,8 @@ def _boundary(captured: CapturedModel, plan: PrecisionPlan, work) -> dict:
         else:
             inputs.append(val.dtype)
     outputs = [plan.outputs.get(i, d) for i, d in enumerate(work.user_output_dtypes()) if d is not None]
-    return model_io(inputs, outputs)
+    copied = copied_inputs(work.graph)  # inputs the model writes in place: the program writes a copy
+    return {**model_io(inputs, outputs), **({"inputs_copied": copied} if copied else {})}
 
 
 def _autocast_summary(prepared, calibrated) -> dict:

@@ -42,6 +42,12 @@ class InputMismatchError(MixedPrecisionError, TypeError):
     """Inputs given to a compiled program that do not match what it was compiled for."""
 
 
+class UnexpectedKeywordError(ConfigError, InputMismatchError):
+    """A call gives a keyword argument the program does not take. Refused, never dropped: a program that ignored
+    ``cache=`` computed other tokens without a word (issue 42). A ConfigError (the call asks for something the
+    program was not compiled for) and an InputMismatchError (a call's inputs that do not fit the program)."""
+
+
 class RuntimeGuardError(MixedPrecisionError, FloatingPointError):
     """``runtime_guard="raise"``: a low-precision layer produced inf/NaN or values near its type's largest."""
 

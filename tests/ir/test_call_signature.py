@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from mixprec.errors import CalibrationError, InputMismatchError
-from mixprec.ir.call_signature import CallSignature, arrange_or_pass
+from mixprec.errors import CalibrationError, ConfigError, InputMismatchError, UnexpectedKeywordError
+from mixprec.ir.call_signature import CallSignature, arrange_or_pass, capture_keywords, flat_user_inputs
 from mixprec.ir.export import capture
 
 
@@ -289,3 +289,44 @@ def test_arrange_or_pass_without_a_signature_passes_the_call_on():
     model, ep, _, mask = _masked_program(keyword_mask=True)
     args, kwargs = arrange_or_pass(CallSignature.of(ep, model), (), {"mask": mask, "x": x})
     assert args == (x,) and kwargs == {"mask": mask}
+
+
+# ---- a keyword the program does not take: refused as a ConfigError, never dropped (issue 42) ----------------
+
+
+@pytest.mark.parametrize("with_forward", [True, False], ids=["compiled", "loaded"])
+def test_a_keyword_the_program_does_not_take_is_a_config_error_at_call_time(with_forward):
+    model, ep, x, mask = _masked_program(keyword_mask=True)
+    sig = CallSignature.of(ep, model if with_forward else None)
+    for extra in ({"cache": object()}, {"scale": 2.0}, {"maks": mask}):
+        with pytest.raises(UnexpectedKeywordError, match=f"gives argument '{next(iter(extra))}'") as info:
+            sig.arrange((x,), {"mask": mask, **extra})
+        assert isinstance(info.value, ConfigError) and isinstance(info.value, InputMismatchError)
+    with pytest.raises(CalibrationError) as info:  # calibration batches keep the error their caller asks for
+        sig.arrange((x,), {"mask": mask, "cache": object()}, error=CalibrationError, where="calibration batch 0")
+    assert not isinstance(info.value, ConfigError)
+
+
+@pytest.mark.parametrize("keyword_mask", [True, False], ids=["mask-by-keyword", "mask-positional"])
+def test_every_spelling_of_the_captured_call_arranges_to_the_captured_structure(keyword_mask):
+    """The quick paths (called as captured, everything by name) give what binding to forward gives."""
+    model, ep, x, mask = _masked_program(keyword_mask=keyword_mask)
+    expected = ((x,), {"mask": mask}) if keyword_mask else ((x, mask), {})
+    for sig in (CallSignature.of(ep, model), CallSignature.of(ep)):
+        spellings = [((x,), {"mask": mask}), ((), {"mask": mask, "x": x}), ((), {"x": x, "mask": mask})]
+        if sig.forward is not None or not keyword_mask:  # without forward, a keyword capture takes mask by name only
+            spellings.append(((x, mask), {}))
+        for args, kwargs in spellings:
+            got = sig.arrange(args, kwargs)
+            assert got[0] == expected[0] and list(got[1]) == list(expected[1]), (args, kwargs)
+        torch.testing.assert_close(_run(ep, *sig.arrange((), {"mask": mask, "x": x})), _eager(model, x, mask))
+
+
+def test_flat_user_inputs_follow_the_captured_keyword_order():
+    x, y = _xy()
+    model = KeywordOnly()
+    ep = capture(model, (x,), kwargs={"gain": y, "bias": x})
+    assert capture_keywords(ep) == ("gain", "bias")
+    bias = x * 2
+    leaves = flat_user_inputs(ep, (x,), {"bias": bias, "gain": y})
+    assert len(leaves) == 3 and leaves[0] is x and leaves[1] is y and leaves[2] is bias

@@ -6,12 +6,14 @@ captured with; every mismatch must be an InputMismatchError naming the input and
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 from torch.export import Dim
 
 from mixprec.errors import InputMismatchError
 from mixprec.ir.export import capture
-from mixprec.ir.input_check import InputSpec, check_inputs, input_specs_of
+from mixprec.ir.input_check import InputCheck, InputSpec, check_inputs, input_specs_of, problems_of
 
 
 class TwoInputs(nn.Module):
@@ -162,3 +164,36 @@ def test_a_wrong_number_of_input_tensors_is_named():
     ep, specs, x, _ = _static()
     with pytest.raises(InputMismatchError, match=r"compiled for 2 input tensor\(s\) and got 1"):
         check_inputs(specs, ep, (x, 3), {})
+
+
+# ---- InputCheck: prepared once per program, the same answers as the worded check ---------------------------
+
+_DIMS = st.one_of(st.integers(0, 4), st.tuples(st.integers(0, 3), st.one_of(st.none(), st.integers(3, 5))))
+_DTYPES = st.sampled_from([torch.float32, torch.bfloat16, torch.int64])
+
+
+@settings(max_examples=300, deadline=None)
+@given(dims=st.lists(_DIMS, min_size=0, max_size=3), dtype=_DTYPES, shape=st.lists(st.integers(0, 6), max_size=4),
+       call_dtype=_DTYPES, meta=st.booleans())
+def test_the_prepared_check_refuses_exactly_what_the_worded_check_finds(dims, dtype, shape, call_dtype, meta):
+    spec = InputSpec("x", dtype, tuple(dims), "cpu")
+    tensor = torch.empty(shape, dtype=call_dtype, device="meta" if meta else "cpu")
+    problems = problems_of(tensor, spec)
+    check = InputCheck((spec,))
+    if not problems:
+        assert check.tensors((tensor,), {}) == [tensor]
+        return
+    with pytest.raises(InputMismatchError) as info:
+        check.tensors((tensor,), {})
+    assert str(info.value).startswith(f"input 0 ('x') has {' and '.join(problems)}; ")
+
+
+def test_the_prepared_check_of_a_program_takes_keywords_in_any_order():
+    x = torch.randn(2, 3)
+    ep = capture(KeywordInputs(), (x,), kwargs={"a": torch.randn(2, 3), "b": torch.randint(0, 5, (2, 3))})
+    check = InputCheck.of(ep)
+    assert check.keywords == ("a", "b") and check.specs == input_specs_of(ep)
+    a, b = torch.randn(2, 3), torch.randint(0, 5, (2, 3))
+    assert check.tensors((x,), {"b": b, "a": a}) == [x, a, b]
+    with pytest.raises(InputMismatchError, match=r"input 2 \('b'\) has dtype torch.float32"):
+        check.tensors((x,), {"b": a, "a": a})

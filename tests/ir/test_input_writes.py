@@ -10,6 +10,7 @@ import operator
 
 import pytest
 import torch
+from torch import nn
 
 import mixprec
 from mixprec.errors import MixedPrecisionWarning
@@ -44,6 +45,28 @@ def test_a_model_that_writes_its_input_compiles_to_a_program_that_writes_a_copy(
     torch.testing.assert_close(prog(given), expected)
     assert torch.equal(given, x)  # the caller's tensor, as it was
     torch.testing.assert_close(prog(given), expected)  # and again: every call starts from the caller's values
+    assert prog.report.summary["inputs_copied"] == ["x"]  # said in the report too, text and page
+    assert "copied so yours are left as they were: x" in str(prog.report)
+
+
+def test_the_report_of_a_saved_program_keeps_the_copied_inputs(tmp_path):
+    prog = _quiet_compile(WritesInput("direct").eval(), torch.randn(3, 4))
+    mixprec.save(prog, tmp_path / "w.mixprec.pt2")
+    loaded = mixprec.load(tmp_path / "w.mixprec.pt2")
+    assert loaded.report.summary["inputs_copied"] == ["x"]
+    page = tmp_path / "r.html"
+    loaded.report.save_html(page)
+    assert "Inputs copied" in page.read_text()
+
+
+def test_a_model_that_writes_nothing_reports_no_copies():
+    prog = mixprec.compile(nn.Linear(4, 2).eval(), (torch.randn(3, 4),))
+    assert "inputs_copied" not in prog.report.summary
+
+
+def _quiet_compile(model, x):
+    with pytest.warns(MixedPrecisionWarning):
+        return mixprec.compile(model, (x,))
 
 
 def test_a_functional_programs_write_back_into_its_input_is_dropped():

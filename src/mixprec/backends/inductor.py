@@ -44,7 +44,7 @@ import torch.utils._pytree as pytree
 
 from ..errors import InputMismatchError, UnsupportedModelError
 from ..ir.graph_info import size_hint
-from ..ir.input_check import check_inputs, input_specs_of
+from ..ir.input_check import InputCheck
 from ..ir import unlift
 from .registry import register_backend
 from .lowering import run_passes
@@ -73,28 +73,35 @@ class InductorRunner(torch.nn.Module):
         # quantize/dequantize as ATen ops, which inductor fuses (backends/lowering/qdq.py)
         run_passes(self.module, (INT8_LINEARS, QDQ_ATEN))
         self._inputs = _user_input_metas(exported_program)
-        self._specs = input_specs_of(exported_program)
-        self.__dict__["_program"] = exported_program  # not a submodule: its state is self.module's
+        self._check = InputCheck.of(exported_program)  # what a call's inputs are checked against, prepared once
         self._ranges = {str(k): (v.lower, v.upper) for k, v in exported_program.range_constraints.items()}
-        # kept out of the module tree: it wraps self.module, whose parameters are registered once
+        # the module's forward, not the module: a call then skips nn.Module's and GraphModule's call wrappers, as
+        # torch.compile(model) does (a few microseconds per call of a small model); kept out of the module tree
         self.__dict__["_compiled"] = torch.compile(
-            self.module, backend="inductor", fullgraph=True, options=dict(INDUCTOR_OPTIONS)
+            self.module.forward, backend="inductor", fullgraph=True, options=dict(INDUCTOR_OPTIONS)
         )
         self._lock = threading.Lock()
         self._seen: set = set()
         self._warm_up(exported_program)
 
     def forward(self, *args, **kwargs):
-        key = _signature(args, kwargs)
-        with torch.no_grad():
-            if key is not None and key in self._seen:
+        self._check.tensors(args, kwargs)  # before compiling for new shapes
+        return self.run_checked(*args, **kwargs)
+
+    def run_checked(self, *args, **kwargs):
+        """The call, its inputs already checked against the program (``MixedPrecisionModule`` checks them once)."""
+        leaves = self._check.leaves(args, kwargs)
+        key = _signature(leaves)
+        if key is not None and key in self._seen:
+            if not torch.is_grad_enabled():
                 return self._compiled(*args, **kwargs)
-            check_inputs(self._specs, self._program, args, kwargs)  # before compiling for new shapes
-            with self._lock:
-                out = self._compiled(*args, **kwargs)
-                if key is not None and len(self._seen) < _MAX_SIGNATURES:
-                    self._seen.add(key)
-                return out
+            with torch.no_grad():
+                return self._compiled(*args, **kwargs)
+        with torch.no_grad(), self._lock:
+            out = self._compiled(*args, **kwargs)
+            if key is not None and len(self._seen) < _MAX_SIGNATURES:
+                self._seen.add(key)
+            return out
 
     def _warm_up(self, exported_program) -> None:
         args, kwargs = _warm_up_inputs(exported_program, self._inputs)
@@ -157,17 +164,17 @@ def _warm_up_inputs(exported_program, inputs) -> tuple[tuple, dict]:
     return tuple(made), {}
 
 
-def _signature(args, kwargs):
-    """What decides whether a call can reuse compiled code: tensor shapes, strides, dtypes and devices.
+def _signature(leaves):
+    """What decides whether a call can reuse compiled code: tensor shapes and strides (dtypes and devices are the
+    program's: the call passed its InputCheck), and whether they require grad.
 
     None (always take the lock) when the call has non-tensor arguments, which dynamo guards on by value.
     """
-    leaves = pytree.tree_leaves((args, kwargs))
     key = []
     for leaf in leaves:
-        if not isinstance(leaf, torch.Tensor):
+        if type(leaf) is not torch.Tensor:
             return None
-        key.append((tuple(leaf.shape), leaf.stride(), leaf.dtype, leaf.device, leaf.requires_grad))
+        key.append((leaf.shape, leaf.stride(), leaf.requires_grad))
     return (tuple(key), torch.is_inference_mode_enabled())
 
 

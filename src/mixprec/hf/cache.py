@@ -10,20 +10,88 @@ which are the program's inputs and equal for every beam of a prompt, need no reo
 
 Reordering needs the program's tensors in this process: the eager and inductor backends run the graph on
 them; another backend (OpenVINO keeps its own copy) refuses beam search with a static cache.
+
+The cache's keyword: transformers 5.24 renamed ``past_key_values`` to ``cache`` (``generate()`` passes
+``cache=``; the old name still works with a FutureWarning). A program wrapper takes both names, whatever the
+installed transformers passes, and mixprec's own calls use the name the callee takes (:func:`cache_keyword`).
+A keyword a wrapper does not take is refused (:func:`refuse_keywords`), never dropped: a wrapper that ignored
+``cache=`` restarted the cache every step and generated other tokens without a word.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
 import itertools
+from types import MappingProxyType
 
 import torch
+from transformers import GenerationMixin
 from transformers.cache_utils import DynamicCache
 
-from ..errors import InputMismatchError
+from ..errors import ConfigError, InputMismatchError, UnexpectedKeywordError
 from ..ir.written_state import written_tensors
 
 # backends whose runner reads the ExportedProgram's own written tensors (so an in-place reorder reaches it)
 _SHARED_STATE_BACKENDS = frozenset({"eager", "inductor"})
+
+# the KV cache's names: transformers >= 5.24's and the one before it
+CACHE_NAMES = ("cache", "past_key_values")
+
+# keywords a wrapper takes when they say "the default": what generate() passes that a program computes anyway
+_DEFAULTS = MappingProxyType({"output_attentions": False, "output_hidden_states": False})
+
+
+def cache_keyword(function) -> str:
+    """The name under which ``function`` (a model's ``forward``, ``prepare_inputs_for_generation``) takes the KV
+    cache: ``cache`` from transformers 5.24 on, ``past_key_values`` before (and for models that take neither)."""
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+@functools.cache
+def generate_cache_keyword() -> str:
+    """The name under which the installed transformers' ``generate()`` takes and passes on the KV cache."""
+    return cache_keyword(GenerationMixin.prepare_inputs_for_generation)
+
+
+def with_cache(output_class, cache, **fields):
+    """``output_class(...)`` (``CausalLMOutputWithPast``, ``Seq2SeqLMOutput``) with ``cache`` under the field name the
+    installed transformers has (``cache`` from 5.24 on, where the old name warns): generate() reads it there."""
+    names = {f.name for f in dataclasses.fields(output_class)}
+    return output_class(**fields, **{"cache" if "cache" in names else "past_key_values": cache})
+
+
+def one_cache(cache, past_key_values):
+    """The cache a wrapper's call gives under either name (None when neither); both, if not the same: refused."""
+    if cache is not None and past_key_values is not None and cache is not past_key_values:
+        raise ConfigError("the call gives two KV caches, cache= and past_key_values= (the name before transformers "
+                          "5.24); pass one.")
+    return cache if cache is not None else past_key_values
+
+
+def refuse_keywords(kwargs: dict, what: str) -> None:
+    """Refuse every keyword of ``kwargs`` (those a wrapper's forward does not name) that asks for something: a value
+    other than None, or than the default for the few flags in ``_DEFAULTS``. ``what`` names the program."""
+    for name, value in kwargs.items():
+        if value is None or (name in _DEFAULTS and value is _DEFAULTS[name]):
+            continue
+        raise UnexpectedKeywordError(
+            f"{what} does not take {name}={_short(value)}: a compiled program computes only the logits of the inputs "
+            "it was compiled for (no attentions or hidden states of each layer, no inputs_embeds, labels or "
+            f"position_ids); leave {name} out."
+        )
+
+
+def _short(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"<tensor {tuple(value.shape)}>"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 class ProgramCache(DynamicCache):
@@ -65,10 +133,15 @@ class GeneratesWithProgramCache:
     defines ``cached_program()``: the program that holds the KV cache (a causal LM's program, an encoder-decoder's
     decoder program)."""
 
-    def cache_step(self, past_key_values, ids: torch.Tensor, what: str = "sequence"):
+    def cache_step(self, cache, ids: torch.Tensor, what: str = "sequence"):
         """(the ProgramCache or None, the positions ``ids`` fill in the program's cache): an InputMismatchError
-        when the program's cache does not hold that many sequences or positions."""
-        cache = past_key_values if isinstance(past_key_values, ProgramCache) else None
+        when the program's cache does not hold that many sequences or positions, or ``cache`` is not the program's."""
+        if cache is not None and not isinstance(cache, ProgramCache):
+            raise InputMismatchError(
+                f"this static-cache program keeps its KV cache in its own tensors and was given a "
+                f"{type(cache).__name__}, which it cannot read or fill; pass no cache (generate() makes the program's "
+                "own), or compile_for_generation(static_cache=False)."
+            )
         start = cache.filled if cache is not None else 0
         rows, length = ids.shape[0], ids.shape[1]
         if rows != self._sequences:
@@ -84,10 +157,29 @@ class GeneratesWithProgramCache:
             )
         return cache, torch.arange(start, start + length, device=ids.device)
 
+    @staticmethod
+    def no_cache_step(cache):
+        """The cache a call of a program without a KV cache returns: ``cache`` itself, left empty (every step reads
+        the whole sequence); one that holds positions would make generate() pass only the new tokens: refused."""
+        if cache is None:
+            return None
+        filled = cache.get_seq_length() if hasattr(cache, "get_seq_length") else None
+        if filled != 0:
+            held = f"holding {filled} positions" if filled is not None else "that is no transformers Cache"
+            raise InputMismatchError(
+                f"this program has no KV cache (every step reads the whole sequence) and was given a "
+                f"{type(cache).__name__} {held}, with which generate() passes only the new tokens; pass no cache, "
+                "or compile_for_generation(static_cache=True)."
+            )
+        return cache
+
     def generate(self, *args, **kwargs):
-        """transformers' ``generate()`` (same arguments); a static-cache program brings its own cache."""
-        if self.static_cache and kwargs.get("past_key_values") is None:
-            kwargs["past_key_values"] = ProgramCache(self.cached_program(), self._sequences)
+        """transformers' ``generate()`` (same arguments); a static-cache program brings its own cache, passed under
+        the name the installed transformers takes."""
+        if self.static_cache and all(kwargs.get(name) is None for name in CACHE_NAMES):
+            for name in CACHE_NAMES:
+                kwargs.pop(name, None)
+            kwargs[generate_cache_keyword()] = ProgramCache(self.cached_program(), self._sequences)
         return super().generate(*args, **kwargs)
 
     @property

@@ -29,11 +29,11 @@ from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from ..errors import ConfigError, InputMismatchError
-from .cache import GeneratesWithProgramCache
+from .cache import GeneratesWithProgramCache, one_cache, refuse_keywords, with_cache
 from .calibration import StaticCacheBatches
 from .modules import CausalLMLogits, CausalLMStaticCache
 from .parts import MAX_BATCH, cache_length, cache_rows, compile_part, default_length, generation_config_for
-from .parts import program_inputs, static_cache_length
+from .parts import as_returned, program_inputs, static_cache_length
 from .weight_only import weight_only_plan
 
 
@@ -132,22 +132,21 @@ class CausalLMProgram(GeneratesWithProgramCache, PreTrainedModel, GenerationMixi
         """The program's report, as ``{"program": ...}`` (``Seq2SeqLMProgram.reports`` has two)."""
         return {"program": self.program.report}
 
-    def forward(self, input_ids=None, attention_mask=None, past_key_values=None, use_cache=None, return_dict=None,
-                **kwargs):
-        unused = sorted(k for k, v in kwargs.items() if isinstance(v, torch.Tensor))
-        if unused:
-            raise InputMismatchError(
-                f"this program was compiled for input_ids{' and attention_mask' if not self.static_cache else ''} "
-                f"and does not take {', '.join(unused)}."
-            )
+    def forward(self, input_ids=None, attention_mask=None, cache=None, past_key_values=None, use_cache=None,
+                return_dict=None, **kwargs):
+        """The logits of ``input_ids`` as ``CausalLMOutputWithPast``; ``cache`` (``past_key_values`` before
+        transformers 5.24) is the ProgramCache ``generate()`` passes a static-cache program. A keyword the program
+        does not take is refused (``cache.refuse_keywords``)."""
+        refuse_keywords(kwargs, "this causal-LM program")
+        past = one_cache(cache, past_key_values)
         if input_ids is None:
             raise InputMismatchError("input_ids is required (inputs_embeds are not supported by a compiled program).")
         if not self.static_cache:
             if attention_mask is None:
                 attention_mask = torch.ones_like(input_ids)
             logits = self.program(input_ids, attention_mask)
-            return CausalLMOutputWithPast(logits=logits)
-        cache, position = self.cache_step(past_key_values, input_ids)
+            return as_returned(with_cache(CausalLMOutputWithPast, self.no_cache_step(past), logits=logits), return_dict)
+        cache, position = self.cache_step(past, input_ids)
         if attention_mask is not None and not bool((attention_mask != 0).all()):
             raise InputMismatchError(
                 "a static-cache program decodes without an attention mask, so prompts must not be padded; use "
@@ -156,7 +155,7 @@ class CausalLMProgram(GeneratesWithProgramCache, PreTrainedModel, GenerationMixi
         logits = self.program(input_ids=input_ids, cache_position=position)
         if cache is not None:
             cache.filled += len(position)
-        return CausalLMOutputWithPast(logits=logits, past_key_values=cache)
+        return as_returned(with_cache(CausalLMOutputWithPast, cache, logits=logits), return_dict)
 
     def cached_program(self):  # noqa: D102
         return self.program

@@ -31,6 +31,9 @@ Names: each module registers the model's own children, parameters and buffers un
 names (the model itself is kept out of the module tree), so module paths in reports, in
 ``autocast_excluded_nodes`` and in plans are the model's (``lm_head``, ``model.layers.0.mlp``), not
 ``model.lm_head``. ``mixprec_name`` is what error messages call the module.
+
+The KV cache goes to the model under the name its ``forward`` takes (``cache`` from transformers 5.24 on,
+``past_key_values`` before: ``cache.cache_keyword``), so capturing prints no deprecation warning.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import torch
 from transformers.cache_utils import DummyLayer, DynamicCache, EncoderDecoderCache, StaticCache, StaticLayer
 from transformers.cache_utils import StaticSlidingWindowLayer
 
+from .cache import cache_keyword
 from .parts import start_token
 
 
@@ -56,6 +60,11 @@ class ModelParts(torch.nn.Module):
         for name, buffer in model.named_buffers(recurse=False):
             self.register_buffer(name, buffer, persistent=name not in non_persistent)
         self.mixprec_name = f"{type(model).__name__} ({what})"
+        self.cache_keyword = cache_keyword(model.forward)  # the name the model's forward takes the KV cache by
+
+    def with_cache(self, cache) -> dict:
+        """``{name: cache}``: the keyword that gives ``cache`` to the model's forward."""
+        return {self.cache_keyword: cache}
 
 
 def static_cache(model, max_cache_len: int) -> StaticCache:
@@ -110,12 +119,12 @@ class CausalLMStaticCache(ModelParts):
         super().__init__(model, f"input_ids, cache_position -> logits, static KV cache of {max_cache_len}")
         self.__dict__["cache"] = static_cache(model, max_cache_len)
         with torch.no_grad():
-            model(input_ids=input_ids[:, :1], past_key_values=self.cache, use_cache=True)
+            model(input_ids=input_ids[:, :1], **self.with_cache(self.cache), use_cache=True)
         register_cache(self, self.cache)
 
     def forward(self, input_ids, cache_position):
         start_at(self.cache, cache_position)
-        out = self.hf_model(input_ids=input_ids, attention_mask=None, past_key_values=self.cache, use_cache=True)
+        out = self.hf_model(input_ids=input_ids, attention_mask=None, **self.with_cache(self.cache), use_cache=True)
         return out.logits
 
 
@@ -140,7 +149,7 @@ class EncoderStates(ModelParts):
             start = torch.full((hidden.shape[0], 1), self.start_token, dtype=torch.long, device=hidden.device)
             self.hf_model(
                 encoder_outputs=(hidden,), attention_mask=inputs.get("attention_mask"), decoder_input_ids=start,
-                past_key_values=cache, use_cache=True,
+                **self.with_cache(cache), use_cache=True,
             )
             layers = cache.cross_attention_cache.layers
             out["cross_attention_keys"] = torch.stack([layer.keys for layer in layers], dim=1)
@@ -208,7 +217,8 @@ class DecoderStaticCache(ModelParts):
         cross = DynamicCache([(keys[:, index], values[:, index]) for index in range(keys.shape[1])])
         return self.hf_model(
             encoder_outputs=(encoder_hidden_states,), attention_mask=attention_mask,
-            decoder_input_ids=decoder_input_ids, past_key_values=EncoderDecoderCache(self.cache, cross), use_cache=True,
+            decoder_input_ids=decoder_input_ids, **self.with_cache(EncoderDecoderCache(self.cache, cross)),
+            use_cache=True,
         ).logits
 
 

@@ -82,6 +82,11 @@ def generation_config_for(config, generation_config, static: bool):
     return base
 
 
+def as_returned(output, return_dict):
+    """A wrapper's ``output`` as a model returns it: the ModelOutput, or its tuple with ``return_dict=False``."""
+    return output.to_tuple() if return_dict is False else output
+
+
 def program_inputs(program) -> set[str]:
     """The names of the inputs a compiled program takes."""
     signature = getattr(program, "_call_signature", None)

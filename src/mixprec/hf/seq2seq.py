@@ -31,13 +31,13 @@ import torch
 from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import ModelOutput, Seq2SeqLMOutput
 
-from ..errors import ConfigError, InputMismatchError
-from .cache import GeneratesWithProgramCache
+from ..errors import ConfigError, InputMismatchError, UnexpectedKeywordError
+from .cache import GeneratesWithProgramCache, one_cache, refuse_keywords, with_cache
 from .calibration import DecoderBatches, EncoderBatches
 from .modules import SpeechDecoderLogits, SpeechDecoderStaticCache, SpeechEncoderStates
 from .modules import TextDecoderLogits, TextDecoderStaticCache, TextEncoderStates
 from .parts import MAX_BATCH, cache_length, cache_rows, compile_part, example_tokens, generation_config_for
-from .parts import default_length, program_inputs, start_token, static_cache_length
+from .parts import as_returned, default_length, program_inputs, start_token, static_cache_length
 
 _ENCODER_INPUTS = ({"input_ids", "attention_mask"}, {"input_features"})
 _NO_CACHE = ({"decoder_input_ids", "encoder_hidden_states", "attention_mask"},
@@ -178,10 +178,14 @@ class EncoderCall(torch.nn.Module):
         self.speech = speech
 
     def forward(self, input_ids=None, attention_mask=None, input_features=None, output_attentions=False,
-                output_hidden_states=False, return_dict=True):
+                output_hidden_states=False, return_dict=True, **others):
+        # the catch-all is not called kwargs: generate() would then pass the encoder all its model keywords
+        refuse_keywords(others, "this encoder program")
         if output_attentions or output_hidden_states:
-            raise InputMismatchError("a compiled encoder returns its last hidden state only, not attentions or hidden "
-                                     "states of every layer; generate without output_attentions/output_hidden_states.")
+            raise UnexpectedKeywordError(
+                "a compiled encoder returns its last hidden state only, not attentions or hidden states of every "
+                "layer; generate without output_attentions/output_hidden_states."
+            )
         if self.speech:
             if input_features is None:
                 raise InputMismatchError("this encoder program takes input_features (what the feature extractor "
@@ -191,7 +195,7 @@ class EncoderCall(torch.nn.Module):
             if input_ids is None:
                 raise InputMismatchError("input_ids is required (a compiled program takes no inputs_embeds).")
             out = self.program(input_ids, attention_mask if attention_mask is not None else torch.ones_like(input_ids))
-        return EncoderProgramOutput(**out)
+        return as_returned(EncoderProgramOutput(**out), return_dict)
 
 
 class Seq2SeqLMProgram(GeneratesWithProgramCache, PreTrainedModel, GenerationMixin):
@@ -238,10 +242,12 @@ class Seq2SeqLMProgram(GeneratesWithProgramCache, PreTrainedModel, GenerationMix
         return self.encoder_call
 
     def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, encoder_outputs=None,
-                past_key_values=None, use_cache=None, return_dict=None, input_features=None, **kwargs):
-        unused = sorted(k for k, v in kwargs.items() if isinstance(v, torch.Tensor))
-        if unused:
-            raise InputMismatchError(f"this program does not take {', '.join(unused)}.")
+                cache=None, past_key_values=None, use_cache=None, return_dict=None, input_features=None, **kwargs):
+        """The logits of ``decoder_input_ids`` as ``Seq2SeqLMOutput``; ``cache`` (``past_key_values`` before
+        transformers 5.24) is the ProgramCache ``generate()`` passes a static-cache program. A keyword the programs
+        do not take is refused (``cache.refuse_keywords``)."""
+        refuse_keywords(kwargs, "this encoder-decoder program")
+        past = one_cache(cache, past_key_values)
         if decoder_input_ids is None:
             raise InputMismatchError("decoder_input_ids is required (e.g. the decoder start token).")
         if encoder_outputs is None:
@@ -254,13 +260,15 @@ class Seq2SeqLMProgram(GeneratesWithProgramCache, PreTrainedModel, GenerationMix
             mask = attention_mask if attention_mask is not None else hidden.new_ones(hidden.shape[:2], dtype=torch.long)
         if not self.static_cache:
             args = (decoder_input_ids, hidden) + (() if self.speech else (mask,))
-            return Seq2SeqLMOutput(logits=self.decoder_program(*args), encoder_last_hidden_state=hidden)
+            output = with_cache(Seq2SeqLMOutput, self.no_cache_step(past), logits=self.decoder_program(*args),
+                                encoder_last_hidden_state=hidden)
+            return as_returned(output, return_dict)
         keys = getattr(encoder_outputs, "cross_attention_keys", None)
         values = getattr(encoder_outputs, "cross_attention_values", None)
         if keys is None or values is None:
             raise InputMismatchError("a static-cache decoder program needs the encoder program's cross-attention keys "
                                      "and values: pass encoder_outputs from lm.get_encoder(), or the encoder inputs.")
-        cache, position = self.cache_step(past_key_values, decoder_input_ids, "target sequence")
+        cache, position = self.cache_step(past, decoder_input_ids, "target sequence")
         args = dict(decoder_input_ids=decoder_input_ids, cache_position=position, encoder_hidden_states=hidden,
                     cross_attention_keys=keys, cross_attention_values=values)
         if not self.speech:
@@ -268,7 +276,8 @@ class Seq2SeqLMProgram(GeneratesWithProgramCache, PreTrainedModel, GenerationMix
         logits = self.decoder_program(**args)
         if cache is not None:
             cache.filled += len(position)
-        return Seq2SeqLMOutput(logits=logits, past_key_values=cache, encoder_last_hidden_state=hidden)
+        return as_returned(with_cache(Seq2SeqLMOutput, cache, logits=logits, encoder_last_hidden_state=hidden),
+                           return_dict)
 
     def cached_program(self):  # noqa: D102
         return self.decoder_program

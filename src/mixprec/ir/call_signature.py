@@ -13,21 +13,30 @@ compiled from an ``nn.Module`` in this process, the model's ``forward`` signatur
 arguments passed with their default values are accepted too). :meth:`arrange` binds a
 call to those names and returns it in the captured structure; anything that does not fit
 raises the error type the caller asks for (``InputMismatchError`` at call time,
-``CalibrationError`` for calibration batches), naming the parameter.
+``CalibrationError`` for calibration batches), naming the parameter. A keyword the program does
+not take is refused, never dropped (at call time an ``UnexpectedKeywordError``, which is both a
+``ConfigError`` and an ``InputMismatchError``); one the model's forward takes but the capture
+left to its default is accepted only with that default value, which is what the program computes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from collections.abc import Mapping
 
 import torch
 import torch.utils._pytree as pytree
 
-from ..errors import InputMismatchError, did_you_mean
+from types import MappingProxyType
+
+from ..errors import InputMismatchError, UnexpectedKeywordError, did_you_mean
 
 _SIMPLE = (bool, int, float, str, type(None), torch.dtype, torch.device)
+
+# the error for a keyword the program does not take, by the error a caller asks for (others: that error itself)
+_KEYWORD_ERRORS = MappingProxyType({InputMismatchError: UnexpectedKeywordError})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,13 +73,19 @@ class CallSignature:
     def arrange(self, args: tuple, kwargs: Mapping, *, error=InputMismatchError, where: str = "this call") -> tuple[tuple, dict]:
         """``(args, kwargs)`` of a call, rearranged into the captured structure; ``where`` names the call in
         errors ("calibration batch 3")."""
-        if not kwargs and len(args) == len(self.positional) and not self.keywords:
-            return tuple(args), {}  # the common case: called as captured
-        named = self._bind(args, kwargs, error, where)
+        if len(args) == len(self.positional):  # the common cases: called as captured, or every argument by name
+            if not kwargs and not self.keywords:
+                return tuple(args), {}
+            if len(kwargs) == len(self.keywords) and kwargs.keys() == self._keyword_set:
+                return tuple(args), {name: kwargs[name] for name in self.keywords}
+        elif not args and len(kwargs) == len(self._names_by_keyword) and kwargs.keys() == self._names_by_keyword:
+            return tuple(kwargs[name] for name in self.positional), {name: kwargs[name] for name in self.keywords}
+        unknown = _KEYWORD_ERRORS.get(error, error)
+        named = self._bind(args, kwargs, error, unknown, where)
         captured = set(self.positional + self.keywords)
         for name, value in named.items():  # first what the program cannot take (often a misspelt name)
             if name not in captured and not self._is_default(name, value):
-                raise error(
+                raise unknown(
                     f"{where} gives argument '{name}', which the program was compiled without (the model's default "
                     f"was used when it was captured); leave '{name}' out, or compile again with it in the example "
                     f"inputs (the program takes {self._describe()})."
@@ -85,7 +100,22 @@ class CallSignature:
         out_kwargs = {name: named[name] for name in self.keywords}
         return out_args, out_kwargs
 
-    def _bind(self, args, kwargs, error, where) -> dict:
+    @functools.cached_property
+    def _keyword_set(self) -> frozenset:
+        return frozenset(self.keywords)
+
+    @functools.cached_property
+    def _names_by_keyword(self) -> frozenset:
+        """Every captured name, when each can be given by keyword (the model's forward takes it so); else empty."""
+        names = frozenset(self.positional + self.keywords)
+        if self.forward is not None:
+            by_keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+            parameters = self.forward.parameters
+            if any(name not in parameters or parameters[name].kind not in by_keyword for name in self.positional):
+                return frozenset()
+        return names
+
+    def _bind(self, args, kwargs, error, unknown, where) -> dict:
         if self.forward is not None and not _has_var_positional(self.forward):
             parameters = self.forward.parameters
             var_keyword = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in parameters.values())
@@ -96,7 +126,7 @@ class CallSignature:
                 what = "is not a parameter of the model's forward" if var_keyword else (
                     f"the model's forward{self.forward} does not take"
                 )
-                raise error(
+                raise unknown(
                     f"{where} gives argument '{name}', which {what}{did_you_mean(name, self._names())}; the program "
                     f"takes {self._describe()}."
                 )
@@ -123,7 +153,7 @@ class CallSignature:
             if name in named:
                 raise error(f"{where} gives argument '{name}' twice (positionally and by keyword).")
             if name not in known:
-                raise error(
+                raise unknown(
                     f"{where} gives argument '{name}', which the program does not take{did_you_mean(name, known)}; "
                     f"it takes {self._describe()}."
                 )
@@ -177,12 +207,27 @@ def arrange_or_pass(signature: CallSignature | None, args: tuple, kwargs: Mappin
     return signature.arrange(args, kwargs, **options)
 
 
+def capture_keywords(program) -> tuple[str, ...]:
+    """The names of the inputs ``program`` (an ExportedProgram) was captured with as keywords, in the capture's
+    order: the order their values take among the placeholders."""
+    in_spec = _in_spec(program)
+    if in_spec is None:
+        return ()
+    _, kwargs_spec = _children(in_spec)
+    return tuple(kwargs_spec.context) if kwargs_spec is not None and kwargs_spec.context else ()
+
+
 def flat_user_inputs(program, args: tuple, kwargs: dict) -> list:
     """The user inputs of an ExportedProgram as its placeholders take them (keyword order of the capture)."""
-    in_spec = program.call_spec.in_spec
-    if in_spec is not None and kwargs and in_spec.num_children == 2:
-        kwargs_spec = in_spec.child(1) if hasattr(in_spec, "child") else in_spec.children_specs[1]
-        keys = kwargs_spec.context
+    if kwargs:
+        keys = capture_keywords(program)
         if set(keys) == set(kwargs):
             kwargs = {k: kwargs[k] for k in keys}
     return pytree.tree_leaves((args, kwargs))
+
+
+def _in_spec(program):
+    """The input TreeSpec of ``program``'s call (``ExportedProgram.call_spec.in_spec`` without building that
+    property's NamedTuple class on every read)."""
+    graph = program.module_call_graph
+    return graph[0].signature.in_spec if graph and graph[0].signature is not None else None

@@ -5,6 +5,13 @@ except the dimensions captured as dynamic (whose sizes must lie in their ranges)
 mismatch gives :class:`InputMismatchError` naming the input, what differs and what to
 do — instead of a kernel's complaint, a bare guard assertion, or numerics silently
 computed in another dtype.
+
+What depends only on the program (the specs, the captured keyword order, each input's static
+shape and dynamic ranges) is prepared once, when a program is built or loaded, as an
+:class:`InputCheck`; a call then pays only for comparing its tensors' dtypes, devices and sizes
+(a few microseconds: a compiled program of a small model must not cost more per call than the
+model, issue 45). A call that fails the quick comparison is checked again by :func:`problems_of`,
+which words the error.
 """
 
 from __future__ import annotations
@@ -12,10 +19,11 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+import torch.utils._pytree as pytree
 from torch.export.graph_signature import InputKind
 
-from ..errors import InputMismatchError
-from .call_signature import flat_user_inputs
+from ..errors import InputMismatchError, InvariantError
+from .call_signature import capture_keywords
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,32 +85,115 @@ def _finite(bound) -> int | None:
 
 
 def check_inputs(specs: tuple[InputSpec, ...], program, args: tuple, kwargs: dict) -> None:
-    if not specs:
-        return
-    leaves = flat_user_inputs(program, args, kwargs)
-    tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
-    if len(tensors) != len(specs):
-        raise InputMismatchError(
-            f"the program was compiled for {len(specs)} input tensor(s) and got {len(tensors)}; "
-            "call it with the same arguments as the model's forward."
-        )
-    for i, (tensor, spec) in enumerate(zip(tensors, specs)):
-        problems = []
-        if tensor.dtype != spec.dtype:
-            problems.append(f"dtype {tensor.dtype} (compiled for {spec.dtype})")
-        if tensor.dim() != spec.rank:
-            problems.append(f"rank {tensor.dim()} (compiled for rank {spec.rank})")
-        else:
-            misfit = size_misfit(tensor.shape, spec.dims)
-            if misfit:
-                problems.append(misfit)
-        if tensor.device.type != spec.device_type:
-            problems.append(f"device {tensor.device} (compiled for {spec.device_type})")
-        if problems:
+    """Check one call against ``specs`` (a program called now and then; a program's own calls use its
+    :class:`InputCheck`, prepared once)."""
+    InputCheck(tuple(specs), capture_keywords(program)).tensors(args, kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class InputCheck:
+    """The call-time check of one program's inputs, prepared once from what depends only on the program.
+
+    ``specs``: the InputSpec of each user input tensor, in placeholder order; ``keywords``: the names of the
+    inputs captured as keywords, in the capture's order (``call_signature.capture_keywords``), which is the
+    order their tensors take among the placeholders.
+    """
+
+    specs: tuple[InputSpec, ...]
+    keywords: tuple[str, ...] = ()
+    # per spec: (dtype, device type, the whole shape when every size is static else None, rank,
+    # ((axis, size) of static sizes), ((axis, low, high) of dynamic ones)); derived in __post_init__
+    _expected: tuple = dataclasses.field(init=False, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, exported_program, specs: tuple[InputSpec, ...] | None = None) -> "InputCheck":
+        specs = input_specs_of(exported_program) if specs is None else tuple(specs)
+        return cls(specs, capture_keywords(exported_program))
+
+    def __post_init__(self):
+        expected = []
+        for spec in self.specs:
+            static = all(isinstance(d, int) for d in spec.dims)
+            fixed = tuple((axis, d) for axis, d in enumerate(spec.dims) if isinstance(d, int))
+            ranges = tuple((axis, d[0], d[1] if d[1] is not None else float("inf"))
+                           for axis, d in enumerate(spec.dims) if not isinstance(d, int))
+            shape = torch.Size(spec.dims) if static else None
+            expected.append((spec.dtype, spec.device_type, shape, spec.rank, fixed, ranges))
+        object.__setattr__(self, "_expected", tuple(expected))
+
+    def leaves(self, args: tuple, kwargs: dict) -> list:
+        """The call's leaves in placeholder order (``kwargs`` in the capture's keyword order)."""
+        if not kwargs:
+            if all(type(a) is torch.Tensor for a in args):
+                return list(args)
+        elif len(kwargs) == len(self.keywords):
+            try:
+                values = [kwargs[name] for name in self.keywords]
+            except KeyError:
+                values = None
+            if values is not None and all(type(v) is torch.Tensor for v in (*args, *values)):
+                return [*args, *values]
+        ordered = {k: kwargs[k] for k in self.keywords} if set(self.keywords) == set(kwargs) else kwargs
+        return pytree.tree_leaves((tuple(args), ordered))
+
+    def tensors(self, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+        """The call's input tensors in placeholder order, checked: an InputMismatchError names the first input
+        that does not fit (without specs, nothing is checked)."""
+        return self.check(self.leaves(args, kwargs))
+
+    def check(self, leaves: list) -> list[torch.Tensor]:
+        """``tensors`` of a call's ``leaves`` (from :meth:`leaves`)."""
+        tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+        if not self.specs:
+            return tensors
+        if len(tensors) != len(self.specs):
             raise InputMismatchError(
-                f"input {i} ('{spec.name}') has {' and '.join(problems)}; pass inputs like the example inputs the "
-                "program was compiled with, or compile again for these (dynamic_shapes= for sizes that vary)."
+                f"the program was compiled for {len(self.specs)} input tensor(s) and got {len(tensors)}; "
+                "call it with the same arguments as the model's forward."
             )
+        for index, (tensor, (dtype, device, shape, rank, fixed, ranges)) in enumerate(zip(tensors, self._expected)):
+            if tensor.dtype is not dtype or tensor.device.type != device:
+                self._refuse(index, tensor)
+            size = tensor.shape
+            if shape is not None:
+                if size != shape:
+                    self._refuse(index, tensor)
+                continue
+            if len(size) != rank:
+                self._refuse(index, tensor)
+            for axis, wanted in fixed:
+                if size[axis] != wanted:
+                    self._refuse(index, tensor)
+            for axis, low, high in ranges:
+                if not low <= size[axis] <= high:
+                    self._refuse(index, tensor)
+        return tensors
+
+    def _refuse(self, index: int, tensor: torch.Tensor) -> None:
+        spec = self.specs[index]
+        found = problems_of(tensor, spec)
+        if not found:  # the quick comparison and the worded one disagree: mixprec's own bug
+            raise InvariantError(f"input {index} ('{spec.name}') failed the quick check but fits {spec}")
+        raise InputMismatchError(
+            f"input {index} ('{spec.name}') has {' and '.join(found)}; pass inputs like the example inputs the "
+            "program was compiled with, or compile again for these (dynamic_shapes= for sizes that vary)."
+        )
+
+
+def problems_of(tensor: torch.Tensor, spec: InputSpec) -> list[str]:
+    """What differs between ``tensor`` and ``spec``, in words (empty when it fits)."""
+    problems = []
+    if tensor.dtype != spec.dtype:
+        problems.append(f"dtype {tensor.dtype} (compiled for {spec.dtype})")
+    if tensor.dim() != spec.rank:
+        problems.append(f"rank {tensor.dim()} (compiled for rank {spec.rank})")
+    else:
+        misfit = size_misfit(tensor.shape, spec.dims)
+        if misfit:
+            problems.append(misfit)
+    if tensor.device.type != spec.device_type:
+        problems.append(f"device {tensor.device} (compiled for {spec.device_type})")
+    return problems
 
 
 def size_misfit(shape, dims) -> str | None:

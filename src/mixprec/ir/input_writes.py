@@ -165,6 +165,14 @@ def written_inputs(graph: torch.fx.Graph, inputs) -> dict[torch.fx.Node, torch.f
 
 
 # ---- at compile ---------------------------------------------------------------------------------------------------
+META_INPUT_COPY = "mixprec_input_copy"  # on the clone of a written input: the input's name
+
+
+def copied_inputs(graph: torch.fx.Graph) -> list[str]:
+    """The user inputs a compiled graph works on a copy of (:func:`copy_written_inputs`), by name."""
+    return [n.meta[META_INPUT_COPY] for n in graph.nodes if META_INPUT_COPY in n.meta]
+
+
 def copy_written_inputs(work) -> bool:
     """Clone each user input the graph writes at the start of the graph, its uses reading the clone (module
     docstring); whether anything changed. ``work``: a WorkProgram."""
@@ -181,6 +189,7 @@ def copy_written_inputs(work) -> bool:
         value = placeholder.meta.get("val")
         if isinstance(value, torch.Tensor):
             copy.meta["val"] = _fake_clone(value)
+        copy.meta[META_INPUT_COPY] = placeholder.name  # the report names the copied inputs (inputs_copied)
         placeholder.replace_all_uses_with(copy, delete_user_cb=lambda user, copy=copy: user is not copy)
         message = (f"the model writes its input {placeholder.name!r} in place ({writer.target} at node "
                    f"{writer.name!r}); the compiled program writes a copy, so the tensor you pass is left as it was "

@@ -187,6 +187,9 @@ def _summary_section(summary: dict) -> str:
     if isinstance(summary.get("model_inputs"), list) and isinstance(summary.get("model_outputs"), list):
         cards.append(("Model inputs and outputs", f"inputs: <b>{_listed(summary['model_inputs'])}</b><br>"
                                                   f"outputs: <b>{_listed(summary['model_outputs'])}</b>"))
+    if isinstance(summary.get("inputs_copied"), list) and summary["inputs_copied"]:
+        cards.append(("Inputs copied", f"the model writes <b>{_listed(summary['inputs_copied'])}</b> in place; the "
+                                       "program writes a copy, so the tensors passed in are left as they were"))
     if seconds:
         phases = ", ".join(f"{_e(k)} {v:.2f}s" for k, v in seconds.items())
         cards.append(("Compile time", f"<b>{compile_time:.2f} s</b><div class='bar-labels'>{phases}</div>"))

@@ -158,7 +158,7 @@ def summary_fields(summary) -> dict:
                 raise _Damaged("'simulated_flops_fraction' must be between 0 and 1")
         if ("model_inputs" in s) != ("model_outputs" in s):
             raise _Damaged("'model_inputs' and 'model_outputs' come together")
-        for key in ("model_inputs", "model_outputs"):
+        for key in ("model_inputs", "model_outputs", "inputs_copied"):
             for v in _list(s.get(key, []), key):
                 _string(v, key)
         if "speed_vs_fp32" in s:

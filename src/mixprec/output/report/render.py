@@ -187,6 +187,9 @@ def summary_text(summary: dict) -> str:
     ]
     if "model_inputs" in summary:
         parts.append(f"model inputs: {_listed(summary['model_inputs'])}; outputs: {_listed(summary['model_outputs'])}")
+    if summary.get("inputs_copied"):
+        parts.append(f"inputs the model writes in place, copied so yours are left as they were: "
+                     f"{_listed(summary['inputs_copied'])}")
     speed = speed_text(summary.get("speed_vs_fp32"))
     if speed:
         parts.append(speed)
