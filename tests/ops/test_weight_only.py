@@ -177,7 +177,8 @@ def test_int8_kernel_only_on_k_it_steps_through(capability):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if capability == "avx2":
         env["ATEN_CPU_CAPABILITY"] = "avx2"
-    out = subprocess.run([sys.executable, "-c", _ODD_K_SCRIPT], env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", _ODD_K_SCRIPT], check=False, env=env, capture_output=True, text=True,
+                         timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     errors = json.loads(out.stdout)
     assert all(e < 6e-3 for e in errors.values()), errors
