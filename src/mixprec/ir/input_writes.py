@@ -11,6 +11,8 @@ views, conservatively every output of a control-flow operator, whose body may re
 value whose fake tensor (``meta["val"]``, computed by running the graph) shares a storage with an input's: many
 operators return their input itself without saying so in their schemas (``dropout`` with ``train=False``,
 ``type_as``, ``atleast_1d``, ``sum_to_size``, ``lift``, ``_unsafe_view``, ``unsafe_split``, ``broadcast_tensors``).
+The values ``torch.export`` records do not show that, so an op reading a value that may alias an input is also run
+on fresh fake tensors, and what it returns as it is counts.
 
 * At compile (:func:`copy_written_inputs`, run by ``normalize``): each user input the graph writes is cloned once at
   the start of the graph and every use reads the clone; the program computes what the model computes (on its own
@@ -50,8 +52,52 @@ def aliases(graph: torch.fx.Graph) -> dict[torch.fx.Node, frozenset[torch.fx.Nod
                 storages.setdefault(key, set()).add(node)
         elif node.op == "call_function":
             shared = {p for key in _storages(node) for p in storages.get(key, ())}
-            out[node] = frozenset().union(shared, *(out.get(a, frozenset()) for a in _aliased_arguments(node)))
+            arguments = _aliased_arguments(node)
+            if any(out.get(a) for a in node.all_input_nodes if a not in arguments):  # may it return one as it is?
+                arguments = [*arguments, *_returned_as_they_are(node)]
+            out[node] = frozenset().union(shared, *(out.get(a, frozenset()) for a in arguments))
     return out
+
+
+def _returned_as_they_are(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The tensor arguments of ``node`` whose memory its result shares though its schema does not say so, found by
+    running the op on fresh fake tensors of their metadata (``torch.export``'s recorded values do not show it:
+    ``dropout(x, train=False)`` records a value of its own where the call returns ``x``); all of them when the op
+    cannot be run so."""
+    from torch._guards import detect_fake_mode
+
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:  # a Python callable: it may return anything it is given
+        return list(node.all_input_nodes)
+    tensors = [n for n in node.all_input_nodes if isinstance(n.meta.get("val"), torch.Tensor)]
+    if not tensors or all(r.alias_info is not None for r in schema.returns):
+        return []
+    mode = detect_fake_mode(tuple(n.meta["val"] for n in tensors))
+    if mode is None:
+        return tensors
+    try:
+        with mode:
+            fresh = {n: _fresh(n.meta["val"]) for n in tensors}
+            result = node.target(*torch.fx.node.map_arg(node.args, lambda n: fresh.get(n, n.meta.get("val"))),
+                                 **torch.fx.node.map_arg(node.kwargs, lambda n: fresh.get(n, n.meta.get("val"))))
+    except Exception:  # noqa: BLE001 (an op that cannot run on fresh fakes: conservatively, it may return them all)
+        return tensors
+    returned = {_storage(v) for v in torch.utils._pytree.tree_leaves(result) if isinstance(v, torch.Tensor)}
+    return [n for n, value in fresh.items() if _storage(value) in returned]
+
+
+def _fresh(value: torch.Tensor) -> torch.Tensor:
+    """A new tensor of ``value``'s sizes, strides, dtype and device (in the ambient fake mode)."""
+    if value.layout != torch.strided:
+        return torch.empty(value.shape, dtype=value.dtype, device=value.device, layout=value.layout)
+    return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
+
+
+def _storage(value: torch.Tensor):
+    try:
+        return value.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):  # a tensor without a storage
+        return id(value)
 
 
 def writers(graph: torch.fx.Graph) -> dict[torch.fx.Node, list[torch.fx.Node]]:
@@ -125,7 +171,8 @@ def writes(node: torch.fx.Node) -> list[torch.fx.Node]:
     if node.op != "call_function" or schema is None:
         return []
     marked = [n for argument, value in _arguments(node, schema)
-              if argument.alias_info is not None and argument.alias_info.is_write for n in _nodes_in(value)]  # fmt: skip
+              if argument.alias_info is not None and argument.alias_info.is_write
+              for n in _nodes_in(value)]  # fmt: skip
     unmarked = [n for value in kernels.unmarked_writes(node.target, node.args, node.kwargs) for n in _nodes_in(value)]
     return marked + [n for n in unmarked if n not in marked]
 
