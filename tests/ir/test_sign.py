@@ -138,3 +138,23 @@ def test_unsigned_quantize_and_dequantize_are_never_negative():
     out = _call(graph, aten.add.Tensor, dq, 1.0)
     graph.output(out)
     assert is_nonnegative(q) and is_nonnegative(dq) and is_nonnegative(out) and not is_nonnegative(x)
+
+
+def test_a_write_through_an_op_that_returns_its_input_unannotated():
+    """``dropout(r, train=False)`` returns ``r`` itself; its schema does not say so, nor do the values torch.export
+    records (a value of its own): a write into its result writes ``r``, which is then possibly negative."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    r = _relu(graph, x)
+    d = _call(graph, aten.dropout.default, r, 0.5, False)
+    _call(graph, aten.sub_.Scalar, d, 0.5)
+    graph.output(r)
+    with FakeTensorMode():
+        x.meta["val"] = torch.empty(3, 4)
+        r.meta["val"] = torch.empty(3, 4)
+        d.meta["val"] = torch.empty(3, 4)  # as export records it: a storage of its own
+    assert is_nonnegative(r) is False
+    graph.erase_node(next(n for n in graph.nodes if n.target is aten.sub_.Scalar))
+    assert is_nonnegative(r) is True  # without the write

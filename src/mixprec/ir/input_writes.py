@@ -102,7 +102,8 @@ def _storage(value: torch.Tensor):
 
 def writers(graph: torch.fx.Graph) -> dict[torch.fx.Node, list[torch.fx.Node]]:
     """For each node whose memory some in-place op of ``graph`` may write, those ops: a write into a value reaches
-    every value that may share its memory (schema aliases, shared fake storages), before or after it."""
+    every value that may share its memory (schema aliases, shared fake storages, and what an op next to written
+    memory returns as it is: :func:`_returned_as_they_are`), before or after it."""
     parent: dict[torch.fx.Node, torch.fx.Node] = {}
 
     def find(node):
@@ -124,9 +125,25 @@ def writers(graph: torch.fx.Graph) -> dict[torch.fx.Node, list[torch.fx.Node]]:
                 parent[find(by_storage[key])] = find(node)
             else:
                 by_storage[key] = node
+    targets = {node: writes(node) for node in graph.nodes}
+    asked: set = set()
+    while True:  # ops reading or making written memory: what they return as it is joins it (until nothing joins)
+        hot = {find(t) for written_by_node in targets.values() for t in written_by_node}
+        joined = False
+        for node in graph.nodes:
+            if node.op != "call_function" or node in asked:
+                continue
+            if find(node) in hot or any(find(a) in hot for a in node.all_input_nodes if a in parent):
+                asked.add(node)
+                for argument in _returned_as_they_are(node):
+                    if find(argument) is not find(node):
+                        parent[find(argument)] = find(node)
+                        joined = True
+        if not joined:
+            break
     written: dict[torch.fx.Node, list] = {}
-    for node in graph.nodes:
-        for target in writes(node):
+    for node, written_by_node in targets.items():
+        for target in written_by_node:
             written.setdefault(find(target), []).append(node)
     return {node: written[find(node)] for node in list(parent) if find(node) in written}
 
