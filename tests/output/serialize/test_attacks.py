@@ -143,6 +143,24 @@ UNMARKED_WRITES = {  # kernels that write their running statistics, which their 
                                                                               _ref("c_r1"), True, 0.5, 1e-5, False])],
 }  # fmt: skip
 _SPECTRUM = [("c_c", "_fft_r2c.default", [X_, [1], 0, True])]
+
+
+def _int4_weight_read_unpacked(document):
+    """A second int4 node reading the packed node's weight as plain nibbles (the load packed it for the first)."""
+    first = _node(document, INT4)
+    output = crafting.root(document)[-1]
+    result = output["args"][0]["tuple"][0]["node"]
+    again = [first["args"][0], first["args"][1], first["args"][2], 32, False, first["args"][5]]
+    _insert(document, output["name"], [("c_again", INT4, again),
+                                       ("c_f", "_to_copy.default", [_ref("c_again")], {"dtype": {"dtype": "float32"}}),
+                                       ("c_sum", "sum.default", [_ref("c_f")]),
+                                       ("c_out", "add.Tensor", [_ref(result), _ref("c_sum")])])  # fmt: skip
+    output["args"][0]["tuple"][0] = _ref("c_out")
+    next(o for o in document["signature"]["outputs"] if o["name"] == result)["name"] = "c_out"
+
+
+_PACKED = "is read packed by the int4 kernel and also by node"
+
 REFUSED = {  # case -> (edit of the weight-only program's graph, what the FileFormatError says)
     "int4 packed given as 1 (its kernel read plain nibbles as packed)": (_int4_argument(4, 1), "schema takes bool"),
     "int4 packed given as null": (_int4_argument(4, None), "schema takes bool"),
@@ -159,6 +177,10 @@ REFUSED = {  # case -> (edit of the weight-only program's graph, what the FileFo
         _beside([("c_v", "ones.default", [[4, 4, 4]]), ("c_g", "ones.default", [[1, 4, 1]]),
                  ("c_n", "_weight_norm_interface.default", [_ref("c_v"), _ref("c_g"), 1]),
                  ("c_o", "_operator.getitem", [_ref("c_n"), 0])]), "must be 0 or the last"),
+    "int4 weight packed at load, also read unpacked by a second int4 node (other numbers than the graph)": (
+        _int4_weight_read_unpacked, _PACKED),
+    "int4 weight packed at load, also read by an ATen op": (
+        _beside([("c_w", "sum.default", [_ref("p_up_weight_int4_g32_bf16")])]), _PACKED),
     **{f"the input written through {name}": (_write_input(steps, "c_a"), "writes the caller's input 'x'")
        for name, steps in UNANNOTATED_ALIASES.items()},
     **{f"the input written by {name}": (_write_input(steps), "writes the caller's input 'x'")
