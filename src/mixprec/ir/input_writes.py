@@ -10,9 +10,8 @@ annotated as an alias of an argument (views, ``to``, ``contiguous``, in-place re
 views, conservatively every output of a control-flow operator, whose body may return its operand itself, and every
 value whose fake tensor (``meta["val"]``, computed by running the graph) shares a storage with an input's: many
 operators return their input itself without saying so in their schemas (``dropout`` with ``train=False``,
-``type_as``, ``atleast_1d``, ``sum_to_size``, ``lift``, ``_unsafe_view``, ``unsafe_split``, ``broadcast_tensors``).
-The values ``torch.export`` records do not show that, so an op reading a value that may alias an input is also run
-on fresh fake tensors, and what it returns as it is counts.
+``type_as``, ``lift``, ``_unsafe_view``, ``unsafe_split``): ``torch.export``'s recorded values do not show it, so
+an op reading a value that may alias an input is also run on fresh fake tensors to see what it returns as it is.
 
 * At compile (:func:`copy_written_inputs`, run by ``normalize``): each user input the graph writes is cloned once at
   the start of the graph and every use reads the clone; the program computes what the model computes (on its own

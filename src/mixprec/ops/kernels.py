@@ -10,8 +10,7 @@ storage). So such an operator declares, in one :class:`Declaration` registered w
   the dtypes and rank its kernel reads, and the relations of their shapes and values (the int4 group sizes);
 * which arguments a file must give as literals (``literals``) and which operands must be tensors the file stores
   (``stored``: a weight the load sees, never one the graph computes);
-* the bytes it allocates while it runs, as a function of its operands (``workspace``): the load's memory budget counts
-  them (``output/serialize/propagation.py``).
+* the bytes it allocates while it runs, as a function of its operands (``workspace``), which the load counts.
 
 One rule for layouts: every tensor operand reaches the kernel contiguous and starting on a :data:`ALIGNMENT`-byte
 boundary (vectorised kernels use aligned loads: ``_weight_int8pack_mm``'s bf16 path faults on a contiguous view that
