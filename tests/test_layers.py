@@ -2,11 +2,14 @@
 
 DESIGN.md: "a dependency points from a later stage to an earlier one, never back". Every import of a
 mixprec module counts, lazy imports inside functions included (they are back-edges all the same).
+Also how the package reads (issue 44): module docstrings say what and why in a few lines, and name no
+bench script that left the tree.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -200,3 +203,75 @@ def test_no_import_circles():
 
 def test_the_circle_check_sees_a_circle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
+
+
+# ---- docstrings state what a module is for and why (issue 44) ------------------------------------------------------
+
+# A module docstring's most lines, its first and last line included: what the module is for, why it is built that way,
+# its contracts. Measured figures live in bench/RESULTS.md and bench/log/, named by section.
+DOCSTRING_LINES = 25
+# issue 44: the lead trims these after the branches editing them merge
+DOCSTRINGS_PENDING = (
+    "backends/lowering/qdq.py", "backends/openvino/audit.py", "backends/openvino/convert.py",
+    "backends/openvino/runner.py", "debugger/fixes.py", "ops/weight_only.py", "output/serialize/__init__.py",
+    "output/serialize/graph.py", "output/serialize/propagation.py", "output/serialize/runtime_bounds.py",
+    "output/serialize/workspace.py", "plan/quantization.py", "rewrite/quantize.py", "searching/__init__.py",
+    "searching/budget.py", "searching/distributed.py", "searching/groups.py", "searching/holdout.py",
+    "searching/shapes.py",
+)
+# issue 44: the lead fixes these after the branches editing them merge (they name bench scripts that left the tree)
+BENCH_NAMES_PENDING = ("hf/weight_only.py", "ops/weight_only.py", "searching/distributed.py", "searching/types.py")
+
+BENCH = SRC.parents[1] / "bench"
+_BENCH_SCRIPT = re.compile(r"\bbench/([\w/]+\.py)\b")
+
+
+def _docstring_lines(text: str) -> int:
+    """Lines of the module docstring of ``text`` (0 without one)."""
+    body = ast.parse(text).body
+    first = body[0] if body else None
+    if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+            and isinstance(first.value.value, str)):
+        return 0
+    return first.end_lineno - first.lineno + 1
+
+
+def _dead_bench_names(text: str) -> list[str]:
+    """bench/*.py files ``text`` names that bench/ does not hold (the suite's conclusions of removed scripts are in
+    bench/log/2026-12.md)."""
+    return sorted({m for m in _BENCH_SCRIPT.findall(text) if not (BENCH / m).is_file()})
+
+
+def _sources() -> dict[str, str]:
+    return {p.relative_to(SRC).as_posix(): p.read_text() for p in sorted(SRC.rglob("*.py"))}
+
+
+def _pending_check(found: set[str], pending: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """(files found that are not listed, listed files no longer found): both must be empty."""
+    return sorted(found - set(pending)), sorted(set(pending) - found)
+
+
+def test_module_docstrings_are_short():
+    long = {rel for rel, text in _sources().items() if _docstring_lines(text) > DOCSTRING_LINES}
+    unlisted, done = _pending_check(long, DOCSTRINGS_PENDING)
+    assert not unlisted, (f"module docstrings over {DOCSTRING_LINES} lines (keep what and why; figures go to "
+                          f"the log): {unlisted}")
+    assert not done, f"trimmed already: take them out of DOCSTRINGS_PENDING: {done}"
+
+
+def test_no_source_names_a_bench_script_that_left_the_tree():
+    dead = {rel for rel, text in _sources().items() if _dead_bench_names(text)}
+    unlisted, done = _pending_check(dead, BENCH_NAMES_PENDING)
+    assert not unlisted, ("bench scripts that are not in bench/ (name the log section or `python -m bench run "
+                          "GROUP`): " + "; ".join(f"{rel}: {_dead_bench_names(_sources()[rel])}" for rel in unlisted))
+    assert not done, f"fixed already: take them out of BENCH_NAMES_PENDING: {done}"
+
+
+def test_the_docstring_checks_can_fail():
+    """A 26-line docstring counts as over, a 25-line one does not; a removed script is found, a living one is not;
+    a listed file that is fine again, or an unlisted one that is not, is reported."""
+    assert _docstring_lines('"""' + "\n" * 25 + '"""\nx = 1\n') == 26
+    assert _docstring_lines('"""' + "\n" * 24 + '"""\n') == 25
+    assert _docstring_lines("x = 1\n") == 0
+    assert _dead_bench_names("# measured by bench/layout.py and bench/same_outputs.py") == ["layout.py"]
+    assert _pending_check({"a.py", "b.py"}, ("b.py", "c.py")) == (["a.py"], ["c.py"])

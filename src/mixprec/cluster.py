@@ -1,4 +1,4 @@
-"""Connecting to Ray: the one place that imports it, joins a cluster or starts one, and says why it could not.
+"""Connecting to Ray: import it when a call asks for it, join a cluster or start one, and say why it could not.
 
 Two stages use a Ray cluster: calibration over shards or a ``ray.data.Dataset`` (``calibrate/shards.py``)
 and the search's trials (``searching/distributed.py``). Both need the same three things, written once

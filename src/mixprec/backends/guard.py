@@ -5,29 +5,20 @@ than what calibration saw (calibrated on short prompts, run on long ones; calibr
 normalised inputs, run on raw ones), a layer lowered to fp16 can overflow, and the output
 is wrong without any error. The guard checks, at every call, the output of every
 low-precision compute layer: its largest magnitude (one ``aminmax`` per layer, a single read
-of the tensor, no temporary; ``linalg_vector_norm(x, inf)`` and ``abs().amax()`` are 250-600x
-slower on CPU bf16) must be finite and below half the low type's largest value (fp16: 32752; ``x*x`` of such a value already overflows). All layers'
-maxima are compared in one batched check at the end of the call, so the cost is one small
-reduction per lowered layer and one host synchronisation per call (bench/guard.py measures it).
+of the tensor, no temporary: far cheaper on CPU bf16 than ``linalg_vector_norm(x, inf)`` or
+``abs().amax()``) must be finite and below half the low type's largest value (fp16: 32752;
+``x*x`` of such a value already overflows). All layers' maxima are compared in one batched check
+at the end of the call: one small reduction per lowered layer and one host synchronisation per
+call (its cost: ``python -m bench run readme``; bench/log/2026-11.md, "Autocast against
+torch.autocast on 27 transformers architectures").
 
 The first failing layer is named with its module path, op and what was seen; "warn" issues a
 :class:`~mixprec.MixedPrecisionWarning`, "raise" raises :class:`~mixprec.RuntimeGuardError`.
 
 Works on the eager backend's ``GraphModule`` as a backend pass (:func:`guard_pass`, ``backends/lowering``):
-nodes are added after the checked layers, the model's own nodes are not changed; the check node's role is
-"guard" (the verifier's fake-tensor re-run skips it: it reads values, it has no dtype). Before::
-
-    linear = aten.linear(x_fp16, w_fp16)
-    ...
-    return (out,)
-
-After::
-
-    linear = aten.linear(x_fp16, w_fp16)
-    aminmax_default = aten.aminmax(linear)
-    ...
-    mixprec_runtime_guard((aminmax_default, ...))
-    return (out,)
+nodes are added after the checked layers, the model's own nodes are not changed (:func:`install` shows the
+graph before and after); the check node's role is "guard" (the verifier's fake-tensor re-run skips it: it
+reads values, it has no dtype).
 """
 
 from __future__ import annotations
@@ -68,7 +59,8 @@ class _Check:
         index = int(bad.nonzero()[0, 0])
         value = float(values[index])
         if math.isfinite(value):
-            seen = f"values up to {value:.4g}, near its type's largest finite value (guard limit {float(limits[index]):.4g})"
+            seen = (f"values up to {value:.4g}, near its type's largest finite value "
+                    f"(guard limit {float(limits[index]):.4g})")
         else:
             seen = "inf/NaN" if math.isnan(value) or math.isinf(value) else str(value)
         count = int(bad.sum())
@@ -85,7 +77,20 @@ class _Check:
 
 def install(module: torch.fx.GraphModule, mode: str | None) -> int:
     """Add the checks to ``module`` in place (a GraphModule the backend just built); returns how many
-    layers are checked. ``mode`` None leaves the module as it is."""
+    layers are checked. ``mode`` None leaves the module as it is. Before::
+
+        linear = aten.linear(x_fp16, w_fp16)
+        ...
+        return (out,)
+
+    After::
+
+        linear = aten.linear(x_fp16, w_fp16)
+        aminmax_default = aten.aminmax(linear)
+        ...
+        mixprec_runtime_guard((aminmax_default, ...))
+        return (out,)
+    """
     if mode is None:
         return 0
     graph = module.graph

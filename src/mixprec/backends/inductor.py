@@ -4,34 +4,18 @@
 ``torch.compile(backend="inductor")``. The factory needs nothing but the
 ExportedProgram, so a saved program is rebuilt on load by compiling again (the
 ExportedProgram is what gets saved). We chose recompiling over an AOTInductor
-package: measured on this project's 2-core CPU machine (torch 2.13, gcc), compiling
-a small bf16 model took 8-25 s the first time and 0.2-0.3 s again from inductor's
-on-disk cache, while an AOTI package took 7-15 s every time; and an AOTI shared
-library is tied to the torch build and CPU ISA it was made on, while the
-ExportedProgram loads wherever the same torch runs.
+package: inductor's on-disk cache makes a second compile cheap while an AOTI package
+is rebuilt in full each time, and an AOTI shared library is tied to the torch build
+and CPU ISA it was made on, while the ExportedProgram loads wherever the same torch runs.
 
 Numerics: the plan decides where values are rounded to fp16/bf16, and the report
-measured the error of exactly those roundings. Inductor, when it fuses a chain of
-low-precision elementwise ops, by default keeps the intermediates in fp32 and rounds
-once at the end (sixteen bf16 ops in a row drifted up to two bf16 steps from eager):
-more accurate, but not the program the plan describes, nor what the eager backend or
-a GPU running the ops one by one computes. We therefore compile with
-``emulate_precision_casts=True``: every op whose output (or an input) is fp16/bf16
-rounds as eager PyTorch does, and explicit casts are never folded away (that chain is
-then bit-identical to eager). What may still differ: fp32 reductions (layer norm,
-softmax) summed in another order, and scalar constants that inductor rounds to the
-tensor's dtype before use (one step of that dtype) — float rounding, not precision.
+measured the error of exactly those roundings, so the program is compiled to round
+where eager PyTorch does (:data:`INDUCTOR_OPTIONS`), not once at the end of a fused chain.
 
-Dynamic shapes: dimensions the program was captured with as dynamic (its
-``range_constraints``) are marked dynamic with the same bounds before the first
-compile, so other batch sizes run without recompiling (dynamo still specialises
-size 1, which compiles once more on first use).
-
-Threads: ``torch.compile``'s compiler is not thread-safe (pytorch/pytorch#118260;
-here, four threads making the first call at once each compiled their own graph).
-The program is compiled at build time on the example inputs, and any call whose
-input shapes/strides were not seen before runs under a lock, so at most one thread
-compiles at a time while calls with known shapes run concurrently.
+Dynamic shapes: dimensions captured as dynamic are marked dynamic with the same bounds
+before the first compile, so other batch sizes run without recompiling. Threads:
+``torch.compile``'s compiler is not thread-safe, so a call with unseen input shapes
+compiles under a lock (:class:`InductorRunner`).
 """
 
 from __future__ import annotations
@@ -50,7 +34,14 @@ from .registry import register_backend
 from .lowering import run_passes
 from .lowering.qdq import INT8_LINEARS, QDQ_ATEN
 
-# Inductor settings every mixprec program is compiled with (see the module docstring).
+# Inductor settings every mixprec program is compiled with. When inductor fuses a chain of low-precision
+# elementwise ops it by default keeps the intermediates in fp32 and rounds once at the end (sixteen bf16 ops in a row
+# drifted up to two bf16 steps from eager): more accurate, but not the program the plan describes, nor what the eager
+# backend or a GPU running the ops one by one computes. With ``emulate_precision_casts`` every op whose output (or an
+# input) is fp16/bf16 rounds as eager PyTorch does, and explicit casts are never folded away (that chain is then
+# bit-identical to eager). What may still differ: fp32 reductions (layer norm, softmax) summed in another order, and
+# scalar constants that inductor rounds to the tensor's dtype before use (one step of that dtype) — float rounding,
+# not precision.
 INDUCTOR_OPTIONS = MappingProxyType({"emulate_precision_casts": True})
 
 # Input signatures remembered for the lock-free path; past this, unseen ones keep taking the lock.
@@ -64,7 +55,13 @@ def build(exported_program, options=None):  # backends.options.BackendOptions: n
 
 
 class InductorRunner(torch.nn.Module):
-    """The compiled program: callable like the model, safe to call from several threads."""
+    """The compiled program: callable like the model, safe to call from several threads.
+
+    ``torch.compile``'s compiler is not thread-safe (pytorch/pytorch#118260; here, four threads making the first
+    call at once each compiled their own graph). The program is compiled at build time on the example inputs, and
+    any call whose input shapes/strides were not seen before runs under a lock, so at most one thread compiles at a
+    time while calls with known shapes run concurrently.
+    """
 
     def __init__(self, exported_program):
         super().__init__()
@@ -104,6 +101,9 @@ class InductorRunner(torch.nn.Module):
             return out
 
     def _warm_up(self, exported_program) -> None:
+        """The first compile, on the example inputs. Dimensions the program was captured with as dynamic (its
+        ``range_constraints``) are marked dynamic with the same bounds first, so other batch sizes run without
+        recompiling (dynamo still specialises size 1, which compiles once more on first use)."""
         args, kwargs = _warm_up_inputs(exported_program, self._inputs)
         tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         for tensor, (_, val) in zip(tensors, self._inputs):

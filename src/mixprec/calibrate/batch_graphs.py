@@ -1,30 +1,25 @@
 """Graphs for batches whose sizes the captured graph does not take.
 
-A captured graph has its sizes baked in (``view(x, [8, 12, 4, 8])``), so it cannot run a
-batch of 3, a ragged last batch or a batch padded to another sequence length. Users have
-calibration data in exactly those shapes (a ``DataLoader`` with its own batch size, an HF
-collator padding each batch to its longest sequence), and calibration only needs
-statistics, not the program: so mixprec captures the model once more for those batches
-and keeps the program as compiled.
+A captured graph has its sizes baked in (``view(x, [8, 12, 4, 8])``), so it cannot run a batch of 3,
+a ragged last batch or a batch padded to another sequence length. Users have calibration data in
+exactly those shapes (a ``DataLoader`` with its own batch size, an HF collator padding each batch to
+its longest sequence), and calibration only needs statistics, not the program: so mixprec captures
+the model once more for those batches and keeps the program as compiled.
 
-* First, one capture of the model with every input dimension ``Dim.AUTO`` (torch keeps
-  static what must be, e.g. a hidden size tied to a weight): one graph for all batch and
-  sequence sizes it allows.
-* A batch that graph does not take either (a size-1 dimension torch specialises, a size
-  outside its range): a capture at that batch's exact shapes, kept for later batches of
-  the same shapes (a few at most).
+* First, one capture of the model with every input dimension ``Dim.AUTO`` (torch keeps static what
+  must be, e.g. a hidden size tied to a weight): one graph for all batch and sequence sizes it allows.
+* A batch that graph does not take either (a size-1 dimension torch specialises, a size outside its
+  range): a capture at that batch's exact shapes, kept for later batches of the same shapes (a few at most).
 
-Each graph is normalised like the captured one (autocast regions and markers made
-explicit), so it computes the same values. Its nodes are mapped onto the captured
-graph's nodes by aligning the two sequences of compute nodes — (module path, op) in
-graph order, with ``difflib`` — because node names differ between captures (a dynamic
-graph has extra size nodes, which shifts fx's numbering). A node left unmatched keeps the
-statistics of the batches the captured graph ran.
+Each graph is normalised like the captured one (autocast regions and markers made explicit), so it
+computes the same values. Its nodes are mapped onto the captured graph's nodes by aligning the two
+sequences of compute nodes — (module path, op) in graph order, with ``difflib`` — because node names
+differ between captures (a dynamic graph has extra size nodes, which shifts fx's numbering). A node left
+unmatched keeps the statistics of the batches the captured graph ran.
 
-Only an ``nn.Module`` can be captured again; for an ExportedProgram, batches must fit it.
-
-The search uses the same captures for its eval batches (``searching/shapes.py``): each graph keeps
-its ``CapturedModel``, on which a trial's plan is realised for the batches of those sizes.
+Only an ``nn.Module`` can be captured again; for an ExportedProgram, batches must fit it. The search uses
+the same captures for its eval batches (``searching/shapes.py``): each graph keeps its ``CapturedModel``,
+on which a trial's plan is realised for the batches of those sizes.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ so a tensor with rare outliers gets a range that clips them, a bounded one keeps
 fixed-bin histogram of the value counted in a second pass over the same batches (``histogram.py``: the bins
 are fixed by the first pass's min/max, so histograms merge exactly across batches). A one-shot iterator of
 batches cannot be read twice: it gets min/max ranges (logged). The default (:data:`DEFAULT_ESTIMATOR`) is
-chosen by measurement: bench/int8_nncf.py, bench/log/2026-11.md "Issue 22 int8 vs NNCF".
+chosen by measurement: bench/log/2026-11.md "Issue 22 int8 vs NNCF" (now ``python -m bench run int8nncf``).
 """
 
 from __future__ import annotations

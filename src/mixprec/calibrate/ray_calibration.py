@@ -7,32 +7,17 @@ knowing about Ray.
 * Where: the cluster this process is connected to (``ray.init`` by the caller, or the search's
   ``ray_address``); when it is connected to none, a local cluster is started for the call and shut down
   at its end (``mixprec/cluster.py``). Compile has no address keyword: a Dataset implies Ray.
-* What travels: the captured ExportedProgram as ``torch.export.save`` bytes, the example inputs and the
-  nn.Module (a shard's batches of other batch/sequence sizes run on a graph the worker captures for them,
-  ``batch_graphs.py``; each worker captures its own). The module's tensors that the program holds too are
-  pickled as their names and re-attached from the loaded program, so the weights travel once. All of it
-  is pickled once into one bytes object and put into the object store once; each shard's task carries
-  its object reference, and a worker process loads it on its first shard of the call, never per shard
-  (it keeps the one program it loaded last: a process Ray reuses for the next calibration replaces it).
-  The model's module is imported first (it registers its output types with torch's pytree, which
-  ``torch.export.load`` needs). A worker rebuilds ``CapturedModel`` and checks it found the driver's
-  node names. A shard itself travels as the task's argument (a Dataset shard is a handle to blocks
-  already in the object store; a list of batches or a DataLoader is pickled).
-* How: one Ray task per shard, at most one per ``torch.get_num_threads()`` free CPUs of the cluster
-  running at once, each reserving that many CPUs and running with this process's thread count, as the
-  search's workers do (``searching/distributed.py``): CPU kernels split reductions across threads, so
-  statistics are bit-identical to this process's only at the same count. Tasks, not actors: they hold
-  CPUs only while they run (the search's workers, started after calibrating, find them free), and Ray
-  reuses its worker processes, so torch is imported once per process, not per call. When no CPU is free
-  (idle search workers of an earlier call hold them all), one task at a time runs without reserving any.
-  A Dataset given as it is is split into one shard per free worker slot; ``Shards`` keep their own split.
-  A task whose process dies is re-run (Ray's task retries).
-* Merging: every shard's statistics are ``collect``'s (the one calibration loop), merged here in shard
-  order with ``TensorStats.merge`` — min/max/absmax by comparison, counts by integer sums: exact and
-  order-free, so the merged statistics equal those of one pass over the shards' batches in order, and the
-  plan the rules draw from them is the same. The one field that depends on order, a node's ``shape``
-  (its first batch's), is the example inputs' shape whenever the first batch has their sizes. What is not
-  the same: how many captures for other sizes the report counts (each worker captures its own).
+* What travels: the captured program, the example inputs and the model, pickled once and put into the
+  object store once; a worker process loads it on its first shard of the call (:func:`_payload`).
+* How: one Ray task per shard, each with this process's thread count (CPU kernels split reductions across
+  threads, so statistics are bit-identical to this process's only at the same count); tasks, not actors,
+  so they hold CPUs only while they run (:func:`calibrate_shards`).
+* Merging: every shard's statistics are ``collect``'s, merged in shard order with ``TensorStats.merge`` —
+  min/max/absmax by comparison, counts by integer sums: exact and order-free, so the merged statistics equal
+  those of one pass over the shards' batches in order, and the plan the rules draw from them is the same.
+  The one field that depends on order, a node's ``shape`` (its first batch's), is the example inputs' shape
+  whenever the first batch has their sizes. What is not the same: how many captures for other sizes the
+  report counts (each worker captures its own).
 * Errors: a shard whose batches do not fit the model raises the CalibrationError a single-host
   calibration raises, prefixed with the shard's number and the keys of its rows.
 """
@@ -56,7 +41,15 @@ MAX_RETRIES = 3  # re-runs of a shard whose worker process died
 
 def calibrate_shards(captured, shards: Shards, *, progress_stream=None):
     """Statistics of every node of ``captured`` (an ``ir.captured.CapturedModel``) over ``shards``, computed on
-    Ray workers and merged: ``(Calibration, captures for other sizes)`` as ``statistics.calibrate`` returns."""
+    Ray workers and merged: ``(Calibration, captures for other sizes)`` as ``statistics.calibrate`` returns.
+
+    One Ray task per shard, at most one per ``torch.get_num_threads()`` free CPUs of the cluster running at once,
+    each reserving that many CPUs and running with this process's thread count, as the search's workers do
+    (``searching/distributed.py``). Tasks, not actors: they hold CPUs only while they run (the search's workers,
+    started after calibrating, find them free), and Ray reuses its worker processes, so torch is imported once per
+    process, not per call. When no CPU is free (idle search workers of an earlier call hold them all), one task at
+    a time runs without reserving any. A Dataset given as it is is split into one shard per free worker slot;
+    ``Shards`` keep their own split. A task whose process dies is re-run (Ray's task retries)."""
     import torch
 
     from .statistics import Calibration, progress_line
@@ -106,6 +99,14 @@ def _pieces(shards: Shards, room: int) -> list:
 
 
 def _payload(captured) -> bytes:
+    """What every task needs, pickled once into one bytes object (put into the object store once; each task
+    carries its reference): the captured ExportedProgram as ``torch.export.save`` bytes, the example inputs and
+    the nn.Module (a shard's batches of other batch/sequence sizes run on a graph the worker captures for them,
+    ``batch_graphs.py``). The module's tensors that the program holds too are pickled as their names and
+    re-attached from the loaded program, so the weights travel once. A worker loads it on its first shard of the
+    call, never per shard (:func:`_load`), imports the model's module first, rebuilds ``CapturedModel`` and checks
+    it found the driver's node names. A shard itself travels as the task's argument (a Dataset shard is a handle
+    to blocks already in the object store; a list of batches or a DataLoader is pickled)."""
     import torch
     from ray import cloudpickle
 
@@ -223,7 +224,8 @@ _LOADED: dict = {}  # in a Ray worker process: payload's object id -> (CapturedM
 
 
 def _load(ref) -> tuple:
-    """The calibration's program in this worker process: loaded from the object store on its first shard only."""
+    """The calibration's program in this worker process: loaded from the object store on its first shard only (it
+    keeps the one program it loaded last: a process Ray reuses for the next calibration replaces it)."""
     key = ref.hex()
     if key not in _LOADED:
         import pickle
@@ -262,7 +264,7 @@ def calibrate_shard(box: list, index: int, shard, batch_size: int, threads: int)
 
     from .statistics import collect
 
-    torch.set_num_threads(threads)  # the driver's: reductions split as in one process (module docstring)
+    torch.set_num_threads(threads)  # the driver's: reductions split as in one process (calibrate_shards)
     batches = ShardBatches(shard, index, batch_size)
     missing = None
     try:

@@ -9,20 +9,12 @@ path all of them take; the Ray side is ``ray_calibration.py``):
 
 * a ``ray.data.Dataset`` whose rows are keyed by forward's parameter names (what collators give): split
   into as many shards as there are workers (``Dataset.split(n, equal=False)``: block-aligned pieces,
-  materialised in the cluster's object store, which spills to disk past its size);
+  materialised in the cluster's object store, which spills to disk past its size), read in batches of
+  rows (:class:`ShardBatches`);
 * :class:`Shards`: a list of shards, each a ``ray.data.Dataset`` or an iterable of batches in any form
   ``batches.py`` takes (a list of batches, a torch ``DataLoader``). A plain list whose every item is a
   ``DataLoader`` or a ``Dataset`` is taken as shards too; a plain list of lists is not (it would read as
   a list of batches of positional inputs), so wrap it: ``Shards([[batch, ...], [batch, ...]])``.
-
-A Dataset shard is read with ``iter_batches(batch_size=..., batch_format="numpy")``: each batch is a dict
-of one array per column, stacked over ``batch_size`` rows (the last batch of a shard may be smaller),
-and becomes forward's keyword arguments by column name (then ``batches.arrange`` binds them as for any
-dict batch, a misspelt column refused with the name meant). Arrays become tensors with
-``torch.from_numpy``, without a copy: Ray hands read-only views of its object store, and calibration
-never writes its inputs (the graph runner runs the functional graph). The batch size defaults to the
-example inputs' batch size (the leading size of their first tensor), so full batches run on the graph
-as captured; ``Shards(..., batch_size=n)`` chooses another.
 
 Same rows, same plan: iterating a :class:`Shards` in this process yields every batch of every shard in
 shard order — the batches the workers run — so ``calibrate(captured, list(shards))`` on one host and
@@ -101,7 +93,16 @@ def _is_loader(item) -> bool:
 
 class ShardBatches:
     """The batches of one shard, as calibration reads them; remembers the keys of the last dict batch (errors
-    name them: rows whose keys do not fit the model)."""
+    name them: rows whose keys do not fit the model).
+
+    A Dataset shard is read with ``iter_batches(batch_size=..., batch_format="numpy")``: each batch is a dict of
+    one array per column, stacked over ``batch_size`` rows (the last batch of a shard may be smaller), and becomes
+    forward's keyword arguments by column name (then ``batches.arrange`` binds them as for any dict batch, a
+    misspelt column refused with the name meant). Arrays become tensors with ``torch.from_numpy``, without a copy
+    (:func:`tensors_of`): Ray hands read-only views of its object store, and calibration never writes its inputs
+    (the graph runner runs the functional graph). The batch size defaults to the example inputs' batch size
+    (:func:`example_batch_size`), so full batches run on the graph as captured; ``Shards(..., batch_size=n)``
+    chooses another."""
 
     def __init__(self, shard, index: int, batch_size: int | None):
         self.shard = shard

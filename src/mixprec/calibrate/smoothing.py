@@ -7,8 +7,9 @@ input channel j by s_j and multiplying weight column j by s_j computes the same 
 (x W^T = (x / s)(W s)^T) but flattens what int8 quantizes: with s_j = a_j^alpha / w_j^(1 - alpha) (a_j: the
 channel's largest magnitude on calibration data, w_j: the weight column's, over every Linear reading that input)
 part of the spread moves into the weights, which are quantized per output channel (Xiao et al. 2023).
-:data:`DEFAULT_ALPHA` is chosen by measurement (bench/int8_nncf.py, bench/log/2026-11.md "Issue 22 round two: int8
-numerics"). The range quantizing x / s is its min/max, exact from the per-channel ranges (``channels.py``).
+:data:`DEFAULT_ALPHA` is chosen by measurement (bench/log/2026-11.md "Issue 22 round two: int8 numerics";
+now ``python -m bench run int8nncf``). The range quantizing x / s is its min/max, exact from the per-channel
+ranges (``channels.py``).
 """
 
 from __future__ import annotations

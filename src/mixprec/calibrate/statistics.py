@@ -5,7 +5,7 @@ data. Torch-TensorRT keeps every node's calibration output in memory to answer t
 here only streaming :class:`TensorStats` are kept (absmax, min, max, non-finite count,
 element count, shape), merged batch by batch, so memory does not grow with the number
 of batches. Intermediate tensors are freed as soon as their last consumer has run
-(the one graph runner, ``ir/runner.py``).
+(the graph runner the stages share, ``ir/runner.py``).
 
 The graph that runs is the normalised captured graph, so calibration sees exactly the
 values eager PyTorch computes (``torch.autocast`` regions included, their casts made

@@ -1,6 +1,4 @@
-"""``mixprec compile`` options and the keywords of ``mixprec.compile`` they stand for.
-
-One option per keyword (API.md §1 and §5), spelled as Torch-TensorRT users expect:
+"""``mixprec compile`` options: one per keyword of ``mixprec.compile`` (API.md §1, §5), as Torch-TensorRT spells them:
 
     --autocast [TYPE]            enable_autocast=True (+ autocast_low_precision_type=TYPE)
     --exclude-nodes RE           autocast_excluded_nodes (repeatable)
@@ -21,9 +19,8 @@ One option per keyword (API.md §1 and §5), spelled as Torch-TensorRT users exp
     --backend NAME               backend (the names the backend registry knows)
     --debug                      debug=True
 
-Only options the user gave become keywords, so ``mixprec.compile`` validates exactly
-what was asked for (an autocast-only option without ``--autocast`` is an error there,
-with its message, not silently ignored here).
+Only options the user gave become keywords, so ``mixprec.compile`` validates exactly what was asked for
+(an autocast-only option without ``--autocast`` is an error there, with its message, not silently ignored here).
 """
 
 from __future__ import annotations

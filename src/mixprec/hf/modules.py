@@ -8,7 +8,7 @@ part is wrapped in a small module whose inputs and outputs are tensors:
 * :class:`CausalLMLogits`: ``(input_ids, attention_mask) -> logits``, no cache;
 * :class:`CausalLMStaticCache`: ``(input_ids, cache_position) -> logits``, a static KV cache in the program;
 * :class:`EncoderStates`: ``(input_ids, attention_mask)`` or ``(input_features)`` -> ``{last_hidden_state}``,
-  with a static cache also the cross-attention keys and values;
+  with a static cache also the cross-attention keys and values (computed once per prompt, not per token);
 * :class:`DecoderLogits`: ``(decoder_input_ids, encoder_hidden_states, attention_mask) -> logits``, no cache;
 * :class:`DecoderStaticCache`: ``(decoder_input_ids, cache_position, encoder_hidden_states,
   cross_attention_keys, cross_attention_values, attention_mask) -> logits``, the self-attention cache static
@@ -16,24 +16,9 @@ part is wrapped in a small module whose inputs and outputs are tensors:
 
 Every module calls the whole model's ``forward`` (never ``decoder`` + ``lm_head`` by hand), so what the
 model does around its layers is kept: T5's rescaling of tied embeddings, BART's ``final_logits_bias``,
-Whisper's ``proj_out``.
-
-Cross-attention keys and values depend on the encoder's output only, so ``generate()`` computes them
-once per prompt; a decoder program that recomputed them every step would do ``2 * source_length``
-times a layer's projection work per token. With a static cache the encoder-side program therefore
-also returns them (``EncoderStates(cross_attention=True)``: the model's decoder run once on the start
-token with an empty cache, of which only the cross-attention projections reach the outputs, so the
-rest is dead code the capture drops), stacked as ``(batch, layers, heads, source, head_dim)`` with
-the batch first: ``generate()`` expands them for beam search like every encoder output. The decoder
-program reads them from its inputs through a pre-filled cross-attention cache.
-
-Names: each module registers the model's own children, parameters and buffers under their own
-names (the model itself is kept out of the module tree), so module paths in reports, in
-``autocast_excluded_nodes`` and in plans are the model's (``lm_head``, ``model.layers.0.mlp``), not
-``model.lm_head``. ``mixprec_name`` is what error messages call the module.
-
-The KV cache goes to the model under the name its ``forward`` takes (``cache`` from transformers 5.24 on,
-``past_key_values`` before: ``cache.cache_keyword``), so capturing prints no deprecation warning.
+Whisper's ``proj_out``. Each module registers the model's own children, parameters and buffers under their
+own names (:class:`ModelParts`), so module paths in reports, in ``autocast_excluded_nodes`` and in plans are
+the model's (``lm_head``, ``model.layers.0.mlp``), not ``model.lm_head``.
 """
 
 from __future__ import annotations
@@ -47,7 +32,13 @@ from .parts import start_token
 
 
 class ModelParts(torch.nn.Module):
-    """A module that runs ``model`` and holds its children, parameters and buffers under their own names."""
+    """A module that runs ``model`` and holds its children, parameters and buffers under their own names.
+
+    The model itself is kept out of the module tree, so module paths in reports, in ``autocast_excluded_nodes``
+    and in plans are the model's (``lm_head``, ``model.layers.0.mlp``), not ``model.lm_head``. ``mixprec_name``
+    is what error messages call the module. The KV cache goes to the model under the name its ``forward`` takes
+    (``cache`` from transformers 5.24 on, ``past_key_values`` before: ``cache_keyword``), so capturing prints no
+    deprecation warning."""
 
     def __init__(self, model, what: str):
         super().__init__()
@@ -131,7 +122,16 @@ class CausalLMStaticCache(ModelParts):
 class EncoderStates(ModelParts):
     """An encoder-decoder model's encoder: ``(input_ids, attention_mask)`` — or ``(input_features)`` for speech
     models — to ``{"last_hidden_state"}``; with ``cross_attention=True`` also every decoder layer's cross-attention
-    keys and values (module docstring)."""
+    keys and values.
+
+    Cross-attention keys and values depend on the encoder's output only, so ``generate()`` computes them once per
+    prompt; a decoder program that recomputed them every step would do ``2 * source_length`` times a layer's
+    projection work per token. With a static cache the encoder-side program therefore also returns them: the
+    model's decoder run once on the start token with an empty cache, of which only the cross-attention projections
+    reach the outputs, so the rest is dead code the capture drops; stacked as ``(batch, layers, heads, source,
+    head_dim)`` with the batch first, so that ``generate()`` expands them for beam search like every encoder
+    output. The decoder program (:class:`DecoderStaticCache`) reads them through a pre-filled cross-attention
+    cache."""
 
     def __init__(self, model, *, speech: bool, cross_attention: bool):
         super().__init__(model, "encoder" + (" and cross-attention keys/values" if cross_attention else ""))
@@ -200,8 +200,9 @@ class SpeechDecoderLogits(DecoderLogits):
 
 class DecoderStaticCache(ModelParts):
     """An encoder-decoder model's decoder with a static self-attention cache of ``max_cache_len`` positions for a
-    fixed number of sequences in its own buffers, and the cross-attention keys and values as inputs (module
-    docstring). The decoder runs once here, on ``example`` (the encoder side's outputs), to allocate the cache."""
+    fixed number of sequences in its own buffers, and the cross-attention keys and values as inputs
+    (:class:`EncoderStates`). The decoder runs once here, on ``example`` (the encoder side's outputs), to allocate
+    the cache."""
 
     def __init__(self, model, example: dict, max_cache_len: int):
         super().__init__(model, f"decoder step, static KV cache of {max_cache_len}")

@@ -1,11 +1,10 @@
 """Read the precision-marker regions of a captured graph into node meta, then remove the markers.
 
-``torch.ops.mixprec.start_setting_precision(x, dtype)`` / ``..._with_dr`` /
-``stop_setting_precision(x)`` survive ``torch.export`` as identity nodes. This pass (run by
-``normalize``) turns them into data: every node inside a region gets the region's
-:class:`~mixprec.ir.graph_info.MarkerRegion` in ``meta["mixprec_marker"]``, and the marker nodes
-disappear, so that the rest of mixprec (analysis, plan, rewrite, report) sees the model's
-own layers only.
+``torch.ops.mixprec.start_setting_precision(x, dtype)`` / ``..._with_dr`` / ``stop_setting_precision(x)``
+survive ``torch.export`` as identity nodes. This pass (:func:`strip_markers`, run by ``normalize``) turns
+them into data: every node inside a region gets the region's :class:`~mixprec.ir.graph_info.MarkerRegion`
+in ``meta["mixprec_marker"]``, and the marker nodes disappear, so that the rest of mixprec (analysis, plan,
+rewrite, report) sees the model's own layers only.
 
 Region semantics (API.md §3):
 
@@ -21,13 +20,6 @@ Region semantics (API.md §3):
   layers it feeds into it);
 * the casts torch.autocast makes for a layer inside a region (of its weights, say) are in the
   region too, so an fp32 region inside an autocast region computes with fp32 weights.
-
-Before::                                         After::
-
-    start = mixprec.start_setting_precision(c1, fp16)     conv2d_1 = aten.conv2d(c1, w, b)
-    conv2d_1 = aten.conv2d(start, w, b)                     # meta: MarkerRegion(fp16, entry=c1, exits=(conv2d_1,))
-    stop = mixprec.stop_setting_precision(conv2d_1)       pool = aten.max_pool2d(conv2d_1)
-    pool = aten.max_pool2d(stop)
 """
 
 from __future__ import annotations
@@ -52,6 +44,18 @@ _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
 
 def strip_markers(work: WorkProgram) -> PassResult:
+    """The regions into node meta, the markers removed (module docstring: what is inside a region). Before::
+
+        start = mixprec.start_setting_precision(c1, fp16)
+        conv2d_1 = aten.conv2d(start, w, b)
+        stop = mixprec.stop_setting_precision(conv2d_1)
+        pool = aten.max_pool2d(stop)
+
+    After::
+
+        conv2d_1 = aten.conv2d(c1, w, b)   # meta: MarkerRegion(fp16, entry=c1, exits=(conv2d_1,))
+        pool = aten.max_pool2d(conv2d_1)
+    """
     graph = work.graph
     markers = [n for n in graph.nodes if _is_marker(n)]
     if not markers:

@@ -4,32 +4,20 @@
 higher-order ops around a subgraph, and the casts autocast performs are implicit:
 they happen in the dispatcher when the region runs. mixprec must see every layer and
 every cast, so this pass inlines those regions and writes autocast's casts as
-explicit ``aten.to.dtype`` nodes. Afterwards the graph computes exactly what eager
-PyTorch computed, without any autocast context, and each op receives exactly the
-dtypes it received in eager mode.
+explicit ``aten.to.dtype`` nodes (:func:`normalize` shows a region before and after).
+Afterwards the graph computes exactly what eager PyTorch computed, without any autocast
+context, and each op receives exactly the dtypes it received in eager mode.
 
 Which inputs autocast casts, and to what, is not guessed from a table: each inlined op
 is run once on fake tensors under the same autocast contexts while a dispatch mode
 records the casts the dispatcher makes (``autocast probe``).
 
-Before::
-
-    wrap = higher_order.wrap_with_autocast("cpu", bfloat16, True, False, submod, x, w, b)
-    y = getitem(wrap, 0)                 # submod: linear(x, w, b)
-
-After::
-
-    x_bf16 = aten.to.dtype(x, bfloat16)  # role "autocast_cast"
-    w_bf16 = aten.to.dtype(w, bfloat16)
-    b_bf16 = aten.to.dtype(b, bfloat16)
-    y = aten.linear(x_bf16, w_bf16, b_bf16)   # meta: inside autocast(cpu, bfloat16)
-
 It also drops ``aten._assert_tensor_metadata`` nodes: they assert the captured dtypes,
 which mixed precision changes on purpose — and then the computation no output needs, which
 those asserts (and eval-mode dropouts) kept alive, so that calibration, the plan and the
 report see only what the program computes — reads precision-marker regions into node meta
-before removing the markers (``strip_markers``), and gives a program that writes its own inputs a copy of them to
-write (``input_writes.py``: the caller's tensors are never written).
+before removing the markers (``strip_markers``), and gives a program that writes its own inputs
+a copy of them to write (``input_writes.py``: the caller's tensors are never written).
 """
 
 from __future__ import annotations
@@ -59,6 +47,19 @@ _ASSERTS = ("aten._assert_tensor_metadata",)
 
 
 def normalize(work: WorkProgram) -> PassResult:
+    """Every dtype decision of ``work``'s graph made explicit, in place (module docstring). An autocast region,
+    before::
+
+        wrap = higher_order.wrap_with_autocast("cpu", bfloat16, True, False, submod, x, w, b)
+        y = getitem(wrap, 0)                 # submod: linear(x, w, b)
+
+    After::
+
+        x_bf16 = aten.to.dtype(x, bfloat16)  # role "autocast_cast"
+        w_bf16 = aten.to.dtype(w, bfloat16)
+        b_bf16 = aten.to.dtype(b, bfloat16)
+        y = aten.linear(x_bf16, w_bf16, b_bf16)   # meta: inside autocast(cpu, bfloat16)
+    """
     changed = _strip_dtype_asserts(work.graph)
     changed |= work.drop_dead_code()  # without the asserts, what no output needs (work_program._is_impure)
     changed |= _inline_regions(work)
@@ -166,7 +167,8 @@ class _Inliner:
             inner = _hop_name(node)
             if inner in (_AUTOCAST_HOP, _GRAD_HOP):
                 sub = env[node.args[_submod_index(inner)]]
-                inner_operands = [env[a] if isinstance(a, torch.fx.Node) else a for a in node.args[_submod_index(inner) + 1 :]]
+                inner_operands = [env[a] if isinstance(a, torch.fx.Node) else a
+                                  for a in node.args[_submod_index(inner) + 1 :]]
                 env[node] = self.inline(sub, node, contexts, inner_operands)
                 continue
             if node.target is operator.getitem and isinstance(env[node.args[0]], list):

@@ -3,32 +3,25 @@
 It lives with the graph because every stage that changes graphs uses it: normalisation
 (``normalize.py``, ``marker_regions.py`` here) returns :class:`PassResult`, every rewrite pass
 (``rewrite/``) declares its contract with :func:`rewrite_pass`, and every graph pass a backend runs
-before its compiler (``backends/lowering/``: quantize/dequantize lowering, the oneDNN int8 linears,
-the run-time guard, OpenVINO's preparation) with :func:`backend_pass`.
+before its compiler (``backends/lowering/``) with :func:`backend_pass`.
 
 A rewrite pass takes the rewrite context (the WorkProgram, the GraphInfo of the captured graph, the
-plan, the settings), changes the graph to realise part of the plan, and returns whether it
-changed anything. Passes never re-derive a decision: everything they need is in the plan and
-in the GraphInfo.
-
-Each pass declares its contract in terms of named **facts** about the graph:
-
-* ``requires``: facts that must hold when it runs (what earlier passes must have done);
-* ``ensures``: facts that hold once it has run;
-* ``breaks``: facts it may leave broken until a later pass re-establishes them (input rounding
-  leaves consumers reading the rounded dtype until cast insertion adapts them).
+plan, the settings), changes the graph to realise part of the plan, and returns whether it changed
+anything. Passes never re-derive a decision: everything they need is in the plan and the GraphInfo.
+Each declares its contract in named **facts** about the graph: ``requires`` (must hold when it runs),
+``ensures`` (hold once it has run), ``breaks`` (may be left broken until a later pass re-establishes
+them: input rounding leaves consumers reading the rounded dtype until cast insertion adapts them).
 
 The pipeline (``rewrite/pipeline.py``) checks when it is built that every pass's requirements are met
-by the passes before it, and, with ``MIXPREC_VERIFY_EACH=1``, has the verifier check every
-fact that holds after each pass — an :class:`~mixprec.errors.InvariantError` names the pass
-after which a fact stopped holding. Facts in :data:`CHECKED` have a check in ``rewrite/verify.py``;
-the others record an order that a pass's docstring explains (they cannot be checked on the
-graph alone, or checking them would mean running the pass again).
+by the passes before it, and, with ``MIXPREC_VERIFY_EACH=1``, has the verifier check every fact that
+holds after each pass — an :class:`~mixprec.errors.InvariantError` names the pass after which a fact
+stopped holding. Facts in :data:`CHECKED` have a check in ``rewrite/verify.py``; the others record an
+order that a pass's docstring explains (they cannot be checked on the graph alone).
 
 A backend has no plan: its passes start from what the rewrite leaves (every rewrite fact), and its
-verifier checks the facts the graph alone shows (:data:`GRAPH_CHECKED`: ``structure``, ``meta`` and
-:data:`BACKEND_CHECKED`); the rewrite facts that need the plan become an order there (the oneDNN
-lowering requires ``int8``, the fake-quantization pattern, which the quantize/dequantize lowering breaks).
+verifier checks the facts the graph alone shows (:data:`GRAPH_CHECKED`); the rewrite facts that need the
+plan become an order there (the oneDNN lowering requires ``int8``, the fake-quantization pattern, which
+the quantize/dequantize lowering breaks).
 """
 
 from __future__ import annotations

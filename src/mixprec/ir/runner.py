@@ -1,9 +1,9 @@
-"""The one graph runner: runs a lifted program node by node and tells its observers what happens.
+"""The graph runner the stages share: runs a lifted program node by node and tells its observers what happens.
 
-mixprec runs graphs for several reasons: calibration folds every node's value into statistics,
-weak typing times each layer on its real inputs, the debugger compares each layer of two programs
-while they run, the compiler names the layer where a program fails, and the report needs the user
-outputs of the fp32 reference. All of them need the same three things, written once here:
+Calibration folds every node's value into statistics, weak typing times each layer on its real inputs,
+the debugger compares each layer of two programs while they run, the compiler names the layer where a
+program fails, and the report needs the user outputs of the fp32 reference. All of them need the same
+three things, written once here:
 
 * **feeding** a lifted graph's placeholders from the program's signature (parameters, buffers,
   constants, custom objects from the program's state; user inputs from the call), for a
@@ -13,19 +13,15 @@ outputs of the fp32 reference. All of them need the same three things, written o
 * **user outputs**: the output node's values whose spec is ``USER_OUTPUT`` (not the buffer
   mutations a functional graph also returns).
 
-What differs between the uses is an :class:`Observer`: ``before(node, args, kwargs)`` sees the
-values a node is about to read, ``after(node, value)`` the value it produced (for the output node:
-the flat user outputs), ``failed(node, error)`` the node whose kernel raised (it may raise an error
-of its own, e.g. one that names the layer). An observer that needs a value later keeps a reference
-to it, or a clone when a later in-place op could overwrite it; the runner keeps nothing for it.
-
-Use::
+What differs between the uses is an :class:`Observer` (what a node reads, what it produced, where a
+kernel raised); an observer that needs a value later keeps a reference to it, or a clone when a later
+in-place op could overwrite it: the runner keeps nothing for it. The runner never changes the program's
+state itself; resetting buffers a graph writes (``WorkProgram.reset_state``) is the caller's business.
+(The search's resumed trials record the fp32 reference's values with a ``torch.fx.Interpreter`` of their
+own, ``searching/resume.py``.) Use::
 
     outputs = GraphRunner(program, observers=[stats]).run(user_values)   # flat user outputs
     for node, value in GraphRunner(program).steps(user_values): ...      # one node at a time
-
-The runner never changes the program's state itself; resetting buffers a graph writes
-(``WorkProgram.reset_state``) is the caller's business.
 """
 
 from __future__ import annotations

@@ -8,31 +8,20 @@ Precision markers (API.md §3, TRTorch's explicit layer precision)::
 
     x = torch.ops.mixprec.start_setting_precision_with_dr(x, torch.int8, in_min, in_max, out_min, out_max)
 
-In eager PyTorch (and whenever mixprec is not compiling) the markers are identities: the
-model runs unchanged, gradients pass straight through. They are registered with
-``torch.library.custom_op`` so that ``torch.export`` keeps them as nodes (with fake-tensor
-kernels, so dynamic shapes trace); mixprec reads the regions they delimit and removes them
-(``ir/marker_regions.py``). A custom op may not return its input itself, so the eager
-kernels return a copy — the same values, the same dtype.
+In eager PyTorch (and whenever mixprec is not compiling) the markers are identities: the model runs unchanged,
+gradients pass straight through. They are registered with ``torch.library.custom_op`` so that ``torch.export``
+keeps them as nodes (with fake-tensor kernels, so dynamic shapes trace); mixprec reads the regions they delimit
+and removes them (``ir/marker_regions.py``). A custom op may not return its input itself, so the eager kernels
+return a copy — the same values, the same dtype.
 
-Quantize/dequantize (the int8 realisation, ``rewrite/quantize.py``): symmetric int8 with the
-range [-127, 127] (TensorRT's symmetric range: -128 is never produced, so the grid is
-symmetric about zero), and ``quantize_per_tensor_u8``/``dequantize_per_tensor_u8`` for activations that are
-never negative (uint8 [0, 255], zero point 0, ``ops/quant.py``'s ``UINT8``)::
-
-    q = clamp(round(x / scale), -127, 127)   as int8     (round half to even)
-    x' = q * scale                           in float32, then converted to the output dtype
-
-The arithmetic itself lives in ``ops/quant.py`` (the kernels below run it; every backend's
-lowering spells the same ops). They are operators rather than a handful of ATen nodes so that
-the rewritten graph says what it does (one quantize, one dequantize) and a backend or an exporter
-can map them to its own quantize/dequantize (``backends/lowering/qdq.py``).
-
-Simulated grids (issue 32: AIMET's int16 and int4, ``ops/quant.py``) have a pair each, made by one function
-(:func:`_simulated_pair`): ``quantize_per_tensor_i16``/``dequantize_per_tensor_i16`` ([-32767, 32767] as int16),
-``_i4`` ([-7, 7] as int8), ``_u4`` ([0, 15] as uint8). One pair per grid rather than one pair taking the grid as
-arguments: every consumer of these ops (the verifier, the lowerings' tables, sign analysis, the OpenVINO audit, the
-loader's allow-list) reads the grid from the op (:data:`GRID`), and a program names what it simulates.
+Quantize/dequantize (the int8 realisation, ``rewrite/quantize.py``): symmetric int8 on [-127, 127],
+``_u8`` for activations that are never negative, and one pair per simulated grid (issue 32: ``_i16``,
+``_i4``, ``_u4``; :func:`_simulated_pair`). The arithmetic and the grids live in ``ops/quant.py`` (the
+kernels here run it; every backend's lowering spells the same ops). They are operators rather than a
+handful of ATen nodes so that the rewritten graph says what it does (one quantize, one dequantize) and a
+backend or an exporter can map them to its own (``backends/lowering/qdq.py``). One pair per grid rather
+than one pair taking the grid as arguments: every consumer (the verifier, the lowerings' tables, sign
+analysis, the OpenVINO audit, the loader's allow-list) reads the grid from the op (:data:`GRID`).
 """
 
 from __future__ import annotations
@@ -164,7 +153,9 @@ def _(q, scale, dtype):
 
 
 def _simulated_pair(suffix: str, grid: Grid) -> tuple:
-    """The (quantize, dequantize) custom ops of a simulated grid: ``ops/quant.py``'s arithmetic on ``grid``."""
+    """The (quantize, dequantize) custom ops of a simulated grid: ``ops/quant.py``'s arithmetic on ``grid``
+    (``quantize_per_tensor_i16``/``dequantize_per_tensor_i16``: [-32767, 32767] as int16; ``_i4``: [-7, 7] as int8;
+    ``_u4``: [0, 15] as uint8)."""
 
     def quantize_kernel(x: torch.Tensor, scale: float) -> torch.Tensor:
         return quantize(x, scale, grid)

@@ -10,31 +10,18 @@ fuses, OpenVINO's float arithmetic, the activations handed to oneDNN's int8 kern
 
 * the division is a true division in float32 (not a multiplication by 1/scale: the two differ in the last
   bit, and a value on a rounding boundary then lands on another grid point);
-* ``round`` is round half to even (``torch.round``; IEEE's default, what ``std::nearbyint`` and the
-  vector round instructions inductor emits compute);
+* ``round`` is round half to even (``torch.round``; IEEE's default, what ``std::nearbyint`` and the vector
+  round instructions inductor emits compute);
 * a per-channel scale is a 1-D float32 tensor viewed along the channel axis.
 
-**A grid** (:class:`Grid`) is the integer range and its zero point: mixprec's int8 is TensorRT's
-symmetric [-127, 127] (:data:`INT8_SYMMETRIC`: -128 is never produced, so the grid is symmetric about zero
-and a scale is ``absmax / 127``). Other grids are parameters of the same arithmetic, not copies of it:
-:data:`UINT8` is the grid of activations that are never negative (after relu, softmax, ...: ``ir/sign.py``),
-[0, 255] with zero point 0 and scale ``max / 255`` — one bit more than the symmetric grid gives them, half
-its rounding error; :data:`UINT8_7BIT` is what the oneDNN lowering hands its u8 kernel for symmetric int8
-activations that are never negative (``backends/lowering/cpu.py`` says why 7 bits); :data:`UINT8_SHIFTED` is
-what it hands the kernel for symmetric int8 activations that may be negative: q + 128 on zero point 128, the same
-values in the unsigned type the kernel reads (exact only on CPUs with VNNI/AMX). Zero-point activations of the
-program itself would be further :class:`Grid` values.
-
-**Simulated grids** (issue 32, AIMET's int16/int4): no CPU kernel computes on them, so a program quantizes onto
-them and dequantizes at once, and the layer computes in float32 — AIMET QuantSim's simulation. :data:`INT16_SYMMETRIC`
-is [-32767, 32767] stored as int16 (the int8 grid's rule: the most negative value is never produced);
-:data:`INT4_SYMMETRIC` [-7, 7] and :data:`UINT4` [0, 15] (values never negative) are stored one per int8/uint8
-element (torch has no 4-bit tensor arithmetic). Same arithmetic, other parameters.
+**A grid** (:class:`Grid`) is the integer range and its zero point; other grids are parameters of the same
+arithmetic, not copies of it (each constant below says what it is for). mixprec's int8 is TensorRT's symmetric
+[-127, 127] (:data:`INT8_SYMMETRIC`). **Simulated grids** (issue 32, AIMET's int16/int4): no CPU kernel
+computes on them, so a program quantizes onto them and dequantizes at once, and the layer computes in float32.
 
 **Spelled as ATen ops.** The arithmetic is a function of an *interpreter* ``run(op, *args, **kwargs)``:
-:data:`EAGER` calls each ATen op now (the custom ops' kernels), a graph interpreter
-(``backends/lowering/qdq.py``) adds it as a node. Both therefore compute the same ops in the same order,
-which is why the lowered graphs are bit for bit the custom ops' values.
+:data:`EAGER` calls each ATen op now (the custom ops' kernels), a graph interpreter (``backends/lowering/qdq.py``)
+adds it as a node: both compute the same ops in the same order, so lowered graphs are bit for bit the custom ops'.
 """
 
 from __future__ import annotations
@@ -70,16 +57,22 @@ class Grid:
         return max(self.zero_point - self.qmin, self.qmax - self.zero_point)
 
 
-# mixprec's int8 (activations and weights): TensorRT's symmetric range, -128 never produced
+# mixprec's int8 (activations and weights): TensorRT's symmetric range, -128 never produced, so the grid is symmetric
+# about zero and a scale is absmax / 127
 INT8_SYMMETRIC = Grid(-127, 127, torch.int8)
-# an activation that is never negative: u8 in [0, 255], zero point 0 (scale = max / 255)
+# an activation that is never negative (after relu, softmax, ...: ir/sign.py): u8 in [0, 255], zero point 0 (scale =
+# max / 255) — one bit more than the symmetric grid gives it, half its rounding error
 UINT8 = Grid(0, 255, torch.uint8)
 # a non-negative activation as u8 in [0, 127]: the values of INT8_SYMMETRIC for x >= 0, in the type oneDNN reads
+# (backends/lowering/cpu.py says why 7 bits)
 UINT8_7BIT = Grid(0, 127, torch.uint8)
 # any activation on INT8_SYMMETRIC as u8: q + 128 in [1, 255], zero point 128 — the same values (clamp(round(x / s),
-# -127, 127) + 128 == clamp(round(x / s) + 128, 1, 255)) in the type oneDNN reads, for a signed input
+# -127, 127) + 128 == clamp(round(x / s) + 128, 1, 255)) in the type oneDNN reads, for a signed input (exact only on
+# CPUs with VNNI/AMX). Zero-point activations of the program itself would be further Grid values.
 UINT8_SHIFTED = Grid(1, 255, torch.uint8, zero_point=128)
-# simulated (quantize -> dequantize, computed in float32): AIMET's int16 and int4
+# simulated (quantize -> dequantize, computed in float32: AIMET QuantSim's simulation): AIMET's int16 and int4. int16
+# follows the int8 grid's rule (the most negative value is never produced); int4 [-7, 7] and u4 [0, 15] (values never
+# negative) are stored one per int8/uint8 element (torch has no 4-bit tensor arithmetic)
 INT16_SYMMETRIC = Grid(-32767, 32767, torch.int16)
 INT4_SYMMETRIC = Grid(-7, 7, torch.int8)
 UINT4 = Grid(0, 15, torch.uint8)

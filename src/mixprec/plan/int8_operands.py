@@ -54,8 +54,8 @@ def operands(node: torch.fx.Node, stored=frozenset(), policy: QuantPolicy = DEFA
     the graph's parameters, buffers and constants (quantized per channel from themselves where at all, never per
     tensor here). ``policy``: its ``sdpa_operands`` and ``quantize_probabilities``.
 
-    Which operands (:data:`OPERANDS`, by op; chosen by measurement, bench/int8_nncf.py ``--attention``,
-    bench/log/2026-11.md "Issue 22 round three: int8 attention matmuls"):
+    Which operands (:data:`OPERANDS`, by op; chosen by measurement, bench/log/2026-11.md "Issue 22 round three:
+    int8 attention matmuls"):
 
     * every matmul-class op: both matrix operands (``baddbmm``/``addmm``'s added term stays float: it is a bias);
       ``einsum``: every tensor in its operand list;

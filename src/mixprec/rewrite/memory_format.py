@@ -1,30 +1,24 @@
 """Give the layers whose precision mixprec changed the memory layout their low-precision kernels need.
 
-**Matmul inputs.** PyTorch's CPU bf16/fp16 ``linear`` on a non-contiguous 3-D input (the ``x.transpose(0, 1)``
-that ``nn.MultiheadAttention`` feeds its input projection) does not fold the batch into one
-GEMM: it expands the weight per batch and runs ``bmm`` — about 100x slower than the same
-linear on a contiguous copy of the input (116 ms vs 1.2 ms for 8x128x512 @ 512x1536 in bf16;
-``bench/layout.py``). Making the input contiguous first costs one copy of the activation.
+Why: PyTorch's CPU bf16/fp16 kernels are far slower on a strided input than on a contiguous one, and oneDNN's
+on NCHW than on channels_last (bench/log/2026-11.md, "Memory layout"; bench/log/2026-12.md, its script's conclusion).
 
-Only layers whose compute dtype the plan changed get this: the layers the code types itself
-keep exactly eager PyTorch's kernels, so strong typing stays bit-identical to eager; int8 layers compute in
-float32 on dequantized values (the copy would only sit between an operand and its quantization).
+**Matmul inputs** (:func:`contiguous_matmul_inputs`). PyTorch's CPU bf16/fp16 ``linear`` on a non-contiguous
+3-D input (the ``x.transpose(0, 1)`` that ``nn.MultiheadAttention`` feeds its input projection) does not fold
+the batch into one GEMM: it expands the weight per batch and runs ``bmm``. Making the input contiguous first
+costs one copy of the activation. Only layers whose compute dtype the plan changed get this: the layers the
+code types itself keep exactly eager PyTorch's kernels, so strong typing stays bit-identical to eager; int8
+layers compute in float32 on dequantized values (the copy would only sit between an operand and its
+quantization).
 
-Before::                                      After::
-
-    t = aten.transpose(x_bf16, 1, 0)              t = aten.transpose(x_bf16, 1, 0)
-    y = aten.linear(t, w_bf16, b_bf16)            t_c = aten.contiguous(t)        # role "layout"
-                                                  y = aten.linear(t_c, w_bf16, b_bf16)
-
-**Convolutions in channels_last.** oneDNN's bf16 convolution is about 3x faster on
-channels_last (NHWC) tensors than on NCHW ones, and max pooling about 13x
-(``bench/layout.py``). As ``model.to(memory_format=torch.channels_last)`` does in eager
-PyTorch, only the entry points change: the cast that feeds a lowered 2-D convolution
-produces channels_last (``aten.to.dtype(..., memory_format=channels_last)``: the same single
-copy), and the convolution weights mixprec stores in the low type are stored
-channels_last. Convolutions then hand channels_last on, and elementwise, normalisation and
-pooling ops keep it. The memory format never changes a value; a ``view`` of a 4-D tensor, which
-cannot fold channels_last strides, reads it through ``aten.contiguous`` (:func:`_contiguous_views`).
+**Convolutions in channels_last** (:func:`channels_last_convolutions`). oneDNN's bf16 convolution and max
+pooling are faster on channels_last (NHWC) tensors than on NCHW ones. As
+``model.to(memory_format=torch.channels_last)`` does in eager PyTorch, only the entry points change: the cast
+that feeds a lowered 2-D convolution produces channels_last (``aten.to.dtype(..., memory_format=channels_last)``:
+the same single copy), and the convolution weights mixprec stores in the low type are stored channels_last.
+Convolutions then hand channels_last on, and elementwise, normalisation and pooling ops keep it. The memory
+format never changes a value; a ``view`` of a 4-D tensor, which cannot fold channels_last strides, reads it
+through ``aten.contiguous`` (:func:`_contiguous_views`).
 """
 
 from __future__ import annotations
@@ -45,6 +39,17 @@ from .context import RewriteContext
 # lowered layers are known once cast insertion has run
 @rewrite_pass("layout", requires={"layer_dtypes"}, ensures={"matmul_layout"})
 def contiguous_matmul_inputs(ctx: RewriteContext) -> PassResult:
+    """A contiguous copy before a lowered matmul-class layer's strided 3-D input (module docstring). Before::
+
+        t = aten.transpose(x_bf16, 1, 0)
+        y = aten.linear(t, w_bf16, b_bf16)
+
+    After::
+
+        t = aten.transpose(x_bf16, 1, 0)
+        t_c = aten.contiguous(t)        # role "layout"
+        y = aten.linear(t_c, w_bf16, b_bf16)
+    """
     graph = ctx.work.graph
     changed = False
     for node in list(graph.nodes):

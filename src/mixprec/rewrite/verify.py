@@ -1,38 +1,25 @@
 """The verifier: invariants every rewritten graph must satisfy (DESIGN.md habit 2).
 
-Each check is one fact of ``base.CHECKED``; the pipeline asks for the facts that hold after
-the pass that just ran.
+Each check is one fact of ``ir.passes.CHECKED``; the pipeline asks for the facts that hold after the pass that ran.
 
-1. (``structure``) the graph lints (every use after its definition, one output node);
-   mixprec's casts are float -> float and change the dtype (no cast to the same dtype,
-   integer/bool tensors never cast), and at most one cast per (tensor, dtype);
+1. (``structure``) the graph lints (every use after its definition, one output node); mixprec's casts are float ->
+   float and change the dtype (integer/bool tensors never cast), and at most one cast per (tensor, dtype);
 2. (``inputs_rounded``) a model input the plan rounds is read only through its rounding cast;
 3. (``layer_dtypes``) every float input of a layer has the dtype ``required_input_dtype``
    gives (layers with fp32 accumulation: their operands are rounded to the layer's precision
    and then widened to the accumulation dtype);
-4. (``int8``) every input an int8 layer quantizes is the dequantized int8 value of that
-   input with the scale of its range, a quantized output is read only through its quantize
-   node, weights stored as int8 reach their layer through a per-channel dequantize of an int8
-   tensor, and no float copy of such a weight is read; the same for the simulated int16/int4 layers on their grids
-   (weights stored per channel on the grid of their bits, their values within it); model inputs and outputs of
-   an integer precision are read / leave through the boundary's quantize/dequantize with their range's scale;
-4b. (``weight_only``) every weight-only op's layer is a weight-only decision of its bits, and reads stored int8 (or
-   uint8 nibbles) weights and scales whose shapes fit its input (``rewrite/weight_only.py``);
+4. (``int8``) every quantized input, output, stored weight and model boundary of an int8 layer (and of the
+   simulated int16/int4 layers, on their grids) goes through its quantize/dequantize with its range's scale,
+   and no float copy of a quantized weight is read (:func:`_check_int8`);
+4b. (``weight_only``) every weight-only op's layer is a weight-only decision of its bits, and reads stored int8
+   (or uint8 nibbles) weights and scales whose shapes fit its input (``rewrite/weight_only.py``);
 5. (``output_dtypes``) graph outputs have the requested dtypes;
 6. (``meta``, ``deep=True``) the dtypes in node meta are the dtypes the ops really produce:
-   the graph is re-run on fake tensors and every tensor's dtype compared.
+   the graph is re-run on fake tensors and every tensor's dtype compared (:func:`_check_meta_truthful`).
 
-A backend's graph passes (``backends/lowering/``) are checked by :func:`verify_lowered`: it has the
-backend's module or program but no plan, so it checks the facts the graph alone shows — ``structure``,
-``meta`` and ``ir.passes.BACKEND_CHECKED`` (no mixprec quantize/dequantize left, a flat tuple of tensor
-outputs, contiguous stored tensors).
-
-The fake-tensor re-run is its own loop, not an observer of the graph runner (``ir/runner.py``):
-it is propagation of meta values, not a run of the program. It feeds placeholders from their
-``meta["val"]`` inside the capture's fake mode (the runner feeds real state from the signature),
-calls only ``call_function`` targets (a real ``get_attr`` tensor must not enter the fake mode),
-needs no freeing (fake tensors hold no memory) and no user outputs. None of the runner's three
-services would be used; only its ten-line node loop would be shared.
+A backend's graph passes (``backends/lowering/``) are checked by :func:`verify_lowered`: it has no plan,
+so it checks the facts the graph alone shows (``ir.passes.GRAPH_CHECKED``: ``structure``, ``meta`` and each of
+``ir.passes.BACKEND_CHECKED``).
 
 Raises :class:`InvariantError` (a mixprec bug, not a user error) naming the node.
 """
@@ -182,6 +169,12 @@ def _check_layers(ctx, graph, where):
 
 
 def _check_int8(ctx, graph, where):
+    """Every input an int8 layer quantizes is the dequantized int8 value of that input with the scale of its
+    range, a quantized output is read only through its quantize node, weights stored as int8 reach their layer
+    through a per-channel dequantize of an int8 tensor, and no float copy of such a weight is read; the same for
+    the simulated int16/int4 layers on their grids (weights stored per channel on the grid of their bits, their
+    values within it); model inputs and outputs of an integer precision are read / leave through the boundary's
+    quantize/dequantize with their range's scale."""
     for node in graph.nodes:
         if is_quant_node(node):
             grid = GRID[node.target]
@@ -299,7 +292,13 @@ def _tensors(val):
 
 
 def _check_meta_truthful(graph, where):
-    """Re-run every op on fake tensors and compare the dtypes it really produces with the meta."""
+    """Re-run every op on fake tensors and compare the dtypes it really produces with the meta.
+
+    Its own loop, not an observer of the graph runner (``ir/runner.py``): it is propagation of meta values, not a
+    run of the program. It feeds placeholders from their ``meta["val"]`` inside the capture's fake mode (the
+    runner feeds real state from the signature), calls only ``call_function`` targets (a real ``get_attr`` tensor
+    must not enter the fake mode), needs no freeing (fake tensors hold no memory) and no user outputs. None of the
+    runner's three services would be used; only its ten-line node loop would be shared."""
     from torch._guards import detect_fake_mode
 
     env = {}

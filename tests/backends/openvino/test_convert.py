@@ -241,9 +241,10 @@ def test_int8_bert_runs_its_attention_matmuls_in_int8_on_openvino_kernels(monkey
     module either asked for (``attention module``) or reached by default because int8 makes its query and key
     (``linears``: ``QuantPolicy.int8_attention``, issue 34), whose scaled_dot_product_attention then reads them
     quantized. On OpenVINO's int8 kernels (forced, as on a VNNI CPU) each layer's attention runs in i8/u8 in the
-    runtime graph, as NNCF's model's does (bench/int8_nncf.py: one i8 attention Subgraph per layer on this
-    avx512_vnni EPYC and on the recorded Xeon); with ``int8_attention=False`` it stays f32 — the check can fail. On a
-    CPU without VNNI OpenVINO keeps the attention's matmuls f32 (seen with ONEDNN_MAX_CPU_ISA=AVX2), so there the plan
+    runtime graph, as NNCF's model's does (one i8 attention Subgraph per layer on this avx512_vnni EPYC and on
+    the recorded Xeon: bench/log/2026-11.md, "Issue 34: int8 vs NNCF on this avx512_vnni EPYC"); with
+    ``int8_attention=False`` it stays f32 — the check can fail. On a CPU without VNNI OpenVINO keeps the attention's
+    matmuls f32 (seen with ONEDNN_MAX_CPU_ISA=AVX2), so there the plan
     (q and k int8) is what is checked. Held to the eager program only on VNNI CPUs (without VNNI int8 kernels
     saturate)."""
     transformers = pytest.importorskip("transformers")

@@ -9,18 +9,15 @@ concern per module:
   fake quantization elsewhere; a flat tuple of output tensors), then converted;
 * ``runner.py`` — the compiled program: :class:`~.runner.OpenVINORunner`, callable like the model, a pool of
   infer requests so that calls from several threads run concurrently;
-* ``audit.py`` — what OpenVINO's CPU plugin really computes each layer in. A program without bf16 layers (and a
-  float form that failed its audit, below) is compiled with ``INFERENCE_PRECISION_HINT=f32``, under which the
-  plugin keeps the element types the program states (the fp16 layers fp16, the fp32 islands f32) instead of
-  lowering f32 layers to its default bf16; the float form is judged against the plan the same way. A layer it
-  computes in a *wider* float type than planned (f32 for bf16: global pooling and sums on a CPU with native
-  bf16, every bf16/fp16 layer on a CPU without it) is accepted and reported (``runs_as``), a narrower one is
-  refused with UnsupportedModelError naming the report's nodes and modules;
+* ``audit.py`` — what OpenVINO's CPU plugin really computes each layer in. A program without bf16 layers is
+  compiled with ``INFERENCE_PRECISION_HINT=f32``, under which the plugin keeps the element types the program
+  states instead of lowering f32 layers to its default bf16. A layer computed in a *wider* float type than
+  planned is accepted and reported (``runs_as``), a narrower one is refused with UnsupportedModelError naming
+  the report's nodes and modules;
 * ``io.py`` — a call's tensors to OpenVINO's ports and back, the output structure put back.
 * ``float_form.py`` — a program with bf16 layers is compiled in NNCF's form instead: an f32 graph without float
-  Converts, ``INFERENCE_PRECISION_HINT=bf16``, the plan's f32 layers pinned through rt_info; the audit judges it
-  against the plan, and a pin that does not hold makes the runner compile the stated types as above (issue 22:
-  the stated Converts between int8 and bf16 layers made mixed plans slower than int8 alone).
+  Converts, ``INFERENCE_PRECISION_HINT=bf16``, the plan's f32 layers pinned; the audit judges it against the
+  plan, and a pin that does not hold makes the runner compile the stated types as above.
 
 Save/load: a saved program is the ExportedProgram; loading with this backend converts and compiles it
 again (no OpenVINO blob is stored: it is tied to the OpenVINO version and the CPU it was compiled on).

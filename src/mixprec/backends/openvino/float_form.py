@@ -2,41 +2,25 @@
 
 Why (issue 22). A mixed int8/bf16 program states its types: an int8 Linear computes in f32 between a bf16
 producer and a bf16 consumer, so the converted model carries a Convert bf16->f32 before each int8 region and a
-Convert f32->bf16 after it (a 2-layer BERT with int8 Linears and bf16 elsewhere: 20 of them). Compiled with
-``INFERENCE_PRECISION_HINT=f32`` (so that the plugin keeps the stated types), each is a pass over the tensor of
-its own — the recorded runtime tables of a bf16 CPU (tests/backends/openvino/fixtures/openvino-bf16-cpu/) show
-them as separate ``Subgraph`` layers f32->bf16 or merged into the next eltwise — and they cut the int8 kernels off
-the fusions (a LayerNorm followed by its FakeQuantize, an int8 FullyConnected writing bf16). NNCF hands OpenVINO
-an f32 model with FakeQuantize nodes and no float Convert at all, compiled with the default inference precision
-(bf16 on such a CPU): the plugin lowers the f32 layers to bf16 itself (``Graph::EnforceInferencePrecision``) and
-picks every output type so that nothing is converted twice; int8+bf16 costs nothing over int8 there.
+Convert f32->bf16 after it. Compiled with ``INFERENCE_PRECISION_HINT=f32`` (so that the plugin keeps the stated
+types), each is a pass over the tensor of its own (the recorded runtime tables of a bf16 CPU,
+tests/backends/openvino/fixtures/openvino-bf16-cpu/, show them as separate layers), and they cut the int8
+kernels off their fusions; mixed plans ran slower than int8 alone (bench/log/2026-11.md, "Issue 22 round three:
+mixed int8/bf16 plans"). NNCF hands OpenVINO an f32 model with FakeQuantize nodes and no float Convert at all,
+compiled with the default inference precision (bf16 on such a CPU): the plugin lowers the f32 layers to bf16
+itself (``Graph::EnforceInferencePrecision``) and picks every output type so that nothing is converted twice.
 
 So a program with bf16 layers is handed over in that form (:func:`float_form`), from the model converted with the
-stated types:
+stated types: every Convert between float types on the way of an activation is removed, and the layers the plan
+keeps in f32 are pinned there with OpenVINO's rt_info (:data:`PIN_KEY`: the mark that makes the CPU plugin's
+``Node::keepOrigPrecision()`` true, which its bf16 enforcement skips). Python cannot make that attribute, OpenVINO's
+IR reader can: a model with pins goes once through ``save_model``/``read_model`` in a temporary directory.
 
-* every Convert between float types on the way of an activation is removed (a Convert next to a graph input or
-  output stays: it is the program's I/O dtype); bf16 constants (weights stored bf16) are read through a Convert
-  to f32, which the plugin folds and — being bf16 values — lowers back to bf16 exactly;
-* the layers the plan keeps in f32 are pinned there with OpenVINO's rt_info ``DisablePrecisionConversion`` (the
-  mark that makes the CPU plugin's ``Node::keepOrigPrecision()`` true, which its bf16 enforcement skips; the
-  mark OpenVINO's own precision-sensitive passes set). Python cannot make that attribute (:data:`PIN_KEY`),
-  OpenVINO's IR reader can: a model with pins goes once through ``save_model``/``read_model`` in a temporary
-  directory;
-* not pinned, besides the bf16 layers: FakeQuantize (it reads the same values from a bf16 tensor as from its f32
-  copy, and pinning it would put the Convert back), constant subgraphs (weights and their dequantization), and —
-  when int8 layers run on the int8 kernels — an int8 layer's matmul and bias whose value only bf16 layers read
-  (through the removed Convert): rounding an int32 sum times its scale to bf16 at the kernel's output is the very
-  value the bf16 consumer read; and an elementwise scaling by a constant that only a FakeQuantize reads
-  (activation smoothing's multiply), which OpenVINO folds into the FakeQuantize's input ranges
-  (MulFakeQuantizeFusion). For the audit these are declared bf16 (:attr:`FloatForm.declared`): should the
-  plugin compute the smoothing multiply in bf16 after all, its value is rounded to bf16 (relative 2^-9) before
-  a quantization to 256 levels — accepted, not refused.
-
-The audit (``audit.py``) judges the compiled model against ``declared``: the stated types, with the exemptions
-above. The plugin keeps some layers wider than planned (the tail after the last matmul; every bf16 layer on a CPU
-without bf16): accepted and reported, as before. A layer it runs narrower (a pin that did not hold in this
-OpenVINO version) makes the runner fall back to the stated types compiled with f32 inference precision
-(``runner.py``), the form of every program without bf16 layers.
+The audit (``audit.py``) judges the compiled model against :attr:`FloatForm.declared`: the stated types, with the
+exemptions :func:`float_form` lists. The plugin keeps some layers wider than planned (the tail after the last
+matmul; every bf16 layer on a CPU without bf16): accepted and reported, as before. A layer it runs narrower (a
+pin that did not hold in this OpenVINO version) makes the runner fall back to the stated types compiled with f32
+inference precision (``runner.py``), the form of every program without bf16 layers.
 """
 
 from __future__ import annotations
@@ -106,7 +90,19 @@ def float_form(ov, stated, declared: Mapping[str, str], *, names: NodeNames, int
                int8_kernels: bool) -> FloatForm | None:
     """The float form of ``stated`` (the model converted with the program's types; left unchanged), or None where
     it does not apply: no bf16 layer, an f16 layer (the CPU's f16 is another matter), or a graph whose types do
-    not all become f32 once the Converts are gone."""
+    not all become f32 once the Converts are gone.
+
+    * every Convert between float types on the way of an activation is removed (a Convert next to a graph input
+      or output stays: it is the program's I/O dtype); bf16 constants (weights stored bf16) are read through a
+      Convert to f32, which the plugin folds and — being bf16 values — lowers back to bf16 exactly;
+    * the layers the plan keeps in f32 are pinned (:data:`PIN_KEY`, the mark OpenVINO's own precision-sensitive
+      passes set);
+    * not pinned, besides the bf16 layers: FakeQuantize (it reads the same values from a bf16 tensor as from its
+      f32 copy, and pinning it would put the Convert back), constant subgraphs (weights and their
+      dequantization), and — when int8 layers run on the int8 kernels — an int8 layer's matmul and bias whose
+      value only bf16 layers read (:func:`_int8_outputs`) and an elementwise scaling by a constant that only a
+      FakeQuantize reads (:func:`_quantizer_inputs`). For the audit these are declared bf16
+      (:attr:`FloatForm.declared`)."""
     types = set(declared.values())
     if _LOW not in types or "f16" in types:
         return None
@@ -165,7 +161,8 @@ def pinned_ops(model) -> list[str]:
 
 def _int8_outputs(model, names: NodeNames, int8: set[str], constant: set[str]) -> set[str]:
     """Operations of an int8 layer (its matmul, bias) whose value reaches nothing but Converts to bf16, directly or
-    through operations of the same layer: these may write bf16 (see the module docstring)."""
+    through operations of the same layer: these may write bf16. Rounding an int32 sum times its scale to bf16 at
+    the kernel's output is the very value the bf16 consumer read through the removed Convert."""
     out: set[str] = set()
     for op in reversed(model.get_ordered_ops()):
         name = op.get_friendly_name()
@@ -186,7 +183,9 @@ _SCALING = frozenset({"Multiply", "Add", "Subtract", "Divide"})
 
 def _quantizer_inputs(model, constant: set[str]) -> set[str]:
     """Elementwise operations by a constant whose value only FakeQuantize reads (activation smoothing's multiply):
-    OpenVINO folds them into the FakeQuantize's input ranges (MulFakeQuantizeFusion, AddFakeQuantizeFusion)."""
+    OpenVINO folds them into the FakeQuantize's input ranges (MulFakeQuantizeFusion, AddFakeQuantizeFusion).
+    Should the plugin compute such a multiply in bf16 after all, its value is rounded to bf16 (relative 2^-9)
+    before a quantization to 256 levels: accepted by the audit, not refused."""
     out: set[str] = set()
     for op in reversed(model.get_ordered_ops()):
         if op.get_type_name() not in _SCALING or op.get_friendly_name() in constant:

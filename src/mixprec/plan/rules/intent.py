@@ -1,17 +1,15 @@
 """The code's fp32 intent: what torch.autocast would run in fp32 because the code asked for fp32.
 
 The autocast rules ``fp32_intent`` and ``angle`` (at the end) keep these layers in fp32.
+Models state "compute this in fp32" in ways that are no-ops in an fp32 capture (the roots, :func:`_root`):
 
-Models state "compute this in fp32" in ways that are no-ops in an fp32 capture:
-
-* ``hidden.to(torch.float32)`` / ``.float()`` before a written-out RMSNorm (Llama, Mistral,
-  Qwen, Gemma, T5): as captured it converts fp32 to fp32 and changes nothing;
+* ``hidden.to(torch.float32)`` / ``.float()`` before a written-out RMSNorm (Llama, Mistral, Qwen, Gemma, T5):
+  as captured it converts fp32 to fp32 and changes nothing;
 * ``position_ids.float() * inv_freq`` then cos/sin (RoPE): an int -> float cast;
 * ``softmax(x, dim, dtype=torch.float32)`` and other ops with an explicit fp32 ``dtype``;
 * regions under ``torch.autocast(enabled=False)``;
-* embedding lookups: their tables are fp32 and torch.autocast never lowers ``embedding``, so
-  the residual stream starts in fp32 at the embedding output (``autocast_low_precision_embeddings``
-  turns this root off to store the tables in the low type).
+* embedding lookups: their tables are fp32 and torch.autocast never lowers ``embedding``, so the residual
+  stream starts in fp32 at the embedding output (``autocast_low_precision_embeddings`` turns this root off).
 
 Under torch.autocast such a value stays fp32, and so does every op that reads it, except
 the ops on autocast's lower-precision list (matmul, linear, bmm, convolutions, fused
@@ -19,18 +17,11 @@ attention), which cast their inputs down: ``x_fp32.pow(2).mean()`` runs fp32,
 ``linear(x_fp32, w)`` runs low. This module follows that flow over the captured graph
 (:func:`fp32_flow`, shared with ``stored.py``): from each root, forward through every op that is
 not on that list, until an explicit cast to another dtype. Each reached layer gets a reason that
-names the root's line of code (from the node's ``stack_trace``), e.g. ``"modeling_llama.py:71 `hidden_states = hidden_states.to(torch.float32)`"``.
+names the root's line of code (from the node's ``stack_trace``).
 
 Separately, :func:`angle_layers` keeps periodic functions (sin, cos, tan) and the elementwise
 computation of their argument fp32 whatever calibration saw: their result's error is the
-*absolute* error of the argument, and bf16 rounds an angle of 2000 (a RoPE position) by +-4,
-a whole turn. The argument's range cannot be bounded from shapes and dtypes (positions come
-from inputs), so a calibration on short sequences says nothing about long ones.
-
-A cast that converts fp32 to fp32 is a root only when its line of code names fp32
-(``float32``, ``.float()``, ``torch.float``): ``x.to(other.dtype)`` or ``x.to(input_dtype)``
-say "match that dtype", not "compute in fp32", and only pass the intent on when their input
-already carries it.
+*absolute* error of the argument, which calibration on short sequences cannot bound for long ones.
 """
 
 from __future__ import annotations
@@ -126,6 +117,12 @@ def _dtype_argument(node: torch.fx.Node):
 
 
 def _root(node: torch.fx.Node, layer, embeddings: bool) -> str | None:
+    """Why ``node`` is a root of the code's fp32 intent (naming its line of code, e.g. ``"modeling_llama.py:71
+    `hidden_states = hidden_states.to(torch.float32)`"``), or None.
+
+    A cast that converts fp32 to fp32 is a root only when its line of code names fp32 (``float32``, ``.float()``,
+    ``torch.float``): ``x.to(other.dtype)`` or ``x.to(input_dtype)`` say "match that dtype", not "compute in
+    fp32", and only pass the intent on when their input already carries it."""
     if layer.precision != torch.float32:
         return None
     where = source_line(node)
@@ -156,7 +153,10 @@ def angle_layers(graph: torch.fx.Graph, info: GraphInfo) -> dict[str, str]:
     """sin/cos/tan layers and the elementwise ops computing their argument -> why they stay fp32.
 
     Backward from each periodic op through elementwise arithmetic and data movement, up to a
-    matmul-class op, a stored tensor or a graph input (those end the argument's computation).
+    matmul-class op, a stored tensor or a graph input (those end the argument's computation). A periodic
+    function's error is the *absolute* error of its argument, and bf16 rounds an angle of 2000 (a RoPE position)
+    by +-4, a whole turn. The argument's range cannot be bounded from shapes and dtypes (positions come from
+    inputs), so a calibration on short sequences says nothing about long ones.
     """
     from ...ops.table import MOVEMENT_OPS
 

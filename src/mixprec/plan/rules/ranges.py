@@ -2,33 +2,15 @@
 
 Each rule states its bound per low type: fp16 ends at 65504 and has its smallest normal number at
 6.1e-05; bf16 has fp32's exponent range (largest 3.39e38, smallest normal 1.2e-38) with fewer
-mantissa bits. A rationale that holds for fp16 only is not applied to bf16.
+mantissa bits. A rationale that holds for fp16 only is not applied to bf16. Each rule's class says
+why it draws its line where it does:
 
-* ``non_finite``: calibration already saw inf/NaN at this layer. Low precision cannot make
-  that better and makes it harder to find; keep fp32 and say so (either type).
-* ``io_range``: an input or output absmax above the IO-range bound (:func:`io_bound`). With
-  ``autocast_max_output_threshold="default"`` the bound depends on the low type: 512 for fp16
-  (as in Torch-TensorRT and ModelOpt: 128x below fp16's largest value 65504, and the fp16 ULP at
-  512 is 0.5), 1e36 for bf16 (a guard of bf16's own overflow only; see ``_GUARDS``). A number the
-  user passes applies as written to either type; math.inf switches the rule off. Inputs *and*
-  outputs count: a layer that reads large values (x*x on real-scale data) overflows before its
-  output is ever seen. One exception: the additive mask of a fused attention whose large values are
-  all negative *masking* values (``finfo.min`` or -1e4 and below, the rest within the bound): they
-  mean "-infinity", give weight 0 after softmax in any dtype (also when a bf16 cast of
-  ``finfo(float32).min`` makes them -inf), and torch.autocast casts them to the low type as well.
-* ``constant_range``: a parameter, buffer, lifted constant or scalar argument whose finite
-  values exceed the low type's largest finite value (a -1e9 attention mask in fp16 becomes
-  -inf; in bf16 only values beyond 3.39e38, such as ``finfo(float32).min``, do not fit). Values
-  too small for the low type (underflow to zero or subnormals) are not a reason in either type:
-  they lose relative precision, which is what lowering means, but not their order of magnitude
-  against the values they are combined with.
-* ``underflow`` (symmetric to ``io_range``): a layer whose calibrated input or output values are
-  all below the low type's smallest normal number in magnitude, but not all zero. In the low
-  type every such value is a subnormal with few significant bits or flushes to zero: the tensor
-  loses all its precision, not just some. The bound is the low type's own: fp16's 6.1e-05
-  (subnormals down to 6e-08) is reached by real activations (a product of small gains); bf16's
-  is fp32's (1.2e-38), where fp32 is subnormal too, so for bf16 the rule only fires on values
-  fp32 itself barely holds.
+* ``non_finite``: calibration already saw inf/NaN at this layer (:class:`NonFinite`);
+* ``io_range``: an input or output absmax above the IO-range bound (:func:`io_bound`, :class:`IORange`);
+* ``constant_range``: a stored tensor or scalar argument whose finite values exceed the low type's
+  largest finite value (:class:`ConstantRange`);
+* ``underflow``: calibrated values all below the low type's smallest normal number in magnitude, but
+  not all zero (:class:`Underflow`).
 """
 
 from __future__ import annotations
@@ -47,6 +29,9 @@ from .base import Decision, RuleContext, register_rule
 @register_rule("non_finite")
 @dataclasses.dataclass(frozen=True)
 class NonFinite:
+    """Calibration already saw inf/NaN at this layer. Low precision cannot make that better and makes it harder
+    to find; keep fp32 and say so (either type)."""
+
     def match(self, node: NodeInfo, ctx: RuleContext) -> Decision | None:
         seen = []
         for name in ctx.activation_inputs(node):
@@ -110,6 +95,15 @@ def _short_name(low: torch.dtype) -> str:
 @register_rule("io_range")
 @dataclasses.dataclass(frozen=True)
 class IORange:
+    """An input or output absmax above the IO-range bound. With ``autocast_max_output_threshold="default"`` the
+    bound depends on the low type (:data:`_GUARDS`: 512 for fp16, as in Torch-TensorRT and ModelOpt; 1e36 for
+    bf16, a guard of bf16's own overflow only). A number the user passes applies as written to either type;
+    math.inf switches the rule off. Inputs *and* outputs count: a layer that reads large values (x*x on
+    real-scale data) overflows before its output is ever seen. One exception: the additive mask of a fused
+    attention whose large values are all negative *masking* values (``finfo.min`` or -1e4 and below, the rest
+    within the bound): they mean "-infinity", give weight 0 after softmax in any dtype (also when a bf16 cast of
+    ``finfo(float32).min`` makes them -inf), and torch.autocast casts them to the low type as well."""
+
     def match(self, node: NodeInfo, ctx: RuleContext) -> Decision | None:
         bound = io_bound(ctx.max_output_threshold, ctx.low)
         limit = bound.limit
@@ -138,6 +132,12 @@ def _masking_only(stats, limit: float) -> bool:
 @register_rule("constant_range")
 @dataclasses.dataclass(frozen=True)
 class ConstantRange:
+    """A parameter, buffer, lifted constant or scalar argument whose finite values exceed the low type's largest
+    finite value (a -1e9 attention mask in fp16 becomes -inf; in bf16 only values beyond 3.39e38, such as
+    ``finfo(float32).min``, do not fit). Values too small for the low type (underflow to zero or subnormals) are
+    not a reason in either type: they lose relative precision, which is what lowering means, but not their order
+    of magnitude against the values they are combined with."""
+
     def match(self, node: NodeInfo, ctx: RuleContext) -> Decision | None:
         limit = torch.finfo(ctx.low).max
         where = f"{dtype_name(ctx.low)} (max {limit:.6g})"
@@ -154,6 +154,13 @@ class ConstantRange:
 @register_rule("underflow")
 @dataclasses.dataclass(frozen=True)
 class Underflow:
+    """Symmetric to ``io_range``: a layer whose calibrated input or output values are all below the low type's
+    smallest normal number in magnitude, but not all zero. In the low type every such value is a subnormal with
+    few significant bits or flushes to zero: the tensor loses all its precision, not just some. The bound is the
+    low type's own: fp16's 6.1e-05 (subnormals down to 6e-08) is reached by real activations (a product of small
+    gains); bf16's is fp32's (1.2e-38), where fp32 is subnormal too, so for bf16 the rule only fires on values
+    fp32 itself barely holds."""
+
     def match(self, node: NodeInfo, ctx: RuleContext) -> Decision | None:
         tiny = torch.finfo(ctx.low).tiny
         where = f"{dtype_name(ctx.low)}'s smallest normal {tiny:.2g}"

@@ -12,9 +12,10 @@ dimensioned low-precision tensor, so ``bf16_logits * logit_scale.exp()`` runs in
 Lowering them instead rounds the parameter to the low type *before* the computation, and some
 computations amplify that rounding: ``exp`` turns the absolute error of its argument into relative
 error of its result. CLIP's logit scale 2.659 rounds by up to 2^-9 in fp16 and 2^-7 in bf16 near 2-4
-(0.2 % / 0.8 % on exp(2.659) = 14.3), a systematic error on every logit that made CLIP's error 1.7x
-torch.autocast's in fp16 (bench/zoo.py --draws 12, bench/log/2026-11.md). These layers cost next to
-nothing: their size is a parameter's, not the batch's, and they hold no matmul/conv FLOPs.
+(0.2 % / 0.8 % on exp(2.659) = 14.3), a systematic error on every logit that put CLIP's error well above
+torch.autocast's in fp16 (``python -m bench run zoo20``; bench/log/2026-11.md, "Issue 20: range rules per low
+type, trained models, the CLIP gap"). These layers cost next to nothing: their size is a parameter's, not the
+batch's, and they hold no matmul/conv FLOPs.
 
 Embedding lookups are not among them: they read indices from the inputs (the ``fp32_intent`` rule
 keeps them, unless ``autocast_low_precision_embeddings``).
