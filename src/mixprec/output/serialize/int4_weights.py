@@ -45,6 +45,12 @@ def _packed_weights(ep) -> dict[str, tuple[str, str]]:
     return out
 
 
+def _reads_packed(node):
+    """The weight an int4 node reads packed (None when it reads it unpacked)."""
+    bound = kernels.bind(node.target, node.args, node.kwargs)
+    return bound["weight"] if bound["packed"] is True else None
+
+
 def _tensor(ep, store: str, name: str):
     return (ep.constants if store == "constants" else ep.state_dict)[name]
 
@@ -56,9 +62,19 @@ def portable(ep, stored: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def repack(ep) -> None:
-    """Pack the plain nibbles a file holds for this CPU's int4 kernel, in place in ``ep``'s state."""
+    """Pack the plain nibbles a file holds for this CPU's int4 kernel, in place in ``ep``'s state. Only int4 nodes
+    reading it packed may read such a weight: any other reader (an unpacked int4 node, an ATen op) would read the
+    kernel's layout where the file means nibbles, so such a file is refused (``mixprec.save`` writes none)."""
+    weights = _packed_weights(ep)
+    for node in ep.graph_module.graph.nodes:
+        if node.op == "placeholder" and node.name in weights:
+            for user in node.users:
+                if user.target is not INT4_OP or _reads_packed(user) is not node:
+                    raise FileFormatError(f"the int4 weight {node.name!r} is read packed by the int4 kernel and also "
+                                          f"by node {user.name!r} ({str(user.target)[:80]}), which would read the "
+                                          "kernel's layout; mixprec writes no such program.")  # fmt: skip
     done: dict[int, torch.Tensor] = {}
-    for store, name in _packed_weights(ep).values():
+    for store, name in weights.values():
         nibbles = _tensor(ep, store, name)
         if id(nibbles) not in done:
             try:
