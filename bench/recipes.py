@@ -225,9 +225,16 @@ def search(ctx, case):
     facts = {"search s": seconds, "tolerance": tolerance, "trials": result.trials, "groups": len(result.groups),
              "mix": chosen.mix_text() or "all fp32", "low FLOP share": chosen.low_precision_flops_fraction,
              "met": result.met, "speed-ups timed": result.speedups, "search metric": chosen.metric}
-    for name in ("frontier", "phases", "phase_seconds"):  # what newer searches report, where they do
-        if getattr(result, name, None):
-            facts[name] = [str(p) for p in getattr(result, name)] if name == "frontier" else getattr(result, name)
+    won = getattr(result, "winner", None)  # the plan returned, measured as a whole program (issue 45)
+    if won is not None:  # the facts describe the plan compiled here, not the budget phase's choice
+        facts.update({"returned": won.name, "mix": ", ".join(f"{t} {s:.1%}" for t, s in won.mix.items() if s)
+                      or "no FLOPs in low precision", "low FLOP share": won.low_precision_flops_fraction,
+                      "search metric": won.metric,
+                      "budget's plan": chosen.mix_text() or "all fp32"})
+        facts["frontier"] = [f"{p.name} {p.seconds * 1e3:.4g} ms {p.metric:.3g}" if p.seconds is not None
+                             else f"{p.name} fails" for p in result.frontier]
+    if getattr(result, "phase_seconds", None):
+        facts["phases"] = dict(result.phase_seconds)
     if o.get("mixed_sizes"):  # the metric the search reports = the plan compiled per batch, batch by batch
         facts["per-batch error"] = _per_batch_error(ctx, result.plan, eval_data)
     program.facts.update(facts)

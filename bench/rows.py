@@ -18,7 +18,8 @@ SHOWN = ("low_precision_flops_fraction", "low FLOP share", "mix", "trials", "sea
          "search metric", "runs_as", "inference precision", "float Converts handed to OpenVINO",
          "kept fp32 by the speed check",
          "weight bytes", "of copy", "identical to one process", "error before", "fixed", "debug s", "per-batch error",
-         "bf16 x fp32", "int8 x fp32", "int8 Linears on oneDNN's kernel", "of them writing bf16", "frontier", "phases",
+         "bf16 x fp32", "int8 x fp32", "int8 Linears on oneDNN's kernel", "of them writing bf16", "returned",
+         "budget's plan", "frontier", "phases",
          "ideal 2 workers / 1 process", "ratio")
 
 

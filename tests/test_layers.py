@@ -215,8 +215,8 @@ DOCSTRINGS_PENDING = (
     "backends/lowering/qdq.py", "backends/openvino/audit.py", "backends/openvino/convert.py",
     "backends/openvino/runner.py", "debugger/fixes.py", "ops/weight_only.py", "output/serialize/__init__.py",
     "output/serialize/graph.py", "output/serialize/propagation.py", "output/serialize/runtime_bounds.py",
-    "output/serialize/workspace.py", "plan/quantization.py", "rewrite/quantize.py", "searching/__init__.py",
-    "searching/budget.py", "searching/distributed.py", "searching/groups.py", "searching/holdout.py",
+    "output/serialize/workspace.py", "plan/quantization.py", "rewrite/quantize.py", "searching/budget.py",
+    "searching/distributed.py", "searching/groups.py", "searching/holdout.py",
     "searching/shapes.py",
 )
 # issue 44: the lead fixes these after the branches editing them merge (they name bench scripts that left the tree)

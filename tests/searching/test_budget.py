@@ -161,3 +161,132 @@ def test_choose_spends_fewer_trials_with_the_model_and_picks_the_same_plan():
     assert len(choice.measured) <= 4  # baseline, everything, two probes
     model = math.sqrt(sum(study.sensitivity[n][torch.bfloat16].value ** 2 for n, _ in choice.lowered))
     assert model <= 0.01
+
+
+# ---- several types: the floor, and what a precision boundary costs (issue 45) ------------------------------------
+F32, BF16, I8 = torch.float32, torch.bfloat16, torch.int8
+
+
+class TypedTrials:
+    """metric(lowered) = sqrt(sum of each (group, type)'s squared sensitivity)."""
+
+    lows = (I8, BF16)
+
+    def __init__(self, sensitivities):
+        self.s = sensitivities
+        self.seen = []
+
+    def measure(self, lowered):
+        self.seen.append(frozenset(lowered))
+        return Outcome(math.sqrt(sum(self.s[(n, d)] ** 2 for n, d in lowered)))
+
+
+def typed_study(s, floor_measured=True, info=None, flops=None, ops=None):
+    names = list(dict.fromkeys(n for n, _ in s))
+    groups = [LayerGroup(n, (ops or {}).get(n, "aten.linear.default"), n, "", (flops or {}).get(n, 100), i)
+              for i, n in enumerate(names)]
+    study = Study(info, groups, TypedTrials(s), 0.0)
+    study.sensitivity = {n: {I8: Sensitivity(s[(n, I8)], ()),
+                             BF16: Sensitivity(s[(n, BF16)], ()) if floor_measured
+                             else Sensitivity(math.inf, (), "not measured: the floor", measured=False)}
+                         for n in names}
+    return study
+
+
+def flop_costs(table=None, conversion=None, conv=None):
+    from mixprec.searching import latency
+
+    table = table or {F32: 10.0, BF16: 4.0, I8: 2.5}  # bf16 2.5x fp32: the floor
+    by_kind = {(k, d): v for k in latency.KINDS for d, v in table.items()}
+    by_kind.update({("conv", d): v for d, v in (conv or {}).items()})
+    return latency.FlopCosts("eager", by_kind, conversion=conversion or {})
+
+
+def floor_case():
+    """d: bf16 costs error, int8 much more; r0..r3: robust, their int8 steps worth more error per second than d's
+    bf16 step. Starting from fp32 the budget took r0..r3 int8 and left d fp32; from the floor d is bf16."""
+    s = {("d", BF16): 0.004, ("d", I8): 0.02}
+    for i in range(4):
+        s[(f"r{i}", BF16)], s[(f"r{i}", I8)] = 0.0005, 0.0015
+    return s
+
+
+def test_with_a_fast_float_type_a_tight_budget_moves_int8_layers_to_it_not_to_fp32():
+    study = typed_study(floor_case())
+    choice = choose(study, SearchOptions((I8, BF16), 0.0045, None, None), Progress(stream=None), flop_costs())
+    types = dict(choice.lowered)
+    assert set(types) == {g.name for g in study.groups}  # nothing left in fp32, the slow path
+    assert types["d"] == BF16 and list(types.values()).count(I8) == 1
+    assert choice.measured[choice.lowered] <= 0.0045
+
+
+def test_the_floors_sensitivities_are_measured_only_when_the_all_float_plan_breaks_the_limit():
+    s = floor_case()
+    study = typed_study(s, floor_measured=False)
+    filled = []
+
+    def fill(dtype):
+        filled.append(dtype)
+        for g in study.groups:
+            study.sensitivity[g.name][dtype] = Sensitivity(s[(g.name, dtype)], ())
+
+    quiet = Progress(stream=None)
+    choice = choose(study, SearchOptions((I8, BF16), 0.0045, None, None), quiet, flop_costs(), fill=fill)
+    assert filled == [] and len(choice.lowered) == 5
+    choice = choose(study, SearchOptions((I8, BF16), 0.003, None, None), quiet, flop_costs(), fill=fill)
+    assert filled == [BF16] and choice.measured[choice.lowered] <= 0.003
+    assert dict(choice.lowered).get("d") is None  # d's bf16 alone is beyond the limit: fp32 is needed there
+
+
+def test_without_a_floor_int8_and_bf16_options_not_faster_than_it_are_not_measured():
+    from mixprec.searching.pruning import floor_type, never_taken
+
+    study = typed_study(floor_case())
+    costs = flop_costs({F32: 10.0, BF16: 4.0, I8: 5.0})  # int8 faster than fp32, slower than bf16
+    assert floor_type(study.groups, (I8, BF16), costs) == BF16
+    skipped = never_taken(study.groups, (I8, BF16), costs)
+    assert all("floor" in skipped[(g.name, BF16)] for g in study.groups)
+    assert all("not faster than bfloat16" in skipped[(g.name, I8)] for g in study.groups)
+    assert floor_type(study.groups, (I8, BF16), flop_costs({F32: 10.0, BF16: 9.0, I8: 2.5})) is None
+
+
+def test_a_float_move_pays_for_the_conversions_at_its_boundaries():
+    """bf16 is no floor here (a convolution runs slower in it), so the budget runs from fp32: a small layer lowered
+    alone converts its input and output; where those conversions cost more than its FLOPs save here it stays fp32,
+    where they are free it is lowered."""
+    from mixprec.ir.captured import CapturedModel
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 64), torch.nn.GELU(),
+                                torch.nn.Linear(64, 64))
+    captured = CapturedModel(model.eval(), (torch.randn(8, 64),))
+    linears = [n for n, node in captured.info.items() if node.op == "aten.linear.default"]
+    conv = next(n for n, node in captured.info.items() if node.op.startswith("aten.gelu"))  # stands for a conv
+    s = {(n, BF16): 1e-3 for n in linears} | {(n, I8): math.inf for n in [*linears, conv]} | {(conv, BF16): 1e-3}
+    s[(linears[2], BF16)] = 1.0
+    flops = {n: captured.info[n].flops for n in linears} | {conv: 10_000}
+    slow = {F32: 10.0, BF16: 12.0, I8: 2.5}
+    for conversion, lowered in ((0.0, set(linears[:2])), (1e-6, set())):
+        study = typed_study(s, info=captured.info, flops=flops, ops={conv: "aten.conv2d.default"})
+        choice = choose(study, SearchOptions((I8, BF16), 0.1, None, None), Progress(stream=None),
+                        flop_costs(conversion={BF16: conversion}, conv=slow), fill=lambda dtype: None)
+        assert {n for n, d in choice.lowered if d == BF16} == lowered
+
+
+def test_a_plans_predicted_seconds_count_each_boundary_once():
+    from mixprec.ir.captured import CapturedModel
+    from mixprec.searching import latency
+    from mixprec.searching.trials import Trials
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 64))
+    captured = CapturedModel(model.eval(), (torch.randn(8, 64),))
+    info, trials = captured.info, Trials(captured, (BF16,), None)
+    costs = flop_costs(conversion={BF16: 1e-6})
+    gelu = next(n for n, node in info.items() if node.op.startswith("aten.gelu"))
+    heavy = sum(node.flops for node in info.values())
+    fp32 = latency.predicted_seconds(info, trials.plan(()), (BF16,), costs)
+    assert fp32 == pytest.approx(heavy * 10e-9)
+    one = latency.predicted_seconds(info, trials.plan([(gelu, BF16)]), (BF16,), costs)
+    assert one - fp32 == pytest.approx(2 * 8 * 64 * 1e-6)  # into the GELU and out of it
+    every = latency.predicted_seconds(info, trials.plan([(n, BF16) for n in info if info[n].kind == "compute"]),
+                                      (BF16,), costs)
+    assert every == pytest.approx(heavy * 4e-9)  # the program's own input and output are not the plan's boundaries

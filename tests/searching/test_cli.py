@@ -47,7 +47,7 @@ def test_search_writes_plan_json_and_plot(spec, tmp_path, capsys):
     )
     assert code == 0
     out = capsys.readouterr().out
-    assert "<- chosen" in out and "eval_dataloader (2 batches)" in out
+    assert "<- returned" in out and "whole programs measured on eager" in out and "eval_dataloader (2 batches)" in out
     loaded = mixprec.PrecisionPlan.from_json(plan.read_text())
     assert mixprec.SearchResult.from_json(result.read_text()).plan == loaded
     assert plot.read_bytes()[:4] == b"\x89PNG"
@@ -124,6 +124,9 @@ def test_several_low_types_on_the_command_line(spec, tmp_path, capsys, monkeypat
     assert result["low_precision_type"] == ["int8", "bfloat16"] and set(seen) == {"openvino"}
     assert "openvino" in (tmp_path / "costs.json").read_text()  # the measured prices kept where --cost-cache says
     assert {g["precision"] for g in result["groups"]} == {"int8", "bfloat16", "float32"}
+    # measured where the plan runs: whole programs on openvino; phase 2's eager programs are not timed for it
+    assert result["frontier_backend"] == "openvino" and sum(p["chosen"] for p in result["frontier"]) == 1
+    assert all(p["latency_seconds"] is None for p in result["pareto"])
     assert main(["search", f"{spec}:model", "--low", "int8", "--json", str(out), "-q"]) == 0
     assert json.loads(out.read_text())["low_precision_type"] == "int8"
     assert main(["search", f"{spec}:model", "--low", "int8,bf16", "--backend", "nope"]) == 2

@@ -40,6 +40,7 @@ from ..plan.options import PlanningOptions
 from ..plan.origin import PlanOrigin
 from ..plan.precision_plan import PrecisionPlan
 from ..plan.quantization import DEFAULT_POLICY, QuantPolicy
+from ..searching.frontier import register_module_int8
 from .log import render_log
 from . import vocabulary
 from .resolve import resolve
@@ -200,3 +201,17 @@ def _io_precisions(value, api: str):
 
 def _io_precision(value, what: str) -> torch.dtype:
     return vocabulary.precision(value, what, accepted=_IO_NAMES)
+
+
+def _all_int8(model, args, paths, calibration) -> PrecisionPlan:
+    """The configurator's plan of the leaf modules at ``paths`` in int8 (its grids, smoothing, bias correction, the
+    attention they feed in int8), calibrated on ``calibration`` (None: ``args``): a plan the search's frontier measures
+    beside its own (issue 45). The search ranks before the configurator and may not import it, so the configurator
+    offers it (``searching.frontier.register_module_int8``), which ``import mixprec`` does."""
+    cfg = MixedPrecisionConfigurator(model)
+    for path in paths:
+        cfg.set_precision(path, activation="int8")
+    return cfg.apply(args, strict=False, calibration_dataloader=calibration)
+
+
+register_module_int8("configurator", _all_int8)

@@ -38,7 +38,8 @@ FORMAT, VERSION = "mixprec.costs", 1
 ENV = "MIXPREC_COST_CACHE"
 OFF = frozenset({"off", "0", "false", "no", "none", ""})
 # the kinds of entries mixprec writes (consumers name theirs here): the closed vocabulary of the file
-KINDS = frozenset({"speedup", "model_speedups", "layer_seconds", "cast_seconds", "program_seconds", "gflop_seconds"})
+KINDS = frozenset({"speedup", "model_speedups", "layer_seconds", "cast_seconds", "program_seconds", "gflop_seconds",
+                   "boundary_seconds"})
 MAX_BYTES = 16 << 20
 MAX_KEY = 1 << 14  # characters in an entry's key (a shape class: an op and its arguments' shapes and strides)
 MAX_LIST = 256  # numbers in one entry's value

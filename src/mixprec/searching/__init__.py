@@ -1,41 +1,30 @@
-"""``mixprec.search``: measure which layers low precision hurts, then lower as much as a budget allows.
+"""``mixprec.search``: measure which layers low precision hurts, lower what a budget allows, return what is fastest.
 
-Two phases (AIMET's automatic mixed precision, with the budgets its users ask for):
+Three phases (AIMET's automatic mixed precision, judged by whole programs):
 
-1. sensitivity (``sensitivity.py``): every layer group (``groups.py``: a free fp32 compute layer
-   with the data movement that follows it) is lowered alone and the metric measured on the
-   eval data. Cached (``cache.py``): a second search with another budget runs no phase-1 trial.
-2. budget (``budget.py``): groups are lowered cumulatively, least sensitive first; a binary
-   search finds the furthest prefix within ``tolerance``, or ``keep_fp32_fraction`` keeps
-   exactly that share of the most sensitive groups in fp32.
+1. sensitivity (``sensitivity.py``): every layer group (``groups.py``: a free fp32 compute layer with the data
+   movement that follows it) lowered alone in each type it is offered, its metric measured on the eval data
+   (cached: ``cache.py``; trials resume from the fp32 reference's values: ``resume.py``).
+2. budget (``budget.py``): groups lowered cumulatively by gain per unit of error (gains from the cost model of this
+   machine and backend: ``latency.py``), the furthest prefix within ``tolerance`` found by probing the error model,
+   or ``keep_fp32_fraction`` kept fp32; where the float type is the floor (faster than fp32 everywhere), from the
+   all-float plan. Confirmed on held-out eval batches (``holdout.py``).
+3. frontier (``frontier.py``): the budget's plans and the trivial plans (all-fp32, all-bf16, the configurator's
+   all-int8, ...) built as whole programs on the backend, their held-out error measured and timed together; the
+   fastest within the budget is returned, never slower than all-fp32.
 
-Several low types (``low_precision_type=("int8", "bf16")``): phase 1 measures every group in each type it
-is offered (``groups.py``: int8 for the FLOP-carrying ones), phase 2 spends the budget on the fastest mix,
-by gain per unit of error with the gains from a cost model measured per type on this machine
-(``latency.py``; ``backend=`` names the backend whose speed counts). "w8a16" and "w4a16" (``types.py``) are
-weight-only types of Linear groups, NNCF's ``ratio`` done by measurement; ``decode=True`` (or eval batches of a
-few tokens) costs the Linears in the decode shape, memory-bound, where their smaller weights gain.
-
-The tolerance holds on data the plan was not chosen on (``holdout.py``): some eval batches are held out, the
-plan confirmed on them and chosen again under a tighter limit until it holds there. With several types, options
-the cost model says can never be chosen (a type no faster than fp32 here) are not measured (``pruning.never_taken``).
-
-Trials never re-capture the model (``trials.py``): the captured program is rewritten per plan.
-Phase 1's trials resume from the fp32 reference's values (``resume.py``): only what lowering a group changes
-runs. Phase 2 probes where the sensitivities' error model crosses the tolerance (``budget._furthest``).
-Eval and calibration batches take every form and size compile's calibration takes, through the same
-normaliser (``calibrate/batches.py``); batches of other sizes run each trial's plan on a capture for
-their sizes (``shapes.py``), and batches that give forward arguments the example inputs left out on a
-capture of that call.
-The result (``result.py``) holds the plan for ``compile(..., plan=...)``, the measured pareto
-points with their latency (``latency.py``), every group's sensitivity, JSON and a plot.
+"w8a16" and "w4a16" (``types.py``) are weight-only types of Linear groups; ``decode=True`` (or eval batches of a
+few tokens) prices the Linears in the decode shape. Options the cost model says are never taken are not measured
+(``pruning.py``). Trials never re-capture the model (``trials.py``); eval and calibration batches of any form and
+size run on captures for their sizes (``shapes.py``). The result (``result.py``, assembled in ``assemble.py``) holds
+the plan, the frontier, the pareto points, every group's sensitivity and the phases' seconds.
 """
-
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import logging
+import math
 import warnings
 
 import torch
@@ -47,19 +36,17 @@ from ..dtypes import dtype_name
 from ..errors import MixedPrecisionWarning
 from ..ir.export import as_input_tuple, refuse_meta_tensors
 from ..measure.clock import PhaseClock
-from ..plan.precision_plan import NodePrecision, PrecisionPlan
 from ..progress import Progress
-from . import holdout, latency
-from .budget import Choice, choose
+from . import assemble, frontier, holdout, latency, sensitivity, whole
+from .budget import choose
 from .cache import SearchCache, study_key
 from .distributed import cluster_for
-from .groups import low_flops_fraction
 from .metrics import Accuracy
 from .options import SearchOptions
-from .result import GroupSensitivity, ParetoPoint, SearchResult
-from .sensitivity import Study, build_study
+from .result import FrontierPoint, GroupSensitivity, ParetoPoint, SearchResult
+from .sensitivity import build_study
 
-__all__ = ["search", "Accuracy", "SearchResult", "ParetoPoint", "GroupSensitivity", "SearchCache"]
+__all__ = ["search", "Accuracy", "SearchResult", "ParetoPoint", "FrontierPoint", "GroupSensitivity", "SearchCache"]
 
 
 def search(
@@ -133,17 +120,19 @@ def search(
         (shut down after it); "auto" or "ray://host:port" = an existing cluster (``distributed.py``;
         ``pip install 'mixprec[ray]'``). Same data -> the same plan, sensitivities and pareto points.
     workers: how many trials run at once on the cluster (default: its CPUs); only with ray_address.
-    backend: with several low types, the backend the plan will be compiled with ("openvino", "inductor", ...):
-        the cost model times each type's kernels on it (a mixprec extension). None = the eager programs the
-        trials run. Measured once per process.
+    backend: the backend the plan will be compiled with ("openvino", "inductor", ...; a mixprec extension): the
+        frontier's whole programs are built and timed on it, and with several low types the cost model times each
+        type's kernels on it (measured once, then kept). None = eager.
     decode: with several low types, time the matmul class in the decode shape (``latency.py``: one row through
         Linears too large for the caches, memory-bound as a decoder's token steps are), where the weight-only
         types gain. None = when every eval batch is token ids of at most 8 tokens (batch x sequence).
     cost_cache: where the cost model keeps its measurements between processes (as compile's ``cost_cache``:
         None = $MIXPREC_COST_CACHE, else the user's cache folder; False = measured once per process; or a path).
 
-    Returns a :class:`SearchResult`: ``plan`` for ``compile(model, inputs, plan=result.plan)``,
-    ``pareto``, ``groups`` (sensitivities), ``save_plot(path)``, ``to_json()``.
+    Returns a :class:`SearchResult`: ``plan`` for ``compile(model, inputs, plan=result.plan)`` — the fastest whole
+    program measured on ``backend`` within the budget among the budget's plans and the trivial ones (``frontier``,
+    ``winner``; ``frontier.py``) — ``pareto`` (the budget phase's plans), ``groups`` (sensitivities),
+    ``phase_seconds``, ``save_plot(path)``, ``to_json()``.
     """
     clock = PhaseClock()
     # 1. arguments: validated once (options.py); the data read into calls
@@ -177,20 +166,40 @@ def search(
         if options.several:
             if study is None:
                 progress.update("the cost of each low type on this machine (timed once, then kept)")
-            costs = latency.flop_costs(options.backend, options.lows, device, options.decode, options.cost_cache)
-        if study is None:
-            pruning = costs if options.tolerance is not None else None  # keep_fp32_fraction may take any option
-            study = build_study(model, args, options, eval_batches, calibration, progress, cluster, held_out, pruning)
-            if store is not None:
-                store.put(key, model, user_metric, study)
+            with clock.phase("cost_model"):
+                costs = latency.flop_costs(options.backend, options.lows, device, options.decode, options.cost_cache)
+        built = {}  # the whole programs on the backend (whole.Built), once the trials exist
+
+        def prices(trials, groups):  # the cost model set to this model's whole programs (whole.py)
+            with clock.phase("model_prices"):
+                built["programs"] = whole.Built(trials, options.backend or "eager", device, options.cost_cache)
+                return whole.model_prices(built["programs"], groups, options.lows, costs, eval_batches[0],
+                                          frontier.time_candidates, progress)
+
+        with clock.phase("sensitivity"):
+            if study is None:
+                pruning = costs if options.tolerance is not None else None  # keep_fp32_fraction may take any option
+                study = build_study(model, args, options, eval_batches, calibration, progress, cluster, held_out,
+                                    pruning, prices if costs is not None else None)
+                if store is not None:
+                    store.put(key, model, user_metric, study)
+        if "model_prices" in clock.seconds:  # timed within the sensitivity phase: counted once, as its own
+            clock.seconds["sensitivity"] -= clock.seconds["model_prices"]
+        costs = study.costs or costs
         # 3. budget (phase 2): the choice, confirmed on the held-out batches
-        with cluster.timing_on(study.trials, eval_batches[0]) if cluster is not None else _timing(study.trials,
-                                                                                                   eval_batches[0]):
-            choice = choose(study, options, progress, costs)
+        # phase 2's plans are timed as the eager programs they are where eager is the target; for another backend
+        # the frontier times whole programs on it, and an eager time would only cost calls
+        timing = eval_batches[0] if options.eager else None
+        with clock.phase("budget"), cluster.timing_on(study.trials, timing) if cluster is not None \
+                else _timing(study.trials, timing):
+            def fill(dtype):  # the floor's sensitivities, when the all-floor plan breaks a limit (budget.py)
+                sensitivity.fill(study, progress, dtype)
+
+            choice = choose(study, options, progress, costs, fill=fill)
             if study.trials.held_out is not None:
                 progress.update(f"confirming the plan on {len(held_out)} held-out batch(es)")
-            confirmed = holdout.confirm(study, options, lambda limit: choose(study, options, progress, costs, limit),
-                                        choice)
+            confirmed = holdout.confirm(
+                study, options, lambda limit: choose(study, options, progress, costs, limit, fill=fill), choice)
             choice = confirmed.choice
     if not choice.met:
         warnings.warn(
@@ -199,19 +208,30 @@ def search(
             MixedPrecisionWarning,
             stacklevel=2,
         )
-    # 4. the result: the pareto points timed, the plan, every group's sensitivity
+    with clock.phase("budget"):
+        pareto = assemble.pareto(study, choice, eval_batches[0] if options.eager else None, progress)
+    # 4. the frontier (phase 3): the candidates and the trivial plans, measured as whole programs on the backend
+    plan_of = lambda lowered: assemble.plan(study, lowered, options, costs)  # noqa: E731
+    points, returned = (), plan_of(choice.lowered)
+    if choice.met:
+        with clock.phase("frontier"):
+            programs = built.get("programs") or whole.Built(study.trials, options.backend or "eager", device,
+                                                            options.cost_cache)
+            points, returned = _frontier(study, choice, confirmed, options, costs, model, args, eval_batches, held_out,
+                                         calibration, progress, plan_of, programs)
+    won = next((p for p in points if p.chosen), None)
     result = SearchResult(
-        plan=_plan(study, choice, options, costs),
-        pareto=_pareto(study, choice, eval_batches[0], progress),
-        groups=_groups(study, choice),
+        plan=returned,
+        pareto=pareto,
+        groups=assemble.groups(study, frontier.group_types(study, returned)),
         metric_name=options.metric.name,
         low_precision_type=options.lows if options.several else options.lows[0],
         tolerance=options.tolerance,
         keep_fp32_fraction=options.keep_fp32_fraction,
         baseline=study.baseline,
-        met=choice.met,
+        met=choice.met and (won is None or won.within),
         eval_data=_eval_data(options, eval_dataloader, eval_batches),
-        held_out_metric=confirmed.held_out,
+        held_out_metric=won.metric if won is not None and held_out else confirmed.held_out,
         held_out_batches=len(held_out) if study.trials.held_out is not None else 0,
         held_out=_held_out(options, eval_dataloader, eval_batches, held_out, calibration_dataloader),
         chosen_within=confirmed.limit,
@@ -219,15 +239,47 @@ def search(
         seconds=round(clock.elapsed(), 4),
         speedups=costs.speedups([g.op for g in study.groups if g.flops > 0], options.lows) if costs else {},
         cost_backend=costs.backend if costs else None,
+        frontier=points,
+        frontier_backend=(options.backend or "eager") if points else None,
+        phase_seconds={k: round(v, 3) for k, v in clock.seconds.items()},
     )
+    progress.done(_summary(result, options))
+    return result
+
+
+def _frontier(study, choice, confirmed, options, costs, model, args, eval_batches, held_out, calibration, progress,
+              plan_of, programs):
+    """(the frontier's points, the plan returned): ``frontier.py``'s candidates measured on the backend, the fastest
+    within the budget (with keep_fp32_fraction: within the budget's plan's own error) returned."""
+    choosing = [b for i, b in enumerate(eval_batches) if i not in held_out]
+    data = calibration if isinstance(calibration, list) else (choosing if options.metric.uses_eval_data else None)
+    cands = frontier.candidates(study, choice, confirmed.limit, options, costs, model, args, data, programs)
+    metric = study.trials.held_out if study.trials.held_out is not None else study.trials.metric  # prepared
+    points = frontier.measure(study, cands, programs, eval_batches[0], metric, progress)
+    limit = options.tolerance
+    if limit is None:  # keep_fp32_fraction: no plan returned instead of the budget's may have more error than it
+        limit = points[0].metric  # the budget's plan is the first candidate
+        if not math.isfinite(limit):  # its program failed on the backend: its trial's error is the bar, not none
+            limit = confirmed.held_out if confirmed.held_out is not None else choice.measured[choice.lowered]
+    points = frontier.pick(points, limit)
+    won = next((i for i, p in enumerate(points) if p.chosen), None)
+    if won is None:  # nothing could be measured on the backend: the budget's plan, as before the frontier
+        return points, plan_of(choice.lowered)
+    return points, frontier.result_plan(study, cands[won], plan_of)
+
+
+def _summary(result: SearchResult, options) -> str:
+    """The last progress line: what was returned, its error and (measured) time, and the budget phase's choice."""
     chosen = result.chosen
     lowered_to = chosen.mix_text() if options.several else dtype_name(options.lows[0])
-    progress.done(
-        f"{chosen.lowered}/{len(result.groups)} groups lowered" + (f" to {lowered_to}" if chosen.lowered else "")
-        + f", {chosen.low_precision_flops_fraction:.1%} of FLOPs in low precision, {options.metric.name} "
-        f"{chosen.metric:.2e}" + (f"; {result.speed_text()}" if result.speedups else "")
-    )
-    return result
+    text = (f"{chosen.lowered}/{len(result.groups)} groups lowered" + (f" to {lowered_to}" if chosen.lowered else "")
+            + f", {chosen.low_precision_flops_fraction:.1%} of FLOPs in low precision, {options.metric.name} "
+            f"{chosen.metric:.2e}")
+    won = result.winner
+    if won is not None:
+        text = (f"returned {won.name} ({won.seconds * 1e3:.2f} ms on {result.frontier_backend}, {options.metric.name} "
+                f"{won.metric:.2e}); the budget's plan: {text}")
+    return text + (f"; {result.speed_text()}" if result.speedups else "") + f" ({result.phases_text()})"
 
 
 @contextlib.contextmanager
@@ -278,92 +330,3 @@ def _held_out(options, loader, batches, held, calibration_loader) -> str:
     which = "every third" if len(batches) > 2 else "the second of two"
     return (f"eval_dataloader batch{'es' if len(indices) > 1 else ''} {', '.join(map(str, indices))} ({which}), "
             f"not chosen{calibrated} on")
-
-
-def _pareto(study: Study, choice: Choice, batch: Call, progress: Progress) -> tuple[ParetoPoint, ...]:
-    for lowered in choice.measured:  # timed on a Ray worker right after its trial
-        seconds = study.trials.seconds(lowered)
-        if lowered not in study.latency and seconds is not None:
-            study.latency[lowered] = seconds
-    missing = [lowered for lowered in choice.measured if lowered not in study.latency]
-    if missing:
-        progress.update(f"timing {len(missing)} plan(s)")
-        factories = {lowered: (lambda lowered=lowered: study.trials.program(lowered)) for lowered in missing}
-        study.latency.update(latency.time_plans(factories, batch))
-    points = []
-    for lowered, value in choice.measured.items():
-        plan = study.trials.plan(lowered)
-        points.append(ParetoPoint(
-            lowered=len(lowered),
-            low_precision_flops_fraction=low_flops_fraction(study.info, plan),
-            metric=value,
-            latency_seconds=study.latency[lowered],
-            chosen=lowered == choice.lowered,
-            mix={dtype_name(d): low_flops_fraction(study.info, plan, d) for d in study.lows},
-            lowered_by_type={dtype_name(d): sum(1 for _, t in lowered if t == d) for d in study.lows},
-        ))
-    return tuple(sorted(points, key=lambda p: (p.low_precision_flops_fraction, p.lowered)))
-
-
-def _plan(study: Study, choice: Choice, options, costs=None) -> PrecisionPlan:
-    if options.tolerance is not None:
-        kept = f"lowering it too would exceed tolerance {options.tolerance:g}"
-        if options.several:
-            kept = f"no low type saves time here within tolerance {options.tolerance:g}"
-    else:
-        kept = f"among the most sensitive groups (keep_fp32_fraction {options.keep_fp32_fraction:g})"
-    chosen = dict(choice.lowered)
-    decisions = {}
-    for group in study.groups:
-        least = study.least(group.name)
-        dtype = chosen.get(group.name)
-        if dtype is not None:
-            s = study.sensitivity[group.name][dtype]
-            why = f"search: lowered to {dtype_name(dtype)} (sensitivity {s.value:.2e})"
-            decisions[group.name] = study.trials.decision(group.name, dtype, why)
-        elif not least.measured:  # no option the cost model leaves was worth a trial (pruning.never_taken)
-            slow = (_slow_here(study, group, costs) if costs is not None else "") or least.why
-            decisions[group.name] = NodePrecision(torch.float32, None, "plan", f"search: kept in float32: {slow}")
-        elif least.why is not None:
-            decisions[group.name] = NodePrecision(torch.float32, None, "plan", f"search: kept in float32: {least.why}")
-        else:
-            why = f"search: kept in float32 (sensitivity {_sensitivities(study, group.name)}): {kept}"
-            slow = _slow_here(study, group, costs) if options.several and costs is not None else ""
-            decisions[group.name] = NodePrecision(torch.float32, None, "plan", f"{why} ({slow})" if slow else why)
-    return PrecisionPlan(decisions, policy=study.trials.policy)
-
-
-def _slow_here(study: Study, group, costs) -> str:
-    """"no low type is faster here: int8 0.41x, bfloat16 0.64x fp32 on eager" for a group no type gains on ("" if
-    one does); a FLOP-free group by the classes of the model's FLOP-carrying layers (it follows them: budget.py)."""
-    ops = [group.op] if group.flops > 0 else [g.op for g in study.groups if g.flops > 0]
-    lows = [d for d in study.lows if group.takes(d)]
-    if any(costs.speedup(costs.kind(op), d) >= latency.MIN_SPEEDUP for op in ops for d in lows):
-        return ""
-    measured = costs.speedups(ops, lows)
-    text = ", ".join(f"{t} " + "/".join(f"{x:.2f}x" for x in by_kind.values()) for t, by_kind in measured.items())
-    return f"no low type is faster here: {text} fp32 on {costs.backend}"
-
-
-def _sensitivities(study: Study, name: str) -> str:
-    measured = study.sensitivity[name]
-    if len(measured) == 1:
-        return f"{next(iter(measured.values())).value:.2e}"
-    return ", ".join(f"{dtype_name(d)} {s.value:.2e}" if s.measured else f"{dtype_name(d)} not measured (no faster)"
-                     for d, s in measured.items())
-
-
-def _groups(study: Study, choice: Choice) -> tuple[GroupSensitivity, ...]:
-    chosen = dict(choice.lowered)
-    out = []
-    for group in study.groups:
-        least = study.least(group.name)
-        dtype = chosen.get(group.name, torch.float32)
-        s = study.sensitivity[group.name].get(dtype, least)
-        out.append(
-            GroupSensitivity(
-                group.name, group.op, group.module, group.flops, least.value, dtype, s.followers, least.why or "",
-                {dtype_name(d): m.value for d, m in study.sensitivity[group.name].items()},
-            )
-        )
-    return tuple(out)

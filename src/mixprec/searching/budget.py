@@ -37,6 +37,16 @@ FLOPs; lowered, they spare the casts between lowered neighbours);
 otherwise they stay fp32. ``keep_fp32_fraction`` lowers the same groups as with one type, each
 to its option of most gain (its least sensitive type when no type gains).
 
+**A float move has boundaries**: lowering a layer alone among fp32 ones converts its inputs and output; an
+upgrade's gain is charged those conversions at the backend's price (``latency.boundary_elements``).
+
+**The floor** (:func:`pruning.floor_type`): where the float type is faster than fp32 for every FLOP-carrying group
+(bf16 with AMX: fp32 is the slow path), fp32 is the dearest way to buy accuracy. Every group then starts in the float
+type (the all-float plan, one trial; its sensitivities are not measured in phase 1) and stage 1's upgrades — to int8
+or a weight-only type, by gain over the float type per unit of error — start from there: a tight budget moves int8
+layers back to the float type, not to fp32. Where all-float itself breaks the limit, its sensitivities are measured
+(``fill``) and the fewest groups that bring it within stay fp32 (:func:`exceptions`), then the upgrades.
+
 Everything lowered is tried first (often it fits). Otherwise each stage tries its whole list,
 then searches for the longest prefix whose measured metric is within the tolerance, probing where the
 quadrature model of the measured sensitivities, scaled to the metric measured at the bracket's ends, crosses
@@ -54,7 +64,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ..progress import Progress
-from .types import is_float
+from . import latency
+from .pruning import floor_type
+from .types import WeightOnly, is_float
 
 if TYPE_CHECKING:  # sensitivity.py asks never_taken() which options to measure
     from .sensitivity import Study
@@ -67,9 +79,11 @@ class Choice:
     met: bool  # the chosen plan is within the tolerance (always True for keep_fp32_fraction)
 
 
-def choose(study: Study, options, progress: Progress, costs=None, tolerance: float | None = None) -> Choice:
+def choose(study: Study, options, progress: Progress, costs=None, tolerance: float | None = None,
+           fill: Callable | None = None) -> Choice:
     """``costs``: a ``latency.FlopCosts`` (needed with several low types). ``tolerance``: a limit tighter than
-    ``options.tolerance`` to choose against (``holdout.confirm``, after a held-out check broke the budget)."""
+    ``options.tolerance`` to choose against (``holdout.confirm``, after a held-out check broke the budget).
+    ``fill(dtype)``: measures the sensitivities in ``dtype`` phase 1 left unmeasured (the floor's, module docstring)."""
     measured: dict[frozenset, float] = {frozenset(): study.baseline}
     lows = study.lows
     safe = [g for g in study.groups if math.isfinite(study.least(g.name).value)]
@@ -108,6 +122,15 @@ def choose(study: Study, options, progress: Progress, costs=None, tolerance: flo
     tolerance = options.tolerance if tolerance is None else tolerance
     if study.baseline > tolerance:
         return Choice(frozenset(), measured, False)
+    if len(lows) > 1:
+        floor = floor_type(study.groups, lows, costs)
+        if floor is not None:
+            chosen = _from_floor(study, floor, metric, gain, tolerance)
+            if chosen is None and fill is not None:  # all-float breaks the limit: fp32 is needed somewhere
+                fill(floor)
+                chosen = _from_floor(study, floor, metric, gain, tolerance, costs)
+            if chosen is not None:
+                return Choice(frozenset(dict(chosen).items()), measured, True)
     heavy = [g for g in safe if g.flops > 0]
     free = [g for g in safe if g.flops == 0]
     if len(lows) == 1:
@@ -115,7 +138,13 @@ def choose(study: Study, options, progress: Progress, costs=None, tolerance: flo
         first = [(g.name, low) for g in sorted(heavy, key=lambda g: (s(g, low) ** 2 / g.flops, g.index))]
         second = [(g.name, low) for g in sorted(free, key=lambda g: (s(g, low), g.index))]
     else:
-        first = upgrades(heavy, lows, lambda g, d: s(g, d), gain)
+        def priced(g, dtype) -> float:  # the gain less the conversions of the layer's boundaries (module docstring)
+            activation = dtype.activation if isinstance(dtype, WeightOnly) else dtype
+            if not is_float(activation) or not costs.conversion.get(activation):
+                return gain(g, dtype)
+            return gain(g, dtype) - costs.conversion_seconds(activation, latency.boundary_elements(study.info, g.name))
+
+        first = upgrades(heavy, lows, lambda g, d: s(g, d), priced)
         floats = [d for d in lows if is_float(d)]
         fast = bool(floats) and any(gain(g, floats[0]) > 0 for g in heavy)  # faster on this model's layer classes
         second = [(g.name, floats[0]) for g in sorted(free, key=lambda g: (s(g, floats[0]), g.index))] if fast else []
@@ -126,6 +155,89 @@ def choose(study: Study, options, progress: Progress, costs=None, tolerance: flo
     chosen = _furthest((), first, metric, tolerance, predict((), first))
     chosen = _furthest(chosen, second, metric, tolerance, predict(chosen, second))
     return Choice(frozenset(dict(chosen).items()), measured, True)
+
+
+def _from_floor(study: Study, floor, metric: Callable, gain: Callable, tolerance: float,
+                costs=None) -> list[tuple] | None:
+    """The plan from the floor (module docstring): every group that takes ``floor`` in it, then the longest prefix of
+    the upgrades from it within ``tolerance``. Where the all-floor plan is beyond it: None, or with ``costs`` (and the
+    floor's sensitivities measured) the floor less its :func:`exceptions`."""
+    def within_floor(g) -> bool:
+        found = study.sensitivity[g.name].get(floor)
+        return g.unsafe is None and found is not None and (not found.measured or math.isfinite(found.value))
+
+    base = [(g.name, floor) for g in study.groups if within_floor(g)]
+    if metric(base) > tolerance:
+        if costs is None:
+            return None
+        base = exceptions(study, floor, base, metric, gain, tolerance, costs)
+    taken = {name for name, _ in base}
+    others = tuple(d for d in study.lows if d != floor)
+
+    def at_floor(g) -> float:  # the floor's own error of the group (unmeasured: nothing known, 0)
+        found = study.sensitivity[g.name].get(floor)
+        return found.value if found is not None and found.measured and g.name in taken else 0.0
+
+    def extra(g, dtype) -> float:  # the error an upgrade from the floor adds, as a sensitivity (quadrature)
+        found = study.sensitivity[g.name].get(dtype)
+        if found is None or not found.measured or not math.isfinite(found.value):
+            return math.inf
+        return math.sqrt(max(found.value**2 - at_floor(g) ** 2, 0.0))
+
+    def over_floor(g, dtype) -> float:
+        return gain(g, dtype) - (gain(g, floor) if g.name in taken else 0.0)
+
+    heavy = [g for g in study.groups if g.flops > 0 and g.unsafe is None and g.name in taken]
+    order = upgrades(heavy, others, extra, over_floor)
+    if not order or metric(base + order) <= tolerance:
+        return base + order
+    start = metric(base)
+    model, total, current = [start], start**2, {}
+    for name, dtype in order:
+        g = _Named(name)
+        total += extra(g, dtype) ** 2 - (extra(g, current[name]) ** 2 if name in current else 0.0)
+        current[name] = dtype
+        model.append(math.sqrt(max(total, 0.0)))
+    return list(_furthest(base, order, metric, tolerance, model))
+
+
+def exceptions(study: Study, floor, base: list[tuple], metric: Callable, gain: Callable, tolerance: float,
+               costs) -> list[tuple]:
+    """``base`` (the all-floor plan, beyond ``tolerance``) less the fewest groups, kept fp32, that bring it within:
+    the groups by error removed per second lost (sensitivity in the floor squared over what fp32 costs there: a
+    FLOP-carrying group its FLOPs at fp32's price, a FLOP-free one the conversions at its boundaries), the shortest
+    prefix of them within the tolerance by bisection (all of them kept fp32 is the model as written, within it)."""
+    by_name = {g.name: g for g in study.groups}
+
+    def cost(name: str) -> float:
+        g = by_name[name]
+        if g.flops > 0:
+            return max(gain(g, floor), 0.0)
+        return costs.conversion_seconds(floor, latency.boundary_elements(study.info, name)) if study.info else 0.0
+
+    def value(name: str) -> float:
+        found = study.sensitivity[name][floor]
+        return found.value if found.measured and math.isfinite(found.value) else 0.0
+
+    names = [name for name, _ in base]
+    costs_of = {n: cost(n) for n in names}
+    positive = [c for c in costs_of.values() if c > 0]
+    # what a group's fp32 costs, plus a tenth of the mean: a layer the cost model prices at nothing (a norm whose
+    # conversions it cannot see) is not kept fp32 ahead of a far more sensitive one for that alone
+    offset = 0.1 * sum(positive) / len(positive) if positive else 1.0
+    order = sorted(names, key=lambda n: (-value(n) ** 2 / (costs_of[n] + offset), by_name[n].index))
+    def without(k: int) -> list[tuple]:
+        kept = set(order[:k])
+        return [(n, d) for n, d in base if n not in kept]
+
+    lo, hi = 0, len(order)  # the floor less order[:lo] is beyond the tolerance, less order[:hi] within it
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if metric(without(mid)) <= tolerance:
+            hi = mid
+        else:
+            lo = mid
+    return without(hi)
 
 
 def upgrades(groups, lows, sensitivity: Callable, gain: Callable) -> list[tuple]:

@@ -1,28 +1,31 @@
 """The search's prices: what a FLOP costs in each precision on this machine and backend, per class of layer.
 
 ``search(low_precision_type=("int8", "bf16"))`` spends its error budget where a type *saves time*, so the budget
-phase (``budget.py``) needs each type's time per FLOP against fp32's. Measured, never assumed from CPU flags: a
-small stack per class (two Linears for the matmul class: linear, matmul, attention; two 3x3 convolutions for the
-convolution class; sizes below, chosen where a call's fixed cost no longer hides the kernels' speed, see
-bench/log/2026-11.md, issue 34's cost model) is realised through mixprec's own rewrite with every layer in fp32,
-then in each low type (int8 as the search's int8), built by the backend the plan is meant for
-(``search(backend=...)``; None: the eager programs the trials run), and timed in paired rounds
-(``measure.clock.per_call_seconds``: a type must be faster in three rounds of four to count as faster).
+phase (``budget.py``) needs each type's time per FLOP against fp32's. Measured, never assumed from CPU flags: a small
+stack per class (two Linears for the matmul class; two 3x3 convolutions; sizes: bench/log/2026-11.md, issue 34's cost
+model) realised through mixprec's rewrite in fp32 and in each low type, built by the backend the plan is for, timed in
+paired rounds (``measure.clock.per_call_seconds``: faster in three rounds of four to count). Then set to the model's
+own whole programs (:func:`rescaled`, ``whole.py``): a stack's ratio can be far from the model's.
 
-A group's gain in a type is ``FLOPs x (seconds per FLOP in fp32 - in the type)``: negative where the type is slower
-(bf16 emulated, int8 as float fake quantization), so the search never pays accuracy for a slowdown, and nothing
-unless the type is ``MIN_SPEEDUP`` x fp32 in the class (within that, noise). **The decode shape** (``decode=True``,
-or eval batches of at most ``DECODE_TOKENS`` tokens) times the matmul class as one row through Linears larger than
-a core's caches, memory-bound as a decoder's token steps are, where the weight-only types gain.
+A group's gain in a type is ``FLOPs x (seconds per FLOP in fp32 - in the type)``: negative where the type is slower,
+so the search never pays accuracy for a slowdown, and nothing unless the type is ``MIN_SPEEDUP`` x fp32 (within that,
+noise). **The decode shape** (``decode=True``, or eval batches of at most ``DECODE_TOKENS`` tokens) times the matmul
+class as one row through Linears larger than a core's caches, where the weight-only types gain.
 
-The prices are kept in the cost model (``measure.costs``: per backend, device, CPU and library versions; with the
-cost cache, across processes), so every search here, in this process or a later one, spends by the same numbers:
-the same data gives the same plan. The pareto points' measured latencies let the user check the model.
+**Precision boundaries** are not free: what converting a tensor between fp32 and a float type costs depends on the
+backend (OpenVINO fuses some conversions and inserts its own). A stack of four Linear+GELU blocks timed all fp32, all
+in the type and alternating gives it: what the alternating program costs beyond the mean of the others, per
+conversion and element (``FlopCosts.conversion``, kept as ``"boundary_seconds"``). :func:`predicted_seconds` prices a
+whole plan, FLOPs and boundaries: it ranks the frontier's candidates (``frontier.py``); the budget charges a float move
+its boundaries (``budget.py``).
+
+The prices are kept in the cost model (``measure.costs``: per backend, device, CPU and library versions; with the cost
+cache, across processes), so every search here, in this process or a later one, spends by the same numbers.
 """
-
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 
 import torch
@@ -33,13 +36,15 @@ from ..measure.clock import fastest, interleaved, per_call_seconds, repeats_for
 from ..measure.costs import cost_model
 from ..measure.programs import time_programs
 from ..measure.stopwatch import call_of
-from .types import WeightOnly
+from .types import WeightOnly, type_of
 
 PLAN_ROUNDS = 3  # interleaved rounds of the pareto points' programs not timed right after their trial
 COST_ROUNDS = 9
 SAMPLE_SECONDS = 0.05  # a timed sample repeats a call this long: a few-ms call is at the mercy of the scheduler
 KINDS = ("matmul", "conv")
 DECODE = "decode"  # the matmul class in the decode shape (module docstring)
+BOUNDARY = "boundary"  # the stack that prices one precision boundary (module docstring)
+BOUNDARY_BLOCKS = 4  # Linear+GELU blocks of the boundary stack
 DECODE_TOKENS = 8  # eval batches of at most this many tokens (batch x sequence) are decoding: costed so
 DECODE_ROWS = 1
 DECODE_FEATURES = 2048
@@ -84,6 +89,10 @@ class FlopCosts:
     backend: str
     seconds_per_gflop: Mapping[tuple[str, torch.dtype], float]
     decode: bool = False
+    # float low type -> seconds per element of one conversion between it and fp32 on this backend (module docstring)
+    conversion: Mapping[torch.dtype, float] = dataclasses.field(default_factory=dict)
+    # type -> this model's all-fp32 program's seconds over its all-type program's (:func:`rescaled`), where measured
+    whole_model: Mapping[object, float] = dataclasses.field(default_factory=dict)
 
     def kind(self, op: str) -> str:
         """The class of ``op`` in this table: :func:`kind_of`, the matmul class being ``"decode"`` in decode shape."""
@@ -97,6 +106,18 @@ class FlopCosts:
         saved = flops / 1e9 * (table[(kind, torch.float32)] - table[(kind, dtype)])
         return saved if self.speedup(kind, dtype) >= MIN_SPEEDUP else min(saved, 0.0)
 
+    def seconds(self, op: str, flops: int, dtype) -> float:
+        """The cost model's seconds per call of a layer of ``flops`` FLOPs of ``op`` computed in ``dtype`` (a type this
+        table does not time: fp32's price)."""
+        kind = self.kind(op)
+        table = self.seconds_per_gflop
+        return flops / 1e9 * table.get((kind, dtype), table[(kind, torch.float32)])
+
+    def conversion_seconds(self, dtype, elements: int) -> float:
+        """Seconds to convert ``elements`` values between fp32 and ``dtype`` once on this backend (0 for a type whose
+        boundaries were not timed: int8's quantization is in its per-FLOP price)."""
+        return self.conversion.get(dtype, 0.0) * elements
+
     def speedup(self, kind: str, dtype: torch.dtype) -> float:
         return self.seconds_per_gflop[(kind, torch.float32)] / self.seconds_per_gflop[(kind, dtype)]
 
@@ -105,11 +126,79 @@ class FlopCosts:
         search's result quotes so that a plan that lowers nothing says why (``SearchResult.speed_text``)."""
         every = self.kinds()
         kinds = [k for k in every if k in {self.kind(op) for op in ops}] or list(every)
-        return {dtype_name(d): {k: round(self.speedup(k, d), 4) for k in kinds} for d in lows}
+        out = {dtype_name(d): {k: round(self.speedup(k, d), 4) for k in kinds} for d in lows}
+        for d in lows:  # the model's own whole programs, which set the classes' prices (rescaled)
+            if d in self.whole_model:
+                out[dtype_name(d)]["model"] = round(self.whole_model[d], 4)
+        return out
 
     def kinds(self) -> tuple:
         """The classes this table times: the matmul class as ``"decode"`` in the decode shape, convolutions."""
         return (DECODE, "conv") if self.decode else KINDS
+
+
+def predicted_seconds(info, plan, lows, costs: FlopCosts) -> float:
+    """The cost model's seconds per call of a whole plan (``plan``: every layer of ``info`` decided): each
+    FLOP-carrying layer at its type's price, plus one conversion of each float tensor that crosses between fp32 and a
+    float low type, once per tensor and type it is converted to (an int8 layer reads any float and gives fp32)."""
+    total = 0.0
+    produced = {}
+    for name, node in info.items():
+        if name not in plan:
+            continue
+        decision = plan[name]
+        if node.flops:
+            total += costs.seconds(node.op, node.flops, type_of(decision, lows))
+        produced[name] = decision.precision if decision.precision.is_floating_point else torch.float32
+    crossings = set()
+    for name, node in info.items():
+        if name not in produced or not plan[name].precision.is_floating_point:
+            continue
+        to = produced[name]
+        for source in node.input_dtypes:
+            made = produced.get(source)
+            if made is not None and made != to and source not in node.fp32_inputs:
+                crossings.add((source, to, to if made == torch.float32 else made))
+    for source, _, low in crossings:
+        total += costs.conversion_seconds(low, _elements(info, source))
+    return total
+
+
+def rescaled(costs: FlopCosts, groups, measured: Mapping) -> FlopCosts:
+    """``costs`` with each measured type's prices scaled (every class alike) so that the cost model's seconds of the
+    all-fp32 plan over those of the plan lowering ``lowered`` to the type equal ``ratio`` — ``measured``: {type:
+    (lowered, ratio)}, the model's whole programs timed (``whole.py``). The programs' FLOP-free time counts as their
+    FLOPs' (it moves with them); a ratio beyond what the lowered FLOPs could give is capped at 50x their price."""
+    table = dict(costs.seconds_per_gflop)
+    heavy = [g for g in groups if g.flops > 0]
+    kept = {}
+    for dtype, (lowered, ratio) in measured.items():
+        names = {n for n, _ in lowered}
+        fp32 = sum(costs.seconds(g.op, g.flops, torch.float32) for g in heavy)
+        rest = sum(costs.seconds(g.op, g.flops, torch.float32) for g in heavy if g.name not in names)
+        low = sum(costs.seconds(g.op, g.flops, dtype) for g in heavy if g.name in names)
+        if low <= 0 or not ratio > 0 or not math.isfinite(ratio):
+            continue
+        factor = max(fp32 / ratio - rest, low / 50) / low
+        for kind in costs.kinds():
+            if (kind, dtype) in table:
+                table[(kind, dtype)] *= factor
+        kept[dtype] = ratio
+    return dataclasses.replace(costs, seconds_per_gflop=table, whole_model={**costs.whole_model, **kept})
+
+
+def boundary_elements(info, name: str) -> int:
+    """Elements of layer ``name``'s float inputs made by other layers and of its output: what lowering it alone among
+    fp32 layers converts (the price of its boundaries, ``FlopCosts.conversion_seconds``)."""
+    node = info[name]
+    sources = [s for s in node.input_dtypes if s in info and s not in node.fp32_inputs
+               and node.input_dtypes[s].is_floating_point]
+    return sum(_elements(info, s) for s in sources) + _elements(info, name)
+
+
+def _elements(info, name: str) -> int:
+    metas = info.tensor_meta.get(name) or ()
+    return math.prod(metas[0].shape) if metas else 0
 
 
 def flop_costs(backend: str | None, lows, device: torch.device, decode: bool = False, cache=None) -> FlopCosts:
@@ -136,8 +225,23 @@ def flop_costs(backend: str | None, lows, device: torch.device, decode: bool = F
         fp32 = costs.lookup("gflop_seconds", (kind, "float32"))[1]
         for d in wanted:
             table[(kind, d)] = costs.lookup("gflop_seconds", (kind, dtype_name(d)))[1] if d in timed else fp32
+    floats = [d for d in lows if isinstance(d, torch.dtype) and d.is_floating_point]
+    missing = [d for d in floats if not costs.lookup("boundary_seconds", (dtype_name(d),))[0]]
+    if missing:
+        for d, seconds in measure_boundaries(name, tuple(missing), device).items():
+            costs.store("boundary_seconds", (dtype_name(d),), max(float(seconds), 0.0))
+    conversion = {d: costs.lookup("boundary_seconds", (dtype_name(d),))[1] for d in floats}
     costs.flush()
-    return FlopCosts(name, table, decode)
+    return FlopCosts(name, table, decode, conversion)
+
+
+def measure_boundaries(backend: str, dtypes, device: torch.device) -> dict:
+    """Each float type's seconds per element of one conversion between it and fp32 in a program ``backend`` built
+    (module docstring)."""
+    from ..ir.captured import CapturedModel
+
+    model, args = _stack(BOUNDARY, device)
+    return _boundaries(backend, CapturedModel(model, args), dtypes, args)
 
 
 def measure_costs(backend: str, kind: str, dtypes, device: torch.device) -> dict:
@@ -173,6 +277,37 @@ def measure_costs(backend: str, kind: str, dtypes, device: torch.device) -> dict
     return {d: s / (flops / 1e9) for d, s in _paired({d: factory(d)() for d in dtypes}, args).items()}
 
 
+def _boundaries(backend: str, captured, dtypes, args) -> dict:
+    """Seconds per element of one fp32 <-> type conversion: the stack with its blocks alternating (type, fp32, type,
+    ...: ``BOUNDARY_BLOCKS`` conversions, the last block's output already fp32) against the mean of the stack all
+    in fp32 (none) and all in the type (two: in and out), per extra conversion and element (module docstring)."""
+    from ..backends import get_backend
+    from ..backends.options import BackendOptions
+    from ..plan import planner
+    from ..plan.options import PlanningOptions
+    from ..plan.precision_plan import NodePrecision, PrecisionPlan
+    from ..rewrite.pipeline import realise
+
+    layers = [n for n, node in captured.info.items() if node.kind == "compute"]
+    per_block = len(layers) // BOUNDARY_BLOCKS
+    elements = args[0].numel() // args[0].shape[-1] * MATMUL_FEATURES
+
+    def build(assigned: dict):
+        requests = PrecisionPlan({n: NodePrecision(d, None, "plan", "boundary stack") for n, d in assigned.items()})
+        plan = planner.build_plan(captured.info, PlanningOptions(plan=requests))
+        program = realise(captured, plan, keep_io_types=True, verify_each=False).to_exported()
+        return get_backend(backend)(program, BackendOptions(backend))
+
+    out = {}
+    for dtype in dtypes:
+        alternating = {n: dtype if (i // per_block) % 2 == 0 else torch.float32 for i, n in enumerate(layers)}
+        programs = {torch.float32: build({}), "low": build({n: dtype for n in layers}), "mixed": build(alternating)}
+        seconds = _paired(programs, args)
+        extra = seconds["mixed"] - (seconds[torch.float32] + seconds["low"]) / 2
+        out[dtype] = max(extra, 0.0) / (BOUNDARY_BLOCKS - 1) / elements
+    return out
+
+
 def _paired(programs: Mapping[torch.dtype, torch.nn.Module], args: tuple) -> dict:
     """Seconds per call of each program from ``COST_ROUNDS`` paired rounds (``measure.clock``): a warm-up call and a
     timed one each give the calls per sample (``SAMPLE_SECONDS`` long), then every round samples each program."""
@@ -186,7 +321,12 @@ def _paired(programs: Mapping[torch.dtype, torch.nn.Module], args: tuple) -> dic
 
 def _stack(kind: str, device: torch.device):
     generator = torch.Generator().manual_seed(0)
-    if kind == DECODE:
+    if kind == BOUNDARY:
+        size = MATMUL_FEATURES
+        blocks = [m for _ in range(BOUNDARY_BLOCKS) for m in (torch.nn.Linear(size, size), torch.nn.GELU())]
+        model = torch.nn.Sequential(*blocks)
+        x = torch.randn(MATMUL_ROWS, size, generator=generator)
+    elif kind == DECODE:
         size = DECODE_FEATURES
         model = torch.nn.Sequential(torch.nn.Linear(size, size), torch.nn.GELU(), torch.nn.Linear(size, size))
         x = torch.randn(DECODE_ROWS, size, generator=generator)

@@ -68,6 +68,11 @@ class SearchOptions:
         return floats[0] if floats else torch.bfloat16
 
     @property
+    def eager(self) -> bool:
+        """The plan is for the eager backend (the trials' own programs)."""
+        return self.backend in (None, "eager")
+
+    @property
     def several(self) -> bool:
         return len(self.lows) > 1
 

@@ -10,6 +10,11 @@ With several types the result also quotes the cost model's measured speed-up of 
 backend it was timed on (``speedups``, ``cost_backend``): a type at most ``latency.MIN_SPEEDUP`` times fp32 gains
 nothing, so a search whose every type is slow here lowers nothing however small the sensitivities, and
 ``speed_text()`` (in ``str(result)`` and the search's last progress line) says so with the numbers.
+The plan returned is measured (``frontier.py``): ``frontier`` holds every whole program the search built on its
+backend (``frontier_backend``) — the budget's plan, runners-up and the trivial plans (all-fp32, all in the float type,
+all-int8 as the configurator makes it, ...) — with its held-out error and seconds per call; ``plan`` is the one marked
+``chosen`` there (``winner``), the fastest within the tolerance. ``pareto`` and ``chosen`` are the budget phase's
+curve and choice (its eager trials' metric and latency on the eval data). ``phase_seconds`` splits ``seconds``.
 The budget on new data (``holdout.py``): ``held_out_metric`` is the chosen plan's metric on the eval batches it was
 not chosen on (None when none could be held out), ``held_out`` says which (or why none), ``chosen_within`` the
 limit it was chosen against on the others (below the tolerance after a held-out check broke it); ``str(result)``
@@ -65,7 +70,7 @@ class ParetoPoint:
     lowered: int
     low_precision_flops_fraction: float
     metric: float
-    latency_seconds: float | None
+    latency_seconds: float | None  # of its eager program (None: the search's backend is another; see the frontier)
     chosen: bool = False
     mix: Mapping[str, float] = dataclasses.field(default_factory=dict)  # low type name -> its share of the FLOPs
     lowered_by_type: Mapping[str, int] = dataclasses.field(default_factory=dict)  # low type name -> groups in it
@@ -74,6 +79,29 @@ class ParetoPoint:
         """"int8 8 (61.2%), bfloat16 3 (20.0%)": groups and FLOP share per low type ("" with nothing lowered)."""
         return ", ".join(f"{t} {self.lowered_by_type.get(t, 0)} ({share:.1%})" for t, share in self.mix.items()
                          if self.lowered_by_type.get(t, 0))
+
+
+@dataclasses.dataclass(frozen=True)
+class FrontierPoint:
+    """One whole program the search measured on its backend (``frontier.py``)."""
+
+    name: str  # "searched" (the budget's plan), "searched 2", "all-float32", "all-int8 (configurator)", ...
+    source: str  # "searched" | "trivial"
+    metric: float  # of the backend's program, on the held-out eval batches (the eval data when none is held out)
+    seconds: float | None  # per call, interleaved with the others on the first eval batch (None: it failed)
+    low_precision_flops_fraction: float = 0.0
+    mix: Mapping[str, float] = dataclasses.field(default_factory=dict)  # low type name -> its share of the FLOPs
+    within: bool = False  # metric within the tolerance
+    chosen: bool = False  # the plan the search returns
+    predicted_seconds: float | None = None  # the cost model's estimate, which ranked the searched candidates
+    failure: str = ""  # why it could not be built or run
+
+    def row(self) -> str:
+        ms = f"{self.seconds * 1e3:.2f} ms" if self.seconds is not None else "-"
+        model = f"{self.predicted_seconds * 1e3:.2f} ms" if self.predicted_seconds is not None else "-"
+        mark = "  <- returned" if self.chosen else ("" if self.within or self.failure else "  (over budget)")
+        return (f"{self.name:<38}  {self.low_precision_flops_fraction:>9.1%}  {_fmt(self.metric):>9}  {ms:>11}  "
+                f"{model:>11}{mark}" + (f"  fails: {self.failure}" if self.failure else ""))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +126,9 @@ class SearchResult:
     held_out_batches: int = 0
     held_out: str = ""  # which batches were held out (and not calibrated on), or why none
     chosen_within: float | None = None  # the limit the plan was chosen against (< tolerance after a tightening)
+    frontier: tuple[FrontierPoint, ...] = ()  # whole programs measured on the backend (frontier.py)
+    frontier_backend: str | None = None
+    phase_seconds: Mapping[str, float] = dataclasses.field(default_factory=dict)  # "sensitivity", "budget", ...
 
     @property
     def low_precision_types(self) -> tuple:
@@ -107,6 +138,27 @@ class SearchResult:
     @property
     def chosen(self) -> ParetoPoint:
         return next(p for p in self.pareto if p.chosen)
+
+    @property
+    def winner(self) -> FrontierPoint | None:
+        """The frontier's point of the plan returned (None when no frontier was measured)."""
+        return next((p for p in self.frontier if p.chosen), None)
+
+    def frontier_text(self) -> list[str]:
+        """The frontier's table: every whole program measured, its error, time and the cost model's estimate."""
+        if not self.frontier:
+            return []
+        budget = (f"tolerance {self.tolerance:g}" if self.tolerance is not None
+                  else "the budget's plan's own error (keep_fp32_fraction)")
+        lines = [f"whole programs measured on {self.frontier_backend} (error on the held-out batches, or the eval data "
+                 f"when none is held out; {budget}):",
+                 f"{'candidate':<38}  {'FLOPs low':>9}  {'error':>9}  {'measured':>11}  {'cost model':>11}"]
+        return lines + [p.row() for p in self.frontier]
+
+    def phases_text(self) -> str:
+        if not self.phase_seconds:
+            return ""
+        return "phases: " + ", ".join(f"{k} {v:.1f} s" for k, v in self.phase_seconds.items())
 
     @property
     def sensitivities(self) -> dict[str, float]:
@@ -159,17 +211,28 @@ class SearchResult:
         )
         types = self.low_precision_types
         lows = ", ".join(dtype_name(d) for d in types)
+        won = self.winner
+        returned = []
+        if won is not None:
+            others = sum(1 for p in self.frontier if p.seconds is not None)
+            returned = [f"returned: {won.name}, {won.seconds * 1e3:.2f} ms per call on {self.frontier_backend}, "
+                        f"error {_fmt(won.metric)}: the fastest of {others} whole programs measured within the budget"]
         lines = [
             f"mixprec search: {self.metric_name} on {self.eval_data}, {budget}, "
             f"low type{'s' if len(types) > 1 else ''} {lows}",
-            f"chosen: {chosen.lowered} of {len(self.groups)} layer groups lowered"
+            *returned,
+            ("budget's plan" if won is not None else "chosen") + f": {chosen.lowered} of {len(self.groups)} layer "
+            "groups lowered"
             + (f" ({chosen.mix_text()})" if len(types) > 1 and chosen.lowered else "") + ", "
             f"{chosen.low_precision_flops_fraction:.1%} of FLOPs in low precision, "
             f"{self.metric_name} {_fmt(chosen.metric)} (model as written {_fmt(self.baseline)})"
             + ("" if self.met else "  ** the tolerance cannot be met: even the model as written exceeds it **"),
             self.held_out_text(),
             *([self.speed_text()] if self.speedups else []),
+            *([self.phases_text()] if self.phase_seconds else []),
+            *([""] + self.frontier_text() if self.frontier else []),
             "",
+            *(["the budget phase's plans (eager trials, on the eval data it chose on):"] if self.frontier else []),
             f"{'lowered':>7}  {'FLOPs low':>9}  {'metric':>9}  {'latency':>9}",
         ]
         for p in self.pareto:
@@ -177,14 +240,14 @@ class SearchResult:
             lines.append(
                 f"{p.lowered:>7}  {p.low_precision_flops_fraction:>9.1%}  {_fmt(p.metric):>9}  {latency:>9}"
                 + (f"  {p.mix_text()}" if len(types) > 1 else "")
-                + ("  <- chosen" if p.chosen else "")
+                + (("  <- the budget's choice" if self.frontier else "  <- chosen") if p.chosen else "")
             )
         per_type = len(types) > 1
         lines += ["", f"{'sensitivity':>11}  {'precision':<9}  layer group"
                   + ("  (sensitivity per type)" if per_type else "")]
         if not self.groups:
             lines.append("(none: every layer's precision is set by the model's code, markers or autocast regions)")
-        for g in sorted(self.groups, key=lambda g: -g.sensitivity):
+        for g in sorted(self.groups, key=lambda g: math.inf if math.isnan(g.sensitivity) else -g.sensitivity):
             lines.append(
                 f"{_fmt(g.sensitivity):>11}  {dtype_name(g.precision):<9}  {g.label}  [{g.name}]"
                 + ("  " + " ".join(f"{t} {_fmt(v)}" for t, v in g.by_type.items()) if per_type else "")
@@ -221,6 +284,23 @@ class SearchResult:
             "held_out_batches": self.held_out_batches,
             "held_out": self.held_out,
             "chosen_within": _num(self.chosen_within),
+            "frontier_backend": self.frontier_backend,
+            "phase_seconds": dict(self.phase_seconds),
+            "frontier": [
+                {
+                    "name": p.name,
+                    "source": p.source,
+                    "metric": _num(p.metric),
+                    "seconds": p.seconds,
+                    "low_precision_flops_fraction": p.low_precision_flops_fraction,
+                    "mix": dict(p.mix),
+                    "within": p.within,
+                    "chosen": p.chosen,
+                    "predicted_seconds": p.predicted_seconds,
+                    "failure": p.failure,
+                }
+                for p in self.frontier
+            ],
             "pareto": [
                 {
                     "lowered": p.lowered,
@@ -304,12 +384,25 @@ class SearchResult:
                 held_out_batches=int(data.get("held_out_batches", 0)),
                 held_out=str(data.get("held_out", "")),
                 chosen_within=_unnum(data.get("chosen_within")),
+                frontier=tuple(
+                    FrontierPoint(
+                        str(p["name"]), str(p["source"]), _unnum(p["metric"]),
+                        None if p["seconds"] is None else float(p["seconds"]),
+                        float(p["low_precision_flops_fraction"]), {str(t): float(v) for t, v in p["mix"].items()},
+                        bool(p["within"]), bool(p["chosen"]),
+                        None if p["predicted_seconds"] is None else float(p["predicted_seconds"]), str(p["failure"]),
+                    )
+                    for p in data.get("frontier", [])
+                ),
+                frontier_backend=data.get("frontier_backend"),
+                phase_seconds={str(k): float(v) for k, v in data.get("phase_seconds", {}).items()},
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError(f"the search result JSON is incomplete or malformed ({type(e).__name__}: {e}).") from e
 
 
-_KINDS = {"matmul": "matmuls", "conv": "convolutions", "decode": "matmuls, decode shape"}
+_KINDS = {"matmul": "matmuls", "conv": "convolutions", "decode": "matmuls, decode shape",
+          "model": "this model's whole programs"}
 
 
 def _num(value):
@@ -321,8 +414,11 @@ def _num(value):
 def _unnum(value):
     if value is None:
         return None
-    return float(value)  # float("inf") / float("nan") read the strings back
+    value = float(value)  # float("inf") / float("nan") read the strings back
+    return math.nan if math.isnan(value) else value  # the one NaN object: a result read back equals the one written
 
 
 def _fmt(value: float) -> str:
+    if math.isnan(value):
+        return "-"  # not measured
     return "inf" if math.isinf(value) else f"{value:.2e}"

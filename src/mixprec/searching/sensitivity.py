@@ -62,6 +62,7 @@ class Study:
         self.baseline = baseline
         self.sensitivity: dict[str, dict[torch.dtype, Sensitivity]] = {}  # group -> low type -> sensitivity
         self.latency: dict[frozenset, float] = {}  # seconds per call, by assignment
+        self.costs = None  # the cost model as set to this model's whole programs (whole.model_prices), if it was
 
     @property
     def lows(self) -> tuple:
@@ -74,14 +75,15 @@ class Study:
 
 def build_study(
     model, args: tuple, options, eval_batches: list, calibration_batches: list | None, progress: Progress,
-    cluster=None, held_out: tuple = (), costs=None,
+    cluster=None, held_out: tuple = (), costs=None, prices=None,
 ) -> Study:
     """``eval_batches``, ``calibration_batches``: ``calibrate.batches.Call`` s (or any batch form compile's
     calibration takes), of any batch and sequence sizes (``shapes.py``). ``held_out``: the indices of the eval
     batches held out (``holdout.py``): neither calibrated nor measured on here, only prepared for
     ``Trials.confirm``. ``costs``: the
     cost model of a several-type search with a tolerance: options it says can never be chosen are not measured
-    (``pruning.never_taken``)."""
+    (``pruning.never_taken``). ``prices(trials, groups) -> costs``: the cost model set to this model's whole programs
+    before that (``whole.model_prices``); the study keeps what it gives (``Study.costs``)."""
     progress.update("capturing the model")
     captured = CapturedModel(model, args)
     base, info = captured.base, captured.info
@@ -143,8 +145,11 @@ def build_study(
     no_int8 = without_int8_operands(captured) if torch.int8 in options.lows else frozenset()
     groups = [g for g in find_groups(info, strong, safe, no_int8) if any(g.takes(d) for d in options.lows)]
     # the model as written, timed as phase 2 times its plans (the pareto point of nothing lowered: no timing later)
-    baseline = trials.measure((), timer=Stopwatch(every[0])).value
+    baseline = trials.measure((), timer=Stopwatch(every[0]) if options.eager else None).value
     study = Study(info, groups, trials, baseline)
+    if prices is not None:
+        study.costs = prices(trials, groups)
+        costs = study.costs if costs is not None else None
     _measure_groups(study, progress, never_taken(groups, options.lows, costs) if costs is not None else {})
     return study
 
@@ -208,12 +213,38 @@ def _measure_groups(study: Study, progress: Progress, skip: dict) -> None:
     progress.update(f"sensitivity {total}/{total} groups")
 
 
-def _measure_each(study: Study, progress: Progress, skip: dict, before) -> None:
+def fill(study: Study, progress: Progress, dtype) -> None:
+    """Measure the sensitivities in ``dtype`` that phase 1 left unmeasured (the floor type's, ``pruning.never_taken``),
+    once the budget phase needs them (``budget.choose``); a cached study keeps them."""
+    wanted = {g.name for g in study.groups if g.unsafe is None and dtype in study.sensitivity[g.name]
+              and not study.sensitivity[g.name][dtype].measured}
+    if not wanted:
+        return
+    trials = study.trials
+    timing, trials.time_on = trials.time_on, None  # phase 1's trials are not timed
+    try:
+        if trials.pool is not None:
+            trials.measure_many([((name, dtype),) for name in sorted(wanted)], lambda done, count: progress.update(
+                f"sensitivity in {dtype_name(dtype)} {done}/{count} trials on the Ray cluster"))
+        trials.prefix = Prefix(trials.reference_module()) if trials.pool is None else None
+        try:
+            _measure_each(study, progress, {}, trials.plan(()), only=(wanted, dtype))
+        finally:
+            trials.prefix = None
+    finally:
+        trials.time_on = timing
+
+
+def _measure_each(study: Study, progress: Progress, skip: dict, before, only=None) -> None:
+    """Each group's sensitivity in the types it takes (``only``: (group names, type): just those)."""
     trials, total = study.trials, len(study.groups)
     for done, group in enumerate(study.groups):
+        if only is not None and group.name not in only[0]:
+            continue
         progress.update(f"sensitivity {done}/{total} groups")
-        measured = study.sensitivity[group.name] = {}
-        for dtype in (d for d in study.lows if group.takes(d)):
+        measured = study.sensitivity[group.name] if only is not None else {}
+        study.sensitivity[group.name] = measured
+        for dtype in (d for d in study.lows if group.takes(d) and (only is None or d == only[1])):
             if group.unsafe is not None:
                 measured[dtype] = Sensitivity(math.inf, (), f"safety rule: {group.unsafe}")
                 continue

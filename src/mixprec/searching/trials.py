@@ -152,6 +152,35 @@ class Trials:
 
         return self.sizes.program(build)
 
+    def whole_program(self, requests: PrecisionPlan, backend: str) -> torch.nn.Module:
+        """The program ``compile(model, inputs, plan=requests, backend=backend)`` runs, built from this capture (no
+        recapture): the planner fills in the rest, the rewrite realises it, the backend builds it; batches of other
+        sizes run the same requests on their captures (``shapes.py``). What the search's frontier measures."""
+        from ..backends import get_backend
+        from ..backends.options import BackendOptions
+
+        options = BackendOptions(backend)
+
+        def on(captured: CapturedModel, plan: PrecisionPlan) -> Guarded:
+            work = realise(captured, plan, keep_io_types=True, verify_each=False)
+            runner = get_backend(backend)(work.to_exported(), options)
+            reset_runner = getattr(runner, "reset_state", None)
+
+            def reset():  # the state the graph writes, here and in a backend's own copy (OpenVINO's)
+                captured.reset_state()
+                if reset_runner is not None:
+                    reset_runner()
+
+            return Guarded(runner, reset)
+
+        def build(graph):
+            if graph is None:
+                full = planner.build_plan(self.info, PlanningOptions(plan=requests), int8_ranges=self.int8_ranges)
+                return on(self.captured, full)
+            return on(graph.captured, carried_plan(graph, requests, self.int8_ranges))
+
+        return build(None) if self.sizes is None else self.sizes.program(build)
+
     def reference(self) -> torch.nn.Module:
         """The fp32 program (every layer fp32: the reference compile's report and the debugger compare against)."""
         if self.sizes is None:

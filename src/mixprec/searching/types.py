@@ -12,7 +12,7 @@ cost model's table are keyed by them); the few places that need to know what a t
 
 * :func:`is_float` — a float low type (the safety rules judge it; FLOP-free groups may take it);
 * :func:`decision` — the plan request of a layer lowered to a weight-only type;
-* :func:`in_type` — whether a plan's decision is in a type (FLOP shares per type).
+* :func:`in_type` — whether a plan's decision is in a type (FLOP shares per type); :func:`type_of` — which.
 
 ``str()`` of a weight-only type is its name ("w4a16", "w-nf4"), so ``mixprec.dtypes.dtype_name`` names every search
 type: results, JSON, plots and progress lines say it. :func:`type_from_name` reads both kinds of name back (JSON).
@@ -91,3 +91,9 @@ def in_type(node_decision: NodePrecision, t) -> bool:
     if isinstance(t, WeightOnly):
         return node_decision.weights is not None and node_decision.weights.name == t.format.name
     return node_decision.precision == t and node_decision.weights is None
+
+
+def type_of(node_decision: NodePrecision, lows):
+    """The search type a plan's decision puts its layer in: the first of ``lows`` it is in (:func:`in_type`), else the
+    dtype it computes in (float32 for a layer no low type holds)."""
+    return next((t for t in lows if in_type(node_decision, t)), node_decision.precision)

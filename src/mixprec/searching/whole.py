@@ -1,0 +1,127 @@
+"""Whole programs on the target backend: built once per plan, timed together, their prices kept in the cost model.
+
+The search measures whole programs twice: before phase 1, to set the cost model's prices of each type to what *this
+model's* programs run at on this CPU and backend (:func:`model_prices`), and in phase 3, the frontier
+(``frontier.py``). A per-FLOP price timed on a small stack can be far from the model's: on a CPU where OpenVINO's bf16
+stack ran 1.03x fp32, BERT-base's all-bf16 program ran 1.8x its all-fp32 one. So the all-fp32, all-float and
+all-int8 programs are built and timed first, and each type's price is scaled so that the cost model's seconds of the
+model's all-type plan against its all-fp32 plan are the measured ratio (:func:`latency.rescaled`): the floor, the
+gains and the options not worth measuring follow the model's own speed. The programs are kept (:class:`Built`) and
+measured again in the frontier rather than built twice.
+
+Timings are kept in the cost model (``"program_seconds"``, keyed by the captured program, the timing batch's shapes,
+the backend and each plan's digest, as weak typing keeps its whole programs): with the cost cache a later process of
+this user on this machine reads them and decides the same.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+
+import torch
+
+from ..dtypes import dtype_name
+from ..measure.costs import cost_model, key_digest
+from ..measure.programs import program_key
+from ..measure.stopwatch import call_of
+from ..plan import planner
+from ..plan.options import PlanningOptions
+from ..plan.precision_plan import PrecisionPlan
+from . import latency
+from .trials import ProgramFailed
+from .types import is_float
+
+log = logging.getLogger(__name__)
+
+FP32 = "all-float32"
+
+
+class Built:
+    """Whole programs of one captured model on one backend, each built once per plan (``Trials.whole_program``)."""
+
+    def __init__(self, trials, backend: str, device, cost_cache):
+        self.trials, self.backend, self.device, self.cost_cache = trials, backend, device, cost_cache
+        self._programs: dict[str, tuple[torch.nn.Module | None, str]] = {}
+
+    def digest(self, requests: PrecisionPlan) -> str:
+        """The full plan ``requests`` makes on the captured program, as a digest (what its program is built from)."""
+        full = planner.build_plan(self.trials.info, PlanningOptions(plan=requests), int8_ranges=self.trials.int8_ranges)
+        data = json.loads(full.to_json(indent=None))
+        data.pop("log", None)
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:32]
+
+    def holds(self, requests: PrecisionPlan) -> bool:
+        return self.digest(requests) in self._programs
+
+    def program(self, requests: PrecisionPlan) -> tuple[torch.nn.Module | None, str, str]:
+        """(the program or None, why it could not be built or "", the plan's digest)."""
+        digest = self.digest(requests)
+        if digest not in self._programs:
+            try:
+                self._programs[digest] = (self.trials.whole_program(requests, self.backend), "")
+            except Exception as e:  # noqa: BLE001 (a plan the backend cannot build is reported, not fatal)
+                why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                log.warning("mixprec.search: a whole program could not be built on %s: %s", self.backend, why)
+                self._programs[digest] = (None, why)
+        program, why = self._programs[digest]
+        return program, why, digest
+
+    def timed(self, programs: dict, batch, time) -> dict:
+        """Seconds per call of ``programs`` ({name: (program, digest)}) timed together on ``batch`` by ``time(programs,
+        batch)``, kept in the cost model (module docstring)."""
+        if not programs:
+            return {}
+        args, kwargs = call_of(batch)
+        labels = sorted(programs)
+        graph = program_key(self.trials.captured.exported, args, kwargs)
+        key = key_digest(["search whole programs", self.backend, graph, [(name, programs[name][1]) for name in labels]])
+
+        def measure():
+            seconds = time({name: programs[name][0] for name in labels}, batch)
+            return tuple(float(seconds[name]) for name in labels)
+
+        costs = cost_model(self.backend, self.device, self.cost_cache)
+        seconds = costs.get("program_seconds", key, measure)
+        costs.flush()
+        return dict(zip(labels, seconds))
+
+
+def model_prices(built: Built, groups, lows, costs, batch, time, progress):
+    """``costs`` with the float type's and int8's prices scaled to this model's whole programs (module docstring):
+    all-fp32, every group that takes the type in it (int8: the FLOP-carrying ones), timed together on ``batch``."""
+    trials = built.trials
+    plans = {}
+    floats = [d for d in lows if is_float(d)]
+    for dtype in [*floats[:1], *([torch.int8] if torch.int8 in lows else [])]:
+        lowered = frozenset((g.name, dtype) for g in groups if g.unsafe is None and g.takes(dtype))
+        if lowered:
+            plans[dtype] = lowered
+    if not plans:
+        return costs
+    progress.update(f"pricing the types on this model's whole programs ({built.backend})")
+    names = {torch.float32: FP32, **{d: whole_name(d) for d in plans}}
+    requests = {torch.float32: trials.requests(()), **{d: trials.requests(a) for d, a in plans.items()}}
+    programs = {}
+    args, kwargs = call_of(batch)
+    for dtype, plan in requests.items():
+        program, _, digest = built.program(plan)
+        if program is None:
+            continue
+        try:
+            with torch.no_grad():
+                program(*args, **kwargs)
+        except ProgramFailed:  # a program that fails on the batch prices nothing
+            continue
+        programs[names[dtype]] = (program, digest)
+    if FP32 not in programs:
+        return costs
+    seconds = built.timed(programs, batch, time)
+    ratios = {d: seconds[FP32] / seconds[names[d]] for d in plans if names[d] in seconds}
+    return latency.rescaled(costs, groups, {d: (plans[d], r) for d, r in ratios.items()})
+
+
+def whole_name(dtype) -> str:
+    """The frontier's name of the plan with every group that takes ``dtype`` in it."""
+    return "all-int8 (search's int8)" if dtype == torch.int8 else f"all-{dtype_name(dtype)}"
