@@ -72,11 +72,12 @@ def repack(ep) -> None:
     for node in ep.graph_module.graph.nodes:
         if node.op == "placeholder" and node.name in operands:
             packing = operands[node.name][2]
+            fmt = next(h.format for h in weight_formats.HANDLERS.values() if h.packing is packing)
             for user in node.users:
                 if not _reads_in_memory_layout(user, node, packing):
-                    raise FileFormatError(f"the weight {node.name!r} is read in this CPU's kernel layout and also by "
-                                          f"node {user.name!r} ({str(user.target)[:80]}), which would read that "
-                                          "layout; mixprec writes no such program.")  # fmt: skip
+                    raise FileFormatError(f"the {fmt} weight {node.name!r} is read packed by the {fmt} kernel and also "
+                                          f"by node {user.name!r} ({str(user.target)[:80]}), which would read the "
+                                          "kernel's layout; mixprec writes no such program.")  # fmt: skip
     done: dict[int, torch.Tensor] = {}
     for store, name, packing in operands.values():
         portable_form = _tensor(ep, store, name)
