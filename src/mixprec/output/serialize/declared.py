@@ -79,7 +79,12 @@ def check_literals(graph_module) -> None:
             except kernels.OperandError as e:
                 raise FileFormatError(f"the program's node {node.name!r} does not call {node.target} as its schema "
                                       f"says: {e}") from None  # fmt: skip
-            for argument in node.target._schema.arguments:
+            schema = node.target._schema
+            given = {a.name for i, a in enumerate(schema.arguments)
+                     if (i < len(node.args) and not a.kwarg_only) or a.name in node.kwargs}  # fmt: skip
+            for argument in schema.arguments:
+                if argument.name not in given:  # the schema's own default (MemoryFormat's is an int in torch's schema)
+                    continue
                 value = bound[argument.name]
                 kind = getattr(argument, "real_type", argument.type)
                 if not isinstance(value, torch.fx.Node) and not _fits(kind, value):
