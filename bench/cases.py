@@ -225,16 +225,32 @@ def _search34():  # issues 22/34: the search over fp32/bf16/int8 at OpenVINO bf1
     return groups + [bert, batches]
 
 
+def weight_formats() -> tuple:
+    """(name, default group) of each weight format the measured tree registers (``mixprec.formats``: this table is
+    built in each group's process, with that tree first on the path); a tree from before the registry has int8 and
+    int4."""
+    try:
+        from mixprec.formats import WEIGHT_FORMATS, default_format
+    except ImportError:
+        return (("int8", None), ("int4", 128))
+    return tuple((name, default_format(name).group) for name in WEIGHT_FORMATS)
+
+
+# NNCF's compress_weights mode of each weight format (a peer's names; a format without one has no NNCF row)
+NNCF_MODES = {"int8": "INT8_ASYM", "int4": "INT4_SYM", "nf4": "NF4", "mxfp4": "MXFP4", "fp8": "FP8_E4M3"}
+
+
 def _weights43():  # issue 43 (and 32): weight formats x error and bytes, mixprec's against NNCF's same modes
-    fmts = {"int8": W8, "int4 g128": W4, "nf4 g64": {"weight": "nf4", "group_size": 64},
-            "mxfp4 g32": {"weight": "mxfp4", "group_size": 32}, "fp8": {"weight": "fp8"}}
-    nncf = {"INT8_ASYM": {}, "INT4_SYM g128": {"group_size": 128}, "INT4_ASYM g128": {"group_size": 128},
-            "NF4 g64": {"group_size": 64}, "MXFP4 g32": {"group_size": 32}, "FP8_E4M3": {}}
+    registry = weight_formats()
+    fmts = {f"{name} g{group}" if group else name: {"weight": name, **({"group_size": group} if group else {})}
+            for name, group in registry}
+    nncf = {"INT8_ASYM": {}, "INT4_SYM g128": {"group_size": 128}, "INT4_ASYM g128": {"group_size": 128}}
+    for name, group in registry:  # the other formats at mixprec's default group: equal weight bytes
+        if name not in ("int8", "int4") and name in NNCF_MODES:
+            nncf[f"{NNCF_MODES[name]} g{group}" if group else NNCF_MODES[name]] = {"group_size": group} if group else {}
     cases = [FP32, Case("RTN int8 per channel (fp32 compute)", "rounded", {"bits": 8}, "torch"),
              Case("RTN int4 g128 (fp32 compute)", "rounded", {"bits": 4, "group": 128}, "torch")]
     for label, fmt in fmts.items():
-        if label.split()[0] in NEW_FORMATS:  # not in the library yet: a failure says so until it is
-            fmt = {**fmt, "pending": "issue 43"}
         cases.append(weight_only(f"mixprec W-{label} A32", "eager", fmt, activation="fp32"))
         cases.append(weight_only(f"mixprec W-{label} A32 openvino", "openvino", fmt, activation="fp32"))
     cases += [weight_only("mixprec W-int4 g128 A32 openvino dynamic 32", "openvino", W4, "fp32",
@@ -260,7 +276,6 @@ def _weights43():  # issue 43 (and 32): weight formats x error and bytes, mixpre
 
 
 F32_OV = {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
-NEW_FORMATS = ("nf4", "mxfp4", "fp8")  # issue 43's weight formats
 NO_DYNAMIC = {"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
 
 
@@ -315,10 +330,14 @@ def _decode32():  # issues 32/43/45: weight-only decode, TinyLlama widths, token
 def _decode43():  # issue 43: each weight format's decode tokens/s on OpenVINO against NNCF's same mode
     cases = [decode_case(label) for label in ("fp32 eager", "mixprec W8A16 openvino", "mixprec W4A16 openvino",
                                               "openvino+nncf INT8_ASYM", "openvino+nncf INT4_SYM g128")]
-    for fmt, mode, group in (("nf4", "NF4", 64), ("mxfp4", "MXFP4", 32), ("fp8", "FP8_E4M3", None)):
-        cases += [Case(f"mixprec W-{fmt} A16 openvino", "mixprec-generate", {
-            "low": "bf16", "weights": fmt, "group_size": group, "pending": "issue 43"}, "openvino"),
-            Case(f"openvino+nncf {mode}", "openvino-kv", {"mode": mode, "group_size": group}, "openvino")]
+    for fmt, group in weight_formats():  # int8 / int4: the W8A16 / W4A16 cases above
+        if fmt in ("int8", "int4"):
+            continue
+        cases.append(Case(f"mixprec W-{fmt} A16 openvino", "mixprec-generate", {
+            "low": "bf16", "weights": fmt, "group_size": group}, "openvino"))
+        if fmt in NNCF_MODES:
+            cases.append(Case(f"openvino+nncf {NNCF_MODES[fmt]}", "openvino-kv",
+                              {"mode": NNCF_MODES[fmt], "group_size": group}, "openvino"))
     return [Group("decode43", "tinyllama-8L-formats", "llama", {"layers": 8}, tuple(cases), kind="decode", threads=1,
                   timing=Timing(3), note="prompt 128, 16 new tokens, greedy, batch 1")]
 

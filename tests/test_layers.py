@@ -20,7 +20,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "mixprec"
 STAGES = (
     # vocabulary, validated config, the Ray connection (calibrate and searching both use it), the clock and the cost
     # model (every stage that measures uses them; settings validates their cost_cache keyword)
-    ("_version", "errors", "dtypes", "ops", "jsondoc", "progress", "measure", "settings", "cluster"),
+    ("_version", "errors", "formats", "dtypes", "ops", "jsondoc", "progress", "measure", "settings", "cluster"),
     ("ir",),
     ("calibrate",),
     ("plan",),
@@ -220,7 +220,7 @@ DOCSTRINGS_PENDING = (
     "searching/shapes.py",
 )
 # issue 44: the lead fixes these after the branches editing them merge (they name bench scripts that left the tree)
-BENCH_NAMES_PENDING = ("hf/weight_only.py", "ops/weight_only.py", "searching/distributed.py", "searching/types.py")
+BENCH_NAMES_PENDING = ("hf/weight_only.py", "searching/distributed.py", "searching/types.py")
 
 BENCH = SRC.parents[1] / "bench"
 _BENCH_SCRIPT = re.compile(r"\bbench/([\w/]+\.py)\b")

@@ -14,11 +14,12 @@ from types import MappingProxyType
 import torch
 
 from .errors import ConfigError
+from .formats import INTEGER_PRECISIONS
 
 FLOAT_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
-# What a plan may ask a layer to compute in: the float dtypes and int8 (quantized, with ranges), and the simulated
-# int16/int4 of issue 32 (quantize -> dequantize in float32, plan/quantization.py)
-PLAN_PRECISIONS = FLOAT_DTYPES | {torch.int8, torch.int16, torch.int4}
+# What a plan may ask a layer to compute in: the float dtypes and the integer formats (``formats.py``: int8 quantized
+# with ranges, and the simulated int16/int4 of issue 32)
+PLAN_PRECISIONS = FLOAT_DTYPES | INTEGER_PRECISIONS
 LOW_PRECISION_FLOATS = frozenset({torch.float16, torch.bfloat16})
 
 _ALIASES = MappingProxyType(

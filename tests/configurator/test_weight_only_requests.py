@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 import mixprec
+from mixprec.formats import weight_format
 from models import TwoLinearMLP
 
 
@@ -22,7 +23,7 @@ def test_int4_weights_with_a_float_activation_are_weight_only_group_128_by_defau
     cfg.set_precision(model.up, activation=activation, param=param)
     plan = cfg.apply()
     (decision,) = plan.values()
-    assert decision.param_dtype == torch.int4 and decision.weight_group == 128 and decision.weight_symmetric
+    assert decision.weights == weight_format("int4", group=128) and decision.param_dtype is None
     assert decision.precision == (torch.float32 if activation == "fp32" else torch.bfloat16)
     assert "weight-only int4, group 128, symmetric" in decision.reason
     assert "weight-only int4, group 128, symmetric" in plan.log
@@ -38,8 +39,8 @@ def test_group_size_and_symmetry_are_per_request():
     cfg.set_precision(model.down, activation="bf16", param={"weight": "int8"})
     plan = cfg.apply()
     up, down = plan.values()
-    assert (up.weight_group, up.weight_symmetric) == (32, False)
-    assert (down.param_dtype, down.weight_group, down.weight_symmetric) == (torch.int8, None, True)
+    assert (up.weights.name, up.weights.group, up.weights.symmetric) == ("int4", 32, False)
+    assert (down.weights.name, down.weights.group, down.weights.symmetric) == ("int8", None, True)
     assert "weight-only int4, group 32, asymmetric" in plan.log
     assert "weight-only int8, per output channel, symmetric" in plan.log
     assert mixprec.PrecisionPlan.from_json(plan.to_json()) == plan
@@ -56,4 +57,4 @@ def test_weight_only_keywords_are_checked():
         cfg.set_precision(model.up, activation="fp32", param="int8", symmetric="yes")
     cfg.set_precision(model.up, activation="fp32", param="int4", group_size="per_channel")
     (decision,) = cfg.apply().values()
-    assert decision.weight_group is None
+    assert decision.weights.group is None

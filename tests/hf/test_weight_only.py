@@ -96,7 +96,7 @@ def test_weight_only_options_are_checked():
     with pytest.raises(mixprec.ConfigError, match="weights must be one of 'int8', 'int4'"):
         mixprec.hf.compile_for_generation(model, weights="int2")
     with pytest.raises(mixprec.ConfigError, match="lm_head must be"):
-        mixprec.hf.compile_for_generation(model, weights="int4", lm_head="fp8")
+        mixprec.hf.compile_for_generation(model, weights="int4", lm_head="fp16")  # fp8 is a weight format now
     with pytest.raises(mixprec.ConfigError, match="not both"):
         mixprec.hf.compile_for_generation(model, weights="int4", plan=mixprec.PrecisionPlan())
 
@@ -143,3 +143,28 @@ def test_weight_only_decoding_on_openvino_gives_the_eager_programs_tokens(weight
         same += 1
     tokens = prompt.shape[1] + same
     assert out["openvino"].sequences[:, :tokens].tolist() == out["eager"].sequences[:, :tokens].tolist()
+
+
+@pytest.mark.parametrize("weights", ["nf4", "mxfp4", "fp8"])
+def test_every_registered_weight_format_compiles_for_generation(weights):
+    """weights= takes the registry's names: each Linear runs the format's op, its logits those of the model with the
+    format's dequantized weights computing in bf16."""
+    from mixprec.formats import weight_format
+    from mixprec.ops import weight_formats
+
+    model = _llama()
+    prompt = torch.randint(2, 64, (1, 6))
+    lm = mixprec.hf.compile_for_generation(model, prompt, static_cache=False, weights=weights, group_size=32,
+                                           lm_head=None)
+    targets = [n.target for n in lm.program.exported_program.graph.nodes if n.op == "call_function"]
+    assert targets.count(weight_formats.handler(weights).op) == 2 * 7
+    reference = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, module in reference.named_modules():
+            if isinstance(module, torch.nn.Linear) and module is not reference.get_output_embeddings():
+                q = weight_formats.quantize(module.weight, weight_format(weights, group=32), torch.bfloat16)
+                module.weight.copy_(weight_formats.handler(weights).dequantize(dict(q.stored)).bfloat16().float())
+                _bf16_linear(module)
+        ids = prompt.repeat(1, 2)
+        logits, ref = lm(input_ids=ids).logits, reference(ids).logits
+    assert ((logits - ref).norm() / ref.norm()).item() < 1e-2

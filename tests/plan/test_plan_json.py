@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from mixprec.errors import ConfigError
+from mixprec.formats import weight_format
 from mixprec.plan.precision_plan import Int8Spec, NodePrecision, PrecisionPlan
 from mixprec.plan.quantization import QuantPolicy
 
@@ -20,7 +21,7 @@ def _written() -> dict:
     spec = Int8Spec(inputs=(("x", (-1.0, 2.0)),), output=(-3.0, 3.0), smoothing=(("x", (1.0, 2.0)),),
                     grids=(("x", "int8"),), output_grid="int8", bias_shift=(0.1,))  # fmt: skip
     plan = PrecisionPlan({"linear": NodePrecision(torch.int8, None, "plan", "asked", param_dtype=torch.int8, int8=spec),
-                          "up": NodePrecision(torch.float32, param_dtype=torch.int4, weight_group=32)},
+                          "up": NodePrecision(torch.float32, weights=weight_format("int4", group=32))},
                          inputs={0: torch.int8}, input_ranges={0: (-1.0, 1.0)}, policy=QuantPolicy())  # fmt: skip
     return json.loads(plan.to_json())
 
@@ -35,13 +36,13 @@ def _with(path, value) -> str:
 
 
 ISSUE = {
-    "5000-digit integer": (lambda: _with(("nodes", "up", "weight_group"), 0).replace(
-        '"weight_group": 0', '"weight_group": 1' + "0" * 5000), "not valid JSON"),
+    "5000-digit integer": (lambda: _with(("nodes", "up", "weights", "group"), 0).replace(
+        '"group": 0', '"group": 1' + "0" * 5000), "not valid JSON"),
     "int8 range of 10**4000": (lambda: _with(("nodes", "linear", "int8", "inputs", "x"), [-10**4000, 10**4000]),
                                "float32's range"),
     "grids as a list": (lambda: _with(("nodes", "linear", "int8", "grids"), ["int8"]), "must be an object"),
     "output_grid as a list": (lambda: _with(("nodes", "linear", "int8", "output_grid"), ["int8"]), "must be a string"),
-    "weight_group of 10**30": (lambda: _with(("nodes", "up", "weight_group"), 10**30), "at most 2147483648"),
+    "weight_group of 10**30": (lambda: _with(("nodes", "up", "weights", "group"), 10**30), "at most 2147483648"),
     "range given as strings": (lambda: _with(("nodes", "linear", "int8", "output"), ["-1", "1"]), "must hold numbers"),
     "position of 5000 digits": (lambda: _with(("inputs",), {"1" * 5000: "int8"}), "keyed by positions"),
     "reason as an object": (lambda: _with(("nodes", "up", "reason"), {"a": 1}), "must be a string"),

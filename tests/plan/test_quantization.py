@@ -60,8 +60,6 @@ def test_the_policy_has_the_measured_defaults_and_refuses_what_it_cannot_do():
         ("smoothing_alpha", 1.5, r"a number in \[0, 1\]"),
         ("smoothing_alpha", True, r"a number in \[0, 1\]"),
         ("sdpa_operands", (0, 3), "positions among 0"),
-        ("weight_bits", 4, "int4 is not implemented"),
-        ("group_size", 128, "grouped scales are not implemented"),
     ]:
         with pytest.raises(mixprec.ConfigError, match=message):
             QuantPolicy(**{field: value})
@@ -75,7 +73,7 @@ def test_the_policy_round_trips_through_the_plan_json_and_shows_in_the_log():
     plan = _int8_plan(model, x, policy)
     assert plan.policy == policy and policy.sdpa_operands == (0, 1, 2)
     data = json.loads(plan.to_json())
-    assert data["version"] == 2 and data["quant_policy"]["quantize_exits"] is True
+    assert data["version"] == 3 and data["quant_policy"]["quantize_exits"] is True
     again = PrecisionPlan.from_json(plan.to_json())
     assert again == plan and again.policy == policy
     assert f"int8 policy: {policy.describe()}" in plan.log
@@ -206,3 +204,12 @@ def test_int8_attention_is_a_checked_switch_that_round_trips():
     assert QuantPolicy.from_dict(off.to_dict()) == off
     old = {k: v for k, v in QuantPolicy().to_dict().items() if k != "int8_attention"}
     assert QuantPolicy.from_dict(old).int8_attention is True
+
+
+def test_a_policy_written_before_weight_formats_reads_its_retired_fields_at_their_only_values():
+    """Plans of format version 2 wrote ``weight_bits: 8`` and ``group_size: null`` (the only values they held; a weight
+    format is a layer's now, ``NodePrecision.weights``): read and dropped; any other value is an unknown field."""
+    old = {**DEFAULT_POLICY.to_dict(), "weight_bits": 8, "group_size": None}
+    assert QuantPolicy.from_dict(old) == DEFAULT_POLICY
+    with pytest.raises(mixprec.ConfigError, match="unknown fields"):
+        QuantPolicy.from_dict({**old, "weight_bits": 4})

@@ -1,5 +1,5 @@
-"""rewrite/weight_only.py: weight-only Linears run the int8/int4 weight ops, with their integer weights stored once
-(the float weight gone), equal to the dequantized reference; the verifier's weight_only check."""
+"""rewrite/weight_only.py: weight-only Linears run their weight format's op (int8/int4 here), with the stored codes
+stored once (the float weight gone), equal to the dequantized reference; the verifier's weight_only check."""
 
 import logging
 
@@ -10,6 +10,7 @@ from torch import nn
 
 import mixprec
 from mixprec.errors import InvariantError
+from mixprec.formats import weight_format
 from mixprec.ops import weight_only as wo
 from mixprec.plan.precision_plan import NodePrecision, PrecisionPlan
 from mixprec.rewrite.context import RewriteContext
@@ -32,8 +33,8 @@ class MLP(nn.Module):
 
 def _plan(model, x, bits, precision=torch.float32, group=None, symmetric=True):
     names = [r.name for r in mixprec.compile(model, (x,)).report.layers if r.op == "aten.linear.default"]
-    return PrecisionPlan({n: NodePrecision(precision, source="plan", reason="weight-only", param_dtype=bits,
-                                           weight_group=group, weight_symmetric=symmetric) for n in names})
+    fmt = weight_format({torch.int8: "int8", torch.int4: "int4"}[bits], group=group, symmetric=symmetric)
+    return PrecisionPlan({n: NodePrecision(precision, source="plan", reason="weight-only", weights=fmt) for n in names})
 
 
 def _dequantized(linear, bits, group, symmetric, scale_dtype=None):
@@ -69,7 +70,7 @@ def test_integer_weights_replace_the_float_weights_in_the_state(bits, fraction):
     prog = mixprec.compile(model, (x,), plan=_plan(model, x, bits, group=128 if bits == torch.int4 else None))
     state = prog.exported_program.state_dict
     assert "up.weight" not in state and "down.weight" not in state
-    weights = [v for k, v in state.items() if k.endswith(("weight_int8", "weight_int4_g128"))]
+    weights = [v for k, v in state.items() if k.endswith(("weight_int8", "weight_int4_g128"))]  # the codes
     assert len(weights) == 2
     float_bytes = 4 * (256 * 128 + 128 * 64)
     assert sum(w.numel() * w.element_size() for w in weights) == float_bytes * fraction
@@ -82,11 +83,11 @@ def test_bf16_activations_keep_scales_in_bf16_and_compute_in_bf16():
     model, x = MLP().eval(), torch.randn(3, 256)
     prog = mixprec.compile(model, (x,), plan=_plan(model, x, torch.int4, torch.bfloat16, group=64))
     state = prog.exported_program.state_dict
-    assert state["up.weight_int4_g64_bf16_scale_zero"].dtype == torch.bfloat16
+    assert state["up.weight_int4_g64_bf16_scales_and_zeros"].dtype == torch.bfloat16
     # the codes were chosen against the bf16 scales the program stores (and the 16-level grid with its search)
     u, s, z = wo.quantize_int4(model.up.weight, 64, True, torch.bfloat16)
     assert torch.equal(state["up.weight_int4_g64_bf16"], wo.pack_int4(u))
-    assert torch.equal(state["up.weight_int4_g64_bf16_scale_zero"], wo.int4_scales_and_zeros(s, z, 256, 64).to(
+    assert torch.equal(state["up.weight_int4_g64_bf16_scales_and_zeros"], wo.int4_scales_and_zeros(s, z, 256, 64).to(
         torch.bfloat16))
     out = prog(x)
     ref = _reference(model, x, torch.int4, 64, True, torch.float32, torch.bfloat16)
@@ -108,8 +109,9 @@ def test_groups_that_do_not_divide_the_input_channels_fall_back_to_per_channel_s
     # its own level: a test before it may have raised the "mixprec" loggers' level (the suite's order decides)
     with caplog.at_level(logging.WARNING, logger="mixprec.rewrite.weight_only"):
         prog = mixprec.compile(model, (x,), plan=_plan(model, x, torch.int4, group=96))
-    assert "do not split in groups of 96" in caplog.text
-    assert prog.exported_program.state_dict["up.weight_int4_scale_zero"].shape == (1, 128, 2)  # one group of 256
+    assert "int4, group 96, symmetric does not fit its [128, 256] weight; it is stored as int4, per output channel" \
+        in caplog.text
+    assert prog.exported_program.state_dict["up.weight_int4_scales_and_zeros"].shape == (1, 128, 2)  # a group of 256
     torch.testing.assert_close(prog(x), _reference(model, x, torch.int4, None, True), rtol=1e-5, atol=1e-5)
 
 
@@ -122,7 +124,7 @@ def test_the_verifier_rejects_stored_shapes_that_do_not_fit():
     verify(ctx)
     layer = next(n for n in work.graph.nodes if n.target is INT4_OP)
     layer.args = (*layer.args[:3], 64, *layer.args[4:])  # a group that does not match the stored scales
-    with pytest.raises(InvariantError, match="do not fit an input of 256 channels"):
+    with pytest.raises(InvariantError, match="group 64 does not split K|scales and zeros must be"):
         verify(ctx)
 
 
@@ -139,8 +141,8 @@ def test_a_tied_weight_keeps_its_float_copy_for_another_reader():
 
     model, x = Tied().eval(), torch.randn(2, 64)
     names = [r.name for r in mixprec.compile(model, (x,)).report.layers if r.op == "aten.linear.default"]
-    plan = PrecisionPlan({names[0]: NodePrecision(torch.float32, source="plan", param_dtype=torch.int4,
-                                                  weight_group=32)})
+    plan = PrecisionPlan({names[0]: NodePrecision(torch.float32, source="plan",
+                                                  weights=weight_format("int4", group=32))})
     prog = mixprec.compile(model, (x,), plan=plan)
     assert any(v.dtype == torch.float32 and v.shape == (64, 64) for v in prog.exported_program.state_dict.values())
     with torch.no_grad():

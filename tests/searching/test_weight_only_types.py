@@ -84,6 +84,19 @@ def test_the_weight_only_spellings_are_search_types():
         assert "'bf16', 'fp16', 'int8'" in str(e.value)
 
 
+def test_every_registered_weight_format_is_a_search_type_by_its_w_name():
+    from mixprec.formats import WEIGHT_FORMATS, default_format
+    from mixprec.searching import types
+
+    for name in WEIGHT_FORMATS:
+        (t,) = low_types(f"w-{name}")
+        assert t.format == default_format(name) and names((t,)) == (f"w-{name}",)
+        assert types.type_from_name(f"w-{name}") == t
+        decision = types.decision(t, "searched")
+        assert decision.weights == default_format(name) and decision.precision == BF16
+    assert names(low_types(("w-nf4", "w-mxfp4", "w-fp8", "bf16"))) == ("w-nf4", "w-mxfp4", "w-fp8", "bfloat16")
+
+
 def test_a_three_type_search_of_a_tiny_llama_picks_weight_only_linears_and_compile_runs_them(monkeypatch):
     asked = use_costs(monkeypatch)
     torch.manual_seed(0)
@@ -104,10 +117,10 @@ def test_a_three_type_search_of_a_tiny_llama_picks_weight_only_linears_and_compi
     assert by_type.get("w4a16") and by_type.get("w8a16"), by_type  # both weight-only types where they fit
     for name in by_type["w4a16"]:
         decision = result.plan[name]
-        assert (decision.precision, decision.param_dtype, decision.weight_group) == (BF16, torch.int4, 128)
+        assert (decision.precision, decision.weights.name, decision.weights.group) == (BF16, "int4", 128)
     for name in by_type["w8a16"]:
         decision = result.plan[name]
-        assert (decision.precision, decision.param_dtype, decision.weight_group) == (BF16, I8, None)
+        assert (decision.precision, decision.weights.name, decision.weights.group) == (BF16, "int8", None)
     # the result names the types: text, mix, JSON (and reads them back)
     text = str(result)
     assert "low types w4a16, w8a16, bfloat16" in text and "in the decode shape" in text
@@ -135,8 +148,17 @@ def test_w4a16_alone_lowers_only_linears_as_far_as_the_tolerance_allows():
     assert str(result.low_precision_type) == "w4a16"
     assert [g.name for g in result.groups] == ["linear", "linear_1"]  # embedding, gelu: no weight-only kernel
     assert [str(g.precision) for g in result.groups] == ["w4a16", "w4a16"]
-    assert "gelu" not in result.plan and "linear" in result.plan and result.plan["linear"].param_dtype == torch.int4
+    assert "gelu" not in result.plan and "linear" in result.plan and result.plan["linear"].weights.name == "int4"
     assert "low type w4a16" in str(result)
+
+
+def test_a_search_lowers_linears_to_a_registered_format_by_its_w_name():
+    torch.manual_seed(0)
+    model, data = TokenMLP().eval(), token_batches(2, 4)
+    result = mixprec.search(model, data[0], low_precision_type="w-nf4", tolerance=1.0, eval_dataloader=data,
+                            cache=False)
+    assert [str(g.precision) for g in result.groups] == ["w-nf4", "w-nf4"]
+    assert result.plan["linear"].weights.name == "nf4"
 
 
 def test_decode_costing_when_the_caller_says_so_or_the_eval_batches_are_token_steps(monkeypatch):

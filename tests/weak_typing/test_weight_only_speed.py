@@ -12,6 +12,7 @@ from helpers import FixedSpeed
 from torch import nn
 
 import mixprec
+from mixprec.formats import weight_format
 from mixprec.measure.costs import CostModels
 from mixprec.weak_typing import speed, weight_only_speed
 from mixprec.weak_typing.weight_only_calls import WeightOnly, weight_only_call
@@ -53,7 +54,7 @@ def test_faster_weight_only_layers_say_nothing_and_the_measurer_gets_their_spec(
     measurer = FixedSpeed(2.0)
     prog, messages = _compile(measurer, monkeypatch, activation="bf16")
     assert messages == [] and not any("fp32 on this CPU" in r.reason for r in prog.report.layers)
-    assert {low for _, low, _ in measurer.asked} == {torch.int4}
+    assert {low for _, low, _ in measurer.asked} == {"int4"}  # one measurement per weight format
 
 
 def test_int8_require_speedup_false_measures_nothing(monkeypatch):
@@ -88,8 +89,8 @@ def test_the_timed_call_computes_what_the_program_computes(bits, group):
     cfg.set_precision(model, activation="fp32", param={"weight": "int4" if bits == torch.int4 else "int8"},
                       group_size=group, symmetric=bits == torch.int8)
     prog = mixprec.compile(model, (x,), plan=cfg.apply(), int8_require_speedup=False)
-    call = weight_only_call((x, model.weight.detach(), model.bias.detach()),
-                            WeightOnly(bits, group, bits == torch.int8, torch.float32))
+    fmt = weight_format("int4" if bits == torch.int4 else "int8", group=group, symmetric=bits == torch.int8)
+    call = weight_only_call((x, model.weight.detach(), model.bias.detach()), WeightOnly(fmt, torch.float32))
     with torch.no_grad():
         torch.testing.assert_close(call(), prog(x), rtol=1e-5, atol=1e-5)
 
@@ -98,6 +99,6 @@ def test_the_real_measurer_times_a_weight_only_layer():
     model = _model()
     graph = torch.export.export(model, X).graph
     node = next(n for n in graph.nodes if n.target is torch.ops.aten.linear.default)
-    (first,) = speed.MeasuredSpeed().speedups([node], torch.int4, CostModels().get("eager", torch.device("cpu")),
-                                               grids=[WeightOnly(torch.int4, 32, True, torch.float32)])
+    (first,) = speed.MeasuredSpeed().speedups([node], "int4", CostModels().get("eager", torch.device("cpu")),
+                                               grids=[WeightOnly(weight_format("int4", group=32), torch.float32)])
     assert first is not None and first > 0

@@ -9,10 +9,11 @@ Why requests resolve on layers, in call order: a non-leaf request covers every l
 overwrites the layers it covers, so "all of L1 at P1 except its leaf L2 at P2" is two requests in that order (AIMET
 resolves on quantizers and refuses exactly this combination in strict mode).
 
-``activation`` is the dtype a module computes in; ``param`` the dtype its weights are stored in. What each
-combination means — int8, weight-only (a float activation with int8/int4 weights), simulated int16/int4 as AIMET's
-QuantSim — is ``vocabulary.py``'s; which values int8 quantizes, with which grid, smoothing and attention operands, is
-``plan/quant_requests.py``'s and ``apply``'s ``policy`` (``plan/quantization.QuantPolicy``), recorded in the plan.
+``activation`` is the dtype a module computes in; ``param`` the dtype (or weight format) its weights are stored in.
+What each combination means — int8, weight-only (a float activation with a weight format), simulated int16/int4 as
+AIMET's QuantSim — is ``vocabulary.py``'s; which values int8 quantizes, with which grid, smoothing and attention
+operands, and which layers no request covers int8 reaches, is ``plan/quant_requests.py``'s and ``apply``'s ``policy``
+(``plan/quantization.QuantPolicy``), recorded in the plan.
 The value leaving an int8 module is the dequantized result an int8 kernel delivers, quantized where the next int8
 module reads it (``QuantPolicy.quantize_exits``: README "Manual mixed precision" says why).
 
@@ -31,6 +32,7 @@ import torch
 
 from ..dtypes import short_name
 from ..errors import ConfigError
+from ..formats import WeightFormat
 from ..ir.export import as_input_tuple
 from ..ir.captured import CapturedModel
 from ..plan import planner
@@ -56,10 +58,8 @@ class Request:
     api: str  # "set_precision" | "set_model_input_precision" | "set_model_output_precision"
     target: Any  # module, module type or path (set_precision); None for model inputs/outputs
     activation: Any  # dtype; for inputs/outputs a dtype or a tuple of (dtype | None)
-    param: torch.dtype | None = None
+    param: torch.dtype | WeightFormat | None = None  # a weight format: weight-only (vocabulary.weights_of)
     label: str = ""  # how the log names the target
-    weight_group: int | None = None  # weight-only: input channels per scale (None: per output channel)
-    weight_symmetric: bool = True
 
     def target_text(self) -> str:
         return self.label
@@ -68,9 +68,9 @@ class Request:
         if isinstance(self.activation, tuple):
             return "[" + ", ".join(short_name(d) if d is not None else "None" for d in self.activation) + "]"
         text = f"activation={short_name(self.activation)}"
-        text += f", param={short_name(self.param)}" if self.param is not None else ""
-        if vocabulary.is_weight_only(self.activation, self.param):
-            text += f" ({vocabulary.describe_weight_only(self.param, self.weight_group, self.weight_symmetric)})"
+        text += f", param={vocabulary.param_name(self.param)}" if self.param is not None else ""
+        if isinstance(self.param, WeightFormat):
+            text += f" (weight-only {self.param.describe()})"
         return text
 
 
@@ -93,10 +93,11 @@ class MixedPrecisionConfigurator:
     def set_precision(self, target, activation, param=None, *, group_size=None, symmetric: bool = True) -> None:
         """Set the precision of a module (leaf or non-leaf), of every module of a type, or of a module path.
 
-        A float ``activation`` with ``param={'weight': 'int8'}`` or ``'int4'`` is weight-only (W8A16 / W4A16: the
-        Linears run int8/int4 weight kernels): ``group_size`` input channels share a scale (default: 128 for int4,
-        one scale per output channel for int8; ``'per_channel'`` asks for that explicitly), ``symmetric=False``
-        gives each group a zero offset too (min/max of the group mapped onto the whole grid)."""
+        A float ``activation`` with a weight format, ``param={'weight': 'int8'}``, ``'int4'``, ``'nf4'``, ``'mxfp4'``
+        or ``'fp8'`` (``mixprec.formats``), is weight-only (W8A16 / W4A16 / NF4 ...: the Linears run the format's op):
+        ``group_size`` input channels share a scale (default: the format's — 128 for int4, one scale per output
+        channel for int8, 32 for mxfp4; ``'per_channel'`` asks for one per output channel), ``symmetric=False`` gives
+        each group a zero offset too where the format has one (int8, int4: min/max of the group on the whole grid)."""
         is_type = isinstance(target, type) and issubclass(target, torch.nn.Module)
         if not (isinstance(target, (torch.nn.Module, str)) or is_type):
             raise ConfigError(
@@ -106,8 +107,7 @@ class MixedPrecisionConfigurator:
         act = vocabulary.precision(activation, "activation")
         par = vocabulary.param_precision(param)
         what = f"set_precision(activation={activation!r}, param={param!r})"
-        group, sym = vocabulary.weight_quantization(what, act, par, group_size, symmetric)
-        self._add("set_precision", target, act, par, group, sym)
+        self._add("set_precision", target, act, vocabulary.weights_of(what, act, par, group_size, symmetric))
 
     def set_model_input_precision(self, activation) -> None:
         """Round model inputs to this precision on entry: one value for every float input, or one per input
@@ -118,9 +118,9 @@ class MixedPrecisionConfigurator:
         """Give model outputs this dtype: one value for every float output, or one per output (None: untouched)."""
         self._add("set_model_output_precision", None, _io_precisions(activation, "set_model_output_precision"))
 
-    def _add(self, api, target, activation, param=None, group=None, symmetric=True) -> None:
+    def _add(self, api, target, activation, param=None) -> None:
         self._requests.append(Request(len(self._requests) + 1, api, target, activation, param,
-                                      self._label(api, target), group, symmetric))
+                                      self._label(api, target)))
 
     def _label(self, api: str, target) -> str:
         if api != "set_precision":

@@ -23,8 +23,9 @@ import torch
 from ..dtypes import short_name
 from ..output.report.layer_log import HEADING as REALISED, section as _section
 from ..output.report.weights import weight_precisions
-from ..plan.quantization import SIMULATED_PRECISIONS, simulates_weights
-from .vocabulary import short_name_of
+from ..formats import SIMULATED_PRECISIONS
+from ..plan.quantization import simulates_weights
+from .vocabulary import param_name, short_name_of
 
 
 def render_log(requests, resolved, info, plan) -> str:
@@ -99,7 +100,7 @@ def _module_rows(resolved, info, plan):
             continue
         param = resolved.param.get(first)
         rows.append((module or "(top)", _short_type(module_type), short_name(request.activation),
-                     short_name(param) if param is not None else "=activation", f"#{request.id}"))
+                     param_name(param) if param is not None else "=activation", f"#{request.id}"))
     return rows
 
 

@@ -14,12 +14,9 @@ layers of one module share a boundary only with layers of their own precision), 
 the same calibration; a value that two precisions quantize on different grids gets its range clipped for each grid (a
 second pass over the data for those values only, and only with a clipping estimator: min/max ranges are the same).
 
-**int8 attention** (issue 34, ``QuantPolicy.int8_attention``): ``set_precision(nn.Linear, "int8")`` names the
-projections, not the attention's matmuls between activations (``scaled_dot_product_attention``, ``q @ k^T``), which
-sit in the attention module; left float they cost the speed NNCF's TRANSFORMER mode gets there (one i8 attention
-Subgraph per layer on OpenVINO, bench/log/2026-11.md "Issue 34: int8 vs NNCF"). So a matmul-class or attention layer
-that no request covers and whose quantized operands (``plan/int8_operands.py``: query and key) all come, through
-movement ops, from int8 layers with weights gets int8 under their request, its reason and the log saying so.
+**int8 attention and residual adds** (issue 34, ``QuantPolicy.int8_attention`` / ``quantize_residuals``): the layers
+no request covers that int8 reaches are the one int8 planner's (``plan/quant_requests.implied_int8``, which the search
+shares); each gets int8 under the request of the int8 layer it reads, its reason and the log saying so.
 """
 
 from __future__ import annotations
@@ -36,17 +33,15 @@ from ..calibrate import bias_correction
 from ..calibrate import entry as calibration_entry
 from ..dtypes import short_name
 from ..errors import ConfigError
+from ..formats import INTEGER_PRECISIONS, SIMULATED_PRECISIONS, WeightFormat
 from ..ir.work_program import STORED_KINDS
 from ..ops.table import INT8_WEIGHT_OPS
-from ..plan import int8_operands
 from ..plan.precision_plan import NodePrecision
-from ..plan.quant_requests import QuantRequests, Smoothed, quant_requests
+from ..plan.quant_requests import QuantRequests, Smoothed, implied_int8, quant_requests
 from ..plan.quantization import (
-    INTEGER_PRECISIONS, IO_GRIDS, SIMULATED_PRECISIONS, QuantPolicy, calibration_grids, grid_name, precision_grid,
-    simulates_weights,
+    IO_GRIDS, QuantPolicy, calibration_grids, grid_name, precision_grid, simulates_weights,
 )
-from .vocabulary import short_name_of
-from . import vocabulary
+from .vocabulary import param_name, short_name_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +52,7 @@ class Resolution:
     inputs: Mapping[int, torch.dtype]  # model input position -> dtype
     outputs: Mapping[int, torch.dtype]
     winner: Mapping[str, object]  # layer -> the Request whose activation it gets
-    param: Mapping[str, torch.dtype | None]  # layer -> the param dtype its request gives (None: not given)
+    param: Mapping[str, object]  # layer -> the param dtype or weight format its request gives (None: not given)
     io_winners: Mapping[str, Mapping[int, tuple[torch.dtype, int]]]  # "input"/"output" -> position -> (dtype, id)
     problems: tuple[str, ...]  # requests not realised as asked (strict=False)
     smoothed: Mapping[str, Smoothed]  # int8 Linear input -> its smoothing
@@ -148,12 +143,13 @@ class _Resolver:
 
     def __init__(self, model, captured, strict: bool):
         self.model = model
+        self.captured = captured
         self.base = captured.base
         self.info = captured.info
         self.strict = strict
         self.problems: list[str] = []
         self.winner: dict[str, object] = {}
-        self.param: dict[str, torch.dtype | None] = {}
+        self.param: dict[str, object] = {}  # layer -> its request's param: a dtype, a weight format or None
         self.io_winners: dict[str, dict[int, tuple[torch.dtype, int]]] = {}
         self.implied: dict[str, tuple[str, tuple[str, ...]]] = {}
         self.paths: dict[int, list[str]] = {}
@@ -188,38 +184,15 @@ class _Resolver:
         self._shared_parameters()
 
     def implied_int8(self, policy: QuantPolicy) -> dict[str, tuple[str, tuple[str, ...]]]:
-        """int8 for the layers no request covers that int8 reaches (see the module docstring): attention matmuls
-        whose quantized operands all come from int8 layers with weights (``policy.int8_attention``), adds of two
-        same-shaped values one of which an int8 convolution makes (``policy.quantize_residuals``). Each gets the
-        request of the first such layer. Returns layer -> ("attention" | "residual add", the int8 layers it reads)."""
-        stored = frozenset(s.arg.name for s in self.base.input_specs
-                           if s.kind in STORED_KINDS and hasattr(s.arg, "name"))
-        for node in self.base.graph.nodes:
-            if node.name not in self.info or node.name in self.winner:
-                continue
-            if policy.int8_attention and int8_operands.is_operand_op(node):
-                operands = int8_operands.operands(node, stored, policy)
-                kind, sources = "attention", [int8_operands.made_by(v) for v in operands]
-                if not sources or not all(self._int8_with_weights(s) for s in sources):
-                    continue
-            elif policy.quantize_residuals and int8_operands.is_residual_add(node):
-                made = [int8_operands.made_by(v, int8_operands.NORMS) for v in node.args[:2]]
-                kind, sources = "residual add", made
-                sources = [s for s in sources if self._int8_with_weights(s, convolution=True)]
-                if not sources:
-                    continue
-            else:
-                continue
-            self.winner[node.name] = self.winner[sources[0].name]
-            self.param[node.name] = None
-            self.implied[node.name] = (kind, tuple(dict.fromkeys(s.name for s in sources)))
+        """int8 for the layers no request covers that int8 reaches (``plan/quant_requests.implied_int8``: attention
+        matmuls, residual adds), each under the request of the first int8 layer it reads. Returns layer ->
+        ("attention" | "residual add", the int8 layers it reads)."""
+        int8 = {name for name, request in self.winner.items() if request.activation == torch.int8}
+        for name, (kind, sources) in implied_int8(self.captured, self.winner, int8, policy).items():
+            self.winner[name] = self.winner[sources[0]]
+            self.param[name] = None
+            self.implied[name] = (kind, sources)
         return dict(self.implied)
-
-    def _int8_with_weights(self, node, convolution: bool = False) -> bool:
-        if node is None or node.name not in self.winner or self.winner[node.name].activation != torch.int8:
-            return False
-        packet = self.info[node.name].packet
-        return packet in INT8_WEIGHT_OPS and (not convolution or packet.startswith("aten.conv"))
 
     def int8_groups(self) -> list[set[str]]:
         """The int8 layers grouped by module: a module's boundary is where its int8 values are quantized."""
@@ -260,11 +233,13 @@ class _Resolver:
             elif activation == torch.int8 and self.info[name].flops == 0:
                 reason += ("; no int8 arithmetic for this op: it computes in float32 on dequantized values, inside the "
                            "module's int8 region (only matmul, convolution and attention layers run int8)")
+            if isinstance(param, WeightFormat):  # weight-only: the format is the layer's weights
+                out[name] = NodePrecision(activation, None, "plan", reason, weights=param)
+                continue
             reason += _simulated_reason(activation, param if param is not None else activation, self.info[name])
             out[name] = NodePrecision(
                 activation, None, "plan", reason, param if param != activation else None, specs.get(name)
             )
-            out[name] = vocabulary.weight_only_decision(out[name], request)  # weight-only: group, symmetry
         return out
 
     def _paths_of(self, request) -> list[str]:
@@ -313,11 +288,11 @@ class _Resolver:
                 continue
             latest = max((self.winner[layer] for layer in layers), key=lambda r: r.id)
             who = sorted({f"'{self.info[layer].module or '(top)'}' (request #{self.winner[layer].id}: "
-                          f"param={short_name(self.param[layer])})" for layer in layers})
+                          f"param={_param_text(self.param[layer])})" for layer in layers})
             self.problem(
                 f"parameter '{specs[placeholder].target}' is shared by modules asked to store it in different "
                 f"dtypes: {', '.join(who)}",
-                f"it is stored in {short_name(latest.param)} (request #{latest.id}, the latest)",
+                f"it is stored in {_param_text(latest.param)} (request #{latest.id}, the latest)",
             )
             for layer in layers:
                 self.param[layer] = latest.param
@@ -374,6 +349,10 @@ def _simulated_reason(activation, weights, node) -> str:
         parts.append(f"weights simulated {short_name_of(weights)} per output channel (symmetric), dequantized to "
                      "float32 at use")
     return "".join(f"; {p}" for p in parts)
+
+
+def _param_text(param) -> str:
+    return param.describe() if isinstance(param, WeightFormat) else param_name(param)
 
 
 def _implied_reason(kind: str, sources: tuple[str, ...]) -> str:

@@ -134,8 +134,9 @@ def lowers(decision: NodePrecision) -> bool:
 
 
 def integer(decision: NodePrecision) -> bool:
-    """Integer activations (int8, simulated int16/int4) or integer weights (weight-only, simulated)."""
-    return decision.precision in INTEGER_PRECISIONS or decision.param_dtype in WEIGHT_GRIDS
+    """Integer activations (int8, simulated int16/int4) or compressed weights (a weight format, simulated integers)."""
+    return (decision.precision in INTEGER_PRECISIONS or decision.param_dtype in WEIGHT_GRIDS
+            or decision.weights is not None)
 
 
 def low_producers(name: str, info: GraphInfo, plan: PrecisionPlan) -> list[str]:

@@ -17,7 +17,7 @@ from torch.export import ExportedProgram
 
 from ..ir.captured import CapturedModel
 from ..ir.graph_info import GraphInfo
-from ..ops.weight_only import WEIGHT_ONLY_OPS
+from ..ops.weight_formats import weight_only_ops
 from ..plan.planner import reference_plan
 from ..plan.precision_plan import PrecisionPlan
 from ..rewrite.pipeline import realise, reference
@@ -40,7 +40,8 @@ def fp32_reference(captured: ExportedProgram, *, stored_plan: PrecisionPlan | No
     model = CapturedModel(captured)
     if stored_plan is None:
         return Fp32Reference(reference(model).to_exported(), model.info, model)
+    ops = weight_only_ops()
     kept = {node.name: stored_plan[node.name] for node in model.base.graph.nodes
-            if node.op == "call_function" and node.target in WEIGHT_ONLY_OPS and node.name in stored_plan}  # fmt: skip
+            if node.op == "call_function" and node.target in ops and node.name in stored_plan}  # fmt: skip
     plan = reference_plan(model.info).with_nodes(kept)
     return Fp32Reference(realise(model, plan, keep_io_types=False).to_exported(), model.info, model)

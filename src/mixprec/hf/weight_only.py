@@ -1,4 +1,5 @@
-"""Weight-only int8/int4 decoders for ``compile_for_generation(..., weights="int4", group_size=128)`` (W8A16/W4A16).
+"""Weight-only decoders for ``compile_for_generation(..., weights="int4", group_size=128)`` (W8A16 / W4A16, and every
+weight format of ``formats.WEIGHT_FORMATS``: "nf4", "mxfp4", "fp8", ...).
 
 Why: decoding reads every weight once per token, so a CPU decodes at the speed it reads weights; int4 weights are a
 quarter of bf16's bytes (``ops/weight_only.py``). The plan is the configurator's, made on the wrapper module that is
@@ -19,18 +20,18 @@ from __future__ import annotations
 import torch
 
 from ..errors import ConfigError
+from ..formats import WEIGHT_FORMATS
 from ..plan.precision_plan import PrecisionPlan, is_weight_only
-
-WEIGHTS = ("int8", "int4")
 
 
 def check(weights, lm_head, settings: dict) -> None:
     """Refuse what the weight-only options cannot mean, before anything is captured."""
-    if weights not in WEIGHTS:
-        raise ConfigError(f"weights must be one of {', '.join(map(repr, WEIGHTS))} (weight-only int8/int4 Linears) or "
-                          f"None, got {weights!r}.")
-    if lm_head is not None and lm_head not in WEIGHTS:
-        raise ConfigError(f"lm_head must be 'int8', 'int4' or None (the LM head keeps its float weights), got "
+    names = ", ".join(map(repr, WEIGHT_FORMATS))
+    if weights not in WEIGHT_FORMATS:
+        raise ConfigError(f"weights must be one of {names} (the weight formats of weight-only Linears) or None, got "
+                          f"{weights!r}.")
+    if lm_head is not None and lm_head not in WEIGHT_FORMATS:
+        raise ConfigError(f"lm_head must be one of {names}, or None (the LM head keeps its float weights), got "
                           f"{lm_head!r}.")
     if "plan" in settings:
         raise ConfigError("compile_for_generation takes weights= or plan=, not both: a plan already says every "

@@ -38,7 +38,7 @@ from torch.export.graph_signature import OutputKind
 from ..dtypes import dtype_name, is_float
 from ..errors import ConfigError, UnsupportedModelError
 from ..ir.graph_info import META_ACC, META_ROLE, module_of
-from . import onnx_weight_only
+from . import onnx_float_weights, onnx_weight_only  # noqa: F401  (onnx_float_weights: NF4, MXFP4, FP8's forms)
 
 _REQUIRED = ("onnx", "onnxscript")
 _SCOPES = "pkg.torch.onnx.name_scopes"
@@ -66,8 +66,8 @@ def export_onnx(prog, path, *, opset_version: int | None = None, optimize: bool 
     if opset_version is None and _holds(ep, torch.bfloat16):
         opset_version = _BF16_OPSET
     weight_only = onnx_weight_only.holds_weight_only(ep)
-    if weight_only and (opset_version or 0) < onnx_weight_only.OPSET:
-        opset_version = onnx_weight_only.OPSET  # int4 DequantizeLinear with block_size
+    if weight_only and (opset_version or 0) < onnx_weight_only.opset(ep):
+        opset_version = onnx_weight_only.opset(ep)  # e.g. int4 DequantizeLinear with block_size (opset 21)
     try:
         onnx_program = torch.onnx.export(
             ep,
@@ -88,7 +88,7 @@ def export_onnx(prog, path, *, opset_version: int | None = None, optimize: bool 
         ) from e
 
     if weight_only:
-        onnx_weight_only.int4_initializers(onnx_program.model, ep)
+        onnx_weight_only.finish(onnx_program.model, ep)
     if optimize:
         onnx_program.optimize()
     else:

@@ -19,17 +19,20 @@ import torch
 
 from ..dtypes import PLAN_PRECISIONS, dtype_name
 from ..errors import ConfigError
+from ..formats import MAX_GROUP  # input channels per weight scale
 
 MAX_NAME = 1000  # characters of a node name (torch.export's names are far shorter)
 MAX_TEXT = 100_000  # characters of a reason
 MAX_LOG = 16 << 20  # characters of the plan's log (the configurator's log of a large model: a few MB)
 MAX_ITEMS = 1 << 24  # entries of an object or list (per-channel divisors of the widest layer: tens of thousands)
-MAX_GROUP = 1 << 31  # input channels per weight scale
 MAX_POSITION = re.compile(r"^\d{1,6}$")  # a model input/output position
 NUMBER_LIMIT = 3.4028234663852886e38  # float32's largest: ranges, divisors and shifts become float32 scales
 
 _TOP = {"format", "version", "nodes", "inputs", "outputs", "log", "quant_policy", "input_ranges", "output_ranges"}
-_NODE = {"precision", "accumulate", "source", "reason", "param_dtype", "int8", "weight_group", "weight_symmetric"}
+# weight_group / weight_symmetric: format version 2's weight-only fields (version 3 writes "weights")
+_NODE = {"precision", "accumulate", "source", "reason", "param_dtype", "int8", "weights", "weight_group",
+         "weight_symmetric"}
+_WEIGHTS = {"format", "group", "symmetric"}
 _INT8 = {"inputs", "output", "smoothing", "grids", "output_grid", "bias_shift"}
 
 
@@ -90,6 +93,20 @@ def _node(entry, where: str) -> None:
         raise ConfigError(f"{where}: 'weight_symmetric' must be true or false, got {short(entry['weight_symmetric'])}.")
     if entry.get("int8") is not None:
         _int8(entry["int8"], f"{where}: 'int8'")
+    if entry.get("weights") is not None:
+        _weights(entry["weights"], f"{where}: 'weights'")
+
+
+def _weights(spec, where: str) -> None:
+    _object(spec, where)
+    _fields(spec, _WEIGHTS, where)
+    _string(spec.get("format"), f"{where}.format", 40)
+    group = spec.get("group")
+    if group is not None and (type(group) is not int or not 0 < group <= MAX_GROUP):
+        raise ConfigError(f"{where}.group must be a positive number of input channels, at most {MAX_GROUP}, or null "
+                          f"(one scale per output channel), got {short(group)}.")
+    if "symmetric" in spec and type(spec["symmetric"]) is not bool:
+        raise ConfigError(f"{where}.symmetric must be true or false, got {short(spec['symmetric'])}.")
 
 
 def _int8(spec, where: str) -> None:

@@ -21,9 +21,9 @@ import torch
 from .. import jsondoc
 from ..dtypes import PLAN_PRECISIONS, dtype_from_name, dtype_name
 from ..errors import ConfigError
+from ..formats import WeightFormat, weight_format
 from ..ops.quant import Grid
 from . import plan_json
-from .plan_json import MAX_GROUP
 from .quantization import (
     ACTIVATION_GRIDS, GRIDS, INTEGER_PRECISIONS, IO_GRIDS, QuantPolicy, grid_name, grid_named,
 )
@@ -34,9 +34,10 @@ SOURCES = ("explicit", "torch_autocast", "marker", "plan", "autocast_rule", "def
 EXPLICIT_SOURCES = frozenset({"explicit", "torch_autocast", "marker", "plan"})
 
 _FORMAT = "mixprec.plan"
-# 2: int8 layers record each quantized value's grid, the plan its QuantPolicy; version 1 plans still load
-_VERSION = 2
-_READS = (1, 2)
+# 2: int8 layers record each quantized value's grid, the plan its QuantPolicy; 3: weight-only layers their weight
+# format ("weights"; version 2 said param_dtype int8/int4 with weight_group/weight_symmetric); versions 1, 2 still load
+_VERSION = 3
+_READS = (1, 2, 3)
 
 
 Range = tuple[float, float]
@@ -147,19 +148,20 @@ class NodePrecision:
     accumulate: dtype of its accumulation when it differs from ``precision`` (fp32 accumulation), else None.
     source: which source decided (one of SOURCES).
     reason: a human sentence saying why.
-    param_dtype: dtype its parameters are stored in when it differs from ``precision`` (cast at use;
-        int8 means per-output-channel int8 convolution/linear weights, dequantized at use).
+    param_dtype: dtype its parameters are stored in when it differs from ``precision`` (cast at use); on an integer
+        layer int8/int16/int4: its convolution/linear weights per output channel on that many bits (int16/int4:
+        simulated, stored int16/int8).
     int8: quantization of an integer layer's inputs/output (only with an integer precision: int8, or the
-        simulated int16/int4 of issue 32, ``plan/quantization.INTEGER_PRECISIONS``; the field keeps its name so
-        plans stay readable). Its grids must be its precision's (``plan/quantization.ACTIVATION_GRIDS``).
-    weight_group: input channels per weight scale of int8/int4 weights (None: one scale per output channel).
-    weight_symmetric: the weights' grid is symmetric (scale only) rather than asymmetric (scale and offset).
-        A float layer with ``param_dtype`` int8 or int4 is weight-only (W8A16 / W4A16, ``ops/weight_only.py``):
-        its Linear weights are quantized with these two and run on the int8/int4 weight kernels.
+        simulated int16/int4 of issue 32, ``formats.INTEGER_FORMATS``; the field keeps its name so plans stay
+        readable). Its grids must be its precision's (``plan/quantization.ACTIVATION_GRIDS``).
+    weights: the weight format of a float layer whose weights are stored compressed (weight-only: W8A16, W4A16,
+        NF4, ...; ``formats.WeightFormat``): its Linears run the format's op (``ops/weight_formats.py``). Stored with
+        ``activation`` None: the layer's precision is its activation type. ``param_dtype`` int8/int4 on a float layer
+        (as plans of format version 2 said it) means that format per output channel, symmetric (version 2's
+        ``weight_group`` / ``weight_symmetric`` are read into the format).
 
     An integer layer computes on dequantized values in float32 (``compute_dtype``): the values it
-    sees are exactly the grid values, the arithmetic is float32's. ``param_dtype`` int8/int16/int4 on it: its
-    convolution/linear weights per output channel on that many bits (int16/int4: simulated, stored int16/int8).
+    sees are exactly the grid values, the arithmetic is float32's.
     """
 
     precision: torch.dtype
@@ -168,8 +170,7 @@ class NodePrecision:
     reason: str = ""
     param_dtype: torch.dtype | None = None
     int8: Int8Spec | None = None
-    weight_group: int | None = None
-    weight_symmetric: bool = True
+    weights: WeightFormat | None = None
 
     def __post_init__(self):
         if not isinstance(self.precision, torch.dtype):
@@ -188,7 +189,7 @@ class NodePrecision:
             if wrong:
                 raise ConfigError(f"a {dtype_name(self.precision)} layer quantizes {', '.join(wrong)} on another "
                                   f"precision's grid; its grids are {', '.join(sorted(grid_name(g) for g in fits))}.")
-        _check_weight_quantization(self)
+        _check_weights(self)
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -198,7 +199,8 @@ class NodePrecision:
 
     @property
     def stored_param_dtype(self) -> torch.dtype:
-        """The dtype its parameters are stored in: ``param_dtype`` if given, else its precision."""
+        """The dtype its parameters are stored in: ``param_dtype`` if given, else its precision (a weight-only
+        layer's weights are its format's: :attr:`weights`)."""
         return self.param_dtype if self.param_dtype is not None else self.precision
 
     def to_dict(self) -> dict:
@@ -212,10 +214,8 @@ class NodePrecision:
             out["param_dtype"] = dtype_name(self.param_dtype)
         if self.int8 is not None:
             out["int8"] = self.int8.to_dict()
-        if self.weight_group is not None:
-            out["weight_group"] = self.weight_group
-        if not self.weight_symmetric:
-            out["weight_symmetric"] = False
+        if self.weights is not None:
+            out["weights"] = self.weights.to_dict()
         return out
 
     @classmethod
@@ -223,41 +223,62 @@ class NodePrecision:
         if not isinstance(data, Mapping) or "precision" not in data:
             raise ConfigError(f"plan entry {where} must be an object with at least a 'precision' field.")
         try:
+            param = dtype_from_name(data["param_dtype"]) if data.get("param_dtype") else None
+            weights = WeightFormat.from_dict(data["weights"]) if data.get("weights") is not None else None
+            precision = dtype_from_name(data["precision"])
+            if param in _VERSION_2_WEIGHTS and "weights" not in data and precision.is_floating_point:  # version 2's
+                weights = weight_format(_VERSION_2_WEIGHTS[param], group=data.get("weight_group"),
+                                        symmetric=data.get("weight_symmetric", True))
+                param = None
             return cls(
-                precision=dtype_from_name(data["precision"]),
+                precision=precision,
                 accumulate=dtype_from_name(data["accumulate"]) if data.get("accumulate") else None,
                 source=data.get("source", "plan"),
                 reason=data.get("reason", ""),
-                param_dtype=dtype_from_name(data["param_dtype"]) if data.get("param_dtype") else None,
+                param_dtype=param,
                 int8=Int8Spec.from_dict(data["int8"]) if data.get("int8") is not None else None,
-                weight_group=data.get("weight_group"),
-                weight_symmetric=data.get("weight_symmetric", True),
+                weights=weights,
             )
         except ConfigError as e:
             allowed = ", ".join(sorted(dtype_name(d) for d in PLAN_PRECISIONS))
             raise ConfigError(f"plan entry {where}: {e} A plan may hold the precisions {allowed}.") from e
 
 
-WEIGHT_BITS = (torch.int8, torch.int4)  # the weights a group size and symmetry describe
+# a float layer's param_dtype int8 / int4 (format version 2 plans, and callers that say it so): the weight format
+_VERSION_2_WEIGHTS = MappingProxyType({torch.int8: "int8", torch.int4: "int4"})
 
 
-def _check_weight_quantization(decision: NodePrecision) -> None:
-    group, symmetric = decision.weight_group, decision.weight_symmetric
-    if not isinstance(symmetric, bool):
-        raise ConfigError(f"NodePrecision.weight_symmetric must be true or false, got {symmetric!r}.")
-    if group is not None and (isinstance(group, bool) or not isinstance(group, int) or not 0 < group <= MAX_GROUP):
-        raise ConfigError("NodePrecision.weight_group must be a positive number of input channels, at most "
-                          f"{MAX_GROUP} (or null: one scale per output channel), got {_short(group)}.")
-    if (group is not None or not symmetric) and decision.param_dtype not in WEIGHT_BITS:
-        raise ConfigError("NodePrecision.weight_group / weight_symmetric describe int8 or int4 weights; this layer "
-                          f"stores its parameters in {dtype_name(decision.stored_param_dtype)} (set param_dtype to "
-                          "int8 or int4).")
+def _check_weights(decision: NodePrecision) -> None:
+    """A weight format belongs to a float layer, stored with its activation left to the layer's precision; a float
+    layer's int8/int4 ``param_dtype`` is that format per output channel, symmetric (what it meant before formats)."""
+    weights = decision.weights
+    if decision.precision.is_floating_point and decision.param_dtype in _VERSION_2_WEIGHTS:
+        if weights is not None:
+            raise ConfigError("NodePrecision gives both param_dtype "
+                              f"{dtype_name(decision.param_dtype)} and weights {weights}; give the weight format only.")
+        weights = weight_format(_VERSION_2_WEIGHTS[decision.param_dtype], group=None)
+        object.__setattr__(decision, "param_dtype", None)
+    if weights is None:
+        return
+    if not isinstance(weights, WeightFormat):
+        raise ConfigError(f"NodePrecision.weights must be a mixprec WeightFormat (mixprec.formats.weight_format), got "
+                          f"{_short(weights)}.")
+    if not decision.precision.is_floating_point:
+        raise ConfigError(f"NodePrecision.weights ({weights}) is for float layers (weight-only); a "
+                          f"{dtype_name(decision.precision)} layer stores its weights per output channel "
+                          "(param_dtype).")
+    if weights.activation is not None and weights.activation != decision.precision:
+        raise ConfigError(f"NodePrecision.weights ({weights}) is made for {dtype_name(weights.activation)} "
+                          f"activations; this layer computes in {dtype_name(decision.precision)}.")
+    if decision.param_dtype is not None:
+        raise ConfigError(f"NodePrecision gives param_dtype {dtype_name(decision.param_dtype)} and weights {weights}: "
+                          "a weight-only layer's weights are its format's; leave param_dtype out.")
+    object.__setattr__(decision, "weights", weights.with_activation(None))
 
 
 def is_weight_only(decision: NodePrecision | None) -> bool:
-    """A float layer with int8/int4 weights: weight-only (W8A16 / W4A16)."""
-    return (decision is not None and decision.precision.is_floating_point
-            and decision.param_dtype in WEIGHT_BITS)
+    """A float layer with a weight format: weight-only (W8A16, W4A16, NF4, ...)."""
+    return decision is not None and decision.weights is not None
 
 
 class PrecisionPlan(Mapping):

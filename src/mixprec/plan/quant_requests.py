@@ -17,6 +17,10 @@ The rules, for each group of int8 layers (the layers one module runs; the search
   (``channels``), and one divisor vector serves every int8 Linear reading it;
 * every value quantized gets its grid from ``plan/quantization.py`` (``grids``), for the calibration to clip for and
   the plan to record.
+
+**Int8 beyond the requests** (:func:`implied_int8`; the policy's ``int8_attention``, ``quantize_residuals``): an
+attention/matmul layer nobody decided whose quantized operands all come from int8 layers with weights, and an add of
+an int8 convolution's output and a value of its shape, get int8 too, as NNCF does (bench/log/2026-11.md "Issue 34").
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from ..calibrate import smoothing
 from ..ir.sign import is_nonnegative
 from ..ir.work_program import STORED_KINDS
 from ..ops.quant import Grid
+from ..ops.table import INT8_WEIGHT_OPS
 from . import int8_operands
 from .precision_plan import Int8Spec
 from .quantization import QuantPolicy, value_grids
@@ -134,6 +139,41 @@ def quant_requests(captured, layers: Iterable[Collection[str]], policy: QuantPol
         MappingProxyType({v: tuple(layers) for v, layers in readers.items()}),
         MappingProxyType(value_grids(base.graph, wanted, policy)), frozenset(operandless), MappingProxyType(weights),
     )
+
+
+def implied_int8(captured, decided: Collection[str], int8: Collection[str], policy: QuantPolicy
+                 ) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """The layers of ``captured`` not in ``decided`` that int8 reaches (module docstring), given the int8 layers
+    ``int8``: layer -> ("attention" | "residual add", the int8 layers it reads, the first one's request to take)."""
+    base, info = captured.base, captured.info
+    stored = frozenset(s.arg.name for s in base.input_specs if s.kind in STORED_KINDS and hasattr(s.arg, "name"))
+    int8 = frozenset(int8)
+
+    def with_weights(node, convolution: bool = False) -> bool:
+        if node is None or node.name not in int8:
+            return False
+        packet = info[node.name].packet
+        return packet in INT8_WEIGHT_OPS and (not convolution or packet.startswith("aten.conv"))
+
+    implied: dict[str, tuple[str, tuple[str, ...]]] = {}
+    for node in base.graph.nodes:
+        if node.name not in info or node.name in decided or node.name in implied:
+            continue
+        if policy.int8_attention and int8_operands.is_operand_op(node):
+            sources = [int8_operands.made_by(v) for v in int8_operands.operands(node, stored, policy)]
+            if not sources or not all(with_weights(s) for s in sources):
+                continue
+            kind = "attention"
+        elif policy.quantize_residuals and int8_operands.is_residual_add(node):
+            made = [int8_operands.made_by(v, int8_operands.NORMS) for v in node.args[:2]]
+            sources = [s for s in made if with_weights(s, convolution=True)]
+            if not sources:
+                continue
+            kind = "residual add"
+        else:
+            continue
+        implied[node.name] = (kind, tuple(dict.fromkeys(s.name for s in sources)))
+    return implied
 
 
 def _smoothing_readers(base, groups, entries, nodes, policy: QuantPolicy):

@@ -22,7 +22,7 @@ The defaults are chosen by measurement (bench/log/2026-11.md "Issue 22 int8 vs N
 numerics", "Issue 34: the configurator's int8 as NNCF's"): MSE clipping, the unsigned grid for non-negative values,
 no exit quantization, smoothing alpha 0.8, the probabilities of an attention's output matmul left float, SDPA's query
 and key quantized, bias correction on, and int8 reaching what NNCF quantizes (``int8_attention``,
-``quantize_residuals``: ``configurator/resolve.py``).
+``quantize_residuals``: ``plan/quant_requests.implied_int8``).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import torch
 from ..calibrate import smoothing
 from ..calibrate.int8_ranges import DEFAULT_ESTIMATOR, ESTIMATORS
 from ..errors import ConfigError
+from ..formats import INTEGER_FORMATS, INTEGER_PRECISIONS  # noqa: F401  (INTEGER_PRECISIONS: its importers')
 from ..ir.marker_regions import calibration_targets
 from ..ir.sign import is_nonnegative
 from ..ops.quant import INT4_SYMMETRIC, INT8_SYMMETRIC, INT16_SYMMETRIC, UINT4, UINT8, Grid
@@ -45,14 +46,14 @@ from ..ops.quant import INT4_SYMMETRIC, INT8_SYMMETRIC, INT16_SYMMETRIC, UINT4, 
 GRIDS: Mapping[str, Grid] = MappingProxyType({
     "int8": INT8_SYMMETRIC, "uint8": UINT8, "int16": INT16_SYMMETRIC, "int4": INT4_SYMMETRIC, "uint4": UINT4,
 })
-# the integer precisions a layer may have (its Int8Spec quantizes its inputs) -> the grids of its activations
-ACTIVATION_GRIDS: Mapping[torch.dtype, frozenset] = MappingProxyType({
-    torch.int8: frozenset({INT8_SYMMETRIC, UINT8}), torch.int16: frozenset({INT16_SYMMETRIC}),
-    torch.int4: frozenset({INT4_SYMMETRIC, UINT4}),
-})
-INTEGER_PRECISIONS = frozenset(ACTIVATION_GRIDS)
-# no CPU kernel computes on these: quantize -> dequantize, computed in float32 (AIMET QuantSim's simulation)
-SIMULATED_PRECISIONS = frozenset({torch.int16, torch.int4})
+# the integer precisions a layer may have (``formats.INTEGER_FORMATS``: its Int8Spec quantizes its inputs) -> the
+# grids of its activations: the quantize handler of each integer format
+_ACTIVATION_GRIDS = {
+    "int8": frozenset({INT8_SYMMETRIC, UINT8}), "int16": frozenset({INT16_SYMMETRIC}),
+    "int4": frozenset({INT4_SYMMETRIC, UINT4}),
+}
+ACTIVATION_GRIDS: Mapping[torch.dtype, frozenset] = MappingProxyType(
+    {dtype: _ACTIVATION_GRIDS[f.name] for dtype, f in INTEGER_FORMATS.items()})
 # the integer precisions of model inputs/outputs (AIMET: int16, int8, int4) -> their grid (quantize -> dequantize
 # there; int16 and int4 simulated, as their layers)
 IO_GRIDS: Mapping[torch.dtype, Grid] = MappingProxyType({
@@ -62,15 +63,13 @@ IO_GRIDS: Mapping[torch.dtype, Grid] = MappingProxyType({
 WEIGHT_GRIDS: Mapping[torch.dtype, Grid] = MappingProxyType({
     torch.int8: INT8_SYMMETRIC, torch.int16: INT16_SYMMETRIC, torch.int4: INT4_SYMMETRIC,
 })
-# weight-only int4's default group: input channels per scale (per-channel int4 loses too much: one scale for
-# thousands of weights); the configurator's default and the search's w4a16
-DEFAULT_INT4_GROUP = 128
 _SDPA_POSITIONS = (0, 1, 2)  # scaled_dot_product_attention's query, key, value
 
 
 def simulates_weights(precision: torch.dtype, param_dtype: torch.dtype | None) -> bool:
     """Whether a layer's weights are simulated (quantize -> dequantize in float32): int16 weights on any layer, int4
-    weights on an integer layer. int4 (and int8) weights on a float layer are weight-only kernels, not a simulation."""
+    weights on an integer layer. Weight formats of a float layer (``NodePrecision.weights``) are weight-only ops, not
+    a simulation."""
     return param_dtype == torch.int16 or (param_dtype == torch.int4 and precision in INTEGER_PRECISIONS)
 
 
@@ -84,16 +83,14 @@ class QuantPolicy:
     smoothing_alpha: activation smoothing of int8 Linears' inputs (``calibrate/smoothing.py``); None: none.
     quantize_probabilities: the softmax probabilities (and v) of an attention's output matmul are quantized.
     sdpa_operands: the positions of ``scaled_dot_product_attention``'s operands that are quantized.
-    weight_bits: bits of int8 layers' stored weights (8: per-channel int8; room for int4).
-    group_size: input channels per weight scale (None: one scale per output channel; room for grouped int4).
     bias_correction: each int8 Linear/convolution's bias cancels the mean output shift int8 causes on the
         calibration data (``calibrate/bias_correction.py``; recorded per layer as ``Int8Spec.bias_shift``).
     int8_attention: the configurator's int8 on the layers that make an attention's operands (its query and key
         projections) reaches the attention's matmuls that no request covers, as NNCF's TRANSFORMER mode quantizes
-        them (``configurator/resolve.py``); False: they stay float unless asked for.
+        them (``plan/quant_requests.implied_int8``); False: they stay float unless asked for.
     quantize_residuals: an add no request covers that adds an int8 convolution's output (through batch norm) to a
         value of its shape gets both inputs quantized, as NNCF does, so that OpenVINO computes the sum (and ReLU)
-        inside the u8 convolution (``configurator/resolve.py``); False: it adds in float.
+        inside the u8 convolution (``plan/quant_requests.implied_int8``); False: it adds in float.
     """
 
     estimator: str = DEFAULT_ESTIMATOR
@@ -102,8 +99,6 @@ class QuantPolicy:
     smoothing_alpha: float | None = smoothing.DEFAULT_ALPHA
     quantize_probabilities: bool = False
     sdpa_operands: tuple[int, ...] = (0, 1)
-    weight_bits: int = 8
-    group_size: int | None = None
     bias_correction: bool = True
     int8_attention: bool = True
     quantize_residuals: bool = True
@@ -129,12 +124,6 @@ class QuantPolicy:
                 positions):
             raise _bad("sdpa_operands", self.sdpa_operands, "distinct positions among 0 (query), 1 (key), 2 (value)")
         object.__setattr__(self, "sdpa_operands", positions)
-        if self.weight_bits != 8 or isinstance(self.weight_bits, bool):
-            raise _bad("weight_bits", self.weight_bits, "8 (the int8 layers' per-channel weights; int4 is not "
-                       "implemented yet)")
-        if self.group_size is not None:
-            raise _bad("group_size", self.group_size, "None (one scale per output channel; grouped scales are not "
-                       "implemented yet)")
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
@@ -146,6 +135,8 @@ class QuantPolicy:
         if not isinstance(data, Mapping):
             raise ConfigError(f"the plan's 'quant_policy' must be an object with the fields of QuantPolicy, got "
                               f"{data!r}.")
+        data = {k: v for k, v in data.items() if not (k in _RETIRED and type(v) is type(_RETIRED[k])
+                                                     and v == _RETIRED[k])}
         unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise ConfigError(f"the plan's 'quant_policy' has unknown fields {sorted(unknown)}; QuantPolicy has "
@@ -158,6 +149,9 @@ class QuantPolicy:
 
 
 DEFAULT_POLICY = QuantPolicy()
+# fields plans before weight formats wrote with the only values they held (int8 layers' weights: 8 bits per output
+# channel; a weight format is a layer's, ``NodePrecision.weights``): read and dropped
+_RETIRED = MappingProxyType({"weight_bits": 8, "group_size": None})
 
 
 def _bad(field: str, value, wanted: str) -> ConfigError:

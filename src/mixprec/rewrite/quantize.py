@@ -16,8 +16,8 @@ What the program computes for an int8 layer (fake quantization, on any device):
   and bias copies that make the input when only smoothed Linears read it, else it is one multiply;
 * with ``int8.output`` the layer's result is quantized and dequantized the same way before
   anything reads it;
-* convolution and linear weights of layers whose parameters are stored in int8 (int8
-  layers, or ``param_dtype=int8`` for weight-only int8) are stored as int8 with one float32
+* convolution and linear weights of int8 layers (and the convolutions of float layers with int8 weights: the weight
+  format's ``other_ops``; their Linears are weight-only ops, ``weight_only.py``) are stored as int8 with one float32
   scale per output channel (scale_c = max |w_c| / 127) and dequantized at use; the float
   weight leaves the program's state unless another layer still reads it;
 * the arithmetic itself runs in float32 (``NodePrecision.compute_dtype``) with PyTorch's
@@ -50,14 +50,15 @@ from torch._guards import detect_fake_mode
 
 from ..ir.graph_info import META_ORIGIN, META_ROLE, META_SMOOTHED
 from ..ir.passes import PassResult
-from ..ir.work_program import STORED_KINDS
 from ..ops.custom import DEQUANTIZE_OPS, PER_TENSOR_OPS, QUANTIZE_OPS
 from ..ops.names import op_name, packet_name
 from ..ops.quant import INT8_SYMMETRIC, Grid, quantize_weight, symmetric_scale
-from ..plan.quantization import DEFAULT_POLICY, INTEGER_PRECISIONS, WEIGHT_GRIDS, activation_grid, precision_grid
+from ..ops import weight_formats
+from ..plan.quantization import DEFAULT_POLICY, WEIGHT_GRIDS, activation_grid, precision_grid
 from ..ops.table import INT8_WEIGHT_OPS
 from .casting import first_compute_node, origin_name, short_name, tensor_dtype
 from .context import RewriteContext
+from .stored import as_stored, fake_like, release_float_weight, stored_source  # noqa: F401  (stored_source: verify's)
 
 WEIGHT_ARG = 1  # the weight of aten.linear / aten.convNd
 WEIGHT_AXIS = 0  # their output channels
@@ -90,48 +91,20 @@ def is_dequant_node(node) -> bool:
 
 
 def weight_grid(decision, packet: str) -> Grid | None:
-    """The grid a layer's weight is stored on per output channel: int8 weights (int8 layers, or ``param_dtype=int8``
-    on a float layer), int16 weights (simulated, any layer), int4 weights on an integer layer (simulated); else None
-    (int4 weights on a float layer are weight-only kernels, not this pass's)."""
+    """The grid a layer's weight is stored on per output channel: int8 weights of int8 layers, int16 weights
+    (simulated, any layer), int4 weights on an integer layer (simulated); a float layer's weight format: its Linears
+    are weight-only ops (``weight_only.py``), its other layers' weights the per-channel grid the format's handler
+    names (``ops/weight_formats.Handler.other_ops``: int8's is int8), else float. None: not stored as integers."""
     if decision is None or packet not in INT8_WEIGHT_OPS:
         return None
-    bits = decision.stored_param_dtype
-    if bits == torch.int4 and decision.precision not in INTEGER_PRECISIONS:
-        return None
-    return WEIGHT_GRIDS.get(bits)
+    if decision.weights is not None:
+        return WEIGHT_GRIDS.get(weight_formats.handler(decision.weights).other_ops)
+    return WEIGHT_GRIDS.get(decision.stored_param_dtype)
 
 
 def weight_quantized(decision, packet: str) -> bool:
     """Whether a layer's weight is stored as per-channel integers (:func:`weight_grid`)."""
     return weight_grid(decision, packet) is not None
-
-
-def stored_source(work, node):
-    """(placeholder, input spec, cast chain) of the stored tensor behind a value, else (None, None, ()).
-
-    Looks through dtype conversions — mixprec's, torch.autocast's and the model's own
-    (``self.weight.half()``); the chain lists their target dtypes from the stored tensor outwards.
-    """
-    chain = []
-    while _is_plain_cast(node):
-        chain.append(node.args[1])
-        node = node.args[0]
-    if not isinstance(node, torch.fx.Node) or node.op != "placeholder":
-        return None, None, ()
-    spec = work.input_spec_of(node)
-    if spec is None or spec.kind not in STORED_KINDS:
-        return None, None, ()
-    return node, spec, tuple(reversed(chain))
-
-
-def _is_plain_cast(node) -> bool:
-    return (
-        isinstance(node, torch.fx.Node)
-        and node.op == "call_function"
-        and node.target is torch.ops.aten.to.dtype
-        and len(node.args) == 2
-        and not node.kwargs
-    )
 
 
 def quantize(ctx: RewriteContext) -> PassResult:
@@ -218,8 +191,8 @@ def _smoothed(ctx, layer, value, origin, divisors, done) -> torch.fx.Node:
         weight = work.stored_tensor(like)
         inverse = (1.0 / torch.tensor(divisors, dtype=torch.float64)).to(torch.float32).to(weight.device)
         target = f"{origin}_smoothing" + (f"_{len(done)}" if done else "")
-        stored = work.add_stored_input(like, target, _stored(inverse, like), target)
-        stored.meta["val"] = _fake_like(value.meta["val"], inverse)
+        stored = work.add_stored_input(like, target, as_stored(inverse, like), target)
+        stored.meta["val"] = fake_like(value.meta["val"], inverse)
         stored.meta.pop(META_ORIGIN, None)
         anchor = work.graph.inserting_before(first_compute_node(work.graph)) if value.op == "placeholder" else \
             work.graph.inserting_after(value)
@@ -255,7 +228,7 @@ def _fold_into_layer_norm(ctx, value, origin, divisors) -> bool:
         scaled = (tensor.detach().double() / torch.tensor(divisors, dtype=torch.float64, device=tensor.device)
                   ).to(tensor.dtype)
         node = work.add_stored_input(
-            spec, f"{spec.target}_smoothed", _stored(scaled, spec), f"{placeholder.name}_smoothed"
+            spec, f"{spec.target}_smoothed", as_stored(scaled, spec), f"{placeholder.name}_smoothed"
         )
         node.meta["val"] = placeholder.meta["val"]
         value.replace_input_with(placeholder, node)
@@ -283,9 +256,9 @@ def _store_int8_weight(work, layer, dtype, done, columns=None, grid: Grid = INT8
         nodes = []
         for kind, value in ((bits, q), (f"{bits}_scale" if bits != "int8" else "scale", scales)):
             node = work.add_stored_input(
-                spec, f"{spec.target}{suffix}_{kind}", _stored(value, spec), f"{placeholder.name}{suffix}_{kind}"
+                spec, f"{spec.target}{suffix}_{kind}", as_stored(value, spec), f"{placeholder.name}{suffix}_{kind}"
             )
-            node.meta["val"] = _fake_like(placeholder.meta["val"], value)
+            node.meta["val"] = fake_like(placeholder.meta["val"], value)
             node.meta[META_ORIGIN] = placeholder.meta.get(META_ORIGIN, placeholder.name)
             nodes.append(node)
         done[key] = tuple(nodes)
@@ -301,18 +274,6 @@ def _store_int8_weight(work, layer, dtype, done, columns=None, grid: Grid = INT8
     layer.replace_input_with(weight, dq)
     release_float_weight(work, weight, placeholder)
     return True
-
-
-def release_float_weight(work, weight: torch.fx.Node, placeholder: torch.fx.Node) -> None:
-    """After a layer stopped reading ``weight`` (the float weight, or a conversion of ``placeholder``): the
-    conversions nothing reads now leave the graph, and the stored float weight leaves the program's state unless
-    another layer still reads it. The int8 weights here and the weight-only ones (``weight_only.py``) alike."""
-    while _is_plain_cast(weight) and not weight.users:
-        source = weight.args[0]
-        work.graph.erase_node(weight)
-        weight = source
-    if not placeholder.users:
-        work.remove_stored_input(placeholder)
 
 
 BIAS_ARG = 2  # the bias of aten.linear / aten.convNd
@@ -343,8 +304,8 @@ def _correct_bias(work, layer, shift) -> bool:
     if tensor is None:
         value = value.to(layer.meta["val"].dtype)
     target = f"{spec.target}_corrected_{layer.name}" if bias is not None else f"{spec.target}_bias_{layer.name}"
-    node = work.add_stored_input(spec, target, _stored(value, spec), f"{name}_corrected_{layer.name}")
-    node.meta["val"] = _fake_like(placeholder.meta["val"], value)
+    node = work.add_stored_input(spec, target, as_stored(value, spec), f"{name}_corrected_{layer.name}")
+    node.meta["val"] = fake_like(placeholder.meta["val"], value)
     node.meta[META_ORIGIN] = placeholder.meta.get(META_ORIGIN, placeholder.name)
     if bias is not None:
         layer.replace_input_with(bias, node)
@@ -355,21 +316,6 @@ def _correct_bias(work, layer, shift) -> bool:
         args[BIAS_ARG] = node
         layer.args = tuple(args)
     return True
-
-
-def _stored(value: torch.Tensor, like_spec) -> torch.Tensor:
-    from torch.export.graph_signature import InputKind
-
-    if like_spec.kind == InputKind.PARAMETER:
-        return torch.nn.Parameter(value, requires_grad=False)
-    return value
-
-
-def _fake_like(template, real: torch.Tensor):
-    """A fake tensor (in the graph's fake mode) with ``real``'s shape and dtype."""
-    fake_mode = detect_fake_mode((template,))
-    with fake_mode if fake_mode is not None else contextlib.nullcontext():
-        return torch.empty(real.shape, dtype=real.dtype, device=template.device)
 
 
 def _meta(value: torch.fx.Node, dtype: torch.dtype, role: str) -> dict:

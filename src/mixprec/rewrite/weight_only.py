@@ -1,8 +1,9 @@
-"""Weight-only int8 / int4 (W8A16 / W4A16): float Linears whose weights are stored in int8 or int4.
+"""Weight-only layers (W8A16, W4A16, NF4, ...): float Linears whose weights are stored in a weight format.
 
-A layer whose plan says a float precision with ``param_dtype`` int8 or int4 (``plan.precision_plan.is_weight_only``)
-and is an ``aten.linear`` reading a stored weight becomes one weight-only op (``ops/weight_only.py``), keeping its
-node name (the plan and the report find it) and its activation and bias as they are::
+A layer whose plan gives a float precision a weight format (``NodePrecision.weights``, ``plan.precision_plan.
+is_weight_only``) and is an ``aten.linear`` reading a stored weight becomes its format's op (``ops/weight_formats.py``:
+the format's handler quantizes the weight and names the op), keeping its node name (the plan and the report find it)
+and its activation and bias as they are::
 
     Before::                                  After::
 
@@ -10,18 +11,16 @@ node name (the plan and the report find it) and its activation and bias as they 
                                                   (state: p_w_int4 uint8 [N, K/2] packed for this CPU's int4 kernel,
                                                    p_w_int4_sz [K/128, N, 2] in the layer's dtype; p_w gone)
 
-The weights are quantized from the stored float tensor (``ops/weight_only.py``: per output channel, or per
-``weight_group`` input channels; symmetric or not: ``NodePrecision``), once per weight and layer dtype however many
-layers read it; the scales are stored in the layer's dtype (the kernels take them so; the codes are chosen against
-them as stored). The float weight leaves the program's state unless
-another layer still reads it. A weight the int4 kernel cannot take (N % 16 != 0, or a group other than 32..256) is
-stored as plain nibbles and dequantized at use (``packed=False``). A Linear whose input channels do not split in
-groups of ``weight_group`` gets one scale per output channel, one with an odd number of input channels and int4 weights
-keeps its float weight, and a warning says so — as do convolutions with int4 weights (int8 weights of other
-layers are ``rewrite/quantize.py``'s per-channel int8).
+The stored operands the handler returns become stored tensors and the op's arguments by schema name (``x`` and
+``bias`` are every such op's activation and bias; the handler's literals the rest), once per weight, format and layer
+dtype however many layers read it. The float weight leaves the program's state unless another layer still reads it.
+A weight the format does not fit (the handler's ``fits``: a group that does not split its input channels falls back
+to one scale per output channel where the format has that form; an odd number of input channels for 4-bit codes)
+keeps its float weight, and a warning says so — as do the other layers of a format that has no per-channel form for
+them (int8 weights of convolutions are ``rewrite/quantize.py``'s per-channel int8).
 
 Runs after cast insertion (the activation and bias already have the layer's dtype) and before parameter storage
-(which stores the bias in that dtype and leaves the integer weights alone).
+(which stores the bias in that dtype and leaves the stored codes alone).
 """
 
 from __future__ import annotations
@@ -32,18 +31,15 @@ import torch
 
 from ..ir.graph_info import META_ORIGIN
 from ..ir.passes import PassResult, rewrite_pass
-from ..ops import weight_only as wo
+from ..ops import kernels, weight_formats
 from ..plan.precision_plan import is_weight_only
 from .casting import short_name
 from .context import RewriteContext
-from .quantize import _fake_like, _stored, release_float_weight, stored_source
+from .stored import as_stored, fake_like, release_float_weight, stored_source
 
 log = logging.getLogger(__name__)
 
 LINEAR = torch.ops.aten.linear.default
-INT8_OP = torch.ops.mixprec.linear_int8_weight.default
-INT4_OP = torch.ops.mixprec.linear_int4_weight.default
-BITS_NAMES = {torch.int8: "int8", torch.int4: "int4"}
 
 
 def weight_only_layer(decision, node) -> bool:
@@ -55,16 +51,16 @@ def weight_only_layer(decision, node) -> bool:
 def weight_only(ctx: RewriteContext) -> PassResult:
     work = ctx.work
     changed = False
-    stored: dict = {}  # (placeholder, bits, group, symmetric, dtype) -> the stored placeholders
+    stored: dict = {}  # (placeholder, format, dtype) -> the op, its stored placeholders and literals
     for node in list(work.graph.nodes):
         decision = ctx.plan.get(node.name)
         if not is_weight_only(decision) or node.op != "call_function":
             continue
         if node.target is not LINEAR:
             reads_weights = any(stored_source(work, a)[0] is not None for a in node.all_input_nodes)
-            if decision.param_dtype == torch.int4 and reads_weights:
-                log.warning("layer %s (%s) keeps float weights: weight-only int4 runs Linears only", node.name,
-                            node.target)
+            if reads_weights and weight_formats.handler(decision.weights).other_ops is None:
+                log.warning("layer %s (%s) keeps float weights: weight-only %s runs Linears only", node.name,
+                            node.target, decision.weights.name)
             continue
         changed |= _rewrite_linear(work, node, decision, stored)
     if changed:
@@ -81,50 +77,39 @@ def _rewrite_linear(work, node, decision, stored) -> bool:
         return False
     tensor = work.stored_tensor(spec)
     out_features, in_features = tensor.shape
-    group, bits = decision.weight_group, decision.param_dtype
-    if bits == torch.int4 and in_features % 2:
-        log.warning("layer %s keeps its float weight: int4 weights need an even number of input channels, it has %d",
-                    node.name, in_features)
+    fmt = weight_formats.handler(decision.weights).fits(decision.weights, out_features, in_features)
+    if isinstance(fmt, str):
+        log.warning("layer %s keeps its float weight: %s", node.name, fmt)
         return False
-    if group is not None and in_features % group:
-        log.warning("layer %s: its %d input channels do not split in groups of %d; its weights get one scale per "
-                    "output channel", node.name, in_features, group)
-        group = None
+    if fmt != decision.weights:
+        log.warning("layer %s: %s does not fit its [%d, %d] weight; it is stored as %s", node.name,
+                    decision.weights, out_features, in_features, fmt)
     dtype = decision.compute_dtype
-    key = (placeholder, bits, group, decision.weight_symmetric, dtype)
+    key = (placeholder, fmt, dtype)
     if key not in stored:
-        stored[key] = _store(work, placeholder, spec, tensor, decision, group, dtype)
-    op, leading, trailing = stored[key]
+        stored[key] = _store(work, placeholder, spec, tensor, fmt, dtype)
+    op, operands, literals = stored[key]
+    bound = {"x": x, **operands, **literals, "bias": bias}
     node.target = op
-    node.args = (x, *leading, *trailing, bias)
-    node.kwargs = {}
+    node.args, node.kwargs = kernels.positional(op, kernels.bind(op, (), bound))
     release_float_weight(work, weight, placeholder)
     return True
 
 
-def _store(work, placeholder, spec, tensor, decision, group, dtype):
-    """The stored tensors of one weight: (op, stored placeholders, constant arguments after them)."""
-    symmetric = decision.weight_symmetric
-    out_features, in_features = tensor.shape
-    suffix = f"_{BITS_NAMES[decision.param_dtype]}" + (f"_g{group}" if group else "") + ("" if symmetric else "_asym")
-    suffix += f"_{short_name(dtype)}" if dtype != tensor.dtype else ""  # e.g. 'w_int4_g128_bf16_scale_zero'
-
-    def add(kind, value):
-        target = f"{spec.target}{suffix}{kind}"
-        stored = _stored(value.contiguous(), spec)
-        node = work.add_stored_input(spec, target, stored, f"{placeholder.name}{suffix}{kind}")
-        node.meta["val"] = _fake_like(placeholder.meta["val"], value)
+def _store(work, placeholder, spec, tensor, fmt, dtype):
+    """The stored tensors of one weight in ``fmt``: (op, schema name -> stored placeholder or None, literals)."""
+    suffix = f"_{fmt.name}" + (f"_g{fmt.group}" if fmt.group else "") + ("" if fmt.symmetric else "_asym")
+    suffix += f"_{short_name(dtype)}" if dtype != tensor.dtype else ""  # e.g. 'w_int4_g128_bf16_scales_and_zeros'
+    quantized = weight_formats.quantize(tensor, fmt, dtype)
+    operands = {}
+    for index, (name, value) in enumerate(quantized.stored):
+        if value is None:
+            operands[name] = None
+            continue
+        kind = "" if index == 0 else f"_{name}"  # the first operand is the weight's codes
+        node = work.add_stored_input(spec, f"{spec.target}{suffix}{kind}", as_stored(value.contiguous(), spec),
+                                     f"{placeholder.name}{suffix}{kind}")
+        node.meta["val"] = fake_like(placeholder.meta["val"], value)
         node.meta[META_ORIGIN] = placeholder.meta.get(META_ORIGIN, placeholder.name)
-        return node
-
-    if decision.param_dtype == torch.int8:
-        q, scales, offsets = wo.quantize_int8(tensor, group, symmetric, dtype)
-        nodes = [add("", q), add("_scale", scales.to(dtype))]
-        nodes.append(add("_offset", offsets.to(dtype)) if offsets is not None else None)
-        return INT8_OP, tuple(nodes), ()
-    u, scales, zeros = wo.quantize_int4(tensor, group, symmetric, dtype)
-    packed = wo.int4_packable(out_features, in_features, group, tensor.device)
-    weight = wo.pack_int4(u) if packed else wo.to_nibbles(u)
-    both = wo.int4_scales_and_zeros(scales, zeros, in_features, group).to(dtype)
-    kernel_group = in_features // both.shape[0]
-    return INT4_OP, (add("", weight), add("_scale_zero", both)), (kernel_group, packed)
+        operands[name] = node
+    return quantized.op, operands, dict(quantized.literals)

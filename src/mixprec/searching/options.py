@@ -32,7 +32,7 @@ from ..measure.cost_file import checked_setting
 from ..settings import op_names, patterns
 from .cache import DEFAULT_CACHE, SearchCache
 from .metrics import Accuracy, make_metric
-from .types import SPELLINGS, W4A16, W8A16, is_float, weight_only, with_activation
+from .types import SPELLINGS, W4A16, W8A16, WEIGHT_ONLY, is_float, weight_only, with_activation
 
 # rel-L2 error of the outputs against fp32: bf16 rounds to 2^-9 relative (3.9e-3 half-ULP), so 1e-2
 # leaves room for a few rounding steps in a row while catching any layer whose rounding is amplified.
@@ -41,7 +41,9 @@ DEFAULT_TOLERANCE = 1e-2
 SEARCH_PRECISIONS = LOW_PRECISION_FLOATS | {torch.int8}  # the dtypes among the search types (types.py: the others)
 # canonical order of several low types (results, JSON, trials): the int8 family first (int8, then the weight-only
 # types), then the floats
-ORDER = (torch.int8, W4A16, W8A16, torch.bfloat16, torch.float16)
+# every weight-only type of the registry ("w-nf4", ...: types.WEIGHT_ONLY) after w4a16 / w8a16
+ORDER = (torch.int8, W4A16, W8A16, *(t for t in WEIGHT_ONLY.values() if t not in (W4A16, W8A16)), torch.bfloat16,
+         torch.float16)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,12 +1,11 @@
-"""The search's low types: torch dtypes (bf16, fp16, int8) and the two weight-only types, w8a16 and w4a16.
+"""The search's low types: torch dtypes (bf16, fp16, int8) and the weight-only types: w8a16, w4a16 and "w-<format>" for
+every weight format (``formats.WEIGHT_FORMATS``: "w-nf4", "w-mxfp4", "w-fp8", ...).
 
 A weight-only type is not a dtype: the Linear computes in a 16-bit float ("a16": bf16, or fp16 when the search's
-float low type is fp16) and its weights are stored in int8 or int4 and run on the weight-only kernels
-(``ops/weight_only.py``, ``rewrite/weight_only.py``) — what ``NodePrecision(bfloat16, param_dtype=int4,
-weight_group=128)`` plans. Why not the model's float32 activations: PyTorch's CPU kernels have no fast path for
-them — measured here (AMD EPYC, avx512_bf16, one thread, one row through a 2048x2048 Linear:
-``bench/search_weight_only.py --kernels``): fp32 dense 1.69 ms, ``_weight_int8pack_mm`` 7.9 ms and ``_weight_int4pack_mm_for_cpu`` 18.2 ms on
-fp32 rows, but 0.63 ms and 0.22 ms on bf16 rows (bf16 dense 1.33 ms).
+float low type is fp16) and its weights are stored in a weight format and run on its op (``ops/weight_formats.py``)
+— what ``NodePrecision(bfloat16, weights=weight_format("int4"))`` plans. Why not float32 activations: PyTorch's
+CPU weight-only kernels have no fast path for them (``bench/search_weight_only.py --kernels``; bench/log/2026-11.md
+"Issue 32: weight-only decode").
 
 The search handles its types as opaque hashable values (sensitivities, assignments, the
 cost model's table are keyed by them); the few places that need to know what a type *is* ask here:
@@ -15,13 +14,12 @@ cost model's table are keyed by them); the few places that need to know what a t
 * :func:`decision` — the plan request of a layer lowered to a weight-only type;
 * :func:`in_type` — whether a plan's decision is in a type (FLOP shares per type); :func:`type_of` — which.
 
-``str()`` of a weight-only type is its name ("w4a16"), so ``mixprec.dtypes.dtype_name`` names every search type
-("bfloat16", "int8", "w4a16"): results, JSON, plots and progress lines say "w8a16"/"w4a16". :func:`type_from_name`
-reads both kinds of name back (JSON).
+``str()`` of a weight-only type is its name ("w4a16", "w-nf4"), so ``mixprec.dtypes.dtype_name`` names every search
+type: results, JSON, plots and progress lines say it. :func:`type_from_name` reads both kinds of name back (JSON).
 
-Weights: w8a16 is int8 per output channel, w4a16 int4 in groups of ``DEFAULT_INT4_GROUP`` (128) input channels
-(per-channel int4 loses too much), both symmetric — the configurator's defaults for ``param={'weight': ...}`` on a
-float layer (``configurator/vocabulary.py``). Only Linear layers take them (``LayerGroup.takes``).
+Weights: each type's format with its registered defaults (w8a16: int8 per output channel; w4a16: int4 in groups of
+128 input channels), symmetric — the configurator's defaults for ``param={'weight': ...}`` on a float layer
+(``configurator/vocabulary.py``). Only Linear layers take them (``LayerGroup.takes``).
 """
 
 from __future__ import annotations
@@ -31,19 +29,18 @@ import dataclasses
 import torch
 
 from ..dtypes import dtype_from_name
+from ..formats import WEIGHT_FORMATS, WeightFormat, default_format
 from ..plan.precision_plan import NodePrecision
-from ..plan.quantization import DEFAULT_INT4_GROUP
 
 
 @dataclasses.dataclass(frozen=True)
 class WeightOnly:
-    """A weight-only search type: ``activation`` (bf16/fp16) activations, ``bits`` (int8/int4) Linear weights in
-    groups of ``group`` input channels (None: one scale per output channel), symmetric. Named by ``name`` alone
-    (the activation type follows the search's float low type: :func:`with_activation`)."""
+    """A weight-only search type: ``activation`` (bf16/fp16) activations, Linear weights in ``format`` (a weight
+    format with its group and symmetry). Named by ``name`` alone (the activation type follows the search's float low
+    type: :func:`with_activation`)."""
 
     name: str
-    bits: torch.dtype
-    group: int | None
+    format: WeightFormat
     activation: torch.dtype = dataclasses.field(default=torch.bfloat16, compare=False)
 
     def __str__(self) -> str:
@@ -53,11 +50,12 @@ class WeightOnly:
         return self.name
 
 
-W8A16 = WeightOnly("w8a16", torch.int8, None)
-W4A16 = WeightOnly("w4a16", torch.int4, DEFAULT_INT4_GROUP)
-WEIGHT_ONLY = {t.name: t for t in (W8A16, W4A16)}
+W8A16 = WeightOnly("w8a16", default_format("int8"))
+W4A16 = WeightOnly("w4a16", default_format("int4"))
+# "w-<format>" for every weight format (the registry's names: API.md §7's "w-nf4", "w-mxfp4", "w-fp8")
+WEIGHT_ONLY = {t.name: t for t in (W8A16, W4A16, *(WeightOnly(f"w-{n}", default_format(n)) for n in WEIGHT_FORMATS))}
 # the spellings low_precision_type takes, for error messages
-SPELLINGS = ("bf16", "fp16", "int8", "w8a16", "w4a16")
+SPELLINGS = ("bf16", "fp16", "int8", *WEIGHT_ONLY)
 
 
 def is_float(t) -> bool:
@@ -84,16 +82,15 @@ def type_from_name(name: str):
 
 def decision(t: WeightOnly, reason: str) -> NodePrecision:
     """The plan request of a Linear lowered to the weight-only type ``t``."""
-    return NodePrecision(t.activation, None, "plan", reason, t.bits, None, t.group, True)
+    return NodePrecision(t.activation, None, "plan", reason, weights=t.format)
 
 
 def in_type(node_decision: NodePrecision, t) -> bool:
     """Whether a plan's decision puts its layer in the search type ``t`` (weight-only: a float layer with ``t``'s
-    weight bits; a dtype: computed in it, weight-only layers excluded)."""
+    weight format; a dtype: computed in it, weight-only layers excluded)."""
     if isinstance(t, WeightOnly):
-        return node_decision.precision.is_floating_point and node_decision.param_dtype == t.bits
-    return node_decision.precision == t and not (
-        node_decision.precision.is_floating_point and node_decision.param_dtype in (torch.int8, torch.int4))
+        return node_decision.weights is not None and node_decision.weights.name == t.format.name
+    return node_decision.precision == t and node_decision.weights is None
 
 
 def type_of(node_decision: NodePrecision, lows):

@@ -221,6 +221,8 @@ def time_speedup(
             return None
         copies = weight_copies(low_args)
         low_call = weight_only_call(low_args, grid, copies)
+        if low_call is None:  # the format does not fit this weight: the layer keeps its float weight
+            return None
         fp32_call = rotating([timed_call(target, with_weight_copy(fp32_args, i), fp32_kwargs, None)
                               for i in range(copies)])
     elif low == torch.int8:  # as the program runs it: float32 arguments, the int8 layer's own call

@@ -31,8 +31,6 @@ from .int8_speed import GATED_BACKENDS, SLOWER_BELOW
 from .shape_class import class_key, shapes_text
 from .weight_only_calls import WeightOnly
 
-_BITS = {torch.int8: "int8", torch.int4: "int4"}
-
 
 @dataclasses.dataclass(frozen=True)
 class WeightOnlyCheck:
@@ -62,7 +60,7 @@ class WeightOnlyCheck:
         by_type: dict[str, list] = {}
         for c, w in self.classes:
             if c.speedup is not None and c.speedup > 0 and c.flops > 0:
-                by_type.setdefault(f"{_BITS[w.bits]} weights", []).append(c)
+                by_type.setdefault(f"{w.format.name} weights", []).append(c)
         types = {t: sum(c.flops for c in cs) / sum(c.flops / c.speedup for c in cs) for t, cs in by_type.items()}
         classes = [{"op": c.op, "shapes": c.shapes, "weights": _combination(w), "layers": len(c.layers),
                     "speedup": c.speedup} for c, w in self.classes]
@@ -88,14 +86,14 @@ def check(info: GraphInfo, graph: torch.fx.Graph, plan: PrecisionPlan, backend: 
         node = nodes.get(name)
         if not is_weight_only(p) or name not in info or node is None or node.target != torch.ops.aten.linear.default:
             continue
-        spec = WeightOnly(p.param_dtype, p.weight_group, p.weight_symmetric, p.compute_dtype)
+        spec = WeightOnly(p.weights, p.compute_dtype)
         groups.setdefault((class_key(node), spec), []).append(name)
     if not groups:
         return WeightOnlyCheck(backend, where, (), MappingProxyType({}))
     ranked = sorted(groups.items(), key=lambda kv: -sum(info[n].flops for n in kv[1]))
-    by_bits: dict[torch.dtype, list] = {}
-    for key, names in ranked:  # the measurer takes one low type per call: one call per bits
-        by_bits.setdefault(key[1].bits, []).append((key, names))
+    by_bits: dict[str, list] = {}
+    for key, names in ranked:  # the measurer takes one low type per call: one call per format
+        by_bits.setdefault(key[1].format.name, []).append((key, names))
     classes, slower = [], {}
     for bits, entries in by_bits.items():
         speedups = measurer.speedups([nodes[names[0]] for _, names in entries], bits,
@@ -121,5 +119,5 @@ def noted(plan: PrecisionPlan, result: WeightOnlyCheck) -> PrecisionPlan:
 
 def _combination(spec: WeightOnly) -> str:
     """"int4 weights with float32 activations"."""
-    return f"{_BITS[spec.bits]} weights with {dtype_name(spec.activation)} activations"
+    return f"{spec.format.name} weights with {dtype_name(spec.activation)} activations"
 

@@ -269,7 +269,11 @@ def _plan(edit):
 
 
 def _int8_plan_entry(meta) -> dict:
-    return next(entry for entry in meta["plan"]["nodes"].values() if entry.get("param_dtype") == "int8")
+    """The plan entry of the file's weight-only int8 layer, without its weight format (made an int8 layer here)."""
+    entry = next(entry for entry in meta["plan"]["nodes"].values()
+                 if (entry.get("weights") or {}).get("format") == "int8")
+    entry.pop("weights")
+    return entry
 
 
 def _huge_range(meta):

@@ -99,7 +99,7 @@ def _int4_node(document):
     # a group that does not match the stored scales and zeros
     (lambda doc: _int4_node(doc)["args"].__setitem__(3, 64), "linear_int4_weight.*cannot run on"),
     # int8 scales re-shaped to [N/2, 2]
-    (lambda doc: _weights_index(doc)["down.weight_int8_bf16_scale"].__setitem__("shape", [32, 2]),
+    (lambda doc: _weights_index(doc)["down.weight_int8_bf16_scales"].__setitem__("shape", [32, 2]),
      "linear_int8_weight.*cannot run on"),
 ])
 def test_crafted_weight_only_shapes_are_refused(saved, tmp_path, edit, match):

@@ -125,9 +125,11 @@ def test_int8_inputs_that_the_layer_does_not_read_are_named_with_what_it_reads(i
 def test_int4_weights_are_taken_on_integer_and_float_layers(info):
     """int4 weights beside int8/int16 activations are simulated (issue 32); beside float activations they are
     weight-only (W4A16 kernels); other integer types are not weights mixprec stores."""
-    for precision in (torch.int8, torch.int16, torch.bfloat16):
+    for precision in (torch.int8, torch.int16):
         plan = PrecisionPlan({"linear": NodePrecision(precision, param_dtype=torch.int4)})
         assert requests.decide(info, plan)["linear"].param_dtype == torch.int4
+    plan = PrecisionPlan({"linear": NodePrecision(torch.bfloat16, param_dtype=torch.int4)})  # the int4 weight format
+    assert requests.decide(info, plan)["linear"].weights.name == "int4"
     assert requests.decide(info, PrecisionPlan({"linear": NodePrecision(torch.float32, param_dtype=torch.int16)}))
     with pytest.raises(ConfigError, match="param_dtype=int32, which mixprec cannot use"):
         requests.decide(info, PrecisionPlan({"linear": NodePrecision(torch.bfloat16, param_dtype=torch.int32)}))

@@ -54,6 +54,12 @@ why every spelling below gives the custom ops' values bit for bit (tests/backend
 A new grid is a parameter of the same rules (``ops.custom.GRID``), a new target a new table. The simulated grids
 (int16/int4, ``ops.custom.SIMULATED_OPS``) are the ATen arithmetic on every target (OpenVINO's included). Each
 lowering is a backend pass with a contract (``ir/passes.py``), checked by the verifier in tests (``__init__.py``).
+
+**Weight-only layers are the same tables' rows** (``weight_only=True``): a weight format's op (``ops/weight_formats``)
+is lowered by the rule its format registered for the target (:func:`register_weight_only`: OpenVINO's compressed
+constants, ``backends/openvino/compressed.py``); a target without one (eager, inductor) runs the op itself. Such a
+rule rewrites the node in place (it keeps its name: OpenVINO names its MatMul after it) and names the stored inputs it
+leaves unread (``Site.unread``), which the lowering then drops.
 """
 
 from __future__ import annotations
@@ -69,6 +75,7 @@ import torch
 from torch._guards import detect_fake_mode
 
 from ...ir.passes import GraphPass, PassResult
+from ...ops import weight_formats
 from ...ops.custom import GRID, SIMULATED_OPS
 from ...ops.quant import INT8_SYMMETRIC, UINT8, UINT8_7BIT, UINT8_SHIFTED, dequantize, quantize
 from . import cpu, onednn
@@ -139,6 +146,10 @@ class Site:
     memo: dict = dataclasses.field(default_factory=dict)
     kept: dict[str, str] = dataclasses.field(default_factory=dict)
     lowered: list[str] = dataclasses.field(default_factory=list)
+    work: object = None  # the WorkProgram lowered (None for a GraphModule): rules add stored constants to it
+    target: str = ""  # the table's target
+    context: dict = dataclasses.field(default_factory=dict)  # the pass's options (``lowering_pass``)
+    unread: list = dataclasses.field(default_factory=list)  # stored placeholders a rule stopped reading
 
 
 # rule(node, ops, site) -> the node that takes ``node``'s place, or None to leave it
@@ -153,14 +164,39 @@ class Table:
     target: str
     rules: Mapping
     dead_code: bool = False
+    weight_only: bool = False  # weight formats' ops lowered by the rules registered for this target
 
 
-def lower(subject, table: Table) -> Site:
-    """Apply ``table`` to ``subject`` (a GraphModule or a WorkProgram) in place; the Site says what happened."""
+# target -> weight format name -> the rule lowering its op there (register_weight_only)
+_WEIGHT_ONLY_RULES: dict[str, dict[str, Rule]] = {}
+
+
+def register_weight_only(target: str, fmt: str, rule: Rule) -> None:
+    """Register ``rule`` as the lowering of weight format ``fmt``'s op on tables of ``target`` (once per pair)."""
+    rules = _WEIGHT_ONLY_RULES.setdefault(target, {})
+    if fmt in rules:
+        raise ValueError(f"the {target} lowering of weight format {fmt!r} is registered twice")
+    rules[fmt] = rule
+
+
+def _rule_of(table: Table, node):
+    if node.op != "call_function":
+        return None
+    rule = table.rules.get(node.target)
+    if rule is None and table.weight_only:
+        fmt = weight_formats.format_of_op(node.target)
+        rule = _WEIGHT_ONLY_RULES.get(table.target, {}).get(fmt) if fmt is not None else None
+    return rule
+
+
+def lower(subject, table: Table, **context) -> Site:
+    """Apply ``table`` to ``subject`` (a GraphModule or a WorkProgram) in place; the Site says what happened.
+    ``context``: options the rules read (``Site.context``)."""
     graph = subject.graph
-    site = Site(subject if isinstance(subject, torch.nn.Module) else None)
+    module = subject if isinstance(subject, torch.nn.Module) else None
+    site = Site(module, work=None if module is not None else subject, target=table.target, context=context)
     for node in list(graph.nodes):
-        rule = table.rules.get(node.target) if node.op == "call_function" else None
+        rule = _rule_of(table, node)
         if rule is None:
             continue
         with graph.inserting_before(node):
@@ -170,11 +206,15 @@ def lower(subject, table: Table) -> Site:
             for made in reversed(ops.made):  # a rule that declines late leaves nothing behind
                 graph.erase_node(made)
             continue
-        _take_place(graph, node, new, ops.made)
+        if new is not node:  # else the rule rewrote the node in place
+            _take_place(graph, node, new, ops.made)
         site.lowered.append(node.name)
     if site.lowered:
-        if table.dead_code:
+        if table.dead_code or site.unread:
             graph.eliminate_dead_code()
+        for placeholder in dict.fromkeys(site.unread):
+            if not placeholder.users:
+                site.work.remove_stored_input(placeholder)
         if isinstance(subject, torch.fx.GraphModule):
             subject.recompile()
         else:
@@ -349,24 +389,29 @@ _ATEN_RULES = MappingProxyType({
     _DEQUANT_CHANNEL: _aten_dequantize_channel, **_SIMULATED,
 })
 ATEN = Table("aten", _ATEN_RULES)
-OPENVINO_FLOAT = Table("openvino_float", _ATEN_RULES)
+OPENVINO_FLOAT = Table("openvino_float", _ATEN_RULES, weight_only=True)
 OPENVINO_INT8 = Table(
     "openvino_int8",
     MappingProxyType({
         _QUANT: _decomposed_quantize, _DEQUANT: _decomposed_dequantize, _QUANT_U8: _decomposed_quantize,
         _DEQUANT_U8: _decomposed_dequantize, _DEQUANT_CHANNEL: _aten_dequantize_channel, **_SIMULATED,
     }),
+    weight_only=True,
 )
 ONEDNN = Table("onednn", MappingProxyType({aten.linear.default: _onednn_linear}), dead_code=True)
 
 
 # ---- the passes ---------------------------------------------------------------------------------------------
-def _qdq_pass(table: Table) -> GraphPass:
+def lowering_pass(table: Table, **context) -> GraphPass:
+    """The backend pass applying ``table`` with ``context`` (the rules' options, ``Site.context``)."""
     def run(subject) -> PassResult:
-        return PassResult(bool(lower(subject, table).lowered))
+        return PassResult(bool(lower(subject, table, **context).lowered))
 
     return GraphPass(f"qdq_{table.target}", run, ensures=frozenset({"qdq_lowered"}), breaks=frozenset({"int8"}),
                      stage="backend")
+
+
+_qdq_pass = lowering_pass
 
 
 QDQ_ATEN = _qdq_pass(ATEN)

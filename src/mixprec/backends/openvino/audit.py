@@ -66,9 +66,9 @@ _DEQUANTIZE = frozenset({
 
 
 def runtime_layers(compiled_model) -> list[dict]:
-    """The runtime model's layers: {"name", "type", "precision", "output", "originals"} each (precision:
+    """The runtime model's layers: {"name", "type", "precision", "output", "originals", "inputs"} each (precision:
     OpenVINO's runtimePrecision; output: the precision of its first output; originals: the converted
-    model's operations the layer computes)."""
+    model's operations the layer computes; inputs: its inputs' element types, OpenVINO's short names)."""
     out = []
     for op in compiled_model.get_runtime_model().get_ordered_ops():
         info = op.get_rt_info()
@@ -81,6 +81,7 @@ def runtime_layers(compiled_model) -> list[dict]:
         out.append({
             "name": op.get_friendly_name(), "type": get("layerType"), "precision": get("runtimePrecision"),
             "output": outputs[0] if outputs else "", "originals": originals,
+            "inputs": [op.input(i).get_element_type().get_type_name() for i in range(op.get_input_size())],
         })
     return out
 
@@ -166,6 +167,17 @@ class NodeNames:
                 mapping[node.name] = source
         modules = {name: module_of(node)[0] for name, node in known.items()}
         return cls(program=MappingProxyType(mapping), modules=MappingProxyType(modules))
+
+
+    @classmethod
+    def within(cls, frontend_graph, prepared_program) -> "NodeNames":
+        """Names mapping OpenVINO's operations to the nodes of ``prepared_program`` itself (what ``convert.py``
+        converted): the nodes its passes made, which the report's program does not hold."""
+        target = id(prepared_program.graph)
+        prepared = {n.name for n in prepared_program.graph.nodes}
+        mapping = {node.name: source for node in frontend_graph.nodes if node.op == "call_function"
+                   for source in [_source_in(node, target, prepared)] if source is not None}
+        return cls(program=MappingProxyType(mapping))
 
 
 def _source_in(node, graph_id: int, names: set[str]) -> str | None:

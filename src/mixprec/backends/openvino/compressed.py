@@ -1,191 +1,285 @@
-"""Weight-only layers on OpenVINO: compressed weight constants, which OpenVINO fuses into its weight-compressed
-FullyConnected (W8A16 / W4A16 run by OpenVINO's own kernels).
+"""Weight-only layers on OpenVINO: each weight format's compressed constant form, which OpenVINO's CPU plugin fuses
+into its weight-compressed FullyConnected (W8A16 / W4A16 / NF4 ... run by OpenVINO's own kernels).
 
 OpenVINO converts no mixprec operator, and its CPU plugin recognises a compressed weight by its pattern::
 
-    Constant (i8 / u8 / u4 / i4) -> Convert (f32|bf16) -> [Subtract zero point] -> Multiply scale -> [Reshape] -> MatMul
+    Constant (i8 / u8 / u4 / i4 / nf4 / f4e2m1 / f8e4m3) -> Convert -> [Subtract zero point] -> Multiply scale
+        -> [Reshape] -> MatMul
 
-in the activations' type: a W4A16/W8A16 layer's bf16 (scales and zero points stored bf16, as PyTorch's bf16 kernels
-read them), so the program's stated types run the FullyConnectedCompressed on bf16 activations — a Convert of an f32
-pattern to bf16 is not fused (OpenVINO folds the weight to a dense bf16 constant), and an f32 pattern between casts
-ran the layer on f32 activations (brgemm f32: 3x a bf16 layer's time per decode step at TinyLlama's widths).
+in the activations' type (scales and zero points stored in it; a Convert of an f32 pattern to bf16 is not fused).
+Each format registers its :class:`Form` in :data:`FORMS` (DESIGN.md habit 15), in two steps:
 
-Two steps make that pattern:
+* ``lower`` (a weight-only row of ``backends/lowering/qdq.py``'s OpenVINO tables): the op as ATen ops on new stored
+  constants ending in ``aten.linear`` (the node itself: OpenVINO's MatMul is named after it), the codes' Convert named
+  with the form's ``marker``;
+* ``finish``, on the converted ``openvino.Model``: the element types its PyTorch frontend cannot read from a torch
+  tensor (4-bit, nf4, f4e2m1, f8e4m3, f8e8m0) — the marked Convert's u8 constant retyped bit for bit.
 
-* :data:`LOWER_WEIGHT_ONLY`, a backend graph pass on the prepared copy of the program (``convert.py``), spells each
-  ``mixprec.linear_int8_weight`` / ``linear_int4_weight`` as those ATen ops around ``aten.linear``: int8 weights as
-  they are stored (i8 constant, per-channel or grouped scales, the asymmetric offset as a float zero point
-  ``-o / s``); int4 weights unpacked to one value per byte (u8 ``[N, K/group, group]``) with the zero point
-  ``8 - z / s`` (the same numbers as the kernel's ``(u - 8) * s + z``).
-* :func:`as_int4` on the converted ``openvino.Model``: the u8 constants of int4 weights become 4-bit constants
-  (OpenVINO's PyTorch frontend has no 4-bit tensor to read), and the Reshape that flattens grouped weights gets a
-  constant shape (the frontend computes it from the input's shape, which hides the pattern). Symmetric int4 weights
-  (zero point 8 everywhere) become i4 constants ``u - 8`` without the Subtract — NNCF's INT4_SYM pattern
-  ``i4 -> Convert -> Multiply``, the same numbers — and asymmetric ones u4 with their zero point.
+int8: i8 constants as stored (the asymmetric offset as a float zero point ``-o / s``). int4: u4 codes with the zero
+point ``8 - z / s`` (the kernel's ``(u - 8) * s + z``), symmetric ones i4 ``u - 8`` without the Subtract (NNCF's
+INT4_SYM pattern, the same numbers); the Reshape of grouped weights gets a constant shape. NF4, MXFP4, FP8:
+``float_weights.py``. What OpenVINO then runs is read from its runtime model (``weight_runs.py``, the runner's
+``runs_as``); ``f32_layers`` asks for a layer's pattern in f32 where bf16 activations made OpenVINO decompress it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
 import torch
 from torch._guards import detect_fake_mode
 
-from ...ir.passes import PassResult, backend_pass
+from ...formats import WEIGHT_FORMATS
+from ...ops import kernels, weight_formats
 from ...ops import weight_only as wo
+from ..lowering.qdq import OPENVINO_FLOAT, OPENVINO_INT8, register_weight_only
 
 aten = torch.ops.aten
-INT8_OP = torch.ops.mixprec.linear_int8_weight.default
-INT4_OP = torch.ops.mixprec.linear_int4_weight.default
 INT4_MAX = 15
 
 
-def weight_only_nodes(exported_program) -> list[str]:
-    """The program's weight-only layers (``mixprec.linear_int8_weight`` / ``linear_int4_weight`` nodes): the
-    lowering keeps their names on the ``aten.linear`` it makes, so OpenVINO's MatMul is named after them."""
-    return [n.name for n in exported_program.graph.nodes if n.op == "call_function" and n.target in (INT8_OP, INT4_OP)]
+@dataclasses.dataclass(frozen=True)
+class Form:
+    """A weight format's OpenVINO constant form. ``lower(b, stored, literals)`` -> the weight [N, K] node (``b``: a
+    :class:`Builder`; ``stored``: the op's stored operands as tensors, by schema name). ``group(bound, k)``: input
+    channels per scale as OpenVINO's pattern has it (K for one per output channel) of a call (its arguments by schema
+    name, fake values will do). ``finish(model, names)`` -> how many constants it typed in the converted model
+    (``names``: ``audit.NodeNames.within`` the prepared program); None: the frontend's types are the form's."""
+
+    lower: Callable
+    group: Callable
+    finish: Callable | None = None
 
 
-@backend_pass("weight_only_compressed")
-def lower_weight_only(work) -> PassResult:
-    """Each weight-only op as Convert/Subtract/Multiply of its stored integer weight, then ``aten.linear``."""
-    changed = False
-    for node in list(work.graph.nodes):
-        if node.op != "call_function" or node.target not in (INT8_OP, INT4_OP):
+_FORMS: dict[str, Form] = {}
+FORMS: Mapping[str, Form] = MappingProxyType(_FORMS)
+
+
+def register(name: str, form: Form) -> Form:
+    if name in _FORMS:
+        raise ValueError(f"the OpenVINO form of {name!r} is registered twice")
+    _FORMS[name] = form
+    return form
+
+
+def weight_only_formats(exported_program) -> dict[str, str]:
+    """Weight-only node -> the name of its weight format."""
+    return {n.name: weight_formats.format_of_op(n.target) for n in exported_program.graph.nodes
+            if n.op == "call_function" and weight_formats.format_of_op(n.target) is not None}
+
+
+def weight_groups(exported_program):
+    """(name, input channels, weight group as OpenVINO's pattern has it) of each weight-only layer."""
+    for node in exported_program.graph.nodes:
+        h = weight_formats.handler_of_op(node.target) if node.op == "call_function" else None
+        if h is None:
             continue
-        x, bias = node.args[0], node.args[-1]
-        stored = _stored_values(work, node)
-        dtype = x.meta["val"].dtype
-        with work.graph.inserting_before(node):
-            weight = _decompressed(work, node, stored, dtype)
-        node.target, node.args, node.kwargs = aten.linear.default, (x, weight, bias), {}  # keeps its name and meta
-        changed = True
-    if changed:
-        for placeholder in [n for n in work.placeholders() if not n.users and work.input_spec_of(n) is not None]:
-            spec = work.input_spec_of(placeholder)
-            if spec.kind.name in ("PARAMETER", "BUFFER", "CONSTANT_TENSOR"):
-                work.remove_stored_input(placeholder)
-        work.graph.eliminate_dead_code()
-    return PassResult(changed)
+        bound = kernels.bind(node.target, node.args, node.kwargs)
+        values = {k: v.meta["val"] if isinstance(v, torch.fx.Node) else v for k, v in bound.items()}
+        k = values["x"].shape[-1]
+        yield node.name, k, _FORMS[h.format].group(values, k)
 
 
-def _stored_values(work, node) -> dict:
-    def tensor(arg):
-        return None if arg is None else work.stored_tensor(work.input_spec_of(arg)).detach()
+# ---- the lowering rule (one row of backends/lowering/qdq.py's OpenVINO tables) -------------------------------------
+class Builder:
+    """Writes a form's ATen ops (``ops``: the lowering's ``GraphOps``) on new stored constants of ``work`` like
+    ``like``'s, for weight-only node ``node``, the pattern in ``dtype``."""
 
-    if node.target is INT8_OP:
-        _, q, scales, offsets, _ = node.args
-        return {"q": tensor(q), "scales": tensor(scales).float(), "offsets": tensor(offsets), "like": q}
-    _, weight, both, group, packed, _ = node.args
-    nibbles = wo.unpack_int4(tensor(weight)) if packed else tensor(weight)
-    both = tensor(both).float()
-    return {"u": wo.from_nibbles(nibbles).to(torch.uint8), "scales": both[..., 0].T.contiguous(),
-            "zeros": both[..., 1].T.contiguous(), "group": group, "like": weight}
+    def __init__(self, work, ops, node, like: torch.fx.Node, dtype: torch.dtype):
+        self.work, self.ops, self.node, self.like, self.dtype = work, ops, node, like, dtype
+        self.spec = work.input_spec_of(like)
 
-
-def _decompressed(work, node, stored, dtype) -> torch.fx.Node:
-    """The weight [N, K] in the activations' ``dtype``, spelled as the compressed-weight pattern on new stored
-    constants (scales and zero points in ``dtype``: what PyTorch's bf16 weight-only kernels read too)."""
-    graph = work.graph
-    like = work.input_spec_of(stored["like"])
-    name = stored["like"].name
-
-    def constant(kind, value):
+    def constant(self, kind: str, value: torch.Tensor) -> torch.fx.Node:
         value = value.contiguous()
-        if like.kind.name == "PARAMETER":
+        if self.spec.kind.name == "PARAMETER":
             value = torch.nn.Parameter(value, requires_grad=False)
-        placeholder = work.add_stored_input(like, f"{like.target}_ov_{kind}", value, f"{name}_ov_{kind}")
-        placeholder.meta["val"] = _fake(stored["like"], value)
+        placeholder = self.work.add_stored_input(self.spec, f"{self.spec.target}_ov_{kind}", value,
+                                                 f"{self.like.name}_ov_{kind}")
+        mode = detect_fake_mode((self.like.meta["val"],))
+        with mode if mode is not None else contextlib.nullcontext():
+            placeholder.meta["val"] = torch.empty(value.shape, dtype=value.dtype)
         return placeholder
 
-    def call(op, *args):
-        out = graph.call_function(op, args)
-        out.meta["val"] = op(*[a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args])
-        return out
+    def call(self, op, *args, name: str | None = None, **kwargs) -> torch.fx.Node:
+        return self.ops.call(op, args, kwargs, name=name)
 
-    if node.target is INT8_OP:
-        q, scales, offsets = stored["q"], stored["scales"], stored["offsets"]
-        n, k = q.shape
-        groups = scales.shape[1]
-        values = _convert(graph, constant("int8", q.reshape(n, groups, k // groups)), dtype)
-        if offsets is not None:  # q * s + o == (q - (-o / s)) * s
-            values = call(aten.sub.Tensor, values,
-                          constant("zero_point", (-offsets.float() / scales)[..., None].to(dtype)))
-        weight = call(aten.mul.Tensor, values, constant("scale", scales[..., None].to(dtype)))
-    else:
-        u, scales, zeros = stored["u"], stored["scales"], stored["zeros"]
-        n, k = u.shape
-        groups = scales.shape[1]
-        values = _convert(graph, constant("uint4", u.reshape(n, groups, k // groups)), dtype)
-        zero_point = (wo.INT4_MIDPOINT - zeros / scales)[..., None]  # (u - 8) * s + z == (u - (8 - z / s)) * s
-        if not zeros.any():  # symmetric: one 8, not one per group (as_int4 makes it an i4 weight without it)
-            zero_point = torch.full((1, 1, 1), float(wo.INT4_MIDPOINT), device=zeros.device)
-        values = call(aten.sub.Tensor, values, constant("zero_point", zero_point.to(dtype)))
-        weight = call(aten.mul.Tensor, values, constant("scale", scales[..., None].to(dtype)))
-    return call(aten.reshape.default, weight, [n, k])
+    def convert(self, value: torch.fx.Node, dtype: torch.dtype | None = None, marker: str | None = None):
+        """``value`` converted to ``dtype`` (default: the pattern's), named ``<node>_<marker>`` when ``marker``."""
+        name = f"{self.node.name}_{marker}" if marker else None
+        return self.call(aten._to_copy.default, value, name=name, dtype=dtype or self.dtype)
+
+    def scaled(self, values: torch.fx.Node, scales, n: int, k: int, zero_point=None) -> torch.fx.Node:
+        """((values - zero_point) * scales) [N, G, g] flattened to [N, K]; scales a tensor [N, G] (stored in the
+        pattern's dtype) or a node [N, G, 1]; zero point [N, G, 1] or broadcast."""
+        if zero_point is not None:
+            values = self.call(aten.sub.Tensor, values, self.constant("zero_point", zero_point.to(self.dtype)))
+        if isinstance(scales, torch.Tensor):
+            scales = self.constant("scale", scales[..., None].to(self.dtype))
+        weight = self.call(aten.mul.Tensor, values, scales)
+        return self.call(aten.reshape.default, weight, [n, k])
 
 
-def _convert(graph, value, dtype=torch.float32) -> torch.fx.Node:
-    out = graph.call_function(aten._to_copy.default, (value,), {"dtype": dtype})
-    out.meta["val"] = value.meta["val"].to(dtype)
-    return out
+def _lower(node, ops, site):
+    """A weight-only op as its format's form, then ``aten.linear`` in place of the op (same name and meta); in f32
+    for the layers named in the lowering's ``f32_layers`` (the activation converted to f32, the result back)."""
+    h = weight_formats.handler_of_op(node.target)
+    work, declaration = site.work, kernels.declaration_of(node.target)
+    if work is None:
+        return None
+    bound = kernels.bind(node.target, node.args, node.kwargs)
+    stored = {name: None if bound[name] is None else work.stored_tensor(work.input_spec_of(bound[name])).detach()
+              for name in declaration.stored}  # fmt: skip
+    literals = {name: bound[name] for name in declaration.literals}
+    x, bias = bound["x"], bound["bias"]
+    planned = x.meta["val"].dtype
+    dtype = torch.float32 if node.name in site.context.get("f32_layers", ()) else planned
+    like = bound["weight"]  # every format's op reads its codes as "weight"
+    b = Builder(work, ops, node, like, dtype)
+    weight = _FORMS[h.format].lower(b, stored, literals)
+    if dtype != planned:
+        x = b.convert(x, dtype)
+        bias = b.convert(bias, dtype) if bias is not None else None
+    site.unread.extend(bound[name] for name in declaration.stored if bound[name] is not None)
+    node.target, node.args, node.kwargs = aten.linear.default, (x, weight, bias), {}  # keeps its name and meta
+    if dtype != planned:
+        node.meta["val"] = node.meta["val"].to(dtype)
+        with work.graph.inserting_after(node):
+            back = b.call(aten._to_copy.default, node, dtype=planned)
+        node.replace_all_uses_with(back, delete_user_cb=lambda user: user is not back)
+    return node
 
 
-def _fake(template, real):
-    mode = detect_fake_mode((template.meta["val"],))
-    with mode if mode is not None else contextlib.nullcontext():
-        return torch.empty(real.shape, dtype=real.dtype)
+for _target in (OPENVINO_FLOAT.target, OPENVINO_INT8.target):
+    for _name in WEIGHT_FORMATS:  # every format's op; one without a form here is refused when lowered (FORMS[...])
+        register_weight_only(_target, _name, _lower)
 
 
-LOWER_WEIGHT_ONLY = lower_weight_only
+def finish(model, names) -> int:
+    """Every form's ``finish`` on the converted ``openvino.Model`` (``names``: ``audit.NodeNames.within`` the prepared
+    program, whose nodes the lowering named); returns how many constants were typed."""
+    done = sum(form.finish(model, names) for form in _FORMS.values() if form.finish is not None)
+    model.validate_nodes_and_infer_types()
+    return done
 
 
-def as_int4(model) -> int:
-    """In the converted ``openvino.Model``: int4 weights' u8 constants (values 0..15) as 4-bit constants, and the
-    Reshape that flattens a grouped weight ([N, K/group, group] -> [N, K]) with a constant shape. Symmetric weights
-    (a zero point of 8 everywhere: z = 0) become i4 constants ``u - 8`` read without the Subtract, as NNCF's INT4_SYM
-    (``i4 -> Convert -> Multiply``: the same numbers, ``(u - 8) * s``); others u4 with their zero point. Returns how
-    many int4 weights."""
+# ---- helpers of the forms -----------------------------------------------------------------------------------------
+def marked_constants(model, names, marker: str):
+    """(Convert, its u8 Constant) pairs whose Convert was made of a node the lowering named with ``marker``
+    (``names``: OpenVINO's names -> the prepared program's nodes)."""
     import openvino as ov
 
-    count = 0
     for op in model.get_ordered_ops():
-        if op.get_type_name() != "Constant" or op.get_element_type() not in (ov.Type.u8, ov.Type.i8):
+        if op.get_type_name() != "Convert" or not any(n.endswith(f"_{marker}")
+                                                      for n in names.nodes(op.get_friendly_name())):
             continue
-        chain = _decompression_chain(op)
-        data = op.get_data()
-        if chain is None or data.ndim != 3:
-            continue
-        n, groups, group = data.shape
-        chain[-1].input(1).replace_source_output(ov.op.Constant(ov.Type.i64, ov.Shape([2]), [n, groups * group])
-                                                 .output(0))
-        if op.get_element_type() == ov.Type.u8 and data.max(initial=0) <= INT4_MAX:
-            subtract = chain[1] if chain[1].get_type_name() == "Subtract" else None
-            if subtract is not None and _all_equal(subtract.input(1).get_source_output().get_node(), wo.INT4_MIDPOINT):
-                weight = _four_bit(ov.Type.i4, data.astype("int8") - wo.INT4_MIDPOINT)
-                for target in subtract.output(0).get_target_inputs():  # the Multiply reads the Convert
-                    target.replace_source_output(chain[0].output(0))
-            else:
-                weight = _four_bit(ov.Type.u4, data)
-            for target in op.output(0).get_target_inputs():
-                target.replace_source_output(weight.output(0))
-            count += 1
-    model.validate_nodes_and_infer_types()
-    return count
+        source = op.input(0).get_source_output().get_node()
+        if source.get_type_name() == "Constant" and source.get_element_type() == ov.Type.u8:
+            yield op, source
 
 
-
-def _four_bit(element_type, values):
-    """An OpenVINO u4/i4 Constant of ``values`` (a numpy array of -8..15): two per byte, the first in the low
-    nibble (OpenVINO's packing; two's complement for i4), copied into the constant."""
+def typed_constant(element_type, data):
+    """An OpenVINO Constant of ``element_type`` holding ``data`` (numpy: one code per element; 4-bit codes packed two
+    per byte, the first in the low nibble — OpenVINO's packing), copied into the constant."""
     import numpy as np
     import openvino as ov
 
-    nibbles = (values.reshape(-1).astype(np.int16) & 15).astype(np.uint8)
-    if nibbles.size % 2:
-        nibbles = np.append(nibbles, np.uint8(0))
-    packed = np.ascontiguousarray(nibbles[0::2] | (nibbles[1::2] << 4))
-    return ov.op.Constant(ov.Tensor(packed, ov.Shape(list(values.shape)), element_type), shared_memory=False)
+    values = np.ascontiguousarray(data)
+    if element_type.bitwidth == 4:
+        nibbles = (values.reshape(-1).astype(np.int16) & 15).astype(np.uint8)
+        if nibbles.size % 2:
+            nibbles = np.append(nibbles, np.uint8(0))
+        raw = np.ascontiguousarray(nibbles[0::2] | (nibbles[1::2] << 4))
+    else:
+        raw = values.astype(np.uint8).reshape(-1)
+    return ov.op.Constant(ov.Tensor(raw, ov.Shape(list(values.shape)), element_type), shared_memory=False)
+
+
+def retype(model, names, marker: str, element_type, transform=None) -> int:
+    """The u8 constants under the Convert named ``marker`` as ``element_type`` constants (``transform``: numpy codes ->
+    codes); returns how many."""
+    count = 0
+    for convert, constant in list(marked_constants(model, names, marker)):
+        data = constant.get_data()
+        convert.input(0).replace_source_output(typed_constant(element_type, transform(data) if transform else data)
+                                               .output(0))
+        count += 1
+    return count
+
+
+def constant_reshapes(model, names, marker: str) -> None:
+    """The Reshape after each marked Convert's scaling ([N, G, g] -> [N, K]) given a constant shape."""
+    import openvino as ov
+
+    for convert, _ in list(marked_constants(model, names, marker)):
+        shape = list(convert.get_output_shape(0))
+        op = convert
+        while op.get_type_name() != "Reshape":
+            readers = list(op.output(0).get_target_inputs())
+            if len(readers) != 1:
+                break
+            op = readers[0].get_node()
+        if op.get_type_name() == "Reshape" and len(shape) == 3:
+            flat = ov.op.Constant(ov.Type.i64, ov.Shape([2]), [shape[0], shape[1] * shape[2]])
+            op.input(1).replace_source_output(flat.output(0))
+
+
+# ---- int8 -------------------------------------------------------------------------------------------------------
+def _lower_int8(b: Builder, stored, literals):
+    q, scales, offsets = stored["weight"], stored["scales"].float(), stored["offsets"]
+    n, k = q.shape
+    groups = scales.shape[1]
+    values = b.convert(b.constant("int8", q.reshape(n, groups, k // groups)), marker="int8_codes")
+    zero_point = None if offsets is None else (-offsets.float() / scales)[..., None]  # q*s + o == (q - (-o/s)) * s
+    return b.scaled(values, scales, n, k, zero_point)
+
+
+def _finish_int8(model, names) -> int:
+    constant_reshapes(model, names, "int8_codes")
+    return 0
+
+
+register("int8", Form(_lower_int8, lambda b, k: k // b["scales"].shape[1], _finish_int8))
+
+
+# ---- int4 -------------------------------------------------------------------------------------------------------
+def _lower_int4(b: Builder, stored, literals):
+    nibbles = wo.unpack_int4(stored["weight"]) if literals["packed"] else stored["weight"]
+    both = stored["scales_and_zeros"].float()
+    u, scales, zeros = wo.from_nibbles(nibbles).to(torch.uint8), both[..., 0].T.contiguous(), both[..., 1].T
+    n, k = u.shape
+    groups = scales.shape[1]
+    values = b.convert(b.constant("uint4", u.reshape(n, groups, k // groups)), marker="int4_codes")
+    zero_point = (wo.INT4_MIDPOINT - zeros / scales)[..., None]  # (u - 8) * s + z == (u - (8 - z / s)) * s
+    if not zeros.any():  # symmetric: one 8, not one per group (finish makes it an i4 weight without it)
+        zero_point = torch.full((1, 1, 1), float(wo.INT4_MIDPOINT), device=zeros.device)
+    return b.scaled(values, scales, n, k, zero_point)
+
+
+def _finish_int4(model, names) -> int:
+    """int4 codes as 4-bit constants: symmetric weights (a zero point of 8 everywhere: z = 0) i4 constants ``u - 8``
+    read without the Subtract, as NNCF's INT4_SYM (``(u - 8) * s``: the same numbers); others u4 with their zero
+    point."""
+    import openvino as ov
+
+    constant_reshapes(model, names, "int4_codes")
+    count = 0
+    for convert, constant in list(marked_constants(model, names, "int4_codes")):
+        data = constant.get_data()
+        readers = list(convert.output(0).get_target_inputs())
+        subtract = readers[0].get_node() if len(readers) == 1 else None
+        if (data.max(initial=0) <= INT4_MAX and subtract is not None and subtract.get_type_name() == "Subtract"
+                and _all_equal(subtract.input(1).get_source_output().get_node(), wo.INT4_MIDPOINT)):
+            convert.input(0).replace_source_output(typed_constant(ov.Type.i4, data.astype("int8") - wo.INT4_MIDPOINT)
+                                                   .output(0))
+            for target in subtract.output(0).get_target_inputs():  # the Multiply reads the Convert
+                target.replace_source_output(convert.output(0))
+        else:
+            convert.input(0).replace_source_output(typed_constant(ov.Type.u4, data).output(0))
+        count += 1
+    return count
 
 
 def _all_equal(node, value) -> bool:
@@ -203,18 +297,6 @@ def _all_equal(node, value) -> bool:
     return bool(data.size) and bool((data == value).all())
 
 
-def _decompression_chain(constant):
-    """[Convert, (Subtract), Multiply, Reshape] below a constant, each the only reader of the one before, or None."""
-    chain, op = [], constant
-    for wanted in ("Convert", "Subtract", "Multiply", "Reshape"):
-        readers = list(op.output(0).get_target_inputs())
-        if len(readers) != 1:
-            return None
-        reader = readers[0].get_node()
-        if reader.get_type_name() != wanted:
-            if wanted == "Subtract":  # symmetric weights: no zero point
-                continue
-            return None
-        op = reader
-        chain.append(op)
-    return chain
+register("int4", Form(_lower_int4, lambda b, k: b["group"], _finish_int4))
+
+

@@ -18,8 +18,9 @@ private copy of the program — the program the user holds and saves is not chan
   low-precision passes re-map a signed activation feeding a Convolution onto u8 with a second rounding: ViT-base's
   patch convolution alone 0.0255 rel-L2 on OpenVINO vs 0.0123 on eager, 0.0122 with 256 levels (bench/log/2026-11.md
   "Issue 34: the configurator's int8 as NNCF's").
-* **weight-only layers** (``compressed.py``): int8/int4 weights as compressed constants OpenVINO fuses into its
-  weight-compressed FullyConnected.
+* **weight-only layers**, rows of the same tables (``compressed.py``): each weight format's compressed constants,
+  which OpenVINO fuses into its weight-compressed FullyConnected (``f32_layers``: those layers' pattern in f32, which
+  the runner asks for where OpenVINO decompressed the weights of bf16 ones).
 * **a flat tuple of output tensors** (``tensor_outputs``): outputs that are not tensors (``return y, 3``)
   are put back by the runner, which also rebuilds the output structure; OpenVINO's decoder takes neither.
 
@@ -42,9 +43,10 @@ from ...ir.passes import PassResult, backend_pass
 from ...ops.names import op_name, packet_name
 from ...ops.quant import INT8_SYMMETRIC
 from ..lowering import cpu, run_passes
-from ..lowering.qdq import QDQ_OPENVINO_FLOAT, QDQ_OPENVINO_INT8
+from ..lowering.qdq import OPENVINO_FLOAT, OPENVINO_INT8, lowering_pass
 from .audit import NodeNames
-from .compressed import LOWER_WEIGHT_ONLY, as_int4
+from .compressed import finish  # also registers the weight-only rows of the OpenVINO tables
+from . import float_weights  # noqa: F401  (registers NF4, MXFP4 and FP8's forms in compressed.FORMS)
 from .state import state_as_io, written_specs
 
 
@@ -72,27 +74,30 @@ class Converted:
     state: int = 0  # how many written tensors the model takes and returns last (state.py: variables when compiled)
 
 
-def convert(exported_program, *, int8_kernels: bool | None = None):
+def convert(exported_program, *, int8_kernels: bool | None = None, f32_layers: frozenset = frozenset()):
     """(``openvino.convert_model`` of the program prepared for OpenVINO, the prepared program): see
     :func:`for_openvino`. The model's constants share memory with the prepared program's tensors:
     keep it alive as long as the model or anything compiled from it. UnsupportedModelError names
     the operators OpenVINO cannot convert."""
-    converted = convert_program(exported_program, int8_kernels=int8_kernels)
+    converted = convert_program(exported_program, int8_kernels=int8_kernels, f32_layers=f32_layers)
     return converted.model, converted.prepared
 
 
-def convert_program(exported_program, *, int8_kernels: bool | None = None) -> Converted:
+def convert_program(exported_program, *, int8_kernels: bool | None = None,
+                    f32_layers: frozenset = frozenset()) -> Converted:
     """:func:`convert`, with the names that map OpenVINO's layers back to the program's nodes."""
     ov = import_openvino()
     kernels = int8_kernels_default() if int8_kernels is None else int8_kernels
-    prepared = for_openvino(exported_program, int8_kernels=kernels)
+    prepared = for_openvino(exported_program, int8_kernels=kernels, f32_layers=f32_layers)
     try:
         with _quiet():
             # the decoder convert_model would make of the program, made here to keep the graph it reads
             # (the decomposed program, whose nodes name OpenVINO's operations): audit.NodeNames
             decoder = _decoder(prepared)
             model = ov.convert_model(decoder if decoder is not None else prepared)
-            as_int4(model)  # weight-only int4: i4 (symmetric) / u4 compressed constants (compressed.py)
+            frontend = getattr(getattr(decoder, "pt_module", None), "graph", None)
+            # weight formats' constants of types torch has no tensor of, found by the prepared nodes' names
+            finish(model, NodeNames.within(frontend, prepared) if frontend is not None else NodeNames())
             # written tensors: trailing inputs/outputs, made OpenVINO variables before compiling (state.py)
             state = len(written_specs(exported_program.graph_signature.input_specs, exported_program.graph))
     except Exception as e:  # OpConversionFailure, and whatever its decoder raises on odd graphs
@@ -126,16 +131,19 @@ def int8_kernels_default() -> bool:
     return cpu.int8_kernel_exact(INT8_SYMMETRIC)
 
 
-def for_openvino(exported_program, *, int8_kernels: bool | None = None):
+def for_openvino(exported_program, *, int8_kernels: bool | None = None, f32_layers: frozenset = frozenset()):
     """The program as OpenVINO should read it (see the module docstring): ``int8_kernels`` says whether int8
-    layers go to OpenVINO's int8 kernels (default :func:`int8_kernels_default`). Returns a new
-    ExportedProgram (the given one is not changed; unchanged tensors are shared)."""
+    layers go to OpenVINO's int8 kernels (default :func:`int8_kernels_default`); ``f32_layers``: weight-only layers
+    whose compressed pattern is in f32. Returns a new ExportedProgram (the given one is not changed; unchanged tensors
+    are shared)."""
     from ...ir.work_program import WorkProgram
 
     kernels = int8_kernels_default() if int8_kernels is None else int8_kernels
     work = WorkProgram.from_exported(exported_program)
-    qdq = (QDQ_OPENVINO_INT8, openvino_int8_grid) if kernels else (QDQ_OPENVINO_FLOAT,)
-    run_passes(work, (state_as_io, contiguous_state, *qdq, LOWER_WEIGHT_ONLY, drop_constant_outputs))
+    table = OPENVINO_INT8 if kernels else OPENVINO_FLOAT  # quantize/dequantize and weight-only rows (compressed.py)
+    lowering = lowering_pass(table, f32_layers=frozenset(f32_layers))
+    qdq = (lowering, openvino_int8_grid) if kernels else (lowering,)
+    run_passes(work, (state_as_io, contiguous_state, *qdq, drop_constant_outputs))
     return work.to_exported()
 
 

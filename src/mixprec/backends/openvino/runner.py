@@ -28,6 +28,13 @@ by the plugin's source, only on a CPU with VNNI (AVX2-VNNI or AVX-512 VNNI). The
 the others keep float activations, as the log says. VNNI is asked of mixprec's one CPU probe
 (``backends/lowering/cpu.has_int8_dot_product``: torch's, else /proc/cpuinfo; AMX's int8 counts too).
 
+Weight-only layers (``compressed.py``): what each runs as is read from the runtime model (``weight_runs.py``) into
+``weight_runs_as``, the report's ``runs_as``: OpenVINO's compressed FullyConnected on the stored codes, or weights it
+decompressed. Where it decompressed weights read by 16-bit activations (an AMX Xeon with bf16 activations does for
+every int4/int8 weight), the program is converted once more with those layers' patterns in f32 and compiled again;
+the layers the runtime then runs compressed keep that form, and their ``runs_as`` says why they compute in f32;
+when none does, the first compile stays. Decided by what the runtime reports, never by the CPU's name.
+
 Threads: OpenVINO runs each inference on ``torch.get_num_threads()`` threads as the runner is built. An OpenVINO
 infer request runs one inference at a time; the runner keeps a pool of requests, takes
 one per call (creating one when all are busy) and gives it back after copying the outputs out, so calls
@@ -47,7 +54,8 @@ from ...errors import UnsupportedModelError
 from ..lowering.cpu import has_int8_dot_product
 from ...ir.input_check import input_specs_of
 from .audit import NATIVE_CAPABILITY, audit, declared_precisions, int8_nodes, node_types, refusal, runtime_layers
-from .compressed import INT8_OP, weight_only_nodes
+from .compressed import weight_groups, weight_only_formats
+from .weight_runs import decompressed_low, weight_runs
 from .float_form import FLOAT_FORM_CONFIG, float_form
 from .convert import Converted, convert_program, first_line, import_openvino, version_of
 from .state import initial_values, make_stateful, variable_index
@@ -81,7 +89,8 @@ class OpenVINORunner(torch.nn.Module):
     the text "int8 dynamic activations (group N)".
 
     ``dynamic_activations``: None, or the group size of OpenVINO's int8 dynamic activations of the weight-only
-    layers (the module docstring)."""
+    layers (the module docstring). ``weight_runs_as``: weight-only node -> what OpenVINO runs it as (the module
+    docstring)."""
 
     def __init__(self, exported_program, *, dynamic_activations: int | None = None):
         super().__init__()
@@ -93,21 +102,29 @@ class OpenVINORunner(torch.nn.Module):
         self._user_inputs = user_input_names(exported_program)
         self._outputs = user_outputs(exported_program)
         self._out_spec = exported_program.call_spec.out_spec
-        converted = convert_program(exported_program)
-        model = converted.model
-        # OpenVINO's constants point into the prepared program's tensors: they must outlive the compiled model
-        self.__dict__["_prepared"] = converted.prepared
-        self._input_ports = bind_inputs(model, self._user_inputs, state=converted.state)
-        set_input_shapes(ov, model, self._input_ports, self._specs)
-        n_tensors = sum(1 for kind, _ in self._outputs if kind == "tensor")
-        self._n_outputs = n_tensors
-        if len(model.outputs) != n_tensors + converted.state:
-            raise UnsupportedModelError(
-                f"OpenVINO made {len(model.outputs)} outputs of this program's {n_tensors} output tensors "
-                "(it merges outputs that are the same value); run it with backend='eager' or 'inductor'."
-            )
+        self._formats = weight_only_formats(exported_program)  # weight-only node -> its format's name
+        self._f32_layers: frozenset = frozenset()  # weight-only layers OpenVINO runs on f32 activations
         core = ov.Core()
-        self.form = self._compile(ov, core, exported_program, converted, model)
+        converted = self._build(ov, core, exported_program, frozenset())
+        # weight-only layers whose weights OpenVINO decompressed under 16-bit activations: asked for in f32, which
+        # keeps them compressed where the plugin allows (weight_runs.py); kept so only if the runtime then says so
+        decompressed = decompressed_low(self.weight_runs)
+        if decompressed:
+            first = (converted, self.form, self._compiled, self.computes_in, self.weight_runs, self._carried_positions)
+            converted = self._build(ov, core, exported_program, decompressed)
+            kept = {n for n in decompressed if n in self.weight_runs and self.weight_runs[n].compressed}
+            if kept:
+                log.info("OpenVINO decompressed the weights of %d weight-only layer(s) read by 16-bit activations; "
+                         "they get f32 activations, on which it keeps them compressed: %s", len(kept),
+                         ", ".join(sorted(kept)[:20]))
+                self._f32_layers = frozenset(kept)
+                if kept != decompressed:
+                    converted = self._build(ov, core, exported_program, self._f32_layers)
+            else:
+                (converted, self.form, self._compiled, self.computes_in, self.weight_runs,
+                 self._carried_positions) = first
+        self.weight_runs_as = {n: r.text(self._formats[n], asked_f32=n in self._f32_layers)
+                               for n, r in self.weight_runs.items()}
         if dynamic_activations:
             layers = dynamic_layers(exported_program, dynamic_activations, vnni=has_int8_dot_product())
             self.computes_in.update(dict.fromkeys(layers, f"int8 dynamic activations (group {dynamic_activations})"))
@@ -122,6 +139,27 @@ class OpenVINORunner(torch.nn.Module):
         # the written tensors' values as the program holds them now (state.py): where every reset_state() starts
         self.__dict__["_initial"] = [t.detach().clone() for t in initial_values(exported_program)]
         self.reset_state()
+
+    def _build(self, ov, core, exported_program, f32_layers: frozenset) -> Converted:
+        """Convert the program (``f32_layers``: weight-only layers in f32, ``compressed.py``), fit its inputs, compile
+        it (``_compile``) and read what its weight-only layers run as; returns the conversion."""
+        converted = convert_program(exported_program, f32_layers=f32_layers)
+        model = converted.model
+        # OpenVINO's constants point into the prepared program's tensors: they must outlive the compiled model
+        self.__dict__["_prepared"] = converted.prepared
+        self._input_ports = bind_inputs(model, self._user_inputs, state=converted.state)
+        set_input_shapes(ov, model, self._input_ports, self._specs)
+        n_tensors = sum(1 for kind, _ in self._outputs if kind == "tensor")
+        self._n_outputs = n_tensors
+        if len(model.outputs) != n_tensors + converted.state:
+            raise UnsupportedModelError(
+                f"OpenVINO made {len(model.outputs)} outputs of this program's {n_tensors} output tensors "
+                "(it merges outputs that are the same value); run it with backend='eager' or 'inductor'."
+            )
+        self.form = self._compile(ov, core, exported_program, converted, model)
+        self.weight_runs = weight_runs(runtime_layers(self._compiled), converted.names, self._formats) \
+            if self._formats else {}
+        return converted
 
     def reset_state(self) -> None:
         """Put the state of a program that writes its own tensors (a KV cache) back to its values when the runner was
@@ -226,7 +264,7 @@ class OpenVINORunner(torch.nn.Module):
         input shapes, same float form: each is a function of the program and this CPU)."""
         if form not in self._models:
             ov = import_openvino()
-            converted = convert_program(self._program)
+            converted = convert_program(self._program, f32_layers=self._f32_layers)
             model = converted.model
             set_input_shapes(ov, model, bind_inputs(model, self._user_inputs, state=converted.state), self._specs)
             if form == FORM_FLOAT:
@@ -242,7 +280,7 @@ def dynamic_layers(exported_program, group: int, *, vnni: bool | None) -> list[s
     (the module docstring says which) on a CPU with VNNI or not (``vnni``: mixprec's one probe, ``backends/lowering/cpu.py``;
     None: unknown, taken as yes); the others are logged with why they keep float activations."""
     kept, layers = {}, []
-    for name, in_features, weight_group in _weight_groups(exported_program):
+    for name, in_features, weight_group in weight_groups(exported_program):
         if vnni is False:
             kept[name] = "this CPU has no VNNI"
         elif weight_group < in_features and weight_group % group:
@@ -258,20 +296,6 @@ def dynamic_layers(exported_program, group: int, *, vnni: bool | None) -> list[s
         log.info("OpenVINO keeps float activations in %d weight-only layer(s) despite weight_only_dynamic_activations="
                  "%d: %s", len(kept), group, ", ".join(f"{n} ({why})" for n, why in list(kept.items())[:20]))
     return layers
-
-
-def _weight_groups(exported_program):
-    """(name, input channels, weight group) of each weight-only layer; the group as OpenVINO's pattern has it (the
-    input channels for one scale per output channel; an int4 per-channel weight runs as its kernel group)."""
-    nodes = {n.name: n for n in exported_program.graph.nodes}
-    for name in weight_only_nodes(exported_program):
-        node = nodes[name]
-        in_features = node.args[0].meta["val"].shape[-1]
-        if node.target is INT8_OP:  # linear_int8_weight(x, q, scales [N, G], offsets, bias)
-            weight_group = in_features // node.args[2].meta["val"].shape[-1]
-        else:  # linear_int4_weight(x, weight, scales_and_zeros, group, packed, bias)
-            weight_group = node.args[3] or in_features
-        yield name, in_features, weight_group
 
 
 def _infer(request, feed, n_outputs: int) -> list[torch.Tensor]:

@@ -5,17 +5,20 @@ Why a module of its own (issue 42): the precision a plan names is not always wha
 who previews an int8 deployment or counts low-precision FLOPs must not be told otherwise. A layer's execution is read
 from three facts, never from the plan's intention alone:
 
-* the **program** (the rewritten graph): a float Linear with int8/int4 weights became a weight-only op (its kernel
-  reads the integer weights), a layer with integer weights that no weight-only op takes reads them dequantized;
+* the **program** (the rewritten graph): a float Linear with a weight format became its format's op, which runs a
+  native kernel on the stored codes or dequantizes them at use (the format's handler says which on these operands:
+  ``ops/weight_formats.runs_on_kernel``), a layer with integer weights that no weight-only op takes reads them
+  dequantized;
 * the **backend's graph** (eager, inductor: the GraphModule they run): an int8 layer whose node was lowered onto
   oneDNN's int8 kernel is gone from it (``backends/lowering/qdq.py`` replaces it); one still there computes its op
   in float32 on dequantized values — simulated int8;
 * the **runner's** ``computes_in`` (OpenVINO): the float type it computes a layer in, or a text ("int8 dynamic
-  activations (group 32)").
+  activations (group 32)"); and its ``weight_runs_as``: what OpenVINO's runtime model runs a weight-only layer as
+  (its compressed FullyConnected on the codes, or weights it decompressed: ``backends/openvino/weight_runs.py``).
 
-Every simulated execution — int16/int4 activations, int8 fake quantization, integer weights dequantized at use —
-reads "simulated ..." with the type it runs in, "(runs f32 on eager)"; such FLOPs are never low-precision ones
-(``summary.py`` counts them apart, as the simulated share).
+Every simulated execution — the simulated integer formats (``formats.INTEGER_FORMATS``: int16/int4 activations),
+int8 fake quantization, integer weights dequantized at use — reads "simulated ..." with the type it runs in, "(runs
+f32 on eager)"; such FLOPs are never low-precision ones (``summary.py`` counts them apart, as the simulated share).
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ from types import MappingProxyType
 
 import torch
 
-from ...dtypes import dtype_name
-from ...plan.quantization import SIMULATED_PRECISIONS
+from ...formats import INTEGER_FORMATS, SIMULATED_PRECISIONS, WEIGHT_FORMATS
+from ...ops import weight_formats
 
 # OpenVINO's short element type names: the type names of ``runs_as`` ("f32 on openvino", API.md §2)
 RUNS_AS_NAMES = MappingProxyType({
@@ -38,13 +41,15 @@ _RUNS_AS_DTYPES = MappingProxyType({**{name: dtype for dtype, name in RUNS_AS_NA
 SIMULATED = "simulated"
 # backends that run the program's graph op by op (after their own passes): what is in that graph is what runs
 GRAPH_BACKENDS = frozenset({"eager", "inductor"})
-_WEIGHT_ONLY_OPS = frozenset({"mixprec.linear_int8_weight", "mixprec.linear_int4_weight"})
-_INTEGER_WEIGHTS = ("int4", "int8", "int16")
+# the names a record's ``weights`` starts with for weights not stored in float: the weight formats' and the per-channel
+# integer weights of integer layers (``param_dtype``)
+_INTEGER_WEIGHTS = frozenset(WEIGHT_FORMATS) | {f.name for f in INTEGER_FORMATS.values()}
 
 
 def simulated_runs_as(precision: torch.dtype) -> str | None:
     """``runs_as`` of a layer of a simulated precision ("simulated int16 (runs f32)"); None for any other."""
-    return f"{SIMULATED} {dtype_name(precision)} (runs f32)" if precision in SIMULATED_PRECISIONS else None
+    fmt = INTEGER_FORMATS.get(precision)
+    return fmt.runs_as() if fmt is not None else None
 
 
 def is_simulated(record) -> bool:
@@ -64,6 +69,13 @@ def runs_in(record) -> torch.dtype:
         if dtype is not None:
             return dtype
     return record.precision
+
+
+def weight_runs_of(runner) -> Mapping[str, str]:
+    """What a backend's runner says its weight-only layers run as (OpenVINO's ``weight_runs_as``; {} for runners that
+    run the program's graph)."""
+    value = getattr(runner, "weight_runs_as", None)
+    return value if isinstance(value, Mapping) else {}
 
 
 def computes_in_of(runner) -> Mapping[str, torch.dtype]:
@@ -86,12 +98,14 @@ def graph_of(runner) -> torch.fx.Graph | None:
 @dataclasses.dataclass(frozen=True)
 class Execution:
     """The facts :func:`with_runs_as` reads: ``backend``; the runner's ``computes_in``; the node names of the graph
-    an eager/inductor runner runs (None: unknown); the program's layer nodes by name (None: unknown)."""
+    an eager/inductor runner runs (None: unknown); the program's layer nodes by name (None: unknown); what the runner
+    says its weight-only layers run as."""
 
     backend: str
     computes_in: Mapping[str, object] = dataclasses.field(default_factory=dict)
     running: frozenset[str] | None = None
     program: Mapping[str, torch.fx.Node] | None = None
+    weights: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def of(cls, runner, backend: str, program_graph: torch.fx.Graph | None = None) -> "Execution":
@@ -99,7 +113,7 @@ class Execution:
         running = frozenset(n.name for n in graph.nodes) if graph is not None else None
         source = program_graph if program_graph is not None else graph
         program = {n.name: n for n in source.nodes} if source is not None else None
-        return cls(backend, computes_in_of(runner), running, program)
+        return cls(backend, computes_in_of(runner), running, program, weight_runs_of(runner))
 
 
 def with_runs_as(records: list, execution, backend: str | None = None) -> list:
@@ -128,13 +142,17 @@ def runs_as_of(record, e: Execution) -> str | None:
         return _float_runs_as(record, said, where)
     if record.precision == torch.int8:
         return _int8_runs_as(record, said, e, where)
-    weights = _integer_weights(record)
+    weights = stored_weights(record)
     node = e.program.get(record.name) if e.program is not None else None
     if weights is None or node is None:
         return _float_runs_as(record, said, where)
     computes = RUNS_AS_NAMES.get(said if isinstance(said, torch.dtype) else record.precision, "f32")
-    if _op_name(node) in _WEIGHT_ONLY_OPS:
-        return f"{computes} x {weights} weights (weight-only kernel {where})"
+    if record.name in e.weights:  # what the backend's runtime says (OpenVINO)
+        return f"{e.weights[record.name]} {where}"
+    on_kernel = weight_formats.runs_on_kernel(node) if node.op == "call_function" else None
+    if on_kernel is not None:
+        how = "weight-only kernel" if on_kernel else f"dequantized at use from the stored {weights} codes"
+        return f"{computes} x {weights} weights ({how} {where})"
     if _reads_dequantized(node):
         return f"{SIMULATED} {weights} weights (dequantized at use, runs {computes} {where})"
     return f"{computes} with float weights ({weights} not applied to {_op_name(node)}) {where}"
@@ -147,7 +165,7 @@ def _float_runs_as(record, said, where) -> str | None:
 
 
 def _int8_runs_as(record, said, e: Execution, where) -> str | None:
-    weights = _integer_weights(record)
+    weights = stored_weights(record)
     also = f", {weights} weights" if weights not in (None, "int8") else ""
     if e.backend in GRAPH_BACKENDS and e.running is not None:
         if record.name in e.running:  # still the float op on dequantized values: the int8 kernel did not take it
@@ -158,8 +176,9 @@ def _int8_runs_as(record, said, e: Execution, where) -> str | None:
     return None
 
 
-def _integer_weights(record) -> str | None:
-    """"int4" / "int8" / "int16" when the layer's weights are stored as such integers (the record's ``weights``)."""
+def stored_weights(record) -> str | None:
+    """The weight format's name ("int4", "nf4", ...) or the integer weights' ("int16") of a layer whose weights are
+    stored so (the record's ``weights``)."""
     bits = (record.weights or "").split(",", 1)[0].strip()
     return bits if bits in _INTEGER_WEIGHTS else None
 

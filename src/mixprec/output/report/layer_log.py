@@ -66,7 +66,9 @@ def _casts(node: torch.fx.Node, decision) -> str:
         elif inp.meta.get(META_ROLE) == "dequant":
             per_tensor = inp.target in GRID and inp.target is not _PER_CHANNEL
             stored = decision.stored_param_dtype if decision is not None else torch.int8
-            bits = grid_name(GRID[inp.target]) if per_tensor else _BITS.get(stored, RUNS_AS_NAMES.get(stored, "int8"))
+            bits = grid_name(GRID[inp.target]) if per_tensor else (
+                decision.weights.name if decision is not None and decision.weights is not None
+                else _BITS.get(stored, RUNS_AS_NAMES.get(stored, "int8")))
             casts.append(f"{origin_name(inp, through_quantize=True)}->{bits}")
     for user in node.users:
         if user.meta.get(META_ROLE) == "quant" and decision is not None and decision.int8 is not None \

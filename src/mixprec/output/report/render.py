@@ -26,6 +26,7 @@ import textwrap
 
 from ...dtypes import dtype_name, short_name, trt_name
 from ..escape import TEXT_LIMIT, terminal
+from .execution import stored_weights
 from .records import LayerRecord, TensorRecord
 from .text_table import WIDTH, Column, Heading, layout, render
 
@@ -63,10 +64,12 @@ def precision_cell(r) -> str:
 
 
 def weights_mark(r) -> str:
-    """'/w4', '/w8', '/w16' for a layer whose weights are stored as integers of those bits, else ''."""
-    weights = getattr(r, "weights", None) or ""
-    bits = weights.split(",", 1)[0].strip()
-    return f"/w{bits.removeprefix('int')}" if bits in ("int4", "int8", "int16") else ""
+    """'/w4', '/w8', '/w16' for a layer whose weights are stored as integers of those bits, '/nf4' ... for the other
+    weight formats (``formats.WEIGHT_FORMATS``), else ''."""
+    name = stored_weights(r) if getattr(r, "weights", None) else None
+    if name is None:
+        return ""
+    return f"/w{name.removeprefix('int')}" if name.startswith("int") else f"/{name}"
 
 
 def reason_text(r) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ...dtypes import dtype_name
-from .execution import is_simulated, runs_in
+from .execution import is_simulated, runs_in, stored_weights
 from .records import LayerRecord
 
 HIGH_PRECISION = (torch.float32, torch.float64)
@@ -95,10 +95,10 @@ def chosen_types(records: list[LayerRecord]) -> list[str]:
 
 def type_key(record: LayerRecord) -> str | None:
     """The name :func:`chosen_types` gives a layer's type: its precision's, or its integer weights' for a float
-    layer with int8/int4 weights; None for a float32/float64 layer with float weights."""
-    bits = (record.weights or "").split(",", 1)[0].strip()
+    layer with compressed weights (a weight format, or int16's); None for a float32/float64 layer with float weights."""
+    bits = stored_weights(record)
     if record.precision.is_floating_point:
-        if bits in ("int4", "int8", "int16"):
+        if bits is not None:
             return f"{bits} weights"
         if record.precision in HIGH_PRECISION:
             return None

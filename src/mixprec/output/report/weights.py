@@ -1,13 +1,16 @@
 """What a program stores its weights in: each layer's weight precision and the parameter bytes per precision.
 
-Weight-only layers (W8A16 / W4A16, ``rewrite/weight_only.py``) compute in a float type but read int8/int4 weights,
-so the activation precision the report's layer table shows does not say what their weights cost. These functions
-answer that from the plan and the program's own state (not the model's): the bytes a decode step reads.
+Weight-only layers (W8A16 / W4A16 / NF4 ..., ``rewrite/weight_only.py``) compute in a float type but read weights in
+a weight format, so the activation precision the report's layer table shows does not say what their weights cost.
+These functions answer that from the plan and the program's own state (not the model's): the bytes a decode step
+reads.
 
-* :func:`weight_precisions`: layer -> "int4, group 128, symmetric" / "int8, per output channel, symmetric" for
-  weight-only layers, the stored dtype's name for layers whose ``param_dtype`` differs from their precision.
+* :func:`weight_precisions`: layer -> "int4, group 128, symmetric" / "nf4, group 128" (the format's own words,
+  ``formats.WeightFormat.describe``) for weight-only layers, the stored dtype's name for layers whose
+  ``param_dtype`` differs from their precision.
 * :func:`parameter_bytes`: precision name -> bytes of the stored tensors (parameters, buffers, constants) in it;
-  the uint8 tensors the int4 ops read as weights count as "int4" (two values a byte), their scales as their dtype.
+  the codes a weight format's op reads as its weight count under the format's name ("int4", "nf4": the uint8
+  tensors hold two codes a byte), their scales as their dtype.
 """
 
 from __future__ import annotations
@@ -15,9 +18,8 @@ from __future__ import annotations
 import torch
 
 from ...dtypes import dtype_name
+from ...ops import kernels, weight_formats
 from ...plan.precision_plan import is_weight_only
-
-INT4_OP = torch.ops.mixprec.linear_int4_weight.default
 
 
 def weight_precisions(plan) -> dict[str, str]:
@@ -25,9 +27,7 @@ def weight_precisions(plan) -> dict[str, str]:
     out = {}
     for name, decision in plan.items():
         if is_weight_only(decision):
-            bits = "int4" if decision.param_dtype == torch.int4 else "int8"
-            group = f"group {decision.weight_group}" if decision.weight_group else "per output channel"
-            out[name] = f"{bits}, {group}, {'symmetric' if decision.weight_symmetric else 'asymmetric'}"
+            out[name] = decision.weights.describe()
         elif decision.param_dtype is not None and decision.param_dtype != decision.precision:
             out[name] = dtype_name(decision.param_dtype)
     return out
@@ -37,7 +37,7 @@ def parameter_bytes(prog) -> dict[str, int]:
     """Precision name -> bytes of the program's stored tensors in it (each tensor counted once); ``prog``: a
     compiled program or its ExportedProgram (the report's summary: ``parameter_bytes_by_precision``)."""
     ep = getattr(prog, "exported_program", prog)
-    int4 = _int4_weight_targets(ep)
+    codes = _weight_codes(ep)
     out: dict[str, int] = {}
     seen = set()
     for store in (ep.state_dict, ep.constants):
@@ -45,12 +45,20 @@ def parameter_bytes(prog) -> dict[str, int]:
             if not isinstance(tensor, torch.Tensor) or id(tensor) in seen:
                 continue
             seen.add(id(tensor))
-            key = "int4" if name in int4 else dtype_name(tensor.dtype)
+            key = codes.get(name) or dtype_name(tensor.dtype)
             out[key] = out.get(key, 0) + tensor.numel() * tensor.element_size()
     return out
 
 
-def _int4_weight_targets(ep) -> set[str]:
+def _weight_codes(ep) -> dict[str, str]:
+    """Stored tensor name -> the weight format whose codes it holds (the ``weight`` operand of a format's op)."""
     specs = {s.arg.name: s.target for s in ep.graph_signature.input_specs if hasattr(s.arg, "name")}
-    return {specs[n.args[1].name] for n in ep.graph.nodes
-            if n.op == "call_function" and n.target is INT4_OP and n.args[1].name in specs}
+    out = {}
+    for node in ep.graph.nodes:
+        fmt = weight_formats.format_of_op(node.target) if node.op == "call_function" else None
+        if fmt is None:
+            continue
+        weight = kernels.bind(node.target, node.args, node.kwargs)["weight"]
+        if isinstance(weight, torch.fx.Node) and weight.name in specs:
+            out[specs[weight.name]] = fmt
+    return out

@@ -51,7 +51,7 @@ from ...settings import recorded as recorded_settings
 from ..module import MixedPrecisionModule
 from ..report import Report
 from . import (
-    container, graph, graph_reader, int4_weights, metadata, operators, outputs, propagation, runtime_bounds, tensors,
+    container, graph, graph_reader, metadata, operators, outputs, packed_weights, propagation, runtime_bounds, tensors,
     trust, weights,
 )
 from .bounded_json import MAX_JSON_BYTES, parse_json
@@ -85,7 +85,7 @@ def save(prog, path) -> None:
 
     meta = metadata.for_program(prog, inputs_index, inputs_note)
     document, stored = graph.dump(ep)
-    stored = int4_weights.portable(ep, stored)  # plain nibbles: the CPU kernel's packing is the CPU kind's
+    stored = packed_weights.portable(ep, stored)  # e.g. int4 as plain nibbles (its kernel's packing is the CPU kind's)
     text = json.dumps(document, allow_nan=False, separators=(",", ":")).encode("utf-8")
 
     def check(views) -> None:  # what load parses first, parsed as load parses it (the weights are not read again)
@@ -143,7 +143,7 @@ def load(path, *, backend: str | None = None):
     try:
         footprint = propagation.check(ep, stored)  # shapes, views and memory on fake tensors, before anything runs
         runtime_bounds.guard(ep, footprint.assumed)  # data-dependent sizes: checked at the call against those taken
-        int4_weights.repack(ep)  # packed for this CPU's int4 kernel, once the shapes are checked
+        packed_weights.repack(ep)  # e.g. int4 packed for this CPU's kernel, once the shapes are checked
     except FileFormatError as e:
         raise FileFormatError(f"{where}: {e}") from None
 

@@ -69,8 +69,8 @@ def _check_precisions(info: GraphInfo, name: str, entry) -> None:
         )
     for field in ("accumulate", "param_dtype"):
         value = getattr(entry, field)
-        # int8/int16 weights on any layer; int4 weights weight-only on a float layer (W4A16) or simulated on an
-        # integer one
+        # int8/int16 weights on any layer; int4 weights simulated on an integer one (a float layer's compressed
+        # weights are its weight format, NodePrecision.weights)
         if value is not None and value not in FLOAT_DTYPES and not (field == "param_dtype" and _integer_weights(entry)):
             raise ConfigError(
                 f"the plan gives layer '{name}' {field}={dtype_name(value)}, which mixprec cannot use; "
@@ -79,6 +79,5 @@ def _check_precisions(info: GraphInfo, name: str, entry) -> None:
 
 
 def _integer_weights(entry) -> bool:
-    """int8 or int16 weights on any layer; int4 weights on an integer layer (simulated, issue 32) or a float one
-    (weight-only W4A16)."""
+    """int8 or int16 weights on any layer; int4 weights on an integer layer (simulated, issue 32)."""
     return entry.param_dtype in WEIGHT_GRIDS
