@@ -28,12 +28,14 @@ class WritesInput(torch.nn.Module):
             x.mul_(2)
         elif self.how == "view":
             x[0].add_(1)
+        elif self.how == "dropout":  # returns x itself, which its schema does not say (nor export's recorded value)
+            torch.nn.functional.dropout(x, 0.5, training=False).mul_(2)
         else:  # through a reshape (a view of the input)
             x.view(-1).clamp_(min=0)
         return self.linear(x)
 
 
-@pytest.mark.parametrize("how", ["direct", "view", "reshape"])
+@pytest.mark.parametrize("how", ["direct", "view", "reshape", "dropout"])
 def test_a_model_that_writes_its_input_compiles_to_a_program_that_writes_a_copy(how):
     torch.manual_seed(0)
     model = WritesInput(how).eval()

@@ -59,6 +59,46 @@ def test_nonnegative_is_decided_from_the_graph(build, expected):
     assert is_nonnegative(_graph(build)) is expected
 
 
+def _relu(g, x):
+    return _call(g, aten.relu.default, x)
+
+
+def _written(write, through_view=False):
+    """relu(x), then ``write`` in place on it (or on a view of it); the value judged is the relu's."""
+
+    def build(g, x):
+        r = _relu(g, x)
+        target = _call(g, aten.slice.Tensor, r, 0, 0, 2) if through_view else r
+        write(g, target)
+        return r
+
+    return build
+
+
+@pytest.mark.parametrize(
+    "build, expected",
+    [
+        (lambda g, x: _call(g, aten.clamp.default, x, 0, -3), False),  # -3 everywhere: the bound above wins
+        (lambda g, x: _call(g, aten.clamp.default, x, 0, 3), True),
+        (lambda g, x: _call(g, aten.hardtanh.default, x, 0.0, -1.0), False),
+        (lambda g, x: _call(g, aten.to.dtype, _relu(g, x), torch.int8), False),  # a signed integer wraps
+        (lambda g, x: _call(g, aten._to_copy.default, _relu(g, x), dtype=torch.int8), False),
+        (lambda g, x: _call(g, aten._to_copy.default, _relu(g, x), dtype=torch.uint8), True),
+        (lambda g, x: _call(g, aten.avg_pool2d.default, _relu(g, x), [1, 1], [1, 1], [0, 0], False, True, -1), False),
+        (lambda g, x: _call(g, aten.avg_pool2d.default, _relu(g, x), [1, 1], [1, 1], [0, 0], False, True, 2), True),
+        (lambda g, x: _call(g, torch.ops.mixprec.quantize_per_tensor.default, _relu(g, x), -0.1), False),
+        (_written(lambda g, r: _call(g, aten.sub_.Scalar, r, 0.5)), False),
+        (_written(lambda g, r: _call(g, aten.sub_.Scalar, r, 0.5), through_view=True), False),
+        (_written(lambda g, r: _call(g, aten.copy_.default, r, _call(g, aten.neg.default, r))), False),
+        (_written(lambda g, r: _call(g, aten.relu_.default, r), through_view=True), True),  # a write that keeps >= 0
+    ],
+)
+def test_what_undoes_a_bound_below_makes_a_value_possibly_negative(build, expected):
+    """Crafted files had the oneDNN lowering read such values as non-negative (its u8 grid) and compute other
+    numbers than the graph (tests/output/serialize/test_attacks.py)."""
+    assert is_nonnegative(_graph(build)) is expected
+
+
 def _doubling(levels, start):
     def build(g, x):
         h = start(g, x)
@@ -98,3 +138,23 @@ def test_unsigned_quantize_and_dequantize_are_never_negative():
     out = _call(graph, aten.add.Tensor, dq, 1.0)
     graph.output(out)
     assert is_nonnegative(q) and is_nonnegative(dq) and is_nonnegative(out) and not is_nonnegative(x)
+
+
+def test_a_write_through_an_op_that_returns_its_input_unannotated():
+    """``dropout(r, train=False)`` returns ``r`` itself; its schema does not say so, nor do the values torch.export
+    records (a value of its own): a write into its result writes ``r``, which is then possibly negative."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    r = _relu(graph, x)
+    d = _call(graph, aten.dropout.default, r, 0.5, False)
+    _call(graph, aten.sub_.Scalar, d, 0.5)
+    graph.output(r)
+    with FakeTensorMode():
+        x.meta["val"] = torch.empty(3, 4)
+        r.meta["val"] = torch.empty(3, 4)
+        d.meta["val"] = torch.empty(3, 4)  # as export records it: a storage of its own
+    assert is_nonnegative(r) is False
+    graph.erase_node(next(n for n in graph.nodes if n.target is aten.sub_.Scalar))
+    assert is_nonnegative(r) is True  # without the write

@@ -2,6 +2,7 @@
 asymmetric, fp32 and bf16 activations; the int4 packing round-trips on this CPU kind (and on AVX2's, in a
 subprocess with ATEN_CPU_CAPABILITY=avx2)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -151,6 +152,36 @@ def test_fallbacks_where_the_kernel_cannot_run():
     y4 = torch.ops.mixprec.linear_int4_weight(x, wo.to_nibbles(u), sz, 96 // sz.shape[0], False, None)
     torch.testing.assert_close(y4, _reference(x, wo.dequantize_int4(u, s4, z4), None))
 
+
+
+_ODD_K_SCRIPT = """
+import json, torch
+from mixprec.ops import weight_only as wo
+torch.manual_seed(0)
+errors = {}
+for k in (8, 24, 129, 136, 144):
+    w, x = torch.randn(64, k), torch.randn(5, k).to(torch.bfloat16)
+    q, s, o = wo.quantize_int8(w, None, True)
+    y = torch.ops.mixprec.linear_int8_weight(x, q, s, o, None).float()
+    exact = x.float() @ wo.dequantize_int8(q, s, o).T
+    errors[k] = ((y - exact).norm() / exact.norm()).item()
+print(json.dumps(errors))
+"""
+
+
+@pytest.mark.parametrize("capability", ["default", "avx2"])
+def test_int8_kernel_only_on_k_it_steps_through(capability):
+    """_weight_int8pack_mm steps K by 16 with aligned loads and no remainder: a Linear of 129 input channels killed
+    the process, 136 summed bytes past the weight's rows. Other K dequantize. In a subprocess (a regression kills
+    the process), on this CPU's kernel and on AVX2's."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if capability == "avx2":
+        env["ATEN_CPU_CAPABILITY"] = "avx2"
+    out = subprocess.run([sys.executable, "-c", _ODD_K_SCRIPT], check=False, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    errors = json.loads(out.stdout)
+    assert all(e < 6e-3 for e in errors.values()), errors
 
 def test_nibbles_round_trip_through_this_cpus_packing():
     u = torch.randint(0, 16, (64, 256), dtype=torch.int32)

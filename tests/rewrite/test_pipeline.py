@@ -50,7 +50,7 @@ def drop_a_cast(ctx):
 
 def test_every_pass_is_listed_with_the_formerly_hidden_input_rounding_first():
     assert PIPELINE.names == ("round_inputs", "insert_casts", "weight_only", "quantize", "cast_params", "fp32_acc",
-                              "layout", "channels_last", "restore_outputs", "fold_casts")  # fmt: skip
+                              "layout", "channels_last", "restore_outputs", "fold_casts", "reads_after_writes")  # fmt: skip
     assert all(isinstance(p, GraphPass) for p in PIPELINE.passes)
 
 

@@ -3,10 +3,15 @@
 mixprec never writes its caller's tensors (API.md: nothing the user passes is mutated). ``torch.export`` keeps a
 model's in-place ops, so a forward that does ``x.mul_(2)`` (or ``x[0].add_(1)``: a write through a view) would have
 its compiled program write the caller's ``x``, and a crafted file could zero the caller's tensor with ``aten.mul_(x,
-0)``. Which tensors a graph writes is read from the ops' schemas (an argument annotated ``Tensor(a!)``) and followed
-back through every value that may alias an input (:func:`aliases`): a return annotated as an alias of an argument
-(views, ``to``, ``contiguous``, in-place results), ``getitem`` of a list of views, and — conservatively — every
-output of a control-flow operator, whose body may return its operand itself.
+0)``. Which tensors a graph writes is read from the ops' schemas (an argument annotated ``Tensor(a!)``, and the
+arguments a kernel writes that its schema does not mark: ``ops/kernels.py``'s ``writes``, batch norm's running
+statistics in training) and followed back through every value that may alias an input (:func:`aliases`): a return
+annotated as an alias of an argument (views, ``to``, ``contiguous``, in-place results), ``getitem`` of a list of
+views, conservatively every output of a control-flow operator, whose body may return its operand itself, and every
+value whose fake tensor (``meta["val"]``, computed by running the graph) shares a storage with an input's: many
+operators return their input itself without saying so in their schemas (``dropout`` with ``train=False``,
+``type_as``, ``lift``, ``_unsafe_view``, ``unsafe_split``): ``torch.export``'s recorded values do not show it, so
+an op reading a value that may alias an input is also run on fresh fake tensors to see what it returns as it is.
 
 * At compile (:func:`copy_written_inputs`, run by ``normalize``): each user input the graph writes is cloned once at
   the start of the graph and every use reads the clone; the program computes what the model computes (on its own
@@ -29,19 +34,129 @@ import torch
 from torch.export.graph_signature import InputKind, OutputKind
 
 from ..errors import MixedPrecisionWarning
+from ..ops import kernels
 
 log = logging.getLogger(__name__)
 
 
 def aliases(graph: torch.fx.Graph) -> dict[torch.fx.Node, frozenset[torch.fx.Node]]:
-    """For each node, the placeholders of ``graph`` its value may share memory with (itself for a placeholder)."""
+    """For each node, the placeholders of ``graph`` its value may share memory with (itself for a placeholder): as
+    the schemas say, and as the nodes' fake values show where they were computed (module docstring)."""
     out: dict[torch.fx.Node, frozenset] = {}
+    storages: dict[int, set] = {}  # storage of a placeholder's fake value -> the placeholders holding it
     for node in graph.nodes:
         if node.op == "placeholder":
             out[node] = frozenset({node})
+            for key in _storages(node):
+                storages.setdefault(key, set()).add(node)
         elif node.op == "call_function":
-            out[node] = frozenset().union(*(out.get(a, frozenset()) for a in _aliased_arguments(node)))
+            shared = {p for key in _storages(node) for p in storages.get(key, ())}
+            arguments = _aliased_arguments(node)
+            if any(out.get(a) for a in node.all_input_nodes if a not in arguments):  # may it return one as it is?
+                arguments = [*arguments, *_returned_as_they_are(node)]
+            out[node] = frozenset().union(shared, *(out.get(a, frozenset()) for a in arguments))
     return out
+
+
+def _returned_as_they_are(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The tensor arguments of ``node`` whose memory its result shares though its schema does not say so, found by
+    running the op on fresh fake tensors of their metadata (``torch.export``'s recorded values do not show it:
+    ``dropout(x, train=False)`` records a value of its own where the call returns ``x``); all of them when the op
+    cannot be run so."""
+    from torch._guards import detect_fake_mode
+
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:  # a Python callable: it may return anything it is given
+        return list(node.all_input_nodes)
+    tensors = [n for n in node.all_input_nodes if isinstance(n.meta.get("val"), torch.Tensor)]
+    if not tensors or all(r.alias_info is not None for r in schema.returns):
+        return []
+    mode = detect_fake_mode(tuple(n.meta["val"] for n in tensors))
+    if mode is None:
+        return tensors
+    try:
+        with mode:
+            fresh = {n: _fresh(n.meta["val"]) for n in tensors}
+            result = node.target(*torch.fx.node.map_arg(node.args, lambda n: fresh.get(n, n.meta.get("val"))),
+                                 **torch.fx.node.map_arg(node.kwargs, lambda n: fresh.get(n, n.meta.get("val"))))
+    except Exception:  # noqa: BLE001 (an op that cannot run on fresh fakes: conservatively, it may return them all)
+        return tensors
+    returned = {_storage(v) for v in torch.utils._pytree.tree_leaves(result) if isinstance(v, torch.Tensor)}
+    return [n for n, value in fresh.items() if _storage(value) in returned]
+
+
+def _fresh(value: torch.Tensor) -> torch.Tensor:
+    """A new tensor of ``value``'s sizes, strides, dtype and device (in the ambient fake mode)."""
+    if value.layout != torch.strided:
+        return torch.empty(value.shape, dtype=value.dtype, device=value.device, layout=value.layout)
+    return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
+
+
+def _storage(value: torch.Tensor):
+    try:
+        return value.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):  # a tensor without a storage
+        return id(value)
+
+
+def writers(graph: torch.fx.Graph) -> dict[torch.fx.Node, list[torch.fx.Node]]:
+    """For each node whose memory some in-place op of ``graph`` may write, those ops: a write into a value reaches
+    every value that may share its memory (schema aliases, shared fake storages, and what an op next to written
+    memory returns as it is: :func:`_returned_as_they_are`), before or after it."""
+    parent: dict[torch.fx.Node, torch.fx.Node] = {}
+
+    def find(node):
+        parent.setdefault(node, node)
+        while parent[node] is not node:
+            parent[node] = parent[parent[node]]
+            node = parent[node]
+        return node
+
+    by_storage: dict[int, torch.fx.Node] = {}
+    for node in graph.nodes:
+        if node.op not in ("placeholder", "call_function"):
+            continue
+        find(node)
+        for argument in (_aliased_arguments(node) if node.op == "call_function" else ()):
+            parent[find(argument)] = find(node)
+        for key in _storages(node):
+            if key in by_storage:
+                parent[find(by_storage[key])] = find(node)
+            else:
+                by_storage[key] = node
+    targets = {node: writes(node) for node in graph.nodes}
+    asked: set = set()
+    while True:  # ops reading or making written memory: what they return as it is joins it (until nothing joins)
+        hot = {find(t) for written_by_node in targets.values() for t in written_by_node}
+        joined = False
+        for node in graph.nodes:
+            if node.op != "call_function" or node in asked:
+                continue
+            if find(node) in hot or any(find(a) in hot for a in node.all_input_nodes if a in parent):
+                asked.add(node)
+                for argument in _returned_as_they_are(node):
+                    if find(argument) is not find(node):
+                        parent[find(argument)] = find(node)
+                        joined = True
+        if not joined:
+            break
+    written: dict[torch.fx.Node, list] = {}
+    for node, written_by_node in targets.items():
+        for target in written_by_node:
+            written.setdefault(find(target), []).append(node)
+    return {node: written[find(node)] for node in list(parent) if find(node) in written}
+
+
+def _storages(node: torch.fx.Node) -> set:
+    """The storages of the tensors in ``node``'s fake value (none when it has no value yet)."""
+    keys = set()
+    for value in torch.utils._pytree.tree_leaves(node.meta.get("val")):
+        if isinstance(value, torch.Tensor) and value.layout == torch.strided:
+            try:
+                keys.add(value.untyped_storage()._cdata)
+            except (RuntimeError, NotImplementedError):  # a tensor without a storage
+                continue
+    return keys
 
 
 def _aliased_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:
@@ -66,12 +181,16 @@ def _aliased_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:
 
 
 def writes(node: torch.fx.Node) -> list[torch.fx.Node]:
-    """The argument nodes ``node`` writes in place (schema arguments annotated as written)."""
+    """The argument nodes ``node`` writes in place (schema arguments annotated as written, and those its declaration
+    says its kernel writes unmarked: ``ops/kernels.py``)."""
     schema = getattr(node.target, "_schema", None)
     if node.op != "call_function" or schema is None:
         return []
-    return [n for argument, value in _arguments(node, schema)
-            if argument.alias_info is not None and argument.alias_info.is_write for n in _nodes_in(value)]  # fmt: skip
+    marked = [n for argument, value in _arguments(node, schema)
+              if argument.alias_info is not None and argument.alias_info.is_write
+              for n in _nodes_in(value)]  # fmt: skip
+    unmarked = [n for value in kernels.unmarked_writes(node.target, node.args, node.kwargs) for n in _nodes_in(value)]
+    return marked + [n for n in unmarked if n not in marked]
 
 
 def changes_metadata(node: torch.fx.Node) -> bool:

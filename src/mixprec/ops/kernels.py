@@ -10,14 +10,17 @@ storage). So such an operator declares, in one :class:`Declaration` registered w
   the dtypes and rank its kernel reads, and the relations of their shapes and values (the int4 group sizes);
 * which arguments a file must give as literals (``literals``) and which operands must be tensors the file stores
   (``stored``: a weight the load sees, never one the graph computes);
-* the bytes it allocates while it runs, as a function of its operands (``workspace``): the load's memory budget counts
-  them (``output/serialize/propagation.py``).
+* the bytes it allocates while it runs, as a function of its operands (``workspace``), which the load counts.
 
-One rule for layouts: every tensor operand reaches the kernel contiguous; :func:`prepare` (the op's eager entry)
-copies one that is not, and :func:`workspace_bytes` counts that copy, so a view computed at run time is made safe at
-the call and a huge broadcast hidden in a view is paid for at load. The fake kernel runs :func:`check`. An operator
-whose kernel checks its own operands says why in ``reviewed`` (private ATen ops: ``ops/aten_kernels.py``); a private
-ATen operator or a mixprec operator without a declaration is not loaded from a file. A new operator adds its
+One rule for layouts: every tensor operand reaches the kernel contiguous and starting on a :data:`ALIGNMENT`-byte
+boundary (vectorised kernels use aligned loads: ``_weight_int8pack_mm``'s bf16 path faults on a contiguous view that
+starts one element into its storage); :func:`prepare` (the op's eager entry) copies one that is not, and
+:func:`workspace_bytes` counts that copy, so a view computed at run time is made safe at the call and a huge broadcast
+hidden in a view is paid for at load. The fake kernel runs :func:`check`. An operator whose kernel checks its own
+operands says why in ``reviewed`` (private ATen ops: ``ops/aten_kernels.py``); a private ATen operator or a mixprec
+operator without a declaration is not loaded from a file. An ATen operator is reached without an entry of mixprec's
+(``entry_checks=False``): the load proves its relations for every size the program allows, and ``writes`` names the
+arguments its kernel writes that its schema does not mark (batch norm's running statistics). A new operator adds its
 declaration beside its code; the loader needs nothing else.
 """
 
@@ -33,6 +36,7 @@ import torch
 from ..errors import FileFormatError
 
 FLOATS = frozenset({torch.float32, torch.bfloat16, torch.float16, torch.float64})
+ALIGNMENT = 64  # bytes: what PyTorch's CPU allocator gives every storage, and what aligned vector loads assume
 
 
 class OperandError(FileFormatError, RuntimeError):
@@ -66,6 +70,8 @@ class Declaration:
     literals: frozenset = frozenset()
     stored: frozenset = frozenset()
     reviewed: str = ""  # an operator whose kernel checks its own operands: why that is enough
+    entry_checks: bool = True  # the operator's own entry runs :func:`check` at every call (False: ATen's kernels)
+    writes: Callable[[Mapping], Iterable[str]] | None = None  # arguments written that the schema does not mark
 
     def __post_init__(self):
         names = {o.name for o in self.operands}
@@ -138,10 +144,11 @@ def positional(op, bound: Mapping) -> tuple[tuple, dict]:
 
 
 # ---- the checks -------------------------------------------------------------------------------------------------
-def check(declaration: Declaration, bound: Mapping) -> None:
+def check(declaration: Declaration, bound: Mapping, *, static: bool = False) -> None:
     """The operands' dtypes, ranks and devices, then the declaration's relations; OperandError (or, on symbolic
     sizes, torch's own check error) when one does not hold. Cheap on a well-formed call (an eager entry runs it on
-    every call): messages are made only for a failure."""
+    every call): messages are made only for a failure. ``static``: a relation on symbolic sizes must hold for every
+    value of the symbols (no call-time check follows: an operator without ``entry_checks``), not only be guarded."""
     device = None
     for operand in declaration.operands:
         value = bound.get(operand.name)
@@ -156,7 +163,7 @@ def check(declaration: Declaration, bound: Mapping) -> None:
             raise OperandError(f"{declaration.op}: its operands are on several devices; its kernel reads one.")
     if declaration.relations is not None:
         for condition, why in declaration.relations(bound):
-            _holds(condition, declaration.op, why)
+            _holds(condition, declaration.op, why, static)
 
 
 def _operand_refusal(declaration: Declaration, operand: Operand, value) -> str:
@@ -173,15 +180,30 @@ def _operand_refusal(declaration: Declaration, operand: Operand, value) -> str:
 
 
 def prepare(declaration: Declaration, bound: Mapping) -> dict:
-    """:func:`check`, then every tensor operand contiguous (a copy of one that is not): what the op's eager entry
-    hands its kernel."""
+    """:func:`check`, then every tensor operand contiguous and aligned (a copy of one that is not): what the op's
+    eager entry hands its kernel."""
     check(declaration, bound)
     out = dict(bound)
     for operand in declaration.operands:
         value = out.get(operand.name)
-        if isinstance(value, torch.Tensor) and not value.is_contiguous():
-            out[operand.name] = value.contiguous()
+        if isinstance(value, torch.Tensor) and not laid_out(value):
+            out[operand.name] = value.clone(memory_format=torch.contiguous_format)  # a fresh, aligned storage
     return out
+
+
+def laid_out(value: torch.Tensor) -> bool:
+    """Whether a kernel may read ``value`` through its data pointer: contiguous, its first element on an
+    :data:`ALIGNMENT`-byte boundary (a fake tensor: its storage offset; a real one: its address, which a caller's
+    tensor over foreign memory need not have)."""
+    if not value.is_contiguous():
+        return False
+    if value.numel() == 0:
+        return True
+    if (value.storage_offset() * value.element_size()) % ALIGNMENT:
+        return False
+    from torch._subclasses.fake_tensor import is_fake
+
+    return is_fake(value) or value.device.type == "meta" or value.data_ptr() % ALIGNMENT == 0
 
 
 def workspace_bytes(declaration: Declaration, bound: Mapping) -> int:
@@ -189,7 +211,7 @@ def workspace_bytes(declaration: Declaration, bound: Mapping) -> int:
     total = int(declaration.workspace(bound)) if declaration.workspace is not None else 0
     for operand in declaration.operands:
         value = bound.get(operand.name)
-        if isinstance(value, torch.Tensor) and not value.is_contiguous():
+        if isinstance(value, torch.Tensor) and not laid_out(value):
             total += nbytes(value)
     return total
 
@@ -201,12 +223,33 @@ def nbytes(value) -> int:
     return math.prod(int(s) for s in value.shape) * value.element_size()
 
 
-def _holds(condition, op: str, why) -> None:
+def _holds(condition, op: str, why, static: bool = False) -> None:
     """``torch._check`` with a plain-bool fast path: eager entries check concrete sizes on every call (a decode step
-    makes ~60), fake kernels symbolic ones (``torch._check`` records or refuses those). ``why``: the reason, or a
-    function making it (a formatted one is made only when the condition fails)."""
+    makes ~60), fake kernels symbolic ones (``torch._check`` records or refuses those; ``static``: only a condition
+    true for every value of its symbols passes). ``why``: the reason, or a function making it (a formatted one is
+    made only when the condition fails)."""
     if condition is True:
         return
     if condition is False or condition is None:
         raise OperandError(f"{op}: {why() if callable(why) else why}.")
+    if static:
+        from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+        if not statically_known_true(condition):
+            raise OperandError(f"{op}: {why() if callable(why) else why} (for every size the program allows: its "
+                               "kernel is reached with no check at the call).")
+        return
     torch._check(condition, lambda: f"{op}: {why() if callable(why) else why}.")
+
+
+def unmarked_writes(op, args, kwargs) -> list:
+    """The argument values a call of ``op`` writes that its schema does not mark as written (its declaration's
+    ``writes``); every tensor argument its declaration may write when the arguments do not bind."""
+    declaration = declaration_of(op)
+    if declaration is None or declaration.writes is None:
+        return []
+    try:
+        bound = bind(op, args, kwargs)
+    except OperandError:
+        return [v for v in (*args, *kwargs.values()) if v is not None]
+    return [bound[name] for name in declaration.writes(bound) if bound.get(name) is not None]

@@ -18,8 +18,9 @@ shapes, groups, stored operands, and the memory the fallbacks allocate)::
 Where the kernel runs and where the op falls back to dequantize + ``aten.linear`` (the same numerics, in the
 activation's dtype):
 
-* int8: the kernel for one scale per channel (G == 1), x float32/bfloat16/float16 on the CPU; the asymmetric offset
-  is added as ``sum(x) * o`` beside it (exact algebra). Grouped int8 (G > 1) and other devices dequantize.
+* int8: the kernel for one scale per channel (G == 1) and K a multiple of 16 (its loop has no remainder), x
+  float32/bfloat16/float16 on the CPU; the asymmetric offset is added as ``sum(x) * o`` beside it (exact algebra).
+  Grouped int8 (G > 1), other K and other devices dequantize.
 * int4: the kernel when the weight is ``packed`` (the rewrite packs when N % 16 == 0 and K % 32 == 0: the kernel's
   constraints) and x is float32/bfloat16/float16 on the CPU. Per-channel int4 runs as groups of 256/128/64/32 with
   the scale repeated (the kernel takes those group sizes only). An unpacked weight (plain nibbles, low nibble = even
@@ -46,6 +47,9 @@ from .int_weights import (  # noqa: F401
 aten = torch.ops.aten
 
 KERNEL_DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
+# _weight_int8pack_mm steps K by 16 (AVX512; 8 on AVX2/NEON) with aligned row loads and no remainder loop: K = 129
+# read past the weight's rows (the process died), K = 136 summed bytes after them
+INT8_K_MULTIPLE = 16
 
 
 # ---- the ops ------------------------------------------------------------------------------------------------------
@@ -108,7 +112,8 @@ def _(x, weight, scales_and_zeros, group, packed, bias):
 def _int8_on_kernel(b) -> bool:
     """Whether ``linear_int8_weight`` runs ``_weight_int8pack_mm`` on these operands (else it dequantizes)."""
     x = b["x"]
-    return b["scales"].shape[1] == 1 and x.device.type == "cpu" and x.dtype in KERNEL_DTYPES
+    return (b["scales"].shape[1] == 1 and b["weight"].shape[1] % INT8_K_MULTIPLE == 0 and x.device.type == "cpu"
+            and x.dtype in KERNEL_DTYPES)
 
 
 def _int4_on_kernel(b) -> bool:

@@ -33,6 +33,7 @@ from ..plan.precision_plan import PrecisionPlan
 from .cast_params import cast_params
 from .context import RewriteContext
 from .fold_casts import fold_casts
+from .write_order import reads_after_writes
 from .fp32_acc import fp32_acc
 from .insert_casts import insert_casts
 from .io_types import restore_outputs, round_inputs
@@ -88,6 +89,7 @@ PIPELINE = Pipeline(
         channels_last_convolutions,
         restore_outputs,
         fold_casts,
+        reads_after_writes,
     )
 )
 

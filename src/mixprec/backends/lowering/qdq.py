@@ -346,8 +346,8 @@ def _match_int8_linear(module, node):
         return None
     x_q = x_dq.args[0]
     scale = x_q.args[1]
-    if x_dq.args[1] != scale or not isinstance(scale, float):
-        return None
+    if x_dq.args[1] != scale or not isinstance(scale, float) or not 0 < scale < float("inf"):
+        return None  # the kernel's u8 grid is the fake quantization's only for a positive scale
     if not (_is(w_dq, _DEQUANT_CHANNEL) and w_dq.args[2] == _WEIGHT_AXIS and w_dq.args[3] == torch.float32):
         return None
     weight, w_scales = (_attr(module, a) for a in w_dq.args[:2])

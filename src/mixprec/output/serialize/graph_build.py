@@ -249,6 +249,9 @@ class Builder:
         elif not isinstance(target, torch._ops.OpOverload):
             return self.size_arithmetic(node, target, args, kwargs)
         try:
+            declaration = kernels.declaration_of(target)
+            if declaration is not None and not declaration.entry_checks:  # no check of mixprec's at the call
+                kernels.check(declaration, kernels.bind(target, args, kwargs), static=True)
             return target(*args, **kwargs)
         except kernels.OperandError as e:  # what the operator's declaration refuses (ops/kernels.py)
             raise FileFormatError(f"the program's node {node.name!r} ({str(target)[:80]}) cannot run on what the file "

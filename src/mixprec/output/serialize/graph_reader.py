@@ -14,7 +14,8 @@ closed vocabulary ``graph.py`` writes and then constructs the objects:
 * symbolic sizes are single symbols (``s<digits>``) with integer hints and ranges, created in a ``ShapeEnv`` here:
   no expression from the file is parsed;
 * declared operators' arguments are bound through their schemas, their literals and stored operands checked
-  (``declared.py``), and no node writes the caller's inputs (``ir/input_writes.py``);
+  (``declared.py``), and no node writes the caller's inputs (``ir/input_writes.py``, once the fake run below has
+  given every node its value);
 * every node's value (``node.meta["val"]``) is computed here by running the graph on fake tensors (recorded
   metadata is not trusted, none is read), with size arithmetic kept inside torch's sizes;
 * the graph signature, range constraints and call signature (``specs.py``) are built from checked fields.
@@ -63,17 +64,18 @@ def read(document, weights_view, weights_size: int):
         root = modules[0]
         operators.check_graph_module(root)  # targets and string arguments, before any operator runs, even on fakes
         declared.canonical(root)  # declared operators' arguments through their schemas, in one form
+        declared.check_literals(root)  # every literal in its schema's type, before any operator sees one
         signature = build_signature(document["signature"], root.graph, state, constants)
         declared.check_sources(root, signature)  # their literals and stored operands
-        user_inputs = {s.arg.name for s in signature.input_specs if s.kind == InputKind.USER_INPUT}
-        refused = refused_writes(root, user_inputs)
-        if refused is not None:
-            raise FileFormatError(f"the program's {refused}; a mixprec program never writes its caller's tensors, "
-                                  "and mixprec refuses to run one that would.")  # fmt: skip
         with mode, propagation.quiet_logger("torch._subclasses.fake_tensor", logging.CRITICAL):
             builder.symbols(document["symbols"])
             inputs = builder.placeholders(root.graph, signature, document["inputs"], state, constants)
             builder.run(root, inputs)
+        user_inputs = {s.arg.name for s in signature.input_specs if s.kind == InputKind.USER_INPUT}
+        refused = refused_writes(root, user_inputs)  # after the fake run: its values show the aliases schemas hide
+        if refused is not None:
+            raise FileFormatError(f"the program's {refused}; a mixprec program never writes its caller's tensors, "
+                                  "and mixprec refuses to run one that would.")  # fmt: skip
     except FileFormatError:
         raise
     except Exception as e:  # torch's own refusal (shape environment, FX) of parts that passed the schema

@@ -54,10 +54,32 @@ def portable(ep, stored: list[torch.Tensor]) -> list[torch.Tensor]:
     return [packings[id(t)].portable(t.detach()) if id(t) in packings else t for t in stored]
 
 
+def _reads_in_memory_layout(node, placeholder, packing) -> bool:
+    """Whether ``node`` reads ``placeholder`` as its format's operand in memory's layout (its packing applies)."""
+    h = weight_formats.handler_of_op(node.target) if node.op == "call_function" else None
+    if h is None or h.packing is not packing:
+        return False
+    bound = kernels.bind(node.target, node.args, node.kwargs)
+    return packing.applies(bound) and bound[packing.operand] is placeholder
+
+
 def repack(ep) -> None:
-    """Memory's layout, for this CPU, of the portable operands a file holds, in place in ``ep``'s state."""
+    """Memory's layout, for this CPU, of the portable operands a file holds, in place in ``ep``'s state. Only nodes
+    of the format reading it in that layout may read such an operand: any other reader (an int4 node reading it
+    unpacked, an ATen op) would read the kernel's layout where the file means the portable one, so such a file is
+    refused (``mixprec.save`` writes none)."""
+    operands = _packed_operands(ep)
+    for node in ep.graph_module.graph.nodes:
+        if node.op == "placeholder" and node.name in operands:
+            packing = operands[node.name][2]
+            fmt = next(h.format for h in weight_formats.HANDLERS.values() if h.packing is packing)
+            for user in node.users:
+                if not _reads_in_memory_layout(user, node, packing):
+                    raise FileFormatError(f"the {fmt} weight {node.name!r} is read packed by the {fmt} kernel and also "
+                                          f"by node {user.name!r} ({str(user.target)[:80]}), which would read the "
+                                          "kernel's layout; mixprec writes no such program.")  # fmt: skip
     done: dict[int, torch.Tensor] = {}
-    for store, name, packing in _packed_operands(ep).values():
+    for store, name, packing in operands.values():
         portable_form = _tensor(ep, store, name)
         if id(portable_form) not in done:
             try:
