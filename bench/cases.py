@@ -276,6 +276,37 @@ def _weights43():  # issue 43 (and 32): weight formats x error and bytes, mixpre
 
 
 F32_OV = {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
+
+
+def _awq43():  # issue 43: data-aware int4 (scale estimation, AWQ, GPTQ) against NNCF's AWQ + scale estimation
+    def rounded(label, **options):  # every Linear's weight rounded, computed in fp32 (bench/data_aware.py)
+        return Case(f"{label} (fp32 compute)", "rounded-data-aware", {"group": 128, **options}, "torch")
+
+    data_aware = {"weight_rounding": "data_aware"}
+    cases = (FP32, rounded("mixprec int4 g128 RTN"), rounded("mixprec int4 g128 data-aware", aware=True),
+             rounded("mixprec int4 g128 data-aware, no GPTQ", aware=True, gptq=False),
+             rounded("mixprec int4 g128 data-aware, no AWQ", aware=True, awq=False),
+             rounded("mixprec nf4 g128 RTN", format="nf4"), rounded("mixprec nf4 g128 data-aware", format="nf4",
+                                                                      aware=True),
+             weight_only("mixprec W-int4 g128 A32", "eager", W4, "fp32"),
+             weight_only("mixprec W-int4 g128 A32 data-aware", "eager", W4, "fp32", **data_aware),
+             nncf_weights("NNCF INT4_SYM g128", "INT4_SYM", group_size=128, config=F32_OV),
+             nncf_weights("NNCF INT4_SYM g128 all layers", "INT4_SYM", group_size=128, all_layers=True,
+                          config=F32_OV),
+             nncf_weights("NNCF INT4_SYM g128 AWQ + scale estimation", "INT4_SYM", group_size=128, awq=True,
+                          scale_estimation=True, data_aware=True, config=F32_OV),
+             nncf_weights("NNCF INT4_SYM g128 AWQ + scale estimation all layers", "INT4_SYM", group_size=128,
+                          awq=True, scale_estimation=True, data_aware=True, all_layers=True, config=F32_OV),
+             nncf_weights("NNCF NF4 g128 all layers", "NF4", group_size=128, all_layers=True, config=F32_OV))
+    shapes = (("tinyllama-8L-1x128", "llama", {"layers": 8, "batch": 1, "seq": 128}),
+              ("minilm-16", "minilm", {"batch": 16}),
+              ("llama-outliers-4L-1x128", "llama_outliers", {"layers": 4, "batch": 1, "seq": 128, "vocab": 4096}))
+    note = ("the same weights and calibration batches for every case; NNCF without all_layers keeps the first and "
+            "last layers INT8_ASYM (its default), mixprec's cases round every Linear")
+    return [Group("awq43", n, m, s, cases, data=Data(4, 0, 2), timing=Timing(0), threads=2, note=note)
+            for n, m, s in shapes]
+
+
 NO_DYNAMIC = {"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
 
 
@@ -434,7 +465,7 @@ def _checks():  # kinds of their own: the cost model, Ray, crafted files
 
 TABLES = {
     "suite8": _suite8, "autocast34": _autocast34, "openvino14": _openvino14, "issue45": _issue45, "call45": _call45,
-    "int8region": _int8_regions, "int8nncf": _int8nncf, "search34": _search34, "weights43": _weights43,
+    "int8region": _int8_regions, "int8nncf": _int8nncf, "search34": _search34, "weights43": _weights43, "awq43": _awq43,
     "ceiling32": _ceiling32, "decode32": _decode32, "decode43": _decode43, "generate23": _generate23,
     "zoo20": _zoo20, "readme": _readme, "mixed22": _mixed22, "compile44": _compile44, "checks": _checks,
 }

@@ -420,11 +420,18 @@ def planted(smoke=False):
     return Built(Planted().eval(), lambda i: (torch.randn(16, 32, generator=_gen(i)),))
 
 
+def llama_outliers(**shape):
+    """A random Llama with outlier input channels (issue 43's data-aware rounding: ``data_aware.llama_outliers``)."""
+    from .data_aware import llama_outliers as build_it
+
+    return build_it(**shape)
+
+
 MODELS: dict[str, Callable[..., Built]] = {
     "bert": bert, "vit": vit, "resnet50": resnet50, "gpt2": gpt2, "llama": llama, "seq2seq": seq2seq, "zoo": zoo,
     "clip": clip, "whisper_small": whisper_small, "minilm": minilm, "crepe": crepe, "llama_massive": llama_massive,
     "tests": tests_model, "cnn": cnn, "transformer_layer": transformer_layer, "linears": linears,
-    "marker_region": marker_region, "planted": planted,
+    "marker_region": marker_region, "planted": planted, "llama_outliers": llama_outliers,
 }
 
 

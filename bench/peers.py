@@ -109,11 +109,11 @@ def nncf_accuracy_control(ctx, case):
 def nncf_weights(ctx, case):
     """nncf.compress_weights in ``mode`` (INT8_ASYM, INT4_SYM, NF4, MXFP4, FP8_E4M3, ...) on OpenVINO's model (or,
     backend "torch", on a copy of the PyTorch model); ``data_aware``: on the calibration batches (with ``awq``,
-    ``scale_estimation``); ``ratio``: a number, or ("bytes of", label): the ratio whose weight bytes equal that
+    ``scale_estimation``); ``all_layers``: NNCF's, the first and last layers in ``mode`` too (else INT8_ASYM); ``ratio``: a number, or ("bytes of", label): the ratio whose weight bytes equal that
     case's (NNCF mixes int4 and int8 only: clamped to 0..1); ``config``: the OpenVINO plugin's."""
     nncf = need("nncf")
     o = case.options
-    extra = {k: o[k] for k in ("group_size", "awq", "scale_estimation") if o.get(k) is not None}
+    extra = {k: o[k] for k in ("group_size", "awq", "scale_estimation", "all_layers") if o.get(k) is not None}
     if o.get("data_aware") or case.backend == "torch":
         extra["dataset"] = _dataset(nncf, ctx.search or ctx.calibration or [ctx.example], case.backend == "torch")
 

@@ -30,13 +30,13 @@ from dataclasses import replace
 
 import torch
 
-from . import machine, peers, recipes
+from . import data_aware, machine, peers, recipes
 from .cases import Group, select
 from .models import build
 from .recipes import Context, Missing, rel_l2, weight_bytes
 
 PREFIX = "BENCH "  # a record's line on a child's stdout (peers print too)
-RECIPES = {**recipes.RECIPES, **peers.RECIPES}  # forward groups' recipes by name
+RECIPES = {**recipes.RECIPES, **peers.RECIPES, **data_aware.RECIPES}  # forward groups' recipes by name
 
 
 def forward(group: Group, smoke: bool) -> list[dict]:

@@ -123,8 +123,8 @@ def mixprec_(ctx, case, settings=None):
     settings = dict(case.options if settings is None else settings)
     if "enabled_precisions" in settings:
         settings["enabled_precisions"] = {DTYPES[d] for d in settings["enabled_precisions"]}
-    if settings.get("enable_autocast") and ctx.calibration:
-        settings.setdefault("autocast_calibration_dataloader", ctx.calibration)
+    if (settings.get("enable_autocast") or settings.get("weight_rounding") == "data_aware") and ctx.calibration:
+        settings.setdefault("autocast_calibration_dataloader", ctx.calibration)  # never the held-out example
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         program = mixprec.compile(ctx.module, ctx.example, backend=case.backend, **settings)

@@ -40,6 +40,7 @@ from .plan import autocast, planner
 from .plan.options import PlanningOptions, RuleOptions
 from .plan.precision_plan import PrecisionPlan
 from .plan.quantization import DEFAULT_POLICY, calibration_grids
+from .rewrite import data_aware
 from .rewrite.casting import is_mixprec_cast
 from .rewrite.pipeline import realise, reference
 from .settings import CompileSettings
@@ -136,8 +137,12 @@ def compile(model, inputs=(), *, kwargs=None, **settings) -> MixedPrecisionModul
         with timer.phase("weight_only_speed_check"):  # measured and told, never changed (weight_only_speed.py)
             plan, measured = _check_weight_only_speed(captured, options, plan)
         weak_summary = {**weak_summary, **measured}
+    moments = {}
+    if config.weight_rounding == "data_aware":
+        with timer.phase("weight_rounding"):  # the inputs' moments of the weights rounded from data
+            moments = data_aware.layer_moments(captured, plan, config.autocast_calibration_dataloader)
     with timer.phase("rewrite"):
-        work = realise(captured, plan, keep_io_types=config.keep_io_types)
+        work = realise(captured, plan, keep_io_types=config.keep_io_types, weight_moments=moments)
         program = work.to_exported()
         state = _State(captured, program)  # the program's state as captured, before any run
     with timer.phase("backend"):
@@ -167,7 +172,7 @@ def _calibrate(captured: CapturedModel, options: StageOptions, origin=None):
     (``origin``, ``plan/origin.py``) where it is the same; then the rules' context."""
     config, rules = options.settings, options.planning.rules
     loader = config.autocast_calibration_dataloader
-    _check_calibration_used(loader, rules, captured.info)
+    _check_calibration_used(loader, rules, captured.info, config.weight_rounding)
     # on the example inputs of a graph captured in fp32 the first outputs are the report's fp32 reference
     keep = rules is not None and loader is None and captured.computes_in_fp32
     # the int8 marker regions are quantized as the plan's policy says (the default without a plan)
@@ -311,13 +316,14 @@ def _autocast_summary(prepared, calibrated) -> dict:
     }
 
 
-def _check_calibration_used(loader, rules: RuleOptions | None, info) -> None:
-    if loader is None or rules is not None:
+def _check_calibration_used(loader, rules: RuleOptions | None, info, weight_rounding: str) -> None:
+    if loader is None or rules is not None or weight_rounding == "data_aware":
         return
     if not calibration_targets(info):
         raise ConfigError(
             "autocast_calibration_dataloader only takes effect with enable_autocast=True or for int8 precision "
-            "regions without dynamic ranges, and this model has none; add enable_autocast=True or drop it."
+            "regions without dynamic ranges (this model has none) or weight_rounding=\"data_aware\"; add "
+            "enable_autocast=True or drop it."
         )
 
 

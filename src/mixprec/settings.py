@@ -51,6 +51,9 @@ class CompileSettings:
     runtime_guard: str | None = None  # mixprec extension: "warn" | "raise" (backends/guard.py)
     # mixprec extension: OpenVINO's int8 dynamic activations of weight-only layers, this group size (options.py)
     weight_only_dynamic_activations: int | None = None
+    # mixprec extension: how weight-only 4-bit weights are rounded: "nearest" (from the weights alone) or "data_aware"
+    # (scales, smoothing and codes chosen from the calibration data: calibrate/weight_rounding)
+    weight_rounding: str = "nearest"
     enabled_precisions: frozenset[torch.dtype] = frozenset({torch.float32})
     keep_io_types: bool = True
     plan: Any = None
@@ -191,6 +194,9 @@ def _validated(kwargs: dict[str, Any]) -> dict[str, Any]:
     if group is not None and not (type(group) is int and group == 0):  # 0: off, as None (OpenVINO's own 0)
         out["weight_only_dynamic_activations"] = _group_size(group)
 
+    if "weight_rounding" in kwargs:
+        out["weight_rounding"] = _weight_rounding(kwargs["weight_rounding"])
+
     # their values (the registry's names, the guard's modes): backends.options.BackendOptions
     if kwargs.get("runtime_guard") is not None:
         out["runtime_guard"] = kwargs["runtime_guard"]
@@ -291,6 +297,19 @@ def _group_size(value) -> int:
     return value
 
 
+WEIGHT_ROUNDINGS = ("nearest", "data_aware")  # weight_rounding's values
+
+
+def _weight_rounding(value) -> str:
+    if not isinstance(value, str) or value not in WEIGHT_ROUNDINGS:
+        raise ConfigError(
+            f"weight_rounding must be \"nearest\" (weight-only weights rounded from the weights alone) or "
+            f"\"data_aware\" (their 4-bit scales chosen from the calibration data: autocast_calibration_dataloader, "
+            f"else the example inputs), got {value!r}."
+        )
+    return value
+
+
 def op_names(value, name: str) -> frozenset[str]:
     """A set of op names in any spelling (``resolve_op_name``) -> canonical names; ``name`` is the keyword."""
     if isinstance(value, str) or not _is_iterable(value):
@@ -373,6 +392,8 @@ def recorded(values) -> dict[str, Any]:
             ok = value is None or _number(value) and isinstance(value, int) and 0 < value < 1 << 31
         elif name == "weight_only_dynamic_activations":
             ok = value is None or dynamic_group_ok(value)
+        elif name == "weight_rounding":
+            ok = isinstance(value, str) and value in WEIGHT_ROUNDINGS
         else:  # backend, runtime_guard: names, whose vocabulary their stage's options check
             ok = (value is None and name == "runtime_guard") or isinstance(value, str) and len(value) <= _MAX_NAME
         if not ok:

@@ -85,3 +85,16 @@ def test_a_one_shot_iterator_keeps_min_max_ranges():
     batches = [torch.randn(2, 3, 12, 12) * 3, torch.randn(2, 3, 12, 12)]
     once = run(model_capture, iter(batches), estimator="mse", grids=_grids(model_capture)).int8_ranges
     assert once == run(model_capture, batches, estimator="minmax").int8_ranges
+
+
+def test_input_moments_are_collected_in_the_first_pass_for_the_values_asked_for():
+    """``moments``: the Linear inputs whose weights are rounded from data get their blockwise E[x x^T]."""
+    model = torch.nn.Sequential(torch.nn.LayerNorm(32), torch.nn.Linear(32, 4)).eval()
+    model_capture = CapturedModel(model, (torch.randn(3, 32),))
+    norm = next(n.name for n in model_capture.base.graph.nodes if "layer_norm" in n.name)
+    batches = [(torch.randn(3, 32) * 4,), (torch.randn(3, 32),)]
+    done = run(model_capture, batches, statistics=False, moments={norm})
+    assert set(done.moments) == {norm} and done.moments[norm].rows == 6
+    with torch.no_grad():
+        x = torch.cat([model[0](b[0]) for b in batches]).double()
+    torch.testing.assert_close(done.moments[norm].blocks(32)[0].double(), x.T @ x / 6, rtol=1e-5, atol=1e-5)

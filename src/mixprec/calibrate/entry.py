@@ -9,7 +9,9 @@ Compile, the search and the configurator calibrate through it, once each. It dec
   from them the int8 ranges of the marker regions given no dynamic range (``ir.marker_regions``) and of any
   other values the caller names (``int8_values``: the configurator's int8 module boundaries), and the per-channel
   ranges of the values to smooth (``channels``: ``channels.py``, the configurator's smoothed int8 Linear inputs);
-  data in shards gets no per-channel ranges (the workers do not collect them yet; logged);
+  data in shards gets no per-channel ranges (the workers do not collect them yet; logged); and the second moments
+  of the values whose weights are rounded from data (``moments``: ``moments.py``, read by ``weight_rounding``),
+  also not collected from shards (logged);
 * **the range estimator**: ``"mse"`` (the default, ``int8_ranges.DEFAULT_ESTIMATOR``) clips each int8 range
   where the expected squared error is least, from fixed-bin histograms counted in a second pass over the same
   data (bins fixed by the first pass's range: they merge exactly). Data that cannot be read twice — a
@@ -30,6 +32,7 @@ from ..ir.marker_regions import calibration_targets
 from ..ops.quant import Grid
 from .int8_ranges import Range, checked_estimator, clip_ranges, collect_ranges, readable_twice
 from .channels import ChannelRange
+from .moments import InputMoments
 from .shards import as_shards
 from .statistics import Calibration, calibrate
 
@@ -42,7 +45,8 @@ class Calibrated:
     int8_ranges: Mapping[str, Range]  # marker-region boundaries without dynamic ranges, and the values asked for
     recaptures: int = 0  # graphs captured for batches of other sizes than the example's
     channels: Mapping[str, ChannelRange] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
-    # (channels: the per-channel ranges of the values asked for)
+    moments: Mapping[str, InputMoments] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
+    # (channels: the per-channel ranges of the values asked for; moments: their second moments in blocks)
 
     @property
     def reference_outputs(self) -> tuple | None:
@@ -53,7 +57,7 @@ class Calibrated:
 def run(
     captured, data, *, statistics: bool = True, int8_values: Collection[str] = (), keep_first_outputs: bool = False,
     other_shapes=None, estimator: str | None = None, grids: Mapping[str, Grid] | None = None,
-    channels: Collection[str] = frozenset(),
+    channels: Collection[str] = frozenset(), moments: Collection[str] = frozenset(),
 ) -> Calibrated:
     """Calibrate ``captured`` (an ``ir.captured.CapturedModel``) on ``data`` (None: the example inputs).
 
@@ -63,11 +67,12 @@ def run(
     graph computes in fp32). ``other_shapes``: graphs for batches of other sizes (``batch_graphs.OtherShapes``;
     made when needed). ``estimator``: the int8 range estimator (``int8_ranges.ESTIMATORS``); ``grids``: the grid of
     every value ranged (``plan/quantization.calibration_grids``), which a clipping estimator clips for. ``channels``:
-    values whose per-channel ranges are collected in the same first pass (:attr:`Calibrated.channels`)."""
+    values whose per-channel ranges are collected in the same first pass (:attr:`Calibrated.channels`); ``moments``:
+    values (Linear inputs) whose second moments are collected in it too (:attr:`Calibrated.moments`)."""
     estimator = checked_estimator(estimator)
     targets = set(calibration_targets(captured.info)) | set(int8_values)
-    channels = frozenset(channels)
-    if not (statistics or targets or channels):
+    channels, moments = frozenset(channels), frozenset(moments)
+    if not (statistics or targets or channels or moments):
         return Calibrated(None, MappingProxyType({}))
     shards = as_shards(data) if data is not None else None
     if shards is not None:
@@ -77,9 +82,13 @@ def run(
         if channels:
             log.info("per-channel ranges: calibration data in shards gets none (not collected on Ray workers); "
                      "%d value(s) are not smoothed", len(channels))
+        if moments:
+            log.info("input moments: calibration data in shards gets none (not collected on Ray workers); %d "
+                     "value(s) are rounded without data", len(moments))
     else:
         calibration, recaptures = calibrate(
-            captured, data, other_shapes=other_shapes, keep_first_outputs=keep_first_outputs, channels=channels
+            captured, data, other_shapes=other_shapes, keep_first_outputs=keep_first_outputs, channels=channels,
+            moments=moments,
         )
     ranges = collect_ranges(captured.base, targets, (), calibration=calibration, estimator="minmax") if targets else {}
     if ranges and estimator != "minmax":
@@ -90,4 +99,6 @@ def run(
             log.info("int8 ranges: calibration data in shards gets min/max ranges (the %s estimator's histograms are "
                      "not counted on Ray workers)", estimator)
     found = {name: r for name, r in calibration.channels.items() if name in channels}
-    return Calibrated(calibration, MappingProxyType(ranges), recaptures, MappingProxyType(found))
+    kept = {name: m for name, m in calibration.moments.items() if name in moments}
+    return Calibrated(calibration, MappingProxyType(ranges), recaptures, MappingProxyType(found),
+                      MappingProxyType(kept))

@@ -43,6 +43,8 @@ from .batches import Call, arrange, fit
 from .channels import ChannelObserver, ChannelRange
 from .channels import merge_all as merge_channels
 from .histogram import Histogram, HistogramObserver, merge_all
+from .moments import DEFAULT_BLOCK, InputMoments, MomentObserver
+from .moments import merge_all as merge_moments
 
 __all__ = ["Calibration", "Call", "TensorStats", "calibrate", "collect", "progress_line"]
 
@@ -122,6 +124,8 @@ class Calibration:
     histograms: Mapping[str, Histogram] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
     # per-channel (last dimension) ranges of the values asked for (``channels.py``), by node name
     channels: Mapping[str, ChannelRange] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
+    # second moments in diagonal blocks of the values asked for (``moments.py``: weight rounding), by node name
+    moments: Mapping[str, InputMoments] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
 
 
 def collect(
@@ -134,6 +138,8 @@ def collect(
     keep_first_outputs: bool = False,
     histograms: Mapping[str, tuple[float, float]] | None = None,
     channels: frozenset[str] = frozenset(),
+    moments: frozenset[str] = frozenset(),
+    moment_block: int = DEFAULT_BLOCK,
 ) -> Calibration:
     """Run ``work``'s graph on every batch and merge per-node statistics.
 
@@ -147,15 +153,19 @@ def collect(
     Every batch starts from the captured state of buffers the graph writes.
     ``histograms`` (node name -> range fixed by a first pass over the same batches): also count those values
     into fixed-bin histograms (``Calibration.histograms``, ``histogram.py``). ``channels``: node names whose
-    per-channel ranges to keep too (``Calibration.channels``, ``channels.py``).
+    per-channel ranges to keep too (``Calibration.channels``, ``channels.py``). ``moments``: node names whose
+    second moments to keep, in diagonal blocks of ``moment_block`` channels (``Calibration.moments``, ``moments.py``).
     """
     user_nodes = work.user_input_nodes()
     route = getattr(other_shapes, "route", None)  # searching.shapes.BatchSizes: (call, graph or None) of a batch
     statistics = _Statistics(work)
     counted = HistogramObserver(histograms or {})
     per_channel = ChannelObserver(channels)
+    moment_parts = [MomentObserver(moments, moment_block)]  # per graph run, with its names' mapping, as above
+    moment_names: list[dict | None] = [None]
     runner = GraphRunner(
         work, observers=[statistics] + ([counted] if histograms else []) + ([per_channel] if channels else [])
+        + (moment_parts[:1] if moments else [])
     )
     channel_parts = [per_channel]  # the per-channel observer of every graph run ...
     channel_names: list[dict | None] = [None]  # ... and its node names' mapping onto the captured graph's
@@ -189,6 +199,11 @@ def collect(
                         observers.append(mine)
                         channel_parts.append(mine)
                         channel_names.append(graph.names)
+                    if moments:
+                        moment_parts.append(MomentObserver({o for o, p in graph.names.items() if p in moments},
+                                                           moment_block))
+                        observers.append(moment_parts[-1])
+                        moment_names.append(graph.names)
                     runners[id(graph)] = (graph, GraphRunner(graph.work, observers=observers), graph_statistics,
                                           graph_counted)
                 graph, run, _, _ = runners[id(graph)]
@@ -225,12 +240,17 @@ def collect(
         {(names[n] if names else n): r for n, r in part.ranges.items()}
         for part, names in zip(channel_parts, channel_names)
     )
+    found_moments = merge_moments(
+        {(names[n] if names else n): m for n, m in part.moments.items()}
+        for part, names in zip(moment_parts, moment_names)
+    )
     return Calibration(MappingProxyType(stats), count, first_outputs, MappingProxyType(counts),
-                       MappingProxyType(per_channel_ranges))
+                       MappingProxyType(per_channel_ranges), MappingProxyType(found_moments))
 
 
 def calibrate(
-    captured, loader, *, other_shapes=None, keep_first_outputs: bool = False, histograms=None, channels=frozenset()
+    captured, loader, *, other_shapes=None, keep_first_outputs: bool = False, histograms=None, channels=frozenset(),
+    moments=frozenset(),
 ) -> tuple[Calibration, int]:
     """Statistics of every node of a captured model (``ir.captured.CapturedModel``) on ``loader``'s batches,
     or on the example inputs when it is None: how compile, the configurator and the search calibrate.
@@ -238,7 +258,7 @@ def calibrate(
     Batches in any accepted form (``batches.py``, mapped onto the captured call by its signature); batches of
     other batch/sequence sizes than the example run on a graph captured for them (an nn.Module only:
     ``other_shapes``, a ``batch_graphs.OtherShapes``, made here when not given). Returns the Calibration and
-    how many extra captures it took. ``histograms``, ``channels``: as :func:`collect`'s.
+    how many extra captures it took. ``histograms``, ``channels``, ``moments``: as :func:`collect`'s.
 
     Data in shards (a ``ray.data.Dataset``, ``shards.Shards``) is not read here: ``entry.run`` sends it to
     ``ray_calibration.py``, whose workers call this on their shards."""
@@ -251,6 +271,7 @@ def calibrate(
     calibration = collect(
         captured.base, batches, signature=captured.signature, other_shapes=other_shapes,
         keep_first_outputs=keep_first_outputs, histograms=histograms, channels=frozenset(channels),
+        moments=frozenset(moments),
     )
     return calibration, (other_shapes.captures - before if other_shapes is not None else 0)
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from types import MappingProxyType
 
 from ..ir.graph_info import GraphInfo
 from ..ir.work_program import WorkProgram
@@ -17,3 +19,6 @@ class RewriteContext:
     keep_io_types: bool
     # dtypes of the user outputs as captured, by position
     captured_output_dtypes: tuple
+    # weight-only Linears whose weights are rounded from data (compile's weight_rounding="data_aware"): the second
+    # moments of each one's input (``calibrate.moments.InputMoments``), by layer name; the others round to nearest
+    weight_moments: Mapping = dataclasses.field(default_factory=lambda: MappingProxyType({}))

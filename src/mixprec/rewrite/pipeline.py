@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
 from ..errors import InvariantError
 from ..ir.captured import CapturedModel
@@ -106,19 +107,23 @@ def rewrite(
     captured_output_dtypes: tuple,
     verify_each: bool | None = None,
     pipeline: Pipeline = PIPELINE,
+    weight_moments: Mapping | None = None,
 ) -> WorkProgram:
     """Apply every pass to ``work`` (mutated in place; pass a fresh copy) and return it."""
     if verify_each is None:
         verify_each = verify_each_default()
-    ctx = RewriteContext(work, info, plan, keep_io_types, captured_output_dtypes)
+    ctx = RewriteContext(work, info, plan, keep_io_types, captured_output_dtypes,
+                         MappingProxyType(dict(weight_moments or {})))
     pipeline.run(ctx, verify_each=verify_each)
     return work
 
 
 def realise(
-    captured: CapturedModel, plan: PrecisionPlan, *, keep_io_types: bool, verify_each: bool | None = None
+    captured: CapturedModel, plan: PrecisionPlan, *, keep_io_types: bool, verify_each: bool | None = None,
+    weight_moments: Mapping | None = None,
 ) -> WorkProgram:
-    """``plan`` realised on a copy of the captured model's normalised base (the base is left as it is)."""
+    """``plan`` realised on a copy of the captured model's normalised base (the base is left as it is);
+    ``weight_moments``: as :class:`RewriteContext`'s."""
     return rewrite(
         captured.base.copy(),
         captured.info,
@@ -126,6 +131,7 @@ def realise(
         keep_io_types=keep_io_types,
         captured_output_dtypes=captured.output_dtypes,
         verify_each=verify_each,
+        weight_moments=weight_moments,
     )
 
 

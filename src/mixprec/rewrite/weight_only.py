@@ -33,6 +33,7 @@ from ..ir.graph_info import META_ORIGIN
 from ..ir.passes import PassResult, rewrite_pass
 from ..ops import kernels, weight_formats
 from ..plan.precision_plan import is_weight_only
+from . import data_aware
 from .casting import short_name
 from .context import RewriteContext
 from .stored import as_stored, fake_like, release_float_weight, stored_source
@@ -51,7 +52,8 @@ def weight_only_layer(decision, node) -> bool:
 def weight_only(ctx: RewriteContext) -> PassResult:
     work = ctx.work
     changed = False
-    stored: dict = {}  # (placeholder, format, dtype) -> the op, its stored placeholders and literals
+    stored: dict = {}  # (placeholder, format, dtype, layer rounded from data) -> the op, stored placeholders, literals
+    smoothed: dict = {}  # (value, smoothing) -> the value divided by it (data_aware.divide_input)
     for node in list(work.graph.nodes):
         decision = ctx.plan.get(node.name)
         if not is_weight_only(decision) or node.op != "call_function":
@@ -62,13 +64,13 @@ def weight_only(ctx: RewriteContext) -> PassResult:
                 log.warning("layer %s (%s) keeps float weights: weight-only %s runs Linears only", node.name,
                             node.target, decision.weights.name)
             continue
-        changed |= _rewrite_linear(work, node, decision, stored)
+        changed |= _rewrite_linear(work, node, decision, stored, ctx.weight_moments.get(node.name), smoothed)
     if changed:
         work.sync_output_specs()
     return PassResult(changed)
 
 
-def _rewrite_linear(work, node, decision, stored) -> bool:
+def _rewrite_linear(work, node, decision, stored, moments, smoothed) -> bool:
     x, weight = node.args[0], node.args[1]
     bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
     placeholder, spec, _ = stored_source(work, weight)
@@ -85,10 +87,12 @@ def _rewrite_linear(work, node, decision, stored) -> bool:
         log.warning("layer %s: %s does not fit its [%d, %d] weight; it is stored as %s", node.name,
                     decision.weights, out_features, in_features, fmt)
     dtype = decision.compute_dtype
-    key = (placeholder, fmt, dtype)
+    key = (placeholder, fmt, dtype, node.name if moments is not None else None)
     if key not in stored:
-        stored[key] = _store(work, placeholder, spec, tensor, fmt, dtype)
-    op, operands, literals = stored[key]
+        stored[key] = _store(work, placeholder, spec, tensor, fmt, dtype, moments, node.name)
+    op, operands, literals, smoothing = stored[key]
+    if smoothing is not None:  # the data-aware choice scaled the weight's columns: the input is divided by them
+        x = data_aware.divide_input(work, node, smoothing, spec, smoothed)
     bound = {"x": x, **operands, **literals, "bias": bias}
     node.target = op
     node.args, node.kwargs = kernels.positional(op, kernels.bind(op, (), bound))
@@ -96,11 +100,14 @@ def _rewrite_linear(work, node, decision, stored) -> bool:
     return True
 
 
-def _store(work, placeholder, spec, tensor, fmt, dtype):
-    """The stored tensors of one weight in ``fmt``: (op, schema name -> stored placeholder or None, literals)."""
+def _store(work, placeholder, spec, tensor, fmt, dtype, moments=None, layer=""):
+    """The stored tensors of one weight in ``fmt``: (op, schema name -> stored placeholder or None, literals, the
+    smoothing its input is divided by or None); ``moments``: its layer's input moments, rounded from data."""
     suffix = f"_{fmt.name}" + (f"_g{fmt.group}" if fmt.group else "") + ("" if fmt.symmetric else "_asym")
     suffix += f"_{short_name(dtype)}" if dtype != tensor.dtype else ""  # e.g. 'w_int4_g128_bf16_scales_and_zeros'
-    quantized = weight_formats.quantize(tensor, fmt, dtype)
+    quantized = data_aware.quantize(tensor, fmt, dtype, moments)
+    if moments is not None:
+        suffix += f"_for_{layer}"  # rounded from this layer's data: another layer reading the weight has its own
     operands = {}
     for index, (name, value) in enumerate(quantized.stored):
         if value is None:
@@ -112,4 +119,4 @@ def _store(work, placeholder, spec, tensor, fmt, dtype):
         node.meta["val"] = fake_like(placeholder.meta["val"], value)
         node.meta[META_ORIGIN] = placeholder.meta.get(META_ORIGIN, placeholder.name)
         operands[name] = node
-    return quantized.op, operands, dict(quantized.literals)
+    return quantized.op, operands, dict(quantized.literals), quantized.smoothing
