@@ -166,8 +166,11 @@ def test_an_explicit_request_is_the_programs_precision_under_every_option(data, 
         for r in layers:
             decision = prog.plan[r.name]
             assert decision.precision == precision and decision.source in EXPLICIT_SOURCES, (form, decision)
-            if stored is not None and r.flops > 0:
-                assert decision.stored_param_dtype == stored, (form, decision)
+            if stored is not None and r.flops > 0:  # weight-only layers store their weight format's integers
+                fmt = decision.weights
+                stored_as = getattr(torch, f"int{fmt.bits}") if fmt is not None else decision.stored_param_dtype
+                assert stored_as == stored, (form, decision)
     assert dict(prog.plan.inputs) == inputs and dict(prog.plan.outputs) == outputs
     out = prog(*EXPLICIT_INPUTS)
-    assert out.dtype == torch.float32 and bool(torch.isfinite(out).all())
+    asked = outputs.get(0, torch.float32)  # a float output precision asked for is the output's dtype
+    assert out.dtype == (asked if asked.is_floating_point else torch.float32) and bool(torch.isfinite(out).all())
