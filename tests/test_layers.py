@@ -210,17 +210,8 @@ def test_the_circle_check_sees_a_circle():
 # A module docstring's most lines, its first and last line included: what the module is for, why it is built that way,
 # its contracts. Measured figures live in bench/RESULTS.md and bench/log/, named by section.
 DOCSTRING_LINES = 25
-# issue 44: the lead trims these after the branches editing them merge
-DOCSTRINGS_PENDING = (
-    "backends/lowering/qdq.py", "backends/openvino/audit.py", "backends/openvino/convert.py",
-    "backends/openvino/runner.py", "debugger/fixes.py", "ops/weight_only.py", "output/serialize/__init__.py",
-    "output/serialize/graph.py", "output/serialize/propagation.py", "output/serialize/runtime_bounds.py",
-    "output/serialize/workspace.py", "plan/quantization.py", "rewrite/quantize.py", "searching/budget.py",
-    "searching/distributed.py", "searching/groups.py", "searching/holdout.py",
-    "searching/shapes.py",
-)
 # issue 44: the lead fixes these after the branches editing them merge (they name bench scripts that left the tree)
-BENCH_NAMES_PENDING = ("hf/weight_only.py", "searching/distributed.py", "searching/types.py")
+BENCH_NAMES_PENDING = ("hf/weight_only.py", "searching/types.py")
 
 BENCH = SRC.parents[1] / "bench"
 _BENCH_SCRIPT = re.compile(r"\bbench/([\w/]+\.py)\b")
@@ -252,11 +243,9 @@ def _pending_check(found: set[str], pending: tuple[str, ...]) -> tuple[list[str]
 
 
 def test_module_docstrings_are_short():
-    long = {rel for rel, text in _sources().items() if _docstring_lines(text) > DOCSTRING_LINES}
-    unlisted, done = _pending_check(long, DOCSTRINGS_PENDING)
-    assert not unlisted, (f"module docstrings over {DOCSTRING_LINES} lines (keep what and why; figures go to "
-                          f"the log): {unlisted}")
-    assert not done, f"trimmed already: take them out of DOCSTRINGS_PENDING: {done}"
+    long = sorted(rel for rel, text in _sources().items() if _docstring_lines(text) > DOCSTRING_LINES)
+    assert not long, (f"module docstrings over {DOCSTRING_LINES} lines (keep what and why; figures go to "
+                      f"the log): {long}")
 
 
 def test_no_source_names_a_bench_script_that_left_the_tree():

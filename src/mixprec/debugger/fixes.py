@@ -1,29 +1,26 @@
 """Fixes the debugger proposes, measured: what keeping a layer (or a few) in fp32 does to the OUTPUT error.
 
-The layer with the largest error jump is where the most error is *added*, not where the output
-error comes from: on a 2-layer Qwen2 decoder in bf16 it was ``self_attn.q_proj`` of the first
-layer, and keeping it in fp32 left the output error where it was, while ``lm_head`` (twelfth by
-jump) took a third of it away. Error added early is diluted by the residual stream; error added
-at the end reaches the output unchanged. So the debugger does not guess: for a few candidates it
-realises the program with the fix applied (the plan with those layers in fp32, on the same
-capture) and runs it on the inputs, and ranks the findings by the output error that remains.
+The layer with the largest error jump is where the most error is *added*, not where the output error comes from:
+error added early is diluted by the residual stream, error added at the end reaches the output unchanged (in a
+2-layer Qwen2 decoder in bf16, keeping the first layer's ``q_proj``, the largest jump, in fp32 did not help;
+``lm_head``, twelfth by jump, did). So the debugger does not guess: for a few candidates it realises the program with
+the fix applied (the plan with those layers in fp32, on the same capture), runs it on the inputs, and ranks the
+findings by the output error that remains.
 
 Candidates, at most ``limit`` (their order is the heuristic that picks which to measure):
 
 1. the first layer that produced inf/NaN;
-2. the low-precision layers that produce a program output (through data movement only): their
-   rounding reaches the output as it is;
+2. the low-precision layers that produce a program output (through data movement only): their rounding reaches the
+   output as it is;
 3. the layers by error jump, largest first.
 
-"Low precision" is any decision that rounds more than fp32 (:func:`lowers`): a low float type, an integer
-precision (int8; the simulated int16/int4) or integer weights (weight-only W8A16/W4A16, simulated int16/int4
-weights) — int8's and int4's errors are found like bf16's. A low-precision layer's fix keeps it in fp32; an fp32 layer whose error came with its inputs is
-fixed by keeping its low-precision producers in fp32. Either way the data-movement nodes after
-the fixed layers that only followed their dtype (a view of the layer's output planned in bf16)
-go to fp32 with them: otherwise they would round the value again.
+"Low precision" is any decision that rounds more than fp32 (:func:`lowers`): a low float type, an integer precision
+or integer weights. A low-precision layer's fix keeps it in fp32; an fp32 layer whose error came with its inputs is
+fixed by keeping its low-precision producers in fp32. Either way the data-movement nodes after the fixed layers that
+only followed their dtype go to fp32 with them: otherwise they would round the value again.
 
-Every fix is also code that does exactly what was measured: a plan edit passed to
-``mixprec.compile`` (:func:`fix_code`).
+Every fix is also code that does exactly what was measured: a plan edit passed to ``mixprec.compile``
+(:func:`fix_code`).
 """
 
 from __future__ import annotations

@@ -1,30 +1,26 @@
 """Weight-only int8 / int4 Linears (W8A16, W4A16): the ops that run PyTorch's kernels, and the int8 and int4 formats'
 handlers (``weight_formats.py``).
 
-Why: decoding a token reads every weight once, so on a CPU it is bound by memory bandwidth; int8 weights are half
-of bf16's bytes, int4 a quarter. PyTorch's CPU build has the kernels: ``aten._weight_int8pack_mm(x, w_int8[N, K],
-scales[N])`` and ``aten._weight_int4pack_mm_for_cpu(x, w_packed, group, scales_and_zeros[K/group, N, 2])``, the int4
-weight packed by ``aten._convert_weight_to_int4pack_for_cpu``. Both exist on AVX2 and AVX512 CPUs (no VNNI/AMX
-needed: they dequantize in registers and compute in float). The numerics are ``int_weights.py``'s, the int4 storage
-``int4_storage.py``'s (their names are this module's too).
+Why: decoding a token reads every weight once, so on a CPU it is bound by memory bandwidth; int8 weights are half of
+bf16's bytes, int4 a quarter. PyTorch's CPU build has the kernels (``aten._weight_int8pack_mm``,
+``aten._weight_int4pack_mm_for_cpu`` on a weight packed by ``aten._convert_weight_to_int4pack_for_cpu``), on AVX2 and
+AVX512 CPUs alike (they dequantize in registers and compute in float). The numerics are ``int_weights.py``'s, the int4
+storage ``int4_storage.py``'s (their names are this module's too).
 
-**The ops** (``torch.ops.mixprec``; each has an eager kernel and a fake kernel, so programs export and inductor
-calls them as extern kernels, and a declaration, ``ops/kernels.py``, that both check and the loader reads: dtypes,
-shapes, groups, stored operands, and the memory the fallbacks allocate)::
+**The ops** (``torch.ops.mixprec``; each has an eager kernel, a fake kernel, so programs export and inductor calls
+them as extern kernels, and a declaration in ``ops/kernels.py`` that both check and the loader reads)::
 
     linear_int8_weight(x, weight int8 [N, K], scales [N, G], offsets [N, G] | None, bias | None)
     linear_int4_weight(x, weight uint8 [N, K/2], scales_and_zeros [G, N, 2], group, packed, bias | None)
 
-Where the kernel runs and where the op falls back to dequantize + ``aten.linear`` (the same numerics, in the
-activation's dtype):
+Where the kernel runs; elsewhere the op dequantizes and runs ``aten.linear`` (the same numerics, in the activation's
+dtype):
 
-* int8: the kernel for one scale per channel (G == 1) and K a multiple of 16 (its loop has no remainder), x
-  float32/bfloat16/float16 on the CPU; the asymmetric offset is added as ``sum(x) * o`` beside it (exact algebra).
-  Grouped int8 (G > 1), other K and other devices dequantize.
-* int4: the kernel when the weight is ``packed`` (the rewrite packs when N % 16 == 0 and K % 32 == 0: the kernel's
-  constraints) and x is float32/bfloat16/float16 on the CPU. Per-channel int4 runs as groups of 256/128/64/32 with
-  the scale repeated (the kernel takes those group sizes only). An unpacked weight (plain nibbles, low nibble = even
-  input channel) and other devices dequantize. A saved file holds the plain nibbles (the format's ``Packing``).
+* int8: one scale per channel (G == 1), K a multiple of 16, x float32/bfloat16/float16 on the CPU; the asymmetric
+  offset is added as ``sum(x) * o`` beside it (exact algebra).
+* int4: a ``packed`` weight (the rewrite packs when N % 16 == 0 and K % 32 == 0: the kernel's constraints), x as for
+  int8. Per-channel int4 runs as groups of 256/128/64/32 with the scale repeated (the kernel's group sizes). An
+  unpacked weight holds plain nibbles (low nibble = even input channel), as a saved file does (``Packing``).
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Quantization's one owner: the policy (:class:`QuantPolicy`) and the grid each quantized value is put on.
 
-Why an object, not switches: how int8 is made — the range estimator, the grid of activations the graph proves never
-negative, exit quantization, smoothing's alpha, attention operands — used to be module globals of four modules,
-flipped by tests and benches. A policy is passed as an argument (``MixedPrecisionConfigurator.apply(..., policy=)``),
-recorded in the plan's JSON (``PrecisionPlan.policy``) and shown in the configurator's log.
+Why an object, not switches: how int8 is made (range estimator, unsigned grid, exit quantization, smoothing's alpha,
+attention operands) used to be module globals of four modules, flipped by tests and benches. A policy is an argument
+(``MixedPrecisionConfigurator.apply(..., policy=)``), recorded in the plan's JSON (``PrecisionPlan.policy``), logged.
 
 **The grid** of every value an int8 layer quantizes is decided here, once (:func:`activation_grid`), and recorded in
 the plan (``Int8Spec.grids`` / ``output_grid``): calibration clips for it, the rewrite quantizes on it, its check

@@ -1,44 +1,27 @@
 """int8: quantize/dequantize around the values the plan quantizes, int8 storage of weights.
 
-What the program computes for an int8 layer (fake quantization, on any device):
+What the program computes for an int8 layer (fake quantization, on any device; :func:`quantize` shows the graph):
 
-* each input named in ``NodePrecision.int8.inputs`` is quantized with the symmetric
-  per-tensor scale of its range (scale = max(|min|, |max|) / 127; q = clamp(round(x / scale),
-  -127, 127) as int8: the arithmetic of ``ops/quant.py``) and dequantized to float32 — the layer
-  sees exactly int8 grid values; a value the graph proves never negative (``ir/sign.py``: after relu,
-  softmax, ...) is quantized on the unsigned grid instead (scale = max / 255, q in [0, 255] as uint8,
-  ``mixprec.quantize_per_tensor_u8``): the same range with twice the resolution. The grid is the plan's
-  (``Int8Spec.grids``, decided in ``plan/quantization.py``); a plan of format version 1 records none, and its
-  values get the grid ``plan/quantization.activation_grid`` gives with the plan's policy;
-* an input named in ``int8.smoothing`` (activation smoothing, ``calibrate/smoothing.py``) is quantized
-  divided per channel by its divisors s, and the Linear's weight columns are multiplied by s before their int8
-  quantization (copies: the model's tensors are untouched); the division is folded into the LayerNorm's weight
-  and bias copies that make the input when only smoothed Linears read it, else it is one multiply;
-* with ``int8.output`` the layer's result is quantized and dequantized the same way before
-  anything reads it;
+* each input named in ``NodePrecision.int8.inputs`` is quantized per tensor on the grid the plan records
+  (``Int8Spec.grids``, decided in ``plan/quantization.py``; a version-1 plan records none and gets
+  ``activation_grid``'s under the plan's policy) — symmetric int8, or unsigned for a value the graph proves never
+  negative (``ir/sign.py``) — with the arithmetic of ``ops/quant.py``, and dequantized to float32: the layer sees
+  exactly grid values;
+* an input named in ``int8.smoothing`` (``calibrate/smoothing.py``) is quantized divided per channel by its divisors
+  s, and the Linear's weight columns are multiplied by s before their quantization (copies: the model's tensors are
+  untouched); the division is folded into the LayerNorm's weight and bias copies that make the input when only
+  smoothed Linears read it, else it is one multiply;
+* with ``int8.output`` the layer's result is quantized and dequantized the same way before anything reads it;
 * convolution and linear weights of int8 layers (and the convolutions of float layers with int8 weights: the weight
   format's ``other_ops``; their Linears are weight-only ops, ``weight_only.py``) are stored as int8 with one float32
-  scale per output channel (scale_c = max |w_c| / 127) and dequantized at use; the float
-  weight leaves the program's state unless another layer still reads it;
-* the arithmetic itself runs in float32 (``NodePrecision.compute_dtype``) with PyTorch's
-  float kernels: on the int8 grid values the products are those of the int8 kernel, the
-  sums are float32's rather than int32's.
+  scale per output channel and dequantized at use; the float weight leaves the program's state unless another layer
+  still reads it;
+* the arithmetic runs in float32 (``NodePrecision.compute_dtype``): on grid values the products are the int8
+  kernel's, the sums float32's rather than int32's.
 
-Before::                                       After::
-
-    conv = aten.conv2d(x, p_w, p_b)                q = mixprec.quantize_per_tensor(x, 0.047)
-                                                   x_dq = mixprec.dequantize_per_tensor(q, 0.047, float32)
-                                                   w_dq = mixprec.dequantize_per_channel(p_w_int8, p_w_scale, 0, float32)
-                                                   conv = aten.conv2d(x_dq, w_dq, p_b)
-
-The simulated int16/int4 layers (issue 32, AIMET QuantSim's semantics) are the same rewrite on other grids: their
-inputs quantized on the grids the plan records (``plan/quantization.py``: int16 [-32767, 32767], int4 [-7, 7], uint4
-[0, 15], through the ops of ``ops.custom.SIMULATED_OPS``), their weights stored per output channel on the grid of
-their bits (``plan/quantization.WEIGHT_GRIDS``: int16 as int16, int4 as int8 values in [-7, 7]) and dequantized by
-the same per-channel dequantize; the arithmetic is float32's, as for int8.
-
-Runs after cast insertion (so every float input of an int8 layer is already float32) and
-before parameter storage (which then leaves the int8 weights alone).
+The simulated int16/int4 layers (issue 32, AIMET QuantSim's semantics) are the same rewrite on their grids
+(``ops.custom.SIMULATED_OPS``, weights on ``plan/quantization.WEIGHT_GRIDS``). Runs after cast insertion (so every
+float input of an int8 layer is already float32) and before parameter storage (which leaves the int8 weights alone).
 """
 
 from __future__ import annotations

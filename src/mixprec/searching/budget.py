@@ -1,59 +1,27 @@
 """Phase 2: lower groups cumulatively, as far as the budget allows.
 
-A candidate plan is an *assignment*: a set of (group, low type) pairs, the other groups in fp32. Its
-metric grows with what is lowered (rounding errors add up, roughly in quadrature: the squared errors of
-independent roundings add, so a group's cost is its sensitivity squared).
+A candidate plan is an *assignment*: a set of (group, low type) pairs, the other groups in fp32. Its metric grows
+with what is lowered, roughly in quadrature (the squared errors of independent roundings add), so a group's cost is
+its sensitivity squared.
 
-**One low type** (the classic search: as many FLOPs in it as the budget allows).
+* **One low type**, ``keep_fp32_fraction``: groups lowered from least to most sensitive, exactly ceil(fraction x
+  groups) of the most sensitive kept fp32 (groups a safety rule keeps count first); quarter points for the pareto plot.
+* **One low type**, ``tolerance``: the most FLOPs in low precision within the tolerance. Least-sensitive-first alone
+  spends the budget on FLOP-free layers (adds, norms) and then stops at a sensitive big matmul, so two stages: (1) the
+  groups that carry FLOPs, cheapest error per FLOP first (sensitivity² / FLOPs, the knapsack ratio under the
+  quadrature model); (2) with those lowered, the FLOP-free groups, least sensitive first, as the tolerance allows.
+* **Several low types** (the fastest mix within the budget): each group may stay fp32 or take a type it is offered,
+  at the gain of the cost model (``latency.py``, boundary conversions charged) and the cost sensitivity²; stage 1
+  takes :func:`upgrades` in order of gain per unit of error; stage 2 lowers the FLOP-free groups to the float type
+  only where it is faster than fp32 here.
+* **The floor** (:func:`pruning.floor_type`): where the float type is faster than fp32 for every FLOP-carrying group,
+  every group starts in it and stage 1's upgrades start from there (:func:`_from_floor`); where all-float breaks the
+  limit, the fewest groups that bring it within stay fp32 (:func:`exceptions`).
 
-``keep_fp32_fraction``: groups are lowered from least to most sensitive and exactly
-ceil(fraction x number of groups) of the most sensitive stay fp32 (groups a safety rule keeps
-count first, and stay fp32 even beyond that number). That plan is measured, and the quarter
-points of the same curve for the pareto plot.
-
-``tolerance``: the goal is the most FLOPs in low precision within the tolerance, so the
-order matters where the budget binds. Least-sensitive-first alone spends the budget on
-FLOP-free layers (residual adds, norms) and then stops at a sensitive big matmul (GPT-2's LM
-head) although keeping an add in fp32 instead would have made room for it. So, two stages,
-each a cumulative curve searched by bisection:
-
-1. the groups that carry FLOPs (matmul/conv/attention), cheapest error per FLOP first —
-   sensitivity² / FLOPs, the knapsack ratio under the quadrature model;
-2. with the first stage's choice lowered, the FLOP-free groups, least sensitive first, as many
-   as the remaining tolerance allows.
-
-**Several low types** (``low_precision_type=("int8", "bf16")``: the fastest mix within the budget). Each
-group may stay fp32 or take any type it is offered, at the gain the cost model gives (``latency.py``: seconds
-saved per call, FLOPs x the measured per-FLOP saving of that type on this machine; types no faster than fp32
-offer nothing) and the cost sensitivity² (its own measured error in that type). Per group the options form
-a curve from fp32 (cost 0, gain 0); only its upper convex hull is worth taking, as *upgrades*: fp32 -> the
-option with the best gain per unit of error, then -> a faster option at the next best ratio, ... (a slower,
-less accurate option is never taken). All groups' upgrades are sorted by gain per unit of error (a greedy
-multiple-choice knapsack, exact for the convex relaxation), and stage 1 is the longest prefix of that list
-within the tolerance, by bisection as above — an upgrade later in the prefix replaces the group's earlier
-choice. Stage 2 then lowers the FLOP-free groups to the float low type, least sensitive first, only when
-that type is faster than fp32 here for the classes of the model's FLOP-carrying layers (they carry no
-FLOPs; lowered, they spare the casts between lowered neighbours);
-otherwise they stay fp32. ``keep_fp32_fraction`` lowers the same groups as with one type, each
-to its option of most gain (its least sensitive type when no type gains).
-
-**A float move has boundaries**: lowering a layer alone among fp32 ones converts its inputs and output; an
-upgrade's gain is charged those conversions at the backend's price (``latency.boundary_elements``).
-
-**The floor** (:func:`pruning.floor_type`): where the float type is faster than fp32 for every FLOP-carrying group
-(bf16 with AMX: fp32 is the slow path), fp32 is the dearest way to buy accuracy. Every group then starts in the float
-type (the all-float plan, one trial; its sensitivities are not measured in phase 1) and stage 1's upgrades — to int8
-or a weight-only type, by gain over the float type per unit of error — start from there: a tight budget moves int8
-layers back to the float type, not to fp32. Where all-float itself breaks the limit, its sensitivities are measured
-(``fill``) and the fewest groups that bring it within stay fp32 (:func:`exceptions`), then the upgrades.
-
-Everything lowered is tried first (often it fits). Otherwise each stage tries its whole list,
-then searches for the longest prefix whose measured metric is within the tolerance, probing where the
-quadrature model of the measured sensitivities, scaled to the metric measured at the bracket's ends, crosses
-the tolerance (:func:`_furthest`): two trials per stage where the model holds, about log2(N) (bisection's)
-to twice that where it does not. Every chosen point was measured, so it meets the tolerance on the eval
-data even where a curve is not monotone (the search may then stop short of a later point that
-would also fit).
+Everything lowered is tried first (often it fits); otherwise each stage searches for the longest prefix of its list
+whose measured metric is within the tolerance (:func:`_furthest`: bisection guided by the quadrature model). Every
+chosen point was measured, so it meets the tolerance on the eval data even where a curve is not monotone (the search
+may then stop short of a later point that would also fit).
 """
 
 from __future__ import annotations
@@ -161,7 +129,11 @@ def _from_floor(study: Study, floor, metric: Callable, gain: Callable, tolerance
                 costs=None) -> list[tuple] | None:
     """The plan from the floor (module docstring): every group that takes ``floor`` in it, then the longest prefix of
     the upgrades from it within ``tolerance``. Where the all-floor plan is beyond it: None, or with ``costs`` (and the
-    floor's sensitivities measured) the floor less its :func:`exceptions`."""
+    floor's sensitivities measured) the floor less its :func:`exceptions`.
+
+    The all-floor plan is one trial (its sensitivities are not measured in phase 1; ``choose``'s ``fill`` measures
+    them only where it breaks the limit), and a tight budget then moves int8 layers back to the floor, not to fp32:
+    where the float type is faster than fp32 everywhere, fp32 is the dearest way to buy accuracy."""
     def within_floor(g) -> bool:
         found = study.sensitivity[g.name].get(floor)
         return g.unsafe is None and found is not None and (not found.measured or math.isfinite(found.value))
@@ -242,7 +214,16 @@ def exceptions(study: Study, floor, base: list[tuple], metric: Callable, gain: C
 
 def upgrades(groups, lows, sensitivity: Callable, gain: Callable) -> list[tuple]:
     """Every group's upgrades along its options' upper convex hull, all sorted by gain per unit of error
-    (best first; module docstring). Items are (group, dtype); a group's later item replaces its earlier one."""
+    (best first). Items are (group, dtype); a group's later item replaces its earlier one.
+
+    Per group the options (gain: seconds saved per call by the cost model; cost: sensitivity²) form a curve from
+    fp32 (0, 0); only its upper convex hull is worth taking: fp32 -> the option with the best gain per unit of error,
+    then -> a faster option at the next best ratio, ... (a slower, less accurate option is never taken). Sorting all
+    groups' upgrades is a greedy multiple-choice knapsack, exact for the convex relaxation; stage 1 takes the longest
+    prefix within the tolerance. FLOP-free groups carry no gain of their own (lowered, they spare the casts between
+    lowered neighbours), so stage 2 lowers them only where the float type is faster than fp32 for the classes of the
+    model's FLOP-carrying layers. ``keep_fp32_fraction`` lowers the same groups as with one type, each to its option
+    of most gain (its least sensitive type when no type gains)."""
     steps = []
     for g in groups:
         options = []

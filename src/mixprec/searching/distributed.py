@@ -1,49 +1,27 @@
 """Search trials on a Ray cluster: ``mixprec.search(..., ray_address=..., workers=N)``.
 
-A search is dozens to thousands of independent forward passes (one sensitivity trial per layer
-group over the eval data), so it spreads over a cluster the way Ray is built for: one actor per
-worker holds the program and the eval data and rebuilds each trial's program locally.
+A search is many independent forward passes (one sensitivity trial per layer group over the eval data), so it spreads
+over a cluster: one actor per worker holds the program and the eval data and rebuilds each trial's program locally.
 
-* What travels: the captured ExportedProgram as ``torch.export.save`` bytes (its weights, the graph, the signature: an
-  ExportedProgram does not pickle itself), the example inputs, the prepared metric (eval batches and the fp32
-  reference outputs, so no worker re-runs the reference), the calibrated int8 ranges (marker regions' and the int8
-  layers' boundaries) and the low types (and the modules that define the programs' pytree types, for the worker to
-  import: ``_modules``). Eval batches of other sizes than the example inputs (another batch size, a collator's own
-  padded length) or that give keywords the example inputs left out (a collator's ``attention_mask`` beside
-  ``(input_ids,)``) run on captures of their own (``shapes.py``): those travel as the program does, as
-  ``torch.export.save`` bytes with their node map to the example capture (names only), because a worker holds no model
-  to capture again and an nn.Module is no payload (it need not pickle, and its code would run there); a worker
-  (``worker.OtherCaptures``) runs each batch on the capture for its keywords and sizes, as this process does. Their
-  weights are the example capture's (the model's tensors, captured again): they travel once, such a capture's bytes
-  hold meta tensors in their place and a worker puts the example capture's back (``_light``), so a capture costs the
-  payload its graph (one for a loader's batch and sequence sizes: one dynamic capture takes every size but those torch
-  specialises, such as a batch of 1, which get an exact-shape capture each). All of it is pickled once into one bytes
-  object and put into Ray's object store once (``ray.put``); each task carries only its object reference, and a worker
-  loads it on its first trial of the search, never per trial.
-* A worker re-builds ``CapturedModel`` from the ExportedProgram (capture returns an ExportedProgram as it is;
-  normalise and analyse are deterministic) and checks that it found the driver's node names, so plans name the same
-  layers; then ``Trials.measure`` runs there exactly as it runs in one process.
-* The driver keeps the memo and the cache: it looks trials up before dispatching, dispatches only misses, and writes
-  every outcome into its own ``Trials`` (so ``result.trials`` counts the same, and a second search with another budget
-  reuses them as in one process).
-* Same answers: each trial is one program on the same data through the same code; outcomes are merged by their lowered
-  set, never by arrival order, so arrival order cannot matter. What does matter is the thread count: CPU kernels split
-  reductions across threads (torch's fp64 sums in the rel-L2 metric, matmuls, norms), so 1 and 2 threads round
-  differently in the last bits (measured: a Llama's sensitivities differ at 1e-16 relative). So a worker runs with
-  this process's ``torch.get_num_threads()`` and asks Ray for that many CPUs: ``workers`` defaults to the cluster's
-  CPUs // threads (``torch.set_num_threads(1)`` before the search for one worker per CPU). Latencies of the pareto
-  points are timings: those phase 2 measured are timed by the worker that ran the point's trial, right after it (its
-  program built and warm: no rebuild, and the points time in parallel; on a 2-core machine two workers' trials run at
-  2.06x one's throughput, bench/parallel_ceiling.py), the others (the fp32 baseline) on the driver.
-* Workers are actors that outlive a call (a Python process importing torch costs seconds): the next search on the same
-  cluster reuses them; at the end of a call they drop its program. Each holds one CPU of the cluster until this
-  process disconnects from Ray, a ``"local"`` cluster the call started shuts down, or :func:`release` stops them.
-* Faults: actors restart (``max_restarts``) and re-run the trial they had (``max_task_retries``) when their process
-  dies; when the retries are spent, or a trial raises (the user's metric, a pickling error), the search raises a
-  mixprec error naming the layer group: never a dropped trial.
+* What travels (:class:`RayPool`): the captured ExportedProgram as ``torch.export.save`` bytes (it does not pickle
+  itself), the example inputs, the prepared metric (eval batches and fp32 reference outputs), the calibrated int8
+  ranges, the low types, and the captures of other batch shapes or keywords (``shapes.py``; their weights are the
+  example capture's, :func:`_light`). All of it is pickled once and put into Ray's object store once; each task
+  carries only its reference, and a worker loads it on its first trial of the search, never per trial.
+* A worker re-builds ``CapturedModel`` from the ExportedProgram and checks that it found the driver's node names, so
+  plans name the same layers; then ``Trials.measure`` runs there exactly as in one process.
+* The driver keeps the memo and the cache: it dispatches only misses and writes every outcome into its own ``Trials``.
+* Same answers: outcomes are merged by their lowered set, never by arrival order, and a worker runs with this
+  process's thread count (:func:`threads`; ``workers`` defaults to the cluster's CPUs // threads). Phase 2's pareto
+  points are timed by the worker that ran the point's trial, right after it; the fp32 baseline on the driver
+  (bench/log/2026-11.md "Issue 24: search on Ray, rerun on an idle machine").
+* Workers are actors that outlive a call (the next search on the same cluster reuses them), each holding one CPU until
+  this process disconnects, a ``"local"`` cluster the call started shuts down, or :func:`release` stops them.
+* Faults: actors restart and re-run their trial (:data:`MAX_RETRIES`); when the retries are spent, or a trial raises,
+  the search raises a mixprec error naming the layer group: never a dropped trial.
 
-Ray is an optional extra (``pip install 'mixprec[ray]'``), imported (and connected to: ``mixprec/cluster.py``,
-shared with calibration over shards) only when a search is given ``ray_address``.
+Ray is an optional extra (``pip install 'mixprec[ray]'``), imported (and connected to: ``mixprec/cluster.py``) only
+when a search is given ``ray_address``.
 """
 
 from __future__ import annotations
@@ -170,14 +148,22 @@ _ACTORS: dict = {}  # (the driver node's id: one per cluster, threads) -> the Tr
 
 
 def threads() -> int:
-    """Torch threads of this process: each worker runs with as many (see the module docstring)."""
+    """Torch threads of this process: each worker runs with as many, and asks Ray for as many CPUs. CPU kernels split
+    reductions across threads (torch's fp64 sums in the rel-L2 metric, matmuls, norms), so 1 and 2 threads round
+    differently in the last bits: the same thread count gives the same answers as one process
+    (``torch.set_num_threads(1)`` before the search for one worker per CPU)."""
     import torch
 
     return torch.get_num_threads()
 
 
 class RayPool:
-    """Trials of one search call on a cluster: the payload is put once; actors start (or are reused) on the first miss."""
+    """Trials of one search call on a cluster: the payload is put once; actors start (or are reused) on the first miss.
+
+    Captures of other batch sizes or keywords travel as the program does, ``torch.export.save`` bytes with their node
+    map to the example capture: a worker holds no model to capture again, and an nn.Module is no payload (it need
+    not pickle, and its code would run there). A worker (``worker.OtherCaptures``) runs each batch on the capture for
+    its keywords and sizes, as this process does."""
 
     def __init__(self, cluster: Cluster, trials, describe: Callable[[frozenset], str]):
         self.cluster = cluster

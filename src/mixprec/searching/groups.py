@@ -1,32 +1,26 @@
 """Layer groups: the units a search lowers, one compute layer each with the movement that follows it.
 
-A candidate is a layer autocast would be free to lower (same freedom as the autocast rules):
-an fp32 compute layer that reads and produces floats and that no stronger source decided —
-not in a ``torch.autocast`` region, not in a precision-marker region, not put in another
-dtype by the model's code. A group is that layer plus the dtype-transparent nodes (views,
-permutes, getitems, ...) that follow it when it is lowered: the planner's follow pass
-(``follow.py``) moves them with it, so lowering a group adds no cast ping-pong. The group's
-followers are not guessed here; the search reads them off the plan once the layer is lowered.
+A candidate is a layer autocast would be free to lower: an fp32 compute layer that reads and produces floats and
+that no stronger source decided (not in a ``torch.autocast`` or precision-marker region, not put in another dtype by
+the model's code). A group is that layer plus the dtype-transparent nodes (views, permutes, getitems, ...) that the
+planner's follow pass (``follow.py``) moves with it, so lowering a group adds no cast ping-pong; they are not guessed
+here: the search reads them off the plan once the layer is lowered.
 
-Some candidates cannot be lowered safely whatever a measurement on the eval data says; the
-autocast rules find them, with the IO-range threshold raised to the low type's largest finite
-value (search measures rounding error itself, it only needs the rules for what measurement
-on the eval data can miss):
+Some candidates cannot be lowered safely whatever a measurement on the eval data says; the autocast rules find them,
+with the IO-range threshold raised to the low type's largest finite value (search measures rounding error itself,
+it only needs the rules for what measurement on the eval data can miss):
 
 * the op fixes its output dtype (``softmax(..., dtype=float32)``): lowering it only adds casts;
 * a parameter, buffer or scalar argument does not fit the low type (a -1e9 mask in fp16);
 * calibration saw values that do not fit the low type, or inf/NaN already in fp32.
 
-Such groups get infinite sensitivity and stay fp32, with the rule's reason (in every low type: the rules
-judge the float low type, and int8 with calibrated ranges is no remedy for inf/NaN or a fixed output dtype).
+Such groups get infinite sensitivity and stay fp32, with the rule's reason, in every low type.
 
-int8 is offered only to groups that carry FLOPs (matmul, convolution, attention): only there does an int8
-kernel replace float arithmetic; an int8 norm, add or activation runs in float between a quantize and a
-dequantize (``rewrite/quantize.py``), which adds error and time and saves nothing. Its boundary is the
-configurator's for a module of one layer (:func:`int8_requests`, the int8 planner both ask); for a matmul between activations and for
-attention that is its operands (``plan/int8_operands.py``: SDPA's query and key, never its mask), and a layer whose
-operands int8 leaves float (an attention's output matmul) is not offered int8. The weight-only types (w8a16,
-w4a16: ``types.py``) are offered to Linear layers only: the weight-only kernels are Linears'.
+int8 is offered only to groups that carry FLOPs (matmul, convolution, attention): only there does an int8 kernel
+replace float arithmetic; elsewhere it adds error and time and saves nothing. Its boundary is the configurator's for
+a module of one layer (:func:`int8_requests`); for a matmul between activations and for attention that is its
+operands (``plan/int8_operands.py``), and a layer whose operands int8 leaves float (an attention's output matmul) is
+not offered int8. The weight-only types (``types.py``) are offered to Linear layers only: the kernels are Linears'.
 """
 
 from __future__ import annotations

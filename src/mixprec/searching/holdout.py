@@ -1,32 +1,27 @@
 """The budget on new data: a plan is chosen on some eval batches and confirmed on others it never saw.
 
-Why: phase 2 (``budget.py``) stops at the furthest plan whose metric on the eval data is within the tolerance,
-so the chosen plan sits at the edge of the budget *on those batches*; and without calibration data its int8
-ranges come from the same batches. On inputs it had not seen, a plan so chosen broke its budget (issue 34, on an
-avx512_bf16 Xeon: ResNet-50's fp32/bf16/int8 plan 1.29e-2 against a budget of 9.58e-3 on held-out inputs, ViT's
-int8 plan 4.18e-2 against 3.18e-2): batch-to-batch spread and ranges that miss a later batch's outliers.
+Why: phase 2 (``budget.py``) stops at the furthest plan whose metric on the eval data is within the tolerance, so
+the chosen plan sits at the edge of the budget *on those batches*; and without calibration data its int8 ranges come
+from the same batches. On inputs it had not seen, a plan so chosen broke its budget (issue 34, ResNet-50's and ViT's
+plans on an avx512_bf16 Xeon): batch-to-batch spread and ranges that miss a later batch's outliers.
 
 How (a validation split, as one holds out data to check any fitted choice):
 
-1. :func:`split`: with two or more eval batches, every third batch (the second of two) is *held out*: the
-   search calibrates (when no ``calibration_dataloader`` is given), measures sensitivities and chooses its
-   plan on the others only.
+1. :func:`split`: with two or more eval batches, every third batch (the second of two) is *held out*: the search
+   calibrates (when no ``calibration_dataloader`` is given), measures sensitivities and chooses its plan on the
+   others only.
 2. :func:`confirm`: the chosen plan runs on the held-out batches (one program, the same metric). Within the
-   tolerance: done. Otherwise the limit phase 2 chooses against becomes the chosen plan's metric on the choosing
-   batches times the ratio by which the held-out error broke the budget, 10% below it (the next plan sits at
-   the edge of the new limit), in steps of at most 20% (:func:`_step`), and the plan is chosen again (its
-   trials are memoised: only the new bisection points run), at most ``ROUNDS`` times; then nothing is lowered
-   (the model as written is within any budget it met).
+   tolerance: done. Otherwise the limit phase 2 chooses against is tightened by the ratio by which the held-out error
+   broke the budget (:func:`_step`) and the plan is chosen again (its trials are memoised), at most ``ROUNDS`` times;
+   then nothing is lowered (the model as written is within any budget it met).
 
-Why no more: the held-out error is measured, so the plan meets the tolerance on batches it was neither chosen
-nor (without calibration data) calibrated on; new data that differs more from the eval data than its batches
-differ from each other can still break it. A margin from the batch-to-batch spread alone would not have caught
-the case this guards against (outliers that the calibration and the choosing batches lack), a held-out batch
-does.
+Why no more: the held-out error is measured, so the plan meets the tolerance on batches it was neither chosen nor
+(without calibration data) calibrated on; new data that differs more from the eval data than its batches differ from
+each other can still break it. A margin from the batch-to-batch spread alone would not have caught the outliers that
+the calibration and the choosing batches lack; a held-out batch does.
 
-The result says how the data was split and what the held-out error is (``SearchResult.held_out_*``). With one
-eval batch (or the example inputs, or ``mixprec.Accuracy``, which evaluates on the user's own data) nothing can
-be held out and the result says so: give two or more batches for the guarantee.
+The result says how the data was split and what the held-out error is (``SearchResult.held_out_*``). With one eval
+batch (or the example inputs, or ``mixprec.Accuracy``) nothing can be held out and the result says so.
 """
 
 from __future__ import annotations

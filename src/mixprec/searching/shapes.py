@@ -1,34 +1,27 @@
 """Eval batches of any batch and sequence size: which program runs each, for every trial.
 
-A captured program has its sizes baked in (``view(x, [2, 8, 2, 32])``), but eval data comes in
-the shapes a loader yields: another batch size, a ragged last batch, an HF collator padding each
-batch to its own longest sequence. The search must measure the plan on exactly those batches,
-so that its metric is what running the model (and the plan's program) on each batch gives.
+A captured program has its sizes baked in (``view(x, [2, 8, 2, 32])``), but eval data comes in the shapes a loader
+yields: another batch size, a ragged last batch, an HF collator padding each batch to its own longest sequence; the
+search must measure the plan on exactly those batches, as running the model (and the plan's program) on them does.
 
 How: the search plans on one capture, at the example inputs' shapes (so its plans name nodes as
-``compile(model, inputs, plan=...)`` does), and a batch that capture does not take runs on a capture
-that does — ``calibrate/batch_graphs.OtherShapes``, the same captures compile's calibration makes:
-one capture with ``Dim.AUTO`` dimensions for every size torch lets it take, and an exact-shape
-capture for a batch it does not (a size-1 dimension torch specialises). A trial's plan is carried
-onto such a capture through their node alignment: the lowered layers are requested by their
-names there and the planner fills in the rest as it does on the example capture, so every batch
-runs the same layers in the same dtypes at its own sizes. Each of those programs is realised
+``compile(model, inputs, plan=...)`` does), and a batch that capture does not take runs on a capture that does —
+``calibrate/batch_graphs.OtherShapes``, the captures compile's calibration makes: one with ``Dim.AUTO`` dimensions,
+and an exact-shape capture for a batch it does not take (a size-1 dimension torch specialises). A trial's plan is
+carried onto such a capture through their node alignment (the lowered layers requested by name, the planner filling
+in the rest), so every batch runs the same layers in the same dtypes at its own sizes; each such program is realised
 when a batch first needs it, once per trial.
 
-Eval batches that give forward parameters the example inputs left to their defaults (a collator's
-``attention_mask`` beside example inputs ``(input_ids,)``) compute something else than the example capture:
-such a batch runs on a capture of the model called with those keywords too (per set of keys, one dynamic
-capture for every size it takes, else one per shape: ``BatchSizes.keyed``), the plan carried onto it as
-above, so the metric and the fp32 reference are those of the call the user's data makes. A key forward does
-not take is still refused with the name meant (``CallSignature``). The search's calibration runs its batches
-through the same captures (``BatchSizes.route``), so statistics and int8 ranges are those of those calls too. A
-search on Ray sends every such capture, of other sizes or keyed, to its workers (``distributed.py``).
+Batches that give forward parameters the example inputs left to their defaults (a collator's ``attention_mask``
+beside ``(input_ids,)``) run on captures of the model called with those keywords too (``BatchSizes.keyed``), so the
+metric, the fp32 reference and the search's calibration (``BatchSizes.route``) are those of the user's calls; a key
+forward does not take is refused with the name meant (``CallSignature``). On Ray every capture travels to the
+workers (``distributed.py``).
 
-Why not the alternatives: padding every batch to one shape changes the values (attention over
-pad positions, statistics over padded rows); a dynamic capture as *the* capture renames nodes
-(size nodes shift fx's numbering), so its plans would not be compile's; one exact-shape capture
-per distinct shape costs a capture per batch for collator-padded data (every batch its own
-length) and a realisation per batch per trial, where the dynamic capture serves them all.
+Why not the alternatives: padding every batch to one shape changes the values (attention over pad positions,
+statistics over padded rows); a dynamic capture as *the* capture renames nodes (size nodes shift fx's numbering), so
+its plans would not be compile's; one exact-shape capture per distinct shape costs a capture per batch for
+collator-padded data and a realisation per batch per trial, where the dynamic capture serves them all.
 """
 
 from __future__ import annotations

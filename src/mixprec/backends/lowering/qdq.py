@@ -1,65 +1,26 @@
 """Quantize/dequantize lowering: one table per target, each entry the one arithmetic of ``ops/quant.py`` spelled
 for that target.
 
-The rewritten program states an int8 layer with mixprec's own ops (``ops/custom.py``): quantize and
-dequantize around its inputs and output, a per-channel dequantize of its int8 weight. A custom op is opaque to
-a compiler (inductor runs its eager kernels one by one, OpenVINO has no conversion rule for it), so each
-backend hands its compiler the same values spelled in ops the compiler knows. A table maps the op a rule is
-anchored at to the rule; a rule builds the replacement through an interpreter of ``ops/quant.py``'s
-arithmetic that adds ATen nodes (:class:`GraphOps`) — the eager kernels run the very same ATen ops, which is
-why every spelling below gives the custom ops' values bit for bit (tests/backends/lowering/test_qdq.py)::
+The rewritten program states an int8 layer with mixprec's own ops (``ops/custom.py``). A custom op is opaque to a
+compiler (inductor runs its eager kernels one by one, OpenVINO has no conversion rule for it), so each backend hands
+its compiler the same values spelled in ops the compiler knows. A :class:`Table` maps the op a rule is anchored at to
+the rule; a rule builds the replacement through an interpreter of ``ops/quant.py``'s arithmetic that adds ATen nodes
+(:class:`GraphOps`) — the eager kernels run the very same ATen ops, which is why every spelling gives the custom ops'
+values bit for bit (tests/backends/lowering/test_qdq.py):
 
-    target           quantize_per_tensor          dequantize_per_tensor          dequantize_per_channel
-    ATEN             div, round, clamp, _to_copy  _to_copy, mul (, _to_copy)    _to_copy, view, mul (, _to_copy)
-    OPENVINO_FLOAT   as ATEN                      as ATEN                        as ATEN
-    OPENVINO_INT8    quantized_decomposed.        quantized_decomposed.          as ATEN (Convert * scale)
-                     quantize_per_tensor          dequantize_per_tensor
-    ONEDNN           linear(dq(q(x, s)), dq_channel(w), b)  ->  linear_u8s8(quantize(x, s, UINT8_7BIT), s, ...)
-                                                            or  linear_u8s8(quantize(x, s, UINT8_SHIFTED), s,
-                                                                               ..., x_zero_point=128)
-                     linear(dq_u8(q_u8(x, s)), ...)         ->  linear_u8s8(quantize(x, s, UINT8), s, ...)
-
-* **ATEN** (inductor): ATen ops fuse with their neighbours into one loop; inductor keeps the true division and
-  rounds half to even (``std::nearbyint`` / ``_mm256_round_ps``), so its values are the custom ops'.
-* **OPENVINO_INT8** (OpenVINO where its int8 kernels are exact, ``cpu.py``): quantize -> dequantize pairs
-  become ``quantized_decomposed`` pairs with the grid's scale, zero point and range, which OpenVINO turns into
-  FakeQuantize and its low-precision transformations into int8 kernels; an int8 weight with its per-channel
-  scales is Convert(int8) * scale, the dequantization pattern those transformations fold into int8
-  convolution/matmul. Same grid, same scales; the sums are int32's. **OPENVINO_FLOAT** (elsewhere): the ATen
-  arithmetic — fake quantization in float32, as on the eager backend.
-* **ONEDNN** (eager and inductor): an int8 linear layer runs on oneDNN's int8 GEMM (``onednn.py``) where this
-  CPU's kernel is exact on the grid its input is handed over on (``cpu.int8_kernel_exact``). For ``x >= 0``
-  (``ir/sign.py``) the symmetric quantization equals the 7-bit u8 grid ``UINT8_7BIT`` (same scale, same
-  rounding), on which every CPU's u8*s8 kernel is exact (``cpu.py``). An input that may be negative (a
-  transformer's Linears read LayerNorm, attention and GELU outputs) goes over as ``UINT8_SHIFTED``: q + 128 on
-  zero point 128, whose integer sum is the signed one's (``sum (q + 128) w - 128 sum w``); its u8 values reach
-  255, exact only with VNNI/AMX — without, such a layer keeps its fake quantization, as before. The kernel gets
-  the program's per-channel int8 weights and scales. What differs from the fake quantization:
-  the sum over K is int32 (exact) instead of float32, so outputs agree within float32 rounding of a K-term sum.
-  An unsigned activation (``quantize_per_tensor_u8``: [0, 255]) is handed over as it is, where the kernel is
-  exact on full-range u8 (VNNI or AMX, ``cpu.py``); without VNNI it keeps its fake quantization. A layer whose
-  every consumer reads it through a cast to bf16 (an int8 layer in a mixed int8/bf16 plan) has the kernel write
-  bf16 and loses the casts — no float32 tensor written and read back between an int8 and a bf16 layer (issue 22) —
-  where the CPU has native bf16 (``cpu.has_native_bf16``; oneDNN's bf16 output is a reference kernel elsewhere):
-  the float32 result rounded to bf16 once, as the cast did (``onednn.OUT_DTYPES`` says where the two may differ).
-  Other int8 layers keep their fake quantization (logged at INFO with the reason)::
-
-      r = aten.relu(h)                                       r = aten.relu(h)
-      r_q = mixprec.quantize_per_tensor(r, 0.013)            d = aten.div(r, 0.013)
-      r_dq = mixprec.dequantize_per_tensor(r_q, 0.013, f32)  u = aten._to_copy(aten.clamp(aten.round(d), 0, 127), uint8)
-      w_dq = mixprec.dequantize_per_channel(w_int8, ...)     y = mixprec_kernels.linear_u8s8(u, 0.013, ws, b, 3,
-      y = aten.linear(r_dq, w_dq, b)                                                         f32, 0)
-                                                             (f32 -> bf16 if only bf16 layers read y: see above)
+* **ATEN** (inductor): div, round, clamp, _to_copy, which fuse with their neighbours and round half to even.
+* **OPENVINO_INT8** (OpenVINO where its int8 kernels are exact, ``cpu.py``): ``quantized_decomposed`` pairs on the
+  grid's scale, zero point and range, which OpenVINO turns into FakeQuantize and int8 kernels; an int8 weight is
+  Convert(int8) * scale. Same grid, same scales; the sums are int32's. **OPENVINO_FLOAT** (elsewhere): as ATEN.
+* **ONEDNN** (eager and inductor): an int8 Linear on oneDNN's int8 GEMM (``onednn.py``, :func:`_onednn_linear`)
+  where this CPU's kernel is exact on the grid its input is handed over on; other int8 layers keep their fake
+  quantization (logged at INFO with the reason).
 
 A new grid is a parameter of the same rules (``ops.custom.GRID``), a new target a new table. The simulated grids
-(int16/int4, ``ops.custom.SIMULATED_OPS``) are the ATen arithmetic on every target (OpenVINO's included). Each
-lowering is a backend pass with a contract (``ir/passes.py``), checked by the verifier in tests (``__init__.py``).
-
-**Weight-only layers are the same tables' rows** (``weight_only=True``): a weight format's op (``ops/weight_formats``)
-is lowered by the rule its format registered for the target (:func:`register_weight_only`: OpenVINO's compressed
-constants, ``backends/openvino/compressed.py``); a target without one (eager, inductor) runs the op itself. Such a
-rule rewrites the node in place (it keeps its name: OpenVINO names its MatMul after it) and names the stored inputs it
-leaves unread (``Site.unread``), which the lowering then drops.
+(int16/int4, ``ops.custom.SIMULATED_OPS``) are the ATen arithmetic on every target. Each lowering is a backend pass
+with a contract (``ir/passes.py``), checked by the verifier in tests (``__init__.py``). Weight-only layers are rows of
+the same tables (``weight_only=True``): a weight format's op is lowered by the rule its format registered for the
+target (:func:`register_weight_only`, e.g. ``backends/openvino/compressed.py``); a target without one runs the op.
 """
 
 from __future__ import annotations
@@ -172,7 +133,10 @@ _WEIGHT_ONLY_RULES: dict[str, dict[str, Rule]] = {}
 
 
 def register_weight_only(target: str, fmt: str, rule: Rule) -> None:
-    """Register ``rule`` as the lowering of weight format ``fmt``'s op on tables of ``target`` (once per pair)."""
+    """Register ``rule`` as the lowering of weight format ``fmt``'s op on tables of ``target`` (once per pair).
+
+    Such a rule rewrites the node in place (it keeps its name: OpenVINO names its MatMul after it) and names the
+    stored inputs it leaves unread (``Site.unread``), which the lowering then drops."""
     rules = _WEIGHT_ONLY_RULES.setdefault(target, {})
     if fmt in rules:
         raise ValueError(f"the {target} lowering of weight format {fmt!r} is registered twice")
@@ -285,7 +249,23 @@ _WEIGHT_AXIS = 0  # output channels of aten.linear's weight
 
 
 def _onednn_linear(node, ops, site):
-    """A fake-quantized int8 linear layer on ``linear_u8s8`` (see the module docstring), else None."""
+    """A fake-quantized int8 linear layer on ``linear_u8s8``, else None.
+
+    For ``x >= 0`` (``ir/sign.py``) the symmetric quantization equals the 7-bit u8 grid ``UINT8_7BIT`` (same scale,
+    same rounding), on which every CPU's u8*s8 kernel is exact (``cpu.py``). An input that may be negative goes over
+    as ``UINT8_SHIFTED``: q + 128 on zero point 128, whose integer sum is the signed one's (``sum (q + 128) w - 128
+    sum w``); its u8 values reach 255, exact only with VNNI/AMX. An unsigned activation (``quantize_per_tensor_u8``)
+    goes over as it is, where the kernel is exact on full-range u8. Elsewhere the layer keeps its fake quantization.
+    The kernel gets the program's per-channel int8 weights and scales; its sum over K is int32 (exact), not float32,
+    so outputs agree within float32 rounding of a K-term sum. A layer whose every consumer reads it through a cast to
+    bf16 has the kernel write bf16 and loses the casts (issue 22) where the CPU has native bf16
+    (``cpu.has_native_bf16``): the float32 result rounded to bf16 once, as the cast did (``onednn.OUT_DTYPES``)::
+
+        r_q = mixprec.quantize_per_tensor(r, 0.013)            u = aten._to_copy(aten.clamp(aten.round(
+        r_dq = mixprec.dequantize_per_tensor(r_q, 0.013, f32)        aten.div(r, 0.013)), 0, 127), uint8)
+        w_dq = mixprec.dequantize_per_channel(w_int8, ...)     y = mixprec_kernels.linear_u8s8(u, 0.013, ws, b, 3,
+        y = aten.linear(r_dq, w_dq, b)                                                         f32, 0)
+    """
     match = _match_int8_linear(site.module, node)
     if match is None:
         return None

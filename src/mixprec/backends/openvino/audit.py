@@ -1,37 +1,26 @@
 """What OpenVINO's CPU plugin really computes each layer of a program in, against what the program states.
 
-OpenVINO compiles a program into its own *runtime model*: layers fused (a convolution with the batch
-norm and relu after it), renamed, and each given a precision. mixprec compiles a program either with
-``INFERENCE_PRECISION_HINT=f32`` so that the plugin keeps the element types the program states, or — a program
-with bf16 layers — in NNCF's form (``float_form.py``: an f32 graph, bf16 inference precision, the plan's f32
-layers pinned), and then reads the runtime model back (:func:`audit`) against the types the plan gives each
-operation (``declared``; for the float form ``FloatForm.declared``) to know what runs:
+OpenVINO compiles a program into its own *runtime model*: layers fused, renamed, and each given a precision. mixprec
+compiles a program either with ``INFERENCE_PRECISION_HINT=f32`` so that the plugin keeps the element types the
+program states, or — a program with bf16 layers — in NNCF's form (``float_form.py``), and then reads the runtime
+model back (:func:`audit`) against the types the plan gives each operation (``declared``; for the float form
+``FloatForm.declared``) to know what runs:
 
 * **the same type as planned**: nothing to say;
-* **a wider float type** (f32 for a bf16 or fp16 layer): accepted, and said: the layer's report record
-  gets ``runs_as="f32 on openvino"`` (API.md §2). The plugin does this for layers it has no
-  low-precision kernel or output for: on a CPU with native bf16 (avx512_bf16), global average pooling
-  and sums (ResNet's ``mean``, the ``sum`` of ``Structured`` in tests/backends/openvino/fixtures); on a CPU
-  without it (AVX2 only), every bf16/fp16 layer, since the plugin then converts the whole model to f32;
-* **a narrower or unrelated type** (bf16 for an f32 layer, fp16 for bf16): neither the plan nor what
-  the report measured: refused (:func:`refusal`, raised by the backend as UnsupportedModelError) — for the float
-  form, a pin that did not hold, which makes the runner compile the stated types instead;
-* **int8 layers** compute in float32 where the backend lowers them to float arithmetic (CPUs without
-  VNNI: ``backends/lowering/cpu.py``), and on OpenVINO's int8 kernels otherwise.
+* **a wider float type** (f32 for a bf16 or fp16 layer): accepted, and said: the layer's report record gets
+  ``runs_as="f32 on openvino"`` (API.md §2). The plugin does this for layers it has no low-precision kernel for
+  (with native bf16: global average pooling and sums), and for every bf16/fp16 layer on a CPU without native bf16;
+* **a narrower or unrelated type** (bf16 for an f32 layer, fp16 for bf16): refused (:func:`refusal`, raised by the
+  backend as UnsupportedModelError) — for the float form, a pin that did not hold, which makes the runner compile
+  the stated types instead;
+* **int8 layers** compute in float32 where the backend lowers them to float arithmetic (CPUs without VNNI:
+  ``backends/lowering/cpu.py``), and on OpenVINO's int8 kernels otherwise.
 
-Which layer is which node. The runtime model names layers after the *converted* model's operations,
-and the converted model after the nodes of the graph OpenVINO's PyTorch frontend read — not the
-program's: the frontend first decomposes the program (``adaptive_avg_pool2d`` becomes ``mean`` and
-``as_strided``), and its transformations rename some operations (a convolution with a batch norm folded
-in is called after the weight multiply, ``Multiply_4021``). :class:`NodeNames` maps names back through
-the decomposition's provenance (``node.meta["from_node"]``), so that messages and records use the
-report's node names and module paths — ``adaptive_avg_pool2d`` in ``pooler``, which
-``autocast_excluded_nodes`` matches, not OpenVINO's ``mean``. An operation the frontend renamed keeps
-no node name; where it runs otherwise than declared, the nodes fused with it still carry the claim.
-
-Everything here reads plain tables (``declared``: converted-model operation -> element type;
-``layers``: :func:`runtime_layers`), so the audit is tested on tables recorded on other CPUs
-(tests/backends/openvino/fixtures/openvino-bf16-cpu/).
+The runtime model names layers after the operations OpenVINO's frontend made of the program (decomposed:
+``adaptive_avg_pool2d`` becomes ``mean``; renamed: a folded batch norm is called after its multiply).
+:class:`NodeNames` maps them back through the decomposition's provenance (``node.meta["from_node"]``), so messages
+and records use the report's node names and module paths. Everything here reads plain tables, so the audit is tested
+on tables recorded on other CPUs (tests/backends/openvino/fixtures/openvino-bf16-cpu/).
 """
 
 from __future__ import annotations

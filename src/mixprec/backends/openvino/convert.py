@@ -1,31 +1,25 @@
 """A program converted for OpenVINO: prepared the way OpenVINO must read it, then ``openvino.convert_model``.
 
-Preparing is three backend graph passes (``backends/lowering``: contracts, and the verifier in tests) on a
-private copy of the program — the program the user holds and saves is not changed:
+Preparing is backend graph passes (``backends/lowering``: contracts, and the verifier in tests) on a private copy of
+the program — the program the user holds and saves is not changed:
 
-* **contiguous stored tensors** (``contiguous_state``). OpenVINO's PyTorch frontend makes a bf16 constant
-  from a *temporary* contiguous copy of a non-contiguous tensor and keeps pointing at that copy's memory
-  after it is freed; mixprec stores bf16 convolution weights channels_last (the faster layout for PyTorch's
-  bf16 kernels), so OpenVINO computed with freed memory (ResNet-50 came back with rel-L2 1.0, a tiny ResNet
-  with NaN/inf). The prepared program holds contiguous copies of such tensors, and the runner keeps it alive
-  as long as the compiled model (whose constants share its memory).
+* **contiguous stored tensors** (``contiguous_state``). OpenVINO's PyTorch frontend makes a bf16 constant from a
+  *temporary* contiguous copy of a non-contiguous tensor and keeps pointing at that copy's memory after it is freed
+  (mixprec stores bf16 convolution weights channels_last), so OpenVINO computed with freed memory. The prepared
+  program holds contiguous copies, and the runner keeps it alive as long as the compiled model (whose constants
+  share its memory).
 * **int8 regions** (``qdq_lowered``): mixprec's quantize/dequantize spelled by the OPENVINO_INT8 table of
-  ``backends/lowering/qdq.py`` (FakeQuantize patterns for OpenVINO's int8 kernels) where those kernels are
-  exact on this CPU (``backends/lowering/cpu.py``), by the OPENVINO_FLOAT table (float32 fake quantization,
-  today's numerics) elsewhere; then (``openvino_int8_grid``) mixprec's symmetric grid [-127, 127] of a
-  convolution's input spelled [-128, 127]: FakeQuantize levels 256, same scale and steps (only a value below -127.5
-  steps lands on -128, not -127; Linears and matmuls, exact with 255 levels, keep them). With 255 levels OpenVINO's
-  low-precision passes re-map a signed activation feeding a Convolution onto u8 with a second rounding: ViT-base's
-  patch convolution alone 0.0255 rel-L2 on OpenVINO vs 0.0123 on eager, 0.0122 with 256 levels (bench/log/2026-11.md
-  "Issue 34: the configurator's int8 as NNCF's").
+  ``backends/lowering/qdq.py`` where OpenVINO's int8 kernels are exact on this CPU (``backends/lowering/cpu.py``),
+  by the OPENVINO_FLOAT table elsewhere; then (``openvino_int8_grid``) a convolution's input grid [-127, 127] spelled
+  [-128, 127] (256 levels, same scale and steps): with 255 levels OpenVINO re-maps a signed activation feeding a
+  Convolution onto u8 with a second rounding (bench/log/2026-11.md "Issue 34: the configurator's int8 as NNCF's").
 * **weight-only layers**, rows of the same tables (``compressed.py``): each weight format's compressed constants,
-  which OpenVINO fuses into its weight-compressed FullyConnected (``f32_layers``: those layers' pattern in f32, which
-  the runner asks for where OpenVINO decompressed the weights of bf16 ones).
-* **a flat tuple of output tensors** (``tensor_outputs``): outputs that are not tensors (``return y, 3``)
-  are put back by the runner, which also rebuilds the output structure; OpenVINO's decoder takes neither.
+  which OpenVINO fuses into its weight-compressed FullyConnected (``f32_layers``: those layers' pattern in f32).
+* **a flat tuple of output tensors** (``tensor_outputs``): the runner puts back outputs that are not tensors
+  (``return y, 3``) and rebuilds the output structure; OpenVINO's decoder takes neither.
 
-Conversion keeps the decoder it made, whose graph (the program as OpenVINO's frontend decomposed it) maps
-OpenVINO's operation names back to the program's nodes (``audit.NodeNames``).
+Conversion keeps the decoder it made, whose graph (the program as OpenVINO's frontend decomposed it) maps OpenVINO's
+operation names back to the program's nodes (``audit.NodeNames``).
 """
 
 from __future__ import annotations
@@ -164,7 +158,8 @@ def contiguous_state(work) -> PassResult:
 @backend_pass("openvino_int8_grid")
 def openvino_int8_grid(work) -> PassResult:
     """Symmetric int8 quantize/dequantize pairs read by a convolution on [-128, 127] (FakeQuantize levels 256; why:
-    the module docstring)."""
+    the module docstring): same scale and steps, only a value below -127.5 steps lands on -128, not -127. Linears and
+    matmuls, exact with 255 levels, keep them."""
     import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers torch.ops.quantized_decomposed)
 
     qd = torch.ops.quantized_decomposed

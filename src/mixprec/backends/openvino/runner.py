@@ -1,44 +1,26 @@
 """The compiled OpenVINO program: a callable like the model, a pool of infer requests, and what it computes in.
 
-``OpenVINORunner`` converts the program (``convert.py``), reshapes the model to the program's input specs,
-compiles it for OpenVINO's ``"CPU"`` device and audits the runtime model (``audit.py``): a layer the plugin
-computes in a *wider* float type than planned is accepted and reported (``computes_in``, the records'
-``runs_as``), a narrower one refused with UnsupportedModelError. Which model is compiled (``form``): a program
-with bf16 layers in NNCF's form (``float_form.py``, :data:`~.float_form.FLOAT_FORM_CONFIG`: f32 graph, bf16
-inference precision, fp32 layers pinned) when the audit accepts it; otherwise — every other program, or a float
-form in which a pin did not hold — the stated types with :data:`COMPILE_CONFIG` (f32 inference precision).
-After compiling only the compiled model is kept; ``converted_model``/``stated_model`` convert again on demand.
-
-Dynamic dimensions: OpenVINO's frontend makes every dimension dynamic; the converted model is reshaped to
-the program's input specs — static sizes static, dimensions captured as dynamic bounded by their ranges
-(``range_constraints``).
+``OpenVINORunner`` converts the program (``convert.py``), reshapes the model to the program's input specs (static
+sizes static, dynamic dimensions bounded by their ranges), compiles it for OpenVINO's ``"CPU"`` device and audits
+the runtime model (``audit.py``): a layer the plugin computes in a *wider* float type than planned is accepted and
+reported (``computes_in``, the records' ``runs_as``), a narrower one refused with UnsupportedModelError. Which model
+is compiled (``form``): a program with bf16 layers in NNCF's form (``float_form.py``) when the audit accepts it;
+otherwise the stated types with :data:`COMPILE_CONFIG` (f32 inference precision). After compiling only the compiled
+model is kept; ``converted_model``/``stated_model`` convert again on demand.
 
 Dynamic int8 activations (``weight_only_dynamic_activations=N``, opt-in; ``backends/options.py``): both forms are
-compiled with ``DYNAMIC_QUANTIZATION_GROUP_SIZE=N`` instead of 0, and OpenVINO's CPU plugin quantizes the activations
-of its weight-compressed FullyConnected layers — the program's weight-only layers (``compressed.py``) — to int8 per
-group of N input channels at run time (W4A8/W8A8 kernels, NNCF's default of 32). Other layers are not touched:
-measured on OpenVINO 2026.4, an f32 FullyConnected with float weights gives the same numbers with 0 and 32, and
-int8 layers already run on int8 kernels. The runtime graph does not show it per layer (same ``primitiveType``);
-the compiled model's ``DYNAMIC_QUANTIZATION_GROUP_SIZE`` property and the numbers do. Where the plugin applies it
-(its FullyConnected executor; each condition checked by the numbers on OpenVINO 2026.4.1, an AVX-512 VNNI CPU): N a
-multiple of 16 (``settings.py`` refuses others); a layer with grouped weights only where N divides its weight group
-(int4 group 32: N = 16 or 32), a per-channel one where N <= its input channels; f32 and bf16 activations alike; and,
-by the plugin's source, only on a CPU with VNNI (AVX2-VNNI or AVX-512 VNNI). The report says it per layer
-(:func:`dynamic_layers`): a layer that meets these has ``runs_as`` "int8 dynamic activations (group N) on openvino";
-the others keep float activations, as the log says. VNNI is asked of mixprec's one CPU probe
-(``backends/lowering/cpu.has_int8_dot_product``: torch's, else /proc/cpuinfo; AMX's int8 counts too).
+compiled with ``DYNAMIC_QUANTIZATION_GROUP_SIZE=N``, and OpenVINO quantizes the activations of its weight-compressed
+FullyConnected layers (the program's weight-only layers) to int8 per group of N input channels at run time; which
+layers it applies to is :func:`dynamic_layers`'s, said in their ``runs_as``.
 
-Weight-only layers (``compressed.py``): what each runs as is read from the runtime model (``weight_runs.py``) into
-``weight_runs_as``, the report's ``runs_as``: OpenVINO's compressed FullyConnected on the stored codes, or weights it
-decompressed. Where it decompressed weights read by 16-bit activations (an AMX Xeon with bf16 activations does for
-every int4/int8 weight), the program is converted once more with those layers' patterns in f32 and compiled again;
-the layers the runtime then runs compressed keep that form, and their ``runs_as`` says why they compute in f32;
-when none does, the first compile stays. Decided by what the runtime reports, never by the CPU's name.
+Weight-only layers: what each runs as is read from the runtime model (``weight_runs.py``). Where OpenVINO
+decompressed weights read by 16-bit activations, the program is converted once more with those layers' patterns in
+f32 and compiled again; the layers then run compressed keep that form, and their ``runs_as`` says why they compute
+in f32; when none does, the first compile stays. Decided by what the runtime reports, never by the CPU's name.
 
-Threads: OpenVINO runs each inference on ``torch.get_num_threads()`` threads as the runner is built. An OpenVINO
-infer request runs one inference at a time; the runner keeps a pool of requests, takes
-one per call (creating one when all are busy) and gives it back after copying the outputs out, so calls
-from several threads run concurrently on one compiled model (which OpenVINO documents as thread-safe).
+Threads: each inference runs on ``torch.get_num_threads()`` threads as the runner is built. An infer request runs one
+inference at a time; the runner keeps a pool, takes one per call (creating one when all are busy) and gives it back
+after copying the outputs out, so calls from several threads run concurrently on one compiled model.
 """
 
 from __future__ import annotations
@@ -89,7 +71,7 @@ class OpenVINORunner(torch.nn.Module):
     the text "int8 dynamic activations (group N)".
 
     ``dynamic_activations``: None, or the group size of OpenVINO's int8 dynamic activations of the weight-only
-    layers (the module docstring). ``weight_runs_as``: weight-only node -> what OpenVINO runs it as (the module
+    layers (:func:`dynamic_layers`). ``weight_runs_as``: weight-only node -> what OpenVINO runs it as (the module
     docstring)."""
 
     def __init__(self, exported_program, *, dynamic_activations: int | None = None):
@@ -277,8 +259,15 @@ class OpenVINORunner(torch.nn.Module):
 
 def dynamic_layers(exported_program, group: int, *, vnni: bool | None) -> list[str]:
     """The weight-only layers whose activations OpenVINO's CPU plugin quantizes to int8 per ``group`` input channels
-    (the module docstring says which) on a CPU with VNNI or not (``vnni``: mixprec's one probe, ``backends/lowering/cpu.py``;
-    None: unknown, taken as yes); the others are logged with why they keep float activations."""
+    on a CPU with VNNI or not (``vnni``: mixprec's one probe, ``backends/lowering/cpu.has_int8_dot_product``; None:
+    unknown, taken as yes); the others are logged with why they keep float activations.
+
+    Where the plugin applies it (its FullyConnected executor; each condition checked by the numbers on OpenVINO
+    2026.4.1, an AVX-512 VNNI CPU): ``group`` a multiple of 16 (``settings.py`` refuses others); a layer with grouped
+    weights only where ``group`` divides its weight group, a per-channel one where ``group`` <= its input channels;
+    f32 and bf16 activations alike; by the plugin's source, only with VNNI (AVX2-VNNI, AVX-512 VNNI; AMX counts).
+    Other layers are not touched (f32 layers with float weights give the same numbers, int8 layers already run on
+    int8 kernels). The runtime graph does not show it per layer; the compiled model's property and the numbers do."""
     kept, layers = {}, []
     for name, in_features, weight_group in weight_groups(exported_program):
         if vnni is False:

@@ -2,33 +2,26 @@
 
 The file is a zip archive (format ``mixprec.program``, version 2) with four members:
 
-* ``mixprec.json``: format name and version, the mixprec and torch versions that wrote it, the settings and
-  backend, the plan, the report, the index of the example inputs, and the size and SHA-256 of the other members
-  (``metadata.py``);
-* ``graph.json``: the program in mixprec's own schema (``graph.py``): its graphs node by node, the descriptions of
-  its inputs and symbolic sizes, its signature, its input and output structure (``specs.py``) and the index of
-  ``weights.bin``;
+* ``mixprec.json``: format and versions, settings and backend, plan, report, the index of the example inputs, and
+  the size and SHA-256 of the other members (``metadata.py``);
+* ``graph.json``: the program in mixprec's own schema (``graph.py``) and the index of ``weights.bin``;
 * ``weights.bin``: the parameters, buffers and constants as raw bytes (``weights.py``);
-* ``inputs.bin``: the example inputs the program was compiled with, as raw bytes (``tensors.py``), so
-  ``mixprec run FILE`` needs nothing else.
+* ``inputs.bin``: the example inputs as raw bytes (``tensors.py``), so ``mixprec run FILE`` needs nothing else.
 
 This module is the sequence of each direction; the steps have their own modules: the zip container, streamed both
 ways (``container.py``), the graph written (``graph.py``) and read (``graph_reader.py``, ``graph_build.py``), the
 weights (``weights.py``), the container specs (``specs.py``, ``outputs.py``), and the checks of what was built
 (``operators.py``, ``strings.py``, ``declared.py``: the kernel declarations, ``propagation.py``).
 
-**No third-party parser sees bytes from the file** (issue 31). Version 1 held ``torch.export.save``'s archive and
-was read by ``torch.export.load``, which unpickles, gives shape text to sympy's parser, and imports the modules a
-pytree spec names; each round of checks in front of it left another hole. Now JSON is parsed within bounds
-(``bounded_json.py``), every field is checked against the closed vocabulary mixprec writes, tensors are raw bytes
-read into tensors mixprec allocates, operators are found only on the allow-list (nothing is imported), names FX
-pastes into source are plain identifiers, symbolic sizes are single symbols with integer hints and ranges, and the
-graph, its values (fake tensors), its signature and the ExportedProgram are built by mixprec. Version-1 files are
-refused with a message saying to save them again with this mixprec.
+**No third-party parser sees bytes from the file** (issue 31). Version 1 held ``torch.export.save``'s archive, read
+by ``torch.export.load``, which unpickles, parses shape text with sympy and imports the modules a pytree spec names.
+Now JSON is parsed within bounds (``bounded_json.py``), every field is checked against the closed vocabulary mixprec
+writes, tensors are raw bytes read into tensors mixprec allocates, operators are found only on the allow-list
+(nothing is imported), names are plain identifiers, symbolic sizes single symbols, and the graph, its fake values,
+its signature and the ExportedProgram are built by mixprec. Version-1 files are refused: save them again.
 
-The model's source code is not needed: the program is a graph of torch operators. It runs on eager unless the
-caller names a backend (``load(path, backend=...)``): the backend recorded in the file is only a suggestion
-(``trust.py``).
+The program needs no model source and runs on eager unless the caller names a backend (``load(path, backend=...)``):
+the backend recorded in the file is only a suggestion (``trust.py``).
 """
 
 from __future__ import annotations

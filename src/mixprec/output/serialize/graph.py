@@ -1,19 +1,16 @@
 """``graph.json``: the program written node by node in mixprec's own schema (read back by ``graph_reader.py``).
 
-Until format version 2 the program was ``torch.export.save``'s archive, read by ``torch.export.load``, which
-unpickles, evaluates sympy text and imports the modules pytree specs name (issue 31). The schema here is a closed
-vocabulary that a reader of mixprec's own checks field by field, and from which it builds the graph itself:
+Why its own schema: ``torch.export.load`` unpickles, evaluates sympy text and imports the modules pytree specs name
+(issue 31); this schema is a closed vocabulary that mixprec's reader checks field by field and builds the graph from:
 
-* ``graphs``: the root graph and, by index, the bodies of control flow (``cond``'s branches, ...). A graph is a
-  list of nodes ``{"name", "op", "target", "args", "kwargs"}``: ``placeholder``, ``call_function`` (target: the
-  operator's qualified name, ``torch.ops.aten.linear.default``, ``torch.ops.higher_order.cond``, or a size
-  function, ``_operator.getitem``), ``get_attr`` (target: ``{"subgraph": index}``) and ``output``. Arguments are
-  JSON numbers, booleans, null, strings and lists, or one-key objects: ``{"node": name}``, ``{"tuple": [...]}``,
-  ``{"float": "inf"|"-inf"|"nan"}``, ``{"dtype": "float32"}``, ``{"device": "cpu"}``, ``{"layout": ...}``,
-  ``{"memory_format": ...}``;
+* ``graphs``: the root graph and, by index, the bodies of control flow. A graph is a list of nodes ``{"name", "op",
+  "target", "args", "kwargs"}``: ``placeholder``, ``call_function`` (target: the operator's qualified name,
+  ``torch.ops.aten.linear.default``, or a size function, ``_operator.getitem``), ``get_attr`` (target:
+  ``{"subgraph": index}``) and ``output``. Arguments are JSON scalars, strings and lists, or one-key objects:
+  ``{"node": name}``, ``{"tuple": [...]}``, ``{"float": "inf"|"-inf"|"nan"}``, ``{"dtype": "float32"}``,
+  ``{"device": "cpu"}``, ``{"layout": ...}``, ``{"memory_format": ...}``;
 * ``inputs``: per user input of the root graph, its tensor description (dtype, sizes as integers or symbol names,
-  memory format or integer strides, device) or its value; parameters, buffers and constants are described by the
-  weights themselves (``weights.py``);
+  memory format or integer strides, device) or its value; weights are described by themselves (``weights.py``);
 * ``symbols``: each symbolic size, its example value (hint) and range;
 * ``signature``: the kind of every input (parameter, buffer, constant, user input, with its target) and output
   (user output, buffer or user-input mutation);
@@ -22,8 +19,8 @@ vocabulary that a reader of mixprec's own checks field by field, and from which 
 * ``weights``: the index of ``weights.bin``.
 
 Of a node's metadata only the modules it ran in are written (``module_stack``: the debugger names layers by them),
-as text of a small alphabet; no stack trace, no recorded value: every value a node computes is recomputed at load
-by running the graph on fake tensors.
+as text of a small alphabet; no stack trace, no recorded value: every value a node computes is recomputed at load by
+running the graph on fake tensors.
 """
 
 from __future__ import annotations

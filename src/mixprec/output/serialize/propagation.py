@@ -1,35 +1,27 @@
 """Shapes and memory of a loaded program, checked by running it on fake tensors before anything real runs.
 
 A program ``graph_reader.py`` built is a graph of allowed operators, but its sizes are the file's: a graph can ask
-for ``zeros([2**20, 2**20])`` (4 TiB), take an ``as_strided`` view past a weight's storage, or record a shape its
-operator does not compute; torch finds out only at the first call (a RuntimeError), and a backend that runs the
-program while loading (inductor's warm-up on inputs made from the recorded sizes: a [2**15, 2**15] placeholder
-took 4.5 GB) finds out during ``load``. So ``load`` runs the whole graph once on fake tensors (torch's
-``FakeTensorMode``: shapes, dtypes and storages, no data, fallback kernels off so nothing real is ever allocated),
-at the example sizes, and refuses the file (FileFormatError) when
+for ``zeros([2**20, 2**20])``, take an ``as_strided`` view past a weight's storage, or record a shape its operator
+does not compute; torch finds out only at the first call, and a backend that runs the program while loading
+(inductor's warm-up) finds out during ``load``. So ``load`` runs the whole graph once on fake tensors (torch's
+``FakeTensorMode``, fallback kernels off so nothing real is allocated), at the example sizes, and refuses the file
+(FileFormatError) when
 
-* an operator refuses its fake inputs, or computes another shape or dtype than the file records for that node;
-* a tensor views bytes outside the storage it shares (``as_strided`` past a weight: torch would refuse the view at
-  the call, and no data would be read, but the file is not one mixprec writes);
-* size arithmetic (``operator.mul`` on sizes, ...) leaves torch's sizes (2**63), or raises to a power or shifts by
-  more than 64 (a chain of squarings reaches 2**(2**40) in forty nodes);
-* the memory of one call exceeds :data:`MULTIPLE` x (weights + inputs) + :data:`FLOOR`. The memory of a call is
-  counted as eager PyTorch spends it: each tensor an operator returns lives from that operator to its last use
-  (views share their base's storage), plus, while an operator runs, its scratch (``workspace.py``: the columns of
-  a convolution without a oneDNN path, the intermediates of a composite operator, attention's L x S scores, the
-  copies of broadcast inputs, and what a declared operator declares: ``ops/kernels.py``);
-* an operator refuses its operands by its declaration (``ops/kernels.py``, through its fake kernel), or writes in
-  place into a tensor whose elements share memory (a broadcast view: torch refuses that at the call);
-* the user inputs, at the recorded sizes, exceed the bytes the file stores for its example inputs or
-  :data:`MAX_UNSTORED_INPUT_BYTES` when it stores none: a backend that warms up on inputs made from these sizes
-  (inductor) never materialises more than that.
+* an operator refuses its fake inputs (or, by its declaration in ``ops/kernels.py``, its operands), computes another
+  shape or dtype than the file records, or writes in place into a tensor whose elements share memory;
+* a tensor views bytes outside the storage it shares (the file is not one mixprec writes);
+* size arithmetic leaves torch's sizes (2**63), or raises to a power or shifts by more than 64;
+* the memory of one call exceeds :data:`MULTIPLE` x (weights + inputs) + :data:`FLOOR`, counted as eager PyTorch
+  spends it: each tensor an operator returns lives from that operator to its last use (views share their base's
+  storage), plus, while an operator runs, its scratch (``workspace.py``);
+* the user inputs, at the recorded sizes, exceed the bytes the file stores for its example inputs, or
+  :data:`MAX_UNSTORED_INPUT_BYTES` when it stores none (what a backend warming up on such inputs materialises).
 
-Dynamic dimensions are checked at the example sizes (each symbol at its recorded hint): a call with larger inputs
-allocates what the graph computes for them, as any model does. A data-dependent size (``nonzero``, ``item``) takes
-its recorded upper bound, at most 2**31 or, when that is over the budget, the largest power of two within it; its
-operator counts what it can allocate from its inputs, and ``load`` makes the call check the size (``runtime_bounds``).
-Bodies of ``cond`` and autocast/grad regions are run like the graph; loops (``map``, ``scan``, ``while_loop``) are
-counted by their outputs plus one turn of their body (what a turn allocates is freed before the next).
+Dynamic dimensions are checked at the example sizes (each symbol at its recorded hint). A data-dependent size
+(``nonzero``, ``item``) takes its recorded upper bound, at most 2**31 or the largest power of two within the budget;
+its operator counts what it can allocate from its inputs, and ``load`` makes the call check the size
+(``runtime_bounds.py``). Bodies of ``cond`` and autocast/grad regions are run like the graph; loops (``map``,
+``scan``, ``while_loop``) are counted by their outputs plus one turn of their body.
 """
 
 from __future__ import annotations

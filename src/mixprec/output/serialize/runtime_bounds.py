@@ -3,9 +3,8 @@ the load assumed, never trusted from the file.
 
 The load-time fake run (``propagation.py``) cannot compute the output size of ``nonzero``, ``masked_select``,
 ``unique``, ``repeat_interleave`` with a tensor of repeats, a boolean index, or the value of ``item()``: it takes
-the size the file records (a symbol at the top of its recorded range, or a plain number). A file can record [4] for
-a ``repeat_interleave`` whose repeats (a buffer in the same file) sum to 2**28: the fake run counts 4 elements and
-the call allocates 2 GiB (plus whatever uses the result: an ``index_select`` of a wide weight by it, more). So:
+the size the file records. A file can record [4] for a ``repeat_interleave`` whose repeats (a buffer in the same
+file) sum to 2**28: the fake run counts 4 elements and the call allocates 2 GiB (and whatever uses the result). So:
 
 * at load, :func:`own_allocation` counts what such an operator can allocate given its inputs (``nonzero``: one
   int64 row per element of its input; ``unique``: its sort; ...), whatever the file records; an operator of this

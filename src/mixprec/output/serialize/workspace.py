@@ -2,31 +2,25 @@
 (``propagation.py``) adds to a call's peak.
 
 A fake run sees only what an operator returns. Some CPU kernels allocate a large multiple of that while they run,
-and a file can pick the shapes that make the multiple huge (measured: the rise of VmHWM over one call in a fresh
-process, torch 2.13, 1 thread; ``tests/output/serialize/test_workspace.py`` measures ten of them):
+and a file can pick the shapes that make the multiple huge (measured as the rise of VmHWM over one call in a fresh
+process: ``tests/output/serialize/test_workspace.py``):
 
 * **Convolution without a oneDNN path** (float64; float16 and, on CPUs without avx512_bf16, bfloat16; integer
-  types; dilated, 3-D and transposed convolutions) unfolds its input into a columns buffer (``im2col``):
-  ``batch x C_in/groups x prod(kernel) x prod(out_spatial)`` elements for a convolution, ``batch x C_out/groups x
-  prod(kernel) x prod(in_spatial)`` for a transposed one. A float64 [1, 1, 1, 1] input, a [1, 1, 64, 64] kernel and
-  padding 63: 130.5 MiB at the call for a 32 KiB output (the formula: 128 MiB); the same as conv1d (K 4096), conv3d
-  (K 16), conv_transpose2d (64x64 input and kernel), and x4 for batch 4. Groups: per group, and the group outputs
-  are copied into the result once more. float32 runs on oneDNN (9 MiB where the formula says 64 MiB) except for
-  small inputs (:func:`_needs_columns`); every other dtype is counted on every CPU, so whether a file loads does not
-  depend on the machine that loads it (bfloat16 takes oneDNN only where the CPU has avx512_bf16).
+  types; dilated, 3-D and transposed convolutions) unfolds its input into a columns buffer (``im2col``,
+  :func:`_convolution`). float32 runs on oneDNN except for small inputs (:func:`_needs_columns`); every other dtype
+  is counted on every CPU, so whether a file loads does not depend on the machine that loads it.
 * **Composite operators** (``aten.matmul``, ``aten.linear``, ... as a file may name them) run as several ATen
-  operators, whose intermediates the fake run never sees: a broadcast ``matmul`` of [256, 1, 1, 4096] and
-  [1, 256, 4096, 1] (8 MiB of inputs, 256 KiB of output) copies both sides to [65536, 4096] first, 2053 MiB. The
-  call runs under :class:`_Meter`, which sees each inner operator and counts every storage it makes.
+  operators, whose intermediates the fake run never sees (a broadcast ``matmul`` copies both sides to the
+  broadcast shape first): the call runs under :class:`_Meter`, which counts every storage each inner operator makes.
 * **Fused attention** (``_native_multi_head_attention``, ``_transformer_encoder_layer_fwd``): each head's L x S
-  scores, 128 MiB measured for 8 heads of 2048 x 2048 (float32), plus the q/k/v projections and the feed-forward
-  hidden layer — declared with those operators (``ops/aten_kernels.py``), as every declared operator's workspace is
-  (mixprec's weight-only operators dequantize whole weights: ``ops/weight_only.py``).
-* **A copy of the input**: ``kthvalue``/``median``/``mode`` sort a copy of values and int64 indices (3x a float32
-  input measured), ``unique`` 5x, ``cdist`` 2x (:data:`_INPUT_COPIES`).
+  scores, the q/k/v projections and the feed-forward hidden layer — declared with those operators
+  (``ops/aten_kernels.py``), as every declared operator's workspace is (mixprec's weight-only operators dequantize
+  whole weights: ``ops/weight_only.py``).
+* **A copy of the input**: ``kthvalue``/``median``/``mode`` sort a copy of values and int64 indices, ``unique`` and
+  ``cdist`` copy more (:data:`_INPUT_COPIES`).
 
 Measured and small (no count): sort, topk, cumsum, max_pool2d_with_indices, index_select, embedding_bag, fft,
-im2col/col2im (their columns are their output or input). Attention's L x S scores are counted here too.
+im2col/col2im (their columns are their output or input).
 """
 
 from __future__ import annotations
@@ -69,7 +63,7 @@ def call(target, args, kwargs):
 
 def scratch(target, args, kwargs, result) -> int:
     """Bytes one operator's kernel allocates beyond its result: what its declaration says (``ops/kernels.py``: mixprec's
-    operators, the private ATen kernels), else the module docstring's formulas."""
+    operators, the private ATen kernels), else the kinds the module docstring lists."""
     declaration = kernels.declaration_of(target)
     if declaration is not None and (declaration.workspace is not None or declaration.operands):
         return kernels.workspace_bytes(declaration, kernels.bind(target, args, kwargs))
@@ -97,6 +91,9 @@ def broadcast_copies(args, kwargs) -> int:
 
 
 def _convolution(name, args, kwargs, result) -> int:
+    """The columns buffer of a convolution that unfolds its input: ``batch x C_in/groups x prod(kernel) x
+    prod(out_spatial)`` elements, for a transposed one ``batch x C_out/groups x prod(kernel) x prod(in_spatial)``;
+    with groups, the group outputs are copied into the result once more."""
     tensors, outputs = tensors_in((args, kwargs)), tensors_in(result)
     if name == "convolution_backward":  # (grad_output, input, weight, bias_sizes, stride, padding, dilation,
         # transposed, output_padding, groups, output_mask): the forward's columns, for the input's and the weight's
