@@ -210,8 +210,6 @@ def test_the_circle_check_sees_a_circle():
 # A module docstring's most lines, its first and last line included: what the module is for, why it is built that way,
 # its contracts. Measured figures live in bench/RESULTS.md and bench/log/, named by section.
 DOCSTRING_LINES = 25
-# issue 44: the lead fixes these after the branches editing them merge (they name bench scripts that left the tree)
-BENCH_NAMES_PENDING = ("hf/weight_only.py", "searching/types.py")
 
 BENCH = SRC.parents[1] / "bench"
 _BENCH_SCRIPT = re.compile(r"\bbench/([\w/]+\.py)\b")
@@ -237,11 +235,6 @@ def _sources() -> dict[str, str]:
     return {p.relative_to(SRC).as_posix(): p.read_text() for p in sorted(SRC.rglob("*.py"))}
 
 
-def _pending_check(found: set[str], pending: tuple[str, ...]) -> tuple[list[str], list[str]]:
-    """(files found that are not listed, listed files no longer found): both must be empty."""
-    return sorted(found - set(pending)), sorted(set(pending) - found)
-
-
 def test_module_docstrings_are_short():
     long = sorted(rel for rel, text in _sources().items() if _docstring_lines(text) > DOCSTRING_LINES)
     assert not long, (f"module docstrings over {DOCSTRING_LINES} lines (keep what and why; figures go to "
@@ -249,11 +242,9 @@ def test_module_docstrings_are_short():
 
 
 def test_no_source_names_a_bench_script_that_left_the_tree():
-    dead = {rel for rel, text in _sources().items() if _dead_bench_names(text)}
-    unlisted, done = _pending_check(dead, BENCH_NAMES_PENDING)
-    assert not unlisted, ("bench scripts that are not in bench/ (name the log section or `python -m bench run "
-                          "GROUP`): " + "; ".join(f"{rel}: {_dead_bench_names(_sources()[rel])}" for rel in unlisted))
-    assert not done, f"fixed already: take them out of BENCH_NAMES_PENDING: {done}"
+    dead = sorted(rel for rel, text in _sources().items() if _dead_bench_names(text))
+    assert not dead, ("bench scripts that are not in bench/ (name the log section or `python -m bench run "
+                      "GROUP`): " + "; ".join(f"{rel}: {_dead_bench_names(_sources()[rel])}" for rel in dead))
 
 
 def test_the_docstring_checks_can_fail():
@@ -263,4 +254,3 @@ def test_the_docstring_checks_can_fail():
     assert _docstring_lines('"""' + "\n" * 24 + '"""\n') == 25
     assert _docstring_lines("x = 1\n") == 0
     assert _dead_bench_names("# measured by bench/layout.py and bench/same_outputs.py") == ["layout.py"]
-    assert _pending_check({"a.py", "b.py"}, ("b.py", "c.py")) == (["a.py"], ["c.py"])

@@ -6,12 +6,10 @@ quarter of bf16's bytes (``ops/weight_only.py``). The plan is the configurator's
 compiled (``modules.py``: its graph layers are the program's): every ``nn.Linear`` of the decoder gets weight-only
 ``weights`` with ``group_size`` input channels per scale, the LM head ``lm_head`` (default int8: its rows are the
 logits, int4 there costs more accuracy than it saves bytes in most models; None keeps it float), with **16-bit
-activations** (the "A16": bf16, or fp16 for an fp16 model): PyTorch's CPU weight-only kernels are fast only there —
-on float32 rows they run 5-11x slower than a plain float32 Linear (one row through 2048x2048, one thread, the
-AVX-512 EPYC of bench/log "Issue 32: weight-only decode": int8 7.9 ms, int4 18.2 ms, fp32 Linear 1.69 ms; bf16 rows:
-int8 0.63 ms, int4 0.22 ms; ``bench/search_weight_only.py --kernels``), so a float32 model's weight-only Linears
-read and write bf16 (the casts around them are the rewrite's; ``enable_autocast=True`` may still lower the other
-layers).
+activations** (the "A16": bf16, or fp16 for an fp16 model): PyTorch's CPU weight-only kernels are fast only there
+and several times slower than a plain float32 Linear on float32 rows (bench/log/2026-11.md "Issue 32: weight-only
+decode"), so a float32 model's weight-only Linears read and write bf16 (the casts around them are the rewrite's;
+``enable_autocast=True`` may still lower the other layers).
 Embeddings are left as they are (a gather reads one row per token, not the whole table). ``generate()`` is unchanged.
 """
 

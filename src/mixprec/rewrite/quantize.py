@@ -1,6 +1,6 @@
 """int8: quantize/dequantize around the values the plan quantizes, int8 storage of weights.
 
-What the program computes for an int8 layer (fake quantization, on any device; :func:`quantize` shows the graph):
+What the program computes for an int8 layer (fake quantization, on any device):
 
 * each input named in ``NodePrecision.int8.inputs`` is quantized per tensor on the grid the plan records
   (``Int8Spec.grids``, decided in ``plan/quantization.py``; a version-1 plan records none and gets

@@ -4,8 +4,7 @@ every weight format (``formats.WEIGHT_FORMATS``: "w-nf4", "w-mxfp4", "w-fp8", ..
 A weight-only type is not a dtype: the Linear computes in a 16-bit float ("a16": bf16, or fp16 when the search's
 float low type is fp16) and its weights are stored in a weight format and run on its op (``ops/weight_formats.py``)
 — what ``NodePrecision(bfloat16, weights=weight_format("int4"))`` plans. Why not float32 activations: PyTorch's
-CPU weight-only kernels have no fast path for them (``bench/search_weight_only.py --kernels``; bench/log/2026-11.md
-"Issue 32: weight-only decode").
+CPU weight-only kernels have no fast path for them (bench/log/2026-11.md "Issue 32: weight-only decode").
 
 The search handles its types as opaque hashable values (sensitivities, assignments, the
 cost model's table are keyed by them); the few places that need to know what a type *is* ask here:
