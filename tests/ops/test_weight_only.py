@@ -276,3 +276,26 @@ def test_constant_and_zero_groups_are_exact(bits, symmetric):
     assert bool((q[1] != 0).all()) and bool(torch.isfinite(q[1]).all())
     assert torch.equal(dq[2, :128], w[2, :128])
     assert torch.equal(dq[0], w[0]) and torch.equal(dq[1, :128], w[1, :128])
+
+
+@pytest.mark.parametrize("rows", [1, wo.KERNEL_MAX_ROWS, wo.KERNEL_MAX_ROWS + 1, 64])
+def test_the_row_by_row_kernels_take_decode_sized_inputs_only(rows):
+    """The kernels compute a matrix-vector product per row (at 512 rows the int8 kernel took 30x the dequantized
+    GEMM): up to KERNEL_MAX_ROWS rows the ops run them, beyond they dequantize at use — said by runs_on_kernel,
+    which the report reads — with the kernels' numerics either way (float32 sums of the exact weight)."""
+    from mixprec.ops import weight_formats
+
+    w = torch.randn(N, K)
+    q, s, o = wo.quantize_int8(w, None, True)
+
+    class Layer(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.mixprec.linear_int8_weight(x, q, s, o, None)
+
+    x = torch.randn(rows, K).to(torch.bfloat16)
+    graph = torch.export.export(Layer(), (x,)).graph
+    (node,) = [n for n in graph.nodes if n.target == torch.ops.mixprec.linear_int8_weight.default]
+    assert weight_formats.runs_on_kernel(node) is (rows <= wo.KERNEL_MAX_ROWS)
+    y = torch.ops.mixprec.linear_int8_weight(x, q, s, o, None)
+    exact = (x.float() @ wo.dequantize_int8(q, s, o).T)
+    assert ((y.float() - exact).norm() / exact.norm()).item() < 4e-3  # one bf16 rounding of the float32 sums

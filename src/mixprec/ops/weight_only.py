@@ -13,8 +13,8 @@ them as extern kernels, and a declaration in ``ops/kernels.py`` that both check 
     linear_int8_weight(x, weight int8 [N, K], scales [N, G], offsets [N, G] | None, bias | None)
     linear_int4_weight(x, weight uint8 [N, K/2], scales_and_zeros [G, N, 2], group, packed, bias | None)
 
-Where the kernel runs; elsewhere the op dequantizes and runs ``aten.linear`` (the same numerics, in the activation's
-dtype):
+Where the kernel runs (on at most ``KERNEL_MAX_ROWS`` rows: decoding; the kernels compute row by row); elsewhere the
+op dequantizes and runs ``aten.linear`` (the same numerics, in the activation's dtype):
 
 * int8: one scale per channel (G == 1), K a multiple of 16, x float32/bfloat16/float16 on the CPU; the asymmetric
   offset is added as ``sum(x) * o`` beside it (exact algebra).
@@ -46,6 +46,11 @@ KERNEL_DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
 # _weight_int8pack_mm steps K by 16 (AVX512; 8 on AVX2/NEON) with aligned row loads and no remainder loop: K = 129
 # read past the weight's rows (the process died), K = 136 summed bytes after them
 INT8_K_MULTIPLE = 16
+# The kernels compute row by row (a matrix-vector product per row, the weight read again for each): they are for
+# decoding. From a few rows on, dequantizing once and running the float GEMM is faster — at 16 rows by 3-60x, at 512
+# rows the int8 kernel took 30x the dequantized GEMM (log: "Weight-only kernels by rows", 2026-12). Up to this many
+# rows the ops run the kernel; beyond, they dequantize at use.
+KERNEL_MAX_ROWS = 2
 
 
 # ---- the ops ------------------------------------------------------------------------------------------------------
@@ -63,7 +68,7 @@ def linear_int8_weight(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tens
         if offsets is not None:
             y = y + (flat.to(torch.float32).sum(-1, keepdim=True) * offsets[:, 0]).to(x.dtype)
     else:
-        y = torch.nn.functional.linear(flat, dequantize_int8(weight, scales, offsets).to(x.dtype))
+        y = _float_sums(flat, dequantize_int8(weight, scales, offsets))
     if bias is not None:
         y = y + bias.to(x.dtype)
     return y.reshape(*lead, weight.shape[0])
@@ -85,10 +90,19 @@ def linear_int4_weight(x: torch.Tensor, weight: torch.Tensor, scales_and_zeros: 
         nibbles = unpack_int4(weight) if packed else weight
         scales, zeros = scales_and_zeros[..., 0].transpose(0, 1), scales_and_zeros[..., 1].transpose(0, 1)
         w = dequantize_int4(from_nibbles(nibbles).to(scales.device), scales, zeros)
-        y = torch.nn.functional.linear(flat, w.to(x.dtype))
+        y = _float_sums(flat, w)
     if bias is not None:
         y = y + bias.to(x.dtype)
     return y.reshape(*lead, weight.shape[0])
+
+
+def _float_sums(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``x @ w.T`` as the kernels compute it: the float32 weight exact, the sums in float32 (or x's wider type), one
+    rounding to x's dtype."""
+    wide = torch.promote_types(x.dtype, torch.float32)
+    if x.dtype == wide:
+        return torch.nn.functional.linear(x, w.to(wide))
+    return torch.nn.functional.linear(x.to(wide), w.to(wide)).to(x.dtype)
 
 
 @linear_int8_weight.register_fake
@@ -109,13 +123,25 @@ def _int8_on_kernel(b) -> bool:
     """Whether ``linear_int8_weight`` runs ``_weight_int8pack_mm`` on these operands (else it dequantizes)."""
     x = b["x"]
     return (b["scales"].shape[1] == 1 and b["weight"].shape[1] % INT8_K_MULTIPLE == 0 and x.device.type == "cpu"
-            and x.dtype in KERNEL_DTYPES)
+            and x.dtype in KERNEL_DTYPES and _decode_sized(x))
 
 
 def _int4_on_kernel(b) -> bool:
     """Whether ``linear_int4_weight`` runs ``_weight_int4pack_mm_for_cpu`` (else it dequantizes)."""
     x = b["x"]
-    return b["packed"] is True and x.device.type == "cpu" and x.dtype in KERNEL_DTYPES
+    return b["packed"] is True and x.device.type == "cpu" and x.dtype in KERNEL_DTYPES and _decode_sized(x)
+
+
+def _decode_sized(x) -> bool:
+    """At most :data:`KERNEL_MAX_ROWS` rows (a symbolic row count — a dynamic batch — counts as decode-sized only
+    where its hint is)."""
+    rows = 1
+    for size in x.shape[:-1]:
+        rows *= size.node.hint if isinstance(size, torch.SymInt) and size.node.has_hint() else size
+    try:
+        return int(rows) <= KERNEL_MAX_ROWS
+    except (TypeError, RuntimeError):  # no hint: as the kernel declares
+        return True
 
 
 def _int8_relations(b):
@@ -166,7 +192,7 @@ def _int8_workspace(b) -> int:
         if b["offsets"] is not None:  # flat.to(float32).sum(-1) * offsets -> x's dtype, added
             total += m * k * 4 + m * 4 + m * n * 4 + 2 * out
     else:
-        total = n * k * (3 * 4 + size)
+        total = n * k * (3 * 4 + size) + _float_sums_bytes(x, m, k, n)
     return total + _bias_bytes(b, out)
 
 
@@ -181,8 +207,13 @@ def _int4_workspace(b) -> int:
     if _int4_on_kernel(b):
         total = b["scales_and_zeros"].numel() * size
     else:
-        total = n * k * (2 + 4 + 4 * 4 + size) + (72 * n * k if b["packed"] else 0)
+        total = n * k * (2 + 4 + 4 * 4 + size) + (72 * n * k if b["packed"] else 0) + _float_sums_bytes(x, m, k, n)
     return total + _bias_bytes(b, out)
+
+
+def _float_sums_bytes(x, m: int, k: int, n: int) -> int:
+    """:func:`_float_sums` on a low-precision x: x and the sums in float32."""
+    return 0 if x.dtype == torch.promote_types(x.dtype, torch.float32) else (m * k + m * n) * 4
 
 
 _X = kernels.Operand("x", kernels.FLOATS)
