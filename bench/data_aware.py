@@ -51,7 +51,8 @@ def input_moments(module: nn.Module, batches, names) -> dict:
 def rounded_data_aware(ctx, case):
     """Every Linear's weight (but those matching ``skip``) rounded to ``format`` ("int4": symmetric, "nf4") in groups of
     ``group``, computed in fp32: ``aware`` with the data-aware choice on the calibration batches (``gptq``, ``awq``,
-    ``hold_out``: the policy's switches), else round-to-nearest (int4: mixprec's int4 quantize, its MSE scale search)."""
+    ``hold_out``: the policy's switches), else round-to-nearest (int4: mixprec's int4 quantize, its MSE scale
+    search)."""
     import re
 
     from mixprec.calibrate import weight_rounding as wr
