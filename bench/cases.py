@@ -286,6 +286,7 @@ def _awq43():  # issue 43: data-aware int4 (scale estimation, AWQ, GPTQ) against
     cases = (FP32, rounded("mixprec int4 g128 RTN"), rounded("mixprec int4 g128 data-aware", aware=True),
              rounded("mixprec int4 g128 data-aware, no GPTQ", aware=True, gptq=False),
              rounded("mixprec int4 g128 data-aware, no AWQ", aware=True, awq=False),
+             rounded("mixprec int4 g128 data-aware, no held-out check", aware=True, hold_out=False),
              rounded("mixprec nf4 g128 RTN", format="nf4"), rounded("mixprec nf4 g128 data-aware", format="nf4",
                                                                       aware=True),
              weight_only("mixprec W-int4 g128 A32", "eager", W4, "fp32"),

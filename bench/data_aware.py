@@ -50,8 +50,9 @@ def input_moments(module: nn.Module, batches, names) -> dict:
 
 def rounded_data_aware(ctx, case):
     """Every Linear's weight (but those matching ``skip``) rounded to ``format`` ("int4": symmetric, "nf4") in groups of
-    ``group``, computed in fp32: ``aware`` with the data-aware choice on the calibration batches (``gptq``, ``awq``:
-    the policy's switches), else round-to-nearest (int4: mixprec's int4 quantize, its MSE scale search)."""
+    ``group``, computed in fp32: ``aware`` with the data-aware choice on the calibration batches (``gptq``, ``awq``,
+    ``hold_out``: the policy's switches), else round-to-nearest (int4: mixprec's int4 quantize, its MSE scale
+    search)."""
     import re
 
     from mixprec.calibrate import weight_rounding as wr
@@ -60,7 +61,8 @@ def rounded_data_aware(ctx, case):
     o = case.options
     group, fmt = o.get("group", 128), o.get("format", "int4")
     grid = wr.int_grid(4, group, True) if fmt == "int4" else wr.nf4_grid(group)
-    policy = wr.RoundingPolicy(gptq=o.get("gptq", True), **({} if o.get("awq", True) else {"alphas": ()}))
+    policy = wr.RoundingPolicy(gptq=o.get("gptq", True), hold_out=o.get("hold_out", True),
+                               **({} if o.get("awq", True) else {"alphas": ()}))
     model = copy.deepcopy(ctx.module)
     skip = re.compile(o["skip"]) if o.get("skip") else None
     linears = {n: m for n, m in model.named_modules()
@@ -98,4 +100,32 @@ def llama_outliers(layers=4, batch=1, seq=128, hidden=1024, intermediate=2816, h
     return built
 
 
+def rounding_seconds(n=1024, k=2048, rows=512, repeats=3) -> dict:
+    """Seconds ``weight_rounding.choose`` takes on one random [n, k] weight with ``rows`` input rows, per grid (the
+    fastest of ``repeats``, one thread): the data-aware pass's cost without the model around it."""
+    import time
+
+    from mixprec.calibrate import weight_rounding as wr
+    from mixprec.calibrate.moments import InputMoments
+
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(0)
+    w, moments = torch.randn(n, k, generator=g) * 0.02, InputMoments.of(torch.randn(rows, k, generator=g))
+    out = {}
+    for name, grid in (("int4 g128", wr.int_grid(4, 128, True)), ("nf4 g128", wr.nf4_grid(128)),
+                       ("mxfp4", wr.mxfp4_grid())):
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            wr.choose(w, grid, moments)
+            best = min(best, time.perf_counter() - start)
+        out[name] = round(best, 2)
+    return out
+
+
 RECIPES = {"rounded-data-aware": rounded_data_aware}
+
+if __name__ == "__main__":  # PYTHONPATH=src python -m bench.data_aware: seconds per grid (run on an idle machine)
+    import os
+
+    print(rounding_seconds(), "load", os.getloadavg())

@@ -77,3 +77,18 @@ def test_the_observer_keeps_only_the_named_values():
     observer.after(y, torch.ones(2, 8))
     observer.after(x, torch.ones(3, 8, dtype=torch.int64))  # not a float value: not counted
     assert set(observer.moments) == {"x"} and observer.moments["x"].rows == 2
+
+
+def test_every_fourth_row_is_also_summed_apart_and_the_parts_merge():
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(2, 5, 16, generator=g), torch.randn(7, 16, generator=g)
+    both = InputMoments.of(a, 8).merge(InputMoments.of(b, 8))
+    rows_a = a.reshape(-1, 16)
+    held = torch.cat([rows_a[3::4], b[3::4]]).double()
+    fit = torch.cat([rows_a[[i for i in range(10) if i % 4 != 3]], b[[i for i in range(7) if i % 4 != 3]]]).double()
+    assert (both.rows, both.held_rows, both.fitted().rows, both.held_out().rows) == (17, 3, 14, 3)
+    for part, rows in ((both.held_out(), held), (both.fitted(), fit)):
+        ref = (rows.T @ rows / rows.shape[0]).reshape(2, 8, 2, 8).diagonal(dim1=0, dim2=2).permute(2, 0, 1)
+        torch.testing.assert_close(part.blocks().double(), ref, rtol=1e-5, atol=1e-5)
+    one_row = InputMoments.of(torch.ones(1, 16), 8)  # nothing held out: fitted() is every row
+    assert one_row.held_out() is None and one_row.fitted() is one_row

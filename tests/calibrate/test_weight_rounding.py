@@ -192,3 +192,25 @@ def test_grid_of_maps_the_4_bit_formats_and_leaves_the_others():
     assert wr.grid_of("nf4", 4, 64) == wr.nf4_grid(64)
     assert wr.grid_of("e2m1", 4, 32) == wr.mxfp4_grid()
     assert wr.grid_of("int", 8, None) is None and wr.grid_of("e4m3", 8, None) is None
+
+
+def test_a_choice_that_loses_on_the_held_out_rows_is_replaced_by_round_to_nearest():
+    """The rows chosen on carry a few input channels only (GPTQ pushes the rounding error into the channels that
+    were silent); the held-out rows carry every channel: there the data-aware choice is worse than
+    round-to-nearest, and round-to-nearest is what choose returns. Without the check, chosen on the same rows,
+    the worse choice stays."""
+    grid = GRIDS["int4 sym g128"]
+    g = torch.Generator().manual_seed(7)
+    k = 256
+    w = torch.randn(32, k, generator=g) * 0.05
+    x = torch.randn(1024, k, generator=g)
+    x[:, 16:] *= 1e-3
+    x[3::4] = torch.randn(256, k, generator=g)  # the rows the moments hold out: every channel
+    held = x[3::4]
+    moments = InputMoments.of(x)
+    unchecked = wr.rounded(w, grid, wr.choose(w, grid, moments.fitted(), wr.RoundingPolicy(hold_out=False)))
+    nearest = _round_to_nearest(w, grid)
+    assert _output_error(held, w, unchecked) > 1.1 * _output_error(held, w, nearest)  # the case is what it says
+    choice = wr.choose(w, grid, moments)
+    assert choice.smoothing is None and choice.codes is None
+    torch.testing.assert_close(wr.rounded(w, grid, choice), nearest, rtol=0, atol=0)

@@ -8,6 +8,10 @@ does not fit; the blocks along its diagonal (``block`` channels each, 128 by def
 there) and give the error of every group of up to ``block`` input channels exactly, leaving out only the terms that
 couple two blocks. Sums over rows and the row count are kept, so the statistic merges exactly across batches and
 shards (sums in float32), in any order, and never holds a batch's rows.
+
+Every ``HOLD_EVERY``-th row of each value is also summed apart (``held``): rounding chooses on the other rows and
+keeps its choice only where it lowers the output error on those (``weight_rounding.choose``), so a choice fitted to
+the noise of a few hundred rows never replaces round-to-nearest where the data does not support it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from ..dtypes import is_float
 from ..errors import InvariantError
 from ..ir.runner import Observer
 
+HOLD_EVERY = 4  # rows 3, 7, 11, ... of every value are held out (a quarter, spread over positions and samples)
 DEFAULT_BLOCK = 128  # the usual int4 group; also splits MXFP4's 32 and per-channel rows into exact blocks
 
 
@@ -36,19 +41,22 @@ def block_for(channels: int, block: int = DEFAULT_BLOCK) -> int:
 @dataclasses.dataclass(frozen=True, eq=False)
 class InputMoments:
     """Sums of x x^T over the rows x (last dimension) of a value, in diagonal blocks: ``sums`` [K / block, block,
-    block] float32, ``rows`` how many rows were summed."""
+    block] float32, ``rows`` how many rows were summed; ``held``, ``held_rows``: the same over the held-out rows
+    among them (every ``HOLD_EVERY``-th; None and 0 when none is)."""
 
     sums: torch.Tensor
     rows: int
+    held: torch.Tensor | None = None
+    held_rows: int = 0
 
     @classmethod
     def of(cls, tensor: torch.Tensor, block: int = DEFAULT_BLOCK) -> "InputMoments":
         x = tensor.detach().float()
         x = x.reshape(-1, x.shape[-1])
-        k = x.shape[1]
-        size = block_for(k, block)
-        parts = x.reshape(-1, k // size, size).transpose(0, 1)  # [blocks, rows, size]
-        return cls(parts.transpose(1, 2) @ parts, x.shape[0])
+        size = block_for(x.shape[1], block)
+        held = x[HOLD_EVERY - 1::HOLD_EVERY]
+        return cls(_block_sums(x, size), x.shape[0], _block_sums(held, size) if held.shape[0] else None,
+                   held.shape[0])
 
     @property
     def channels(self) -> int:
@@ -62,7 +70,20 @@ class InputMoments:
         if self.sums.shape != other.sums.shape:
             raise InvariantError(f"input moments of shape {list(self.sums.shape)} and {list(other.sums.shape)} "
                                  "do not merge")
-        return InputMoments(self.sums + other.sums.to(self.sums.device), self.rows + other.rows)
+        held = self.held if other.held is None else other.held.to(self.sums.device) if self.held is None else \
+            self.held + other.held.to(self.sums.device)
+        return InputMoments(self.sums + other.sums.to(self.sums.device), self.rows + other.rows, held,
+                            self.held_rows + other.held_rows)
+
+    def fitted(self) -> "InputMoments":
+        """The moments of the rows not held out (all rows when none is)."""
+        if self.held is None:
+            return self
+        return InputMoments(self.sums - self.held, self.rows - self.held_rows)
+
+    def held_out(self) -> "InputMoments | None":
+        """The moments of the held-out rows, None when none is."""
+        return None if self.held is None else InputMoments(self.held, self.held_rows)
 
     def blocks(self, size: int | None = None) -> torch.Tensor:
         """E[x x^T] in diagonal blocks of ``size`` channels ([K / size, size, size], float32; None: the stored
@@ -72,6 +93,12 @@ class InputMoments:
     def mean_square(self) -> torch.Tensor:
         """E[x_j^2] per channel, float32 [K]."""
         return self.sums.diagonal(dim1=1, dim2=2).reshape(-1) / max(self.rows, 1)
+
+
+def _block_sums(x: torch.Tensor, size: int) -> torch.Tensor:
+    """Sums of x x^T over rows ``x`` [R, K] in diagonal blocks of ``size`` channels: [K / size, size, size]."""
+    parts = x.reshape(-1, x.shape[1] // size, size).transpose(0, 1)  # [blocks, rows, size]
+    return parts.transpose(1, 2) @ parts
 
 
 def diagonal_blocks(blocks: torch.Tensor, size: int) -> torch.Tensor:

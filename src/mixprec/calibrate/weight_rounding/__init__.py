@@ -9,7 +9,10 @@ output error on the inputs it meets. With the layer's input moments from calibra
   rows of the Linear before an elementwise product, as NNCF merges into ``up_proj``), else a multiply by 1 / a
   before the Linear; None when no channel gains from it;
 * per row and group, the scale (and zero point) minimising the output error (``scales.py``);
-* the codes, by GPTQ's error feedback (``gptq.py``), or each weight's nearest level when the policy turns it off.
+* the codes, by GPTQ's error feedback (``gptq.py``), or each weight's nearest level when the policy turns it off;
+* the check: chosen on the rows the moments do not hold out, the choice is kept only if its output error on the
+  held-out rows (``calibrate/moments.HOLD_EVERY``) is below round-to-nearest's, else round-to-nearest is the choice
+  (``RoundingPolicy.hold_out``): a few hundred rows let GPTQ and AWQ fit the moments' noise.
 
 Linears reading the same value (q, k and v) must share a: :func:`choose_shared` chooses it for all of them.
 :func:`grid_of` is the grid of a weight format's fields (None for formats it does not round: 8-bit, FP8).
@@ -18,6 +21,7 @@ Linears reading the same value (q, k and v) must share a: :func:`choose_shared` 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 
 import torch
@@ -27,7 +31,9 @@ from . import grids
 from .awq import channel_scales
 from .gptq import feedback_codes
 from .grids import WeightGrid, codes, dequantize, int_grid, mxfp4_grid, nf4_grid
-from .scales import Moments, estimate
+from .scales import Moments, estimate, exact_error
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Choice", "Moments", "RoundingPolicy", "WeightGrid", "choose", "choose_shared", "codes", "dequantize",
            "grid_of", "int_grid", "mxfp4_grid", "nf4_grid", "rounded", "stored_codes"]
@@ -39,7 +45,8 @@ class RoundingPolicy:
     ``refits``: least-squares refinements of the scale; ``alphas``: the AWQ exponents tried per group (() turns
     the per-channel scaling off), each scored with the scales screened from ``awq_shrinks``; ``gptq``: codes by
     error feedback (else nearest levels); ``damp``: added to the moments' diagonal, times its mean (NNCF's GPTQ
-    default; ``scales.Moments.of``)."""
+    default; ``scales.Moments.of``); ``hold_out``: choose on the rows not held out and keep the choice only where
+    it lowers the held-out rows' output error below round-to-nearest's (moments without held-out rows: no check)."""
 
     shrinks: tuple[float, ...] = tuple(1.0 - 0.05 * i for i in range(11))
     refits: int = 2
@@ -47,6 +54,7 @@ class RoundingPolicy:
     awq_shrinks: tuple[float, ...] = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5)
     gptq: bool = True
     damp: float = 0.1
+    hold_out: bool = True
 
     def __post_init__(self):
         if any(not f or any(not 0 < x <= 2 for x in f) for f in (self.shrinks, self.awq_shrinks)):
@@ -86,10 +94,26 @@ def choose_shared(weights: Sequence[torch.Tensor], fmt: WeightGrid, stats,
         raise ConfigError(f"weight rounding: weights [N, K] reading one input of {k} channels, not "
                           f"{[list(w.shape) for w in weights]}")
     size = fmt.group_size(k)
-    moments = stats if isinstance(stats, Moments) else Moments.of(stats, policy.damp)
+    check = stats.held_out() if policy.hold_out and not isinstance(stats, Moments) else None
+    fit = stats.fitted() if check is not None else stats
+    if check is not None and fit.rows == 0:
+        fit, check = stats, None
+    moments = fit if isinstance(fit, Moments) else Moments.of(fit, policy.damp)
     if moments.diagonal.numel() != k:
         raise ConfigError(f"weight rounding: the input moments have {moments.diagonal.numel()} channels, the "
                           f"weight {k}; pass the moments of the Linear's own input")
+    chosen = _choose(weights, fmt, moments, size, policy)
+    if check is None:
+        return chosen
+    nearest = [Choice(*grids.round_to_nearest(x.detach().float(), fmt), None) for x in weights]
+    held = Moments.of(check, 0.0)
+    aware, plain = _output_error(weights, fmt, chosen, held), _output_error(weights, fmt, nearest, held)
+    log.debug("weight rounding: held-out output error %.4g data-aware, %.4g round-to-nearest", aware, plain)
+    return chosen if aware < plain else nearest
+
+
+def _choose(weights, fmt: WeightGrid, moments: Moments, size: int, policy: RoundingPolicy) -> list[Choice]:
+    k = weights[0].shape[1]
     w = grids.grouped(torch.cat([x.detach() for x in weights]), fmt)
     per_group = moments.within(size)
     a = channel_scales(w, fmt, per_group, policy.alphas, policy.awq_shrinks) if policy.alphas else None
@@ -105,6 +129,16 @@ def choose_shared(weights: Sequence[torch.Tensor], fmt: WeightGrid, stats,
                           None if codes_ is None else codes_[rows]))
         start += x.shape[0]
     return out
+
+
+def _output_error(weights, fmt: WeightGrid, choices, moments: Moments) -> float:
+    """The summed output error tr(D H D^T) of the choices over ``moments`` (H's stored blocks; D = W - W')."""
+    total = 0.0
+    for x, choice in zip(weights, choices):
+        w = x.detach().float()
+        delta = (w - rounded(w, fmt, choice)).reshape(w.shape[0], 1, w.shape[1])
+        total += float(exact_error(delta, moments).sum())
+    return total
 
 
 def grid_of(element: str, bits: int, group: int | None, symmetric: bool = True,
