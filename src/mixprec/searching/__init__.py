@@ -170,11 +170,11 @@ def search(
                 costs = latency.flop_costs(options.backend, options.lows, device, options.decode, options.cost_cache)
         built = {}  # the whole programs on the backend (whole.Built), once the trials exist
 
-        def prices(trials, groups):  # the cost model set to this model's whole programs (whole.py)
+        def prices(trials, groups, float_plan):  # the cost model set to this model's whole programs (whole.py)
             with clock.phase("model_prices"):
                 built["programs"] = whole.Built(trials, options.backend or "eager", device, options.cost_cache)
                 return whole.model_prices(built["programs"], groups, options.lows, costs, eval_batches[0],
-                                          frontier.time_candidates, progress)
+                                          frontier.time_candidates, progress, float_plan)
 
         with clock.phase("sensitivity"):
             if study is None:

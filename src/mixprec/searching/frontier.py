@@ -76,7 +76,10 @@ def candidates(study, choice, limit, options, costs, model, args, calibration, b
     takers = {d: [g.name for g in study.groups if g.unsafe is None and g.takes(d) and _usable(study, g.name, d)]
               for d in lows}
     trivial: list[tuple[str, frozenset | PrecisionPlan]] = [(FP32, frozenset())]
+    autocast = getattr(study, "autocast", None)  # compile's autocast plan (a study cached before it: none)
     if floats:
+        if autocast is not None:  # the float plan a user gets from compile: the residual stream fp32 (its rule)
+            takers[floats[0]] = [n for n in takers[floats[0]] if (n, floats[0]) in autocast]
         trivial.append((f"all-{dtype_name(floats[0])}", frozenset((n, floats[0]) for n in takers[floats[0]])))
     if torch.int8 in lows:
         own = frozenset((n, torch.int8) for n in takers[torch.int8])

@@ -88,14 +88,18 @@ class Built:
         return dict(zip(labels, seconds))
 
 
-def model_prices(built: Built, groups, lows, costs, batch, time, progress):
+def model_prices(built: Built, groups, lows, costs, batch, time, progress, float_plan: frozenset | None = None):
     """``costs`` with the float type's and int8's prices scaled to this model's whole programs (module docstring):
-    all-fp32, every group that takes the type in it (int8: the FLOP-carrying ones), timed together on ``batch``."""
+    all-fp32, every group that takes the type in it (int8: the FLOP-carrying ones; the float type: ``float_plan``
+    where given, compile's autocast plan, which the frontier measures as its all-float plan), timed together on
+    ``batch``."""
     trials = built.trials
     plans = {}
     floats = [d for d in lows if is_float(d)]
     for dtype in [*floats[:1], *([torch.int8] if torch.int8 in lows else [])]:
         lowered = frozenset((g.name, dtype) for g in groups if g.unsafe is None and g.takes(dtype))
+        if float_plan and dtype == floats[0]:
+            lowered = float_plan
         if lowered:
             plans[dtype] = lowered
     if not plans:
