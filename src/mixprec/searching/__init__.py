@@ -255,13 +255,17 @@ def _frontier(study, choice, confirmed, options, costs, model, args, eval_batche
     data = calibration if isinstance(calibration, list) else (choosing if options.metric.uses_eval_data else None)
     cands = frontier.candidates(study, choice, confirmed.limit, options, costs, model, args, data, programs)
     metric = study.trials.held_out if study.trials.held_out is not None else study.trials.metric  # prepared
-    points = frontier.measure(study, cands, programs, eval_batches[0], metric, progress)
-    limit = options.tolerance
-    if limit is None:  # keep_fp32_fraction: no plan returned instead of the budget's may have more error than it
-        limit = points[0].metric  # the budget's plan is the first candidate
-        if not math.isfinite(limit):  # its program failed on the backend: its trial's error is the bar, not none
-            limit = confirmed.held_out if confirmed.held_out is not None else choice.measured[choice.lowered]
-    points = frontier.pick(points, limit)
+
+    def limit_of(first: float) -> float:  # the budget, given the budget's plan's (the first candidate's) error
+        if options.tolerance is not None:
+            return options.tolerance
+        if math.isfinite(first):  # keep_fp32_fraction: no plan returned instead of the budget's has more error
+            return first
+        # its program failed on the backend: its trial's error is the bar, not none
+        return confirmed.held_out if confirmed.held_out is not None else choice.measured[choice.lowered]
+
+    points = frontier.measure(study, cands, programs, eval_batches[0], metric, progress, limit_of)
+    points = frontier.pick(points, limit_of(points[0].metric))
     won = next((i for i, p in enumerate(points) if p.chosen), None)
     if won is None:  # nothing could be measured on the backend: the budget's plan, as before the frontier
         return points, plan_of(choice.lowered)

@@ -88,7 +88,8 @@ class FrontierPoint:
     name: str  # "searched" (the budget's plan), "searched 2", "all-float32", "all-int8 (configurator)", ...
     source: str  # "searched" | "trivial"
     metric: float  # of the backend's program, on the held-out eval batches (the eval data when none is held out)
-    seconds: float | None  # per call, interleaved with the others on the first eval batch (None: it failed)
+    seconds: float | None  # per call, interleaved with the others on the first eval batch (None: it failed, or
+    # its error is beyond the budget: not timed)
     low_precision_flops_fraction: float = 0.0
     mix: Mapping[str, float] = dataclasses.field(default_factory=dict)  # low type name -> its share of the FLOPs
     within: bool = False  # metric within the tolerance
