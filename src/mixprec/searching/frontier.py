@@ -19,8 +19,8 @@ slower than the configurator's all-int8 at a higher error). So the model ranks a
    always measured; no measured plan dominates the one returned (a faster one at no more error would be within the
    tolerance and faster). With ``keep_fp32_fraction`` the budget's plan's own error is the tolerance.
 
-Nothing is assumed about which type is fast on this CPU: every candidate is timed here, on the backend the plan is
-for (eager when none is named).
+Nothing is assumed about which type is fast on this CPU: every candidate within the budget is timed here, on the
+backend the plan is for (eager when none is named).
 """
 
 from __future__ import annotations
