@@ -186,6 +186,15 @@ def search(
         if "model_prices" in clock.seconds:  # timed within the sensitivity phase: counted once, as its own
             clock.seconds["sensitivity"] -= clock.seconds["model_prices"]
         costs = study.costs or costs
+        # the budget's limit in eager trials for the backend's float rounding (whole.float_limit); judged on it later
+        chosen_by = options
+        if options.several and not options.eager and options.tolerance is not None:
+            with clock.phase("model_prices"):
+                if "programs" not in built:
+                    built["programs"] = whole.Built(study.trials, options.backend, device, options.cost_cache)
+                limit = whole.float_limit(built["programs"], study, options.tolerance)
+            if limit is not None:
+                chosen_by = dataclasses.replace(options, tolerance=limit)
         # 3. budget (phase 2): the choice, confirmed on the held-out batches
         # phase 2's plans are timed as the eager programs they are where eager is the target; for another backend
         # the frontier times whole programs on it, and an eager time would only cost calls
@@ -195,11 +204,11 @@ def search(
             def fill(dtype):  # the floor's sensitivities, when the all-floor plan breaks a limit (budget.py)
                 sensitivity.fill(study, progress, dtype)
 
-            choice = choose(study, options, progress, costs, fill=fill)
+            choice = choose(study, chosen_by, progress, costs, fill=fill)
             if study.trials.held_out is not None:
                 progress.update(f"confirming the plan on {len(held_out)} held-out batch(es)")
             confirmed = holdout.confirm(
-                study, options, lambda limit: choose(study, options, progress, costs, limit, fill=fill), choice)
+                study, chosen_by, lambda limit: choose(study, chosen_by, progress, costs, limit, fill=fill), choice)
             choice = confirmed.choice
     if not choice.met:
         warnings.warn(

@@ -126,7 +126,8 @@ class SearchResult:
     held_out_metric: float | None = None  # None: nothing was held out
     held_out_batches: int = 0
     held_out: str = ""  # which batches were held out (and not calibrated on), or why none
-    chosen_within: float | None = None  # the limit the plan was chosen against (< tolerance after a tightening)
+    chosen_within: float | None = None  # the limit the plan was chosen against (< tolerance after a tightening, >
+    # it where the backend's float type errs less than the eager trials: whole.float_limit)
     frontier: tuple[FrontierPoint, ...] = ()  # whole programs measured on the backend (frontier.py)
     frontier_backend: str | None = None
     phase_seconds: Mapping[str, float] = dataclasses.field(default_factory=dict)  # "sensitivity", "budget", ...
@@ -203,6 +204,9 @@ class SearchResult:
                 f"batch{'es' if self.held_out_batches != 1 else ''} ({budget}): {self.held_out}")
         if self.tolerance is not None and self.chosen_within is not None and self.chosen_within < self.tolerance:
             text += f"; chosen within a tightened {self.chosen_within:.3g} after a held-out check broke the budget"
+        elif self.tolerance is not None and self.chosen_within is not None and self.chosen_within > self.tolerance:
+            text += (f"; chosen in eager trials within {self.chosen_within:.3g}: the backend's float type errs less "
+                     "than the trials' (whole.float_limit), its whole programs judged against the budget")
         return text
 
     def __str__(self) -> str:
