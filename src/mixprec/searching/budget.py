@@ -19,10 +19,9 @@ its sensitivity squared.
   limit, compile's autocast plan in it (the residual stream fp32), else the fewest groups that bring it within stay
   fp32 (:func:`exceptions`).
 
-Everything lowered is tried first (often it fits); otherwise each stage searches for the longest prefix of its list
-whose measured metric is within the tolerance (:func:`_furthest`: bisection guided by the quadrature model). Every
-chosen point was measured, so it meets the tolerance on the eval data even where a curve is not monotone (the search
-may then stop short of a later point that would also fit).
+Everything lowered is tried first (often it fits); otherwise each stage takes the longest prefix of its list whose
+measured metric is within the tolerance (:func:`_furthest`: bisection guided by the quadrature model). Every chosen
+point was measured: within the tolerance on the eval data even where a curve is not monotone.
 """
 
 from __future__ import annotations

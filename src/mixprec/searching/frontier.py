@@ -43,7 +43,7 @@ from ..plan.options import PlanningOptions
 from ..plan.precision_plan import NodePrecision, PrecisionPlan
 from . import latency
 from .groups import LINEAR_OP, low_flops_fraction
-from .result import FrontierPoint
+from .points import FrontierPoint
 from .trials import ProgramFailed
 from .types import WeightOnly, is_float, type_of
 from .whole import FP32, whole_name
