@@ -1,10 +1,12 @@
 """Same outputs before and after a refactor: compile, debug, configurator, weak typing and search digests.
 
 Runs the cases below twice, in fresh processes: once on the source tree of ``--rev`` (extracted with
-``git archive``, its own tests/models.py) and once on this checkout, and compares a digest per case
-(report JSON without timings, output sums, plans, the configurator log, the search result without
-latencies; weak typing by the set of layer sources only, its choices being measured). Issue 15 asked for
-outputs identical after the re-layout; issue 44's bar names it.
+``git archive``, its own tests/models.py) and once on this checkout, and compares digests per case in parts: a
+compile case's outputs (sums), its decisions (each layer's precision and dtypes, the casts, the measured error) and
+its whole report (without timings: a report that gained fields differs there only); plans, the configurator log,
+the search result without latencies; weak typing by the set of layer sources only, its choices being measured.
+Autocast's speed check is off in the compile cases (its choice is timed on the machine at hand). Issue 15 asked
+for outputs identical after the re-layout; issue 44's bar names it.
 
     python -m bench same-outputs --rev REV
 """
@@ -43,18 +45,36 @@ def digests() -> None:
         d.get("summary", {}).pop("compile_seconds", None)
         return d
 
+    def decisions(prog):
+        """What the program computes in: each layer's precision and dtypes, the casts, the measured error."""
+        d = report_data(prog)
+        keep = ("casts_inserted", "max_abs_error", "rel_l2_error", "param_bytes_after")
+        return [[[r.get(k) for k in ("name", "precision", "accumulate", "input_dtypes", "output_dtypes")]
+                 for r in d.get("layers", [])], {k: d.get("summary", {}).get(k) for k in keep}]
+
     def outputs(prog, inputs):
         with torch.no_grad():
             out = prog(*inputs)
         leaves = torch.utils._pytree.tree_leaves(out)
         return [t.double().sum().item() if isinstance(t, torch.Tensor) else t for t in leaves]
 
+    def parts(prog, inputs=None):
+        """A compile case in parts, compared one by one: the outputs, the decisions, the whole report."""
+        out = {"decisions": decisions(prog), "report": report_data(prog)}
+        if inputs is not None:
+            out["outputs"] = outputs(prog, inputs)
+        return out
+
     def case(name, fn):
         try:
             r = fn()
         except Exception as e:
             r = f"ERROR {type(e).__name__}: {e}"
-        print(f"{name}\t{digest(r)}\t{r if isinstance(r, str) else ''}", flush=True)
+        if isinstance(r, dict):
+            text = " ".join(f"{k}={digest(v)}" for k, v in sorted(r.items()))
+        else:
+            text = f"all={digest(r)}"
+        print(f"{name}\t{text}\t{r if isinstance(r, str) else ''}", flush=True)
 
     for cls in [M.ThreeLinears, M.SeedExplicit, M.AutocastRegions, M.ConvNet, M.Attention, M.TiedEmbedding,
                 M.MixedNorm, M.TrtAutocastNet, M.TRTorchSeed, M.NestedRegions, M.ResidualRegion, M.PointwiseChain,
@@ -66,24 +86,29 @@ def digests() -> None:
         except (TypeError, AttributeError):
             continue
         inputs = cls.example_inputs()
-        for settings in [dict(), dict(enable_autocast=True),
-                         dict(enable_autocast=True, use_fp32_acc=True, keep_io_types=False)]:
+        # autocast's speed check off: its choice is timed on the machine at hand, not what the trees compute
+        for settings in [dict(), dict(enable_autocast=True, autocast_require_speedup=False),
+                         dict(enable_autocast=True, autocast_require_speedup=False, use_fp32_acc=True,
+                              keep_io_types=False)]:
             def run(model=model, inputs=inputs, settings=settings):
-                prog = mixprec.compile(model, inputs, **settings)
-                return [report_data(prog), outputs(prog, inputs)]
+                return parts(mixprec.compile(model, inputs, **settings), inputs)
             case(f"compile {cls.__name__} {settings}", run)
         def dbg(model=model, inputs=inputs):
-            rep = mixprec.debug(model, inputs, enable_autocast=True)
-            return digest(rep.to_json() if hasattr(rep, "to_json") else str(rep))
+            rep = json.loads(mixprec.debug(model, inputs, enable_autocast=True, autocast_require_speedup=False)
+                             .to_json())
+            layers = [[r.get(k) for k in ("name", "precision", "rel_l2_error", "max_abs_error")]
+                      for r in rep.get("layers", [])]
+            return {"findings": rep.get("findings"), "decisions": layers, "report": rep}
         case(f"debug {cls.__name__}", dbg)
 
     # int8 markers with calibration
     torch.manual_seed(0)
     m = M.TRTorchSeed(torch.int8).eval()
-    case("compile TRTorchSeed int8", lambda: [report_data(mixprec.compile(m, M.TRTorchSeed.example_inputs()))])
+    case("compile TRTorchSeed int8", lambda: parts(mixprec.compile(m, M.TRTorchSeed.example_inputs()),
+                                                   M.TRTorchSeed.example_inputs()))
     loader = [M.TRTorchSeed.example_inputs() for _ in range(2)]
-    case("compile TRTorchSeed int8 loader", lambda: [report_data(mixprec.compile(
-        m, M.TRTorchSeed.example_inputs(), autocast_calibration_dataloader=loader))])
+    case("compile TRTorchSeed int8 loader", lambda: parts(mixprec.compile(
+        m, M.TRTorchSeed.example_inputs(), autocast_calibration_dataloader=loader), M.TRTorchSeed.example_inputs()))
 
     # int8 layers on every backend (issue 21: one quantize/dequantize lowering per target): outputs bit for bit.
     # A ReLU net whose first layer reads the signed input (fake quantization) and the others non-negative ones
@@ -97,7 +122,7 @@ def digests() -> None:
         plan = c.apply((x,))
         with cpu_with_int8_kernels(kernels):
             prog = mixprec.compile(model, (x,), plan=plan, backend=backend)
-        return [report_data(prog), outputs(prog, (x * 1.5,))]
+        return parts(prog, (x * 1.5,))
 
     backends = ["eager", "inductor"] + (["openvino"] if importlib.util.find_spec("openvino") else [])
     for backend in backends:
@@ -165,16 +190,29 @@ def cpu_with_int8_kernels(kernels):
         setattr(module, name, real)
 
 
-def run_tree(src: Path, tests: Path) -> dict[str, str]:
+def run_tree(src: Path, tests: Path) -> dict[str, dict[str, str]]:
+    """case -> {part: digest} (a case that is not in parts: {"all": digest}; an error: its text)."""
     env = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{tests}"}
     out = subprocess.run([sys.executable, "-m", "bench.same_outputs"], env=env, capture_output=True, text=True,
                          check=True, cwd=ROOT)
-    rows = [line.split("\t") for line in out.stdout.splitlines() if "\t" in line]
-    return {r[0]: r[1] + (" " + r[2] if len(r) > 2 and r[2] else "") for r in rows}
+    cases = {}
+    for line in out.stdout.splitlines():
+        if "\t" not in line:
+            continue
+        name, text, *error = line.split("\t")
+        cases[name] = dict(p.split("=", 1) for p in text.split())
+        if error and error[0]:
+            cases[name]["error"] = error[0]
+    return cases
+
+
+def _part_names(a: dict, b: dict) -> list[str]:
+    return sorted(set(a) | set(b))
 
 
 def compare(rev: str) -> int:
-    """Digests of ``rev``'s tree against this checkout's; 0 when every case is identical."""
+    """Digests of ``rev``'s tree against this checkout's, part by part (outputs, decisions, report); 0 when the
+    outputs and decisions of every case are identical (reports may add fields: listed, not failed)."""
     with tempfile.TemporaryDirectory() as tmp:
         archive = Path(tmp) / "old.tar"
         subprocess.run(["git", "-C", str(ROOT), "archive", "-o", str(archive), rev, "src", "tests"], check=True)
@@ -182,12 +220,23 @@ def compare(rev: str) -> int:
             tar.extractall(Path(tmp) / "old", filter="data")
         old = run_tree(Path(tmp) / "old" / "src", Path(tmp) / "old" / "tests")
     new = run_tree(ROOT / "src", ROOT / "tests")
-    same = [k for k in old if new.get(k) == old[k]]
-    differ = sorted((set(old) | set(new)) - set(same))
-    print(f"rev {rev} vs this checkout: {len(same)} of {len(set(old) | set(new))} cases identical")
-    for k in differ:
-        print(f"  differs: {k}: {old.get(k)} -> {new.get(k)}")
-    return 0 if not differ else 1
+    names = sorted(set(old) | set(new))
+    failing = 0
+    counts: dict[str, list[int]] = {}
+    lines = []
+    for name in names:
+        a, b = old.get(name, {}), new.get(name, {})
+        differ = [p for p in _part_names(a, b) if a.get(p) != b.get(p)]
+        for p in _part_names(a, b):
+            counts.setdefault(p, [0, 0])[p in differ] += 1
+        if any(p != "report" for p in differ):
+            failing += 1
+        if differ:
+            lines.append(f"  {name}: {', '.join(f'{p} {a.get(p)} -> {b.get(p)}' for p in differ)}")
+    print(f"rev {rev} vs this checkout, {len(names)} cases; per part identical/different: "
+          + ", ".join(f"{p} {c[0]}/{c[1]}" for p, c in sorted(counts.items())))
+    print("\n".join(lines))
+    return 0 if not failing else 1
 
 
 if __name__ == "__main__":

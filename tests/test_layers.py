@@ -20,7 +20,8 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "mixprec"
 STAGES = (
     # vocabulary, validated config, the Ray connection (calibrate and searching both use it), the clock and the cost
     # model (every stage that measures uses them; settings validates their cost_cache keyword)
-    ("_version", "errors", "formats", "dtypes", "ops", "jsondoc", "progress", "measure", "settings", "cluster"),
+    ("_version", "errors", "formats", "dtypes", "ops", "jsondoc", "progress", "measure", "settings", "recorded_settings",
+     "cluster"),
     ("ir",),
     ("calibrate",),
     ("plan",),
@@ -117,12 +118,15 @@ def test_every_allowed_exception_is_still_needed():
 
 def test_no_stage_reads_the_compile_keywords():
     """Each stage gets its own options (plan/options.py, backends/options.py, weak_typing/options.py): only the
-    tools (compile, which validates the keywords, and serialize, which re-validates a file's) import settings."""
+    tools (compile, which validates the keywords, and serialize, which re-validates a file's through
+    recorded_settings, the reader of the names settings defines) import settings."""
     readers = sorted(
-        _module_name(p) for p in SRC.rglob("*.py") if any(t == "mixprec.settings" for _, t in _imports(p))
+        _module_name(p) for p in SRC.rglob("*.py")
+        if any(t in ("mixprec.settings", "mixprec.recorded_settings") for _, t in _imports(p))
     )
     assert all(RANK[_stage(name)] >= RANK["compiler"] or name.startswith("mixprec.output.serialize")
-               or name.startswith("mixprec.searching") for name in readers), readers
+               or name.startswith("mixprec.searching") or name == "mixprec.recorded_settings"
+               for name in readers), readers
 
 
 def test_the_checker_sees_a_back_edge():

@@ -13,7 +13,7 @@ No stage reads a CompileSettings: each gets its own options.
 
 :func:`patterns` and :func:`op_names` are the one parser of regex and op-name sets; ``mixprec.search``'s
 include keywords use them under their own names. They parse the caller's own keywords only: the settings a file
-records are data (:func:`recorded`), shown in the report and never compiled or looked up.
+records are data (``recorded_settings.recorded``), shown in the report and never compiled or looked up.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class CompileSettings:
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> "CompileSettings":
         """Validate user keywords; unknown names get a 'did you mean' answer."""
-        _check_names(kwargs, "mixprec.compile got")
+        check_names(kwargs, "mixprec.compile got")
         return cls(**_validated(kwargs))
 
     def explicit(self) -> dict[str, Any]:
@@ -79,7 +79,7 @@ class CompileSettings:
                 if value is not None:
                     out[f.name] = "<given>"
                 continue
-            if f.name in _NOT_RECORDED:
+            if f.name in NOT_RECORDED:
                 continue
             if value == f.default or (f.default_factory is not dataclasses.MISSING and value == f.default_factory()):
                 continue
@@ -88,21 +88,21 @@ class CompileSettings:
 
 
 _NAMES = frozenset(f.name for f in dataclasses.fields(CompileSettings))
-_NOT_RECORDED = frozenset({"cost_cache"})  # where this machine keeps its measurements: no part of the program
-_LISTED, _HINTED, _SHOWN = 20, 3, 60  # unknown names listed, given a did-you-mean, characters shown of each
+NOT_RECORDED = frozenset({"cost_cache"})  # where this machine keeps its measurements: no part of the program
+_LISTED, _HINTED, SHOWN = 20, 3, 60  # unknown names listed, given a did-you-mean, characters shown of each
 
 
-def _check_names(values, who: str) -> None:
+def check_names(values, who: str) -> None:
     """Unknown setting names refused in one message, in time linear in their number: at most ``_LISTED`` named
-    (each cut to ``_SHOWN`` characters), a did-you-mean for the first ``_HINTED`` (each is a difflib search)."""
+    (each cut to ``SHOWN`` characters), a did-you-mean for the first ``_HINTED`` (each is a difflib search)."""
     unknown = [name for name in values if name not in _NAMES]
     if not unknown:
         return
     hints = []
     for i, name in enumerate(unknown[:_LISTED]):
         text = name if isinstance(name, str) else repr(name)
-        shown = repr(text[:_SHOWN] + ("..." if len(text) > _SHOWN else ""))
-        hints.append(shown + (did_you_mean(text, _NAMES) if i < _HINTED and len(text) <= _SHOWN else ""))
+        shown = repr(text[:SHOWN] + ("..." if len(text) > SHOWN else ""))
+        hints.append(shown + (did_you_mean(text, _NAMES) if i < _HINTED and len(text) <= SHOWN else ""))
     more = f" and {len(unknown) - _LISTED} more" if len(unknown) > _LISTED else ""
     raise ConfigError(
         f"{who} unknown setting(s) {', '.join(hints)}{more}; the settings are: {', '.join(sorted(_NAMES))}."
@@ -346,72 +346,3 @@ def _is_iterable(value) -> bool:
     except TypeError:
         return False
     return True
-
-
-# ---- settings a file records: data, never compiled ----------------------------------------------------------
-
-_MAX_PATTERNS, _MAX_PATTERN = 1024, 4096  # patterns per keyword, characters per pattern (a user writes a few, short)
-_MAX_NAME = 200  # characters in an op, dtype or backend name
-_OP_NAME = re.compile(r"[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+){1,2}")  # 'aten.mm.default' as resolve_op_name writes it
-_BOOLS = frozenset(
-    {"use_explicit_typing", "enable_autocast", "use_fp32_acc", "keep_io_types", "debug",
-     "autocast_keep_residual_stream", "autocast_low_precision_embeddings", "autocast_require_speedup",
-     "int8_require_speedup"}
-)  # fmt: skip
-_LOW_NAMES = frozenset(dtype_name(d) for d in LOW_PRECISION_FLOATS)
-_FLOAT_NAMES = frozenset(dtype_name(d) for d in FLOAT_DTYPES)
-_GIVEN = frozenset({"autocast_calibration_dataloader", "plan", "dynamic_shapes"})  # recorded as "<given>" only
-
-
-def recorded(values) -> dict[str, Any]:
-    """The settings a file records (what :meth:`CompileSettings.explicit` wrote), checked as data and returned
-    as they are: patterns stay text (never compiled: a file's pattern cost 3.3 GB in ``re.compile``, or a
-    RecursionError), op and dtype names stay names (never looked up), every field bounded in size. Only the
-    caller's own keywords go through :meth:`CompileSettings.from_kwargs`. Raises ConfigError."""
-    if not isinstance(values, dict):
-        raise ConfigError(f"the settings must be an object, not {type(values).__name__}.")
-    _check_names(values, "the file records")
-    for name, value in values.items():
-        if name in _NOT_RECORDED:
-            ok = False
-        elif name in _BOOLS:
-            ok = isinstance(value, bool)
-        elif name in _GIVEN:
-            ok = value == "<given>"
-        elif name == "autocast_low_precision_type":
-            ok = value is None or isinstance(value, str) and value in _LOW_NAMES
-        elif name == "enabled_precisions":
-            ok = _list_of(value, len(FLOAT_DTYPES), lambda v: isinstance(v, str) and v in _FLOAT_NAMES)
-        elif name in ("autocast_excluded_nodes", "autocast_included_nodes"):
-            ok = _list_of(value, _MAX_PATTERNS, lambda v: isinstance(v, str) and len(v) <= _MAX_PATTERN)
-        elif name in ("autocast_excluded_ops", "autocast_included_ops"):
-            ok = _list_of(value, _MAX_PATTERNS, _is_op_name)
-        elif name == "autocast_max_output_threshold":  # None: math.inf, which JSON cannot write
-            ok = value is None or value == "default" or _number(value) and math.isfinite(value) and value > 0
-        elif name == "autocast_max_depth_of_reduction":
-            ok = value is None or _number(value) and isinstance(value, int) and 0 < value < 1 << 31
-        elif name == "weight_only_dynamic_activations":
-            ok = value is None or dynamic_group_ok(value)
-        elif name == "weight_rounding":
-            ok = isinstance(value, str) and value in WEIGHT_ROUNDINGS
-        else:  # backend, runtime_guard: names, whose vocabulary their stage's options check
-            ok = (value is None and name == "runtime_guard") or isinstance(value, str) and len(value) <= _MAX_NAME
-        if not ok:
-            shown = repr(value)
-            raise ConfigError(
-                f"the recorded setting {name} holds "
-                f"{shown[:_SHOWN] + '...' if len(shown) > _SHOWN else shown}, not a value mixprec writes for it."
-            )
-    return dict(values)
-
-
-def _list_of(value, most: int, accept) -> bool:
-    return isinstance(value, list) and len(value) <= most and all(accept(v) for v in value)
-
-
-def _is_op_name(value) -> bool:
-    return isinstance(value, str) and len(value) <= _MAX_NAME and _OP_NAME.fullmatch(value) is not None
-
-
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)

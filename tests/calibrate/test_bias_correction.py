@@ -112,6 +112,26 @@ def test_shift_meter_is_the_mean_difference_of_the_int8_and_float_layer():
     torch.testing.assert_close(meter.shift(), want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dims", [1, 2])
+def test_shift_meter_of_a_convolution_is_the_mean_difference_per_output_channel(dims):
+    """A padded, strided convolution by hand: the meter (which sums the batch before convolving) gives
+    mean(conv(x_q, W_q) - conv(x, W)) over the batch and the positions, per output channel."""
+    torch.manual_seed(0)
+    conv = {"stride": 2, "padding": 1, "dilation": 1, "groups": 1}
+    w = torch.randn(4, 3, *[3] * dims)
+    x = torch.randn(5, 3, *[9] * dims) + 0.3
+    op = torch.nn.functional.conv2d if dims == 2 else torch.nn.functional.conv1d
+    meter = ShiftMeter(w, input_scale=0.03, conv=conv)
+    meter.update(x[:2])
+    meter.update(x[2:], op(x[2:], w, None, **conv))  # the caller's output, as the graph's pass gives it
+    scales = w.abs().flatten(1).amax(1).reshape(-1, *[1] * (dims + 1)) / 127
+    wq = torch.round(w / scales).clamp(-127, 127) * scales
+    xq = torch.round(x / 0.03).clamp(-127, 127) * 0.03
+    diff = op(xq, wq, None, **conv) - op(x, w, None, **conv)
+    want = diff.transpose(0, 1).reshape(4, -1).mean(1)
+    torch.testing.assert_close(meter.shift(), want, rtol=1e-4, atol=1e-6)
+
+
 def test_the_plan_json_records_bias_correction():
     torch.manual_seed(0)
     model = nn.Linear(64, 16).eval()

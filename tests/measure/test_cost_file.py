@@ -98,7 +98,8 @@ def test_a_cache_that_cannot_be_written_warns_once_and_measures(tmp_path):
 def test_the_setting_is_validated_and_never_recorded_in_a_program(tmp_path):
     from models import ThreeLinears
 
-    from mixprec.settings import CompileSettings, recorded
+    from mixprec.recorded_settings import recorded
+    from mixprec.settings import CompileSettings
 
     with pytest.raises(ConfigError, match="cost_cache must be a file path"):
         mixprec.compile(ThreeLinears().eval(), ThreeLinears.example_inputs(), cost_cache=1.5)

@@ -78,8 +78,13 @@ class ShiftMeter:
             return F.linear(x, weight)
         return F.conv2d(x, weight, None, **self.conv) if weight.dim() == 4 else F.conv1d(x, weight, None, **self.conv)
 
-    def update(self, x: torch.Tensor) -> None:
-        """Add the shift over one batch of the layer's float input ``x``."""
+    def update(self, x: torch.Tensor, output: torch.Tensor | None = None) -> None:
+        """Add the shift over one batch of the layer's float input ``x``; ``output``: the float layer's output
+        without its bias where the caller has it (else it is computed here), for the outputs' magnitude.
+
+        The layer is linear in its input, so the sum of its output differences over the rows (a Linear) or over the
+        batch (a convolution) is the layer applied to the summed inputs: one row or one image per batch instead of
+        two full layers — in float64, where the sums are."""
         with torch.no_grad():
             x = x.detach().float()
             xq = x
@@ -87,13 +92,18 @@ class ShiftMeter:
                 xq = xq / self.divisors
             if self.input_scale is not None:
                 xq = fake_quant(xq, self.input_scale, self.input_grid)
-            y = self._apply(x, self.weight)
-            diff = (self._apply(xq, self.qweight) - y).double()
-            self.magnitude += float(y.double().abs().sum())
-            channel = diff.dim() - 1 if self.conv is None else 1
-            dims = [d for d in range(diff.dim()) if d != channel]
-            self.total += diff.sum(dim=dims)
-            self.count += diff.numel() // diff.shape[channel]
+            if output is None:
+                output = self._apply(x, self.weight)
+            self.magnitude += float(output.detach().double().abs().sum())
+            leading = list(range(x.dim() - 1)) if self.conv is None else [0]
+            keep = self.conv is not None
+            diff = (self._apply(xq.double().sum(leading, keepdim=keep), self.qweight.double())
+                    - self._apply(x.double().sum(leading, keepdim=keep), self.weight.double()))
+            if self.conv is not None:  # (1, out channels, *positions): summed over the positions too
+                diff = diff.sum([0, *range(2, diff.dim())])
+            self.total += diff
+            channel = output.dim() - 1 if self.conv is None else 1
+            self.count += output.numel() // output.shape[channel]
 
     def shift(self) -> torch.Tensor:
         """The mean shift per output channel (float32); zeros before any batch, and where no channel moves by more
@@ -133,6 +143,7 @@ class _Meters(Observer):
     def __init__(self, layers: Mapping[str, dict]):
         self.layers = layers
         self.meters: dict[str, ShiftMeter] = {}
+        self.pending = None  # (meter, input, bias) of the layer about to run: its output comes to ``after``
 
     def before(self, node, args, kwargs) -> None:
         how = self.layers.get(node.name)
@@ -145,7 +156,16 @@ class _Meters(Observer):
             if names:  # a convolution: its arguments after (input, weight, bias), positional or keyword
                 conv = {k: v for k, v in zip(names, args[3:])} | {k: kwargs[k] for k in names if k in kwargs}
             meter = self.meters[node.name] = ShiftMeter(args[1], conv=conv, **how)
-        meter.update(args[0])
+        self.pending = (meter, args[0], args[2] if len(args) > 2 else kwargs.get("bias"))
+
+    def after(self, node, value) -> None:
+        if self.pending is None or node.name not in self.layers:
+            return
+        meter, x, bias = self.pending
+        self.pending = None
+        if isinstance(bias, torch.Tensor):  # the layer's own output, less its bias: what the int8 layer shifts
+            value = value - (bias.reshape(-1, *[1] * (value.dim() - 2)) if meter.conv is not None else bias)
+        meter.update(x, value)
 
 
 def correctable(node: torch.fx.Node) -> bool:

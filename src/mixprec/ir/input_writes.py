@@ -44,6 +44,7 @@ def aliases(graph: torch.fx.Graph) -> dict[torch.fx.Node, frozenset[torch.fx.Nod
     the schemas say, and as the nodes' fake values show where they were computed (module docstring)."""
     out: dict[torch.fx.Node, frozenset] = {}
     storages: dict[int, set] = {}  # storage of a placeholder's fake value -> the placeholders holding it
+    seen: dict = {}
     for node in graph.nodes:
         if node.op == "placeholder":
             out[node] = frozenset({node})
@@ -53,24 +54,51 @@ def aliases(graph: torch.fx.Graph) -> dict[torch.fx.Node, frozenset[torch.fx.Nod
             shared = {p for key in _storages(node) for p in storages.get(key, ())}
             arguments = _aliased_arguments(node)
             if any(out.get(a) for a in node.all_input_nodes if a not in arguments):  # may it return one as it is?
-                arguments = [*arguments, *_returned_as_they_are(node)]
+                arguments = [*arguments, *_returned_as_they_are(node, seen)]
             out[node] = frozenset().union(shared, *(out.get(a, frozenset()) for a in arguments))
     return out
 
 
-def _returned_as_they_are(node: torch.fx.Node) -> list[torch.fx.Node]:
+def _returned_as_they_are(node: torch.fx.Node, seen: dict | None = None) -> list[torch.fx.Node]:
     """The tensor arguments of ``node`` whose memory its result shares though its schema does not say so, found by
     running the op on fresh fake tensors of their metadata (``torch.export``'s recorded values do not show it:
     ``dropout(x, train=False)`` records a value of its own where the call returns ``x``); all of them when the op
-    cannot be run so."""
-    from torch._guards import detect_fake_mode
-
+    cannot be run so. ``seen``: the answers of one pass by the op and its arguments' metadata (the run depends on
+    nothing else: a model's repeated blocks ask once)."""
     schema = getattr(node.target, "_schema", None)
     if schema is None:  # a Python callable: it may return anything it is given
         return list(node.all_input_nodes)
     tensors = [n for n in node.all_input_nodes if isinstance(n.meta.get("val"), torch.Tensor)]
     if not tensors or all(r.alias_info is not None for r in schema.returns):
         return []
+    if seen is None:
+        return _probe(node, tensors)
+    key = _probe_key(node, tensors)
+    if key not in seen:
+        seen[key] = tuple(tensors.index(n) for n in _probe(node, tensors))
+    return [tensors[i] for i in seen[key]]
+
+
+def _probe_key(node: torch.fx.Node, tensors: list) -> tuple:
+    """The op and its arguments, each tensor argument by its place among ``tensors`` and its metadata."""
+    def leaf(value):
+        if isinstance(value, torch.fx.Node):
+            if value in tensors:
+                v = value.meta["val"]
+                strides = tuple(map(str, v.stride())) if v.layout == torch.strided else None
+                return ("tensor", tensors.index(value), tuple(map(str, v.shape)), strides, v.dtype, v.device, v.layout)
+            return ("value", repr(value.meta.get("val")))
+        return ("literal", type(value).__name__, repr(value))
+    flat = torch.utils._pytree.tree_leaves((node.args, node.kwargs), is_leaf=lambda v: isinstance(v, torch.fx.Node))
+    structure = torch.utils._pytree.tree_structure((node.args, node.kwargs),
+                                                   is_leaf=lambda v: isinstance(v, torch.fx.Node))
+    return (node.target, str(structure), tuple(leaf(v) for v in flat))
+
+
+def _probe(node: torch.fx.Node, tensors: list) -> list[torch.fx.Node]:
+    """Run ``node``'s op on fresh fake tensors of its tensor arguments: those whose memory the result shares."""
+    from torch._guards import detect_fake_mode
+
     mode = detect_fake_mode(tuple(n.meta["val"] for n in tensors))
     if mode is None:
         return tensors
@@ -126,6 +154,7 @@ def writers(graph: torch.fx.Graph) -> dict[torch.fx.Node, list[torch.fx.Node]]:
                 by_storage[key] = node
     targets = {node: writes(node) for node in graph.nodes}
     asked: set = set()
+    seen: dict = {}
     while True:  # ops reading or making written memory: what they return as it is joins it (until nothing joins)
         hot = {find(t) for written_by_node in targets.values() for t in written_by_node}
         joined = False
@@ -134,7 +163,7 @@ def writers(graph: torch.fx.Graph) -> dict[torch.fx.Node, list[torch.fx.Node]]:
                 continue
             if find(node) in hot or any(find(a) in hot for a in node.all_input_nodes if a in parent):
                 asked.add(node)
-                for argument in _returned_as_they_are(node):
+                for argument in _returned_as_they_are(node, seen):
                     if find(argument) is not find(node):
                         parent[find(argument)] = find(node)
                         joined = True

@@ -40,7 +40,7 @@ from ...backends.options import BackendOptions
 from ...errors import ConfigError, FileFormatError, InvariantError
 from ...ir.input_check import input_specs_of
 from ...plan.precision_plan import PrecisionPlan
-from ...settings import recorded as recorded_settings
+from ...recorded_settings import recorded as recorded_settings
 from ..module import MixedPrecisionModule
 from ..report import Report
 from . import (
@@ -199,9 +199,9 @@ def _graph_document(view, path: str):
 
 
 def _backend_options(settings: dict, backend: str, where: str) -> BackendOptions:
-    """The BackendOptions the backend factory receives. The recorded settings are data (``settings.recorded``:
-    checked in shape and size, never compiled); only ``runtime_guard`` and, loading on openvino,
-    ``weight_only_dynamic_activations`` reach the backend (values checked by ``settings.recorded``'s rules). The
+    """The BackendOptions the backend factory receives. The recorded settings are data
+    (``recorded_settings.recorded``: checked in shape and size, never compiled); only ``runtime_guard`` and, loading
+    on openvino, ``weight_only_dynamic_activations`` reach the backend (values checked by that reader's rules). The
     latter is a runtime setting of OpenVINO (no compiled blob is stored: a load compiles again), taken again by a
     load on openvino; another backend has no such feature and runs the program's own numerics."""
     try:
