@@ -232,7 +232,8 @@ def search(ctx, case):
                       "search metric": won.metric,
                       "budget's plan": chosen.mix_text() or "all fp32"})
         facts["frontier"] = [f"{p.name} {p.seconds * 1e3:.4g} ms {p.metric:.3g}" if p.seconds is not None
-                             else f"{p.name} fails" for p in result.frontier]
+                             else f"{p.name} fails" if p.failure else f"{p.name} {p.metric:.3g} (over budget, untimed)"
+                             for p in result.frontier]
     if getattr(result, "phase_seconds", None):
         facts["phases"] = dict(result.phase_seconds)
     if o.get("mixed_sizes"):  # the metric the search reports = the plan compiled per batch, batch by batch

@@ -238,6 +238,24 @@ def test_the_floors_sensitivities_are_measured_only_when_the_all_float_plan_brea
     assert dict(choice.lowered).get("d") is None  # d's bf16 alone is beyond the limit: fp32 is needed there
 
 
+def test_where_the_all_float_plan_breaks_the_limit_compiles_autocast_plan_is_the_start():
+    """Issue 45: the all-bf16 plan lowers the residual stream (an add here), which costs accuracy and no time on a
+    backend that keeps it in f32 itself. When compile's autocast plan (the stream fp32) is within the limit, the
+    budget starts from it — no floor sensitivities measured, no FLOP-carrying layer kept fp32 — and buys the rest
+    with int8 upgrades."""
+    s = {**floor_case(), ("add", BF16): 0.004, ("add", I8): math.inf}
+    study = typed_study(s, floor_measured=False, flops={"add": 0}, ops={"add": "aten.add.Tensor"})
+    study.autocast = frozenset((g.name, BF16) for g in study.groups if g.name != "add")
+    filled = []
+    choice = choose(study, SearchOptions((I8, BF16), 0.0049, None, None), Progress(stream=None), flop_costs(),
+                    fill=filled.append)
+    types = dict(choice.lowered)
+    assert filled == [] and "add" not in types  # the stream stays fp32, as compile keeps it
+    assert set(types) == {g.name for g in study.groups if g.name != "add"}  # every FLOP-carrying layer low
+    assert types["d"] == BF16 and list(types.values()).count(I8) == 3
+    assert choice.measured[choice.lowered] <= 0.0049
+
+
 def test_without_a_floor_int8_and_bf16_options_not_faster_than_it_are_not_measured():
     from mixprec.searching.pruning import floor_type, never_taken
 

@@ -54,13 +54,14 @@ def dominating(won: FrontierPoint, points) -> list:
 
 def timings(table):
     """time_candidates answering ``table[name]`` ms (the first name a point carries that the table has)."""
-    seen = []
+    seen, timed = [], []
 
     def time_candidates(programs, batch):
         seen.append(batch)
+        timed.append(sorted(programs))
         return {name: next(table[n] for n in [*name.split(" = "), "*"] if n in table) / 1e3 for name in programs}
 
-    time_candidates.seen = seen
+    time_candidates.seen, time_candidates.timed = seen, timed
     return time_candidates
 
 
@@ -181,7 +182,50 @@ def test_the_whole_programs_are_what_compile_builds_timed_for_real(monkeypatch, 
     won = result.winner
     fp32 = next(p for p in result.frontier if frontier.FP32 in p.name.split(" = "))
     assert won.within and won.seconds <= fp32.seconds and result.met and not dominating(won, result.frontier)
-    assert all(p.seconds is not None and p.seconds > 0 for p in result.frontier)
+    # within the budget or all-fp32: timed; beyond it: not timed (it could be neither returned nor dominate)
+    assert all((p.seconds is not None and p.seconds > 0) == (p.metric <= 0.05 or p is fp32) for p in result.frontier)
     prog = mixprec.compile(model, data[0], plan=result.plan, int8_require_speedup=False)
     with torch.no_grad():
         assert rel_l2(prog(*data[2]), model(*data[2])) == pytest.approx(won.metric, rel=1e-5, abs=1e-9)
+
+
+class PreNorm(torch.nn.Module):
+    """Two pre-norm residual blocks and a final norm: a transformer's residual stream (adds that norms read)."""
+
+    def __init__(self, dim=32):
+        super().__init__()
+        self.norms = torch.nn.ModuleList(torch.nn.LayerNorm(dim) for _ in range(3))
+        self.fcs = torch.nn.ModuleList(torch.nn.Linear(dim, dim) for _ in range(2))
+        self.head = torch.nn.Linear(dim, 8)
+
+    def forward(self, x):
+        for norm, fc in zip(self.norms, self.fcs):
+            x = x + torch.nn.functional.gelu(fc(norm(x)))
+        return self.head(self.norms[2](x))
+
+
+def test_the_all_float_plan_is_the_one_compile_makes(monkeypatch):
+    """Issue 45: the frontier's all-bf16 plan lowered the residual stream too, so it had more error than
+    compile(enable_autocast=True) (OpenVINO's bf16 error on BERT-base) and missed a budget set at that error. It is
+    compile's plan: the residual adds and norms fp32, every other layer bf16, the same error."""
+    use_costs(monkeypatch, VNNI)
+    monkeypatch.setattr(frontier, "time_candidates", timings({"all-bfloat16": 1.0, frontier.FP32: 4.0, "*": 3.0}))
+    torch.manual_seed(0)
+    model = PreNorm().eval()
+    data = [(torch.randn(8, 32),) for _ in range(3)]
+    result = mixprec.search(model, data[0], low_precision_type=("int8", "bf16"), eval_dataloader=data,
+                            calibration_dataloader=data[:2], tolerance=0.02, cache=False)
+    assert "all-bfloat16" in result.winner.name.split(" = ")
+    assert any(not p.within for p in result.frontier)
+    for p in result.frontier:  # only what could be returned (and all-fp32, the bar) is timed
+        assert (p.seconds is not None) == (p.within or p.name == frontier.FP32), p
+    searched = mixprec.compile(model, data[0], plan=result.plan)
+    compiled = mixprec.compile(model, data[0], enable_autocast=True, autocast_low_precision_type=BF16,
+                               autocast_calibration_dataloader=data[:2], autocast_require_speedup=False)
+    precision = lambda program: {r.name: r.precision for r in program.report.layers}  # noqa: E731
+    assert precision(searched) == precision(compiled)
+    kept = {r.op for r in compiled.report.layers if r.precision == F32 and r.flops == 0}
+    assert {"aten.add.Tensor", "aten.layer_norm.default"} <= kept  # the stream: what the old all-bf16 lowered
+    with torch.no_grad():
+        assert rel_l2(searched(*data[2]), model(*data[2])) == pytest.approx(result.winner.metric, rel=1e-6)
+        assert rel_l2(compiled(*data[2]), model(*data[2])) == pytest.approx(result.winner.metric, rel=1e-6)

@@ -170,11 +170,11 @@ def search(
                 costs = latency.flop_costs(options.backend, options.lows, device, options.decode, options.cost_cache)
         built = {}  # the whole programs on the backend (whole.Built), once the trials exist
 
-        def prices(trials, groups):  # the cost model set to this model's whole programs (whole.py)
+        def prices(trials, groups, float_plan):  # the cost model set to this model's whole programs (whole.py)
             with clock.phase("model_prices"):
                 built["programs"] = whole.Built(trials, options.backend or "eager", device, options.cost_cache)
                 return whole.model_prices(built["programs"], groups, options.lows, costs, eval_batches[0],
-                                          frontier.time_candidates, progress)
+                                          frontier.time_candidates, progress, float_plan)
 
         with clock.phase("sensitivity"):
             if study is None:
@@ -186,6 +186,15 @@ def search(
         if "model_prices" in clock.seconds:  # timed within the sensitivity phase: counted once, as its own
             clock.seconds["sensitivity"] -= clock.seconds["model_prices"]
         costs = study.costs or costs
+        # the budget's limit in eager trials for the backend's float rounding (whole.float_limit); judged on it later
+        chosen_by = options
+        if options.several and not options.eager and options.tolerance is not None:
+            with clock.phase("model_prices"):
+                if "programs" not in built:
+                    built["programs"] = whole.Built(study.trials, options.backend, device, options.cost_cache)
+                limit = whole.float_limit(built["programs"], study, options.tolerance)
+            if limit is not None:
+                chosen_by = dataclasses.replace(options, tolerance=limit)
         # 3. budget (phase 2): the choice, confirmed on the held-out batches
         # phase 2's plans are timed as the eager programs they are where eager is the target; for another backend
         # the frontier times whole programs on it, and an eager time would only cost calls
@@ -195,11 +204,11 @@ def search(
             def fill(dtype):  # the floor's sensitivities, when the all-floor plan breaks a limit (budget.py)
                 sensitivity.fill(study, progress, dtype)
 
-            choice = choose(study, options, progress, costs, fill=fill)
+            choice = choose(study, chosen_by, progress, costs, fill=fill)
             if study.trials.held_out is not None:
                 progress.update(f"confirming the plan on {len(held_out)} held-out batch(es)")
             confirmed = holdout.confirm(
-                study, options, lambda limit: choose(study, options, progress, costs, limit, fill=fill), choice)
+                study, chosen_by, lambda limit: choose(study, chosen_by, progress, costs, limit, fill=fill), choice)
             choice = confirmed.choice
     if not choice.met:
         warnings.warn(
@@ -255,13 +264,17 @@ def _frontier(study, choice, confirmed, options, costs, model, args, eval_batche
     data = calibration if isinstance(calibration, list) else (choosing if options.metric.uses_eval_data else None)
     cands = frontier.candidates(study, choice, confirmed.limit, options, costs, model, args, data, programs)
     metric = study.trials.held_out if study.trials.held_out is not None else study.trials.metric  # prepared
-    points = frontier.measure(study, cands, programs, eval_batches[0], metric, progress)
-    limit = options.tolerance
-    if limit is None:  # keep_fp32_fraction: no plan returned instead of the budget's may have more error than it
-        limit = points[0].metric  # the budget's plan is the first candidate
-        if not math.isfinite(limit):  # its program failed on the backend: its trial's error is the bar, not none
-            limit = confirmed.held_out if confirmed.held_out is not None else choice.measured[choice.lowered]
-    points = frontier.pick(points, limit)
+
+    def limit_of(first: float) -> float:  # the budget, given the budget's plan's (the first candidate's) error
+        if options.tolerance is not None:
+            return options.tolerance
+        if math.isfinite(first):  # keep_fp32_fraction: no plan returned instead of the budget's has more error
+            return first
+        # its program failed on the backend: its trial's error is the bar, not none
+        return confirmed.held_out if confirmed.held_out is not None else choice.measured[choice.lowered]
+
+    points = frontier.measure(study, cands, programs, eval_batches[0], metric, progress, limit_of)
+    points = frontier.pick(points, limit_of(points[0].metric))
     won = next((i for i, p in enumerate(points) if p.chosen), None)
     if won is None:  # nothing could be measured on the backend: the budget's plan, as before the frontier
         return points, plan_of(choice.lowered)

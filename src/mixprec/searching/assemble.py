@@ -20,7 +20,7 @@ from . import latency
 from .budget import Choice
 from .groups import low_flops_fraction
 from .pruning import floor_type
-from .result import GroupSensitivity, ParetoPoint
+from .points import GroupSensitivity, ParetoPoint
 from .sensitivity import Study
 
 

@@ -16,12 +16,12 @@ its sensitivity squared.
   only where it is faster than fp32 here.
 * **The floor** (:func:`pruning.floor_type`): where the float type is faster than fp32 for every FLOP-carrying group,
   every group starts in it and stage 1's upgrades start from there (:func:`_from_floor`); where all-float breaks the
-  limit, the fewest groups that bring it within stay fp32 (:func:`exceptions`).
+  limit, compile's autocast plan in it (the residual stream fp32), else the fewest groups that bring it within stay
+  fp32 (:func:`exceptions`).
 
-Everything lowered is tried first (often it fits); otherwise each stage searches for the longest prefix of its list
-whose measured metric is within the tolerance (:func:`_furthest`: bisection guided by the quadrature model). Every
-chosen point was measured, so it meets the tolerance on the eval data even where a curve is not monotone (the search
-may then stop short of a later point that would also fit).
+Everything lowered is tried first (often it fits); otherwise each stage takes the longest prefix of its list whose
+measured metric is within the tolerance (:func:`_furthest`: bisection guided by the quadrature model). Every chosen
+point was measured: within the tolerance on the eval data even where a curve is not monotone.
 """
 
 from __future__ import annotations
@@ -131,18 +131,25 @@ def _from_floor(study: Study, floor, metric: Callable, gain: Callable, tolerance
     the upgrades from it within ``tolerance``. Where the all-floor plan is beyond it: None, or with ``costs`` (and the
     floor's sensitivities measured) the floor less its :func:`exceptions`.
 
-    The all-floor plan is one trial (its sensitivities are not measured in phase 1; ``choose``'s ``fill`` measures
-    them only where it breaks the limit), and a tight budget then moves int8 layers back to the floor, not to fp32:
-    where the float type is faster than fp32 everywhere, fp32 is the dearest way to buy accuracy."""
+    The all-floor plan is one trial (its sensitivities are not measured in phase 1), and a tight budget then moves
+    int8 layers back to the floor, not to fp32: where the float type is faster than fp32 everywhere, fp32 is the
+    dearest way to buy accuracy. Where the all-floor plan breaks the limit, the plan compile(enable_autocast=True)
+    makes in the floor (``Study.autocast``: the residual stream fp32, costing next to nothing on a backend that
+    keeps it so itself) is the start when within the limit, one trial more; only beyond it does ``choose``'s
+    ``fill`` measure the floor's sensitivities for :func:`exceptions`."""
     def within_floor(g) -> bool:
         found = study.sensitivity[g.name].get(floor)
         return g.unsafe is None and found is not None and (not found.measured or math.isfinite(found.value))
 
     base = [(g.name, floor) for g in study.groups if within_floor(g)]
     if metric(base) > tolerance:
-        if costs is None:
+        compiled = sorted(getattr(study, "autocast", None) or (), key=lambda pair: pair[0])
+        if compiled and all(d == floor for _, d in compiled) and metric(compiled) <= tolerance:
+            base = compiled  # compile's autocast plan: the residual stream fp32, as OpenVINO's own bf16 keeps it
+        elif costs is None:
             return None
-        base = exceptions(study, floor, base, metric, gain, tolerance, costs)
+        else:
+            base = exceptions(study, floor, base, metric, gain, tolerance, costs)
     taken = {name for name, _ in base}
     others = tuple(d for d in study.lows if d != floor)
 

@@ -11,15 +11,16 @@ slower than the configurator's all-int8 at a higher error). So the model ranks a
    its planner through :func:`register_module_int8`, as the search may not import it), that with the float type
    everywhere else, every Linear in a weight-only type;
 2. :func:`measure`: each built as ``compile(model, inputs, plan=..., backend=...)`` builds it (once per plan:
-   ``whole.Built``), its error measured on the held-out eval batches (the eval data when none is held out), then all
-   timed together in interleaved rounds on the first eval batch (:func:`time_candidates`; kept in the cost model) —
-   a decoder's eval batches are its decode shape, so that is what is timed;
+   ``whole.Built``), its error measured on the held-out eval batches (the eval data when none is held out), then
+   those within the budget and all-fp32 timed together in interleaved rounds on the first eval batch
+   (:func:`time_candidates`; kept in the cost model) — a decoder's eval batches are its decode shape, so that is what
+   is timed; a plan beyond the budget is not timed (it can neither be returned nor dominate the one returned);
 3. :func:`pick`: the fastest within the tolerance (ties: the smaller error), never slower than all-fp32, which is
    always measured; no measured plan dominates the one returned (a faster one at no more error would be within the
    tolerance and faster). With ``keep_fp32_fraction`` the budget's plan's own error is the tolerance.
 
-Nothing is assumed about which type is fast on this CPU: every candidate is timed here, on the backend the plan is
-for (eager when none is named).
+Nothing is assumed about which type is fast on this CPU: every candidate within the budget is timed here, on the
+backend the plan is for (eager when none is named).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from ..plan.options import PlanningOptions
 from ..plan.precision_plan import NodePrecision, PrecisionPlan
 from . import latency
 from .groups import LINEAR_OP, low_flops_fraction
-from .result import FrontierPoint
+from .points import FrontierPoint
 from .trials import ProgramFailed
 from .types import WeightOnly, is_float, type_of
 from .whole import FP32, whole_name
@@ -76,7 +77,10 @@ def candidates(study, choice, limit, options, costs, model, args, calibration, b
     takers = {d: [g.name for g in study.groups if g.unsafe is None and g.takes(d) and _usable(study, g.name, d)]
               for d in lows}
     trivial: list[tuple[str, frozenset | PrecisionPlan]] = [(FP32, frozenset())]
+    autocast = getattr(study, "autocast", None)  # compile's autocast plan (a study cached before it: none)
     if floats:
+        if autocast is not None:  # the float plan a user gets from compile: the residual stream fp32 (its rule)
+            takers[floats[0]] = [n for n in takers[floats[0]] if (n, floats[0]) in autocast]
         trivial.append((f"all-{dtype_name(floats[0])}", frozenset((n, floats[0]) for n in takers[floats[0]])))
     if torch.int8 in lows:
         own = frozenset((n, torch.int8) for n in takers[torch.int8])
@@ -120,10 +124,14 @@ def candidates(study, choice, limit, options, costs, model, args, calibration, b
     return out
 
 
-def measure(study, cands: list[Candidate], built, batch, metric, progress) -> list[FrontierPoint]:
+def measure(study, cands: list[Candidate], built, batch, metric, progress,
+            limit: Callable[[float], float] | None = None) -> list[FrontierPoint]:
     """Each candidate's whole program on the backend (``built``: ``whole.Built``): its ``metric`` (prepared on the
-    held-out batches, else the eval data), then all timed together on ``batch`` (:func:`time_candidates`, kept in the
-    cost model: ``Built.timed``). A program that cannot be built or run is a point with its failure and no time."""
+    held-out batches, else the eval data), then those within the budget and all-fp32 timed together on ``batch``
+    (:func:`time_candidates`, kept in the cost model: ``Built.timed``). ``limit(first)``: the budget, given the first
+    candidate's error; a program beyond it is not timed (it can be neither returned nor faster at no more error than
+    the one returned: its point has no time). A program that cannot be built or run is a point with its failure and
+    no time."""
     trials, lows, backend = study.trials, study.lows, built.backend
     programs, errors, failures = {}, {}, {}
     for index, c in enumerate(cands):
@@ -138,6 +146,9 @@ def measure(study, cands: list[Candidate], built, batch, metric, progress) -> li
             failures[c.name] = f"fails on the eval data ({e})"
             continue
         programs[c.name] = (program, digest)
+    if limit is not None and cands:
+        bar = limit(errors.get(cands[0].name, math.inf))
+        programs = {name: p for name, p in programs.items() if errors[name] <= bar or _named(name, FP32)}
     progress.update(f"frontier: timing {len(programs)} whole program(s) on {backend}")
     seconds = built.timed(programs, batch, time_candidates)
     points = []
@@ -195,7 +206,11 @@ def group_types(study, plan: PrecisionPlan) -> dict:
 
 
 def _names(point: FrontierPoint, name: str) -> bool:
-    return name in point.name.split(" = ")
+    return _named(point.name, name)
+
+
+def _named(names: str, name: str) -> bool:
+    return name in names.split(" = ")
 
 
 def _usable(study, name: str, dtype) -> bool:

@@ -19,8 +19,8 @@ The budget on new data (``holdout.py``): ``held_out_metric`` is the chosen plan'
 not chosen on (None when none could be held out), ``held_out`` says which (or why none), ``chosen_within`` the
 limit it was chosen against on the others (below the tolerance after a held-out check broke it); ``str(result)``
 says "held-out error X on N batches (budget Y)".
-``to_json``/``from_json`` round-trip (non-finite numbers are written as the strings "inf"/"nan"
-so that the JSON stays standard); ``save_plot`` draws the pareto curve and the sensitivities.
+The points are ``points.py``'s. ``to_json``/``from_json`` round-trip (non-finite numbers are written as the strings
+"inf"/"nan" so that the JSON stays standard); ``save_plot`` draws the pareto curve and the sensitivities.
 """
 
 from __future__ import annotations
@@ -38,70 +38,12 @@ from .types import type_from_name
 from ..errors import ConfigError
 from ..plan.precision_plan import PrecisionPlan
 from .latency import MIN_SPEEDUP
+from .points import FrontierPoint, GroupSensitivity, ParetoPoint, fmt
+
+__all__ = ["SearchResult", "FrontierPoint", "GroupSensitivity", "ParetoPoint"]
 
 _FORMAT = "mixprec.search"
 _VERSION = 1
-
-
-@dataclasses.dataclass(frozen=True)
-class GroupSensitivity:
-    """One layer group: its compute layer, how sensitive it is, and what the chosen plan does with it."""
-
-    name: str  # graph node name of the compute layer
-    op: str
-    module: str
-    flops: int
-    sensitivity: float  # the metric with only this group lowered (several types: in its least sensitive one); inf: fp32
-    precision: torch.dtype  # in the chosen plan (a types.WeightOnly for w8a16/w4a16 layers)
-    followers: tuple[str, ...] = ()  # data-movement nodes that change dtype with it
-    reason: str = ""
-    by_type: Mapping[str, float] = dataclasses.field(default_factory=dict)  # low type name -> sensitivity in it
-
-    @property
-    def label(self) -> str:
-        op = self.op.removeprefix("aten.").split(".")[0]
-        return f"{self.module or '(top level)'} ({op})"
-
-
-@dataclasses.dataclass(frozen=True)
-class ParetoPoint:
-    """The plan that lowers the ``lowered`` least sensitive groups."""
-
-    lowered: int
-    low_precision_flops_fraction: float
-    metric: float
-    latency_seconds: float | None  # of its eager program (None: the search's backend is another; see the frontier)
-    chosen: bool = False
-    mix: Mapping[str, float] = dataclasses.field(default_factory=dict)  # low type name -> its share of the FLOPs
-    lowered_by_type: Mapping[str, int] = dataclasses.field(default_factory=dict)  # low type name -> groups in it
-
-    def mix_text(self) -> str:
-        """"int8 8 (61.2%), bfloat16 3 (20.0%)": groups and FLOP share per low type ("" with nothing lowered)."""
-        return ", ".join(f"{t} {self.lowered_by_type.get(t, 0)} ({share:.1%})" for t, share in self.mix.items()
-                         if self.lowered_by_type.get(t, 0))
-
-
-@dataclasses.dataclass(frozen=True)
-class FrontierPoint:
-    """One whole program the search measured on its backend (``frontier.py``)."""
-
-    name: str  # "searched" (the budget's plan), "searched 2", "all-float32", "all-int8 (configurator)", ...
-    source: str  # "searched" | "trivial"
-    metric: float  # of the backend's program, on the held-out eval batches (the eval data when none is held out)
-    seconds: float | None  # per call, interleaved with the others on the first eval batch (None: it failed)
-    low_precision_flops_fraction: float = 0.0
-    mix: Mapping[str, float] = dataclasses.field(default_factory=dict)  # low type name -> its share of the FLOPs
-    within: bool = False  # metric within the tolerance
-    chosen: bool = False  # the plan the search returns
-    predicted_seconds: float | None = None  # the cost model's estimate, which ranked the searched candidates
-    failure: str = ""  # why it could not be built or run
-
-    def row(self) -> str:
-        ms = f"{self.seconds * 1e3:.2f} ms" if self.seconds is not None else "-"
-        model = f"{self.predicted_seconds * 1e3:.2f} ms" if self.predicted_seconds is not None else "-"
-        mark = "  <- returned" if self.chosen else ("" if self.within or self.failure else "  (over budget)")
-        return (f"{self.name:<38}  {self.low_precision_flops_fraction:>9.1%}  {_fmt(self.metric):>9}  {ms:>11}  "
-                f"{model:>11}{mark}" + (f"  fails: {self.failure}" if self.failure else ""))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +67,8 @@ class SearchResult:
     held_out_metric: float | None = None  # None: nothing was held out
     held_out_batches: int = 0
     held_out: str = ""  # which batches were held out (and not calibrated on), or why none
-    chosen_within: float | None = None  # the limit the plan was chosen against (< tolerance after a tightening)
+    chosen_within: float | None = None  # the limit the plan was chosen against (< tolerance after a tightening, >
+    # it where the backend's float type errs less than the eager trials: whole.float_limit)
     frontier: tuple[FrontierPoint, ...] = ()  # whole programs measured on the backend (frontier.py)
     frontier_backend: str | None = None
     phase_seconds: Mapping[str, float] = dataclasses.field(default_factory=dict)  # "sensitivity", "budget", ...
@@ -198,10 +141,13 @@ class SearchResult:
         if self.held_out_metric is None:
             return f"held-out data: {self.held_out or 'none'}"
         budget = f"budget {self.tolerance:g}" if self.tolerance is not None else "no tolerance: keep_fp32_fraction"
-        text = (f"held-out error {_fmt(self.held_out_metric)} on {self.held_out_batches} "
+        text = (f"held-out error {fmt(self.held_out_metric)} on {self.held_out_batches} "
                 f"batch{'es' if self.held_out_batches != 1 else ''} ({budget}): {self.held_out}")
         if self.tolerance is not None and self.chosen_within is not None and self.chosen_within < self.tolerance:
             text += f"; chosen within a tightened {self.chosen_within:.3g} after a held-out check broke the budget"
+        elif self.tolerance is not None and self.chosen_within is not None and self.chosen_within > self.tolerance:
+            text += (f"; chosen in eager trials within {self.chosen_within:.3g}: the backend's float type errs less "
+                     "than the trials' (whole.float_limit), its whole programs judged against the budget")
         return text
 
     def __str__(self) -> str:
@@ -216,7 +162,7 @@ class SearchResult:
         if won is not None:
             others = sum(1 for p in self.frontier if p.seconds is not None)
             returned = [f"returned: {won.name}, {won.seconds * 1e3:.2f} ms per call on {self.frontier_backend}, "
-                        f"error {_fmt(won.metric)}: the fastest of {others} whole programs measured within the budget"]
+                        f"error {fmt(won.metric)}: the fastest of {others} whole programs measured within the budget"]
         lines = [
             f"mixprec search: {self.metric_name} on {self.eval_data}, {budget}, "
             f"low type{'s' if len(types) > 1 else ''} {lows}",
@@ -225,7 +171,7 @@ class SearchResult:
             "groups lowered"
             + (f" ({chosen.mix_text()})" if len(types) > 1 and chosen.lowered else "") + ", "
             f"{chosen.low_precision_flops_fraction:.1%} of FLOPs in low precision, "
-            f"{self.metric_name} {_fmt(chosen.metric)} (model as written {_fmt(self.baseline)})"
+            f"{self.metric_name} {fmt(chosen.metric)} (model as written {fmt(self.baseline)})"
             + ("" if self.met else "  ** the tolerance cannot be met: even the model as written exceeds it **"),
             self.held_out_text(),
             *([self.speed_text()] if self.speedups else []),
@@ -238,7 +184,7 @@ class SearchResult:
         for p in self.pareto:
             latency = f"{p.latency_seconds * 1e3:.2f} ms" if p.latency_seconds is not None else "-"
             lines.append(
-                f"{p.lowered:>7}  {p.low_precision_flops_fraction:>9.1%}  {_fmt(p.metric):>9}  {latency:>9}"
+                f"{p.lowered:>7}  {p.low_precision_flops_fraction:>9.1%}  {fmt(p.metric):>9}  {latency:>9}"
                 + (f"  {p.mix_text()}" if len(types) > 1 else "")
                 + (("  <- the budget's choice" if self.frontier else "  <- chosen") if p.chosen else "")
             )
@@ -249,8 +195,8 @@ class SearchResult:
             lines.append("(none: every layer's precision is set by the model's code, markers or autocast regions)")
         for g in sorted(self.groups, key=lambda g: math.inf if math.isnan(g.sensitivity) else -g.sensitivity):
             lines.append(
-                f"{_fmt(g.sensitivity):>11}  {dtype_name(g.precision):<9}  {g.label}  [{g.name}]"
-                + ("  " + " ".join(f"{t} {_fmt(v)}" for t, v in g.by_type.items()) if per_type else "")
+                f"{fmt(g.sensitivity):>11}  {dtype_name(g.precision):<9}  {g.label}  [{g.name}]"
+                + ("  " + " ".join(f"{t} {fmt(v)}" for t, v in g.by_type.items()) if per_type else "")
             )
         lines.append(f"\n{self.trials} trial(s) run in {self.seconds:.1f} s")
         return "\n".join(lines)
@@ -416,9 +362,3 @@ def _unnum(value):
         return None
     value = float(value)  # float("inf") / float("nan") read the strings back
     return math.nan if math.isnan(value) else value  # the one NaN object: a result read back equals the one written
-
-
-def _fmt(value: float) -> str:
-    if math.isnan(value):
-        return "-"  # not measured
-    return "inf" if math.isinf(value) else f"{value:.2e}"

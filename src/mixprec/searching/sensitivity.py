@@ -43,6 +43,7 @@ from .metrics import make_metric, run_batch
 from .resume import Prefix
 from .shapes import BatchSizes
 from .trials import ProgramFailed, Trials
+from .types import is_float
 from ..measure.stopwatch import Stopwatch
 
 
@@ -63,6 +64,8 @@ class Study:
         self.sensitivity: dict[str, dict[torch.dtype, Sensitivity]] = {}  # group -> low type -> sensitivity
         self.latency: dict[frozenset, float] = {}  # seconds per call, by assignment
         self.costs = None  # the cost model as set to this model's whole programs (whole.model_prices), if it was
+        # the float type's plan compile(enable_autocast=True) makes, as an assignment (None: no float type searched)
+        self.autocast: frozenset | None = None
 
     @property
     def lows(self) -> tuple:
@@ -80,10 +83,10 @@ def build_study(
     """``eval_batches``, ``calibration_batches``: ``calibrate.batches.Call`` s (or any batch form compile's
     calibration takes), of any batch and sequence sizes (``shapes.py``). ``held_out``: the indices of the eval
     batches held out (``holdout.py``): neither calibrated nor measured on here, only prepared for
-    ``Trials.confirm``. ``costs``: the
-    cost model of a several-type search with a tolerance: options it says can never be chosen are not measured
-    (``pruning.never_taken``). ``prices(trials, groups) -> costs``: the cost model set to this model's whole programs
-    before that (``whole.model_prices``); the study keeps what it gives (``Study.costs``)."""
+    ``Trials.confirm``. ``costs``: the cost model of a several-type search with a tolerance: options it says can
+    never be chosen are not measured (``pruning.never_taken``). ``prices(trials, groups, float_plan) -> costs``: the
+    cost model set to this model's whole programs before that (``whole.model_prices``; ``float_plan``: compile's
+    autocast plan, ``Study.autocast``); the study keeps what it gives (``Study.costs``)."""
     progress.update("capturing the model")
     captured = CapturedModel(model, args)
     base, info = captured.base, captured.info
@@ -124,34 +127,51 @@ def build_study(
     del reference
 
     strong = trials.plan(())
-    rules = RuleOptions(
+    # compile's autocast rules (enable_autocast=True): its plan is the frontier's all-float plan (compile_context)
+    compile_rules = RuleOptions(
         low_precision_type=options.low,
-        # the residual-stream rule is a judgement about accuracy, which the search measures instead
-        keep_residual_stream=False,
         **dict(options.includes),  # included layers: the user vouches for them; measured like the others
     )
+    # the residual-stream rule is a judgement about accuracy, which the search measures instead
+    rules = dataclasses.replace(compile_rules, keep_residual_stream=False)
     with warnings.catch_warnings():  # search warns about fp16 on a CPU itself, in its own words
         warnings.filterwarnings("ignore", category=MixedPrecisionWarning, message="autocast_low_precision_type=float16")
-        prepared = autocast.prepare(base, info, rules, args, calibrated.calibration)
+        prepared = autocast.prepare(base, info, compile_rules, args, calibrated.calibration)
     # the code's fp32 intent and values computed from stored tensors are, like the residual stream, judgements about
     # accuracy: measured instead; rounding error is measured too, so the IO-range rule only guards against values
-    # the low type cannot hold
+    # the low type cannot hold (prepare's context less what keep_residual_stream=False leaves out)
     top = float(torch.finfo(options.low).max)
     context = dataclasses.replace(
         prepared.context, fp32_intent=MappingProxyType({}), stored_values=MappingProxyType({}),
+        residual_stream=MappingProxyType({}),
         max_output_threshold=IOBound(top, f"{dtype_name(options.low)}'s largest value {top:.6g}"),
     )
     safe = planner.build_plan(info, PlanningOptions(rules=rules), context, int8_ranges=ranges)
     no_int8 = without_int8_operands(captured) if torch.int8 in options.lows else frozenset()
     groups = [g for g in find_groups(info, strong, safe, no_int8) if any(g.takes(d) for d in options.lows)]
+    compiled = planner.build_plan(info, PlanningOptions(rules=compile_rules), prepared.context, int8_ranges=ranges)
     # the model as written, timed as phase 2 times its plans (the pareto point of nothing lowered: no timing later)
     baseline = trials.measure((), timer=Stopwatch(every[0]) if options.eager else None).value
     study = Study(info, groups, trials, baseline)
+    study.autocast = autocast_assignment(groups, compiled, options.lows)
     if prices is not None:
-        study.costs = prices(trials, groups)
+        study.costs = prices(trials, groups, study.autocast)
         costs = study.costs if costs is not None else None
     _measure_groups(study, progress, never_taken(groups, options.lows, costs) if costs is not None else {})
     return study
+
+
+def autocast_assignment(groups: list[LayerGroup], compiled, lows) -> frozenset | None:
+    """The groups ``compiled`` (compile's autocast plan in the search's float type) lowers, each in that type: the
+    frontier's all-float plan and the float type's whole program in ``whole.model_prices``. Autocast keeps the
+    residual stream (the adds and norms a transformer's blocks write into) in fp32; so does OpenVINO's own bf16 (the
+    plan compile makes runs at its error), where the search's every-group plan lowers them too (issue 45)."""
+    floats = [d for d in lows if is_float(d)]
+    if not floats:
+        return None
+    low = floats[0]
+    return frozenset((g.name, low) for g in groups
+                     if g.unsafe is None and g.takes(low) and g.name in compiled and compiled[g.name].precision == low)
 
 
 class _Remembered(torch.nn.Module):

@@ -9,6 +9,10 @@ model's all-type plan against its all-fp32 plan are the measured ratio (:func:`l
 gains and the options not worth measuring follow the model's own speed. The programs are kept (:class:`Built`) and
 measured again in the frontier rather than built twice.
 
+The backend's float type may round less than the trials' eager kernels: :func:`float_limit` measures compile's
+autocast plan both ways and gives the budget phase the limit its eager trials are held to (the frontier then judges
+the whole programs against the tolerance itself).
+
 Timings are kept in the cost model (``"program_seconds"``, keyed by the captured program, the timing batch's shapes,
 the backend and each plan's digest, as weak typing keeps its whole programs): with the cost cache a later process of
 this user on this machine reads them and decides the same.
@@ -19,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 
 import torch
 
@@ -88,14 +93,18 @@ class Built:
         return dict(zip(labels, seconds))
 
 
-def model_prices(built: Built, groups, lows, costs, batch, time, progress):
+def model_prices(built: Built, groups, lows, costs, batch, time, progress, float_plan: frozenset | None = None):
     """``costs`` with the float type's and int8's prices scaled to this model's whole programs (module docstring):
-    all-fp32, every group that takes the type in it (int8: the FLOP-carrying ones), timed together on ``batch``."""
+    all-fp32, every group that takes the type in it (int8: the FLOP-carrying ones; the float type: ``float_plan``
+    where given, compile's autocast plan, which the frontier measures as its all-float plan), timed together on
+    ``batch``."""
     trials = built.trials
     plans = {}
     floats = [d for d in lows if is_float(d)]
     for dtype in [*floats[:1], *([torch.int8] if torch.int8 in lows else [])]:
         lowered = frozenset((g.name, dtype) for g in groups if g.unsafe is None and g.takes(dtype))
+        if float_plan and dtype == floats[0]:
+            lowered = float_plan
         if lowered:
             plans[dtype] = lowered
     if not plans:
@@ -120,6 +129,35 @@ def model_prices(built: Built, groups, lows, costs, batch, time, progress):
     seconds = built.timed(programs, batch, time)
     ratios = {d: seconds[FP32] / seconds[names[d]] for d in plans if names[d] in seconds}
     return latency.rescaled(costs, groups, {d: (plans[d], r) for d, r in ratios.items()})
+
+
+def float_limit(built: Built, study, tolerance: float) -> float | None:
+    """The limit the budget phase's eager trials are held to so that its plan meets ``tolerance`` on the backend, or
+    None (``tolerance`` itself). A backend runs the float type with less rounding than the trials' eager kernels
+    (OpenVINO fuses a matmul's bias and activation before rounding once, keeps norms and gathers wide): BERT-base's
+    autocast bf16 program erred 0.9x its eager trial, and a budget at OpenVINO bf16's own error was met in the trials
+    only by keeping Linears fp32, slower than the float plan the backend ran within it. So the float plan compile's
+    autocast makes (``Study.autocast``) is measured both ways on the eval data the budget chooses on, and what the
+    trials overstate is added in quadrature (the error int8 adds on top is the same on both):
+    ``sqrt(tolerance² + eager² - backend²)``. None where that plan is beyond ``tolerance`` on the backend, fails, or
+    the backend is no more accurate. The frontier judges every returned plan against ``tolerance`` on the backend."""
+    trials = study.trials
+    autocast = getattr(study, "autocast", None)
+    if not autocast:
+        return None
+    program, _, _ = built.program(trials.requests(autocast))
+    if program is None:
+        return None
+    try:
+        on_backend = trials.metric(program)
+    except ProgramFailed:
+        return None
+    eager = trials.measure(autocast).value
+    if not (math.isfinite(on_backend) and math.isfinite(eager)) or on_backend > tolerance or eager <= on_backend:
+        return None
+    log.info("mixprec.search: the float plan errs %.3g on %s, %.3g in the eager trials", on_backend, built.backend,
+             eager)
+    return math.sqrt(tolerance**2 + eager**2 - on_backend**2)
 
 
 def whole_name(dtype) -> str:
