@@ -214,3 +214,30 @@ def test_a_choice_that_loses_on_the_held_out_rows_is_replaced_by_round_to_neares
     choice = wr.choose(w, grid, moments)
     assert choice.smoothing is None and choice.codes is None
     torch.testing.assert_close(wr.rounded(w, grid, choice), nearest, rtol=0, atol=0)
+
+
+def test_the_held_out_rows_also_judge_the_choice_without_the_per_channel_scaling():
+    """Three candidates meet the held-out rows: the full choice, the same without AWQ's scaling, round-to-nearest.
+    Here (a few channels 3x the rest, correlated channels) the scaling fits the chosen-on rows and loses on the
+    held-out ones, where the unscaled choice is best: choose returns it (the check once compared round-to-nearest
+    with the full choice only)."""
+    grid = GRIDS["int4 sym g128"]
+    g = torch.Generator().manual_seed(1)
+    k = 256
+    w = torch.randn(48, k, generator=g) * 0.05
+    mix = torch.eye(k) + torch.randn(k, k, generator=g) / math.sqrt(k)
+    x = torch.randn(1024, k, generator=g) @ mix
+    x[:, :4] *= 3.0
+    moments = InputMoments.of(x)
+    held = x[3::4]  # calibrate.moments.HOLD_EVERY's rows
+
+    def held_error(choice):
+        return float(((held @ (w - wr.rounded(w, grid, choice)).T) ** 2).sum())
+
+    full = wr.choose(w, grid, moments.fitted(), wr.RoundingPolicy(hold_out=False))
+    unscaled = wr.choose(w, grid, moments.fitted(), wr.RoundingPolicy(hold_out=False, alphas=()))
+    nearest = wr.Choice(*grids.round_to_nearest(w.float(), grid), None)
+    assert held_error(unscaled) < min(held_error(full), held_error(nearest))  # the case is what it says
+    choice = wr.choose(w, grid, moments)
+    assert choice.smoothing is None and choice.codes is not None
+    assert held_error(choice) == pytest.approx(held_error(unscaled), rel=1e-6)

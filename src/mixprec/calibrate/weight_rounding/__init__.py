@@ -10,9 +10,9 @@ output error on the inputs it meets. With the layer's input moments from calibra
   before the Linear; None when no channel gains from it;
 * per row and group, the scale (and zero point) minimising the output error (``scales.py``);
 * the codes, by GPTQ's error feedback (``gptq.py``), or each weight's nearest level when the policy turns it off;
-* the check: chosen on the rows the moments do not hold out, the choice is kept only if its output error on the
-  held-out rows (``calibrate/moments.HOLD_EVERY``) is below round-to-nearest's, else round-to-nearest is the choice
-  (``RoundingPolicy.hold_out``): a few hundred rows let GPTQ and AWQ fit the moments' noise.
+* the check: chosen on the rows the moments do not hold out, the choice, the same without the scaling a, and
+  round-to-nearest are compared on the held-out rows (``calibrate/moments.HOLD_EVERY``) and the least output error
+  wins (``RoundingPolicy.hold_out``): a few hundred rows let GPTQ and AWQ fit the moments' noise.
 
 Linears reading the same value (q, k and v) must share a: :func:`choose_shared` chooses it for all of them.
 :func:`grid_of` is the grid of a weight format's fields (None for formats it does not round: 8-bit, FP8).
@@ -45,8 +45,9 @@ class RoundingPolicy:
     ``refits``: least-squares refinements of the scale; ``alphas``: the AWQ exponents tried per group (() turns
     the per-channel scaling off), each scored with the scales screened from ``awq_shrinks``; ``gptq``: codes by
     error feedback (else nearest levels); ``damp``: added to the moments' diagonal, times its mean (NNCF's GPTQ
-    default; ``scales.Moments.of``); ``hold_out``: choose on the rows not held out and keep the choice only where
-    it lowers the held-out rows' output error below round-to-nearest's (moments without held-out rows: no check)."""
+    default; ``scales.Moments.of``); ``hold_out``: choose on the rows not held out and keep, of the choice, the
+    same without the per-channel scaling and round-to-nearest, the one with the least output error on the held-out
+    rows (moments without held-out rows: no check)."""
 
     shrinks: tuple[float, ...] = tuple(1.0 - 0.05 * i for i in range(11))
     refits: int = 2
@@ -105,11 +106,17 @@ def choose_shared(weights: Sequence[torch.Tensor], fmt: WeightGrid, stats,
     chosen = _choose(weights, fmt, moments, size, policy)
     if check is None:
         return chosen
-    nearest = [Choice(*grids.round_to_nearest(x.detach().float(), fmt), None) for x in weights]
     held = Moments.of(check, 0.0)
-    aware, plain = _output_error(weights, fmt, chosen, held), _output_error(weights, fmt, nearest, held)
-    log.debug("weight rounding: held-out output error %.4g data-aware, %.4g round-to-nearest", aware, plain)
-    return chosen if aware < plain else nearest
+    # the candidates, judged on the held-out rows: the full choice, the same without the per-channel scaling (AWQ's
+    # scaling can fit the chosen-on rows and lose on others) and round-to-nearest; ties go to the simpler
+    candidates = [[Choice(*grids.round_to_nearest(x.detach().float(), fmt), None) for x in weights]]
+    if policy.alphas:
+        candidates.append(_choose(weights, fmt, moments, size, dataclasses.replace(policy, alphas=())))
+    candidates.append(chosen)
+    errors = [_output_error(weights, fmt, c, held) for c in candidates]
+    log.debug("weight rounding: held-out output errors %s (round-to-nearest, ..., data-aware)",
+              ", ".join(f"{e:.4g}" for e in errors))
+    return candidates[min(range(len(errors)), key=lambda i: (errors[i], i))]
 
 
 def _choose(weights, fmt: WeightGrid, moments: Moments, size: int, policy: RoundingPolicy) -> list[Choice]:
