@@ -79,20 +79,27 @@ def test_data_aware_4_bit_weights_have_less_error_than_round_to_nearest_on_outli
     assert _error(aware, model) < FORMATS[fmt][2] * _error(nearest, model)
 
 
-def test_the_program_computes_the_choice_of_weight_rounding(programs):
-    """The compiled fc equals fc with the weight ``weight_rounding.rounded`` gives for the calibration's moments:
-    GPTQ's codes and the smoothing came through the format's hook (nearest codes of the same scales differ)."""
-    model, _, aware, fmt = programs
+def _choice(model, fmt):
+    """What weight rounding chooses for fc from the calibration's moments."""
     with torch.no_grad():
-        x = model.norm(HELD_OUT[0])
         moments = None
         for (batch,) in CALIBRATION:
             m = InputMoments.of(model.norm(batch))
             moments = m if moments is None else moments.merge(m)
+        return wr.choose(model.fc.weight.float(), FORMATS[fmt][1], moments)
+
+
+def test_the_program_computes_the_choice_of_weight_rounding(programs):
+    """The compiled fc equals fc with the weight ``weight_rounding.rounded`` gives for the calibration's moments:
+    GPTQ's codes and the smoothing (where the held-out rows keep it) came through the format's hook (nearest codes
+    of the same scales differ)."""
+    model, _, aware, fmt = programs
+    with torch.no_grad():
+        x = model.norm(HELD_OUT[0])
         w = model.fc.weight.float()
         grid = FORMATS[fmt][1]
-        choice = wr.choose(w, grid, moments)
-        assert choice.codes is not None and (choice.smoothing is not None or fmt == "mxfp4")
+        choice = _choice(model, fmt)
+        assert choice.codes is not None and (choice.smoothing is not None or fmt != "int4")  # int4: smoothed
         a = choice.smoothing if choice.smoothing is not None else torch.ones(K)
         chosen = torch.relu(x @ wr.rounded(w, grid, choice).T + model.fc.bias)
         nearest_codes = wr.dequantize(wr.codes(w * a, grid, choice.scales), grid, choice.scales)
@@ -104,12 +111,14 @@ def test_the_program_computes_the_choice_of_weight_rounding(programs):
 
 
 def test_the_smoothing_is_one_multiply_before_the_op(programs):
-    _, nearest, aware, fmt = programs
+    model, nearest, aware, fmt = programs
     graph = aware.exported_program.graph
     smoothing = [n for n in graph.nodes if n.meta.get(META_ROLE) == "smoothing"]
-    # at most one multiply, right before the op; MXFP4's choice scales no input channel of this layer (its
-    # power-of-two scales absorb the smoothing), and then no multiply is inserted at all
-    assert len(smoothing) == (0 if fmt == "mxfp4" else 1), [n.name for n in smoothing]
+    # one multiply, right before the op, where the choice scales input channels (int4 here); a choice that scales
+    # none (MXFP4's power-of-two scales absorb the smoothing; NF4's held-out rows prefer it unscaled) inserts none
+    scaled = _choice(model, fmt).smoothing is not None
+    assert scaled or fmt != "int4"
+    assert len(smoothing) == int(scaled), [n.name for n in smoothing]
     for node in smoothing:
         assert node.target is torch.ops.aten.mul.Tensor
         (op,) = [u for u in node.users]
