@@ -10,7 +10,6 @@ from collections.abc import Mapping
 import torch
 
 
-
 @dataclasses.dataclass(frozen=True)
 class GroupSensitivity:
     """One layer group: its compute layer, how sensitive it is, and what the chosen plan does with it."""
