@@ -343,7 +343,8 @@ def decode_case(label: str) -> Case:
         return Case(label, "openvino-kv", {"mode": mode, "group_size": 128 if "g128" in label else None,
                                            "config": NO_DYNAMIC if "no dynamic" in label else {}}, "openvino")
     words = label.split()
-    settings = {"low": "fp32" if words[1] in ("fp32", "W4A32", "W8A32") else "bf16"}
+    # a KV cache, as the peers decode (without it every step reruns the whole sequence: hf/causal.py)
+    settings = {"low": "fp32" if words[1] in ("fp32", "W4A32", "W8A32") else "bf16", "static_cache": True}
     if words[1][0] == "W":
         settings.update(weights=f"int{words[1][1]}", group_size=128 if words[1][1] == "4" else None)
     if "dynamic" in words:
@@ -366,7 +367,7 @@ def _decode43():  # issue 43: each weight format's decode tokens/s on OpenVINO a
         if fmt in ("int8", "int4"):
             continue
         cases.append(Case(f"mixprec W-{fmt} A16 openvino", "mixprec-generate", {
-            "low": "bf16", "weights": fmt, "group_size": group}, "openvino"))
+            "low": "bf16", "static_cache": True, "weights": fmt, "group_size": group}, "openvino"))
         if fmt in NNCF_MODES:
             cases.append(Case(f"openvino+nncf {NNCF_MODES[fmt]}", "openvino-kv",
                               {"mode": NNCF_MODES[fmt], "group_size": group}, "openvino"))
