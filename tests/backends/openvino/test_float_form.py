@@ -223,3 +223,32 @@ def test_the_ir_round_trip_lives_in_a_private_directory_removed_afterwards_also_
     with pytest.raises(RuntimeError, match="simulated"):
         ff._through_ir(ov, small)
     assert list(tmp_path.iterdir()) == []
+
+
+class _Three(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(256, 128), nn.Linear(128, 64), nn.Linear(64, 32)
+
+    def forward(self, x):
+        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+
+@pytest.mark.parametrize("fmt", sorted(__import__("mixprec.formats", fromlist=["x"]).WEIGHT_FORMATS))
+def test_weight_only_layers_with_bf16_activations_reach_openvino_in_the_float_form(fmt):
+    """A weight-only pattern decompresses its stored codes to the activations' type; in the f32 graph of the float
+    form they decompress to f32, as in NNCF's model. Before, the codes' Convert to bf16 met the scale read through a
+    Convert to f32 in one Multiply: the form did not type-check, and every weight-only program with bf16 activations
+    (compile_for_generation(weights=...) of a bf16 model) ran in the stated form. The Convert keeps its name: what
+    OpenVINO runs each layer as is still read from its runtime model."""
+    model, x = _Three().eval(), torch.randn(2, 256)
+    cfg = mixprec.MixedPrecisionConfigurator(model, (x,))
+    cfg.set_precision(model, activation="bf16", param={"weight": fmt})
+    plan = cfg.apply()
+    eager = mixprec.compile(model, (x,), plan=plan)
+    prog = mixprec.compile(model, (x,), plan=plan, backend="openvino")
+    runner = _runner(prog)
+    assert runner.form == ov_runner.FORM_FLOAT
+    assert sorted(runner.weight_runs_as) == sorted(n for n, f in runner._formats.items() if f == fmt) \
+        and len(runner.weight_runs_as) == 3, runner.weight_runs_as
+    assert rel(prog(x), eager(x)) < 2e-2

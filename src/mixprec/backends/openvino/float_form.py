@@ -92,8 +92,10 @@ def float_form(ov, stated, declared: Mapping[str, str], *, names: NodeNames, int
     it does not apply: no bf16 layer, an f16 layer (the CPU's f16 is another matter), or a graph whose types do
     not all become f32 once the Converts are gone.
 
-    * every Convert between float types on the way of an activation is removed (a Convert next to a graph input
-      or output stays: it is the program's I/O dtype); bf16 constants (weights stored bf16) are read through a
+    * every Convert between float types on the way of an activation is removed (one that widens a graph input or
+      feeds an output stays: it is the program's I/O dtype; an f32 input's Convert to bf16 goes, its f32 readers
+      round it at bf16 inference precision as the bf16 layer did); stored codes decompressed to bf16 (a weight-only
+      pattern) decompress to f32; bf16 constants (weights stored bf16) are read through a
       Convert to f32, which the plugin folds and — being bf16 values — lowers back to bf16 exactly;
     * the layers the plan keeps in f32 are pinned (:data:`PIN_KEY`, the mark OpenVINO's own precision-sensitive
       passes set);
@@ -117,10 +119,19 @@ def float_form(ov, stated, declared: Mapping[str, str], *, names: NodeNames, int
         op = ops[name]
         source = op.input_value(0)
         users = [t.get_node().get_type_name() for t in op.output(0).get_target_inputs()]
-        if source.get_node().get_type_name() == "Parameter" or "Result" in users:
-            continue  # the program's I/O dtype
+        widens = FLOAT_RANK[op.get_output_element_type(0).get_type_name()] > \
+            FLOAT_RANK[op.get_input_element_type(0).get_type_name()]
+        if (source.get_node().get_type_name() == "Parameter" and widens) or "Result" in users:
+            continue  # the program's I/O dtype (a bf16 input read as f32 stays; an f32 input is rounded by the plugin)
         op.output(0).replace(source)
         removed.append(name)
+    for name in constant:  # stored codes decompressed to bf16 (a weight-only pattern): to f32, as in NNCF's model
+        op = ops[name]
+        if op.get_type_name() == "Convert" and op.get_output_element_type(0).get_type_name() == _LOW \
+                and not _float(op.get_input_element_type(0)):
+            wide = _convert(op.input_value(0), ov)
+            wide.set_friendly_name(name)  # the pattern's marker (compressed.py): what weight_runs.py reads
+            op.output(0).replace(wide.output(0))
     for op in model.get_ordered_ops():  # bf16 weights (and inputs) read through a Convert to f32
         if op.get_type_name() in ("Constant", "Parameter") and op.get_output_element_type(0).get_type_name() == _LOW:
             targets = [t for t in op.output(0).get_target_inputs() if t.get_node().get_type_name() != "Convert"]
@@ -129,6 +140,11 @@ def float_form(ov, stated, declared: Mapping[str, str], *, names: NodeNames, int
                 for target in targets:
                     target.replace_source_output(to_f32.output(0))
     try:
+        model.validate_nodes_and_infer_types()
+        for result, stated_result in zip(model.get_results(), stated.get_results()):  # the program's output dtypes
+            want = stated_result.get_input_element_type(0)
+            if result.get_input_element_type(0) != want:
+                result.input(0).replace_source_output(_convert(result.input_value(0), ov, want).output(0))
         model.validate_nodes_and_infer_types()
     except Exception as e:  # an operation with a fixed bf16 attribute (a dtype argument): keep the stated form
         log.info("OpenVINO: the f32 form of this program does not type-check (%s); stated types kept", e)
@@ -208,10 +224,10 @@ def _float(element_type) -> bool:
     return element_type.get_type_name() in FLOAT_RANK
 
 
-def _convert(op, ov):
+def _convert(op, ov, element_type=None):
     from openvino import opset13
 
-    return opset13.convert(op, ov.Type.f32)
+    return opset13.convert(op, ov.Type.f32 if element_type is None else element_type)
 
 
 def _through_ir(ov, model):
