@@ -28,16 +28,17 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import warnings
 
 import torch
 import torch.utils._pytree as pytree
 
-from ...errors import UnsupportedModelError
+from ...errors import MixedPrecisionWarning, UnsupportedModelError
 from ..lowering.cpu import has_int8_dot_product
 from ...ir.input_check import input_specs_of
 from .audit import NATIVE_CAPABILITY, audit, declared_precisions, int8_nodes, node_types, refusal, runtime_layers
 from .compressed import weight_groups, weight_only_formats
-from .weight_runs import decompressed_low, weight_runs
+from .weight_runs import cast_sources, decompressed_low, weight_runs
 from .float_form import FLOAT_FORM_CONFIG, float_form
 from .convert import Converted, convert_program, first_line, import_openvino, version_of
 from .state import initial_values, make_stateful, variable_index
@@ -139,8 +140,8 @@ class OpenVINORunner(torch.nn.Module):
                 "(it merges outputs that are the same value); run it with backend='eager' or 'inductor'."
             )
         self.form = self._compile(ov, core, exported_program, converted, model)
-        self.weight_runs = weight_runs(runtime_layers(self._compiled), converted.names, self._formats) \
-            if self._formats else {}
+        self.weight_runs = weight_runs(runtime_layers(self._compiled), converted.names, self._formats,
+                                       cast_sources(converted.prepared.graph)) if self._formats else {}
         return converted
 
     def reset_state(self) -> None:
@@ -282,8 +283,12 @@ def dynamic_layers(exported_program, group: int, *, vnni: bool | None) -> list[s
         log.info("OpenVINO quantizes the activations of %d weight-only layer(s) to int8 at run time, per group of %d "
                  "input channels (weight_only_dynamic_activations)", len(layers), group)
     if kept:
+        why = ", ".join(f"{n} ({reason})" for n, reason in list(kept.items())[:20])
         log.info("OpenVINO keeps float activations in %d weight-only layer(s) despite weight_only_dynamic_activations="
-                 "%d: %s", len(kept), group, ", ".join(f"{n} ({why})" for n, why in list(kept.items())[:20]))
+                 "%d: %s", len(kept), group, why)
+        if not layers:  # the request changes nothing: said, not silently dropped
+            warnings.warn(f"weight_only_dynamic_activations={group} has no effect here: OpenVINO keeps float "
+                          f"activations in every weight-only layer ({why}).", MixedPrecisionWarning, stacklevel=2)
     return layers
 
 

@@ -63,21 +63,35 @@ def layer_run(layer: Mapping) -> WeightRun | None:
     return WeightRun(inputs[0], inputs[1])
 
 
-def weight_runs(layers: Iterable[Mapping], names, nodes: Iterable[str]) -> dict[str, WeightRun]:
+def weight_runs(layers: Iterable[Mapping], names, nodes: Iterable[str], casts: Mapping[str, str] | None = None,
+                ) -> dict[str, WeightRun]:
     """Weight-only program node -> how the runtime model runs it (``layers``: ``audit.runtime_layers``; ``names``:
-    ``audit.NodeNames``; ``nodes``: the weight-only layers' names)."""
-    wanted, out = set(nodes), {}
+    ``audit.NodeNames``; ``nodes``: the weight-only layers' names; ``casts``: a cast node of the program -> the node
+    it casts, for a layer OpenVINO names after the cast it absorbed)."""
+    wanted, out, casts = set(nodes), {}, casts or {}
     for layer in layers:
         run = layer_run(layer)
         if run is None:
             continue
         # its originals, and its own name: OpenVINO lists a FullyConnected that absorbed the activation's Convert
-        # (bf16 activations) under the Convert alone, while its name is still the MatMul's
+        # (bf16 activations) under the Convert alone, while its name is still the MatMul's; one that absorbed the
+        # output's Convert, under that Convert's name alone (the layer is the node the cast reads)
         for original in (*layer.get("originals", ()), layer.get("name", "")):
             for node in names.nodes(original):
+                node = node if node in wanted else casts.get(node, node)
                 if node in wanted and node not in out:
                     out[node] = run
     return out
+
+
+def cast_sources(graph) -> dict[str, str]:
+    """A dtype cast of ``graph`` (an fx graph) -> the name of the node it casts (for :func:`weight_runs`)."""
+    import torch
+
+    aten = torch.ops.aten
+    kinds = (aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, torch.ops.prims.convert_element_type.default)
+    return {n.name: n.args[0].name for n in graph.nodes
+            if n.op == "call_function" and n.target in kinds and n.args and isinstance(n.args[0], torch.fx.Node)}
 
 
 def decompressed_low(runs: Mapping[str, WeightRun]) -> frozenset[str]:
