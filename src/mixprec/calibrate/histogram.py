@@ -112,7 +112,7 @@ class HistogramObserver(Observer):
 class OneBatchHistograms(Observer):
     """Counts the named nodes' float values of a run over *one* batch into histograms over the range that batch gives
     each (``range_of``: node name -> its (min, max) once the node has run, None when it held no float value): what a
-    second pass with ranges fixed by this one would count. Refuses a second batch (the bins would be the first's)."""
+    second pass with ranges fixed by this one would count. One run only (``statistics.collect`` refuses a second)."""
 
     def __init__(self, names: Collection[str], range_of: Callable[[str], Range | None], bins: int = BINS):
         self.names, self.range_of, self.bins = frozenset(names), range_of, bins
@@ -121,8 +121,6 @@ class OneBatchHistograms(Observer):
     def after(self, node: torch.fx.Node, value) -> None:
         if node.name not in self.names:
             return
-        if node.name in self.histograms:
-            raise InvariantError(f"{node.name} counted twice: one-batch histograms over a run of several batches")
         value_range = self.range_of(node.name)
         if value_range is None:
             return

@@ -222,6 +222,9 @@ def collect(
                 graph, run, _, _ = runners[id(graph)]
                 target = graph.work
                 tensors = call.tensors()
+            if here is not None and (count or graph is not None):
+                raise InvariantError("one-batch histograms over a second batch or a batch of other sizes: their bins "
+                                     "are fixed by the range of one batch on the captured graph")
             target.reset_state()
             try:
                 outputs = run.run(tensors)
@@ -243,9 +246,6 @@ def collect(
             "the calibration dataloader yielded no batches; pass an iterable with at least one batch of model "
             "inputs, or leave autocast_calibration_dataloader=None to calibrate on the example inputs."
         )
-    if here is not None and (count != 1 or runners):
-        raise InvariantError(f"one-batch histograms over {count} batch(es), {len(runners)} on other graphs: their "
-                             "bins are fixed by one batch's range, so only one batch on the captured graph is counted")
     stats = dict(statistics.stats)
     for graph, _, graph_statistics, _ in runners.values():
         _merge_mapped(stats, graph_statistics.stats, graph.names, work)
