@@ -149,3 +149,36 @@ def test_the_plan_json_records_bias_correction():
         Int8Spec(bias_shift=(1.0, float("nan")))
     with pytest.raises(ConfigError, match="bias_correction"):
         mixprec.QuantPolicy(bias_correction="yes")
+
+
+@pytest.mark.parametrize("budget", [0, 1 << 20])
+def test_shifts_from_inputs_kept_in_the_calibration_pass_are_the_shifts_of_a_pass_of_their_own(budget, monkeypatch):
+    """KeptInputs holds the layers' inputs over the calibration's run (issue 44: no pass of its own); measured on them
+    the shifts are bit for bit those of measure()'s own pass; past the budget a layer is measured in that pass."""
+    from mixprec.calibrate import bias_correction
+    from mixprec.ir.captured import CapturedModel
+    from mixprec.ir.runner import GraphRunner
+    from mixprec.plan.precision_plan import Int8Spec
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 16, bias=False),
+                          nn.Unflatten(1, (4, 4)), nn.Conv1d(4, 6, 3, padding=1)).eval()
+    with torch.no_grad():
+        model[0].weight.copy_(_rounds_up((32, 64)))
+    captured = CapturedModel(model, (torch.rand(8, 64) + 0.5,))
+    layers = [n.name for n in captured.base.graph.nodes if bias_correction.correctable(n)]
+    assert len(layers) == 3
+    specs = {name: Int8Spec() for name in layers}  # inputs unquantized: the weights' shifts
+    own = bias_correction.measure(captured, None, specs)
+    kept = bias_correction.KeptInputs(captured.base, layers, budget=budget)
+    with torch.no_grad():
+        GraphRunner(captured.base, observers=[kept]).run(captured.flat_inputs())
+    assert len(kept.held) == (0 if budget == 0 else 3)
+    runs = []
+    real = GraphRunner.run
+    monkeypatch.setattr(GraphRunner, "run", lambda self, values: runs.append(1) or real(self, values))
+    shifts = bias_correction.measure(captured, None, specs, kept)
+    assert len(runs) == (1 if budget == 0 else 0)
+    assert set(shifts) == set(own) == set(layers) and any(bool(s.any()) for s in own.values())
+    for name in layers:
+        assert torch.equal(shifts[name], own[name])

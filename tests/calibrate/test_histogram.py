@@ -63,3 +63,28 @@ def test_second_pass_counts_every_batch_including_batches_of_other_sizes():
     assert torch.equal(second.histograms[name].counts, want.counts)
     assert set(second.histograms) == {name}
     assert not collect(captured.base, batches[:1]).histograms  # no second pass asked: none counted
+
+
+def test_one_batch_histograms_are_the_second_pass_counted_in_the_first():
+    """On one batch (the example inputs) each value's range is known once it is computed: counted in the first pass
+    over that range, the histograms equal the second pass's, bin for bin, non-finite values and a constant value
+    included (issue 44: apply() runs the graph once)."""
+    class Odd(torch.nn.Module):
+        def forward(self, x):
+            return torch.log(x), torch.zeros_like(x) + 2.0, x * 3.0
+
+    captured = CapturedModel(Odd().eval(), (torch.randn(4, 6),))  # log of negatives: NaN, of 0: -inf
+    names = [n.name for n in captured.base.graph.nodes if n.op == "call_function"]
+    first, _ = calibrate(captured, None, one_batch_histograms=names)
+    ranges = {name: first.stats[name].range for name in names}
+    second, _ = calibrate(captured, None, histograms=ranges)
+    assert set(first.histograms) == set(second.histograms) == set(names)
+    for name in names:
+        one, two = first.histograms[name], second.histograms[name]
+        assert (one.lo, one.hi) == (two.lo, two.hi) and torch.equal(one.counts, two.counts)
+    assert any(h.bins == 1 for h in first.histograms.values())  # the constant
+    batches = [(torch.randn(4, 6),), (torch.randn(4, 6),)]
+    with pytest.raises(InvariantError, match="one batch"):
+        calibrate(captured, batches, one_batch_histograms=names)
+    with pytest.raises(InvariantError, match="one batch"):  # a batch of other sizes runs on another graph
+        calibrate(captured, [(torch.randn(3, 6),)], one_batch_histograms=names)

@@ -21,20 +21,51 @@ def _counting(monkeypatch):
 
 def test_one_calibration_ranges_the_boundaries_and_the_smoothed_channels_in_one_pass(monkeypatch):
     """Smoothed int8 Linears: the int8 ranges and the per-channel ranges of the smoothed input come from one
-    calibrate.entry.run and one pass over the data (plus the MSE estimator's histogram pass), not a pass of their
-    own beside it (issue 33)."""
+    calibrate.entry.run and one pass over the data (plus the MSE estimator's histogram pass over calibration data;
+    on the example inputs, one batch, the histograms are counted in the first pass), not a pass of their own beside
+    it (issue 33)."""
     model = _outlier_model()
     x = torch.randn(4, 8, 32)
     runs, passes = _counting(monkeypatch)
     cfg = mixprec.MixedPrecisionConfigurator(model)
     cfg.set_precision(nn.Linear, activation="int8")
-    plan = cfg.apply((x,))
+    plan = cfg.apply((x,), calibration_dataloader=[(x,)])
     assert len(runs) == 1 and runs[0]["channels"] and runs[0]["int8_values"]
     assert passes == [False, True]
     assert any(d.int8 is not None and d.int8.smoothing for d in plan.values())
     runs.clear(), passes.clear()
+    cfg.apply((x,))
+    assert len(runs) == 1 and passes == [False]
+    runs.clear(), passes.clear()
     cfg.apply((x,), policy=mixprec.QuantPolicy(estimator="minmax"))
     assert len(runs) == 1 and passes == [False]
+
+
+def test_on_the_example_inputs_the_graph_runs_once_and_plans_as_the_separate_passes_do(monkeypatch):
+    """Issue 44: on the example inputs (one batch) apply() runs the captured graph once — statistics, per-channel
+    ranges, the MSE histograms and the inputs bias correction measures its shifts on, all in the calibration's pass —
+    and its plan is the one the separate passes make over the same batch given as calibration data (statistics, then
+    histograms, then bias correction): the same ranges, smoothing divisors and bias shifts, equal to the last bit."""
+    from mixprec.ir.runner import GraphRunner
+
+    model = _outlier_model()
+    x = torch.randn(4, 8, 32)
+    runs = []
+    real = GraphRunner.run
+    monkeypatch.setattr(GraphRunner, "run", lambda self, values: runs.append(1) or real(self, values))
+    cfg = mixprec.MixedPrecisionConfigurator(model)
+    cfg.set_precision(nn.Linear, activation="int8")
+    for policy in (mixprec.QuantPolicy(), mixprec.QuantPolicy(estimator="minmax")):
+        runs.clear()
+        one = cfg.apply((x,), policy=policy)
+        assert len(runs) == 1
+        runs.clear()
+        separate = cfg.apply((x,), calibration_dataloader=[(x,)], policy=policy)
+        assert len(runs) == (3 if policy.estimator == "mse" else 2)
+        specs = {name: d.int8 for name, d in one.items()}
+        assert specs == {name: d.int8 for name, d in separate.items()}
+        assert any(s is not None and s.smoothing for s in specs.values())
+        assert any(s is not None and s.bias_shift for s in specs.values())
 
 
 def test_a_one_shot_iterator_of_batches_is_smoothed_too(monkeypatch):

@@ -14,8 +14,10 @@ Compile, the search and the configurator calibrate through it, once each. It dec
   also not collected from shards (logged);
 * **the range estimator**: ``"mse"`` (the default, ``int8_ranges.DEFAULT_ESTIMATOR``) clips each int8 range
   where the expected squared error is least, from fixed-bin histograms counted in a second pass over the same
-  data (bins fixed by the first pass's range: they merge exactly). Data that cannot be read twice — a
-  one-shot iterator — or data in shards (the workers count no histograms yet) keeps min/max ranges (logged).
+  data (bins fixed by the first pass's range: they merge exactly) — on the example inputs, one batch, in the
+  first pass itself (each value's range is known once it is computed: the same bins). Data that cannot be read
+  twice — a one-shot iterator — or data in shards (the workers count no histograms yet) keeps min/max ranges
+  (logged).
 
 Nothing runs when nothing needs calibrating (no statistics asked, no value to range): :attr:`Calibrated.calibration`
 is then None.
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from types import MappingProxyType
 
 from ..ir.marker_regions import calibration_targets
@@ -57,7 +59,7 @@ class Calibrated:
 def run(
     captured, data, *, statistics: bool = True, int8_values: Collection[str] = (), keep_first_outputs: bool = False,
     other_shapes=None, estimator: str | None = None, grids: Mapping[str, Grid] | None = None,
-    channels: Collection[str] = frozenset(), moments: Collection[str] = frozenset(),
+    channels: Collection[str] = frozenset(), moments: Collection[str] = frozenset(), observers: Sequence = (),
 ) -> Calibrated:
     """Calibrate ``captured`` (an ``ir.captured.CapturedModel``) on ``data`` (None: the example inputs).
 
@@ -68,7 +70,9 @@ def run(
     made when needed). ``estimator``: the int8 range estimator (``int8_ranges.ESTIMATORS``); ``grids``: the grid of
     every value ranged (``plan/quantization.calibration_grids``), which a clipping estimator clips for. ``channels``:
     values whose per-channel ranges are collected in the same first pass (:attr:`Calibrated.channels`); ``moments``:
-    values (Linear inputs) whose second moments are collected in it too (:attr:`Calibrated.moments`)."""
+    values (Linear inputs) whose second moments are collected in it too (:attr:`Calibrated.moments`); ``observers``:
+    more observers (``ir.runner.Observer``) of the first pass's runs of the captured graph (not of batches of other
+    sizes, nor of data in shards)."""
     estimator = checked_estimator(estimator)
     targets = set(calibration_targets(captured.info)) | set(int8_values)
     channels, moments = frozenset(channels), frozenset(moments)
@@ -85,14 +89,17 @@ def run(
         if moments:
             log.info("input moments: calibration data in shards gets none (not collected on Ray workers); %d "
                      "value(s) are rounded without data", len(moments))
-    else:
+    else:  # the example inputs are one batch: a clipping estimator's histograms are counted in this pass
+        here = targets if data is None and estimator != "minmax" else frozenset()
         calibration, recaptures = calibrate(
             captured, data, other_shapes=other_shapes, keep_first_outputs=keep_first_outputs, channels=channels,
-            moments=moments,
+            moments=moments, one_batch_histograms=here, observers=observers,
         )
     ranges = collect_ranges(captured.base, targets, (), calibration=calibration, estimator="minmax") if targets else {}
     if ranges and estimator != "minmax":
-        if shards is None and (data is None or readable_twice(data)):
+        if shards is None and data is None:  # counted in the first pass
+            ranges = clip_ranges(ranges, calibration.histograms, estimator, grids=grids or {})
+        elif shards is None and readable_twice(data):
             counted, _ = calibrate(captured, data, other_shapes=other_shapes, histograms=ranges)
             ranges = clip_ranges(ranges, counted.histograms, estimator, grids=grids or {})
         elif shards is not None:

@@ -11,6 +11,10 @@ further), so calibration is two passes over the same batches:
    (``torch.histc``: an element equal to the upper end counts in the last bin). Every element of every batch
    lies inside the range of pass 1, so nothing is dropped; a value that was constant gets one bin.
 
+One batch (the example inputs) needs no second pass: its range is known as soon as a value has been computed, so
+:class:`OneBatchHistograms` counts the value right then, over the very range pass 1 gives it — the same bins, the
+same counts.
+
 A :class:`Histogram` is immutable; :meth:`Histogram.merge` of two with the same range and bin count adds the
 counts (int64, exact) and refuses anything else.
 """
@@ -18,7 +22,7 @@ counts (int64, exact) and refuses anything else.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 import torch
 import torch.utils._pytree as pytree
@@ -103,6 +107,28 @@ class HistogramObserver(Observer):
             if isinstance(t, torch.Tensor) and is_float(t.dtype):
                 old = old.add(t)
         self.histograms[node.name] = old
+
+
+class OneBatchHistograms(Observer):
+    """Counts the named nodes' float values of a run over *one* batch into histograms over the range that batch gives
+    each (``range_of``: node name -> its (min, max) once the node has run, None when it held no float value): what a
+    second pass with ranges fixed by this one would count. One run only (``statistics.collect`` refuses a second)."""
+
+    def __init__(self, names: Collection[str], range_of: Callable[[str], Range | None], bins: int = BINS):
+        self.names, self.range_of, self.bins = frozenset(names), range_of, bins
+        self.histograms: dict[str, Histogram] = {}
+
+    def after(self, node: torch.fx.Node, value) -> None:
+        if node.name not in self.names:
+            return
+        value_range = self.range_of(node.name)
+        if value_range is None:
+            return
+        h = Histogram.empty(value_range, self.bins)
+        for t in pytree.tree_leaves(value):
+            if isinstance(t, torch.Tensor) and is_float(t.dtype):
+                h = h.add(t)
+        self.histograms[node.name] = h
 
 
 def merge_all(parts: Iterable[Mapping[str, Histogram]]) -> dict[str, Histogram]:

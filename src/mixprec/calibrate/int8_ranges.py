@@ -60,7 +60,7 @@ def collect_ranges(
         s = stats.get(name)
         if s is None:
             raise CalibrationError(f"{name} does not hold a floating-point tensor; it has no int8 range.")
-        ranges[name] = (s.min, s.max) if s.min <= s.max else (0.0, 0.0)  # no finite value seen
+        ranges[name] = s.range
     if estimator == "minmax" or not readable_twice(batches):
         return ranges
     histograms = collect(work, batches, histograms=ranges).histograms

@@ -27,7 +27,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from types import MappingProxyType
 
 import torch
@@ -35,14 +35,14 @@ import torch.utils._pytree as pytree
 from torch.export.graph_signature import InputKind
 
 from ..dtypes import is_float
-from ..errors import CalibrationError
+from ..errors import CalibrationError, InvariantError
 from ..ir.runner import GraphRunner, Observer
 from ..ir.work_program import WorkProgram
 from ..progress import Progress
 from .batches import Call, arrange, fit
 from .channels import ChannelObserver, ChannelRange
 from .channels import merge_all as merge_channels
-from .histogram import Histogram, HistogramObserver, merge_all
+from .histogram import Histogram, HistogramObserver, OneBatchHistograms, merge_all
 from .moments import DEFAULT_BLOCK, InputMoments, MomentObserver
 from .moments import merge_all as merge_moments
 
@@ -95,6 +95,11 @@ class TensorStats:
         absmax = max(abs(lo), abs(hi)) if lo <= hi else 0.0
         return cls(absmax, lo, hi, nonfinite, t.numel(), tuple(t.shape))
 
+    @property
+    def range(self) -> tuple[float, float]:
+        """(min, max) of the finite values; (0, 0) when none was seen: the int8 range before any clipping."""
+        return (self.min, self.max) if self.min <= self.max else (0.0, 0.0)
+
     def merge(self, other: "TensorStats") -> "TensorStats":
         """Statistics over the batches of both."""
         return self._combined(other, batches=self.batches + other.batches)
@@ -140,6 +145,8 @@ def collect(
     channels: frozenset[str] = frozenset(),
     moments: frozenset[str] = frozenset(),
     moment_block: int = DEFAULT_BLOCK,
+    one_batch_histograms: Collection[str] = frozenset(),
+    observers: Sequence[Observer] = (),
 ) -> Calibration:
     """Run ``work``'s graph on every batch and merge per-node statistics.
 
@@ -155,17 +162,23 @@ def collect(
     into fixed-bin histograms (``Calibration.histograms``, ``histogram.py``). ``channels``: node names whose
     per-channel ranges to keep too (``Calibration.channels``, ``channels.py``). ``moments``: node names whose
     second moments to keep, in diagonal blocks of ``moment_block`` channels (``Calibration.moments``, ``moments.py``).
+    ``one_batch_histograms``: node names counted into histograms in this very pass, over the range this pass gives
+    them (``histogram.OneBatchHistograms``: exactly what ``histograms`` with those ranges counts in a second pass),
+    for ``batches`` of one batch the captured graph takes (anything else raises InvariantError). ``observers``: more
+    observers of the captured graph's runs (batches of other sizes run on other graphs, without them).
     """
     user_nodes = work.user_input_nodes()
     route = getattr(other_shapes, "route", None)  # searching.shapes.BatchSizes: (call, graph or None) of a batch
     statistics = _Statistics(work)
     counted = HistogramObserver(histograms or {})
+    here = OneBatchHistograms(one_batch_histograms, lambda name: statistics.stats[name].range
+                              if name in statistics.stats else None) if one_batch_histograms else None
     per_channel = ChannelObserver(channels)
     moment_parts = [MomentObserver(moments, moment_block)]  # per graph run, with its names' mapping, as above
     moment_names: list[dict | None] = [None]
     runner = GraphRunner(
         work, observers=[statistics] + ([counted] if histograms else []) + ([per_channel] if channels else [])
-        + (moment_parts[:1] if moments else [])
+        + (moment_parts[:1] if moments else []) + ([here] if here is not None else []) + list(observers)
     )
     channel_parts = [per_channel]  # the per-channel observer of every graph run ...
     channel_names: list[dict | None] = [None]  # ... and its node names' mapping onto the captured graph's
@@ -209,6 +222,9 @@ def collect(
                 graph, run, _, _ = runners[id(graph)]
                 target = graph.work
                 tensors = call.tensors()
+            if here is not None and (count or graph is not None):
+                raise InvariantError("one-batch histograms over a second batch or a batch of other sizes: their bins "
+                                     "are fixed by the range of one batch on the captured graph")
             target.reset_state()
             try:
                 outputs = run.run(tensors)
@@ -233,7 +249,7 @@ def collect(
     stats = dict(statistics.stats)
     for graph, _, graph_statistics, _ in runners.values():
         _merge_mapped(stats, graph_statistics.stats, graph.names, work)
-    counts = merge_all([counted.histograms] + [
+    counts = merge_all([counted.histograms] + ([here.histograms] if here is not None else []) + [
         {graph.names[n]: h for n, h in graph_counted.histograms.items()} for graph, _, _, graph_counted in runners.values()
     ])
     per_channel_ranges = merge_channels(
@@ -250,7 +266,7 @@ def collect(
 
 def calibrate(
     captured, loader, *, other_shapes=None, keep_first_outputs: bool = False, histograms=None, channels=frozenset(),
-    moments=frozenset(),
+    moments=frozenset(), one_batch_histograms=frozenset(), observers=(),
 ) -> tuple[Calibration, int]:
     """Statistics of every node of a captured model (``ir.captured.CapturedModel``) on ``loader``'s batches,
     or on the example inputs when it is None: how compile, the configurator and the search calibrate.
@@ -258,7 +274,8 @@ def calibrate(
     Batches in any accepted form (``batches.py``, mapped onto the captured call by its signature); batches of
     other batch/sequence sizes than the example run on a graph captured for them (an nn.Module only:
     ``other_shapes``, a ``batch_graphs.OtherShapes``, made here when not given). Returns the Calibration and
-    how many extra captures it took. ``histograms``, ``channels``, ``moments``: as :func:`collect`'s.
+    how many extra captures it took. ``histograms``, ``channels``, ``moments``, ``one_batch_histograms``,
+    ``observers``: as :func:`collect`'s.
 
     Data in shards (a ``ray.data.Dataset``, ``shards.Shards``) is not read here: ``entry.run`` sends it to
     ``ray_calibration.py``, whose workers call this on their shards."""
@@ -271,7 +288,7 @@ def calibrate(
     calibration = collect(
         captured.base, batches, signature=captured.signature, other_shapes=other_shapes,
         keep_first_outputs=keep_first_outputs, histograms=histograms, channels=frozenset(channels),
-        moments=frozenset(moments),
+        moments=frozenset(moments), one_batch_histograms=frozenset(one_batch_histograms), observers=observers,
     )
     return calibration, (other_shapes.captures - before if other_shapes is not None else 0)
 

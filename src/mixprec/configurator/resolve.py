@@ -80,7 +80,11 @@ def resolve(model, captured, requests, strict: bool, policy: QuantPolicy, data) 
         for bits, groups in resolver.integer_groups().items()}
     int8 = planned.get(torch.int8) or quant_requests(captured, [], policy)
     boundary = resolver.boundary_values(inputs, outputs)
-    calibrated, ranges = _calibrate(captured, data, planned, boundary, policy, int8.channels)
+    # on the example inputs (one batch) the calibration's pass holds the int8 layers' inputs for bias correction,
+    # which then needs no pass of its own (calibrate/bias_correction.KeptInputs)
+    kept = bias_correction.KeptInputs(captured.base, planned[torch.int8].entries) if (
+        data is None and policy.bias_correction and torch.int8 in planned) else None
+    calibrated, ranges = _calibrate(captured, data, planned, boundary, policy, int8.channels, kept)
     smoothed = int8.smoothing(calibrated.channels)
     specs = {}
     for bits, planned_bits in planned.items():
@@ -90,7 +94,7 @@ def resolve(model, captured, requests, strict: bool, policy: QuantPolicy, data) 
             # int8 layers with int8 weights (the shift is measured with them); simulated int16/int4 layers and
             # weights are AIMET QuantSim's simulation as it is: their biases stay the model's
             plain = {n: spec for n, spec in made.items() if resolver.param.get(n) in (None, torch.int8)}
-            made = {**made, **bias_correction.corrected_specs(captured, data, plain)}
+            made = {**made, **bias_correction.corrected_specs(captured, data, plain, kept)}
         specs.update(made)
     decisions = resolver.decisions(planned, specs)
     return Resolution(
@@ -107,10 +111,11 @@ def _simulated(planned: QuantRequests, bits: torch.dtype) -> QuantRequests:
         {n: precision_grid(g, bits) for n, g in planned.grids.items()}))
 
 
-def _calibrate(captured, data, planned, boundary, policy, channels):
+def _calibrate(captured, data, planned, boundary, policy, channels, kept=None):
     """(the calibration, (value, grid) -> range) of every value an integer layer or the model's boundary quantizes:
     one pass (two with a clipping estimator, ``calibrate.entry.run``) for all, and more for the values that
-    several precisions quantize on different grids, with a clipping estimator (each grid clips for its own step)."""
+    several precisions quantize on different grids, with a clipping estimator (each grid clips for its own step).
+    ``kept``: bias correction's observer of the first pass (None: none)."""
     wanted: dict[str, set] = {}
     for planned_bits in planned.values():
         for name, grid in planned_bits.grids.items():
@@ -125,7 +130,8 @@ def _calibrate(captured, data, planned, boundary, policy, channels):
     # compares with (kept for compile(plan=) to reuse, as compile keeps them itself)
     keep = data is None and captured.computes_in_fp32
     calibrated = calibration_entry.run(captured, data, statistics=False, int8_values=set(wanted), channels=channels,
-                                       estimator=policy.estimator, grids={**markers, **chosen}, keep_first_outputs=keep)
+                                       estimator=policy.estimator, grids={**markers, **chosen}, keep_first_outputs=keep,
+                                       observers=(kept,) if kept is not None else ())
     ranges = {(name, grid): calibrated.int8_ranges[name] for name, grid in chosen.items()}
     for grid in sorted({g for grids in wanted.values() for g in grids}, key=grid_name):
         names = {name for name, grids in wanted.items() if grid in grids and (name, grid) not in ranges}
