@@ -175,7 +175,7 @@ def search(
             with clock.phase("model_prices"):
                 built["programs"] = whole.Built(trials, options.backend or "eager", device, options.cost_cache)
                 return whole.model_prices(built["programs"], groups, options.lows, costs, eval_batches[0],
-                                          frontier.time_candidates, progress, float_plan)
+                                          _all_timed, progress, float_plan)
 
         with clock.phase("sensitivity"):
             if study is None:  # keep_fp32_fraction may take any option: nothing pruned without a tolerance
@@ -297,6 +297,11 @@ def _summary(result: SearchResult, options) -> str:
         text = (f"returned {won.name} ({won.seconds * 1e3:.2f} ms on {result.frontier_backend}, {options.metric.name} "
                 f"{won.metric:.2e}); the budget's plan: {text}")
     return text + (f"; {result.speed_text()}" if result.speedups else "") + f" ({result.phases_text()})"
+
+
+def _all_timed(programs, batch) -> dict:
+    """The frontier's timing without its race: the whole programs that price the types are all timed in full."""
+    return frontier.time_candidates(programs, batch, race=False)
 
 
 @contextlib.contextmanager
