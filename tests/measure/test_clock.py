@@ -80,3 +80,23 @@ def test_a_phase_clock_sums_phases():
             pass
     assert set(phases.seconds) == {"a"} and phases.seconds["a"] >= 0 and phases.elapsed() >= phases.seconds["a"]
     assert clock.Deadline(0.0).passed() and not clock.Deadline(60.0).passed()
+
+
+def test_a_race_stops_sampling_a_key_whose_median_cannot_win_and_keeps_the_winner_and_order():
+    """Issue 45: the frontier times whole programs only to return the fastest; a program whose median of 5 rounds
+    cannot come out below another's stops after the rounds that prove it (here 3), and the order by median against
+    the fastest is that of all 5 rounds on the same samples."""
+    table = {"fast": [1.0, 1.2, 1.1, 5.0, 5.0], "near": [1.15, 1.0, 1.3, 1.0, 1.0], "slow": [3.0, 2.9, 3.1, 0.1, 0.1]}
+    taken = {k: 0 for k in table}
+
+    def sample(call, key):
+        taken[key] += 1
+        return table[key][taken[key] - 1]
+
+    calls = {k: (lambda: None) for k in table}
+    full = clock.median(clock.interleaved(calls, rounds=5, sample=sample))
+    taken = {k: 0 for k in table}
+    raced = clock.median(clock.interleaved(calls, rounds=5, sample=sample, drop=clock.median_losers(5)))
+    assert taken == {"fast": 5, "near": 5, "slow": 3}  # slow's 3rd-smallest of 5 >= 2.9 > near's 3rd sample 1.3
+    assert min(raced, key=raced.get) == min(full, key=full.get) == "near"
+    assert raced["slow"] == 3.0 and full["slow"] == 2.9 and all(raced[k] == full[k] for k in ("fast", "near"))

@@ -18,7 +18,7 @@ REAL_TIMING = frontier.time_candidates
 MODEL_PRICES = whole.model_prices
 
 
-def budget_plan_fastest(programs, batch):
+def budget_plan_fastest(programs, batch, race=True):
     """Seconds per call: the budget's plan ("searched", maybe also named as a trivial plan) 1, other searched plans 2,
     trivial plans 3, all-fp32 4."""
     def seconds(name: str) -> float:

@@ -56,7 +56,7 @@ def timings(table):
     """time_candidates answering ``table[name]`` ms (the first name a point carries that the table has)."""
     seen, timed = [], []
 
-    def time_candidates(programs, batch):
+    def time_candidates(programs, batch, race=True):
         seen.append(batch)
         timed.append(sorted(programs))
         return {name: next(table[n] for n in [*name.split(" = "), "*"] if n in table) / 1e3 for name in programs}
@@ -229,3 +229,26 @@ def test_the_all_float_plan_is_the_one_compile_makes(monkeypatch):
     with torch.no_grad():
         assert rel_l2(searched(*data[2]), model(*data[2])) == pytest.approx(result.winner.metric, rel=1e-6)
         assert rel_l2(compiled(*data[2]), model(*data[2])) == pytest.approx(result.winner.metric, rel=1e-6)
+
+
+def test_the_frontier_stops_timing_a_program_that_cannot_be_the_fastest(real_timing):
+    """Issue 45: a program clearly slower than another stops being timed once its median cannot win (3 of 5 rounds
+    here); the programs that price the types (race=False) are timed in full."""
+    import time
+
+    calls = {"fast": 0, "slow": 0}
+
+    def program(name, seconds):
+        def run(x):
+            calls[name] += 1
+            time.sleep(seconds)
+            return x
+        return run
+
+    programs = {"fast": program("fast", 0.06), "slow": program("slow", 0.3)}
+    seconds = real_timing(programs, (torch.zeros(1),))
+    assert calls == {"fast": 2 + frontier.ROUNDS, "slow": 2 + 3}  # warm-up and first round, then the race
+    assert seconds["fast"] < seconds["slow"]
+    calls.update(fast=0, slow=0)
+    real_timing(programs, (torch.zeros(1),), race=False)
+    assert calls == {"fast": 2 + frontier.ROUNDS, "slow": 2 + frontier.ROUNDS}

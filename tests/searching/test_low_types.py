@@ -360,3 +360,22 @@ def test_two_processes_with_the_cost_cache_make_the_same_plan(tmp_path):
     assert runs[0]["speedups"] and runs[0]["speedups"] == runs[1]["speedups"]  # measured once, read the second time
     assert runs[0]["plan"] == runs[1]["plan"]
     assert (tmp_path / "c.json").exists()
+
+
+def test_the_cost_model_prices_only_the_classes_of_the_models_layers(monkeypatch, model_and_data):
+    """A model of Linears only: its search times the matmul class, not the convolution stack (issue 45: a third of
+    BERT-base's cold cost model); a model with convolutions times both."""
+    kinds = []
+    monkeypatch.setattr(cost_models, "COSTS", cost_models.CostModels())
+    monkeypatch.setattr(latency, "measure_costs", lambda backend, kind, dtypes, device: kinds.append(kind) or
+                        {d: VNNI[d] for d in dtypes})
+    model, inputs, data = model_and_data
+    result = mixprec.search(model, inputs, low_precision_type=("int8", "bf16"), eval_dataloader=data,
+                            tolerance=0.05, cache=False, cost_cache=False)
+    assert kinds == ["matmul"] and set(result.speedups["int8"]) == {"matmul"}
+    assert "cost_model" in result.phase_seconds
+    conv = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                               torch.nn.Linear(8 * 6 * 6, 4)).eval()
+    mixprec.search(conv, (torch.randn(2, 3, 8, 8),), low_precision_type=("int8", "bf16"), tolerance=0.05,
+                   cache=False, cost_cache=False)
+    assert kinds == ["matmul", "conv"]  # the matmul class's prices were kept from the first search

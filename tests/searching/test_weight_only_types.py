@@ -105,8 +105,11 @@ def test_a_three_type_search_of_a_tiny_llama_picks_weight_only_linears_and_compi
     tolerance = 0.2
     result = mixprec.search(model, data[0], low_precision_type=("w4a16", "w8a16", "bf16"), tolerance=tolerance,
                             eval_dataloader=data, cache=False)
-    assert {kind for kind, _ in asked} == {"decode", "conv"}
-    assert ("conv", ("float32", "bfloat16")) in asked  # convolutions take no weight-only type: not timed in them
+    assert {kind for kind, _ in asked} == {"decode"}  # the model's classes only: no convolution stack
+    asked.clear()
+    latency.flop_costs(None, low_types("w4a16,w8a16,bf16"), torch.device("cpu"), decode=True,
+                       ops=("aten.convolution.default",))
+    assert asked == [("conv", ("float32", "bfloat16"))]  # convolutions take no weight-only type: not timed in them
     assert names(result.low_precision_type) == ("w4a16", "w8a16", "bfloat16") and result.met
     assert result.chosen.metric <= tolerance and result.held_out_metric is not None
     by_type = {}
@@ -172,11 +175,12 @@ def test_decode_costing_when_the_caller_says_so_or_the_eval_batches_are_token_st
                                 cache=False, **kwargs)
         return {kind for kind, _ in asked}, result
 
-    assert kinds(data=token_batches(2, 4), eval_dataloader=token_batches(2, 4))[0] == {"decode", "conv"}
+    # the model's one class, Linears (no convolutions: not timed), in the decode shape or not
+    assert kinds(data=token_batches(2, 4), eval_dataloader=token_batches(2, 4))[0] == {"decode"}
     prefill, result = kinds(data=token_batches(2, 16), eval_dataloader=token_batches(2, 16))
-    assert prefill == {"matmul", "conv"} and "decode shape" not in str(result)
-    assert kinds(data=token_batches(2, 16), eval_dataloader=token_batches(2, 16), decode=True)[0] == {"decode", "conv"}
-    assert kinds(data=token_batches(1, 4), eval_dataloader=token_batches(1, 4), decode=False)[0] == {"matmul", "conv"}
+    assert prefill == {"matmul"} and "decode shape" not in str(result)
+    assert kinds(data=token_batches(2, 16), eval_dataloader=token_batches(2, 16), decode=True)[0] == {"decode"}
+    assert kinds(data=token_batches(1, 4), eval_dataloader=token_batches(1, 4), decode=False)[0] == {"matmul"}
     with pytest.raises(ConfigError, match="decode must be True, False or None"):
         mixprec.search(model, token_batches(1, 4)[0], low_precision_type="w4a16,bf16", decode="yes")
 
@@ -217,5 +221,5 @@ def test_the_command_line_takes_weight_only_types_and_decode(tmp_path, monkeypat
     assert main(["search", f"{spec}:model", "--eval-data", f"{spec}:eval_data", "--low", "w4a16,bf16", "--decode",
                  "--tolerance", "1.0", "--json", str(out), "-q"]) == 0
     result = json.loads(out.read_text())
-    assert result["low_precision_type"] == ["w4a16", "bfloat16"] and {k for k, _ in asked} == {"decode", "conv"}
+    assert result["low_precision_type"] == ["w4a16", "bfloat16"] and {k for k, _ in asked} == {"decode"}
     assert {g["precision"] for g in result["groups"] if g["op"] == "aten.linear.default"} == {"w4a16"}

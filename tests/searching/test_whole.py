@@ -47,7 +47,7 @@ def test_a_stack_that_says_bf16_is_no_faster_is_overruled_by_the_models_whole_pr
         d: {F32: 10.0, BF16: 9.7, I8: 2.5}[d] for d in dtypes})
     timed = []
 
-    def time_candidates(programs, batch):
+    def time_candidates(programs, batch, race=True):
         timed.append(sorted(programs))
         table = {frontier.FP32: 1.8, "all-bfloat16": 1.0, "all-int8 (search's int8)": 0.9}
         return {n: table.get(n.split(" = ")[0], 0.5 if n.startswith("searched") else 2.0) for n in programs}

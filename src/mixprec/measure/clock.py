@@ -67,10 +67,12 @@ def interleaved(
     device=None,
     sample: Sampler | None = None,
     stop: Callable[[int, dict], bool] | None = None,
+    drop: Callable[[int, dict, list], set] | None = None,
 ) -> dict:
     """``{key: [seconds per call, one per round]}``: ``warmup`` untimed rounds, then ``rounds`` rounds that take one
     sample of each call (``repeats`` calls, per key or for all) in an order rotating by one each round. ``stop(r,
-    samples)``, asked after each round ``r``, ends the rounds early. ``sample``: how a sample is taken (default: the
+    samples)``, asked after each round ``r``, ends the rounds early; ``drop(r, samples, keys)`` names keys of those
+    still sampled that take no more samples (:func:`median_losers`). ``sample``: how a sample is taken (default: the
     clock on ``device``)."""
     keys = list(calls)
     each = repeats if isinstance(repeats, Mapping) else {k: repeats for k in keys}
@@ -89,7 +91,36 @@ def interleaved(
                 samples[key].append(float(sample(call if n == 1 else _repeated(call, n), key)) / n)
         if stop is not None and stop(r, samples):
             break
+        if drop is not None:
+            gone = drop(r, samples, list(keys))
+            keys = [k for k in keys if k not in gone]
     return samples
+
+
+def median_losers(rounds: int) -> Callable[[int, dict, list], set]:
+    """A ``drop`` for :func:`interleaved` whose caller takes the :func:`median` of ``rounds`` samples and wants only
+    the fastest (a race): after a round, the keys whose median cannot come out below some other still-sampled key's
+    whatever the remaining rounds give. With ``m`` rounds left, a key's final median is at least its
+    ``(lo - m)``-th smallest sample so far and at most its ``hi``-th (``lo``, ``hi``: the order statistics the
+    median of ``rounds`` lies between); a key whose lower bound exceeds another's upper bound is dropped, its
+    median taken over its samples so far, which is no less than that bound. So the fastest key by median, and every
+    key's place before or after it, is what all ``rounds`` rounds give on the same samples."""
+    lo, hi = (rounds + 1) // 2, rounds // 2 + 1
+
+    def drop(r: int, samples: dict, keys: list) -> set:
+        left = rounds - (r + 1)
+        upper = [sorted(samples[k])[hi - 1] for k in keys if len(samples[k]) >= hi]
+        if not upper:
+            return set()
+        best = min(upper)
+        out = set()
+        for k in keys:
+            known = sorted(samples[k])
+            if lo - left >= 1 and known[lo - left - 1] > best:
+                out.add(k)
+        return out
+
+    return drop
 
 
 def repeats_for(seconds: Mapping[Hashable, float], sample_seconds: float) -> dict:

@@ -161,31 +161,35 @@ def search(
         # 2. sensitivity (phase 1): a cached study, or one measured now (and cached)
         study = store.get(key, model, user_metric) if store is not None else None
         trials_before = study.trials.count if study is not None else 0
-        # the cost model of several low types (measured once, then kept), first: options it rules out are not measured
-        costs = None
-        if options.several:
-            if study is None:
-                progress.update("the cost of each low type on this machine (timed once, then kept)")
+        # the cost model of several low types (measured once, then kept), for the classes of the model's layers, once
+        # the groups are known and before their trials: options it rules out are not measured
+        def cost_model(ops):
+            progress.update("the cost of each low type on this machine (timed once, then kept)")
             with clock.phase("cost_model"):
-                costs = latency.flop_costs(options.backend, options.lows, device, options.decode, options.cost_cache)
+                return latency.flop_costs(options.backend, options.lows, device, options.decode, options.cost_cache,
+                                          ops)
+
         built = {}  # the whole programs on the backend (whole.Built), once the trials exist
 
-        def prices(trials, groups, float_plan):  # the cost model set to this model's whole programs (whole.py)
+        def prices(trials, groups, float_plan, costs):  # the cost model set to this model's whole programs (whole.py)
             with clock.phase("model_prices"):
                 built["programs"] = whole.Built(trials, options.backend or "eager", device, options.cost_cache)
                 return whole.model_prices(built["programs"], groups, options.lows, costs, eval_batches[0],
-                                          frontier.time_candidates, progress, float_plan)
+                                          _all_timed, progress, float_plan)
 
         with clock.phase("sensitivity"):
-            if study is None:
-                pruning = costs if options.tolerance is not None else None  # keep_fp32_fraction may take any option
+            if study is None:  # keep_fp32_fraction may take any option: nothing pruned without a tolerance
                 study = build_study(model, args, options, eval_batches, calibration, progress, cluster, held_out,
-                                    pruning, prices if costs is not None else None)
+                                    cost_model if options.several else None, prices if options.several else None,
+                                    prune=options.tolerance is not None)
                 if store is not None:
                     store.put(key, model, user_metric, study)
-        if "model_prices" in clock.seconds:  # timed within the sensitivity phase: counted once, as its own
-            clock.seconds["sensitivity"] -= clock.seconds["model_prices"]
-        costs = study.costs or costs
+        for inner in ("cost_model", "model_prices"):  # timed within the sensitivity phase: counted once, as its own
+            if inner in clock.seconds:
+                clock.seconds["sensitivity"] -= clock.seconds[inner]
+        costs = study.costs
+        if options.several and costs is None:  # a study cached without its cost model
+            costs = cost_model([g.op for g in study.groups if g.flops > 0])
         # the budget's limit in eager trials for the backend's float rounding (whole.float_limit); judged on it later
         chosen_by = options
         if options.several and not options.eager and options.tolerance is not None:
@@ -293,6 +297,11 @@ def _summary(result: SearchResult, options) -> str:
         text = (f"returned {won.name} ({won.seconds * 1e3:.2f} ms on {result.frontier_backend}, {options.metric.name} "
                 f"{won.metric:.2e}); the budget's plan: {text}")
     return text + (f"; {result.speed_text()}" if result.speedups else "") + f" ({result.phases_text()})"
+
+
+def _all_timed(programs, batch) -> dict:
+    """The frontier's timing without its race: the whole programs that price the types are all timed in full."""
+    return frontier.time_candidates(programs, batch, race=False)
 
 
 @contextlib.contextmanager

@@ -163,16 +163,20 @@ def measure(study, cands: list[Candidate], built, batch, metric, progress,
     return points
 
 
-def time_candidates(programs: Mapping[str, torch.nn.Module], batch) -> dict:
+def time_candidates(programs: Mapping[str, torch.nn.Module], batch, race: bool = True) -> dict:
     """Seconds per call of each program on ``batch``: ``ROUNDS`` interleaved rounds after a warm-up one, the median
     (the rounds rotate, so load that comes and goes hits every program alike); a sample repeats a short call for
-    ``latency.SAMPLE_SECONDS`` (a call of microseconds alone is scheduler noise; a model's call is one sample)."""
+    ``latency.SAMPLE_SECONDS`` (a call of microseconds alone is scheduler noise; a model's call is one sample).
+    ``race``: only the fastest matters (:func:`pick`), so a program stops being timed once its median cannot come
+    out below another's (``clock.median_losers``: the same fastest, and the same order against it, as all rounds;
+    its time is the median of its rounds so far). Off where every time is used (``whole.model_prices``' ratios)."""
     args, kwargs = call_of(batch)
     first = time_programs(programs, args, kwargs, rounds=1, warmup=1, statistic=clock.median)  # warm, and how long
     calls = {name: (lambda program=program: program(*args, **kwargs)) for name, program in programs.items()}
     with torch.no_grad():
         samples = clock.interleaved(calls, rounds=ROUNDS, repeats=clock.repeats_for(first, latency.SAMPLE_SECONDS),
-                                    device=input_device(args, kwargs))
+                                    device=input_device(args, kwargs),
+                                    drop=clock.median_losers(ROUNDS) if race else None)
     return clock.median(samples)
 
 

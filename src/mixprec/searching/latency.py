@@ -133,8 +133,11 @@ class FlopCosts:
         return out
 
     def kinds(self) -> tuple:
-        """The classes this table times: the matmul class as ``"decode"`` in the decode shape, convolutions."""
-        return (DECODE, "conv") if self.decode else KINDS
+        """The classes this table times: the matmul class as ``"decode"`` in the decode shape, convolutions (those of
+        the model's layers where :func:`flop_costs` was given them; every class in an empty table)."""
+        every = (DECODE, "conv") if self.decode else KINDS
+        timed = {kind for kind, _ in self.seconds_per_gflop}
+        return tuple(k for k in every if k in timed) or every
 
 
 def predicted_seconds(info, plan, lows, costs: FlopCosts) -> float:
@@ -201,15 +204,20 @@ def _elements(info, name: str) -> int:
     return math.prod(metas[0].shape) if metas else 0
 
 
-def flop_costs(backend: str | None, lows, device: torch.device, decode: bool = False, cache=None) -> FlopCosts:
+def flop_costs(backend: str | None, lows, device: torch.device, decode: bool = False, cache=None,
+               ops=()) -> FlopCosts:
     """The prices of fp32 and ``lows`` for ``backend`` on ``device`` (``decode``: the matmul class in the decode
     shape), from the cost model (``cache``: the ``cost_cache=`` setting); what it does not hold yet is measured now.
-    A type measured later than fp32 is kept at the ratio to fp32 its own paired rounds gave."""
+    A type measured later than fp32 is kept at the ratio to fp32 its own paired rounds gave. ``ops``: the model's
+    FLOP-carrying layers' ops; only their classes are priced (a stack timed for a class the model lacks prices
+    nothing it has: BERT's convolution stack was a third of a cold cost model); none: every class."""
     name = backend or "eager"
     device = torch.device(device)
     costs = cost_model(name, device, cache)
     wanted = (torch.float32, *lows)
-    kinds = FlopCosts(name, {}, decode).kinds()
+    every = FlopCosts(name, {}, decode)
+    present = {every.kind(op) for op in ops}
+    kinds = tuple(k for k in every.kinds() if k in present) or every.kinds()
     table = {}
     for kind in kinds:
         # convolutions take no weight-only type (groups.py): not timed, no gain (fp32's time)

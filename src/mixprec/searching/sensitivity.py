@@ -78,15 +78,17 @@ class Study:
 
 def build_study(
     model, args: tuple, options, eval_batches: list, calibration_batches: list | None, progress: Progress,
-    cluster=None, held_out: tuple = (), costs=None, prices=None,
+    cluster=None, held_out: tuple = (), costs=None, prices=None, prune: bool = False,
 ) -> Study:
     """``eval_batches``, ``calibration_batches``: ``calibrate.batches.Call`` s (or any batch form compile's
     calibration takes), of any batch and sequence sizes (``shapes.py``). ``held_out``: the indices of the eval
     batches held out (``holdout.py``): neither calibrated nor measured on here, only prepared for
-    ``Trials.confirm``. ``costs``: the cost model of a several-type search with a tolerance: options it says can
-    never be chosen are not measured (``pruning.never_taken``). ``prices(trials, groups, float_plan) -> costs``: the
-    cost model set to this model's whole programs before that (``whole.model_prices``; ``float_plan``: compile's
-    autocast plan, ``Study.autocast``); the study keeps what it gives (``Study.costs``)."""
+    ``Trials.confirm``. ``costs(ops) -> latency.FlopCosts``: a several-type search's cost model for the classes of
+    the groups' ``ops`` (priced once the groups are known: ``latency.flop_costs``); with ``prune`` (a tolerance) the
+    options it says can never be chosen are not measured (``pruning.never_taken``). ``prices(trials, groups,
+    float_plan, costs) -> costs``: the cost model set to this model's whole programs before that
+    (``whole.model_prices``; ``float_plan``: compile's autocast plan, ``Study.autocast``); the study keeps what it
+    gives, or the cost model without it (``Study.costs``)."""
     progress.update("capturing the model")
     captured = CapturedModel(model, args)
     base, info = captured.base, captured.info
@@ -154,10 +156,12 @@ def build_study(
     baseline = trials.measure((), timer=Stopwatch(every[0]) if options.eager else None).value
     study = Study(info, groups, trials, baseline)
     study.autocast = autocast_assignment(groups, compiled, options.lows)
-    if prices is not None:
-        study.costs = prices(trials, groups, study.autocast)
-        costs = study.costs if costs is not None else None
-    _measure_groups(study, progress, never_taken(groups, options.lows, costs) if costs is not None else {})
+    if costs is not None:
+        study.costs = costs([g.op for g in groups if g.flops > 0])
+        if prices is not None:
+            study.costs = prices(trials, groups, study.autocast, study.costs)
+    pruning = study.costs if prune else None
+    _measure_groups(study, progress, never_taken(groups, options.lows, pruning) if pruning is not None else {})
     return study
 
 
