@@ -85,13 +85,15 @@ def weight_runs(layers: Iterable[Mapping], names, nodes: Iterable[str], casts: M
 
 
 def cast_sources(graph) -> dict[str, str]:
-    """A dtype cast of ``graph`` (an fx graph) -> the name of the node it casts (for :func:`weight_runs`)."""
-    import torch
+    """A dtype cast of ``graph`` (an fx graph; the casts of ``ops.table.CAST_OPS``) -> the name of the node it casts
+    (for :func:`weight_runs`)."""
+    from torch.fx import Node
 
-    aten = torch.ops.aten
-    kinds = (aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, torch.ops.prims.convert_element_type.default)
-    return {n.name: n.args[0].name for n in graph.nodes
-            if n.op == "call_function" and n.target in kinds and n.args and isinstance(n.args[0], torch.fx.Node)}
+    from ...ops.names import op_name, packet_name
+    from ...ops.table import CAST_OPS
+
+    return {n.name: n.args[0].name for n in graph.nodes if n.op == "call_function" and n.args
+            and isinstance(n.args[0], Node) and packet_name(op_name(n.target)) in CAST_OPS}
 
 
 def decompressed_low(runs: Mapping[str, WeightRun]) -> frozenset[str]:
